@@ -1,0 +1,30 @@
+# The two commands of the README: `make run` and `make test`.
+# Both create .venv on first use. torch is installed first from the pinned CPU
+# build (`pip install torch==2.13.0` takes the local CPU wheel on these machines),
+# so resolving the package's own `torch>=2.2` range installs nothing more and never
+# pulls a multi-GB CUDA build onto a CPU machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: run test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/aitbc simulate --model mlp --dataset digits --workers 8 --rounds 20 --local-steps 20 --seed 0
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

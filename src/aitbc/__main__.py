@@ -1,0 +1,3 @@
+from aitbc.cli.main import main
+
+main()

@@ -1,0 +1,29 @@
+"""Options and helpers shared by every command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+DEFAULT_HOME = Path("~/.aitbc")
+
+# --home: where wallets, blobs and runs live. AITBC_HOME is read here, at the edge, only.
+HomeOption = Annotated[
+    Path,
+    typer.Option(
+        "--home",
+        envvar="AITBC_HOME",
+        help="State directory (blobs, wallets, runs).",
+        show_default=True,
+    ),
+]
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def resolve_home(home: Path) -> Path:
+    return home.expanduser()

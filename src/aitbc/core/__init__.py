@@ -1,0 +1,1 @@
+"""Pure tensor algorithms: no I/O, no clocks, no globals beyond registries."""
