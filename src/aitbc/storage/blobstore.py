@@ -1,0 +1,277 @@
+"""Blob stores: bytes named by their IPFS CIDv1, checked against that name on every read.
+
+A CID is a hash of the content (see :mod:`aitbc.storage.cid`), so a store never has to be
+trusted: whatever a backend returns is hashed again and refused if it does not match the
+CID that was asked for. ``BlobStore`` is the interface every backend implements (this
+module's local directory; later the coordinator's HTTP blob endpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
+
+from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
+from aitbc.storage.cid import CidHasher, cid_of_bytes, parse_cid
+
+_COPY_SIZE = 1 << 20
+_TEMP_PREFIX = ".tmp-"
+
+
+class BlobInfo(NamedTuple):
+    cid: str
+    size: int  # bytes
+
+
+BlobList = list[BlobInfo]  # an alias, because ``list`` is a method name in the classes below
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Content-addressed storage of whole blobs. Every read verifies the content's CID.
+
+    Errors: an invalid CID string is a ``UsageError``; a blob the store does not hold is a
+    ``NotFoundError``; content that does not hash to its CID is an ``IntegrityError``.
+    """
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data``; returns its CID. Storing the same bytes twice is harmless."""
+        ...
+
+    def put_file(self, path: Path) -> str:
+        """Store the file at ``path``, streaming; returns its CID."""
+        ...
+
+    def get_bytes(self, cid: str) -> bytes:
+        """The verified content of ``cid``."""
+        ...
+
+    def open(self, cid: str) -> BinaryIO:
+        """A binary file object over the content of ``cid``, verified before it is returned."""
+        ...
+
+    def get_to_path(self, cid: str, dest: Path) -> None:
+        """Write the content of ``cid`` to ``dest``; ``dest`` appears only once verified."""
+        ...
+
+    def has(self, cid: str) -> bool:
+        """Whether the store holds a blob named ``cid`` (its content is not read)."""
+        ...
+
+    def list(self) -> BlobList:
+        """Every blob held, sorted by CID."""
+        ...
+
+    def delete(self, cid: str) -> None:
+        """Remove the blob ``cid``; a ``NotFoundError`` if it is not held."""
+        ...
+
+
+class LocalBlobStore:
+    """Blobs as whole files in ``root/blobs/<cid>``: the embedded default backend.
+
+    Writes go to a temporary file in the same directory, are fsynced, then renamed into
+    place, so a crash never leaves a partial blob under a CID name. ``max_size`` (bytes)
+    refuses larger blobs on write.
+    """
+
+    def __init__(self, root: Path, *, max_size: int | None = None) -> None:
+        if max_size is not None and max_size < 0:
+            raise UsageError(f"max_size must be >= 0 bytes or None, got {max_size}")
+        self.root = Path(root)
+        self.dir = self.root / "blobs"
+        self.max_size = max_size
+
+    # --- writing ---------------------------------------------------------------------
+
+    def put_bytes(self, data: bytes) -> str:
+        self._check_size(len(data))
+        cid = cid_of_bytes(data)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _commit(_write_temp(self.dir, lambda f: f.write(data)), self.dir / cid)
+        return cid
+
+    def put_file(self, path: Path) -> str:
+        path = Path(path)
+        if path.is_dir():
+            raise UsageError(f"{path} is a directory; a blob is one file")
+        try:
+            source = path.open("rb")
+        except FileNotFoundError:
+            raise NotFoundError(f"no such file: {path}") from None
+        except OSError as e:
+            raise AitbcError(f"cannot read {path}: {e.strerror or e}") from e
+        self.dir.mkdir(parents=True, exist_ok=True)
+        hasher = CidHasher()
+        with source:
+            # The CID is known only at the end, so copy under a temporary name first.
+            temp = _write_temp(self.dir, _copier(source, hasher, self._check_size))
+        cid = str(hasher.cid())
+        _commit(temp, self.dir / cid)
+        return cid
+
+    # --- reading ---------------------------------------------------------------------
+
+    def get_bytes(self, cid: str) -> bytes:
+        path = self._path(cid)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+        hasher = CidHasher()
+        hasher.update(data)
+        _verify(cid, hasher)
+        return data
+
+    def open(self, cid: str) -> BinaryIO:
+        # Hash through the same open file, then rewind: a blob swapped in by rename after
+        # the check cannot reach the caller, who reads the inode that was verified.
+        try:
+            stream = self._path(cid).open("rb")
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+        try:
+            hasher = CidHasher()
+            while block := stream.read(_COPY_SIZE):
+                hasher.update(block)
+            _verify(cid, hasher)
+            stream.seek(0)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def get_to_path(self, cid: str, dest: Path) -> None:
+        dest = Path(dest)
+        if dest.is_dir():
+            raise UsageError(f"{dest} is a directory; give the path of the file to write")
+        try:
+            source = self._path(cid).open("rb")
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+        if not dest.parent.is_dir():
+            source.close()
+            raise NotFoundError(f"no such directory: {dest.parent}")
+        hasher = CidHasher()
+        with source:
+            try:
+                temp = _write_temp(dest.parent, _copier(source, hasher))
+            except OSError as e:
+                raise AitbcError(f"cannot write {dest}: {e.strerror or e}") from e
+        try:
+            _verify(cid, hasher)
+        except IntegrityError:
+            temp.unlink()
+            raise
+        _commit(temp, dest)
+
+    def has(self, cid: str) -> bool:
+        return self._path(cid).is_file()
+
+    def list(self) -> BlobList:
+        """Blobs in ``root/blobs``; temporary files and names that are not CIDs are skipped."""
+        if not self.dir.is_dir():
+            return []
+        infos = []
+        for entry in os.scandir(self.dir):
+            if entry.name.startswith(".") or not entry.is_file():
+                continue
+            try:
+                parse_cid(entry.name)
+            except UsageError:
+                continue  # not ours (an editor's backup, a stray copy): not a blob
+            infos.append(BlobInfo(entry.name, entry.stat().st_size))
+        return sorted(infos)
+
+    def delete(self, cid: str) -> None:
+        try:
+            self._path(cid).unlink()
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _path(self, cid: str) -> Path:
+        parse_cid(cid)  # canonical form is checked, so the string is the file name
+        return self.dir / cid
+
+    def _missing(self, cid: str) -> NotFoundError:
+        return NotFoundError(f"no blob {cid} in {self.dir}")
+
+    def _check_size(self, size: int) -> None:
+        if self.max_size is not None and size > self.max_size:
+            raise AitbcError(
+                f"blob too large: at least {size} bytes, over this store's max_size of "
+                f"{self.max_size} bytes"
+            )
+
+
+def _verify(cid: str, hasher: CidHasher) -> None:
+    actual = str(hasher.cid())
+    if actual != cid:
+        raise IntegrityError(
+            f"blob {cid} is corrupt: its content hashes to {actual}; "
+            f"delete it and add or fetch the blob again"
+        )
+
+
+def _new_temp(directory: Path) -> tuple[int, Path]:
+    """An exclusive new file in ``directory``, mode 0666 less the umask like any new file."""
+    while True:
+        path = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
+        except FileExistsError:
+            continue
+
+
+def _write_temp(directory: Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Run ``write`` on a new temporary file in ``directory``, then fsync it.
+
+    On any error (including one ``write`` raises to stop early) the file is removed.
+    """
+    fd, temp = _new_temp(directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def _copier(
+    source: BinaryIO, hasher: CidHasher, limit: Callable[[int], None] | None = None
+) -> Callable[[BinaryIO], None]:
+    """A ``write`` for :func:`_write_temp` that copies ``source`` and hashes what it copies.
+
+    ``limit`` is called with the running size and may raise to stop the copy.
+    """
+
+    def copy(f: BinaryIO) -> None:
+        while block := source.read(_COPY_SIZE):
+            hasher.update(block)
+            if limit is not None:
+                limit(hasher.size)
+            f.write(block)
+
+    return copy
+
+
+def _commit(temp: Path, dest: Path) -> None:
+    """Rename ``temp`` over ``dest`` and fsync the directory so the rename is durable."""
+    try:
+        os.replace(temp, dest)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
