@@ -44,9 +44,16 @@ def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
         return _convert(value, args[0], name=name, what=what)
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
-        items = value.replace("x", " ").replace(":", " ").split() if isinstance(value, str) else value
+        if isinstance(value, str):
+            items = value.replace("x", " ").replace(":", " ").split()
+        elif isinstance(value, (list, tuple)):
+            items = value
+        else:
+            items = [value]
         return tuple(_convert(v, inner, name=name, what=what) for v in items)
     if not isinstance(value, str):
+        if isinstance(value, bool) and tp is not bool:
+            raise UsageError(f"{what} option {name}={value!r} must be {tp.__name__}, not a boolean")
         if tp is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, tp):
