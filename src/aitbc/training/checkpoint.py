@@ -1,0 +1,114 @@
+"""Tensors on disk and on the wire: safetensors, never pickle.
+
+A *checkpoint* is a model's state dict plus string metadata (model name, config,
+round). A *shard* is one worker's samples (``x``, ``y``). Both become plain bytes that
+the content-addressed store names by CID.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+
+from aitbc.errors import IntegrityError
+
+
+META_KEY = "aitbc"
+
+
+def tensors_to_bytes(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """Serialize deterministically: the same tensors and metadata give the same bytes,
+    so the same content gets the same CID. safetensors writes its ``__metadata__`` map
+    in hash order, so all our metadata travels as one sorted-JSON string under one key."""
+    meta = {META_KEY: json.dumps(metadata, sort_keys=True)} if metadata else None
+    # clone(): safetensors refuses tensors that share storage (views, tied weights).
+    return st_save({k: v.detach().contiguous().clone() for k, v in tensors.items()}, metadata=meta)
+
+
+def bytes_to_tensors(data: bytes) -> dict[str, Tensor]:
+    """Parse a safetensors blob; floating tensors must be finite (blobs come from others)."""
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise IntegrityError(f"tensor {name!r} in blob contains NaN or Inf")
+    return tensors
+
+
+def read_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (8-byte LE header length, JSON header)."""
+    if len(data) < 8:
+        raise IntegrityError("not a valid safetensors blob: shorter than its 8-byte header length")
+    (n,) = struct.unpack_from("<Q", data)
+    if 8 + n > len(data):
+        raise IntegrityError(f"not a valid safetensors blob: header length {n} exceeds blob size {len(data)}")
+    try:
+        header = json.loads(data[8 : 8 + n])
+        raw = header.get("__metadata__", {}).get(META_KEY)
+        meta = json.loads(raw) if raw is not None else {}
+    except (ValueError, AttributeError) as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError("safetensors metadata is not a JSON object")
+    return {str(k): str(v) for k, v in meta.items()}
+
+
+def checkpoint_bytes(model: nn.Module, *, model_name: str, model_options: dict, round: int) -> bytes:
+    meta = {
+        "format": "aitbc.checkpoint/1",
+        "model": model_name,
+        "model_options": json.dumps(model_options, sort_keys=True),
+        "round": str(round),
+    }
+    return tensors_to_bytes(model.state_dict(), meta)
+
+
+def load_checkpoint(model: nn.Module, data: bytes) -> dict[str, str]:
+    """Load a checkpoint's weights into ``model`` (shapes must match); return its metadata."""
+    state = bytes_to_tensors(data)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0]
+        raise IntegrityError(f"checkpoint does not fit this model: {first}") from None
+    return read_metadata(data)
+
+
+def shard_bytes(x: Tensor, y: Tensor, *, dataset: str, index: int, count: int) -> bytes:
+    meta = {"format": "aitbc.shard/1", "dataset": dataset, "index": str(index), "count": str(count)}
+    return tensors_to_bytes({"x": x, "y": y}, meta)
+
+
+def load_shard(data: bytes) -> tuple[Tensor, Tensor]:
+    t = bytes_to_tensors(data)
+    if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
+        raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
+    return t["x"], t["y"]
+
+
+def flat_params(model: nn.Module) -> Tensor:
+    """All parameters as one ``(d,)`` float32 vector (the unit updates are made of)."""
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+@torch.no_grad()
+def set_flat_params(model: nn.Module, flat: Tensor) -> None:
+    """Copy ``flat`` ``(d,)`` into the parameters. (torch's ``vector_to_parameters``
+    would make them *views* of ``flat``, so training would overwrite the caller's tensor.)"""
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    if flat.shape != (total,):
+        raise ValueError(f"flat parameters have shape {tuple(flat.shape)}, model needs ({total},)")
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.copy_(flat[offset : offset + n].view_as(p))  # (n,) -> p.shape
+        offset += n

@@ -1,0 +1,137 @@
+"""The local training loop a worker runs on its shard each round.
+
+From the global weights, take ``H`` steps of the inner optimizer on shard batches and
+return the *pseudo-gradient* ``global - local`` as one flat ``(d,)`` tensor (DiLoCo's
+outer gradient). The inner optimizer's state lives on in the :class:`LocalTrainer`
+across rounds, as in DiLoCo; batches come from a seeded per-worker generator that walks
+the shard in reshuffled epochs, so a run is reproducible from its seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aitbc.core.options import build_config
+from aitbc.core.registry import Registry
+from aitbc.training.checkpoint import flat_params, set_flat_params
+
+INNER_OPTIMIZERS: Registry[type[torch.optim.Optimizer]] = Registry("inner optimizer")
+INNER_OPTIMIZERS.register("sgd")(torch.optim.SGD)
+INNER_OPTIMIZERS.register("adamw")(torch.optim.AdamW)
+INNER_OPTIMIZERS.register("adam")(torch.optim.Adam)
+
+
+@dataclass(kw_only=True, slots=True)
+class LocalConfig:
+    steps: int = 20  # H: inner steps per round
+    batch_size: int = 32
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.0  # sgd only
+    grad_clip: float = 0.0  # max global grad norm; 0 disables
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"local steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        for name in ("weight_decay", "momentum", "grad_clip"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be >= 0 and finite, got {v}")
+        INNER_OPTIMIZERS.get(self.optimizer)  # unknown name -> error listing allowed ones
+
+
+@dataclass(frozen=True, slots=True)
+class LocalResult:
+    delta: Tensor  # (d,) global - local
+    loss: float  # mean training loss over the round's steps
+    steps: int
+    samples: int  # samples seen this round
+    epoch: float  # passes over the shard so far
+
+
+def loss_fn(logits: Tensor, y: Tensor) -> Tensor:
+    """Cross-entropy for both tasks: (B, C) vs (B,) or (B, T, V) vs (B, T)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1).long())
+
+
+def build_inner_optimizer(cfg: LocalConfig, params) -> torch.optim.Optimizer:
+    cls = INNER_OPTIMIZERS.get(cfg.optimizer)
+    kw: dict = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    if cls is torch.optim.SGD:
+        kw["momentum"] = cfg.momentum
+    return cls(params, **kw)
+
+
+class LocalTrainer:
+    """One worker's model, inner optimizer and batch order, kept across rounds."""
+
+    def __init__(self, model: nn.Module, x: Tensor, y: Tensor, cfg: LocalConfig, *, seed: int) -> None:
+        if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"shard needs matching non-empty x and y, got {tuple(x.shape)} and {tuple(y.shape)}")
+        self.model, self.x, self.y, self.cfg = model, x, y, cfg
+        self.opt = build_inner_optimizer(cfg, model.parameters())
+        self.gen = torch.Generator().manual_seed(seed)
+        self._order = torch.empty(0, dtype=torch.long)
+        self._pos = 0
+        self.samples_seen = 0
+
+    def _next_batch(self) -> tuple[Tensor, Tensor]:
+        n, b = self.x.shape[0], min(self.cfg.batch_size, self.x.shape[0])
+        if self._pos + b > len(self._order):
+            self._order, self._pos = torch.randperm(n, generator=self.gen), 0
+        idx = self._order[self._pos : self._pos + b]
+        self._pos += b
+        self.samples_seen += b
+        return self.x[idx], self.y[idx]
+
+    def train_round(self, global_params: Tensor) -> LocalResult:
+        set_flat_params(self.model, global_params)
+        self.model.train()
+        total, start_seen = 0.0, self.samples_seen
+        for _ in range(self.cfg.steps):
+            xb, yb = self._next_batch()
+            loss = loss_fn(self.model(xb), yb)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            self.opt.step()
+            total += loss.item()
+        delta = global_params - flat_params(self.model)  # (d,)
+        return LocalResult(
+            delta=delta,
+            loss=total / self.cfg.steps,
+            steps=self.cfg.steps,
+            samples=self.samples_seen - start_seen,
+            epoch=self.samples_seen / self.x.shape[0],
+        )
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 256) -> tuple[float, float | None]:
+    """Mean loss and accuracy (``None`` for language data) over ``(x, y)``."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    language = y.dim() > 1
+    for i in range(0, x.shape[0], batch_size):
+        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        logits = model(xb)
+        loss_sum += loss_fn(logits, yb).item() * yb.numel()
+        if not language:
+            correct += int((logits.argmax(dim=-1) == yb).sum())
+        count += yb.numel()
+    return loss_sum / count, (None if language else correct / count)
+
+
+def local_config(options: dict) -> LocalConfig:
+    return build_config(LocalConfig, options, what="local training")

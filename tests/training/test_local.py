@@ -1,0 +1,215 @@
+"""LocalTrainer (one worker's inner loop), evaluate, and the local training config."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.testing import assert_close
+
+from aitbc.errors import UsageError
+from aitbc.training.checkpoint import flat_params, set_flat_params
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.datasets import load_dataset
+from aitbc.training.local import LocalConfig, LocalTrainer, evaluate, local_config
+from aitbc.training.models import build_model
+
+
+def tiny_problem(seed: int = 0, n: int = 20) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """An MLP on 4 features and 3 classes, with ``n`` random samples."""
+    torch.manual_seed(seed)
+    model = build_model("mlp", DataSpec("classification", (4,), 3), {"hidden": "8"})
+    x = torch.randn(n, 4)
+    y = torch.randint(0, 3, (n,))
+    return model, x, y
+
+
+def sgd(**kw) -> LocalConfig:
+    return LocalConfig(**({"optimizer": "sgd", "lr": 0.1, "steps": 1, "batch_size": 20} | kw))
+
+
+# --- train_round ------------------------------------------------------------------------------
+
+
+def test_delta_is_global_minus_local_and_global_is_untouched():
+    model, x, y = tiny_problem()
+    global_params = flat_params(model) + 0.5  # anything but the model's own weights
+    before = global_params.clone()
+    trainer = LocalTrainer(model, x, y, sgd(steps=3, batch_size=8), seed=0)
+
+    result = trainer.train_round(global_params)
+
+    assert torch.equal(global_params, before)
+    assert_close(result.delta, global_params - flat_params(model))
+    assert result.delta.shape == global_params.shape
+    assert result.delta.abs().sum() > 0
+
+
+def test_one_sgd_step_gives_lr_times_the_gradient():
+    model, x, y = tiny_problem()
+    reference = copy.deepcopy(model)
+    eta = 0.05
+    trainer = LocalTrainer(model, x, y, sgd(lr=eta), seed=0)  # one batch = the whole shard
+
+    result = trainer.train_round(flat_params(model))
+
+    loss = F.cross_entropy(reference(x), y)
+    grads = torch.autograd.grad(loss, list(reference.parameters()))
+    expected = eta * torch.cat([g.flatten() for g in grads])
+    assert_close(result.delta, expected)
+    assert result.loss == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_grad_clip_bounds_the_step():
+    model, x, y = tiny_problem()
+    trainer = LocalTrainer(model, x, y, sgd(lr=1.0, grad_clip=1e-3), seed=0)
+
+    result = trainer.train_round(flat_params(model))
+
+    # one sgd step with lr 1: delta = the clipped gradient, whose norm is the clip value
+    assert result.delta.norm().item() == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_round_bookkeeping():
+    model, x, y = tiny_problem(n=20)
+    trainer = LocalTrainer(model, x, y, sgd(steps=3, batch_size=8), seed=0)
+
+    first = trainer.train_round(flat_params(model))
+    second = trainer.train_round(flat_params(model))
+
+    # 3 batches of 8 per round over 20 samples
+    assert (first.steps, first.samples, first.epoch) == (3, 24, pytest.approx(1.2))
+    assert (second.samples, second.epoch) == (24, pytest.approx(2.4))
+    assert math.isfinite(first.loss)
+
+
+def test_batch_larger_than_shard_uses_the_whole_shard():
+    model, x, y = tiny_problem(n=5)
+    trainer = LocalTrainer(model, x, y, sgd(batch_size=64), seed=0)
+
+    result = trainer.train_round(flat_params(model))
+
+    assert result.samples == 5
+
+
+def test_same_seed_same_delta_different_seed_different_delta():
+    model, x, y = tiny_problem()
+    start = flat_params(model)
+    cfg = sgd(steps=4, batch_size=4)
+
+    def delta(seed: int) -> torch.Tensor:
+        return LocalTrainer(copy.deepcopy(model), x, y, cfg, seed=seed).train_round(start).delta
+
+    assert torch.equal(delta(1), delta(1))
+    assert not torch.equal(delta(1), delta(2))
+
+
+def test_loss_decreases_on_digits():
+    data = load_dataset("digits")
+    torch.manual_seed(0)
+    model = build_model("mlp", data.spec, {"hidden": "32"})
+    trainer = LocalTrainer(
+        model, data.train_x, data.train_y, LocalConfig(optimizer="adamw", lr=1e-2, steps=10, batch_size=64), seed=0
+    )
+    global_params = flat_params(model)
+    val_before, _ = evaluate(model, data.val_x, data.val_y)
+
+    losses = []
+    for _ in range(4):
+        result = trainer.train_round(global_params)
+        global_params = global_params - result.delta  # FedAvg with one worker
+        losses.append(result.loss)
+
+    set_flat_params(model, global_params)
+    val_after, acc_after = evaluate(model, data.val_x, data.val_y)
+    assert losses[-1] < losses[0]
+    assert val_after < 0.5 * val_before
+    assert acc_after > 0.7
+
+
+@pytest.mark.parametrize(
+    ("x", "y"),
+    [(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)), (torch.zeros(3, 4), torch.zeros(2, dtype=torch.long))],
+)
+def test_shard_must_be_non_empty_and_matching(x, y):
+    model, _, _ = tiny_problem()
+
+    with pytest.raises(ValueError, match="shard needs matching non-empty x and y"):
+        LocalTrainer(model, x, y, sgd(), seed=0)
+
+
+# --- evaluate ---------------------------------------------------------------------------------
+
+
+def test_evaluate_classification_hand_computed():
+    model = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(2))  # logits = x
+    x = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 3.0]])
+    y = torch.tensor([0, 1, 0])  # predictions 0, 1, 1: two of three right
+
+    loss, acc = evaluate(model, x, y, batch_size=2)  # batches of 2 and 1
+
+    assert acc == pytest.approx(2 / 3)
+    assert loss == pytest.approx(F.cross_entropy(x, y).item())
+
+
+def test_evaluate_language_has_no_accuracy():
+    torch.manual_seed(0)
+    spec = DataSpec("language", (8,), 256)
+    model = build_model("transformer", spec, {"d_model": "16", "n_layers": "1", "n_heads": "2", "context": "8"})
+    x = torch.randint(0, 256, (4, 8), dtype=torch.uint8)
+    y = torch.randint(0, 256, (4, 8), dtype=torch.uint8)
+
+    loss, acc = evaluate(model, x, y)
+
+    assert acc is None
+    assert loss == pytest.approx(math.log(256), abs=0.1)  # small init: near-uniform over bytes
+
+
+def test_evaluate_leaves_model_in_eval_mode():
+    model, x, y = tiny_problem()
+
+    evaluate(model, x, y)
+
+    assert not model.training
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+def test_local_config_from_strings():
+    cfg = local_config({"steps": "5", "batch_size": "16", "optimizer": "sgd", "lr": "0.5", "momentum": "0.9"})
+
+    assert cfg == LocalConfig(steps=5, batch_size=16, optimizer="sgd", lr=0.5, momentum=0.9)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"optimizer": "lion"}, "unknown inner optimizer 'lion'; allowed: adam, adamw, sgd"),
+        ({"steps": "0"}, "local steps must be >= 1, got 0"),
+        ({"batch_size": "0"}, "batch size must be >= 1"),
+        ({"lr": "0"}, "lr must be a positive number"),
+        ({"lr": "inf"}, "lr must be a positive number"),
+        ({"momentum": "-1"}, "must be >= 0"),
+        ({"epochs": "1"}, "unknown local training option 'epochs'"),
+    ],
+)
+def test_local_config_errors(options, message):
+    with pytest.raises(UsageError) as exc:
+        local_config(options)
+
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "options", [{"weight_decay": "nan"}, {"momentum": "inf"}, {"grad_clip": "nan"}], ids=["wd", "momentum", "clip"]
+)
+def test_local_config_rejects_non_finite_numbers(options):
+    with pytest.raises(UsageError):
+        local_config(options)
