@@ -10,6 +10,7 @@ from rich.markup import escape
 from aitbc import __version__
 from aitbc.cli.common import err
 from aitbc.errors import AitbcError
+from typer.exceptions import TyperException
 
 app = typer.Typer(
     name="aitbc",
@@ -50,16 +51,31 @@ _register()
 
 
 def main() -> None:
+    """Run the CLI. Every user error ends as one line on stderr and a non-zero exit:
+    our own errors (``AitbcError``) and the parser's (unknown option, bad number)."""
     try:
-        app()
+        rv = app(standalone_mode=False)
     except AitbcError as e:
         if _state["debug"]:
             raise
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
-        sys.exit(e.exit_code)
+        _fail(str(e), e.exit_code)
+    except typer.Abort:
+        _fail("aborted", 1)
+    except TyperException as e:  # the parser's usage errors
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError":
+            err.print(e.format_message(), markup=False, highlight=False)
+            sys.exit(e.exit_code)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        _fail(e.format_message() + hint, e.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+        _fail("interrupted", 130)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

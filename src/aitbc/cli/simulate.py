@@ -1,0 +1,95 @@
+"""``aitbc simulate``: a whole multi-worker training in one process on a virtual clock."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from aitbc.cli.common import HomeOption, DEFAULT_HOME, err, out, resolve_home
+from aitbc.core.options import parse_kv
+
+
+def simulate(
+    model: Annotated[str, typer.Option(help="mlp, cnn, transformer, or package.module:callable.")] = "mlp",
+    dataset: Annotated[str, typer.Option(help="digits, stdlib, text:PATH or npz:PATH.")] = "digits",
+    workers: Annotated[int, typer.Option(help="Number of virtual workers.")] = 8,
+    rounds: Annotated[int, typer.Option(help="Aggregation rounds.")] = 30,
+    local_steps: Annotated[int, typer.Option(help="Inner steps per worker per round (H).")] = 20,
+    batch_size: Annotated[int, typer.Option(help="Samples per inner step.")] = 32,
+    lr: Annotated[float, typer.Option(help="Inner learning rate.")] = 1e-3,
+    inner_opt: Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")] = "adamw",
+    outer: Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")] = "fedavg",
+    outer_lr: Annotated[Optional[float], typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")] = None,
+    outer_momentum: Annotated[Optional[float], typer.Option(help="diloco Nesterov momentum (0.9).")] = None,
+    alpha: Annotated[Optional[float], typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for data split, init and batches.")] = 0,
+    speeds: Annotated[str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")] = "1",
+    bandwidth: Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")] = "100",
+    latency: Annotated[str, typer.Option(help="One-way latency in ms: one value or one per worker.")] = "20",
+    model_opt: Annotated[
+        Optional[list[str]], typer.Option("--model-opt", help="Model option KEY=VALUE, e.g. d_model=128 (repeatable).")
+    ] = None,
+    max_bytes: Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")] = 4 << 20,
+    eval_samples: Annotated[int, typer.Option(help="Validation samples evaluated each round.")] = 1024,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Run a whole training with N virtual workers in one process (same seed, same numbers)."""
+    from aitbc.sim.runner import SimConfig, Simulation  # torch import is slow; keep --help fast
+
+    outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
+    cfg = SimConfig(
+        model=model, model_options=parse_kv(model_opt or [], what="model"), dataset=dataset, workers=workers,
+        rounds=rounds, local_steps=local_steps, batch_size=batch_size, lr=lr, inner_opt=inner_opt, outer=outer,
+        outer_options=outer_options, alpha=alpha, seed=seed, speeds=speeds, bandwidth=bandwidth, latency=latency,
+        eval_samples=eval_samples, max_bytes=max_bytes,
+    )
+    home = resolve_home(home)
+    run_dir = out_dir or home / "sims" / time.strftime(f"%Y%m%d-%H%M%S-seed{seed}")
+
+    sim = Simulation(cfg, home=home, out_dir=run_dir)  # every option is checked here, before training
+    with Progress(
+        TextColumn("[bold]simulate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(), console=err, transient=json_out,
+    ) as bar:
+        task = bar.add_task("rounds", total=rounds, status="")
+
+        def on_round(row: dict) -> None:
+            acc = row["val_accuracy"]
+            status = f"val_loss {row['val_loss']:.4f}" + (f"  acc {acc:.3f}" if acc is not None else "")
+            bar.update(task, advance=1, status=status)
+
+        result = sim.run(on_round)
+
+    if json_out:
+        print(result.to_json())
+        return
+    table = Table(title=f"simulation: {model} on {dataset}, {workers} workers, {outer}", show_header=False)
+    acc = result.final_val_accuracy
+    rows = [
+        ("rounds x local steps", f"{result.rounds} x {local_steps}"),
+        ("parameters", f"{result.params:,}"),
+        ("validation loss", f"{result.initial_val_loss:.4f} -> {result.final_val_loss:.4f}"),
+        ("validation accuracy", "n/a (language model)" if acc is None else f"{acc:.4f}"),
+        ("bytes up / down", f"{_mib(result.bytes_up)} / {_mib(result.bytes_down)}"),
+        ("virtual time", f"{result.virtual_seconds:.2f} s"),
+        ("wall time", f"{result.wall_seconds:.2f} s"),
+        ("final model CID", result.final_model_cid),
+        ("metrics", result.metrics_path),
+    ]
+    if acc is None:
+        rows.insert(3, ("uniform-byte baseline", f"{math.log(256):.4f}"))
+    for k, v in rows:
+        table.add_row(k, v)
+    out.print(table)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"

@@ -1,0 +1,97 @@
+"""`aitbc simulate` as a user runs it: a real process, real files, JSON on the last line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+REQUIRED = {
+    "final_val_loss", "final_val_accuracy", "rounds", "workers", "bytes_up", "bytes_down",
+    "virtual_seconds", "wall_seconds", "metrics_path",
+}
+
+
+def _json(proc):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("outer", ["fedavg", "diloco"])
+def test_mlp_on_digits_reaches_93_percent(aitbc, outer):
+    # The acceptance command of the foundation issue, as written.
+    proc = aitbc("simulate", "--model", "mlp", "--dataset", "digits", "--workers", "8", "--rounds", "30",
+                 "--local-steps", "20", "--outer", outer, "--json")
+
+    result = _json(proc)
+    assert REQUIRED <= set(result)
+    assert result["final_val_accuracy"] >= 0.93
+    assert (result["rounds"], result["workers"]) == (30, 8)
+    rows = [json.loads(line) for line in open(result["metrics_path"])]
+    assert len(rows) == 30 and {"round", "val_loss", "val_accuracy", "bytes_up", "virtual_time"} <= set(rows[0])
+
+
+def test_summary_without_json_is_readable(aitbc, tmp_path):
+    proc = aitbc("simulate", "--rounds", "2", "--local-steps", "3", "--out", str(tmp_path / "run"))
+
+    assert proc.returncode == 0, proc.stderr
+    assert "validation accuracy" in proc.stdout and "final model CID" in proc.stdout
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_text_folder_and_npz_datasets_run_end_to_end(aitbc, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    (corpus / "b.txt").write_text("pack my box with five dozen liquor jugs! " * 200)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, size=120)
+    x = (rng.normal(size=(120, 5)) + y[:, None]).astype(np.float32)
+    np.savez(tmp_path / "toy.npz", x=x, y=y)
+
+    text = _json(aitbc("simulate", "--model", "transformer", "--dataset", f"text:{corpus}", "--workers", "2",
+                       "--rounds", "3", "--local-steps", "5", "--lr", "3e-3", "--model-opt", "context=32,d_model=32",
+                       "--model-opt", "n_layers=1", "--json"))
+    npz = _json(aitbc("simulate", "--model", "mlp", "--dataset", f"npz:{tmp_path / 'toy.npz'}", "--workers", "3",
+                      "--rounds", "3", "--local-steps", "5", "--json"))
+
+    assert text["final_val_accuracy"] is None and text["final_val_loss"] < math.log(256)
+    assert 0 <= npz["final_val_accuracy"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--model", "resnet"], 2, "unknown model 'resnet'; allowed: cnn, mlp, transformer"),
+        (["--dataset", "imagenet"], 2, "unknown dataset 'imagenet'; allowed:"),
+        (["--inner-opt", "lion"], 2, "unknown inner optimizer 'lion'; allowed: adam, adamw, sgd"),
+        (["--outer", "magic"], 2, "unknown outer optimizer 'magic'; allowed: diloco, fedavg"),
+        (["--workers", "0"], 2, "--workers must be at least 1, got 0"),
+        (["--workers", "100000"], 2, "cannot split"),
+        (["--model", "cnn", "--dataset", "stdlib"], 2, "needs image inputs"),
+        (["--model-opt", "depth=3"], 2, "unknown model 'mlp' option 'depth'; allowed: hidden"),
+        (["--speeds", "1,1"], 2, "--speeds gives 2 values for 8 workers"),
+        (["--alpha", "0"], 2, "--alpha must be > 0"),
+        (["--outer", "diloco", "--outer-momentum", "1.5"], 2, "momentum must be in [0, 1)"),
+        (["--dataset", "text:/no/such/corpus"], 1, "no such file or directory: /no/such/corpus"),
+        (["--model", "no_such_pkg.models:build"], 2, "cannot load user model"),
+        (["--workers", "two"], 2, "Invalid value for '--workers'"),
+    ],
+)
+def test_bad_input_is_one_line_with_the_right_exit_code(aitbc, args, code, message):
+    proc = aitbc("simulate", "--rounds", "1", *args)
+
+    assert proc.returncode == code
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    if code == 1 or "unknown" in message:
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (aitbc.home / "sims").exists()  # nothing was started
+
+
+def test_debug_shows_the_traceback(aitbc):
+    proc = aitbc("--debug", "simulate", "--model", "resnet")
+
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
