@@ -86,3 +86,14 @@ def build_config(cls: type[C], options: Mapping[str, Any] | None, *, what: str) 
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise UsageError(f"{what}: {e}") from None
+
+
+def parse_spec(text: str, *, what: str) -> tuple[str, dict[str, str]]:
+    """``"trimmed-mean:beta=0.25"`` -> ``("trimmed-mean", {"beta": "0.25"})``.
+
+    The CLI names a component and its options in one string: ``NAME`` or
+    ``NAME:KEY=VALUE[,KEY=VALUE...]``. Option keys use ``_`` or ``-`` alike."""
+    name, _, rest = text.strip().partition(":")
+    if not name:
+        raise UsageError(f"empty {what} name in {text!r}; expected NAME or NAME:KEY=VALUE,...")
+    return name, parse_kv([rest], what=what) if rest else {}
