@@ -1,4 +1,4 @@
-"""The codec byte layout (self-describing header) and the ``none`` codec.
+"""The codec byte layout (self-describing header) and the dense codecs ``none``, ``fp16``, ``bf16``.
 
 Layout: b"ATBC" | u8 version | u32 LE header length | header JSON | payload.
 """
@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 from aitbc.core.compression import CODECS, MAGIC, build_codec, decode, read_header
 from aitbc.errors import IntegrityError, UsageError
@@ -187,3 +191,55 @@ def test_deeply_nested_header_is_an_integrity_error():
 def test_unknown_params_in_header_are_an_integrity_error():
     with pytest.raises(IntegrityError):
         decode(make_blob(none_header(params={"bits": 8}), b"\0" * 8))
+
+
+# --- fp16 and bf16 -----------------------------------------------------------------------------
+
+def f32_vectors(bound: float):
+    bound = float(np.float32(bound))
+    return arrays(np.float32, st.integers(0, 200), elements=st.floats(-bound, bound, width=32))
+
+
+@settings(max_examples=80, deadline=None)
+@given(f32_vectors(65504.0))
+def test_fp16_relative_error_is_at_most_half_an_ulp(a):
+    x = torch.from_numpy(a)
+
+    y = decode(build_codec("fp16").encode(x)).double()
+
+    # round to nearest with a 10-bit mantissa; below 2**-14 the step is the subnormal 2**-24
+    assert (y - x.double()).abs().le(2**-11 * x.double().abs() + 2**-25).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(f32_vectors(1e38))
+def test_bf16_relative_error_is_at_most_half_an_ulp(a):
+    x = torch.from_numpy(a)
+
+    y = decode(build_codec("bf16").encode(x)).double()
+
+    # 7-bit mantissa, fp32's exponent range (subnormal step 2**-133)
+    assert (y - x.double()).abs().le(2**-8 * x.double().abs() + 2**-134).all()
+
+
+@pytest.mark.parametrize(("name", "top"), [("fp16", 65504.0), ("bf16", torch.finfo(torch.bfloat16).max)])
+def test_half_codecs_saturate_finite_values_and_pass_nan_inf(name, top):
+    x = torch.tensor([3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan"), 1.0])
+
+    y = decode(build_codec(name).encode(x))
+
+    assert y[:2].tolist() == [top, -top]
+    assert y[2] == float("inf") and y[3] == float("-inf") and y[4].isnan() and y[5] == 1.0
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_half_codecs_send_two_bytes_a_value(name):
+    blob = build_codec(name).encode(torch.ones(1001))
+
+    assert len(blob) == PREFIX + header_len(blob) + 2 * 1001
+
+
+def test_fp16_payload_is_little_endian_half():
+    blob = build_codec("fp16").encode(torch.tensor([1.0, -2.0]))
+
+    assert blob[-4:] == struct.pack("<2e", 1.0, -2.0)

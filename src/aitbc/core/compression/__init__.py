@@ -4,19 +4,52 @@ Every encoded blob is self-describing, so any blob decodes without outside conte
 
     b"ATBC" | u8 format version | u32 LE header length | header JSON | payload
 
-The header names the codec, its parameters, the tensor's shape and dtype. Subclasses
-implement only the math (``_compress`` / ``_decompress`` on a flat float32 tensor); the
-base class owns the byte layout (the shape of hivemind's ``compression/``). Nothing is
-pickled. The compression ratio of a codec is always measured on real encoded bytes.
+The header (sorted JSON) names the codec, its parameters, the tensor's shape and dtype,
+and the codec's per-blob ``meta`` (e.g. top-k's ``k``, PowerSGD's parameter layout).
+Subclasses implement only the math; the base class owns the byte layout and every size
+check (the shape of hivemind's ``compression/``). Nothing is pickled.
+
+A subclass implements four small methods over a flat float32 tensor ``(d,)``:
+
+- ``_plan(shape) -> meta``: what the header's ``meta`` will say for a tensor of ``shape``;
+- ``_payload_size(d, meta) -> int``: the exact payload length in bytes that ``meta``
+  implies. The decoder checks the real payload against it *before* allocating anything,
+  so a header that claims ``shape=[10**12]`` is an ``IntegrityError``, not an OOM;
+- ``_compress(flat, meta) -> bytes`` and ``_decompress(payload, meta, d) -> flat``.
+
+Sizes are stated, not estimated: ``codec.expected_bytes(shape)`` is the payload a tensor
+of that shape encodes to (the header is extra, ``len(blob) - expected_bytes`` bytes), and
+``compression_ratio(d, len(blob))`` is always taken on real encoded bytes.
+
+Codecs (``CODEC_NAMES``; the registry is checked complete at import):
+
+============  =================================================  ==========================
+name          payload                                            bits per value
+============  =================================================  ==========================
+none          fp32                                               32
+fp16, bf16    half precision, finite values saturate             16
+int8          int8 + one fp32 absmax scale per chunk             8 + 32/chunk_size
+int4          two 4-bit values a byte + fp32 scale per chunk     4 + 32/chunk_size
+topk          k fp32 values + Elias-Fano indices                 ~ratio*(32 + 2 + log2(1/ratio))
+topk-int8     k int8 values, one fp32 scale + Elias-Fano         ~ratio*(8 + 2 + log2(1/ratio))
+sign          1 bit a value + one fp32 scale (mean |x|)          1
+powersgd      rank-r factors P (m, r), Q (n, r) per matrix       r(m+n)/(mn) * 32 per matrix
+============  =================================================  ==========================
+
+``ErrorFeedback(codec)`` (``feedback.py``) wraps any codec with a per-worker residual;
+``build_codec(name, options, error_feedback=True)`` builds one.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import operator
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -25,10 +58,22 @@ from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 from aitbc.errors import IntegrityError, UsageError
 
+if TYPE_CHECKING:
+    from aitbc.core.compression.feedback import ErrorFeedback
+
 MAGIC = b"ATBC"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<4sBI")  # magic, version, header length
 MAX_HEADER = 1 << 20
+# Decoding refuses blobs that claim more values than this (PowerSGD's factors expand
+# quadratically, so a small payload can claim a huge matrix). Callers that know the
+# model's size pass ``max_numel=d``.
+MAX_NUMEL = 1 << 28
+
+# Every codec the issue names; ``import aitbc.core.compression`` fails if one is missing.
+CODEC_NAMES = ("none", "fp16", "bf16", "int8", "int4", "topk", "topk-int8", "sign", "powersgd")
+
+Layout = Sequence[Sequence[int]]  # one shape per model parameter, in flat order
 
 CODECS: Registry[type[Codec]] = Registry("codec")
 
@@ -42,37 +87,83 @@ class Header:
     meta: dict[str, Any]
 
 
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
 class Codec(ABC):
     name: ClassVar[str]
     Config: ClassVar[type]
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, *, layout: Layout | None = None) -> None:
         self.cfg = cfg
+        self.layout = None if layout is None else check_layout(layout)
+
+    # --- public API -----------------------------------------------------------------------
 
     def encode(self, x: Tensor) -> bytes:
-        flat = x.detach().reshape(-1).to(torch.float32)  # (d,)
-        payload, meta = self._compress(flat)
-        header = {
-            "codec": self.name,
-            "shape": list(x.shape),
-            "dtype": str(x.dtype).removeprefix("torch."),
-            "params": asdict(self.cfg),
-            "meta": meta,
-        }
-        hbytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)) + hbytes + payload
+        return self._encode_flat(flat_f32(x, self.name), tuple(x.shape), str(x.dtype).removeprefix("torch."))
 
-    def decode(self, blob: bytes) -> Tensor:
+    def decode(self, blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
         header, payload = read_header(blob)
         if header.codec != self.name:
             raise IntegrityError(f"blob was encoded with codec {header.codec!r}, not {self.name!r}")
-        return _decode_with(self, header, payload)
+        return _decode_with(self, header, payload, max_numel)
+
+    def expected_bytes(self, shape: int | Sequence[int]) -> int:
+        """Payload bytes ``encode`` writes for a tensor of ``shape`` (an int: a flat
+        tensor of that many values). The header comes on top of this."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return self._payload_size(_numel(shape), self._plan(shape))
+
+    def bits_per_value(self, shape: int | Sequence[int]) -> float:
+        """Payload bits per value for a tensor of ``shape`` (header excluded)."""
+        d = shape if isinstance(shape, int) else _numel(shape)
+        return 8 * self.expected_bytes(shape) / d if d else 0.0
+
+    # --- what subclasses implement ------------------------------------------------------------
+
+    def _plan(self, shape: tuple[int, ...]) -> dict[str, Any]:
+        return {}
 
     @abstractmethod
-    def _compress(self, flat: Tensor) -> tuple[bytes, dict[str, Any]]: ...
+    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int: ...
+
+    @abstractmethod
+    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes: ...
 
     @abstractmethod
     def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor: ...
+
+    # --- shared -------------------------------------------------------------------------------
+
+    def _encode_flat(self, flat: Tensor, shape: tuple[int, ...], dtype: str) -> bytes:
+        meta = self._plan(shape)
+        payload = self._compress(flat, meta)
+        size = self._payload_size(flat.numel(), meta)
+        assert len(payload) == size, f"{self.name} wrote {len(payload)} payload bytes, states {size}"
+        header = {"codec": self.name, "shape": list(shape), "dtype": dtype, "params": asdict(self.cfg), "meta": meta}
+        hbytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)) + hbytes + payload
+
+
+def flat_f32(x: Tensor, codec: str) -> Tensor:
+    """The update ``x`` as a contiguous float32 CPU vector (d,) for encoding."""
+    if not x.dtype.is_floating_point:
+        raise UsageError(f"codec {codec!r} encodes floating-point tensors, got dtype {x.dtype}")
+    return x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()  # (d,)
+
+
+def check_layout(layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """A model's parameter shapes as a tuple of int tuples; ``UsageError`` if not."""
+    try:
+        out = tuple(tuple(operator.index(s) for s in shape) for shape in layout)
+    except TypeError:
+        msg = f"codec layout must be a list of parameter shapes (lists of ints), got {layout!r}"
+        raise UsageError(msg[:300]) from None
+    if any(s < 0 for shape in out for s in shape):
+        raise UsageError(f"codec layout has a negative dimension: {out!r}"[:300])
+    return out
 
 
 def read_header(blob: bytes) -> tuple[Header, bytes]:
@@ -89,41 +180,84 @@ def read_header(blob: bytes) -> tuple[Header, bytes]:
         raw = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
         header = Header(
             codec=str(raw["codec"]),
-            shape=tuple(int(s) for s in raw["shape"]),
+            shape=tuple(_strict_int(s) for s in raw["shape"]),
             dtype=str(raw["dtype"]),
             params=dict(raw["params"]),
             meta=dict(raw["meta"]),
         )
     except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise IntegrityError(f"malformed update header: {type(e).__name__}: {e}"[:300]) from None
+        raise IntegrityError(f"malformed update header: {type(e).__name__}: {_one_line(e)}") from None
     if any(s < 0 for s in header.shape):
         raise IntegrityError(f"update header has a negative dimension: {header.shape}")
     return header, blob[_PREFIX.size + hlen :]
 
 
-def _decode_with(codec: Codec, header: Header, payload: bytes) -> Tensor:
-    numel = 1
-    for s in header.shape:
-        numel *= s
+def _one_line(e: BaseException) -> str:
+    """An exception's message as one short line (torch appends C++ stack frames)."""
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+def _strict_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"dimension {v!r} is not an integer")
+    return v
+
+
+def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -> Tensor:
+    numel = _numel(header.shape)
+    dtype = getattr(torch, header.dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise IntegrityError(f"update header names unknown dtype {header.dtype!r}")
+    try:  # every size the header implies is checked against the payload before any allocation
+        size = codec._payload_size(numel, header.meta)
+    except (ValueError, KeyError, TypeError, ArithmeticError) as e:
+        raise IntegrityError(f"bad {header.codec} header meta: {_one_line(e)}") from None
+    if len(payload) != size:
+        raise IntegrityError(f"{header.codec} payload is {len(payload)} bytes; the header implies {size}")
+    # each dimension too: shape (0, 10**30) holds no values but no tensor can take that shape
+    if numel > max_numel or any(s > max_numel for s in header.shape):
+        msg = f"update header claims shape {header.shape}, more than the allowed {max_numel} values"
+        raise IntegrityError(msg if len(msg) < 300 else f"update header claims more than the allowed {max_numel} values")
     try:
         flat = codec._decompress(payload, header.meta, numel)
-    except (ValueError, RuntimeError, KeyError, TypeError) as e:
-        raise IntegrityError(f"corrupt {header.codec} payload: {e}") from None
+    except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
+        raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
     if flat.numel() != numel:
         raise IntegrityError(f"{header.codec} payload decodes to {flat.numel()} values, header says {numel}")
-    dtype = getattr(torch, header.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise IntegrityError(f"update header names unknown dtype {header.dtype!r}")
     return flat.reshape(header.shape).to(dtype)
 
 
-def build_codec(name: str, options: dict[str, Any] | None = None) -> Codec:
+@dataclass(kw_only=True, slots=True)
+class _WrapConfig:
+    error_feedback: bool = False
+
+
+def build_codec(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    layout: Layout | None = None,
+    error_feedback: bool = False,
+) -> Codec | ErrorFeedback:
+    """The codec ``name`` with typed ``options`` (``key=value`` strings or values).
+
+    ``layout`` lists the model's parameter shapes in flat order (``[tuple(p.shape) for p
+    in model.parameters()]``); per-parameter codecs (``powersgd``) use it, the others
+    ignore it. ``error_feedback=True`` (or the option ``error_feedback=true``, so a CLI
+    spec ``topk:ratio=0.01,error_feedback=true`` works) wraps the codec in
+    :class:`ErrorFeedback`: build one per worker, it holds that worker's residual."""
+    options = dict(options or {})
+    if "error_feedback" in options:
+        wrap = build_config(_WrapConfig, {"error_feedback": options.pop("error_feedback")}, what=f"codec {name!r}")
+        error_feedback = error_feedback or wrap.error_feedback
     cls = CODECS.get(name)
-    return cls(build_config(cls.Config, options, what=f"codec {name!r}"))
+    codec = cls(build_config(cls.Config, options, what=f"codec {name!r}"), layout=layout)
+    return ErrorFeedback(codec) if error_feedback else codec
 
 
-def decode(blob: bytes) -> Tensor:
-    """Decode any codec's blob using only its own header."""
+def decode(blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
+    """Decode any codec's blob using only its own header. Malformed input is an
+    ``IntegrityError``; so is a blob that claims more than ``max_numel`` values."""
     header, payload = read_header(blob)
     if header.codec not in CODECS:
         raise IntegrityError(f"update blob names unknown codec {header.codec!r}; known: {', '.join(CODECS.names())}")
@@ -132,9 +266,28 @@ def decode(blob: bytes) -> Tensor:
         codec = cls(build_config(cls.Config, header.params, what=f"codec {header.codec!r}"))
     except UsageError as e:  # the blob came from someone else: bad params are corruption, not usage
         raise IntegrityError(f"update header has bad parameters: {e}") from None
-    return _decode_with(codec, header, payload)
+    return _decode_with(codec, header, payload, max_numel)
+
+
+def compression_ratio(numel: int, nbytes: int) -> float:
+    """Bytes of the fp32 tensor over bytes actually sent: ``4 * numel / nbytes``."""
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be positive, got {nbytes}")
+    return 4 * numel / nbytes
 
 
 from aitbc.core.compression import dense as _dense  # noqa: E402,F401
+from aitbc.core.compression import powersgd as _powersgd  # noqa: E402,F401
+from aitbc.core.compression import quantize as _quantize  # noqa: E402,F401
+from aitbc.core.compression import sign as _sign  # noqa: E402,F401
+from aitbc.core.compression import sparse as _sparse  # noqa: E402,F401
+from aitbc.core.compression.feedback import ErrorFeedback  # noqa: E402
 
-__all__ = ["CODECS", "Codec", "Header", "build_codec", "decode", "read_header"]
+_missing = sorted(set(CODEC_NAMES) - set(CODECS.names()))
+if _missing:
+    raise ImportError(f"codec registry incomplete: {', '.join(_missing)} not registered")
+
+__all__ = [
+    "CODECS", "CODEC_NAMES", "MAX_NUMEL", "Codec", "ErrorFeedback", "Header", "Layout", "build_codec",
+    "check_layout", "compression_ratio", "decode", "flat_f32", "read_header",
+]
