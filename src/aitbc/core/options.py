@@ -36,6 +36,11 @@ def parse_kv(pairs: Iterable[str], *, what: str) -> dict[str, str]:
 
 def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise UsageError(f"{what} option {name}={value!r} must be one of: {', '.join(map(str, allowed))}")
+        return value
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
