@@ -1,73 +1,99 @@
-"""Aggregation rules over a round's updates.
+"""Aggregation rules over a round's updates, robust and not.
 
 Shapes: ``n`` updates of ``d`` parameters; ``updates`` is ``(n, d)``, ``weights`` is
 ``(n,)`` (e.g. sample counts), and every rule returns ``(d,)``.
 
-One public entry point, :func:`aggregate`, looks the rule up by name in
-:data:`AGGREGATORS`, builds its typed config from ``params`` (unknown parameters are an
-error naming the allowed ones), rejects non-finite updates before any arithmetic, and
-calls the rule.
+Entry points::
+
+    aggregate(name, updates, weights=None, **params) -> Tensor              # (d,)
+    aggregate_with_info(name, updates, weights=None, **params) -> (Tensor, AggregationInfo)
+    parse_aggregator(spec, options=None, *, default_f=None) -> AggregatorPipeline
+        pipeline(updates, weights=None, *, round_index=0) -> Tensor
+        pipeline.with_info(updates, weights=None, *, round_index=0)
+        pipeline.check(n)        # the conditions on n, before any round
+    describe_aggregators() -> str   # rules, wrappers, options, defaults, for --help
+
+Rules (``AGGREGATORS``): ``mean``, ``median``, ``trimmed-mean``, ``krum``, ``multi-krum``,
+``bulyan``, ``centered-clip``, ``geometric-median``. Wrappers (``WRAPPERS``), composable
+with any rule: ``nnm``, ``bucketing``. Each rule's module docstring gives its paper, the
+condition it needs, and whether it uses ``weights``.
+
+Spec grammar: ``[WRAPPER[:k=v,...]+]...RULE[:k=v,...]``, e.g. ``"nnm+centered-clip"``,
+``"bucketing:s=2+krum:f=1"``. Wrappers run left to right on the updates, then the rule.
+
+How options flow:
+
+1. Each ``+``-separated part carries its own ``:k=v`` options (``parse_spec``).
+2. ``params`` (the ``**params`` of :func:`aggregate`, the ``options`` of
+   :func:`parse_aggregator`) go to the final rule. A key given both in the rule's part and
+   in ``params`` is an error; an unknown key is an error naming the allowed ones.
+3. ``f`` is the number of Byzantine updates, shared by the stages that take it: a wrapper
+   that takes ``f`` (``nnm``) uses its own ``f`` if given, else the final rule's ``f``,
+   else an ``f`` in ``params`` that the final rule does not take
+   (``aggregate("nnm+centered-clip", u, f=2)``), else ``default_f``.
+4. ``default_f`` (the run's attacker count, for a simulator) fills ``f`` in every stage
+   that takes one and got none; stages without ``f`` ignore it.
+
+Cost (``n`` = 32, ``d`` = 10M float32, 2 CPU cores; ``bench/aggregation_speed.py``): no
+rule makes an ``(n, d)`` temporary (measured extra peak memory 45-200 MiB on a 1.2 GiB
+input); a wrapper makes one ``(k, d)`` mixture. Distance rules use one Gram matrix
+(``_distances``); coordinate rules sort column blocks with a sorting network
+(``_sorting``). Against ``mean``: Krum 1.7x, geometric median 2x, median 6x, trimmed mean
+7x, centered clipping 9x, Bulyan 10x.
+
+Order of checks on a call: shapes and finiteness of the updates and weights (NaN/Inf
+rejected first), then the conditions on ``n`` (a wrapper may change ``n``: bucketing
+passes ``ceil(n/s)`` bucket means on), then the arithmetic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from aitbc.core.aggregation.base import (
+    AGGREGATORS,
+    WRAPPERS,
+    AggregationInfo,
+    Aggregator,
+    Mixing,
+    RuleConfig,
+    Wrapper,
+    WrapperConfig,
+    check_updates,
+    register,
+    register_wrapper,
+)
+from aitbc.core.aggregation.pipeline import (
+    AggregatorPipeline,
+    aggregate,
+    aggregate_with_info,
+    describe_aggregators,
+    describe_options,
+    parse_aggregator,
+)
 
-import torch
-from torch import Tensor
-
-from aitbc.core.options import build_config
-from aitbc.core.registry import Registry
-from aitbc.errors import UsageError
-
-
-@dataclass(frozen=True, slots=True)
-class Aggregator:
-    name: str
-    fn: Callable[..., Tensor]  # fn(updates (n, d), weights (n,), cfg) -> (d,)
-    config: type
-
-
-AGGREGATORS: Registry[Aggregator] = Registry("aggregator")
-
-
-def register(name: str, config: type) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
-    def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        AGGREGATORS.register(name)(Aggregator(name=name, fn=fn, config=config))
-        return fn
-
-    return deco
-
-
-def check_updates(updates: Tensor, weights: Tensor | None) -> Tensor:
-    """Validate shapes and finiteness; return weights as a float ``(n,)`` tensor."""
-    if updates.dim() != 2 or updates.shape[0] == 0:
-        raise UsageError(f"updates must be a non-empty (n, d) tensor, got shape {tuple(updates.shape)}")
-    n = updates.shape[0]
-    bad = (~torch.isfinite(updates)).any(dim=1).nonzero().flatten().tolist()
-    if bad:
-        raise UsageError(f"updates {bad} contain NaN or Inf; reject them before aggregation")
-    if weights is None:
-        return torch.ones(n, dtype=updates.dtype)
-    w = torch.as_tensor(weights, dtype=updates.dtype).flatten()
-    if w.shape != (n,):
-        raise UsageError(f"weights must have shape ({n},), got {tuple(w.shape)}")
-    if not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
-        raise UsageError("weights must be finite, non-negative and not all zero")
-    return w
-
-
-def aggregate(name: str, updates: Tensor, weights: Tensor | None = None, **params: Any) -> Tensor:
-    """Aggregate ``updates`` ``(n, d)`` with rule ``name``; returns ``(d,)``."""
-    agg = AGGREGATORS.get(name)
-    cfg = build_config(agg.config, params, what=f"aggregator {name!r}")
-    w = check_updates(updates, weights)
-    return agg.fn(updates, w, cfg)
-
-
-# Rules register themselves on import.
+# Rules and wrappers register themselves on import.
 from aitbc.core.aggregation import mean as _mean  # noqa: E402,F401
+from aitbc.core.aggregation import coordinate as _coordinate  # noqa: E402,F401
+from aitbc.core.aggregation import krum as _krum  # noqa: E402,F401
+from aitbc.core.aggregation import clipping as _clipping  # noqa: E402,F401
+from aitbc.core.aggregation import geomed as _geomed  # noqa: E402,F401
+from aitbc.core.aggregation import wrappers as _wrappers  # noqa: E402,F401
 
-__all__ = ["AGGREGATORS", "aggregate", "register", "check_updates"]
+__all__ = [
+    "AGGREGATORS",
+    "WRAPPERS",
+    "AggregationInfo",
+    "Aggregator",
+    "AggregatorPipeline",
+    "Mixing",
+    "RuleConfig",
+    "Wrapper",
+    "WrapperConfig",
+    "aggregate",
+    "aggregate_with_info",
+    "check_updates",
+    "describe_aggregators",
+    "describe_options",
+    "parse_aggregator",
+    "register",
+    "register_wrapper",
+]
