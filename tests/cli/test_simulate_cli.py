@@ -95,3 +95,43 @@ def test_debug_shows_the_traceback(aitbc):
     proc = aitbc("--debug", "simulate", "--model", "resnet")
 
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+@pytest.mark.parametrize(("aggregator", "check"), [("mean", lambda a: a < 0.5), ("trimmed-mean:beta=0.25", lambda a: a >= 0.9)])
+def test_sign_flip_acceptance_mean_collapses_trimmed_mean_holds(aitbc, aggregator, check):
+    # The robustness acceptance command of the compression/robustness issue.
+    proc = aitbc("simulate", "--model", "mlp", "--dataset", "digits", "--workers", "12", "--byzantine", "3",
+                 "--attack", "sign-flip", "--aggregator", aggregator, "--rounds", "20", "--local-steps", "20",
+                 "--compression", "int8", "--json")
+
+    result = _json(proc)
+    assert check(result["final_val_accuracy"]), result["final_val_accuracy"]
+    assert 3.5 < result["compression_ratio"] < 4.0
+
+
+def test_compressed_async_run_reports_target_figures(aitbc):
+    proc = aitbc("simulate", "--mode", "async", "--buffer", "4", "--compression", "topk-int8:ratio=0.05",
+                 "--error-feedback", "--rounds", "40", "--target-accuracy", "0.8", "--json")
+
+    result = _json(proc)
+    assert {"compression_ratio", "bytes_to_target", "virtual_seconds_to_target"} <= set(result)
+    assert result["compression_ratio"] > 20
+    assert result["bytes_to_target"] is not None and result["bytes_to_target"] <= result["bytes_up"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--aggregator", "bulyan", "--byzantine", "3", "--attack", "ipm"], "bulyan"),
+        (["--aggregator", "trimmed-mean:beta=0.5"], "beta"),
+        (["--compression", "topk:ratio=2"], "ratio"),
+        (["--attack", "sign-flip"], "needs --byzantine K > 0"),
+        (["--mode", "gossip", "--topology", "mesh"], "unknown --topology 'mesh'"),
+    ],
+)
+def test_bad_robustness_options_are_one_line_usage_errors(aitbc, args, message):
+    proc = aitbc("simulate", "--rounds", "1", *args)
+
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -35,6 +35,21 @@ def simulate(
     model_opt: Annotated[
         Optional[list[str]], typer.Option("--model-opt", help="Model option KEY=VALUE, e.g. d_model=128 (repeatable).")
     ] = None,
+    compression: Annotated[str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")] = "none",
+    error_feedback: Annotated[bool, typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update.")] = False,
+    aggregator: Annotated[str, typer.Option(help="Aggregation rule spec, e.g. mean, median, trimmed-mean:beta=0.25, krum, nnm+centered-clip.")] = "mean",
+    attack: Annotated[Optional[str], typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")] = None,
+    byzantine: Annotated[int, typer.Option(help="Number of Byzantine workers (chosen by seed).")] = 0,
+    mode: Annotated[str, typer.Option(help="Round mode: sync, async or gossip.")] = "sync",
+    deadline: Annotated[Optional[float], typer.Option(help="sync: virtual seconds a round waits; later workers are dropped.")] = None,
+    quorum: Annotated[int, typer.Option(help="sync: updates a round waits for even past the deadline.")] = 1,
+    max_staleness: Annotated[int, typer.Option(help="async: drop updates more than S aggregations old.")] = 4,
+    staleness: Annotated[str, typer.Option(help="async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4].")] = "polynomial",
+    buffer: Annotated[Optional[int], typer.Option(help="async: updates per aggregation (default half the workers).")] = None,
+    topology: Annotated[str, typer.Option(help="gossip: ring or random:K.")] = "ring",
+    target_loss: Annotated[Optional[float], typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")] = None,
+    target_accuracy: Annotated[Optional[float], typer.Option(help="Report bytes and virtual seconds to reach this validation accuracy.")] = None,
+    eval_every: Annotated[int, typer.Option(help="Evaluate every N rounds (and after the last).")] = 1,
     max_bytes: Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")] = 4 << 20,
     eval_samples: Annotated[int, typer.Option(help="Validation samples evaluated each round.")] = 1024,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")] = None,
@@ -49,7 +64,10 @@ def simulate(
         model=model, model_options=parse_kv(model_opt or [], what="model"), dataset=dataset, workers=workers,
         rounds=rounds, local_steps=local_steps, batch_size=batch_size, lr=lr, inner_opt=inner_opt, outer=outer,
         outer_options=outer_options, alpha=alpha, seed=seed, speeds=speeds, bandwidth=bandwidth, latency=latency,
-        eval_samples=eval_samples, max_bytes=max_bytes,
+        eval_samples=eval_samples, max_bytes=max_bytes, compression=compression, error_feedback=error_feedback,
+        aggregator=aggregator, attack=attack, byzantine=byzantine, mode=mode, deadline=deadline, quorum=quorum,
+        max_staleness=max_staleness, staleness=staleness, buffer=buffer, topology=topology,
+        target_loss=target_loss, target_accuracy=target_accuracy, eval_every=eval_every,
     )
     home = resolve_home(home)
     run_dir = out_dir or home / "sims" / time.strftime(f"%Y%m%d-%H%M%S-seed{seed}")
@@ -71,7 +89,12 @@ def simulate(
     if json_out:
         print(result.to_json())
         return
-    table = Table(title=f"simulation: {model} on {dataset}, {workers} workers, {outer}", show_header=False)
+    title = f"simulation: {model} on {dataset}, {workers} workers, {mode}, {outer}, {aggregator}, {compression}"
+    if byzantine:
+        title += f", {byzantine} x {attack}"
+    table = Table(title=title, show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     acc = result.final_val_accuracy
     rows = [
         ("rounds x local steps", f"{result.rounds} x {local_steps}"),
@@ -79,6 +102,9 @@ def simulate(
         ("validation loss", f"{result.initial_val_loss:.4f} -> {result.final_val_loss:.4f}"),
         ("validation accuracy", "n/a (language model)" if acc is None else f"{acc:.4f}"),
         ("bytes up / down", f"{_mib(result.bytes_up)} / {_mib(result.bytes_down)}"),
+        ("compression ratio", f"{result.compression_ratio:.1f}x"),
+        ("updates rejected / dropped", f"{result.rejected_updates} / {result.dropped_updates}"),
+        ("rounds skipped (too few updates)", str(result.skipped_rounds)),
         ("virtual time", f"{result.virtual_seconds:.2f} s"),
         ("wall time", f"{result.wall_seconds:.2f} s"),
         ("final model CID", result.final_model_cid),
@@ -86,6 +112,15 @@ def simulate(
     ]
     if acc is None:
         rows.insert(3, ("uniform-byte baseline", f"{math.log(256):.4f}"))
+    if target_loss is not None or target_accuracy is not None:
+        reached = (
+            "not reached" if result.rounds_to_target is None
+            else f"round {result.rounds_to_target}, {_mib(result.bytes_to_target or 0)} up, "
+                 f"{result.virtual_seconds_to_target:.2f} virtual s"
+        )
+        rows.append(("target", reached))
+    if result.spread is not None:
+        rows.append(("model spread (gossip)", f"{result.spread:.4g}"))
     for k, v in rows:
         table.add_row(k, v)
     out.print(table)

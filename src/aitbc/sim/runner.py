@@ -1,9 +1,10 @@
 """Whole trainings in one process: N virtual workers, one virtual clock.
 
 The simulation drives the same parts the live system does -- datasets and shards,
-the local training loop, the update codec, the aggregator, the outer optimizer, the
-content-addressed store -- with the network replaced by a cost model
-(:mod:`aitbc.sim.network`). Same seed, same numbers.
+the local training loop, update codecs (with error feedback), robust aggregators,
+attacks, outer optimizers, the content-addressed store -- with the network replaced by
+a cost model (:mod:`aitbc.sim.network`). How rounds are organised (``sync``, ``async``,
+``gossip``) lives in :mod:`aitbc.sim.modes`. Same seed, same numbers.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
+from torch import Tensor
 
-from aitbc.core.aggregation import aggregate
+from aitbc.core.aggregation import parse_aggregator
+from aitbc.core.attacks import Attack, AttackView, build_attack
 from aitbc.core.compression import build_codec
 from aitbc.core.compression import decode as decode_update
+from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
-from aitbc.errors import AitbcError, UsageError
+from aitbc.core.staleness import build_staleness
+from aitbc.errors import AitbcError, IntegrityError, UsageError
 from aitbc.sim.network import build_profiles, step_seconds
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.training.checkpoint import checkpoint_bytes, flat_params, set_flat_params, shard_bytes
@@ -31,6 +36,9 @@ from aitbc.training.datasets import DataOptions, load_dataset
 from aitbc.training.local import LocalConfig, LocalTrainer, evaluate
 from aitbc.training.models import build_model, model_config
 from aitbc.training.sharding import shard_indices
+
+MODES = ("sync", "async", "gossip")
+GOSSIP_CODECS = {"none", "fp16", "bf16", "int8", "int4"}  # value codecs: fit for whole models
 
 
 @dataclass(kw_only=True)
@@ -46,8 +54,18 @@ class SimConfig:
     inner_opt: str = "adamw"
     outer: str = "fedavg"
     outer_options: dict[str, Any] = field(default_factory=dict)
-    aggregator: str = "mean"
-    codec: str = "none"
+    aggregator: str = "mean"  # spec: NAME[:k=v,...][+NAME[:k=v,...]]
+    compression: str = "none"  # spec: NAME[:k=v,...]
+    error_feedback: bool = False
+    attack: str | None = None  # spec: NAME[:k=v,...]
+    byzantine: int = 0
+    mode: str = "sync"
+    deadline: float | None = None  # sync: virtual seconds a round waits at most
+    quorum: int = 1  # sync: updates a round waits for even past the deadline
+    max_staleness: int = 4  # async: older updates are dropped
+    staleness: str = "polynomial"  # async: down-weighting rule spec
+    buffer: int | None = None  # async: updates per aggregation (default: half the workers)
+    topology: str = "ring"  # gossip: ring or random:K
     alpha: float | None = None
     seed: int = 0
     speeds: str = "1"
@@ -56,16 +74,47 @@ class SimConfig:
     ref_tflops: float = 25.0  # reference device (speed 1.0) effective throughput
     step_overhead_ms: float = 1.0  # fixed cost of one inner step at speed 1.0
     eval_samples: int = 1024
+    eval_every: int = 1
     max_bytes: int = 4 << 20  # language corpora cap
+    target_loss: float | None = None
+    target_accuracy: float | None = None
+    stop_at_target: bool = False  # end the run at the first evaluation that reaches the target
 
     def __post_init__(self) -> None:
-        for name in ("workers", "rounds", "eval_samples", "max_bytes"):
+        for name in ("workers", "rounds", "eval_samples", "max_bytes", "eval_every", "quorum"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not self.ref_tflops > 0:
             raise UsageError(f"--ref-tflops must be > 0, got {self.ref_tflops}")
         if not self.step_overhead_ms >= 0:
             raise UsageError(f"--step-overhead-ms must be >= 0, got {self.step_overhead_ms}")
+        if self.mode not in MODES:
+            raise UsageError(f"unknown --mode {self.mode!r}; allowed: {', '.join(MODES)}")
+        if not 0 <= self.byzantine < self.workers:
+            raise UsageError(
+                f"--byzantine must be between 0 and workers-1 ({self.workers - 1}), got {self.byzantine}"
+            )
+        if self.byzantine and not self.attack:
+            raise UsageError("--byzantine K needs an --attack (e.g. sign-flip, gaussian, alie, ipm)")
+        if self.attack and not self.byzantine:
+            raise UsageError(f"--attack {self.attack} needs --byzantine K > 0 attackers")
+        if self.quorum > self.workers:
+            raise UsageError(f"--quorum {self.quorum} exceeds the {self.workers} workers")
+        if self.deadline is not None and not (self.deadline > 0 and math.isfinite(self.deadline)):
+            raise UsageError(f"--deadline must be > 0 seconds, got {self.deadline}")
+        if self.max_staleness < 0:
+            raise UsageError(f"--max-staleness must be >= 0, got {self.max_staleness}")
+        if self.buffer is not None and not 1 <= self.buffer <= self.workers:
+            raise UsageError(f"--buffer must be between 1 and {self.workers}, got {self.buffer}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise UsageError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        kind, _, k = self.topology.partition(":")
+        if not (self.topology == "ring" or (kind == "random" and k.isdigit() and 1 <= int(k) < self.workers)):
+            raise UsageError(
+                f"unknown --topology {self.topology!r}; allowed: ring, random:K with 1 <= K < workers ({self.workers})"
+            )
+        if self.target_loss is not None and not self.target_loss > 0:
+            raise UsageError(f"--target-loss must be > 0, got {self.target_loss}")
 
 
 @dataclass(kw_only=True)
@@ -78,8 +127,17 @@ class SimResult:
     params: int
     bytes_up: int
     bytes_down: int
+    compression_ratio: float  # dense fp32 bytes of the updates sent / real bytes sent
+    bytes_to_target: int | None
+    virtual_seconds_to_target: float | None
+    rounds_to_target: int | None
     virtual_seconds: float
     wall_seconds: float
+    rejected_updates: int  # failed decoding or checks (shape, NaN/Inf)
+    dropped_updates: int  # past the deadline or max staleness
+    skipped_rounds: int  # too few updates for the aggregator's conditions
+    byzantine_workers: list[int]
+    spread: float | None  # gossip: mean distance of worker models to their average
     metrics_path: str
     manifest_cid: str
     final_model_cid: str
@@ -89,13 +147,24 @@ class SimResult:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+@dataclass(slots=True)
+class Sent:
+    """One update as it left a worker: the encoded blob and what it cost."""
+
+    worker: int
+    update: Tensor  # (d,) what the worker meant to send, before encoding
+    blob: bytes
+    loss: float | None  # training loss (None if the worker did not train)
+    seconds: float  # virtual: download + compute + upload
+
+
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
 class Simulation:
-    """A prepared simulation: everything is built (and every option checked) by
-    :meth:`build`, so a bad option fails before any training starts; :meth:`run`
-    then plays the rounds."""
+    """A prepared simulation: everything is built (and every option checked) by the
+    constructor, so a bad option fails before any training or output; :meth:`run` then
+    plays the rounds of the configured mode."""
 
     def __init__(self, cfg: SimConfig, *, home: Path, out_dir: Path) -> None:
         self.cfg, self.out_dir = cfg, out_dir
@@ -107,10 +176,30 @@ class Simulation:
         seq_len = getattr(mcfg, "context", 128)
         data = load_dataset(cfg.dataset, DataOptions(seed=cfg.seed, seq_len=seq_len, max_bytes=cfg.max_bytes))
         self.model = build_model(cfg.model, data.spec, cfg.model_options)
+        self.layout = [tuple(p.shape) for p in self.model.parameters()]
         self.profiles = build_profiles(cfg.workers, speeds=cfg.speeds, bandwidth=cfg.bandwidth, latency=cfg.latency)
         self.outer = build_outer(cfg.outer, cfg.outer_options)
-        self.codec = build_codec(cfg.codec)
+        # A rule that takes f (updates it must tolerate) and is given none gets the attacker count.
+        self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.byzantine)
+        self.aggregator.check(_updates_per_aggregation(cfg))  # conditions like bulyan's n >= 4f+3, up front
+        self.staleness_weight = build_staleness(*parse_spec(cfg.staleness, what="staleness rule"))
+        self.attack: Attack | None = build_attack(*parse_spec(cfg.attack, what="attack")) if cfg.attack else None
+        if self.attack is not None and self.attack.flips_labels and data.spec.task != "classification":
+            raise UsageError("attack 'label-flip' needs a classification dataset")
+        codec_name, codec_opts = parse_spec(cfg.compression, what="codec")
+        self.codecs = [self._codec(codec_name, codec_opts, cfg.error_feedback) for _ in range(cfg.workers)]
+        self.plain_codec = self._codec(codec_name, codec_opts, False)  # attackers skip error feedback
+        self.codec_name = codec_name
+        if cfg.mode == "gossip" and codec_name not in GOSSIP_CODECS:
+            raise UsageError(
+                f"gossip sends whole models, which codec {codec_name!r} would destroy; "
+                f"use one of: {', '.join(sorted(GOSSIP_CODECS))}"
+            )
         self.store = LocalBlobStore(home)
+        g = torch.Generator().manual_seed(cfg.seed + 1)
+        self.byzantine = sorted(torch.randperm(cfg.workers, generator=g)[: cfg.byzantine].tolist())
+        self.attack_gen = torch.Generator().manual_seed(cfg.seed + 2)
+        self.mode_gen = torch.Generator().manual_seed(cfg.seed + 3)  # gossip peers, etc.
 
         # Shards, each a blob; the manifest naming them is a blob too (as upload-data does).
         parts = shard_indices(data.train_x.shape[0], cfg.workers, seed=cfg.seed, labels=data.labels, alpha=cfg.alpha)
@@ -126,83 +215,207 @@ class Simulation:
         }
         self.manifest_cid = self.store.put_bytes(json.dumps(manifest, sort_keys=True).encode())
 
-        self.trainers = [
-            LocalTrainer(copy.deepcopy(self.model), data.train_x[p], data.train_y[p], local_cfg,
-                         seed=cfg.seed * 100_003 + i)
-            for i, p in enumerate(parts)
-        ]
-        self.weights = torch.tensor([float(len(p)) for p in parts])  # (n,) sample counts
+        self.trainers = []
+        for i, p in enumerate(parts):
+            y = data.train_y[p]
+            if i in self.byzantine and self.attack is not None and self.attack.flips_labels:
+                y = data.spec.num_classes - 1 - y  # label-flip: the attacker poisons its own data
+            trainer = LocalTrainer(copy.deepcopy(self.model), data.train_x[p], y, local_cfg, seed=cfg.seed * 100_003 + i)
+            self.trainers.append(trainer)
+        self.samples = torch.tensor([float(len(p)) for p in parts])  # (n,) sample counts
         self.val_x, self.val_y = data.val_x[: cfg.eval_samples], data.val_y[: cfg.eval_samples]
-        self.params = flat_params(self.model)  # (d,)
+        self.params = flat_params(self.model)  # (d,) the global model
+        self.d = self.params.numel()
         tokens = seq_len if data.spec.task == "language" else 1
-        self.t_step = step_seconds(
-            self.params.numel(), cfg.batch_size * tokens, cfg.ref_tflops, cfg.step_overhead_ms
-        )
+        self.t_step = step_seconds(self.d, cfg.batch_size * tokens, cfg.ref_tflops, cfg.step_overhead_ms)
+        self.previous_update: Tensor | None = None  # last applied global update (public)
 
-    def _checkpoint(self, round: int) -> bytes:
+        # Running totals, filled by the mode loops through send/receive/record.
+        self.bytes_up = self.bytes_down = self.updates_sent = 0
+        self.rejected = self.dropped = self.skipped = 0
+        self.clock = 0.0
+        self.round = 0
+        self.val_loss = self.initial_loss = math.nan
+        self.val_acc: float | None = None
+        self.spread: float | None = None
+        self.target: dict[str, Any] | None = None
+        self._metrics: IO[str] | None = None
+        self._progress: ProgressFn | None = None
+
+    def _codec(self, name: str, options: dict[str, Any], error_feedback: bool):
+        return build_codec(name, options, layout=self.layout, error_feedback=error_feedback)
+
+    # ---- what workers do ------------------------------------------------------------
+
+    def checkpoint(self, params: Tensor, round: int) -> bytes:
+        set_flat_params(self.model, params)
         return checkpoint_bytes(self.model, model_name=self.cfg.model, model_options=self.model_opts, round=round)
 
+    def work(self, ids: list[int], starts: dict[int, Tensor], down_bytes: int,
+             colluding: list[Tensor] | None = None, *, count_bytes: bool = True) -> list[Sent]:
+        """Workers ``ids`` each train from ``starts[i]`` and send an encoded update.
+
+        Honest workers go first; Byzantine workers then see the honest updates of this
+        batch (plus ``colluding``, e.g. recent ones in async mode) and craft theirs."""
+        sent: dict[int, Sent] = {}
+        honest_view: list[Tensor] = list(colluding or [])
+        for i in ids:
+            if i in self.byzantine:
+                continue
+            res = self.trainers[i].train_round(starts[i])
+            blob = self.codecs[i].encode(res.delta)
+            honest_view.append(decode_update(blob))
+            sent[i] = Sent(i, res.delta, blob, res.loss, self._seconds(i, down_bytes, len(blob)))
+        for i in ids:
+            if i not in self.byzantine:
+                continue
+            assert self.attack is not None
+            own, loss = None, None
+            if self.attack.trains:
+                res = self.trainers[i].train_round(starts[i])
+                own, loss = res.delta, res.loss
+            view = AttackView(
+                own=own,
+                honest=torch.stack(honest_view) if honest_view else torch.zeros(0, self.d),
+                previous=self.previous_update, n=len(ids), f=len(self.byzantine), generator=self.attack_gen,
+            )
+            crafted = self.attack.craft(view)
+            blob = self.plain_codec.encode(crafted)
+            sent[i] = Sent(i, crafted, blob, loss, self._seconds(i, down_bytes, len(blob)))
+        out = [sent[i] for i in ids]
+        if count_bytes:
+            for s in out:
+                self.bytes_up += len(s.blob)
+                self.updates_sent += 1
+            self.bytes_down += down_bytes * len(ids)
+        return out
+
+    def _seconds(self, i: int, down: int, up: int) -> float:
+        p = self.profiles[i]
+        return p.transfer_seconds(down) + p.compute_seconds(self.cfg.local_steps, self.t_step) + p.transfer_seconds(up)
+
+    # ---- what the coordinator does ----------------------------------------------------
+
+    def receive(self, blob: bytes) -> Tensor | None:
+        """Decode and check one update; ``None`` (and counted) if it must be rejected."""
+        try:
+            u = decode_update(blob, max_numel=self.d)  # a hostile header cannot make us allocate more
+        except IntegrityError:
+            self.rejected += 1
+            return None
+        if u.shape != (self.d,) or not torch.isfinite(u).all():
+            self.rejected += 1
+            return None
+        return u.to(torch.float32)
+
+    def aggregate(self, updates: list[Tensor], weights: list[float]) -> Tensor | None:
+        """The run's rule over ``updates``; ``None`` (and counted) when too few arrived for
+        its conditions (e.g. stragglers dropped below krum's n >= f+3): the round is
+        skipped, as a coordinator would wait, not averaged with a weaker rule."""
+        try:
+            self.aggregator.check(len(updates))
+        except UsageError:
+            self.skipped += 1
+            return None
+        return self.aggregator(torch.stack(updates), torch.tensor(weights), round_index=self.round)  # (n, d) -> (d,)
+
+    def apply(self, updates: list[Tensor], weights: list[float]) -> None:
+        """Aggregate accepted updates and take one outer step on the global model."""
+        delta = self.aggregate(updates, weights)
+        if delta is None:
+            return
+        self.params = self.outer.step(self.params, delta)
+        self.previous_update = delta
+
+    # ---- bookkeeping --------------------------------------------------------------------
+
+    def evaluate(self, params: Tensor) -> tuple[float, float | None]:
+        set_flat_params(self.model, params)
+        return evaluate(self.model, self.val_x, self.val_y)
+
+    def record(self, *, train_losses: list[float], accepted: int, extra: dict[str, Any] | None = None,
+               eval_params: Tensor | None = None) -> bool:
+        """Close round ``self.round``: evaluate, track the target, write a metrics row.
+        Returns True when the run should stop early (target reached and ``stop_at_target``)."""
+        cfg = self.cfg
+        if self.round % cfg.eval_every == 0 or self.round == cfg.rounds:
+            self.val_loss, self.val_acc = self.evaluate(self.params if eval_params is None else eval_params)
+            if not math.isfinite(self.val_loss):
+                raise AitbcError(
+                    f"training diverged at round {self.round} (validation loss {self.val_loss}); "
+                    "lower --lr or use a robust --aggregator"
+                )
+            self._check_target()
+        row = {
+            "round": self.round, "val_loss": self.val_loss, "val_accuracy": self.val_acc,
+            "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
+            "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "virtual_time": self.clock,
+            "accepted": accepted, "rejected": self.rejected, "dropped": self.dropped, "skipped": self.skipped,
+            **(extra or {}),
+        }
+        assert self._metrics is not None
+        self._metrics.write(json.dumps(row) + "\n")
+        if self._progress:
+            self._progress(row)
+        return cfg.stop_at_target and self.target is not None
+
+    def _check_target(self) -> None:
+        cfg = self.cfg
+        if self.target is not None or (cfg.target_loss is None and cfg.target_accuracy is None):
+            return
+        hit_loss = cfg.target_loss is not None and self.val_loss <= cfg.target_loss
+        hit_acc = cfg.target_accuracy is not None and self.val_acc is not None and self.val_acc >= cfg.target_accuracy
+        if hit_loss or hit_acc:
+            self.target = {"bytes": self.bytes_up, "seconds": self.clock, "round": self.round}
+
     def run(self, progress: ProgressFn | None = None) -> SimResult:
-        cfg, model = self.cfg, self.model
+        from aitbc.sim.modes import MODE_LOOPS
+
+        cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = self.out_dir / "metrics.jsonl"
-        initial_loss, _ = evaluate(model, self.val_x, self.val_y)
-        bytes_up = bytes_down = 0
-        clock = 0.0
-        val_loss, val_acc = initial_loss, None
-        params = self.params
-        with metrics_path.open("w") as metrics:
-            for r in range(1, cfg.rounds + 1):
-                set_flat_params(model, params)
-                down = len(self._checkpoint(r - 1))  # every worker downloads the global model blob
-                blobs, losses, durations = [], [], []
-                for trainer, prof in zip(self.trainers, self.profiles):
-                    res = trainer.train_round(params)
-                    blob = self.codec.encode(res.delta)
-                    blobs.append(blob)
-                    losses.append(res.loss)
-                    durations.append(
-                        prof.transfer_seconds(down)
-                        + prof.compute_seconds(res.steps, self.t_step)
-                        + prof.transfer_seconds(len(blob))
-                    )
-                round_up = sum(len(b) for b in blobs)
-                updates = torch.stack([decode_update(b) for b in blobs])  # (n, d)
-                delta = aggregate(cfg.aggregator, updates, self.weights)  # (d,)
-                params = self.outer.step(params, delta)
-                set_flat_params(model, params)
-                val_loss, val_acc = evaluate(model, self.val_x, self.val_y)
-                if not math.isfinite(val_loss):
-                    raise AitbcError(f"training diverged at round {r} (validation loss {val_loss}); lower --lr")
-                bytes_up += round_up
-                bytes_down += down * cfg.workers
-                clock += max(durations)  # sync round: everyone waits for the slowest worker
-                row = {
-                    "round": r, "val_loss": val_loss, "val_accuracy": val_acc,
-                    "train_loss": sum(losses) / len(losses), "bytes_up": round_up,
-                    "bytes_down": down * cfg.workers, "virtual_time": clock,
-                }
-                metrics.write(json.dumps(row) + "\n")
-                if progress:
-                    progress(row)
-        self.params = params
-        final_cid = self.store.put_bytes(self._checkpoint(cfg.rounds))
+        self.initial_loss, _ = self.evaluate(self.params)
+        self.val_loss = self.initial_loss
+        self._progress = progress
+        with metrics_path.open("w") as self._metrics:
+            MODE_LOOPS[cfg.mode](self)
+        self._metrics = None
+        final_cid = self.store.put_bytes(self.checkpoint(self.params, self.round))
         return SimResult(
-            final_val_loss=val_loss,
-            final_val_accuracy=val_acc,
-            initial_val_loss=initial_loss,
-            rounds=cfg.rounds,
+            final_val_loss=self.val_loss,
+            final_val_accuracy=self.val_acc,
+            initial_val_loss=self.initial_loss,
+            rounds=self.round,
             workers=cfg.workers,
-            params=params.numel(),
-            bytes_up=bytes_up,
-            bytes_down=bytes_down,
-            virtual_seconds=clock,
+            params=self.d,
+            bytes_up=self.bytes_up,
+            bytes_down=self.bytes_down,
+            compression_ratio=(4 * self.d * self.updates_sent / self.bytes_up) if self.bytes_up else 1.0,
+            bytes_to_target=self.target["bytes"] if self.target else None,
+            virtual_seconds_to_target=self.target["seconds"] if self.target else None,
+            rounds_to_target=self.target["round"] if self.target else None,
+            virtual_seconds=self.clock,
             wall_seconds=time.perf_counter() - self.t0,
+            rejected_updates=self.rejected,
+            dropped_updates=self.dropped,
+            skipped_rounds=self.skipped,
+            byzantine_workers=self.byzantine,
+            spread=self.spread,
             metrics_path=str(metrics_path),
             manifest_cid=self.manifest_cid,
             final_model_cid=final_cid,
             config=asdict(cfg),
         )
+
+
+def _updates_per_aggregation(cfg: SimConfig) -> int:
+    """How many updates one aggregation sees when nobody is late or rejected."""
+    if cfg.mode == "async":
+        return cfg.buffer or max(1, cfg.workers // 2)
+    if cfg.mode == "gossip":
+        kind, _, k = cfg.topology.partition(":")
+        return 1 + (int(k) if kind == "random" else min(2, cfg.workers - 1))
+    return cfg.workers
 
 
 def run_simulation(cfg: SimConfig, *, home: Path, out_dir: Path, progress: ProgressFn | None = None) -> SimResult:

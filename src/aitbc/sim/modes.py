@@ -1,0 +1,171 @@
+"""How rounds are organised: ``sync``, ``async`` and ``gossip``.
+
+Each mode is one loop over a prepared :class:`~aitbc.sim.runner.Simulation`, using its
+``work`` (workers train and send), ``receive`` (decode and check), ``apply`` (aggregate
+and outer step) and ``record`` (evaluate, metrics row). Virtual time only moves here.
+
+- ``sync``: every worker starts from the same global model; the round waits for all of
+  them, or, with ``--deadline D``, for at most ``D`` seconds -- workers past it are
+  dropped from that round -- but always for at least ``--quorum`` updates.
+- ``async`` (buffered, as FedBuff, Nguyen et al. 2022): workers run back to back; each
+  update is checked on arrival, dropped if more than ``--max-staleness`` aggregations
+  old, else scaled by the staleness rule and buffered; every ``--buffer`` updates are
+  aggregated with the run's (robust) rule. A round is one aggregation.
+- ``gossip``: no global model. Each worker trains from its own model, then replaces it
+  by the aggregate (the run's rule, applied locally) of its own and its neighbours'
+  models on a ``ring`` or ``random:K`` topology. The reported model is the average of the
+  honest workers' models; ``spread`` is their mean L2 distance to it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from aitbc.core.compression import decode as decode_update
+from aitbc.errors import UsageError
+
+
+def run_sync(sim) -> None:
+    cfg, ids = sim.cfg, list(range(sim.cfg.workers))
+    for r in range(1, cfg.rounds + 1):
+        down = len(sim.checkpoint(sim.params, r - 1))  # every worker downloads the global model blob
+        sent = sim.work(ids, {i: sim.params for i in ids}, down)
+        order = sorted(sent, key=lambda s: (s.seconds, s.worker))
+        on_time = [s for s in order if cfg.deadline is None or s.seconds <= cfg.deadline]
+        if len(on_time) < cfg.quorum:
+            on_time = order[: cfg.quorum]  # wait past the deadline for the quorum
+        sim.dropped += len(order) - len(on_time)
+        if cfg.deadline is not None and len(on_time) < len(order):
+            round_seconds = max(cfg.deadline, on_time[-1].seconds)
+        else:
+            round_seconds = on_time[-1].seconds  # everyone waits for the slowest
+        updates, weights = [], []
+        for s in on_time:
+            u = sim.receive(s.blob)
+            if u is not None:
+                updates.append(u)
+                weights.append(float(sim.samples[s.worker]))
+        sim.apply(updates, weights)
+        sim.clock += round_seconds
+        sim.round = r
+        if sim.record(train_losses=[s.loss for s in on_time if s.loss is not None], accepted=len(updates)):
+            return
+
+
+def run_async(sim) -> None:
+    cfg = sim.cfg
+    n = cfg.workers
+    buffer_size = cfg.buffer or max(1, n // 2)
+    version = 0  # aggregations so far
+    events: list[tuple[float, int, int, bytes, float | None]] = []  # (arrival, worker, version, blob, loss)
+    recent_honest: deque[Tensor] = deque(maxlen=n)  # what colluding attackers have seen lately
+
+    def start(i: int, now: float) -> None:
+        down = len(sim.checkpoint(sim.params, version))
+        (s,) = sim.work([i], {i: sim.params}, down, colluding=list(recent_honest))
+        if i not in sim.byzantine:
+            recent_honest.append(decode_update(s.blob))  # attackers read honest updates off the wire
+        heapq.heappush(events, (now + s.seconds, i, version, s.blob, s.loss))
+
+    for i in range(n):
+        start(i, 0.0)
+    buffer: list[Tensor] = []
+    weights: list[float] = []
+    losses: list[float] = []
+    while version < cfg.rounds:
+        now, i, v, blob, loss = heapq.heappop(events)
+        sim.clock = now
+        staleness = version - v
+        if staleness > cfg.max_staleness:
+            sim.dropped += 1
+        else:
+            u = sim.receive(blob)
+            if u is not None:
+                buffer.append(sim.staleness_weight(staleness) * u)
+                weights.append(float(sim.samples[i]))
+                if loss is not None:
+                    losses.append(loss)
+        if len(buffer) >= buffer_size:
+            sim.apply(buffer, weights)
+            version += 1
+            sim.round = version
+            if sim.record(train_losses=losses, accepted=len(buffer)):
+                return
+            buffer, weights, losses = [], [], []
+        start(i, now)
+
+
+def _neighbours(topology: str, n: int, gen: torch.Generator) -> Callable[[], list[list[int]]]:
+    kind, _, arg = topology.partition(":")
+    if kind == "ring" and not arg:
+        if n < 2:
+            raise UsageError("gossip on a ring needs at least 2 workers")
+        ring = [sorted({(i - 1) % n, (i + 1) % n} - {i}) for i in range(n)]
+        return lambda: ring
+    if kind == "random":
+        try:
+            k = int(arg)
+        except ValueError:
+            raise UsageError(f"--topology random:K needs an integer K, got {topology!r}") from None
+        if not 1 <= k < n:
+            raise UsageError(f"--topology random:K needs 1 <= K < workers ({n}), got K={k}")
+
+        def draw() -> list[list[int]]:
+            peers = []
+            for i in range(n):
+                others = torch.randperm(n - 1, generator=gen)[:k]  # (k,) indices among the n-1 others
+                peers.append(sorted(int(j) + (int(j) >= i) for j in others))
+            return peers
+
+        return draw
+    raise UsageError(f"unknown --topology {topology!r}; allowed: ring, random:K")
+
+
+def run_gossip(sim) -> None:
+    cfg = sim.cfg
+    n = cfg.workers
+    peers_of = _neighbours(cfg.topology, n, sim.mode_gen)
+    models = [sim.params.clone() for _ in range(n)]  # (d,) each worker's own model
+    honest = [i for i in range(n) if i not in sim.byzantine]
+    for r in range(1, cfg.rounds + 1):
+        # Workers train from their own models; only models travel (encoded), not updates.
+        sent = sim.work(list(range(n)), dict(enumerate(models)), 0, count_bytes=False)
+        local = [models[s.worker] - s.update for s in sent]  # start minus (possibly crafted) update
+        messages = [sim.plain_codec.encode(m) for m in local]
+        peers = peers_of()
+        seconds = [0.0] * n
+        accepted = 0
+        new_models = list(models)
+        for i in honest:
+            received, weights = [local[i]], [float(sim.samples[i])]
+            for j in peers[i]:
+                m = sim.receive(messages[j])
+                sim.updates_sent += 1
+                sim.bytes_up += len(messages[j])
+                sim.bytes_down += len(messages[j])
+                seconds[i] += sim.profiles[i].transfer_seconds(len(messages[j]))
+                if m is not None:
+                    received.append(m)
+                    weights.append(float(sim.samples[j]))
+            accepted += len(received) - 1
+            mixed = sim.aggregate(received, weights)  # (k+1, d) -> (d,)
+            new_models[i] = mixed if mixed is not None else local[i]
+        for s in sent:
+            seconds[s.worker] += s.seconds
+        models = new_models
+        stack = torch.stack([models[i] for i in honest])  # (h, d)
+        sim.params = stack.mean(dim=0)  # the reported model: honest workers' average
+        sim.spread = float((stack - sim.params).norm(dim=1).mean())
+        sim.clock += max(seconds)
+        sim.round = r
+        if sim.record(train_losses=[s.loss for s in sent if s.loss is not None], accepted=accepted,
+                      extra={"spread": sim.spread}):
+            return
+
+
+MODE_LOOPS = {"sync": run_sync, "async": run_async, "gossip": run_gossip}
