@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from aitbc.core.aggregation import _sorting, aggregate, aggregate_with_info
+from aitbc.core.aggregation import _sorting, aggregate, aggregate_with_info, clipping
 from aitbc.errors import UsageError
 
 
@@ -78,11 +78,12 @@ def test_centered_clip_matches_the_direct_iteration(path, seed, n, d, tau, iters
     x = random_updates(seed, n, d)
     w = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
     w = w if weighted else torch.ones(n, dtype=torch.float64)
-    knobs = {"NETWORK_MAX_ROWS": 0} if path == "torch-sort" else {"NETWORK_MIN_ELEMENTS": 0, "BLOCK_ELEMENTS": 16}
+    knobs = {"NETWORK_MAX_ROWS": 0, "BLOCK_ELEMENTS": 16} if path == "torch-sort" else {"NETWORK_MIN_ELEMENTS": 0, "NETWORK_COLUMNS": 5}
 
     with pytest.MonkeyPatch.context() as mp:
         for k, v in knobs.items():
             mp.setattr(_sorting, k, v)
+        mp.setattr(clipping, "GRAM_BLOCK_ELEMENTS", 3 * n)  # several centered blocks
         out = aggregate("centered-clip", x, w, tau=tau, iters=iters)
 
     assert_close(out, reference_centered_clip(x, w, tau, iters))

@@ -15,14 +15,17 @@ from aitbc.errors import UsageError
 
 @pytest.fixture(params=["torch-sort", "network"])
 def sort_path(request, monkeypatch):
-    """Run a test through both sorting paths: ``torch.sort`` per block, and the sorting
-    network over many tiny blocks (so the block loop is exercised too)."""
-    if request.param == "torch-sort":
-        monkeypatch.setattr(_sorting, "NETWORK_MAX_ROWS", 0)
-    else:
-        monkeypatch.setattr(_sorting, "NETWORK_MIN_ELEMENTS", 0)
-        monkeypatch.setattr(_sorting, "BLOCK_ELEMENTS", 40)
+    """Run a test through both sorting paths, each over many tiny blocks (so the block loop
+    is exercised too): ``torch.sort`` per block, and the sorting network."""
+    for k, v in PATHS[request.param].items():
+        monkeypatch.setattr(_sorting, k, v)
     return request.param
+
+
+PATHS = {
+    "torch-sort": {"NETWORK_MAX_ROWS": 0, "BLOCK_ELEMENTS": 40},
+    "network": {"NETWORK_MIN_ELEMENTS": 0, "NETWORK_COLUMNS": 7},
+}
 
 
 def random_updates(seed: int, n: int, d: int, dtype=torch.float64) -> torch.Tensor:
@@ -53,10 +56,13 @@ def test_pruned_network_gives_the_requested_positions(monkeypatch, m):
     monkeypatch.setattr(_sorting, "NETWORK_MIN_ELEMENTS", 0)
     x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
     positions = ((m - 1) // 2, m // 2)
+    sorter = _sorting.ColumnSorter(x, positions=positions)
 
-    out = _sorting.sort_block(x.clone(), positions)
+    out = torch.stack(sorter.sort(slice(0, 64)))
 
+    assert sorter.network
     assert torch.equal(out, torch.sort(x, dim=0).values[list(positions)])
+    assert torch.equal(x, torch.randn(m, 64, generator=torch.Generator().manual_seed(m)))  # input untouched
     assert len(_sorting.pruned_network(m, positions)) <= len(_sorting.sorting_network(m))
 
 
@@ -115,7 +121,7 @@ def test_median_matches_numpy_on_both_paths(seed, n, d):
     updates = random_updates(seed, n, d, torch.float32)
     expected = torch.from_numpy(np.median(updates.numpy(), axis=0))
 
-    for knobs in ({"NETWORK_MAX_ROWS": 0}, {"NETWORK_MIN_ELEMENTS": 0, "BLOCK_ELEMENTS": 64}):
+    for knobs in PATHS.values():
         with pytest.MonkeyPatch.context() as mp:
             for k, v in knobs.items():
                 mp.setattr(_sorting, k, v)

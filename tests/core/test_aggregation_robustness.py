@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from aitbc.core.aggregation import aggregate, aggregate_with_info, parse_aggregator
+from aitbc.core.aggregation import _sorting, aggregate, aggregate_with_info, parse_aggregator
 
 # (spec with one outlier among n=7, spec for the 6 honest updates alone, extra slack)
 ROBUST = [
@@ -114,3 +114,23 @@ def test_float64_in_float64_out(spec):
     out = aggregate(spec, honest_updates(0, 7, 3).double())
 
     assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("spec", ["median", "trimmed-mean:beta=0.2", "bulyan:f=2", "centered-clip:tau=0.5"])
+def test_blocks_on_threads_give_identical_results(spec, monkeypatch):
+    # The network path runs column blocks on torch.get_num_threads() Python threads.
+    monkeypatch.setattr(_sorting, "NETWORK_COLUMNS", 333)  # many blocks
+    updates = honest_updates(7, 12, 10_000)
+    threads = torch.get_num_threads()
+
+    one = aggregate(spec, updates)
+    try:
+        torch.set_num_threads(3)
+        three = aggregate(spec, updates)
+    finally:
+        torch.set_num_threads(threads)
+
+    if spec.startswith("centered-clip"):  # its Gram matrix is a BLAS product, rounded per thread count
+        assert_close(one, three)
+    else:
+        assert torch.equal(one, three)

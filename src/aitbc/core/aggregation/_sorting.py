@@ -4,33 +4,43 @@ The coordinate rules (median, trimmed mean, Bulyan's second stage, the start of 
 clipping) need, for every coordinate, the ``m`` values of that coordinate in sorted
 order. ``torch.sort(x, dim=0)`` does that, but on a CPU it sorts each column on its own
 (about 300 ns a column for ``m = 32``, ~50x a weighted mean) and returns int64 indices
-twice the size of the input. Here instead:
+twice the size of the input. Here instead, on a CPU and for ``2 <= m <= NETWORK_MAX_ROWS``:
 
-- the columns are cut into blocks of about ``BLOCK_ELEMENTS`` values (cache sized), so
-  the working set stays small and nothing ``(m, d)`` sized is allocated; the Python loop
-  runs over blocks (77 blocks for ``m = 32``, ``d = 10M``), never over coordinates;
-- inside a block, for ``m <= NETWORK_MAX_ROWS`` (256), a Batcher odd-even merge sorting network
-  sorts all columns at once: every comparator is one ``torch.minimum`` and one
-  ``torch.maximum`` over two ``(c,)`` rows, vectorised across the block's ``c``
-  columns. A network is data independent, so the same ops run for every column; when
-  only some sorted positions are needed (the median), comparators that cannot reach them
-  are pruned. Larger ``m`` uses ``torch.sort`` per block.
+- the columns are cut into blocks of ``NETWORK_COLUMNS`` coordinates; the Python loop
+  runs over blocks (306 blocks for ``d = 10M``), never over coordinates, and nothing
+  ``(m, d)`` sized is allocated;
+- inside a block a Batcher odd-even merge sorting network sorts all columns at once:
+  each comparator is one ``torch.minimum`` and one ``torch.maximum`` over two ``(c,)``
+  rows, vectorised across the block's columns. A network is data independent, so the
+  same ops run for every column; when only some sorted positions are needed (the
+  median), comparators that cannot reach them are pruned;
+- every op works on one ``(c,)`` row with ``c`` below PyTorch's parallel grain size
+  (32768), so it runs on the calling thread without an OpenMP region, and blocks run on
+  ``torch.get_num_threads()`` Python threads (PyTorch releases the GIL inside ops).
+  Hundreds of small OpenMP regions per block would stall whenever other processes
+  compete for the cores (measured: a 1M-coordinate median took 15 s instead of 0.08 s
+  next to one other training process on 2 cores; this way, 0.12 s).
 
-Both paths return the same sorted values (sorting is exact; there is no arithmetic).
+Larger ``m``, other devices and the ``with_info`` paths sort blocks of about
+``BLOCK_ELEMENTS`` values with ``torch.sort``, one block after another. Both paths give
+the same sorted values (sorting is exact).
+
 Shapes: ``m`` rows (updates), ``d`` coordinates, ``c`` columns in a block.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
 
-BLOCK_ELEMENTS = 1 << 22  # values per block: 16 MiB of float32, about one L3 slice
-NETWORK_MAX_ROWS = 256  # measured faster than torch.sort up to m=200 (4-5x); beyond, untested
+NETWORK_COLUMNS = 32767  # < at::internal::GRAIN_SIZE: a (c,) op never opens an OpenMP region
+NETWORK_MAX_ROWS = 256  # measured 4-5x faster than torch.sort up to m=200; beyond, untested
 NETWORK_MIN_ELEMENTS = 1 << 15  # tiny inputs: the network's per-op overhead dominates
+BLOCK_ELEMENTS = 1 << 22  # values per torch.sort block: 16 MiB of float32
 
 
 @functools.cache
@@ -68,61 +78,89 @@ def pruned_network(m: int, positions: tuple[int, ...]) -> tuple[tuple[int, int],
     return tuple(reversed(keep))
 
 
-def column_blocks(d: int, m: int) -> Iterator[slice]:
-    """Column slices of about ``BLOCK_ELEMENTS / m`` coordinates covering ``0..d``."""
-    c = block_columns(d, m)
-    for start in range(0, d, c):
-        yield slice(start, min(start + c, d))
+class ColumnSorter:
+    """Sorted values of chosen rows of ``updates`` ``(n, d)``, one column block at a time.
+
+    ``rows``: the ``m`` row indices to sort (all when None). ``positions``: the sorted
+    positions a caller needs (all when None); the network skips what cannot reach them.
+    ``exact_blocks``: use ``torch.sort`` blocks (the ``with_info`` paths, which need whole
+    ``(m, c)`` tensors)."""
+
+    def __init__(
+        self,
+        updates: Tensor,
+        rows: Sequence[int] | None = None,
+        positions: Sequence[int] | None = None,
+        *,
+        exact_blocks: bool = False,
+    ) -> None:
+        n, d = updates.shape
+        self.updates = updates
+        self.rows = list(range(n)) if rows is None else [int(r) for r in rows]
+        m = len(self.rows)
+        self.m, self.d = m, d
+        self.positions = tuple(range(m)) if positions is None else tuple(positions)
+        self.network = (
+            not exact_blocks
+            and updates.device.type == "cpu"
+            and 2 <= m <= NETWORK_MAX_ROWS
+            and m * d >= NETWORK_MIN_ELEMENTS
+        )
+        c = NETWORK_COLUMNS if self.network else max(1, BLOCK_ELEMENTS // max(m, 1))
+        self.blocks = [slice(s, min(s + c, d)) for s in range(0, d, c)]
+        self.comparators = (
+            sorting_network(m) if positions is None else pruned_network(m, self.positions)
+        ) if self.network else ()
+        self._index = torch.tensor(self.rows, device=updates.device)
+
+    def block(self, cols: slice) -> Tensor:
+        """``(m, c)``: a copy of the chosen rows' values in ``cols``, in row order."""
+        return self.updates[:, cols].index_select(0, self._index)
+
+    def sort(self, cols: slice) -> list[Tensor]:
+        """The sorted values in ``cols`` at ``positions``: a list of ``(c,)`` rows."""
+        if not self.network:
+            s = torch.sort(self.block(cols), dim=0).values  # (m, c)
+            return [s[p] for p in self.positions]
+        w = cols.stop - cols.start
+        scratch = torch.empty(self.m + 1, w, dtype=self.updates.dtype)  # (m + 1, c)
+        rows = list(scratch.unbind(0))
+        spare = rows.pop()
+        for row, r in zip(rows, self.rows):
+            row.copy_(self.updates[r, cols])  # (c,) one op per row: no OpenMP region
+        for i, j in self.comparators:
+            lo, hi = rows[i], rows[j]
+            torch.minimum(lo, hi, out=spare)
+            torch.maximum(lo, hi, out=hi)  # elementwise, so writing over an input is safe
+            rows[i], spare = spare, lo
+        return [rows[p] for p in self.positions]
+
+    def run(self, fn: Callable[[slice], None]) -> None:
+        """Call ``fn(cols)`` for every block: on the network path in parallel on
+        ``torch.get_num_threads()`` threads (``fn`` must write only its own columns and
+        use only ``(c,)`` row ops), otherwise one block after another."""
+        workers = min(torch.get_num_threads(), len(self.blocks)) if self.network else 1
+        if workers <= 1:
+            for cols in self.blocks:
+                fn(cols)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="aitbc-sort") as pool:
+            for _ in pool.map(fn, self.blocks):  # re-raises a worker's exception here
+                pass
 
 
-def block_columns(d: int, m: int) -> int:
-    return min(d, max(1, BLOCK_ELEMENTS // max(m, 1)))
-
-
-def block_buffer(m: int, d: int, like: Tensor) -> Tensor:
-    """A flat scratch buffer for one ``(m, c)`` block, allocated once per call and reused
-    by every block (allocating per block costs ~12% in page faults at d=10M)."""
-    return torch.empty(m * block_columns(d, m), dtype=like.dtype, device=like.device)
-
-
-def _view(buf: Tensor | None, m: int, w: int, like: Tensor) -> Tensor:
-    if buf is None:
-        return torch.empty(m, w, dtype=like.dtype, device=like.device)
-    return buf[: m * w].view(m, w)  # contiguous (m, w)
-
-
-def uses_network(m: int, d: int) -> bool:
-    return 2 <= m <= NETWORK_MAX_ROWS and m * d >= NETWORK_MIN_ELEMENTS
-
-
-def sort_block(x: Tensor, positions: Sequence[int] | None = None, out: Tensor | None = None) -> Tensor:
-    """Sort each column of ``x`` ``(m, c)``; return the sorted rows at ``positions``
-    (all ``m`` rows when None) as a ``(len(positions), c)`` tensor, written into the flat
-    buffer ``out`` when given.
-
-    ``x`` is scratch: the network path overwrites it (callers pass a block copy)."""
-    m, c = x.shape
-    pos = tuple(range(m)) if positions is None else tuple(positions)
-    if not uses_network(m, c):
-        return torch.sort(x, dim=0).values[list(pos)]  # (k, c)
-    net = sorting_network(m) if positions is None else pruned_network(m, pos)
-    rows = list(x.unbind(0))  # m views of (c,), sorted in place by rotating buffers
-    spare = torch.empty_like(rows[0])
-    for i, j in net:
-        lo, hi = rows[i], rows[j]
-        torch.minimum(lo, hi, out=spare)
-        torch.maximum(lo, hi, out=hi)  # elementwise, so writing over an input is safe
-        rows[i], spare = spare, lo
-    return torch.stack([rows[p] for p in pos], out=_view(out, len(pos), c, x))  # (k, c)
-
-
-def gather_block(updates: Tensor, cols: slice, rows: Tensor | None = None, out: Tensor | None = None) -> Tensor:
-    """A contiguous copy of ``updates[rows][:, cols]`` ``(m, c)`` without copying whole rows,
-    written into the flat buffer ``out`` when given."""
-    block = updates[:, cols]  # (n, c) strided view
-    if rows is None:
-        return _view(out, block.shape[0], block.shape[1], updates).copy_(block)  # (n, c)
-    return torch.index_select(block, 0, rows, out=_view(out, len(rows), block.shape[1], updates))  # (m, c)
+def mean_of_rows(rows: Sequence[Tensor], out: Tensor) -> Tensor:
+    """``out = mean(rows)`` with one ``(c,)`` op per row, summed in order; two rows as
+    ``a/2 + b/2`` so that two huge values cannot overflow."""
+    if len(rows) == 1:
+        return out.copy_(rows[0])
+    if len(rows) == 2:
+        torch.mul(rows[0], 0.5, out=out)
+        return out.add_(rows[1], alpha=0.5)
+    out.copy_(rows[0])
+    for row in rows[1:]:
+        out.add_(row)
+    return out.div_(len(rows))
 
 
 def kept_shares(x: Tensor, s: Tensor, lo: Tensor, hi: Tensor) -> Tensor:

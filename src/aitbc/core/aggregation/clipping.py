@@ -12,10 +12,10 @@ so ``v`` starts at the coordinate-wise median: one update of any size then moves
 result by at most ``iters * tau * w_i`` from that median. ``tau`` is in the units of the
 updates: choose it near the honest updates' typical distance from their center.
 
-Vectorised, in one pass over column blocks (``_sorting``): each block's median is
-computed, the block is centered on it, and its contribution ``Y_b Y_b^T`` is added to the
-Gram matrix of the centered updates ``Y = U - median`` (accumulated in float64; no
-``(n, d)`` temporary, and centered, so no cancellation). The center stays
+Vectorised: the median comes block-wise from ``_sorting``; then, over column blocks, the
+centered block ``Y_b = U_b - median_b`` adds ``Y_b Y_b^T`` to the Gram matrix of
+``Y = U - median`` (accumulated in float64; no ``(n, d)`` temporary, and centered, so no
+cancellation). The center stays
 ``median + Y^T b``; the iterations update only the ``(n,)`` coefficients ``b``, with
 ``||y_i - Y^T b||^2 = G_ii - 2 (G b)_i + b^T G b``. The result is
 ``(1 - sum b) * median + b @ U``: one more pass. Reports no info (its coefficients mix
@@ -31,9 +31,11 @@ import torch
 from torch import Tensor
 
 from aitbc.core.aggregation._distances import mask_far
-from aitbc.core.aggregation._sorting import block_buffer, column_blocks, gather_block, sort_block
+from aitbc.core.aggregation._sorting import ColumnSorter, mean_of_rows
 from aitbc.core.aggregation.base import NO_INFO, AggregationInfo, RuleConfig, register
-from aitbc.core.aggregation.coordinate import mean_of_rows
+
+
+GRAM_BLOCK_ELEMENTS = 1 << 24  # values per centered block: a 64 MiB float32 temporary
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,13 +57,14 @@ def centered_clip(
     """iterated clipping of differences around a center that starts at the median (Karimireddy et al. 2021)"""
     n, d = updates.shape
     start = torch.empty(d, dtype=updates.dtype, device=updates.device)  # (d,) the median
+    sorter = ColumnSorter(updates, positions=range((n - 1) // 2, n // 2 + 1))
+    sorter.run(lambda cols: mean_of_rows(sorter.sort(cols), start[cols]))
     g = torch.zeros(n, n, dtype=torch.float64, device=updates.device)  # Gram of U - median
-    middle = range((n - 1) // 2, n // 2 + 1)
-    scratch, result = block_buffer(n, d, updates), block_buffer(n, d, updates)
-    for cols in column_blocks(d, n):
-        x = gather_block(updates, cols, out=scratch)  # (n, c) copy, sorted in place
-        start[cols] = mean_of_rows(sort_block(x, middle, out=result))
-        y = torch.sub(updates[:, cols], start[cols], out=x)  # (n, c) the block, centered
+    c = max(1, GRAM_BLOCK_ELEMENTS // n)
+    y_buf = torch.empty(n * min(c, d), dtype=updates.dtype, device=updates.device)
+    for lo in range(0, d, c):  # a few big column blocks (not coordinates): few, large BLAS calls
+        cols = slice(lo, min(lo + c, d))
+        y = torch.sub(updates[:, cols], start[cols], out=y_buf[: n * (cols.stop - lo)].view(n, -1))  # (n, c)
         g += (y @ y.T).to(torch.float64)  # (n, c) @ (c, n) -> (n, n)
     g, far = mask_far(g)  # an update that overflows is infinitely far: clip factor 0
     sq = g.diagonal()  # (n,) ||y_i||^2

@@ -9,7 +9,7 @@
 Both ignore ``weights``: a weight is a count a worker reports, and a robust rule must not
 let one update buy influence (use ``mean`` when weights are trusted).
 
-Both sort each coordinate's ``n`` values with the block-wise sorting network of
+Both sort each coordinate's ``n`` values block-wise with the sorting network of
 ``_sorting`` (no Python loop over coordinates, no ``(n, d)`` temporary).
 """
 
@@ -21,17 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aitbc.core.aggregation._sorting import block_buffer, column_blocks, gather_block, kept_shares, sort_block
+from aitbc.core.aggregation._sorting import ColumnSorter, kept_shares, mean_of_rows
 from aitbc.core.aggregation.base import NO_INFO, AggregationInfo, RuleConfig, register
-
-
-def mean_of_rows(s: Tensor) -> Tensor:
-    """``(k, c) -> (c,)``; two rows as ``a/2 + b/2`` so two huge values cannot overflow."""
-    if s.shape[0] == 1:
-        return s[0]
-    if s.shape[0] == 2:
-        return 0.5 * s[0] + 0.5 * s[1]
-    return s.sum(0).div_(s.shape[0])
 
 
 def sorted_window_mean(updates: Tensor, lo: int, hi: int, *, with_info: bool) -> tuple[Tensor, AggregationInfo]:
@@ -41,18 +32,20 @@ def sorted_window_mean(updates: Tensor, lo: int, hi: int, *, with_info: bool) ->
     at the window's edges; see ``_sorting.kept_shares``)."""
     n, d = updates.shape
     out = torch.empty(d, dtype=updates.dtype, device=updates.device)  # (d,)
-    kept = torch.zeros(n, dtype=torch.float64, device=updates.device)  # (n,) kept coordinates
-    window = None if with_info else range(lo, hi)
-    scratch, result = block_buffer(n, d, updates), block_buffer(n, d, updates)
-    for cols in column_blocks(d, n):
-        x = gather_block(updates, cols, out=scratch)  # (n, c) copy, sorted in place
-        original = updates[:, cols].clone() if with_info else None
-        s = sort_block(x, window, out=result)  # (n, c) all sorted rows, or (hi - lo, c) the window
-        out[cols] = mean_of_rows(s[lo:hi] if with_info else s)
-        if original is not None:
-            kept += kept_shares(original, s, torch.tensor(lo), torch.tensor(hi)).sum(1, dtype=torch.float64)
     if not with_info:
+        sorter = ColumnSorter(updates, positions=range(lo, hi))
+        sorter.run(lambda cols: mean_of_rows(sorter.sort(cols), out[cols]))
         return out, NO_INFO
+    sorter = ColumnSorter(updates, exact_blocks=True)
+    kept = torch.zeros(n, dtype=torch.float64, device=updates.device)  # (n,) kept coordinates
+
+    def block(cols: slice) -> None:
+        rows = sorter.sort(cols)  # n sorted (c,) rows
+        mean_of_rows(rows[lo:hi], out[cols])
+        shares = kept_shares(sorter.block(cols), torch.stack(rows), torch.tensor(lo), torch.tensor(hi))  # (n, c)
+        kept.add_(shares.sum(1, dtype=torch.float64))
+
+    sorter.run(block)
     return out, AggregationInfo(kept_fraction=kept / d, weight=kept / (d * (hi - lo)))
 
 

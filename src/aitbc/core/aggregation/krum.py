@@ -35,9 +35,8 @@ import torch
 from torch import Tensor
 
 from aitbc.core.aggregation._distances import sq_distances
-from aitbc.core.aggregation._sorting import block_buffer, column_blocks, gather_block, kept_shares, sort_block
+from aitbc.core.aggregation._sorting import ColumnSorter, kept_shares, mean_of_rows
 from aitbc.core.aggregation.base import NO_INFO, AggregationInfo, RuleConfig, check_f, register
-from aitbc.core.aggregation.coordinate import mean_of_rows
 from aitbc.errors import UsageError
 
 
@@ -170,20 +169,33 @@ def bulyan(updates: Tensor, weights: Tensor, cfg: BulyanConfig, *, with_info: bo
     theta, f = n - 2 * cfg.f, cfg.f
     beta = theta - 2 * f
     out = torch.empty(d, dtype=updates.dtype, device=updates.device)  # (d,)
-    kept = torch.zeros(theta, dtype=torch.float64, device=updates.device)
-    offsets = torch.arange(beta, device=updates.device)[:, None]  # (beta, 1)
-    scratch, result = block_buffer(theta, d, updates), block_buffer(theta, d, updates)
-    for cols in column_blocks(d, theta):
-        x = gather_block(updates, cols, chosen, out=scratch)  # (theta, c) the chosen rows, sorted in place
-        original = x.clone() if with_info else None
-        s = sort_block(x, out=result)  # (theta, c) sorted per column
-        med = mean_of_rows(s[(theta - 1) // 2 : theta // 2 + 1])  # (c,)
-        # Differences, not sums: cannot overflow to a wrong answer with huge values.
-        start = ((med - s[: 2 * f]) > (s[beta:] - med)).sum(0)  # (c,) in [0, 2f]
-        nearest = s.gather(0, start + offsets)  # (beta, c) the window
-        out[cols] = mean_of_rows(nearest)
-        if original is not None:
-            kept += kept_shares(original, s, start, start + beta).sum(1, dtype=torch.float64)
+    kept = torch.zeros(theta, dtype=torch.float64, device=updates.device)  # (theta,) kept coordinates
+    sorter = ColumnSorter(updates, rows=chosen.tolist(), exact_blocks=with_info)
+
+    def block(cols: slice) -> None:
+        # (c,) row ops only: the sorter may run blocks on several threads
+        s = sorter.sort(cols)  # theta sorted (c,) rows
+        c = cols.stop - cols.start
+        med = mean_of_rows(s[(theta - 1) // 2 : theta // 2 + 1], s[0].new_empty(c))  # (c,)
+        left, right = s[0].new_empty(c), s[0].new_empty(c)
+        start = torch.zeros(c, dtype=torch.int64, device=updates.device)  # (c,) window start in [0, 2f]
+        for i in range(2 * f):
+            # Differences, not sums: cannot overflow into a wrong answer with huge values.
+            torch.sub(med, s[i], out=left)
+            torch.sub(s[i + beta], med, out=right)
+            start.add_(left > right)
+        acc = out[cols].zero_()
+        for p in range(theta):  # sorted position p is in the window iff start <= p < start + beta
+            keep = (start <= p) if p < 2 * f else None
+            if p >= beta:
+                keep = (start > p - beta) if keep is None else keep & (start > p - beta)
+            acc.add_(s[p] if keep is None else torch.where(keep, s[p], 0.0))
+        acc.div_(beta)
+        if with_info:
+            shares = kept_shares(sorter.block(cols), torch.stack(s), start, start + beta)  # (theta, c)
+            kept.add_(shares.sum(1, dtype=torch.float64))
+
+    sorter.run(block)
     if not with_info:
         return out, NO_INFO
     kept_n = torch.zeros(n, dtype=torch.float64, device=updates.device).index_put_((chosen,), kept / d)
