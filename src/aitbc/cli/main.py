@@ -10,7 +10,11 @@ from rich.markup import escape
 from aitbc import __version__
 from aitbc.cli.common import err
 from aitbc.errors import AitbcError
-from typer.exceptions import TyperException
+
+try:  # typer >= 0.22 vendors click; its parser errors derive from TyperException
+    from typer.exceptions import TyperException as ParserError
+except ImportError:  # older typer runs on click itself
+    from click.exceptions import ClickException as ParserError
 
 app = typer.Typer(
     name="aitbc",
@@ -61,7 +65,7 @@ def main() -> None:
         _fail(str(e), e.exit_code)
     except typer.Abort:
         _fail("aborted", 1)
-    except TyperException as e:  # the parser's usage errors
+    except ParserError as e:  # the parser's usage errors
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError":
             err.print(e.format_message(), markup=False, highlight=False)
