@@ -3,13 +3,16 @@
 # build (`pip install torch==2.13.0` takes the local CPU wheel on these machines),
 # so resolving the package's own `torch>=2.2` range installs nothing more and never
 # pulls a multi-GB CUDA build onto a CPU machine.
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test install clean
+BENCH_STAMP := $(VENV)/.bench-installed
+
+.PHONY: run test install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +28,19 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+# All benchmarks, one after another; each prints its table and writes bench/results/<name>.json.
+# bench/report.py then gathers the printed tables into bench/RESULTS.md.
+BENCHES := aggregation_speed communication robustness stragglers
+bench: $(BENCH_STAMP)
+	mkdir -p bench/results
+	set -o pipefail; for b in $(BENCHES); do \
+	  (cd bench && ../$(PY) $$b.py) | tee bench/results/$$b.txt || exit 1; done
+	$(PY) bench/report.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

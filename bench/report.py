@@ -1,0 +1,51 @@
+"""Assemble bench/RESULTS.md from the tables the benchmarks printed in one `make bench`.
+
+Each benchmark's stdout was saved to bench/results/<name>.txt; its JSON (with the
+machine it ran on) to bench/results/<name>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+BENCHES = [
+    ("aggregation_speed", "Aggregation speed", "python bench/aggregation_speed.py"),
+    ("communication", "Communication", "python bench/communication.py"),
+    ("robustness", "Robustness", "python bench/robustness.py"),
+    ("stragglers", "Stragglers", "python bench/stragglers.py"),
+]
+
+
+def main() -> None:
+    parts = [
+        "# Benchmark results",
+        "",
+        f"Produced by one `make bench` (finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
+        "Each section holds the table the program printed and the command that printed it; the "
+        "JSON beside it in `bench/results/` has every number. A target that is missed is "
+        "reported as it is.",
+        "",
+    ]
+    summary = HERE / "SUMMARY.md"  # hand-written verdicts of the last run, kept across regenerations
+    if summary.exists():
+        parts += [summary.read_text().rstrip(), ""]
+    for name, title, command in BENCHES:
+        txt, js = RESULTS / f"{name}.txt", RESULTS / f"{name}.json"
+        parts += [f"## {title}", "", f"Command: `{command}`", ""]
+        if js.exists():
+            data = json.loads(js.read_text())
+            m = data.get("machine")
+            if m:
+                parts += [f"Machine: {m.get('cpu')}, {m.get('threads')} torch threads, torch {m.get('torch')}, "
+                          f"Python {m.get('python')}, {m.get('date')}.", ""]
+        parts += ["```", txt.read_text().rstrip() if txt.exists() else "(not run)", "```", ""]
+    (HERE / "RESULTS.md").write_text("\n".join(parts))
+    print(f"wrote {HERE / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
