@@ -35,7 +35,9 @@ from _common import print_table, write_json
 
 from aitbc.core.aggregation import parse_aggregator
 
-SORT_RULES = {"median", "trimmed-mean", "bulyan"}  # coordinate sorts (as the final rule): 30x mean
+# Coordinate sorts (as the final rule) get 30x mean, as the issue sets. centered-clip starts
+# from the coordinate-wise median, so it pays for a sort too, but its target stays 10x.
+SORT_RULES = {"median", "trimmed-mean", "bulyan"}
 
 
 def rules(n: int, f: int, beta: float) -> list[tuple[str, str]]:

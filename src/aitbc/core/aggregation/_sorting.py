@@ -123,16 +123,19 @@ class ColumnSorter:
             s = torch.sort(self.block(cols), dim=0).values  # (m, c)
             return [s[p] for p in self.positions]
         w = cols.stop - cols.start
-        scratch = torch.empty(self.m + 1, w, dtype=self.updates.dtype)  # (m + 1, c)
-        rows = list(scratch.unbind(0))
-        spare = rows.pop()
-        for row, r in zip(rows, self.rows):
-            row.copy_(self.updates[r, cols])  # (c,) one op per row: no OpenMP region
+        # Rows start as read-only views of the updates; a comparator writes into scratch
+        # rows (m + 1 suffice), reusing its inputs once they are scratch themselves.
+        free = list(torch.empty(self.m + 1, w, dtype=self.updates.dtype).unbind(0))  # (c,) each
+        owned = {id(t) for t in free}
+        rows = [self.updates[r, cols] for r in self.rows]  # (c,) views
         for i, j in self.comparators:
-            lo, hi = rows[i], rows[j]
-            torch.minimum(lo, hi, out=spare)
-            torch.maximum(lo, hi, out=hi)  # elementwise, so writing over an input is safe
-            rows[i], spare = spare, lo
+            a, b = rows[i], rows[j]
+            lo = torch.minimum(a, b, out=free.pop())
+            # elementwise, so writing over an input (b) is safe
+            hi = torch.maximum(a, b, out=b if id(b) in owned else free.pop())
+            if id(a) in owned:
+                free.append(a)
+            rows[i], rows[j] = lo, hi
         return [rows[p] for p in self.positions]
 
     def run(self, fn: Callable[[slice], None]) -> None:

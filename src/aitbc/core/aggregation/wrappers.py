@@ -1,15 +1,16 @@
-"""Pre-aggregation wrappers: they replace the ``n`` updates by ``k`` mixtures before any
-rule runs (``nnm+krum``, ``bucketing:s=2+median``). Each returns a ``(k, n)`` mixing
-matrix; the pipeline applies it with one matrix product.
+"""Nearest-neighbour mixing (Allouah, Farhadkhani, Guerraoui, Gupta, Pinot, Stephan 2023,
+"Fixing by Mixing: A Recipe for Optimal Byzantine ML under Heterogeneity"; needs
+``n >= f + 1``) and bucketing (Karimireddy, He, Jaggi 2022, "Byzantine-Robust Learning on
+Heterogeneous Datasets via Bucketing"; needs ``s >= 1``): pre-aggregation wrappers that
+replace the ``n`` updates by ``k`` mixtures before any rule runs (``nnm+krum``,
+``bucketing:s=2+median``). Each returns a ``(k, n)`` mixing matrix; the pipeline applies
+it with one matrix product (one ``(k, d)`` tensor).
 
-- ``nnm`` (``f``): nearest-neighbour mixing (Allouah, Farhadkhani, Guerraoui, Gupta,
-  Pinot, Stephan 2023, "Fixing by Mixing: A Recipe for Optimal Byzantine ML under
-  Heterogeneity"). Needs ``n >= f + 1``. Replaces each update by the plain average of its
+- ``nnm`` (``f``): replaces each update by the plain average of its
   ``n - f`` nearest updates (squared L2, from one Gram matrix), itself included even against
   exact duplicates; ties go to the lower index. Keeps ``n`` and the weights. Without an
   ``f`` of its own it takes the rule's ``f`` (see the package docstring).
-- ``bucketing`` (``s``, ``seed``): (Karimireddy, He, Jaggi 2022, "Byzantine-Robust Learning
-  on Heterogeneous Datasets via Bucketing"). Needs ``s >= 1``. Shuffles the updates with a
+- ``bucketing`` (``s``, ``seed``): shuffles the updates with a
   generator seeded by ``seed * 100003 + round_index``, cuts them into ``ceil(n/s)`` buckets
   of ``s`` (the last may be smaller) and passes each bucket's weighted mean on, with the
   bucket's total weight. Deterministic for a given seed and round; *not* invariant to the
