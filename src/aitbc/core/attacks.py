@@ -20,6 +20,7 @@ Shapes: ``h`` honest updates, ``d`` parameters; ``honest`` is ``(h, d)``.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -44,7 +45,7 @@ class AttackView:
     generator: torch.Generator
 
 
-class Attack:
+class Attack(ABC):
     trains: ClassVar[bool] = True  # needs its own honest update
     flips_labels: ClassVar[bool] = False
     Config: ClassVar[type]
@@ -52,8 +53,14 @@ class Attack:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
 
+    @abstractmethod
     def craft(self, view: AttackView) -> Tensor:
-        raise NotImplementedError
+        """The ``(d,)`` update this Byzantine worker sends."""
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be > 0 and finite, got {value}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,8 +68,7 @@ class SignFlipConfig:
     scale: float = 4.0
 
     def __post_init__(self) -> None:
-        if not (self.scale > 0 and math.isfinite(self.scale)):
-            raise ValueError(f"scale must be > 0 and finite, got {self.scale}")
+        _check_positive("scale", self.scale)
 
 
 @ATTACKS.register("sign-flip")
@@ -147,8 +153,7 @@ class IpmConfig:
     eps: float = 0.5
 
     def __post_init__(self) -> None:
-        if not (self.eps > 0 and math.isfinite(self.eps)):
-            raise ValueError(f"eps must be > 0 and finite, got {self.eps}")
+        _check_positive("eps", self.eps)
 
 
 @ATTACKS.register("ipm")
