@@ -113,6 +113,14 @@ class LocalBlobStore:
         _commit(temp, self.dir / cid)
         return cid
 
+    def writer(self, cid: str) -> BlobWriter:
+        """An incremental write of a blob whose CID is claimed up front (an upload): feed
+        chunks as they arrive; :meth:`BlobWriter.commit` stores it only if the bytes hash
+        to ``cid``. Over ``max_size`` or a mismatch, nothing is stored."""
+        parse_cid(cid)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return BlobWriter(self, cid)
+
     # --- reading ---------------------------------------------------------------------
 
     def get_bytes(self, cid: str) -> bytes:
@@ -207,6 +215,53 @@ class LocalBlobStore:
                 f"blob too large: at least {size} bytes, over this store's max_size of "
                 f"{self.max_size} bytes"
             )
+
+
+class BlobWriter:
+    """See :meth:`LocalBlobStore.writer`. A context manager: leaving it without a
+    successful :meth:`commit` removes the temporary file."""
+
+    def __init__(self, store: LocalBlobStore, cid: str) -> None:
+        self.store, self.cid = store, cid
+        self.hasher = CidHasher()
+        fd, self.temp = _new_temp(store.dir)
+        self.file = os.fdopen(fd, "wb")
+        self.done = False
+
+    @property
+    def size(self) -> int:
+        return self.hasher.size
+
+    def write(self, chunk: bytes) -> None:
+        self.store._check_size(self.hasher.size + len(chunk))
+        self.hasher.update(chunk)
+        self.file.write(chunk)
+
+    def commit(self) -> str:
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            _verify(self.cid, self.hasher)
+        except BaseException:
+            self.abort()
+            raise
+        _commit(self.temp, self.store.dir / self.cid)
+        self.done = True
+        return self.cid
+
+    def abort(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        self.temp.unlink(missing_ok=True)
+        self.done = True
+
+    def __enter__(self) -> BlobWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.done:
+            self.abort()
 
 
 def _verify(cid: str, hasher: CidHasher) -> None:

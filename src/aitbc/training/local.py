@@ -10,6 +10,7 @@ the shard in reshuffled epochs, so a run is reproducible from its seed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,11 +95,13 @@ class LocalTrainer:
         self.samples_seen += b
         return self.x[idx], self.y[idx]
 
-    def train_round(self, global_params: Tensor) -> LocalResult:
+    def train_round(self, global_params: Tensor, on_step: Callable[[int, float], None] | None = None) -> LocalResult:
+        """Run H steps from ``global_params``. ``on_step(step, loss)`` (1-based), if given,
+        is called after each step (a worker reports progress through it)."""
         set_flat_params(self.model, global_params)
         self.model.train()
         total, start_seen = 0.0, self.samples_seen
-        for _ in range(self.cfg.steps):
+        for step in range(self.cfg.steps):
             xb, yb = self._next_batch()
             loss = loss_fn(self.model(xb), yb)
             self.opt.zero_grad(set_to_none=True)
@@ -107,6 +110,8 @@ class LocalTrainer:
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             self.opt.step()
             total += loss.item()
+            if on_step is not None:
+                on_step(step + 1, total / (step + 1))
         delta = global_params - flat_params(self.model)  # (d,)
         return LocalResult(
             delta=delta,

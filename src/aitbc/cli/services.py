@@ -1,0 +1,84 @@
+"""``aitbc coordinator serve`` and ``aitbc worker start``: the two long-running services."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, resolve_home
+from aitbc.errors import UsageError
+
+coordinator_app = typer.Typer(help="The coordinator service (HTTP API, database, round driver).", no_args_is_help=True)
+worker_app = typer.Typer(help="A provider's worker daemon.", no_args_is_help=True)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@coordinator_app.command("serve")
+def serve(
+    home: HomeOption = DEFAULT_HOME,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8700,
+    db: Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in WAL mode at HOME/coordinator.db).")] = None,
+    max_blob_mb: Annotated[float, typer.Option(help="Largest blob an upload may store, in MiB.")] = 256.0,
+    lease: Annotated[float, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = 10.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the coordinator's API under /v1 (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from aitbc.coordinator.app import create_app
+    from aitbc.coordinator.config import Settings
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}")
+    if max_blob_mb <= 0 or lease <= 0:
+        raise UsageError("--max-blob-mb and --lease must be > 0")
+    _logging(log_level)
+    settings = Settings(home=resolve_home(home), db_url=db, host=host, port=port,
+                        max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                            timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    server.run()
+
+
+@worker_app.command("start")
+def start(
+    coordinator: Annotated[str | None, typer.Option(help="Coordinator URL (default: AITBC_COORDINATOR or the local stack).")] = None,
+    wallet: Annotated[str, typer.Option(help="Wallet (identity) of this provider; created if missing.")] = "worker",
+    gpu: Annotated[str, typer.Option(help="Advertised GPU class, e.g. RTX4090.")] = "RTX3090",
+    price: Annotated[str, typer.Option(help="Price per round in AIT, e.g. 1.20.")] = "1.0",
+    availability: Annotated[float, typer.Option(help="Advertised availability in [0, 1].")] = 0.98,
+    home: HomeOption = DEFAULT_HOME,
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 2.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Offer this machine to the marketplace and train the jobs it is given, until stopped."""
+    from aitbc.client import coordinator_url
+    from aitbc.coordinator.units import parse_price
+    from aitbc.coordinator.errors import ApiError
+    from aitbc.worker.daemon import Worker, WorkerConfig
+
+    try:
+        parse_price(price)
+    except ApiError as e:
+        raise UsageError(f"--price: {e.detail}") from None
+    _logging(log_level)
+    home_dir: Path = resolve_home(home)
+    cfg = WorkerConfig(coordinator=coordinator_url(coordinator, home_dir), home=home_dir, wallet=wallet, gpu=gpu,
+                       price=price, availability=availability, heartbeat_seconds=heartbeat)
+    worker = Worker(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop.set())
+    try:
+        worker.run()
+    except KeyboardInterrupt:
+        worker.stop.set()

@@ -1,0 +1,147 @@
+"""A signed HTTP client of the coordinator's ``/v1`` API (used by the CLI, the worker and
+the SDK). Every request that changes state is signed by the client's wallet; an error
+reply becomes :class:`ApiError` carrying the server's code and detail."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from aitbc.errors import AitbcError
+from aitbc.ledger.signing import sign_request
+from aitbc.ledger.wallet import Wallet
+
+DEFAULT_COORDINATOR = "http://127.0.0.1:8700"
+_CHUNK = 1 << 20
+
+
+class ApiError(AitbcError):
+    """The coordinator refused a request: ``status`` (HTTP), ``code`` (stable, e.g.
+    ``unknown_run``) and ``detail`` (one human line)."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
+class Unreachable(AitbcError):
+    """No answer from the coordinator (not running, wrong URL, network down)."""
+
+
+def coordinator_url(explicit: str | None, home: Path | None = None) -> str:
+    """``--coordinator``, else ``AITBC_COORDINATOR``, else the local stack's (``aitbc up``
+    writes ``HOME/stack.json``), else ``http://127.0.0.1:8700``."""
+    if explicit:
+        return explicit.rstrip("/")
+    env = os.environ.get("AITBC_COORDINATOR")
+    if env:
+        return env.rstrip("/")
+    if home is not None:
+        try:
+            return json.loads((home / "stack.json").read_text())["coordinator"].rstrip("/")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return DEFAULT_COORDINATOR
+
+
+class CoordinatorClient:
+    def __init__(self, base_url: str, wallet: Wallet | None = None, *, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.wallet = wallet
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _headers(self, method: str, target: str, body: bytes, *, unsigned_payload: bool = False) -> dict[str, str]:
+        if self.wallet is None:
+            raise AitbcError(f"{method} {target} must be signed; this client has no wallet")
+        return sign_request(self.wallet, method, target, body, unsigned_payload=unsigned_payload)
+
+    def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
+                sign: bool | None = None, timeout: float | None = None) -> Any:
+        """``path`` is relative to ``/v1``. POST/PUT are always signed; GETs when asked."""
+        target = "/v1" + path
+        if params:
+            target += "?" + str(httpx.QueryParams({k: v for k, v in params.items() if v is not None}))
+        body = b"" if json_body is None else json.dumps(json_body).encode()
+        headers = {"content-type": "application/json"} if json_body is not None else {}
+        if sign or (sign is None and method != "GET"):
+            headers.update(self._headers(method, target, body))
+        try:
+            r = self.http.request(method, target, content=body, headers=headers,
+                                  timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+        except httpx.TransportError as e:
+            raise Unreachable(f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)") from None
+        return _result(r)
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.request("POST", path, json_body={} if body is None else body, **kw)
+
+    # --- blobs -----------------------------------------------------------------------
+
+    def put_blob(self, cid: str, data: bytes | Path) -> dict[str, Any]:
+        """Upload a blob (bytes, or a file streamed in chunks) under its CID."""
+        target = f"/v1/blobs/{cid}"
+        headers = self._headers("PUT", target, b"", unsigned_payload=True)
+        content: bytes | Iterator[bytes]
+        if isinstance(data, Path):
+            headers["content-length"] = str(data.stat().st_size)
+            content = _file_chunks(data)
+        else:
+            content = data
+        try:
+            r = self.http.put(target, content=content, headers=headers)
+        except httpx.TransportError as e:
+            raise Unreachable(f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e})") from None
+        return _result(r)
+
+    def get_blob(self, cid: str) -> bytes:
+        """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
+        from aitbc.storage.cid import cid_of_bytes
+
+        try:
+            r = self.http.get(f"/v1/blobs/{cid}")
+        except httpx.TransportError as e:
+            raise Unreachable(f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e})") from None
+        if r.status_code != 200:
+            _result(r)
+        data = r.content
+        if cid_of_bytes(data) != cid:
+            from aitbc.errors import IntegrityError
+
+            raise IntegrityError(f"blob {cid} from {self.base_url} does not hash to its CID")
+        return data
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK):
+            yield block
+
+
+def _result(r: httpx.Response) -> Any:
+    if r.status_code < 400:
+        return r.json() if r.content else None
+    try:
+        body = r.json()
+        code, detail = str(body.get("error", "error")), str(body.get("detail", r.text))
+    except (ValueError, AttributeError):
+        code, detail = "error", (r.text.strip().splitlines() or [r.reason_phrase])[0]
+    raise ApiError(r.status_code, code, detail)

@@ -1,0 +1,66 @@
+"""Typed dependencies of the routes: the shared context, a database session, and the
+verified signer of a request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from aitbc.coordinator.context import Context
+from aitbc.ledger.signing import UNSIGNED_PAYLOAD, SignatureError, body_digest, verify_request
+from aitbc.ledger.wallet import address_of
+
+
+def get_context(request: Request) -> Context:
+    return request.app.state.ctx
+
+
+def get_session(ctx: Annotated[Context, Depends(get_context)]) -> Iterator[Session]:
+    with ctx.session() as s:
+        yield s
+
+
+@dataclass(frozen=True, slots=True)
+class Signer:
+    address: str
+    public_key: str
+
+
+def _target(request: Request) -> str:
+    """The path exactly as the client sent (and signed) it: raw, not percent-decoded."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    q = request.scope.get("query_string", b"")
+    return (raw + (b"?" + q if q else b"")).decode("latin-1")
+
+
+def _verify(ctx: Context, request: Request, digest: str) -> Signer:
+    key = verify_request(
+        request.headers, request.method, _target(request), digest, now=time.time(),
+        max_skew=ctx.settings.max_skew_seconds, nonces=ctx.nonces, not_before=ctx.started_at,
+    )
+    return Signer(address=address_of(key), public_key=key)
+
+
+async def signed(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:
+    """The signer of a request whose body digest is signed (every JSON request).
+    A missing, wrong, expired or replayed signature raises ``SignatureError`` (401)."""
+    return _verify(ctx, request, body_digest(await request.body()))
+
+
+async def signed_stream(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:
+    """The signer of a streamed upload: the body is not read here; the CID in the path,
+    checked as the bytes arrive, binds the content instead of a digest."""
+    return _verify(ctx, request, UNSIGNED_PAYLOAD)
+
+
+CtxDep = Annotated[Context, Depends(get_context)]
+SessionDep = Annotated[Session, Depends(get_session)]
+SignerDep = Annotated[Signer, Depends(signed)]
+StreamSignerDep = Annotated[Signer, Depends(signed_stream)]
+
+__all__ = ["CtxDep", "SessionDep", "SignatureError", "Signer", "SignerDep", "StreamSignerDep"]

@@ -1,0 +1,72 @@
+"""Training runs: the owner's workflow (create, data, discover, distribute, control) and
+the views everyone may read (status, rounds, results)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from aitbc.coordinator import runs
+from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
+from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, RunCreate
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+@router.post("", status_code=201)
+def create_run(body: RunCreate, s: SessionDep, signer: SignerDep) -> dict:
+    run = runs.create_run(s, body, owner=signer.address, owner_key=signer.public_key)
+    return runs.run_summary(run)
+
+
+@router.get("")
+def list_runs(s: SessionDep, owner: str | None = None, status: str | None = None) -> dict:
+    data = [runs.run_summary(r) for r in runs.list_runs(s, owner=owner, status=status)]
+    return {"data": data, "count": len(data)}
+
+
+@router.get("/{run_id}")
+def get_run(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+    return runs.run_detail(ctx, s, runs.get_run(s, run_id))
+
+
+@router.post("/{run_id}/data")
+def attach_data(run_id: str, body: DataAttach, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    run = runs.attach_data(ctx, s, runs.owned_run(s, run_id, signer.address), body)
+    return runs.run_detail(ctx, s, run)
+
+
+@router.post("/{run_id}/discover")
+def discover(run_id: str, body: Discover, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    return runs.discover(ctx, s, runs.owned_run(s, run_id, signer.address), body)
+
+
+@router.post("/{run_id}/distribute")
+def distribute(run_id: str, body: Distribute, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    run = runs.distribute(ctx, s, runs.owned_run(s, run_id, signer.address), body)
+    return runs.run_detail(ctx, s, run)
+
+
+@router.post("/{run_id}/stop")
+def stop(run_id: str, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    return runs.run_summary(runs.stop(ctx, s, runs.owned_run(s, run_id, signer.address)))
+
+
+@router.post("/{run_id}/pause")
+def pause(run_id: str, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    return runs.run_summary(runs.pause(ctx, s, runs.owned_run(s, run_id, signer.address)))
+
+
+@router.post("/{run_id}/resume")
+def resume(run_id: str, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    return runs.run_summary(runs.resume(ctx, s, runs.owned_run(s, run_id, signer.address)))
+
+
+@router.get("/{run_id}/rounds")
+def rounds(run_id: str, s: SessionDep) -> dict:
+    data = runs.rounds_view(s, runs.get_run(s, run_id))
+    return {"data": data, "count": len(data)}
+
+
+@router.get("/{run_id}/results")
+def results(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+    return runs.results(ctx, s, runs.get_run(s, run_id))

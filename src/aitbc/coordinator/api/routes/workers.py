@@ -1,0 +1,74 @@
+"""Providers: offers in the marketplace, heartbeats, jobs, progress and updates."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
+
+from aitbc.coordinator import workers
+from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
+from aitbc.coordinator.errors import forbidden
+from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
+
+router = APIRouter(tags=["workers"])
+
+
+@router.get("/market/offers")
+def offers(ctx: CtxDep, s: SessionDep, all: bool = False) -> dict:
+    """Live offers (``all=true``: every offer ever registered, with its status)."""
+    data = workers.market(ctx, s, live_only=not all)
+    return {"data": data, "count": len(data)}
+
+
+@router.post("/workers", status_code=201)
+def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    offer = workers.register(ctx, s, body, worker_id=signer.address, public_key=signer.public_key)
+    return workers.offer_view(ctx, offer, now=time.time())
+
+
+@router.post("/workers/heartbeat")
+async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
+    """Cheap by design: a signature check and a dict write; no database commit."""
+    workers.require_known(ctx, signer.address)
+    now = time.time()
+    ctx.liveness.touch(signer.address, now)
+    return {"ok": True, "time": now, "version": ctx.notifier.version}
+
+
+@router.get("/workers/{worker_id}/job")
+async def job(
+    worker_id: str, ctx: CtxDep, signer: SignerDep,
+    wait: float = Query(0.0, ge=0, le=60, description="seconds to hold the request until there is something to train"),
+) -> dict:
+    """The worker's current job and what to do (``train`` or ``wait``). With ``wait``, a
+    long poll: answered as soon as there is something to train, or after ``wait`` seconds."""
+    if signer.address != worker_id:
+        raise forbidden(f"{signer.address} may not read the job of worker {worker_id}")
+    workers.require_known(ctx, worker_id)
+    deadline = time.monotonic() + wait
+
+    def look() -> dict:
+        with ctx.session() as s:
+            return workers.job_for(ctx, s, worker_id)
+
+    while True:
+        seen = ctx.notifier.version
+        view = await run_in_threadpool(look)
+        if (view["job"] and view["job"]["action"] == "train") or time.monotonic() >= deadline:
+            return view
+        while ctx.notifier.version == seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+
+@router.post("/jobs/{job_id}/progress")
+def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    workers.report_progress(ctx, s, job_id, signer.address, body)
+    return {"ok": True}
+
+
+@router.post("/jobs/{job_id}/updates", status_code=201)
+def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    return workers.submit_update(ctx, s, job_id, signer.address, body)

@@ -1,0 +1,104 @@
+"""What every part of the coordinator shares: settings, database sessions, the blob store,
+worker liveness and a change counter. Built once by :func:`build_context`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from aitbc.coordinator.config import Settings
+from aitbc.coordinator.db import make_engine, make_sessions
+from aitbc.coordinator.models import Offer
+from aitbc.ledger.signing import NonceCache
+from aitbc.storage.blobstore import LocalBlobStore
+
+
+class Liveness:
+    """Last heartbeat per worker, in memory: a heartbeat is a dict write, not a database
+    commit (the driver flushes them every few seconds). After a restart every known worker
+    is given a fresh lease from the start time, since none could reach us while we were down."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, float] = {}
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+
+    def load(self, seen: dict[str, float]) -> None:
+        with self._lock:
+            self._seen.update(seen)
+
+    def knows(self, worker_id: str) -> bool:
+        return worker_id in self._seen
+
+    def touch(self, worker_id: str, now: float) -> None:
+        with self._lock:
+            self._seen[worker_id] = now
+            self._dirty.add(worker_id)
+
+    def last_seen(self, worker_id: str) -> float | None:
+        return self._seen.get(worker_id)
+
+    def alive(self, worker_id: str, now: float, lease: float) -> bool:
+        t = self._seen.get(worker_id)
+        return t is not None and now - t <= lease
+
+    def take_dirty(self) -> dict[str, float]:
+        with self._lock:
+            out = {w: self._seen[w] for w in self._dirty}
+            self._dirty.clear()
+        return out
+
+
+@dataclass
+class Notifier:
+    """A counter bumped on every change a waiting worker may care about (a round opened,
+    a job assigned); long-polls compare it instead of querying the database in a loop."""
+
+    version: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    wake_driver: threading.Event = field(default_factory=threading.Event)
+
+    def bump(self) -> None:
+        with self._lock:
+            self.version += 1
+
+    def poke_driver(self) -> None:
+        self.wake_driver.set()
+
+
+@dataclass
+class Context:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    store: LocalBlobStore
+    liveness: Liveness
+    notifier: Notifier
+    nonces: NonceCache
+    started_at: float
+
+    def session(self) -> Session:
+        return self.sessions()
+
+
+def build_context(settings: Settings) -> Context:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.database_url)
+    ctx = Context(
+        settings=settings,
+        engine=engine,
+        sessions=make_sessions(engine),
+        store=LocalBlobStore(settings.home, max_size=settings.max_blob_bytes),
+        liveness=Liveness(),
+        notifier=Notifier(),
+        nonces=NonceCache(window=2 * settings.max_skew_seconds),
+        started_at=time.time(),
+    )
+    with ctx.session() as s:
+        ids = s.scalars(select(Offer.id)).all()
+    ctx.liveness.load({w: ctx.started_at for w in ids})
+    return ctx

@@ -1,0 +1,86 @@
+"""The round driver: one background thread that moves every live run forward.
+
+Each tick (or sooner, when a request pokes it) it flushes heartbeats, fails workers whose
+lease ran out (reassigning their shards), finishes distributions, fills orphaned shards,
+and closes rounds that are due. After a restart it simply finds runs where they were:
+``distributing`` is finished, ``aggregating`` is redone from the persisted updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy import select
+
+from aitbc.coordinator import rounds, states
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.models import Run
+from aitbc.coordinator.workers import flush_heartbeats
+
+log = logging.getLogger("aitbc.coordinator")
+
+
+class RoundDriver:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="round-driver", daemon=True)
+        self._last_flush = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.ctx.notifier.poke_driver()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        wake = self.ctx.notifier.wake_driver
+        while not self._stop.is_set():
+            wake.wait(self.ctx.settings.tick_seconds)
+            wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - a bad tick must not kill the driver; it is logged in full
+                log.exception("round driver tick failed; retrying next tick")
+                time.sleep(self.ctx.settings.tick_seconds)
+
+    def tick(self) -> None:
+        ctx, now = self.ctx, time.time()
+        changed = False
+        with ctx.session() as s:
+            if now - self._last_flush >= ctx.settings.heartbeat_flush_seconds:
+                changed |= flush_heartbeats(ctx, s)
+                self._last_flush = now
+            # Leases are judged only once this coordinator has been up a full lease: no
+            # worker could heartbeat while it was down.
+            if now - ctx.started_at >= ctx.settings.lease_seconds:
+                changed |= rounds.expire_leases(ctx, s, now=now)
+            for run in s.scalars(select(Run).where(Run.status == states.TRAINING)).all():
+                changed |= rounds.fill_shards(ctx, s, run, now=now)
+            if changed:
+                s.commit()
+                ctx.notifier.bump()
+            live = s.execute(
+                select(Run.id, Run.status).where(Run.status.in_((states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)))
+            ).all()
+            due = []
+            for run_id, status in live:
+                if status == states.TRAINING:
+                    run = s.get(Run, run_id)
+                    if rounds.round_due(ctx, s, run, now=now):
+                        due.append(run_id)
+                else:
+                    due.append(run_id)
+        for run_id in due:
+            with ctx.session() as s:
+                status = s.scalar(select(Run.status).where(Run.id == run_id))
+            if status == states.DISTRIBUTING:
+                rounds.start_training(ctx, run_id)
+            else:
+                rounds.close_round(ctx, run_id)

@@ -1,0 +1,175 @@
+"""The coordinator's tables (SQLAlchemy 2, portable: no SQLite-only SQL).
+
+Times are unix seconds (float). Money is integer micro-AIT. JSON columns hold only what
+the API already validated (configs, manifests, device descriptions).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def new_id(prefix: str) -> str:
+    """``training_3fa9c1d2e4b5``: a prefix saying what it names, 48 random bits."""
+    return f"{prefix}_{secrets.token_hex(6)}"
+
+
+class Run(Base):
+    """One training run and its state machine (``status``; see :mod:`.states`)."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # training_<hex>
+    owner: Mapped[str] = mapped_column(String(64), index=True)  # owner's address
+    owner_key: Mapped[str] = mapped_column(String(64))  # owner's public key, hex
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    paused_from: Mapped[str | None] = mapped_column(String(16), default=None)
+    model_type: Mapped[str] = mapped_column(String(200))
+    model_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    dataset_size: Mapped[str] = mapped_column(String(32))  # as the owner declared it ("100GB")
+    dataset_size_bytes: Mapped[int] = mapped_column(BigInteger)  # the declaration, parsed
+    target_workers: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    # upload-data
+    data_source: Mapped[str | None] = mapped_column(String(500), default=None)
+    manifest_cid: Mapped[str | None] = mapped_column(String(100), default=None)
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    data_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)  # measured at upload
+    # distribute
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # TrainingConfig
+    round: Mapped[int] = mapped_column(Integer, default=0)  # the open round (1-based); 0 before
+    round_started_at: Mapped[float | None] = mapped_column(Float, default=None)
+    global_cid: Mapped[str | None] = mapped_column(String(100), default=None)  # model of round - 1
+    outer_state_cid: Mapped[str | None] = mapped_column(String(100), default=None)
+    initial_val_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    val_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    val_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    bytes_up: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_down: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, default=None)
+    finished_at: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class Offer(Base):
+    """A provider's live offer in the marketplace; its id is the worker's address."""
+
+    __tablename__ = "offers"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    public_key: Mapped[str] = mapped_column(String(64))
+    gpu: Mapped[str] = mapped_column(String(64))  # advertised class, canonical
+    device: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the worker really found
+    price: Mapped[int] = mapped_column(BigInteger)  # micro-AIT per round
+    availability: Mapped[float] = mapped_column(Float)
+    reputation: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # online | failed | offline
+    flags: Mapped[int] = mapped_column(Integer, default=0)
+    last_heartbeat: Mapped[float] = mapped_column(Float)
+    registered_at: Mapped[float] = mapped_column(Float)
+
+
+class Contract(Base):
+    """A provider hired for a run at an agreed price per round."""
+
+    __tablename__ = "contracts"
+    __table_args__ = (UniqueConstraint("run_id", "worker_id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # contract_<hex>
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    worker_id: Mapped[str] = mapped_column(ForeignKey("offers.id"), index=True)
+    price: Mapped[int] = mapped_column(BigInteger)  # micro-AIT per round
+    score: Mapped[float] = mapped_column(Float)  # the marketplace score when hired
+    status: Mapped[str] = mapped_column(String(16))  # hired | working | released | failed
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Job(Base):
+    """One worker's assignment in a run: a shard to train on, round after round."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # job_<hex>
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"))
+    worker_id: Mapped[str] = mapped_column(ForeignKey("offers.id"), index=True)
+    shard_index: Mapped[int] = mapped_column(Integer)
+    shard_cid: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # active | failed | released
+    joined_round: Mapped[int] = mapped_column(Integer)
+    replaces: Mapped[str | None] = mapped_column(String(64), default=None)  # job it took over
+    # the worker's last progress report
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    loss: Mapped[float | None] = mapped_column(Float, default=None)
+    epoch: Mapped[float] = mapped_column(Float, default=0.0)
+    worker_status: Mapped[str] = mapped_column(String(32), default="assigned")
+    rounds_done: Mapped[int] = mapped_column(Integer, default=0)
+    compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # reported, summed
+    end_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Update(Base):
+    """One update a worker sent for one round: accepted, or rejected with the reason."""
+
+    __tablename__ = "updates"
+    __table_args__ = (UniqueConstraint("job_id", "round"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    worker_id: Mapped[str] = mapped_column(String(64), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    cid: Mapped[str] = mapped_column(String(100))
+    size: Mapped[int] = mapped_column(BigInteger)
+    samples: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    status: Mapped[str] = mapped_column(String(16))  # accepted | rejected
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class RoundRecord(Base):
+    """A closed round: the global model it produced (a checkpoint blob) and its metrics."""
+
+    __tablename__ = "rounds"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0: the initial model
+    checkpoint_cid: Mapped[str] = mapped_column(String(100))
+    outer_state_cid: Mapped[str | None] = mapped_column(String(100), default=None)
+    val_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    val_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    train_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[int] = mapped_column(Integer, default=0)
+    stragglers: Mapped[list[str]] = mapped_column(JSON, default=list)  # worker ids left out
+    skipped: Mapped[bool] = mapped_column(default=False)  # too few updates for the rule
+    started_at: Mapped[float] = mapped_column(Float)
+    closed_at: Mapped[float] = mapped_column(Float)
+
+
+class Flag(Base):
+    """A recorded misbehaviour or failure of a worker (bad update, missed lease, ...)."""
+
+    __tablename__ = "flags"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker_id: Mapped[str] = mapped_column(String(64), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(64), index=True, default=None)
+    round: Mapped[int | None] = mapped_column(Integer, default=None)
+    kind: Mapped[str] = mapped_column(String(32))  # rejected_update | lease_expired | straggler | bad_blob
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)

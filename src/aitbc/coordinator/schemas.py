@@ -1,0 +1,74 @@
+"""Request bodies of the API (pydantic): the shape and ranges of what clients may send.
+Cross-field and domain checks (a codec name, an aggregator's conditions) happen in the
+service functions, which know the run."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunCreate(Body):
+    model_type: str = Field(min_length=1, max_length=200)
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    dataset_size: str = Field(min_length=1, max_length=32)
+    target_workers: int = Field(ge=1, le=10_000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class DataAttach(Body):
+    manifest_cid: str = Field(min_length=1, max_length=100)
+    source: str | None = Field(None, max_length=500)  # what the owner named (digits, a path)
+
+
+class Discover(Body):
+    min_gpu: str | None = Field(None, max_length=64)
+    required_workers: int = Field(ge=1, le=10_000)
+    max_price: str | float | None = None
+
+
+class Distribute(Body):
+    strategy: Literal["data-parallel"] = "data-parallel"
+    rounds: int = Field(10, ge=1, le=1_000_000)
+    local_steps: int = Field(20, ge=1, le=1_000_000)
+    batch_size: int = Field(32, ge=1, le=65_536)
+    lr: float = Field(1e-3, gt=0, le=10)
+    inner_opt: str = "adamw"
+    outer: str = "fedavg"
+    outer_options: dict[str, Any] = Field(default_factory=dict)
+    aggregator: str = "mean"
+    compression: str = "none"
+    error_feedback: bool = False
+    mode: Literal["sync"] = "sync"
+    deadline: float | None = Field(None, gt=0, le=86_400)  # seconds a round waits at most
+    quorum: int | None = Field(None, ge=1)  # accepted updates a round needs to close at its deadline
+    min_workers: int | None = Field(None, ge=1)
+    max_workers: int | None = Field(None, ge=1)
+    eval_every: int = Field(1, ge=1)
+
+
+class WorkerRegister(Body):
+    gpu: str = Field(min_length=1, max_length=64)
+    price: str | float = Field(description="AIT per round, up to 6 decimals")
+    availability: float = Field(1.0, ge=0, le=1)
+    device: dict[str, Any] = Field(default_factory=dict)
+
+
+class Progress(Body):
+    progress: float = Field(ge=0, le=100)
+    loss: float | None = None
+    epoch: float = Field(0.0, ge=0)
+    status: str = Field(min_length=1, max_length=32)
+
+
+class UpdateSubmit(Body):
+    round: int = Field(ge=1)
+    cid: str = Field(min_length=1, max_length=100)
+    train_loss: float | None = None
+    steps: int = Field(ge=1)
+    compute_seconds: float = Field(0.0, ge=0)

@@ -1,0 +1,216 @@
+"""Workers as the coordinator sees them: offers, heartbeats, jobs, progress and updates."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from aitbc.coordinator import states
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
+from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.units import format_price, parse_price
+from aitbc.core.compression import decode as decode_update
+from aitbc.errors import AitbcError
+from aitbc.market.gpus import normalize_gpu
+from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
+from aitbc.storage.cid import is_cid
+
+LIVE_RUN = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
+
+
+def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, public_key: str) -> Offer:
+    """A provider's offer. Re-registering is how a restarted worker comes back; a second
+    process registering while the first is still heartbeating is refused."""
+    price = parse_price(body.price)
+    try:
+        check_offer_fields(body.gpu, price / 1_000_000, body.availability)
+    except AitbcError as e:
+        raise unprocessable("bad_offer", str(e)) from None
+    now = time.time()
+    offer = s.get(Offer, worker_id)
+    if offer is not None and offer.status == "online" and ctx.liveness.alive(worker_id, now, ctx.settings.lease_seconds):
+        last = ctx.liveness.last_seen(worker_id) or now
+        raise conflict(
+            "duplicate_registration",
+            f"worker {worker_id} is already registered and alive (last heartbeat {now - last:.1f} s ago); "
+            f"stop the other process, or register again after its {ctx.settings.lease_seconds:g} s lease",
+        )
+    if offer is None:
+        offer = Offer(id=worker_id, public_key=public_key, reputation=NEUTRAL_REPUTATION, flags=0, registered_at=now)
+        s.add(offer)
+    offer.gpu, offer.price, offer.availability = normalize_gpu(body.gpu), price, body.availability
+    offer.device, offer.status, offer.last_heartbeat = body.device, "online", now
+    s.commit()
+    ctx.liveness.touch(worker_id, now)
+    ctx.notifier.poke_driver()  # a joiner may take an orphaned shard
+    return offer
+
+
+def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
+    seen = ctx.liveness.last_seen(o.id) or o.last_heartbeat
+    return {
+        "worker_id": o.id, "gpu_type": o.gpu, "price": format_price(o.price), "price_micro": o.price,
+        "reputation": o.reputation, "availability": o.availability, "status": o.status,
+        "live": now - seen <= ctx.settings.lease_seconds, "last_heartbeat": seen,
+        "last_heartbeat_age": round(now - seen, 3), "device": o.device, "flags": o.flags,
+    }
+
+
+def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
+    """What the worker should do now: ``train`` (round open, no update from it yet),
+    ``wait`` (aggregating, paused, or already answered), or no job at all."""
+    row = s.execute(
+        select(Job, Run).join(Run, Run.id == Job.run_id)
+        .where(Job.worker_id == worker_id, Job.status == "active").order_by(Job.created_at.desc()).limit(1)
+    ).first()
+    if row is None:
+        return {"job": None, "version": ctx.notifier.version}
+    job, run = row
+    cfg = run.config or {}
+    action = "wait"
+    if run.status == states.TRAINING:
+        done = s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == run.round))
+        action = "wait" if done else "train"
+    deadline = cfg.get("deadline")
+    return {
+        "job": {
+            "job_id": job.id, "training_id": run.id, "action": action, "run_status": run.status,
+            "round": run.round, "rounds": cfg.get("rounds"), "global_model_cid": run.global_cid,
+            "shard_cid": job.shard_cid, "shard_index": job.shard_index, "seed": run.seed * 100_003 + job.shard_index,
+            "model_type": run.model_type, "model_options": run.model_options,
+            "data_spec": (run.manifest or {}).get("spec"),
+            "local_steps": cfg.get("local_steps"), "batch_size": cfg.get("batch_size"), "lr": cfg.get("lr"),
+            "inner_opt": cfg.get("inner_opt"), "compression": cfg.get("compression"),
+            "error_feedback": cfg.get("error_feedback"), "d": cfg.get("d"),
+            "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
+        },
+        "version": ctx.notifier.version,
+    }
+
+
+def _own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    if job.worker_id != signer:
+        raise forbidden(f"job {job_id} belongs to worker {job.worker_id}; {signer} may not report for it")
+    run = s.get(Run, job.run_id)
+    if run.status in states.ENDED:
+        raise conflict("run_ended", f"run {run.id} has ended ({run.status}); job {job_id} is released")
+    if job.status != "active":
+        raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
+    return job, run
+
+
+def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Progress) -> None:
+    job, _ = _own_job(s, job_id, signer)
+    if body.loss is not None and not math.isfinite(body.loss):
+        raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
+    job.progress, job.loss, job.epoch, job.worker_status = body.progress, body.loss, body.epoch, body.status
+    job.updated_at = time.time()
+    s.commit()
+
+
+def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: UpdateSubmit) -> dict[str, Any]:
+    """Accept or reject one update. Refusals that say nothing about the worker's honesty
+    (unknown job, run ended, round already closed, a duplicate) are errors with no write;
+    a bad update (undecodable, wrong shape, NaN/Inf) is recorded as rejected, the worker is
+    flagged, and the reply is a 422 naming the reason."""
+    job, run = _own_job(s, job_id, signer)
+    if run.status == states.AGGREGATING and body.round == run.round:
+        raise conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)")
+    if run.status != states.TRAINING:
+        raise conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training")
+    now = time.time()
+    if body.round != run.round:
+        reason = f"update is for round {body.round}; the open round is {run.round}"
+        _flag(s, job, run, "wrong_round", reason, now=now)
+        s.commit()
+        raise conflict("wrong_round", reason)
+    if s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == body.round)) is not None:
+        raise conflict("duplicate_update", f"job {job.id} already sent its update for round {body.round}")
+    if not is_cid(body.cid):
+        raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")
+    if not ctx.store.has(body.cid):
+        raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
+    blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
+    reason = _check_update(blob, run.config["d"])
+    if body.train_loss is not None and not math.isfinite(body.train_loss):
+        reason = reason or f"reported training loss is {body.train_loss}"
+    upd = Update(run_id=run.id, job_id=job.id, worker_id=job.worker_id, round=body.round, cid=body.cid, size=len(blob),
+                 samples=int(run.manifest["shards"][job.shard_index]["samples"]),
+                 train_loss=body.train_loss if reason is None else None, compute_seconds=body.compute_seconds,
+                 status="accepted" if reason is None else "rejected", reason=reason, created_at=now)
+    s.add(upd)
+    run.bytes_up += len(blob)
+    job.compute_seconds += body.compute_seconds
+    job.updated_at = now
+    if reason is not None:
+        _flag(s, job, run, "rejected_update", reason, now=now)
+    s.commit()
+    ctx.notifier.poke_driver()
+    if reason is not None:
+        raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
+    return {"status": "accepted", "round": body.round, "cid": body.cid, "size": len(blob)}
+
+
+def _check_update(blob: bytes, d: int) -> str | None:
+    try:
+        u = decode_update(blob, max_numel=d)
+    except AitbcError as e:
+        return f"malformed update blob: {e}"
+    if tuple(u.shape) != (d,):
+        return f"update has shape {tuple(u.shape)}; the model has ({d},) parameters"
+    if not torch.isfinite(u).all():
+        return "update contains NaN or Inf"
+    return None
+
+
+def _flag(s: Session, job: Job, run: Run, kind: str, reason: str, *, now: float) -> None:
+    s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=run.round, kind=kind, reason=reason, created_at=now))
+    offer = s.get(Offer, job.worker_id)
+    if offer is not None:
+        offer.flags += 1
+
+
+def flag_blob(ctx: Context, worker_id: str, reason: str) -> None:
+    """A blob upload whose bytes did not match its CID: recorded against the uploader."""
+    with ctx.session() as s:
+        offer = s.get(Offer, worker_id)
+        if offer is None:
+            return  # not a worker (an owner's upload): the 400 is enough
+        offer.flags += 1
+        s.add(Flag(worker_id=worker_id, kind="bad_blob", reason=reason, created_at=time.time()))
+        s.commit()
+
+
+def flush_heartbeats(ctx: Context, s: Session) -> bool:
+    """Write the in-memory heartbeats to the offers; a failed worker heard from again is
+    back online (as an idle offer; its old job stays with whoever took it)."""
+    seen = ctx.liveness.take_dirty()
+    if not seen:
+        return False
+    for o in s.scalars(select(Offer).where(Offer.id.in_(list(seen)))).all():
+        o.last_heartbeat = seen[o.id]
+        if o.status != "online":
+            o.status = "online"
+    return True
+
+
+def market(ctx: Context, s: Session, *, live_only: bool) -> list[dict[str, Any]]:
+    now = time.time()
+    offers = s.scalars(select(Offer).order_by(Offer.id)).all()
+    views = [offer_view(ctx, o, now=now) for o in offers]
+    return [v for v in views if v["live"] and v["status"] == "online"] if live_only else views
+
+
+def require_known(ctx: Context, worker_id: str) -> None:
+    if not ctx.liveness.knows(worker_id):
+        raise not_found("unknown_worker", f"worker {worker_id} is not registered; POST /v1/workers first")

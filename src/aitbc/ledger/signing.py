@@ -1,0 +1,238 @@
+"""Signed HTTP requests: who sent a request, and that nobody changed or replayed it.
+
+The client signs, with its wallet's Ed25519 key, the canonical request::
+
+    AITBC-REQUEST-1
+    METHOD
+    PATH[?QUERY]          exactly as sent (raw, still percent-encoded)
+    BODY DIGEST           sha256 hex of the body, or UNSIGNED-PAYLOAD
+    TIMESTAMP             unix seconds as sent in the header
+    NONCE                 32 hex digits, random per request
+
+(lines joined by ``\\n``, no newline at the end) and sends four headers: its public key,
+the timestamp, the nonce and the signature. The server rebuilds the same bytes from
+what it received, checks the signature, that the timestamp is within ``max_skew`` of its
+clock and not before it started, and that the nonce is new.
+
+``UNSIGNED-PAYLOAD`` is for blob uploads, whose path names the content's CID: the server
+checks the bytes against the CID as they stream in, so the signature need not cover them.
+
+On the server, the path to sign is the raw one, e.g. for Starlette
+``scope["raw_path"].decode("latin-1")`` plus ``"?" + scope["query_string"]`` when
+there is a query (``request.url.path`` is percent-decoded and would not match).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import math
+import re
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+
+from aitbc.ledger.wallet import Wallet, public_key_from_hex
+
+HEADER_KEY = "X-Aitbc-Key"
+HEADER_TIMESTAMP = "X-Aitbc-Timestamp"
+HEADER_NONCE = "X-Aitbc-Nonce"
+HEADER_SIGNATURE = "X-Aitbc-Signature"
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+
+SIGNING_VERSION = b"AITBC-REQUEST-1"
+
+MISSING_SIGNATURE = "missing_signature"
+BAD_SIGNATURE = "bad_signature"
+EXPIRED_SIGNATURE = "expired_signature"
+REPLAYED_NONCE = "replayed_nonce"
+
+_HEADERS = (HEADER_KEY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
+_HEADERS_LOWER = tuple(h.lower() for h in _HEADERS)
+# Decimal unix seconds, optional fraction: no sign, exponent, spaces, '_', nan or inf.
+_TIMESTAMP_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
+_NONCE_RE = re.compile(r"[0-9a-fA-F]{32}")
+
+
+def body_digest(body: bytes) -> str:
+    """sha256 hex of the request body (``b""`` for none)."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def canonical_request(method: str, path: str, digest: str, timestamp: str, nonce: str) -> bytes:
+    """The bytes that are signed (see the module docstring). ``ValueError`` if a field
+    holds a newline, which would make two different requests sign the same bytes."""
+    text = f"{method.upper()}\n{path}\n{digest}\n{timestamp}\n{nonce}"
+    if text.count("\n") != 4:
+        raise ValueError("a signed request field may not contain a newline")
+    return SIGNING_VERSION + b"\n" + text.encode()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """One byte string per JSON value: sorted keys, no spaces, UTF-8 (not ``\\u``
+    escapes). ``ValueError`` for NaN or infinite floats, which JSON cannot carry."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def sign_request(
+    wallet: Wallet,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    unsigned_payload: bool = False,
+    now: float | None = None,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """The four ``X-Aitbc-*`` headers that sign this request with ``wallet``.
+
+    ``path`` is the path plus ``?query`` exactly as it will be sent. With
+    ``unsigned_payload`` the body is not covered (blob uploads; see the module doc)."""
+    timestamp = f"{time.time() if now is None else now:.3f}"
+    if nonce is None:
+        nonce = secrets.token_hex(16)
+    digest = UNSIGNED_PAYLOAD if unsigned_payload else body_digest(body)
+    signature = wallet.sign(canonical_request(method, path, digest, timestamp, nonce))
+    return {
+        HEADER_KEY: wallet.public_key,
+        HEADER_TIMESTAMP: timestamp,
+        HEADER_NONCE: nonce,
+        HEADER_SIGNATURE: signature,
+    }
+
+
+class SignatureError(Exception):
+    """A request whose signature is missing, wrong, too old or replayed.
+
+    ``code`` is one of ``missing_signature``, ``bad_signature``, ``expired_signature``,
+    ``replayed_nonce``; ``detail`` is one line for the client (also ``str(e)``)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class NonceCache:
+    """The nonces seen in the last ``window`` seconds (thread-safe).
+
+    A nonce is remembered until its request's timestamp plus ``window``; a request
+    older than that is refused by the timestamp check, so ``window`` must be at least
+    the ``max_skew`` it is used with (``verify_request`` checks). Expired entries are
+    dropped as new ones arrive (a heap ordered by expiry: amortised O(log n))."""
+
+    def __init__(self, window: float) -> None:
+        if not window > 0 or math.isinf(window):
+            raise ValueError(f"NonceCache window must be a positive number of seconds, not {window!r}")
+        self.window = float(window)
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._expiry: list[tuple[float, str]] = []
+
+    def check_and_add(self, nonce: str, timestamp: float, now: float) -> bool:
+        """Record ``nonce``; False if it was seen already (a replay)."""
+        with self._lock:
+            expiry, seen = self._expiry, self._seen
+            while expiry and expiry[0][0] < now:
+                seen.discard(heapq.heappop(expiry)[1])
+            if nonce in seen:
+                return False
+            seen.add(nonce)
+            heapq.heappush(expiry, (timestamp + self.window, nonce))
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._seen)
+
+
+def _get_headers(headers: Mapping[str, str]) -> list[str | None]:
+    """The four signing headers, looked up case-insensitively."""
+    if isinstance(headers, dict):  # a plain dict is case-sensitive: normalise
+        lowered = {k.lower(): v for k, v in headers.items()}
+        return [lowered.get(name) for name in _HEADERS_LOWER]
+    # Starlette's and httpx's Headers are case-insensitive mappings.
+    values = []
+    for name, lower in zip(_HEADERS, _HEADERS_LOWER):
+        value = headers.get(lower)
+        values.append(headers.get(name) if value is None else value)
+    return values
+
+
+def verify_request(
+    headers: Mapping[str, str],
+    method: str,
+    path: str,
+    digest: str,
+    *,
+    now: float,
+    max_skew: float,
+    nonces: NonceCache,
+    not_before: float = 0.0,
+) -> str:
+    """Check a signed request and return the signer's public key (lower-case hex).
+
+    ``path`` is the raw path plus ``?query`` as received, ``digest`` the sha256 hex of
+    the body received (or ``UNSIGNED_PAYLOAD``). Raises ``SignatureError``:
+    ``missing_signature`` if a header is missing; ``bad_signature`` if one is malformed
+    or the signature does not match; ``expired_signature`` if the timestamp is more than
+    ``max_skew`` seconds from ``now`` or before ``not_before`` (the server's start, so
+    requests signed for an earlier run cannot be replayed after a restart);
+    ``replayed_nonce`` if the nonce was used before. The nonce is recorded only once the
+    signature has been checked."""
+    if nonces.window < max_skew:
+        raise ValueError(f"NonceCache window {nonces.window:g}s is shorter than max_skew {max_skew:g}s")
+    key, timestamp, nonce, signature = _get_headers(headers)
+    for value, name in ((key, HEADER_KEY), (timestamp, HEADER_TIMESTAMP), (nonce, HEADER_NONCE), (signature, HEADER_SIGNATURE)):
+        if not value:
+            raise SignatureError(MISSING_SIGNATURE, f"request is not signed: missing header {name}")
+
+    if _TIMESTAMP_RE.fullmatch(timestamp) is None:
+        raise SignatureError(BAD_SIGNATURE, f"bad signature: malformed {HEADER_TIMESTAMP} (want decimal unix seconds)")
+    if _NONCE_RE.fullmatch(nonce) is None:
+        raise SignatureError(BAD_SIGNATURE, f"bad signature: malformed {HEADER_NONCE} (want 32 hex digits)")
+    try:
+        public_key = public_key_from_hex(key)
+    except ValueError:
+        raise SignatureError(BAD_SIGNATURE, f"bad signature: malformed {HEADER_KEY} (want 64 hex digits)") from None
+    try:
+        if len(signature) != 128:
+            raise ValueError
+        raw_signature = bytes.fromhex(signature)
+        if len(raw_signature) != 64:
+            raise ValueError
+    except ValueError:
+        raise SignatureError(BAD_SIGNATURE, f"bad signature: malformed {HEADER_SIGNATURE} (want 128 hex digits)") from None
+
+    # The clock checks come before the (costlier) signature check.
+    ts = float(timestamp)
+    if abs(now - ts) > max_skew:
+        raise SignatureError(
+            EXPIRED_SIGNATURE,
+            f"signature expired: timestamp {timestamp} is {now - ts:+.0f}s from the server's clock; "
+            f"at most {max_skew:g}s of clock skew is allowed",
+        )
+    if ts < not_before:
+        raise SignatureError(
+            EXPIRED_SIGNATURE,
+            f"signature expired: timestamp {timestamp} is before the server started ({not_before:.3f}); "
+            f"sign again with the current time (at most {max_skew:g}s of clock skew is allowed)",
+        )
+
+    try:
+        message = canonical_request(method, path, digest, timestamp, nonce)
+        public_key.verify(raw_signature, message)
+    except (InvalidSignature, ValueError):
+        raise SignatureError(BAD_SIGNATURE, "bad signature: it does not match this request and key") from None
+
+    if not nonces.check_and_add(nonce.lower(), ts, now):
+        raise SignatureError(REPLAYED_NONCE, f"replayed request: nonce {nonce} was already used")
+    return key.lower()

@@ -1,0 +1,341 @@
+"""Wallets: Ed25519 identities kept under ``HOME/wallets/NAME/key.json``.
+
+A wallet is one Ed25519 key pair. Its public key (hex of the 32 raw bytes) identifies
+the holder to the coordinator and the market; its address ``ait1`` + the first 40 hex
+digits of sha256(public key) is the short name used in listings and payments.
+
+``key.json`` is JSON, never a pickle::
+
+    {"name": ..., "address": ..., "public_key": <64 hex>, "private_key": <64 hex, the
+     raw 32-byte seed>, "created": <ISO 8601 UTC>}
+
+The directory is 0700 and the file 0600; the file appears whole or not at all (written
+to a temporary file, fsynced, then hard-linked into place so two creators cannot both
+win). Every load re-derives the public key and address from the private key and refuses
+a file whose stored ones differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
+
+WALLET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""Allowed wallet names (use ``fullmatch``): 1-64 letters, digits, '.', '_', '-', first a
+letter or digit (so no hidden names, no '..', nothing that leaves ``HOME/wallets``)."""
+
+ADDRESS_PREFIX = "ait1"
+KEY_FILE = "key.json"
+WALLETS_DIR = "wallets"
+
+_KEY_HEX_LEN = 64  # 32 bytes, public key and private seed alike
+_SIG_HEX_LEN = 128  # 64 bytes
+_TEMP_PREFIX = ".tmp-"
+_FIELDS = ("name", "address", "public_key", "private_key", "created")
+
+
+class WalletExistsError(AitbcError):
+    """``create_wallet`` found a wallet of that name already (an ``AitbcError``, exit 1)."""
+
+
+def check_wallet_name(name: str) -> str:
+    """Return ``name`` if it is a valid wallet name, else raise ``UsageError``."""
+    if not isinstance(name, str) or WALLET_NAME_RE.fullmatch(name) is None:
+        raise UsageError(
+            f"bad wallet name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def _hex32(value: Any) -> bytes | None:
+    """The 32 bytes a 64-hex-digit string spells, or None for anything else.
+
+    ``bytes.fromhex`` skips whitespace, so the string length is checked as well."""
+    if not isinstance(value, str) or len(value) != _KEY_HEX_LEN:
+        return None
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        return None
+    return raw if len(raw) == 32 else None
+
+
+def _address_of_raw(raw_public: bytes) -> str:
+    return ADDRESS_PREFIX + hashlib.sha256(raw_public).hexdigest()[:40]
+
+
+def address_of(public_key_hex: str) -> str:
+    """The address of a public key: ``ait1`` + sha256(raw 32 bytes).hexdigest()[:40].
+
+    Upper- and lower-case hex give the same address. ``UsageError`` for anything that is
+    not 64 hex digits."""
+    raw = _hex32(public_key_hex)
+    if raw is None:
+        raise UsageError(
+            f"bad public key {public_key_hex!r}: want 64 hex digits (32-byte Ed25519 key)"
+        )
+    return _address_of_raw(raw)
+
+
+@functools.lru_cache(maxsize=4096)
+def public_key_from_hex(public_key_hex: str) -> Ed25519PublicKey:
+    """The key object for a 64-hex-digit public key, cached (the same few keys sign most
+    requests). ``ValueError`` for a malformed one (not cached)."""
+    raw = _hex32(public_key_hex)
+    if raw is None:
+        raise ValueError("want 64 hex digits")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) -> bool:
+    """True if ``signature_hex`` is a valid Ed25519 signature of ``message`` by the key.
+
+    Never raises on malformed input (bad hex, wrong lengths, wrong types): False."""
+    try:
+        if not isinstance(signature_hex, str) or len(signature_hex) != _SIG_HEX_LEN:
+            return False
+        signature = bytes.fromhex(signature_hex)
+        if len(signature) != 64:
+            return False
+        public_key_from_hex(public_key_hex).verify(signature, message)
+        return True
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+
+
+def _utc_now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class WalletInfo:
+    """What can be shown about a wallet: never its private key."""
+
+    name: str
+    address: str
+    public_key: str  # hex of the 32 raw bytes
+    created: str  # ISO 8601, UTC
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "address": self.address, "public_key": self.public_key, "created": self.created}
+
+
+class Wallet:
+    """An Ed25519 key pair with a name. The private key never leaves this object except
+    through ``create_wallet`` writing ``key.json``; ``repr`` does not show it."""
+
+    __slots__ = ("name", "address", "public_key", "created", "_private_key")
+
+    def __init__(self, name: str, private_key: Ed25519PrivateKey, created: str | None = None) -> None:
+        self.name = check_wallet_name(name)
+        self._private_key = private_key
+        raw_public = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public_key = raw_public.hex()
+        self.address = _address_of_raw(raw_public)
+        self.created = created if created is not None else _utc_now_iso()
+
+    @classmethod
+    def generate(cls, name: str) -> "Wallet":
+        """A new random key pair, in memory only (``create_wallet`` also saves it)."""
+        return cls(name, Ed25519PrivateKey.generate())
+
+    def sign(self, message: bytes) -> str:
+        """Hex of the 64-byte Ed25519 signature of ``message``."""
+        return self._private_key.sign(message).hex()
+
+    def info(self) -> WalletInfo:
+        return WalletInfo(name=self.name, address=self.address, public_key=self.public_key, created=self.created)
+
+    def _seed_hex(self) -> str:
+        return self._private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()).hex()
+
+    def __repr__(self) -> str:
+        return f"Wallet(name={self.name!r}, address={self.address!r})"
+
+
+# --- on disk -------------------------------------------------------------------------
+
+
+def wallets_dir(home: Path) -> Path:
+    return Path(home) / WALLETS_DIR
+
+
+def wallet_path(home: Path, name: str) -> Path:
+    """``HOME/wallets/NAME/key.json`` (the name checked first)."""
+    return wallets_dir(home) / check_wallet_name(name) / KEY_FILE
+
+
+def _mkdir_private(path: Path) -> None:
+    """Create ``path`` (0700) if missing; parents as usual. An existing one is left as is."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        if not path.is_dir():
+            raise AitbcError(f"{path} exists and is not a directory") from None
+        return
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _mkdir_private(path)
+    os.chmod(path, 0o700)  # mkdir's mode is masked by the umask; make it exact
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_exclusive(dest: Path, data: bytes) -> bool:
+    """Write ``data`` to ``dest`` (mode 0600) atomically, only if ``dest`` does not exist.
+
+    The bytes go to a temporary file beside it, are fsynced, then hard-linked to ``dest``
+    (``link`` fails if ``dest`` exists, so of two racing writers exactly one wins).
+    Returns False if ``dest`` already existed."""
+    temp = dest.parent / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, dest)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: best effort, no clobbering
+            if dest.exists():
+                return False
+            os.replace(temp, dest)
+    finally:
+        temp.unlink(missing_ok=True)
+    _fsync_dir(dest.parent)
+    return True
+
+
+def create_wallet(home: Path, name: str) -> Wallet:
+    """Generate a wallet and save it as ``HOME/wallets/NAME/key.json``.
+
+    ``UsageError`` for a bad name; ``WalletExistsError`` (an ``AitbcError``) if the
+    wallet exists already, which is never overwritten."""
+    home = Path(home)
+    path = wallet_path(home, name)
+    if path.exists():
+        raise WalletExistsError(f"wallet '{name}' already exists ({path.parent})")
+    wallet = Wallet.generate(name)
+    record = {
+        "name": wallet.name,
+        "address": wallet.address,
+        "public_key": wallet.public_key,
+        "private_key": wallet._seed_hex(),
+        "created": wallet.created,
+    }
+    data = (json.dumps(record, indent=2) + "\n").encode()
+    try:
+        _mkdir_private(wallets_dir(home))
+        _mkdir_private(path.parent)
+        written = _write_exclusive(path, data)
+    except OSError as e:  # home is a file, no permission, disk full, ...
+        raise AitbcError(f"cannot create wallet '{name}' in {path.parent}: {e.strerror or e}") from None
+    if not written:
+        raise WalletExistsError(f"wallet '{name}' already exists ({path.parent})")
+    return wallet
+
+
+def load_wallet(home: Path, name: str) -> Wallet:
+    """Load ``HOME/wallets/NAME/key.json`` and check it.
+
+    ``NotFoundError`` if there is no such wallet; ``IntegrityError`` if the file is not
+    the JSON object described above or its public key or address is not the one its
+    private key gives. The wallet's name is its directory's name."""
+    home = Path(home)
+    path = wallet_path(home, name)
+    try:
+        text = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotFoundError(
+            f"no wallet '{name}' in {wallets_dir(home)}; create it with: aitbc wallet create {name}"
+        ) from None
+    except OSError as e:
+        raise AitbcError(f"cannot read wallet '{name}' ({path}): {e.strerror or e}") from None
+    return _parse_key_file(name, path, text)
+
+
+def _parse_key_file(name: str, path: Path, text: bytes) -> Wallet:
+    def corrupt(why: str) -> IntegrityError:
+        return IntegrityError(f"wallet '{name}' is corrupt ({path}): {why}")
+
+    try:
+        record = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        raise corrupt("not valid JSON") from None
+    if not isinstance(record, dict):
+        raise corrupt("not a JSON object")
+    for field in _FIELDS:
+        if not isinstance(record.get(field), str):
+            raise corrupt(f"missing or non-string field '{field}'")
+    seed = _hex32(record["private_key"])
+    if seed is None:
+        raise corrupt("private_key is not 64 hex digits")
+    wallet = Wallet(name, Ed25519PrivateKey.from_private_bytes(seed), created=record["created"])
+    if record["public_key"].lower() != wallet.public_key:
+        raise corrupt("its public_key does not match its private key")
+    if record["address"] != wallet.address:
+        raise corrupt("its address does not match its private key")
+    return wallet
+
+
+def ensure_wallet(home: Path, name: str) -> Wallet:
+    """Load the wallet, or create it if there is none (safe against a racing creator)."""
+    try:
+        return load_wallet(home, name)
+    except NotFoundError:
+        pass
+    try:
+        return create_wallet(home, name)
+    except WalletExistsError:  # someone else created it between our load and create
+        return load_wallet(home, name)
+
+
+def list_wallets(home: Path) -> list[WalletInfo]:
+    """Every wallet under ``HOME/wallets``, sorted by name. Directories without a
+    ``key.json`` (or with a name that is not a wallet name) are skipped; a corrupt
+    ``key.json`` raises ``IntegrityError`` naming it."""
+    root = wallets_dir(home)
+    try:
+        entries = sorted(os.listdir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise AitbcError(f"cannot list wallets in {root}: {e.strerror or e}") from None
+    infos = []
+    for entry in entries:
+        if WALLET_NAME_RE.fullmatch(entry) is None or not (root / entry / KEY_FILE).is_file():
+            continue
+        infos.append(load_wallet(home, entry).info())
+    return infos

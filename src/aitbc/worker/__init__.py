@@ -1,0 +1,1 @@
+"""The provider's worker daemon (see :mod:`aitbc.worker.daemon`)."""

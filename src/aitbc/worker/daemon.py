@@ -1,0 +1,222 @@
+"""The provider's worker: offer a GPU, heartbeat, pull a job, train, send signed updates.
+
+One loop, top to bottom (:meth:`Worker.run`): register the offer; then ask for the job
+(a long poll) and, when a round is open for it, train one round (:meth:`Worker.train_round`:
+fetch the global model and the shard by CID, H local steps, compress, upload, report).
+A heartbeat thread keeps the lease. If the coordinator goes away (restart, network),
+every call retries with capped exponential back-off, and the worker carries on where the
+coordinator's database says the run is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aitbc.client import ApiError, CoordinatorClient, Unreachable
+from aitbc.core.compression import build_codec
+from aitbc.core.options import parse_spec
+from aitbc.errors import AitbcError
+from aitbc.ledger.wallet import ensure_wallet
+from aitbc.market.gpus import detect_device
+from aitbc.storage.blobstore import LocalBlobStore
+from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.local import LocalConfig, LocalTrainer
+from aitbc.training.models import build_model
+
+log = logging.getLogger("aitbc.worker")
+
+
+@dataclass(kw_only=True)
+class WorkerConfig:
+    coordinator: str
+    home: Path
+    wallet: str
+    gpu: str
+    price: str  # AIT per round, as typed ("1.20")
+    availability: float = 1.0
+    heartbeat_seconds: float = 2.0
+    poll_seconds: float = 10.0  # long-poll length when there is nothing to train
+    max_backoff: float = 5.0
+    progress_every: int = 10  # report progress every this many local steps
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.availability <= 1:
+            raise AitbcError(f"--availability must be in [0, 1], got {self.availability}")
+        if self.heartbeat_seconds <= 0:
+            raise AitbcError(f"heartbeat interval must be > 0 s, got {self.heartbeat_seconds}")
+
+
+@dataclass
+class JobState:
+    """What a worker keeps between the rounds of one job: its trainer (model, inner
+    optimizer, batch order) and its codec (with the error-feedback residual)."""
+
+    job_id: str
+    trainer: LocalTrainer
+    codec: Any
+    rounds: int | None
+    done: set[int] = field(default_factory=set)
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.wallet = ensure_wallet(cfg.home, cfg.wallet)
+        self.client = CoordinatorClient(cfg.coordinator, self.wallet, timeout=cfg.poll_seconds + 30)
+        self.cache = LocalBlobStore(cfg.home / "worker-cache" / self.wallet.name)
+        self.device = detect_device()
+        self.stop = threading.Event()
+        self.job: JobState | None = None
+        self.registered = threading.Event()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info("worker %s (%s, advertised %s at %s AIT/round) -> %s", self.wallet.address,
+                 self.device.get("name"), self.cfg.gpu, self.cfg.price, self.cfg.coordinator)
+        self._retry(self.register)
+        hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+        hb.start()
+        while not self.stop.is_set():
+            view = self._retry(lambda: self.client.get(
+                f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True))
+            if view is None:
+                break  # stopping
+            job = view.get("job")
+            if job is None:
+                if self.job is not None:
+                    log.info("job %s released", self.job.job_id)
+                    self.job = None
+                continue
+            if job["action"] == "train":
+                try:
+                    self.train_round(job)
+                except ApiError as e:
+                    self._refused(job, e)
+                except Unreachable as e:  # fetching the model or shard: ask again after a pause
+                    log.warning("%s", e)
+                    self.stop.wait(1.0)
+        self.client.close()
+
+    def register(self) -> None:
+        try:
+            self.client.post("/workers", {"gpu": self.cfg.gpu, "price": self.cfg.price,
+                                          "availability": self.cfg.availability, "device": self.device})
+        except ApiError as e:
+            if e.code != "duplicate_registration":
+                raise
+            log.warning("%s; retrying", e.detail)
+            raise Unreachable(e.detail) from None  # retried with back-off like an outage
+        self.registered.set()
+        log.info("registered offer %s", self.wallet.address)
+
+    def _heartbeats(self) -> None:
+        while not self.stop.wait(self.cfg.heartbeat_seconds):
+            try:
+                self.client.post("/workers/heartbeat", {}, timeout=self.cfg.heartbeat_seconds * 2)
+            except ApiError as e:
+                if e.code == "unknown_worker":  # the coordinator lost us (a fresh database)
+                    try:
+                        self.register()
+                    except AitbcError as e2:
+                        log.warning("re-register failed: %s", e2)
+                else:
+                    log.warning("heartbeat refused: %s", e.detail)
+            except Unreachable:
+                log.warning("heartbeat: coordinator unreachable; retrying")
+
+    def _retry(self, call):
+        """Run ``call`` until it answers; back off on an unreachable coordinator."""
+        delay = 0.2
+        while not self.stop.is_set():
+            try:
+                return call()
+            except Unreachable as e:
+                log.warning("%s; retrying in %.1f s", e, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, self.cfg.max_backoff)
+        return None
+
+    def _refused(self, job: dict[str, Any], e: ApiError) -> None:
+        if e.code in ("round_closed", "wrong_round", "not_accepting", "duplicate_update"):
+            log.info("round %s of %s: %s", job["round"], job["training_id"], e.detail)
+        elif e.code in ("job_not_active", "run_ended"):
+            log.info("job %s over: %s", job["job_id"], e.detail)
+            self.job = None
+        else:
+            log.error("update refused (%s): %s", e.code, e.detail)
+
+    # --- one round ------------------------------------------------------------------
+
+    def train_round(self, job: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        state = self._job_state(job)
+        model_blob = self._blob(job["global_model_cid"])
+        load_checkpoint(state.trainer.model, model_blob)
+        start = flat_params(state.trainer.model)  # (d,)
+        every = max(1, min(self.cfg.progress_every, job["local_steps"] // 4 or 1))
+        rounds = job["rounds"] or 1
+
+        def report(step: int, loss: float) -> None:
+            if step % every == 0 and step < job["local_steps"]:
+                pct = 100.0 * ((job["round"] - 1) + step / job["local_steps"]) / rounds
+                self._progress(job, pct, loss, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
+
+        self._progress(job, 100.0 * (job["round"] - 1) / rounds, None, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
+        t_compute = time.perf_counter()
+        res = state.trainer.train_round(start, on_step=report)
+        blob = state.codec.encode(res.delta)
+        compute = time.perf_counter() - t_compute
+        cid = cid_of_bytes(blob)
+        # The round's work is done: the upload is retried through an outage, never retrained.
+        self._retry(lambda: self.client.put_blob(cid, blob))
+        self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", {
+            "round": job["round"], "cid": cid, "train_loss": res.loss, "steps": res.steps, "compute_seconds": compute}))
+        state.done.add(job["round"])
+        self._progress(job, 100.0 * job["round"] / rounds, res.loss, res.epoch, "uploaded")
+        log.info("round %d/%d of %s: loss %.4f, update %d bytes, %.2f s (%.2f s computing)", job["round"], rounds,
+                 job["training_id"], res.loss, len(blob), time.perf_counter() - t0, compute)
+
+    def _progress(self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str) -> None:
+        try:
+            self.client.post(f"/jobs/{job['job_id']}/progress",
+                             {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status})
+        except ApiError as e:
+            log.info("progress refused: %s", e.detail)
+        except Unreachable:
+            pass  # progress is advisory; the update itself is retried by the loop
+
+    def _job_state(self, job: dict[str, Any]) -> JobState:
+        if self.job is not None and self.job.job_id == job["job_id"]:
+            return self.job
+        spec_d = job["data_spec"]
+        spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
+        x, y = load_shard(self._blob(job["shard_cid"]))
+        model = build_model(job["model_type"], spec, job["model_options"])
+        cfg = LocalConfig(steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"])
+        trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])
+        name, opts = parse_spec(job["compression"], what="codec")
+        codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()],
+                            error_feedback=bool(job["error_feedback"]))
+        self.job = JobState(job_id=job["job_id"], trainer=trainer, codec=codec, rounds=job["rounds"])
+        log.info("job %s: shard %d (%d samples) of %s", job["job_id"], job["shard_index"], x.shape[0], job["training_id"])
+        return self.job
+
+    def _blob(self, cid: str) -> bytes:
+        """A blob by CID from the local cache, else the coordinator (verified both ways)."""
+        if self.cache.has(cid):
+            return self.cache.get_bytes(cid)
+        data = self.client.get_blob(cid)
+        self.cache.put_bytes(data)
+        return data
+
+
+def run_worker(cfg: WorkerConfig) -> None:
+    Worker(cfg).run()

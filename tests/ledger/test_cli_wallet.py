@@ -1,0 +1,110 @@
+"""``aitbc wallet`` through the real console script (the ``aitbc`` fixture: AITBC_HOME set)."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+from aitbc.ledger.wallet import address_of
+
+
+def _one_line_error(result, code: int) -> str:
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    return result.stderr
+
+
+def _private_key(aitbc, name: str) -> str:
+    return json.loads((aitbc.home / "wallets" / name / "key.json").read_text())["private_key"]
+
+
+def test_create_prints_name_and_address(aitbc):
+    result = aitbc("wallet", "create", "alice")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "Wallet created: alice"
+    assert lines[1].startswith("Address: ait1") and len(lines[1]) == len("Address: ") + 44
+    key_file = aitbc.home / "wallets" / "alice" / "key.json"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert _private_key(aitbc, "alice") not in result.stdout + result.stderr
+
+
+def test_create_json(aitbc):
+    result = aitbc("wallet", "create", "bob", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"name", "address", "public_key", "created"}
+    assert data["name"] == "bob"
+    assert data["address"] == address_of(data["public_key"])
+
+
+def test_list_and_show(aitbc):
+    for name in ("carol", "alice"):
+        assert aitbc("wallet", "create", name).returncode == 0
+    listed = aitbc("wallet", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.index("alice") < listed.stdout.index("carol")
+    data = json.loads(aitbc("wallet", "list", "--json").stdout)
+    assert data["count"] == 2
+    assert [w["name"] for w in data["data"]] == ["alice", "carol"]
+    for wallet in data["data"]:
+        assert wallet["address"] in listed.stdout  # never cut short
+
+    shown = aitbc("wallet", "show", "alice")
+    assert shown.returncode == 0, shown.stderr
+    alice = data["data"][0]
+    for value in (alice["name"], alice["address"], alice["public_key"], alice["created"], "key.json"):
+        assert value in shown.stdout
+    assert _private_key(aitbc, "alice") not in shown.stdout + shown.stderr
+
+    as_json = json.loads(aitbc("wallet", "show", "alice", "--json").stdout)
+    assert as_json == {**alice, "path": str(aitbc.home / "wallets" / "alice" / "key.json")}
+    assert "private_key" not in as_json
+
+
+def test_home_option_beats_the_environment(aitbc, tmp_path):
+    other = tmp_path / "other"
+    assert aitbc("wallet", "create", "x", "--home", str(other)).returncode == 0
+    assert (other / "wallets" / "x" / "key.json").is_file()
+    assert json.loads(aitbc("wallet", "list", "--json").stdout) == {"data": [], "count": 0}
+
+
+def test_list_without_wallets(aitbc):
+    result = aitbc("wallet", "list")
+    assert result.returncode == 0
+    assert result.stdout == ""
+    assert result.stderr.strip() == f"no wallets in {aitbc.home / 'wallets'}"
+
+
+def test_create_twice_is_one_line_error(aitbc):
+    assert aitbc("wallet", "create", "alice").returncode == 0
+    err = _one_line_error(aitbc("wallet", "create", "alice"), 1)
+    assert "wallet 'alice' already exists" in err
+
+
+def test_bad_name_is_a_usage_error(aitbc):
+    err = _one_line_error(aitbc("wallet", "create", "../evil"), 2)
+    assert "letters, digits" in err
+    assert not (aitbc.home / "evil").exists()
+
+
+def test_show_missing_wallet_says_how_to_create_it(aitbc):
+    err = _one_line_error(aitbc("wallet", "show", "nobody"), 1)
+    assert "create it with: aitbc wallet create nobody" in err
+
+
+def test_corrupt_wallet_is_one_line_error(aitbc):
+    assert aitbc("wallet", "create", "alice").returncode == 0
+    (aitbc.home / "wallets" / "alice" / "key.json").write_text("{oops")
+    err = _one_line_error(aitbc("wallet", "show", "alice"), 1)
+    assert "corrupt" in err
+    _one_line_error(aitbc("wallet", "list"), 1)
+
+
+def test_home_that_is_a_file_is_one_line_error(aitbc, tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    err = _one_line_error(aitbc("wallet", "create", "alice", "--home", str(not_a_dir)), 1)
+    assert "cannot create wallet 'alice'" in err
