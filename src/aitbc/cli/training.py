@@ -494,3 +494,48 @@ def download_model(
     tmp.write_bytes(data)
     tmp.replace(output)
     out.print(f"Wrote {output} ({_human_bytes(len(data))}, CID {cid})", highlight=False)
+
+
+@app.command()
+def verify(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Download every round's checkpoint, re-hash it against its recorded CID and check
+    it is a loadable checkpoint of that round. Exit 1 if any fails."""
+    from aitbc.errors import IntegrityError
+    from aitbc.training.checkpoint import bytes_to_tensors, read_metadata
+
+    home = resolve_home(home)
+    rows = []
+    with _client(home, coordinator, training_id) as c:
+        rounds = c.get(f"/runs/{training_id}/rounds")["data"]
+        for r in rounds:
+            ok, why = True, "hash and checkpoint OK"
+            try:
+                data = c.get_blob(r["checkpoint_cid"])
+                meta = read_metadata(data)
+                bytes_to_tensors(data)
+                if meta.get("round") != str(r["round"]):
+                    ok, why = False, f"checkpoint says round {meta.get('round')}"
+            except (IntegrityError, AitbcError) as e:
+                ok, why = False, str(e)
+            rows.append({"round": r["round"], "cid": r["checkpoint_cid"], "ok": ok, "detail": why})
+    bad = [row for row in rows if not row["ok"]]
+    if json_out:
+        _emit_json({"training_id": training_id, "checkpoints": rows, "ok": not bad})
+    else:
+        t = Table(title=f"Checkpoints of {training_id}")
+        for col in ("round", "CID", "verified"):
+            t.add_column(col)
+        for row in rows:
+            t.add_row(str(row["round"]), row["cid"], "OK" if row["ok"] else f"[red]FAILED: {row['detail']}[/red]")
+        out.print(t)
+    if not rows:
+        raise AitbcError(f"run {training_id} has no checkpoints yet")
+    if bad:
+        raise AitbcError(f"{len(bad)} of {len(rows)} checkpoints failed verification (first: round {bad[0]['round']}: {bad[0]['detail']})")
+    if not json_out:
+        out.print(f"All {len(rows)} checkpoints verified", highlight=False)

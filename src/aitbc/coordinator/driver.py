@@ -20,6 +20,7 @@ from aitbc.coordinator.models import Run
 from aitbc.coordinator.workers import flush_heartbeats
 
 log = logging.getLogger("aitbc.coordinator")
+MAX_FAILURES = 3
 
 
 class RoundDriver:
@@ -28,6 +29,7 @@ class RoundDriver:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="round-driver", daemon=True)
         self._last_flush = 0.0
+        self._failures: dict[str, int] = {}  # consecutive failed attempts to move a run
 
     def start(self) -> None:
         self._thread.start()
@@ -78,9 +80,30 @@ class RoundDriver:
                 else:
                     due.append(run_id)
         for run_id in due:
+            self._advance(run_id)
+
+    def _advance(self, run_id: str) -> None:
+        """Open the first round or close the current one. A run whose round fails the same
+        way MAX_FAILURES times (a bug, a corrupt blob) is failed with the error, instead of
+        retried for ever."""
+        ctx = self.ctx
+        try:
             with ctx.session() as s:
                 status = s.scalar(select(Run.status).where(Run.id == run_id))
             if status == states.DISTRIBUTING:
                 rounds.start_training(ctx, run_id)
             else:
                 rounds.close_round(ctx, run_id)
+            self._failures.pop(run_id, None)
+        except Exception as e:  # noqa: BLE001 - recorded on the run below, logged in full here
+            n = self._failures[run_id] = self._failures.get(run_id, 0) + 1
+            log.exception("run %s: round step failed (attempt %d of %d)", run_id, n, MAX_FAILURES)
+            rounds.drop_runtime(ctx, run_id)  # rebuilt from the database next time
+            if n >= MAX_FAILURES:
+                with ctx.session() as s:
+                    run = s.get(Run, run_id)
+                    if run is not None and run.status not in states.ENDED:
+                        rounds.end_run(s, run, states.FAILED, reason=f"coordinator could not advance the run: {type(e).__name__}: {e}")
+                        s.commit()
+                self._failures.pop(run_id, None)
+                ctx.notifier.bump()

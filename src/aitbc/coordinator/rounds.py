@@ -170,7 +170,7 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     answered = {j for j, _ in answers}
     accepted = sum(st == "accepted" for _, st in answers)
     if active and all(j in answered for j in active):
-        return accepted > 0 or not active
+        return True  # nobody left to wait for (if none was accepted, the round is skipped)
     deadline = run.config.get("deadline")
     if deadline and run.round_started_at and now >= run.round_started_at + deadline:
         return accepted >= run.config["quorum"]

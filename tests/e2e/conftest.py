@@ -1,0 +1,113 @@
+"""A real local deployment for end-to-end tests: one coordinator process and worker
+processes on 127.0.0.1 (ports picked free at run time), the owner's CLI as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+AITBC = Path(sys.executable).parent / "aitbc"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", AITBC_COORDINATOR=self.url,
+                        AITBC_HOME=str(root / "owner"))
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = (self.root / f"{name}.log").open("ab")
+        p = subprocess.Popen([str(AITBC), *args], stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                             start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def start_coordinator(self, *, lease: float = 3.0) -> None:
+        self._spawn("coordinator", ["coordinator", "serve", "--home", str(self.root / "coordinator"),
+                                    "--port", str(self.port), "--lease", str(lease), "--log-level", "warning"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.procs["coordinator"].poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"coordinator did not start:\n{self.log('coordinator')}")
+
+    def start_worker(self, name: str, *, gpu: str = "RTX3090", price: str = "1.00") -> None:
+        self._spawn(name, ["worker", "start", "--coordinator", self.url, "--home", str(self.root / name),
+                           "--wallet", name, "--gpu", gpu, "--price", price, "--heartbeat", "0.5",
+                           "--log-level", "warning"])
+
+    def wait_offers(self, n: int, timeout: float = 60) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            offers = httpx.get(f"{self.url}/v1/market/offers", timeout=5).json()["data"]
+            if len(offers) >= n:
+                return offers
+            time.sleep(0.2)
+        raise RuntimeError(f"only {len(offers)} of {n} offers appeared")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        p = self.procs[name]
+        os.killpg(p.pid, sig)
+        p.wait(timeout=30)
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(AITBC), *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+
+    def api(self, path: str) -> dict:
+        return httpx.get(f"{self.url}/v1{path}", timeout=10).json()
+
+    def wait_run(self, run_id: str, cond, timeout: float = 120, what: str = "condition") -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                run = self.api(f"/runs/{run_id}")
+                if cond(run):
+                    return run
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"run {run_id}: {what} not reached in {timeout} s; last: {json.dumps(run)[:2000]}")
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=30)
+
+
+@pytest.fixture
+def stack(tmp_path):
+    s = Stack(tmp_path)
+    yield s
+    s.close()

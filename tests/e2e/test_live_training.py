@@ -1,0 +1,142 @@
+"""End to end: the owner's documented workflow against real coordinator and worker
+processes; a worker killed mid-run; the coordinator killed mid-run and restarted."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TINY_TRANSFORMER = ["--model-opt", "context=32", "--model-opt", "d_model=32", "--model-opt", "n_layers=1",
+                    "--model-opt", "n_heads=2"]
+
+
+def _init(stack, *extra: str, model: str = "mlp", workers: int = 3) -> str:
+    r = stack.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", model,
+                  "--dataset-size", "100GB", "--target-workers", str(workers), *extra)
+    assert r.returncode == 0, r.stderr
+    return re.search(r"Training ID: (training_\w+)", r.stdout).group(1)
+
+
+def _start(stack, run_id: str, *, workers: int, data: str = "digits", min_gpu: str = "RTX3090", **dist) -> None:
+    r = stack.cli("distributed-training", "upload-data", "--training-id", run_id, "--data-path", data)
+    assert r.returncode == 0, r.stderr
+    r = stack.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", min_gpu,
+                  "--required-workers", str(workers))
+    assert r.returncode == 0, r.stderr
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in dist.items()]
+    r = stack.cli("distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel", *args)
+    assert r.returncode == 0, r.stderr
+
+
+def test_documented_workflow_trains_a_transformer(stack, tmp_path):
+    stack.start_coordinator()
+    for i, (gpu, price) in enumerate([("RTX4090", "1.60"), ("RTX3090", "1.20"), ("RTX3080", "0.90")]):
+        stack.start_worker(f"w{i}", gpu=gpu, price=price)
+    stack.wait_offers(3)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    import json as _json  # any real text: the standard library's json package sources
+    from pathlib import Path
+
+    for f in sorted(Path(_json.__file__).parent.glob("*.py")):
+        (corpus / f.name).write_bytes(f.read_bytes())
+
+    r = stack.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", "transformer",
+                  "--dataset-size", "100GB", "--target-workers", "3", *TINY_TRANSFORMER)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "Distributed training initialized"
+    run_id = re.fullmatch(r"Training ID: (training_[0-9a-f]+)", lines[1]).group(1)
+    assert lines[2:] == ["Model Type: transformer", "Dataset Size: 100GB", "Target Workers: 3", "Status: initializing"]
+
+    r = stack.cli("distributed-training", "upload-data", "--training-id", run_id, "--data-path", str(corpus))
+    assert r.returncode == 0, r.stderr
+    assert "Shards: 3" in r.stdout
+
+    # Too many asked for: a clear refusal, and no contract made.
+    r = stack.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", "RTX3090",
+                  "--required-workers", "10")
+    assert r.returncode == 1 and "found 2 free live offers with GPU at least RTX3090" in r.stderr and "10 required" in r.stderr
+    assert stack.api(f"/runs/{run_id}")["contracts"] == []
+
+    r = stack.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", "RTX3080",
+                  "--required-workers", "3")
+    assert r.returncode == 0, r.stderr
+    assert "Contracted 3 workers" in r.stdout
+    r = stack.cli("distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel",
+                  "--rounds", "4", "--local-steps", "15", "--lr", "3e-3", "--compression", "int8")
+    assert r.returncode == 0, r.stderr
+    r = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--timeout", "240")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert f"Run {run_id} complete" in r.stdout
+
+    res = json.loads(stack.cli("distributed-training", "results", "--training-id", run_id, "--json").stdout)
+    assert res["status"] == "complete" and res["rounds_completed"] == 4
+    assert res["final_val_loss"] < res["initial_val_loss"]
+    assert res["updates_accepted"] == 12 and res["updates_rejected"] == 0
+    snap = json.loads(stack.cli("distributed-training", "monitor", "--training-id", run_id, "--once", "--json").stdout)
+    assert {w["rounds_done"] for w in snap["workers"]} == {4}
+    assert all(w["progress"] == 100.0 and w["epoch"] > 0 and w["loss"] is not None for w in snap["workers"])
+
+    out = tmp_path / "model.safetensors"
+    r = stack.cli("distributed-training", "download-model", "--training-id", run_id, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    from aitbc.storage.cid import cid_of_file
+
+    assert cid_of_file(out) == res["model_cid"]
+    r = stack.cli("distributed-training", "verify", "--training-id", run_id)
+    assert r.returncode == 0 and "All 5 checkpoints verified" in r.stdout, r.stderr
+
+
+def test_killed_worker_is_replaced_and_the_run_completes(stack):
+    stack.start_coordinator(lease=2.0)
+    for i in range(4):  # three are hired; the fourth is a free live offer to take over
+        stack.start_worker(f"w{i}", price=f"1.{i}0")
+    stack.wait_offers(4)
+    run_id = _init(stack)
+    _start(stack, run_id, workers=3, rounds=8, local_steps=200, deadline=60)
+    run = stack.wait_run(run_id, lambda r: r["rounds_completed"] >= 2, what="2 rounds")
+    victim = run["workers"][0]
+    name = next(n for n in stack.procs if n != "coordinator"
+                and victim["worker_id"] in stack.cli("wallet", "show", n, "--home", str(stack.root / n), "--json").stdout)
+    stack.kill(name)
+
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
+    assert run["status"] == "complete", run["error"]
+    failed = [w for w in run["workers"] if w["job_status"] == "failed"]
+    assert [w["worker_id"] for w in failed] == [victim["worker_id"]]
+    assert "missed heartbeats" in failed[0]["end_reason"]
+    replacement = [w for w in run["workers"] if w["replaces"] == failed[0]["job_id"]]
+    assert len(replacement) == 1 and replacement[0]["shard_index"] == victim["shard_index"]
+    assert replacement[0]["worker_id"] != victim["worker_id"] and replacement[0]["rounds_done"] >= 1
+    assert run["val_loss"] < run["initial_val_loss"]
+
+
+def test_coordinator_killed_mid_run_restarts_from_its_database(stack):
+    stack.start_coordinator()
+    for i in range(3):
+        stack.start_worker(f"w{i}")
+    stack.wait_offers(3)
+    run_id = _init(stack)
+    _start(stack, run_id, workers=3, rounds=8, local_steps=150)
+    stack.wait_run(run_id, lambda r: r["rounds_completed"] >= 2, what="2 rounds")
+    before = stack.api(f"/runs/{run_id}/rounds")["data"]
+    stack.kill("coordinator", signal.SIGKILL)
+    stack.start_coordinator()  # same home, same port, same database
+
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=240, what="the end")
+    assert run["status"] == "complete", run["error"]
+    rounds = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert [r["round"] for r in rounds] == list(range(9))
+    # No accepted update was lost: every round closed with all three workers' updates.
+    assert all(r["accepted"] == 3 for r in rounds[1:]), rounds
+    # Rounds closed before the kill kept their checkpoints.
+    assert [r["checkpoint_cid"] for r in rounds[: len(before)]] == [r["checkpoint_cid"] for r in before]
+    r = stack.cli("distributed-training", "verify", "--training-id", run_id)
+    assert r.returncode == 0 and "All 9 checkpoints verified" in r.stdout, r.stdout + r.stderr
+    assert run["val_loss"] < run["initial_val_loss"]
