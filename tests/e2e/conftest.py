@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,10 +56,10 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"coordinator did not start:\n{self.log('coordinator')}")
 
-    def start_worker(self, name: str, *, gpu: str = "RTX3090", price: str = "1.00") -> None:
+    def start_worker(self, name: str, *, gpu: str = "RTX3090", price: str = "1.00", step_delay: float = 0.0) -> None:
         self._spawn(name, ["worker", "start", "--coordinator", self.url, "--home", str(self.root / name),
                            "--wallet", name, "--gpu", gpu, "--price", price, "--heartbeat", "0.5",
-                           "--log-level", "warning"])
+                           "--log-level", "info", "--step-delay", str(step_delay)])
 
     def wait_offers(self, n: int, timeout: float = 60) -> list[dict]:
         deadline = time.monotonic() + timeout
@@ -68,6 +69,28 @@ class Stack:
                 return offers
             time.sleep(0.2)
         raise RuntimeError(f"only {len(offers)} of {n} offers appeared")
+
+    def worker_id(self, name: str) -> str:
+        """The address of worker ``name`` (its wallet is created by its first start)."""
+        key = self.root / name / "wallets" / name / "key.json"
+        return json.loads(key.read_text())["address"]
+
+    def init_run(self, *extra: str, model: str = "mlp", workers: int = 3) -> str:
+        r = self.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", model,
+                     "--dataset-size", "100GB", "--target-workers", str(workers), *extra)
+        assert r.returncode == 0, r.stderr
+        return re.search(r"Training ID: (training_\w+)", r.stdout).group(1)
+
+    def start_run(self, run_id: str, *, workers: int, data: str = "digits", min_gpu: str = "RTX3090", **dist) -> None:
+        """upload-data, discover-workers and distribute, as the owner types them."""
+        r = self.cli("distributed-training", "upload-data", "--training-id", run_id, "--data-path", data)
+        assert r.returncode == 0, r.stderr
+        r = self.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", min_gpu,
+                     "--required-workers", str(workers))
+        assert r.returncode == 0, r.stderr
+        args = [f"--{k.replace('_', '-')}={v}" for k, v in dist.items()]
+        r = self.cli("distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel", *args)
+        assert r.returncode == 0, r.stderr
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs[name]

@@ -15,24 +15,6 @@ TINY_TRANSFORMER = ["--model-opt", "context=32", "--model-opt", "d_model=32", "-
                     "--model-opt", "n_heads=2"]
 
 
-def _init(stack, *extra: str, model: str = "mlp", workers: int = 3) -> str:
-    r = stack.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", model,
-                  "--dataset-size", "100GB", "--target-workers", str(workers), *extra)
-    assert r.returncode == 0, r.stderr
-    return re.search(r"Training ID: (training_\w+)", r.stdout).group(1)
-
-
-def _start(stack, run_id: str, *, workers: int, data: str = "digits", min_gpu: str = "RTX3090", **dist) -> None:
-    r = stack.cli("distributed-training", "upload-data", "--training-id", run_id, "--data-path", data)
-    assert r.returncode == 0, r.stderr
-    r = stack.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", min_gpu,
-                  "--required-workers", str(workers))
-    assert r.returncode == 0, r.stderr
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in dist.items()]
-    r = stack.cli("distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel", *args)
-    assert r.returncode == 0, r.stderr
-
-
 def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     stack.start_coordinator()
     for i, (gpu, price) in enumerate([("RTX4090", "1.60"), ("RTX3090", "1.20"), ("RTX3080", "0.90")]):
@@ -98,13 +80,11 @@ def test_killed_worker_is_replaced_and_the_run_completes(stack):
     for i in range(4):  # three are hired; the fourth is a free live offer to take over
         stack.start_worker(f"w{i}", price=f"1.{i}0")
     stack.wait_offers(4)
-    run_id = _init(stack)
-    _start(stack, run_id, workers=3, rounds=8, local_steps=200, deadline=60)
+    run_id = stack.init_run()
+    stack.start_run(run_id, workers=3, rounds=8, local_steps=200, deadline=60)
     run = stack.wait_run(run_id, lambda r: r["rounds_completed"] >= 2, what="2 rounds")
     victim = run["workers"][0]
-    name = next(n for n in stack.procs if n != "coordinator"
-                and victim["worker_id"] in stack.cli("wallet", "show", n, "--home", str(stack.root / n), "--json").stdout)
-    stack.kill(name)
+    stack.kill(next(n for n in stack.procs if n != "coordinator" and stack.worker_id(n) == victim["worker_id"]))
 
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
     assert run["status"] == "complete", run["error"]
@@ -122,8 +102,8 @@ def test_coordinator_killed_mid_run_restarts_from_its_database(stack):
     for i in range(3):
         stack.start_worker(f"w{i}")
     stack.wait_offers(3)
-    run_id = _init(stack)
-    _start(stack, run_id, workers=3, rounds=8, local_steps=150)
+    run_id = stack.init_run()
+    stack.start_run(run_id, workers=3, rounds=8, local_steps=150)
     stack.wait_run(run_id, lambda r: r["rounds_completed"] >= 2, what="2 rounds")
     before = stack.api(f"/runs/{run_id}/rounds")["data"]
     stack.kill("coordinator", signal.SIGKILL)

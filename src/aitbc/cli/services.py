@@ -61,6 +61,7 @@ def start(
     home: HomeOption = DEFAULT_HOME,
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 2.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    step_delay: Annotated[float, typer.Option(hidden=True, help="Testing: seconds to sleep after each local step.")] = 0.0,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped."""
     from aitbc.client import coordinator_url
@@ -75,7 +76,8 @@ def start(
     _logging(log_level)
     home_dir: Path = resolve_home(home)
     cfg = WorkerConfig(coordinator=coordinator_url(coordinator, home_dir), home=home_dir, wallet=wallet, gpu=gpu,
-                       price=price, availability=availability, heartbeat_seconds=heartbeat)
+                       price=price, availability=availability, heartbeat_seconds=heartbeat,
+                       step_delay=step_delay)
     worker = Worker(cfg)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop.set())
     try:

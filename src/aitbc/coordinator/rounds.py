@@ -275,11 +275,17 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
 
 def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: float) -> None:
     """Over the run's target (workers joined mid-run): release the slowest worker of the
-    round, the one that answered last or not at all."""
+    round, by the time from when it could start (the round's opening, or its joining)
+    to its answer; no answer at all is slowest."""
     if len(active) <= run.target_workers:
         return
-    order = {u.job_id: u.created_at for u, _ in ups}
-    slowest = max(active, key=lambda j: (order.get(j.id, float("inf")), j.id))
+    start = run.round_started_at or now
+    arrived = {u.job_id: u.created_at for u, _ in ups}
+
+    def took(j: Job) -> float:
+        return arrived[j.id] - max(start, j.created_at) if j.id in arrived else float("inf")
+
+    slowest = max(active, key=lambda j: (took(j), j.id))
     _end_job(s, slowest, "released", f"slowest in round {run.round} while over the target of {run.target_workers} workers", now=now)
 
 

@@ -45,6 +45,7 @@ class WorkerConfig:
     poll_seconds: float = 10.0  # long-poll length when there is nothing to train
     max_backoff: float = 5.0
     progress_every: int = 10  # report progress every this many local steps
+    step_delay: float = 0.0  # testing: sleep this long after each local step (a slower device)
 
     def __post_init__(self) -> None:
         if not 0 <= self.availability <= 1:
@@ -165,6 +166,8 @@ class Worker:
         rounds = job["rounds"] or 1
 
         def report(step: int, loss: float) -> None:
+            if self.cfg.step_delay:
+                time.sleep(self.cfg.step_delay)
             if step % every == 0 and step < job["local_steps"]:
                 pct = 100.0 * ((job["round"] - 1) + step / job["local_steps"]) / rounds
                 self._progress(job, pct, loss, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
