@@ -45,7 +45,7 @@ def _root(
 
 def _register() -> None:
     # Imported here so each command module stays importable on its own.
-    from aitbc.cli import ipfs, services, simulate, training, wallet
+    from aitbc.cli import ipfs, services, simulate, stack, training, wallet
 
     app.add_typer(ipfs.app, name="ipfs")
     app.command("simulate")(simulate.simulate)
@@ -53,6 +53,9 @@ def _register() -> None:
     app.add_typer(services.coordinator_app, name="coordinator")
     app.add_typer(services.worker_app, name="worker")
     app.add_typer(training.app, name="distributed-training")
+    app.add_typer(market.app, name="market")
+    for name in ("up", "down", "status", "demo"):
+        app.command(name)(getattr(stack, name))
 
 
 _register()

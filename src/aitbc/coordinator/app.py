@@ -77,6 +77,11 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
         return _error(e.status_code, code, str(e.detail))
 
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, e: Exception) -> JSONResponse:
+        # A bug, not a user error: still one JSON shape (the traceback goes to the log).
+        return _error(500, "internal_error", f"{type(e).__name__}: {e}")
+
     @app.exception_handler(AitbcError)
     async def _aitbc(_: Request, e: AitbcError) -> JSONResponse:
         return _error(422, "invalid", str(e))

@@ -25,7 +25,7 @@ from torch import Tensor
 from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import unprocessable
-from aitbc.coordinator.runs import busy_workers, market_offers
+from aitbc.coordinator.runs import busy_workers, lock_run, market_offers
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update, new_id
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import build_codec
@@ -149,6 +149,10 @@ def start_training(ctx: Context, run_id: str) -> None:
             cid, _ = rt.checkpoint(ctx, run, params, 0)
             loss, acc = rt.evaluate(params)
             rt.params, rt.params_cid = params, cid
+        lock_run(s, run)
+        if run.status != states.DISTRIBUTING:  # stopped meanwhile
+            s.rollback()
+            return
         now = time.time()
         s.merge(RoundRecord(run_id=run.id, round=0, checkpoint_cid=cid, val_loss=loss, val_accuracy=acc,
                             started_at=now, closed_at=now))
@@ -184,7 +188,9 @@ def close_round(ctx: Context, run_id: str) -> None:
         if run is None:
             return
         if run.status == states.TRAINING:
-            states.transition(run, states.AGGREGATING)
+            lock_run(s, run)  # no update commits between this check and the transition
+            if run.status == states.TRAINING:
+                states.transition(run, states.AGGREGATING)
             s.commit()
             ctx.notifier.bump()
         if run.status != states.AGGREGATING:
@@ -200,6 +206,8 @@ def close_round(ctx: Context, run_id: str) -> None:
             rt.load(ctx, run)
             result = _aggregate_round(ctx, run, rt, accepted, r)
         _commit_round(ctx, s, run, rt, result, ups, accepted)
+        if run.status in states.ENDED:
+            drop_runtime(ctx, run.id)
     ctx.notifier.bump()
 
 
@@ -235,6 +243,10 @@ def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: 
 
 
 def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict, ups: list, accepted: list) -> None:
+    lock_run(s, run)
+    if run.status != states.AGGREGATING:  # stopped while we aggregated: nothing to record
+        s.rollback()
+        return
     now = time.time()
     r = run.round
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == "active")).all()
@@ -322,6 +334,10 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
     changed = False
     for job, run in jobs:
         if ctx.liveness.alive(job.worker_id, now, lease):
+            continue
+        lock_run(s, run)
+        s.refresh(job)
+        if job.status != "active":
             continue
         silent = now - (ctx.liveness.last_seen(job.worker_id) or 0)
         reason = f"missed heartbeats for {silent:.1f} s (lease {lease:g} s)"

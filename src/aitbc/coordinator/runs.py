@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import states
@@ -29,6 +29,15 @@ MANIFEST_FORMAT = "aitbc.manifest/1"
 MAX_MANIFEST_BYTES = 4 << 20
 
 
+def lock_run(s: Session, run: Run) -> Run:
+    """Take the run's row for writing and re-read it, so what is checked next still holds
+    at commit: SQLite's write lock (or a row lock on other databases) keeps the round
+    driver and other requests out until this transaction ends. Check state after this."""
+    s.execute(update(Run).where(Run.id == run.id).values(updated_at=time.time()))
+    s.refresh(run)
+    return run
+
+
 def get_run(s: Session, run_id: str) -> Run:
     run = s.get(Run, run_id)
     if run is None:
@@ -37,11 +46,12 @@ def get_run(s: Session, run_id: str) -> Run:
 
 
 def owned_run(s: Session, run_id: str, signer: str) -> Run:
-    """The run, if ``signer`` (an address) owns it; 403 otherwise."""
+    """The run, locked for this request (see :func:`lock_run`), if ``signer`` (an
+    address) owns it; 403 otherwise."""
     run = get_run(s, run_id)
     if run.owner != signer:
         raise forbidden(f"run {run_id} belongs to {run.owner}; {signer} may not control it")
-    return run
+    return lock_run(s, run)
 
 
 # --- create --------------------------------------------------------------------------
@@ -227,10 +237,11 @@ def distribute(ctx: Context, s: Session, run: Run, body: Distribute) -> Run:
 def stop(ctx: Context, s: Session, run: Run) -> Run:
     if run.status in states.ENDED:
         raise conflict("run_ended", f"run {run.id} has already ended ({run.status})")
-    from aitbc.coordinator.rounds import end_run
+    from aitbc.coordinator.rounds import drop_runtime, end_run
 
     end_run(s, run, states.FAILED, reason="stopped by the owner")
     s.commit()
+    drop_runtime(ctx, run.id)
     ctx.notifier.bump()
     return run
 
@@ -243,6 +254,8 @@ def pause(ctx: Context, s: Session, run: Run) -> Run:
 
 
 def resume(ctx: Context, s: Session, run: Run) -> Run:
+    if run.status in states.ENDED:
+        raise conflict("run_ended", f"run {run.id} has ended ({run.status}); it cannot resume")
     if run.status != states.PAUSED:
         raise conflict("bad_state", f"run {run.id} is {run.status}, not paused")
     states.transition(run, run.paused_from or states.TRAINING)

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types are taken as sent. Lax mode would read ``true`` as 1 (a price of
+    # 1 AIT, one worker) and "3" or 3.0 as the integer 3. Integers are still floats.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class RunCreate(Body):

@@ -8,7 +8,11 @@ from decimal import Decimal, InvalidOperation
 from aitbc.coordinator.errors import unprocessable
 
 MICRO = 1_000_000  # micro-AIT per AIT: money is integers
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?I?B?)\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?I?B?)\s*$", re.IGNORECASE | re.ASCII)
+MAX_SIZE = 10**18  # 1000 PB; also keeps the byte count inside a 64-bit database integer
+# A plain decimal number (ASCII digits, optional fraction and exponent): not Decimal's
+# wider syntax ("1_000", non-ASCII digits, "NaN", "Infinity").
+_PRICE_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
 _UNITS = {"": 10**9, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
           "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -24,25 +28,34 @@ def parse_size(text: str) -> int:
     n = int(Decimal(m.group(1)) * _UNITS[unit])
     if n <= 0:
         raise unprocessable("bad_size", f"dataset size {text!r} must be more than 0 bytes")
+    if n > MAX_SIZE:
+        raise unprocessable("bad_size", f"dataset size {text!r} is over the largest this coordinator records (1000PB)")
     return n
 
 
 def parse_price(value: str | int | float, *, field: str = "price") -> int:
     """A price in AIT (``1.20``) -> integer micro-AIT (1_200_000), exactly: parsed as a
     decimal, never through binary floating point; more than 6 decimals is refused."""
+    text = str(value).strip()
     try:
-        d = Decimal(str(value).strip())
+        if isinstance(value, bool) or not _PRICE_RE.match(text):
+            raise InvalidOperation
+        d = Decimal(text)
     except InvalidOperation:
         raise unprocessable("bad_price", f"{field} {value!r} is not a number; give AIT with up to 6 decimals, e.g. 1.20") from None
-    if not d.is_finite() or d < 0 or d > 10**6:
+    if d < 0 or d > 10**6:
         raise unprocessable("bad_price", f"{field} {value!r} must be between 0 and 1000000 AIT")
-    micro = d * MICRO
-    if micro != micro.to_integral_value():
+    # Decimal places actually used, from the exact digits: ``d * MICRO`` would be rounded
+    # to the context's 28 digits and let "1.0000000000000000000000000001" through.
+    _, digits, exp = d.as_tuple()
+    trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
+    if -(exp + trailing_zeros) > 6 and any(digits):
         raise unprocessable("bad_price", f"{field} {value!r} has more than 6 decimals (1 micro-AIT is the smallest unit)")
-    return int(micro)
+    return int(d * MICRO)  # exact: at most 13 significant digits remain
 
 
 def format_price(micro: int) -> str:
-    """1_200_000 -> "1.2" (no float on the way)."""
-    whole, frac = divmod(int(micro), MICRO)
-    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".") if frac else str(whole)
+    """1_200_000 -> "1.2", -1 -> "-0.000001" (no float on the way)."""
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(int(micro)), MICRO)
+    return sign + (f"{whole}.{frac:06d}".rstrip("0") if frac else str(whole))

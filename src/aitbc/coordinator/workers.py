@@ -14,6 +14,7 @@ from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
+from aitbc.coordinator.runs import lock_run
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.units import format_price, parse_price
 from aitbc.core.compression import decode as decode_update
@@ -122,28 +123,28 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     """Accept or reject one update. Refusals that say nothing about the worker's honesty
     (unknown job, run ended, round already closed, a duplicate) are errors with no write;
     a bad update (undecodable, wrong shape, NaN/Inf) is recorded as rejected, the worker is
-    flagged, and the reply is a 422 naming the reason."""
+    flagged, and the reply is a 422 naming the reason.
+
+    The checks are made twice: once cheaply, then again after taking the run's row lock,
+    so the round cannot close between the check and the commit (an accepted update is
+    always in its round's aggregation)."""
     job, run = _own_job(s, job_id, signer)
-    if run.status == states.AGGREGATING and body.round == run.round:
-        raise conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)")
-    if run.status != states.TRAINING:
-        raise conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training")
-    now = time.time()
-    if body.round != run.round:
-        reason = f"update is for round {body.round}; the open round is {run.round}"
-        _flag(s, job, run, "wrong_round", reason, now=now)
-        s.commit()
-        raise conflict("wrong_round", reason)
-    if s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == body.round)) is not None:
-        raise conflict("duplicate_update", f"job {job.id} already sent its update for round {body.round}")
+    _round_gate(s, job, run, body)
     if not is_cid(body.cid):
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")
     if not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
-    reason = _check_update(blob, run.config["d"])
+    reason = _check_update(blob, run.config["d"])  # the costly decode, outside the lock
     if body.train_loss is not None and not math.isfinite(body.train_loss):
         reason = reason or f"reported training loss is {body.train_loss}"
+    lock_run(s, run)
+    s.refresh(job)
+    if job.status != "active":
+        s.rollback()
+        raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
+    _round_gate(s, job, run, body)
+    now = time.time()
     upd = Update(run_id=run.id, job_id=job.id, worker_id=job.worker_id, round=body.round, cid=body.cid, size=len(blob),
                  samples=int(run.manifest["shards"][job.shard_index]["samples"]),
                  train_loss=body.train_loss if reason is None else None, compute_seconds=body.compute_seconds,
@@ -159,6 +160,30 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     if reason is not None:
         raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
     return {"status": "accepted", "round": body.round, "cid": body.cid, "size": len(blob)}
+
+
+def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
+    """Refuse an update the run cannot take now (rolling back any lock held)."""
+    def refuse(e: ApiError, flag: str | None = None) -> None:
+        s.rollback()
+        if flag:
+            _flag(s, job, run, "wrong_round", flag, now=time.time())
+            s.commit()
+        raise e
+
+    if run.status in states.ENDED:
+        refuse(conflict("run_ended", f"run {run.id} has ended ({run.status})"))
+    if run.status == states.AGGREGATING and body.round == run.round:
+        refuse(conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)"))
+    if run.status != states.TRAINING:
+        refuse(conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training"))
+    if body.round < run.round:  # a straggler: the round closed before it arrived
+        refuse(conflict("round_closed", f"round {body.round} of {run.id} has closed; the open round is {run.round}"))
+    if body.round > run.round:  # a round not yet opened: no honest worker can have trained it
+        reason = f"update is for round {body.round}; the open round is {run.round}"
+        refuse(conflict("wrong_round", reason), flag=reason)
+    if s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == body.round)) is not None:
+        refuse(conflict("duplicate_update", f"job {job.id} already sent its update for round {body.round}"))
 
 
 def _check_update(blob: bytes, d: int) -> str | None:

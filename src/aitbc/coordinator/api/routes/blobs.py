@@ -29,8 +29,11 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "blob_too_large", f"blob is {declared} bytes; this coordinator takes at most {limit}")
     if ctx.store.has(cid):
-        async for _ in request.stream():  # drain: the client is sending it anyway
-            pass
+        received = 0
+        async for chunk in request.stream():  # drain: the client is sending it anyway
+            received += len(chunk)
+            if received > limit:  # a chunked body has no declared length: count it
+                raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes")
         return {"cid": cid, "size": (ctx.store.dir / cid).stat().st_size, "stored": False}
     with ctx.store.writer(cid) as w:
         try:

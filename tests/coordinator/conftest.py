@@ -1,0 +1,299 @@
+"""Fixtures for the coordinator's API tests: a real coordinator (uvicorn, SQLite, the round
+driver) on a free loopback port in a background thread, signed clients, and helpers to
+drive a run to ``training`` through the API and to check that a refusal changed nothing.
+
+``server`` is one coordinator per test module (fast); ``fresh_server`` is one per test, for
+tests whose outcome depends on the whole marketplace (who else is registered);
+``new_coordinator(**settings)`` starts more, living until the module ends (a training run
+gets its own). ``api`` is this module, for its helpers (``api.assert_error(...)``).
+Every worker here is a signed client, not a daemon: it trains nothing and sends no
+heartbeats (the lease is long), so each test decides exactly what the coordinator receives.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from sqlalchemy import text
+
+from aitbc.client import ApiError, CoordinatorClient
+from aitbc.coordinator.app import create_app
+from aitbc.coordinator.config import Settings
+from aitbc.coordinator.context import Context
+from aitbc.core.compression import build_codec
+from aitbc.ledger.signing import sign_request
+from aitbc.ledger.wallet import Wallet
+from aitbc.storage.cid import cid_of_bytes
+
+MAX_BLOB = 256 << 10  # small, so an oversized upload is cheap; the digits shards fit
+LEASE = 600.0  # no lease expires during a test: the workers here send no heartbeats
+MODEL_OPTIONS = {"hidden": [8]}  # a tiny mlp: d = 64*8 + 8 + 8*10 + 10 = 610
+TABLES = ("runs", "offers", "contracts", "jobs", "updates", "rounds", "flags")
+
+
+# --- the coordinator -------------------------------------------------------------------
+
+
+@dataclass
+class Coordinator:
+    url: str
+    ctx: Context
+    home: Path
+    clients: list[CoordinatorClient] = field(default_factory=list)  # closed with the coordinator
+
+    def client(self, name: str = "user", wallet: Wallet | None = None) -> CoordinatorClient:
+        """A signed client with a new wallet (``name`` is only the wallet's label)."""
+        c = CoordinatorClient(self.url, wallet or Wallet.generate(name))
+        self.clients.append(c)
+        return c
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+    # What the database and the blob directory hold, for "nothing changed" checks. Offers'
+    # last_heartbeat is left out: the driver copies in-memory heartbeats there on its own.
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with self.ctx.engine.connect() as conn:
+            for t in TABLES:
+                rows = [dict(r._mapping) for r in conn.execute(text(f"SELECT * FROM {t}"))]
+                if t == "offers":
+                    for r in rows:
+                        r.pop("last_heartbeat")
+                out[t] = sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+        d = self.ctx.store.dir
+        out["blobs"] = sorted(os.listdir(d)) if d.is_dir() else []
+        return out
+
+    def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
+        with self.ctx.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(text(sql), params)]
+
+
+def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callable[[], None]]:
+    cfg = dict(home=home, lease_seconds=LEASE, max_blob_bytes=MAX_BLOB, tick_seconds=0.05)
+    cfg.update(settings)
+    app = create_app(Settings(**cfg))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="coordinator", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/v1/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            thread.join(10)
+            sock.close()
+            raise RuntimeError("coordinator did not come up")
+        time.sleep(0.02)
+
+    coord = Coordinator(url, app.state.ctx, home)
+
+    def stop() -> None:
+        for c in coord.clients:
+            c.close()
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+    return coord, stop
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Coordinator]:
+    coord, stop = start_coordinator(tmp_path_factory.mktemp("coord"))
+    yield coord
+    stop()
+
+
+@pytest.fixture
+def fresh_server(tmp_path) -> Iterator[Coordinator]:
+    coord, stop = start_coordinator(tmp_path / "coord")
+    yield coord
+    stop()
+
+
+@pytest.fixture(scope="module")
+def new_coordinator(tmp_path_factory) -> Iterator[Callable[..., Coordinator]]:
+    """Start more coordinators (settings as keywords) that live until the module ends:
+    a training run gets its own, so nobody else's offers are in its marketplace."""
+    stops = []
+
+    def make(**settings: Any) -> Coordinator:
+        coord, stop = start_coordinator(tmp_path_factory.mktemp("coord"), **settings)
+        stops.append(stop)
+        return coord
+
+    yield make
+    for stop in stops:
+        stop()
+
+
+# --- requests and assertions -----------------------------------------------------------
+
+
+def signed_post(http: httpx.Client, wallet: Wallet, path: str, body: Any = None, *, raw: bytes | None = None,
+                **sign_kw: Any) -> httpx.Response:
+    """POST ``path`` (full, from ``/v1``) signed by ``wallet``; ``raw`` sends those bytes."""
+    data = raw if raw is not None else json.dumps({} if body is None else body).encode()
+    headers = {"content-type": "application/json", **sign_request(wallet, "POST", path, data, **sign_kw)}
+    return http.post(path, content=data, headers=headers)
+
+
+def assert_error(r: httpx.Response, status: int, code: str, *detail_parts: str) -> str:
+    """The reply is ``status`` with exactly ``{"error": code, "detail": str}``; returns the detail."""
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error", "detail"}, body
+    assert body["error"] == code, body
+    assert isinstance(body["detail"], str) and body["detail"], body
+    assert "\n" not in body["detail"], body
+    for part in detail_parts:
+        assert part in body["detail"], (part, body["detail"])
+    return body["detail"]
+
+
+def assert_api_error(e: pytest.ExceptionInfo[ApiError], status: int, code: str, *detail_parts: str) -> None:
+    assert (e.value.status, e.value.code) == (status, code), (e.value.status, e.value.code, e.value.detail)
+    for part in detail_parts:
+        assert part in e.value.detail, (part, e.value.detail)
+
+
+# --- runs, workers and updates through the API ------------------------------------------
+
+
+def register_worker(coord: Coordinator, name: str, gpu: str = "RTX4090", price: str = "1.0") -> CoordinatorClient:
+    c = coord.client(name)
+    c.post("/workers", {"gpu": gpu, "price": price, "availability": 0.99})
+    return c
+
+
+def create_run(owner: CoordinatorClient, *, target_workers: int = 2, seed: int = 0) -> str:
+    run = owner.post("/runs", {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB",
+                               "target_workers": target_workers, "seed": seed})
+    return run["training_id"]
+
+
+@functools.cache
+def _digits(seed: int):
+    from aitbc.training.datasets import DataOptions, load_dataset
+
+    return load_dataset("digits", DataOptions(seed=seed))
+
+
+def upload_digits(owner: CoordinatorClient, run_id: str, shards: int, seed: int = 0) -> str:
+    """Package digits into ``shards`` shards, upload them, attach the manifest; its CID."""
+    from aitbc.training.packaging import manifest_bytes, package
+
+    data = _digits(seed)
+    packaged = package(data, shards, seed=seed)
+    cids = []
+    for blob in packaged.shards:
+        cids.append(cid_of_bytes(blob))
+        owner.put_blob(cids[-1], blob)
+    val_cid = cid_of_bytes(packaged.val)
+    owner.put_blob(val_cid, packaged.val)
+    manifest = manifest_bytes(data, packaged, cids, val_cid, seed=seed, alpha=None)
+    manifest_cid = cid_of_bytes(manifest)
+    owner.put_blob(manifest_cid, manifest)
+    owner.post(f"/runs/{run_id}/data", {"manifest_cid": manifest_cid, "source": "digits"})
+    return manifest_cid
+
+
+def wait_status(client: CoordinatorClient, run_id: str, status: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        run = client.get(f"/runs/{run_id}")
+        if run["status"] == status:
+            return run
+        assert time.monotonic() < deadline, f"run {run_id} is {run['status']}, never became {status}: {run.get('error')}"
+        time.sleep(0.02)
+
+
+@dataclass
+class TrainingRun:
+    """A run in ``training`` (round 1 open), hired workers each with an active job."""
+
+    coord: Coordinator
+    owner: CoordinatorClient
+    run_id: str
+    workers: list[CoordinatorClient]
+    jobs: dict[str, str]  # worker address -> job id
+    d: int
+    used: set[int] = field(default_factory=set)
+
+    def take(self) -> tuple[CoordinatorClient, str]:
+        """A worker (and its job) no other test has used; the last one is never handed
+        out, so round 1 never closes (one job always has not answered)."""
+        for i, w in enumerate(self.workers[:-1]):
+            if i not in self.used:
+                self.used.add(i)
+                return w, self.jobs[w.wallet.address]
+        raise AssertionError("TrainingRun has no unused worker left; raise its size")
+
+
+def start_training_run(coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090",
+                       **distribute: Any) -> TrainingRun:
+    """Register ``n_workers`` workers, create a run for them, upload digits, hire them all,
+    distribute, and wait until the driver opens round 1. ``coord`` should have no other
+    free offers (use a coordinator of its own), or they may be hired instead."""
+    workers = [register_worker(coord, f"{prefix}{i}", gpu=gpu) for i in range(n_workers)]
+    owner = coord.client(f"{prefix}owner")
+    run_id = create_run(owner, target_workers=n_workers)
+    upload_digits(owner, run_id, n_workers)
+    hired = owner.post(f"/runs/{run_id}/discover", {"required_workers": n_workers, "min_gpu": gpu})
+    assert hired["count"] == n_workers
+    assert {c["worker_id"] for c in hired["contracts"]} == {w.wallet.address for w in workers}, "hired someone else"
+    owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, "local_steps": 1, "batch_size": 8, **distribute})
+    run = wait_status(owner, run_id, "training")
+    jobs = {}
+    for w in workers:
+        view = w.get(f"/workers/{w.wallet.address}/job", sign=True)["job"]
+        assert view["training_id"] == run_id and view["round"] == 1 and view["action"] == "train", view
+        jobs[w.wallet.address] = view["job_id"]
+    return TrainingRun(coord, owner, run_id, workers, jobs, run["config"]["d"])
+
+
+def update_blob(t: torch.Tensor) -> bytes:
+    return build_codec("none", {}).encode(t)
+
+
+def put_update(client: CoordinatorClient, t: torch.Tensor | bytes) -> str:
+    blob = t if isinstance(t, bytes) else update_blob(t)
+    cid = cid_of_bytes(blob)
+    client.put_blob(cid, blob)
+    return cid
+
+
+def update_body(round: int, cid: str, **kw: Any) -> dict[str, Any]:
+    return {"round": round, "cid": cid, "train_loss": 0.5, "steps": 1, "compute_seconds": 0.1, **kw}
+
+
+@pytest.fixture(scope="session")
+def api():
+    """The helpers above, for the test modules (``api.assert_error(...)``): with
+    ``--import-mode=importlib`` a test module cannot import this conftest by name."""
+    return sys.modules[__name__]
