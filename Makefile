@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/aitbc simulate --model mlp --dataset digits --workers 8 --rounds 20 --local-steps 20 --seed 0
+	$(VENV)/bin/aitbc demo --home .aitbc-demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

@@ -45,7 +45,7 @@ def _root(
 
 def _register() -> None:
     # Imported here so each command module stays importable on its own.
-    from aitbc.cli import ipfs, services, simulate, stack, training, wallet
+    from aitbc.cli import ipfs, market, services, simulate, stack, training, wallet
 
     app.add_typer(ipfs.app, name="ipfs")
     app.command("simulate")(simulate.simulate)

@@ -45,8 +45,9 @@ def serve(
     settings = Settings(home=resolve_home(home), db_url=db, host=host, port=port,
                         max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease)
     app = create_app(settings)
+    # Long polls hold requests up to their wait; a stop should not wait that long for them.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
-                            timeout_keep_alive=30)
+                            timeout_keep_alive=30, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     server.run()
 
@@ -79,7 +80,11 @@ def start(
                        price=price, availability=availability, heartbeat_seconds=heartbeat,
                        step_delay=step_delay)
     worker = Worker(cfg)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop.set())
+
+    def _terminate(*_: object) -> None:  # out of a long poll or a training step at once
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         worker.run()
     except KeyboardInterrupt:

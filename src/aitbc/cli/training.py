@@ -345,6 +345,8 @@ def monitor(
                 time.sleep(interval)
                 run = c.get(f"/runs/{training_id}")
                 live.update(_run_view(run))
+        if not out.is_terminal:
+            out.line()  # Live leaves the cursor after the table's last border
     _finished(run)
     out.print(f"Run {training_id} complete: val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}, "
               f"model {run['global_model_cid']}", highlight=False)

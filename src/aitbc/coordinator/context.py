@@ -19,8 +19,9 @@ from aitbc.storage.blobstore import LocalBlobStore
 
 class Liveness:
     """Last heartbeat per worker, in memory: a heartbeat is a dict write, not a database
-    commit (the driver flushes them every few seconds). After a restart every known worker
-    is given a fresh lease from the start time, since none could reach us while we were down."""
+    commit (the driver flushes them every few seconds). After a restart it starts from the
+    database's last heartbeats; the driver judges no lease until the coordinator has been
+    up a full lease, since no worker could reach it while it was down."""
 
     def __init__(self) -> None:
         self._seen: dict[str, float] = {}
@@ -99,6 +100,6 @@ def build_context(settings: Settings) -> Context:
         started_at=time.time(),
     )
     with ctx.session() as s:
-        ids = s.scalars(select(Offer.id)).all()
-    ctx.liveness.load({w: ctx.started_at for w in ids})
+        seen = s.execute(select(Offer.id, Offer.last_heartbeat)).all()
+    ctx.liveness.load(dict(seen))
     return ctx

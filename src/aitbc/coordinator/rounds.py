@@ -333,13 +333,13 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
     ).all()
     changed = False
     for job, run in jobs:
-        if ctx.liveness.alive(job.worker_id, now, lease):
-            continue
+        if now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.started_at) <= lease:
+            continue  # the lease counts from our start at the earliest: nobody could reach us before
         lock_run(s, run)
         s.refresh(job)
         if job.status != "active":
             continue
-        silent = now - (ctx.liveness.last_seen(job.worker_id) or 0)
+        silent = now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.started_at)
         reason = f"missed heartbeats for {silent:.1f} s (lease {lease:g} s)"
         _end_job(s, job, "failed", reason, now=now)
         offer = s.get(Offer, job.worker_id)

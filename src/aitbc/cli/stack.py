@@ -1,0 +1,281 @@
+"""``aitbc up``, ``down``, ``status`` and ``demo``: a whole marketplace on this machine.
+
+``up`` starts a coordinator and N workers in the background under HOME (see
+:mod:`aitbc.stack`); the other commands find its coordinator through ``HOME/stack.json``.
+``demo`` runs the owner's workflow (init, upload-data, discover-workers, distribute,
+monitor, download-model) on that stack, bringing one up and down around itself if HOME
+has none running.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from aitbc import stack as stk
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.errors import AitbcError, UsageError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _processes_table(st: stk.Stack, alive: dict[str, bool] | None = None) -> Table:
+    t = Table(caption=f"logs: {st.home / 'logs'}/<name>.log", caption_justify="left")
+    for col in ("name", "pid", *(("alive",) if alive is not None else ()), "offer"):
+        t.add_column(col, justify="right" if col == "pid" else "left")
+    for p in st.processes:
+        row = [p.name, str(p.pid)]
+        if alive is not None:
+            row.append("yes" if alive[p.name] else "[red]no[/red]")
+        row.append(f"{p.gpu} at {p.price} AIT/round, avail. {p.availability:g}" if p.role == "worker" else "")
+        t.add_row(*row)
+    return t
+
+
+# --- up / down / status ---------------------------------------------------------------
+
+
+def up(
+    workers: Annotated[int, typer.Option("--workers", "-n", help="Workers to start.")] = 3,
+    port: Annotated[Optional[int], typer.Option(help="Coordinator port (default: a free one).")] = None,
+    lease: Annotated[float, typer.Option(help="Seconds without a heartbeat before the coordinator fails a worker.")] = 10.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the coordinator and every worker's offer.")] = 60.0,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Start a local coordinator and N workers in the background (stop them with `aitbc down`)."""
+    home = resolve_home(home).absolute()
+    cfg = stk.StackConfig(home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout)
+    t0 = time.monotonic()
+    st = stk.up(cfg, on_start=lambda url: err.print(_starting(cfg, url), highlight=False))
+    _print_up(st, time.monotonic() - t0)
+    out.print(f"Stop it with: aitbc down --home {home}", highlight=False)
+
+
+def _starting(cfg: stk.StackConfig, url: str) -> str:
+    return (f"Starting a coordinator at {url} and {cfg.workers} worker{'s' if cfg.workers != 1 else ''} "
+            f"in {cfg.home} ...")
+
+
+def _print_up(st: stk.Stack, seconds: float) -> None:
+    n = len(st.workers)
+    out.print(f"Local stack up in {st.home} ({seconds:.1f} s): coordinator {st.coordinator}, "
+              f"{n} worker{'s' if n != 1 else ''} in the marketplace", highlight=False)
+    out.print(_processes_table(st))
+
+
+def down(home: HomeOption = DEFAULT_HOME) -> None:
+    """Stop the stack `aitbc up` started in HOME (only the processes it started)."""
+    home = resolve_home(home).absolute()
+    res = stk.down(home)
+    if res is None:
+        out.print(f"no stack running in {home}", highlight=False)
+        return
+    st, outcome = res
+    _print_down(st, outcome)
+
+
+def _print_down(st: stk.Stack, outcome: dict[str, str]) -> None:
+    stopped = [p for p in st.processes if outcome[p.name] != "not running"]
+    if not stopped:
+        out.print(f"no stack running in {st.home} (removed the record of one that had already exited)", highlight=False)
+        return
+    out.print(f"Stopped the local stack in {st.home}:", highlight=False)
+    for p in st.processes:
+        out.print(f"  {p.name:<12} pid {p.pid:<8} {outcome[p.name]}", highlight=False)
+
+
+def status(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
+    """The local stack's processes, its coordinator's health and the live offers."""
+    home = resolve_home(home).absolute()
+    s = stk.status(home)
+    if json_out:
+        sys.stdout.write(json.dumps(s if s is not None else {"home": str(home), "running": False, "processes": []},
+                                    sort_keys=True) + "\n")
+        return
+    if s is None:
+        out.print(f"no stack running in {home}", highlight=False)
+        return
+    st = stk.load(home)
+    assert st is not None
+    alive = {p["name"]: p["alive"] for p in s["processes"]}
+    n_alive = sum(alive.values())
+    state = "running" if n_alive == len(alive) else ("partly running" if n_alive else "not running (stale record)")
+    out.print(f"Local stack in {home}: {state}, {n_alive}/{len(alive)} processes alive", highlight=False)
+    health = "ok" if s["healthy"] else f"[red]unreachable[/red] ({s['health_error']})"
+    out.print(f"Coordinator: {s['coordinator']}  health: {health}  live offers: "
+              f"{'-' if s['live_offers'] is None else s['live_offers']}", highlight=False)
+    out.print(_processes_table(st, alive))
+    if n_alive < len(alive):
+        out.print(f"Clean up with: aitbc down --home {home}", highlight=False)
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM ends the demo like Ctrl-C does: through the finally that takes the stack down."""
+
+    def handler(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _uninterruptible() -> Iterator[None]:
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _step(n: int, total: int, text: str) -> None:
+    out.print(f"\n[bold]\\[{n}/{total}] {text}[/bold]", highlight=False)
+
+
+def demo(
+    workers: Annotated[int, typer.Option("--workers", "-n", help="Workers to start (and to hire).")] = 3,
+    rounds: Annotated[int, typer.Option(help="Aggregation rounds.")] = 10,
+    local_steps: Annotated[int, typer.Option(help="Inner steps per worker per round.")] = 20,
+    model: Annotated[str, typer.Option(help="Model type (mlp, cnn, transformer).")] = "mlp",
+    dataset: Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file or folder, or .npz.")] = "digits",
+    aggregator: Annotated[str, typer.Option(help="Robust rule, e.g. mean, median, trimmed-mean:beta=0.2.")] = "mean",
+    compression: Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.1.")] = "none",
+    min_gpu: Annotated[Optional[str], typer.Option("--min-gpu", help="Weakest GPU class to hire, e.g. RTX3080.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds the training may take before the demo gives up.")] = 120.0,
+    keep_stack: Annotated[bool, typer.Option("--keep-stack", help="Leave a stack the demo started running.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """The whole owner workflow on a local stack (started and stopped around it if none runs).
+
+    init, upload-data, discover-workers, distribute, monitor, download-model, then a summary."""
+    home = resolve_home(home).absolute()
+    if rounds < 1 or local_steps < 1:
+        raise UsageError(f"--rounds and --local-steps must be >= 1, got {rounds} and {local_steps}")
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be > 0 s, got {timeout:g}")
+    cfg = stk.StackConfig(home=home, workers=workers)
+    t0 = time.monotonic()
+    started: stk.Stack | None = None
+    with _interrupt_on_sigterm():
+        try:
+            _step(1, 7, "local stack")
+            st = stk.running(home)
+            if st is None:
+                st = started = stk.up(cfg, on_start=lambda url: out.print(_starting(cfg, url), highlight=False))
+                _print_up(st, time.monotonic() - t0)
+            else:
+                out.print(f"Using the stack already running in {home}: coordinator {st.coordinator}, "
+                          f"{len(st.workers)} workers", highlight=False)
+                workers = len(st.workers)
+            _owner_workflow(st, home, workers=workers, rounds=rounds, local_steps=local_steps, model=model,
+                            dataset=dataset, aggregator=aggregator, compression=compression, min_gpu=min_gpu,
+                            timeout=timeout, t0=t0)
+        finally:
+            if started is not None and not keep_stack:
+                with _uninterruptible():
+                    outcome = stk.stop(started)
+                err.print(f"Stopped the demo's stack ({sum(v != 'not running' for v in outcome.values())} processes); "
+                          f"logs in {home / 'logs'}", highlight=False)
+            elif started is not None:
+                err.print(f"The stack keeps running; stop it with: aitbc down --home {home}", highlight=False)
+
+
+def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, local_steps: int, model: str,
+                    dataset: str, aggregator: str, compression: str, min_gpu: str | None, timeout: float,
+                    t0: float) -> None:
+    from aitbc.cli import training
+    from aitbc.client import CoordinatorClient
+    from aitbc.ledger.wallet import ensure_wallet
+
+    url, owner = st.coordinator, "owner"
+    common = {"coordinator": url, "home": home}
+
+    _step(2, 7, "init: the owner's wallet and a training run")
+    wallet = ensure_wallet(home, owner)
+    out.print(f"Owner wallet: {owner} ({wallet.address})", highlight=False)
+    with CoordinatorClient(url, wallet) as c:
+        run = c.post("/runs", {"model_type": model, "model_options": {}, "dataset_size": "1MB",
+                               "target_workers": workers, "seed": 0})
+    run_id = run["training_id"]
+    training._remember(home, run_id, owner, url)
+    out.print(f"Training ID: {run_id}  (model {model}, {workers} target workers)", highlight=False)
+
+    _step(3, 7, f"upload-data: shard {dataset!r} into {workers} shards, content-addressed")
+    training.upload_data(training_id=run_id, data_path=dataset, **common)
+
+    _step(4, 7, "discover-workers: rank the live offers and hire")
+    training.discover_workers(training_id=run_id, required_workers=workers, min_gpu=min_gpu, **common)
+
+    _step(5, 7, "distribute: assign shards and start the rounds")
+    training.distribute(training_id=run_id, rounds=rounds, local_steps=local_steps, aggregator=aggregator,
+                        compression=compression, **common)
+
+    _step(6, 7, "monitor: until the run completes")
+    failure: AitbcError | None = None
+    try:
+        training.monitor(training_id=run_id, interval=0.5, timeout=timeout, **common)
+    except AitbcError as e:
+        failure = e
+
+    _step(7, 7, "results")
+    with CoordinatorClient(url, wallet) as c:
+        if failure is not None and c.get(f"/runs/{run_id}")["status"] not in ("complete", "failed"):
+            c.post(f"/runs/{run_id}/stop")  # release the workers of a stack that outlives the demo
+        res = c.get(f"/runs/{run_id}/results")
+        detail = c.get(f"/runs/{run_id}")
+    model_file = home / "demo-model.safetensors"
+    if failure is None and res["model_cid"]:
+        training.download_model(training_id=run_id, output=model_file, **common)
+    _summary(st, res, detail, wall=time.monotonic() - t0, model_file=model_file if failure is None else None)
+    if failure is not None:
+        raise failure
+
+
+def _summary(st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None) -> None:
+    from aitbc.cli.training import _fmt, _human_bytes, _short
+
+    names = {p.address: p for p in st.workers}
+    up_b, down_b = res["bytes_up"] or 0, res["bytes_down"] or 0
+    rows = [
+        ("training id", res["training_id"]),
+        ("status", res["status"]),
+        ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
+        ("validation loss", f"{_fmt(res['initial_val_loss'])} -> {_fmt(res['final_val_loss'])}"),
+        ("validation accuracy", _fmt(res["final_val_accuracy"], ".4f")),
+        ("updates accepted/rejected", f"{res['updates_accepted']} / {res['updates_rejected']}"),
+        ("bytes moved", f"{_human_bytes(up_b + down_b)} ({_human_bytes(up_b)} up, {_human_bytes(down_b)} down)"),
+        ("training time", "-" if res["wall_seconds"] is None else f"{res['wall_seconds']:.1f} s"),
+        ("demo wall time", f"{wall:.1f} s"),
+        ("model CID", res["model_cid"] or "-"),
+    ]
+    if model_file is not None:
+        rows.append(("model file", str(model_file)))
+    for w in detail["workers"]:
+        p = names.get(w["worker_id"])
+        who = f"{p.name} ({p.gpu}, {p.price} AIT)" if p else _short(w["worker_id"])
+        rows.append((f"rounds done by {who}", f"{w['rounds_done']} (shard {w['shard_index']}, {w['status']})"))
+    if res.get("error"):
+        rows.append(("error", res["error"]))
+    width = max(len(k) for k, _ in rows)
+    # Plain lines, not a table: a CID must never be cut to fit the terminal.
+    out.print("\n[bold]Demo summary[/bold]", highlight=False)
+    for k, v in rows:
+        out.print(f"  {k:<{width}}  {escape(str(v))}", highlight=False)
+

@@ -1,0 +1,429 @@
+"""The local stack: one coordinator and N workers as background processes under one HOME.
+
+    HOME/stack.json          {"coordinator": url, "processes": [...], "started_at": t}
+    HOME/pids/<name>.pid     one pid per process
+    HOME/logs/<name>.log     its stdout and stderr
+    HOME/coordinator/        the coordinator's database and blobs
+    HOME/workers/wK/         worker K's wallet (provider-K) and blob cache
+
+:func:`up` starts the processes in their own sessions (they outlive the command that
+started them) and returns once the coordinator answers and every worker's offer is live.
+:func:`down` stops exactly the processes ``up`` recorded: a pid is signalled only while it
+still names the process we started (same start time and command line), never one that
+reused the pid. No typer here; ``cli/stack.py`` is the command line over these functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from aitbc.client import CoordinatorClient, Unreachable
+from aitbc.errors import AitbcError, UsageError
+
+# What the workers advertise, cycled: varied classes and prices so the marketplace has
+# something to rank.
+WORKER_OFFERS: tuple[tuple[str, str], ...] = (
+    ("RTX4090", "1.60"), ("RTX3090", "1.20"), ("RTX3080", "0.90"), ("RTX3070", "0.70"),
+    ("A100", "2.50"), ("RTX4080", "1.40"), ("V100", "0.80"), ("T4", "0.40"),
+)
+AVAILABILITIES: tuple[float, ...] = (0.99, 0.97, 0.95)
+MAX_WORKERS = 64
+COORDINATOR_FORCE_AFTER = 1.5  # s: then a second signal ends the coordinator's wait for long polls
+
+
+class StackError(AitbcError):
+    """The local stack could not be started, found or stopped."""
+
+
+@dataclass(kw_only=True)
+class StackConfig:
+    home: Path
+    workers: int = 3
+    port: int | None = None  # None: a free port found at start
+    host: str = "127.0.0.1"
+    lease: float = 10.0  # s without a heartbeat before the coordinator fails a worker
+    ready_timeout: float = 60.0  # s to wait for the coordinator and every offer
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise UsageError(f"--workers must be in 1..{MAX_WORKERS}, got {self.workers}")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise UsageError(f"--port must be in 1..65535, got {self.port}")
+        if self.lease <= 0:
+            raise UsageError(f"--lease must be > 0 s, got {self.lease:g}")
+        if self.ready_timeout <= 0:
+            raise UsageError(f"--timeout must be > 0 s, got {self.ready_timeout:g}")
+
+    @property
+    def heartbeat(self) -> float:
+        # Several heartbeats per lease, so one late beat never fails a worker.
+        return min(2.0, self.lease / 4)
+
+
+@dataclass(kw_only=True)
+class Proc:
+    """One process of the stack, as ``up`` recorded it."""
+
+    name: str  # coordinator, worker-1, ...
+    role: str  # coordinator | worker
+    pid: int
+    log: str
+    cmd: list[str]
+    start_time: str  # the OS's start time of ``pid``: tells our process from a reused pid
+    address: str | None = None  # a worker's wallet address (its id in the marketplace)
+    gpu: str | None = None
+    price: str | None = None
+    availability: float | None = None
+
+
+@dataclass(kw_only=True)
+class Stack:
+    home: Path
+    coordinator: str
+    processes: list[Proc]
+    started_at: float
+    _popen: dict[int, subprocess.Popen] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"coordinator": self.coordinator, "started_at": self.started_at,
+                "processes": [asdict(p) for p in self.processes]}
+
+    @property
+    def workers(self) -> list[Proc]:
+        return [p for p in self.processes if p.role == "worker"]
+
+
+# --- files ---------------------------------------------------------------------------
+
+
+def stack_file(home: Path) -> Path:
+    return home / "stack.json"
+
+
+def _pid_file(home: Path, name: str) -> Path:
+    return home / "pids" / f"{name}.pid"
+
+
+def load(home: Path) -> Stack | None:
+    """The stack recorded in HOME (running or not), or None."""
+    path = stack_file(home)
+    try:
+        raw = json.loads(path.read_text())
+        return Stack(home=home, coordinator=raw["coordinator"], started_at=float(raw["started_at"]),
+                     processes=[Proc(**p) for p in raw["processes"]])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StackError(f"{path} is unreadable ({type(e).__name__}: {e}); stop its processes by hand and remove it") from None
+
+
+def _write(stack: Stack) -> None:
+    (stack.home / "pids").mkdir(parents=True, exist_ok=True)
+    for p in stack.processes:
+        _pid_file(stack.home, p.name).write_text(f"{p.pid}\n")
+    tmp = stack_file(stack.home).with_suffix(".json.part")
+    tmp.write_text(json.dumps(stack.to_json(), indent=2) + "\n")
+    tmp.replace(stack_file(stack.home))
+
+
+def _forget(stack: Stack) -> None:
+    for p in stack.processes:
+        _pid_file(stack.home, p.name).unlink(missing_ok=True)
+    stack_file(stack.home).unlink(missing_ok=True)
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of ``pid``, or None if there is no such process."""
+    if sys.platform.startswith("linux"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return None
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+        return fields[0], fields[19]  # state, starttime (clock ticks since boot)
+    r = subprocess.run(["ps", "-o", "stat=,lstart=", "-p", str(pid)], capture_output=True, text=True)
+    line = r.stdout.strip()
+    if r.returncode != 0 or not line:
+        return None
+    state, _, started = line.partition(" ")
+    return state[:1], started.strip()
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    if sys.platform.startswith("linux"):
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return raw.decode(errors="replace").split("\0")[:-1]
+    return None  # elsewhere the start time alone identifies the process
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is our child (``demo`` starts the stack itself)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def is_ours(p: Proc) -> bool:
+    """``p.pid`` is alive and still the process ``up`` started (not a reused pid)."""
+    _reap(p.pid)
+    st = _proc_stat(p.pid)
+    if st is None or st[0] in ("Z", "X") or st[1] != p.start_time:
+        return False
+    cmd = _cmdline(p.pid)
+    return cmd is None or cmd == p.cmd
+
+
+def alive(stack: Stack) -> list[Proc]:
+    return [p for p in stack.processes if is_ours(p)]
+
+
+def running(home: Path) -> Stack | None:
+    """The stack of HOME if any of its processes is still running."""
+    stack = load(home)
+    return stack if stack is not None and alive(stack) else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # several torch processes on a few cores
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.pop("AITBC_COORDINATOR", None)  # every child is told its coordinator explicitly
+    return env
+
+
+def _spawn(stack: Stack, *, name: str, role: str, args: list[str], env: dict[str, str], **extra: Any) -> Proc:
+    log = stack.home / "logs" / f"{name}.log"
+    cmd = [sys.executable, "-m", "aitbc", *args]
+    with log.open("ab") as f:
+        f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        f.flush()
+        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                 cwd=stack.home, start_new_session=True)
+    st = _proc_stat(popen.pid)
+    p = Proc(name=name, role=role, pid=popen.pid, log=str(log), cmd=cmd, start_time=st[1] if st else "", **extra)
+    stack._popen[p.pid] = popen
+    stack.processes.append(p)
+    return p
+
+
+# --- up --------------------------------------------------------------------------------
+
+
+def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> Stack:
+    """Start the coordinator and ``cfg.workers`` workers; return once all are ready.
+    ``on_start(url)`` is called once the checks pass, just before the processes start.
+    On any failure what was started is stopped again and :class:`StackError` says which
+    log to read."""
+    from aitbc.ledger.wallet import ensure_wallet
+
+    home = cfg.home
+    previous = load(home)
+    if previous is not None:
+        live = alive(previous)
+        if live:
+            raise StackError(f"a stack from {home} is already running (coordinator {previous.coordinator}, "
+                             f"{len(live)} process{'es' if len(live) != 1 else ''}); stop it first: aitbc down --home {home}")
+        _forget(previous)  # a stack that died without `down`
+    port = cfg.port if cfg.port is not None else free_port(cfg.host)
+    if not _port_free(cfg.host, port):
+        raise StackError(f"port {port} on {cfg.host} is in use; pick another with --port, or leave it out for a free one")
+    for d in ("logs", "pids", "coordinator", "workers"):
+        (home / d).mkdir(parents=True, exist_ok=True)
+    url = f"http://{cfg.host}:{port}"
+    if on_start is not None:
+        on_start(url)
+    stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time())
+    env = _child_env()
+    try:
+        _spawn(stack, name="coordinator", role="coordinator", env=env, args=[
+            "coordinator", "serve", "--home", str(home / "coordinator"), "--host", cfg.host, "--port", str(port),
+            "--lease", f"{cfg.lease:g}"])
+        for k in range(1, cfg.workers + 1):
+            gpu, price = WORKER_OFFERS[(k - 1) % len(WORKER_OFFERS)]
+            availability = AVAILABILITIES[(k - 1) % len(AVAILABILITIES)]
+            whome = home / "workers" / f"w{k}"
+            wallet = ensure_wallet(whome, f"provider-{k}")  # made here, so we know the offer to wait for
+            _spawn(stack, name=f"worker-{k}", role="worker", env=env, address=wallet.address, gpu=gpu, price=price,
+                   availability=availability, args=[
+                       "worker", "start", "--coordinator", url, "--home", str(whome), "--wallet", wallet.name,
+                       "--gpu", gpu, "--price", price, "--availability", f"{availability:g}",
+                       "--heartbeat", f"{cfg.heartbeat:g}"])
+        _write(stack)
+        _wait_ready(stack, cfg.ready_timeout)
+    except BaseException:
+        stop(stack)
+        raise
+    return stack
+
+
+def _wait_ready(stack: Stack, timeout: float) -> None:
+    """Until the coordinator answers and every worker has been heard from by it.
+
+    An offer counts once its last heartbeat is later than the coordinator's clock at the
+    first health answer: a coordinator restarted on an old database lists its known
+    workers as live for one lease without having heard from them (they may not run)."""
+    deadline = time.monotonic() + timeout
+    wanted = {p.address: p for p in stack.workers}
+    coordinator = stack.processes[0]
+    since: float | None = None  # the coordinator's clock when it first answered
+    heard: set[str | None] = set()
+    with CoordinatorClient(stack.coordinator, timeout=2.0) as c:
+        while True:
+            for p in stack.processes:
+                code = stack._popen[p.pid].poll()
+                if code is not None:
+                    raise StackError(f"{p.name} exited with status {code} while starting{_last_line(p.log)}; read {p.log}")
+            try:
+                if since is None:
+                    health = c.get("/health")
+                    if health.get("status") == "ok":
+                        since = float(health["time"])
+                if since is not None:
+                    heard = {o["worker_id"] for o in c.get("/market/offers")["data"] if o["last_heartbeat"] > since}
+                    if wanted.keys() <= heard:
+                        return
+            except Unreachable:
+                pass
+            if time.monotonic() > deadline:
+                if since is None:
+                    raise StackError(f"the coordinator did not answer {stack.coordinator}/v1/health within {timeout:g} s; "
+                                     f"read {coordinator.log}")
+                missing = [p for a, p in wanted.items() if a not in heard]
+                raise StackError(f"{len(missing)} worker{'s' if len(missing) != 1 else ''} did not appear in the marketplace "
+                                 f"within {timeout:g} s; read {', '.join(p.log for p in missing)}")
+            time.sleep(0.1)
+
+
+def _last_line(log: str) -> str:
+    try:
+        lines = [ln for ln in Path(log).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f" ({lines[-1].strip()})" if lines else ""
+
+
+# --- down ------------------------------------------------------------------------------
+
+
+def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
+    """Stop the stack's processes: SIGTERM, up to ``grace`` seconds, then SIGKILL. Returns
+    what happened to each (``stopped``, ``killed``, ``not running``) and forgets the stack."""
+    outcome: dict[str, str] = {}
+    pending: list[Proc] = []
+    for p in stack.processes:
+        if is_ours(p):
+            _signal(p, signal.SIGTERM)
+            pending.append(p)
+        else:
+            outcome[p.name] = "not running"
+    t0 = time.monotonic()
+    forced = False
+    while pending:
+        time.sleep(0.05)
+        still = []
+        for p in pending:
+            if is_ours(p):
+                still.append(p)
+            else:
+                outcome[p.name] = "stopped"
+        pending = still
+        waited = time.monotonic() - t0
+        coord = [p for p in pending if p.role == "coordinator"]
+        if coord and not forced and waited > COORDINATOR_FORCE_AFTER:
+            # uvicorn waits for open requests; the workers' long polls hold one for up to 10 s.
+            # A second signal (its "CTRL+C to force quit") ends that wait.
+            _signal(coord[0], signal.SIGINT)
+            forced = True
+        if waited > grace:
+            for p in pending:
+                _signal(p, signal.SIGKILL)
+                outcome[p.name] = "killed"
+            deadline = time.monotonic() + 5.0
+            while any(is_ours(p) for p in pending) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            break
+    for popen in stack._popen.values():
+        if popen.poll() is None:
+            try:
+                popen.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+    _forget(stack)
+    return {p.name: outcome.get(p.name, "stopped") for p in stack.processes}
+
+
+def _signal(p: Proc, sig: signal.Signals) -> None:
+    """Signal ``p``'s process group (it leads its own session), or ``p`` alone if not."""
+    if not is_ours(p):
+        return
+    try:
+        if os.getpgid(p.pid) == p.pid:
+            os.killpg(p.pid, sig)
+        else:
+            os.kill(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def down(home: Path, *, grace: float = 10.0) -> tuple[Stack, dict[str, str]] | None:
+    """Stop HOME's stack; None if HOME has none recorded."""
+    stack = load(home)
+    if stack is None:
+        return None
+    return stack, stop(stack, grace=grace)
+
+
+# --- status ----------------------------------------------------------------------------
+
+
+def status(home: Path) -> dict[str, Any] | None:
+    """HOME's stack as recorded, each process alive or not, the coordinator's health and
+    the live offers; None if HOME has no stack."""
+    stack = load(home)
+    if stack is None:
+        return None
+    procs = [{"name": p.name, "role": p.role, "pid": p.pid, "alive": is_ours(p), "log": p.log,
+              "address": p.address, "gpu": p.gpu, "price": p.price} for p in stack.processes]
+    health: dict[str, Any] | None = None
+    offers: int | None = None
+    error: str | None = None
+    try:
+        with CoordinatorClient(stack.coordinator, timeout=2.0) as c:
+            health = c.get("/health")
+            offers = c.get("/market/offers")["count"]
+    except AitbcError as e:
+        error = str(e)
+    return {"home": str(home), "coordinator": stack.coordinator, "started_at": stack.started_at,
+            "running": any(p["alive"] for p in procs), "healthy": bool(health and health.get("status") == "ok"),
+            "health_error": error, "live_offers": offers, "processes": procs}
