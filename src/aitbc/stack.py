@@ -32,8 +32,8 @@ from aitbc.errors import AitbcError, UsageError
 # What the workers advertise, cycled: varied classes and prices so the marketplace has
 # something to rank.
 WORKER_OFFERS: tuple[tuple[str, str], ...] = (
-    ("RTX4090", "1.60"), ("RTX3090", "1.20"), ("RTX3080", "0.90"), ("RTX3070", "0.70"),
-    ("A100", "2.50"), ("RTX4080", "1.40"), ("V100", "0.80"), ("T4", "0.40"),
+    ("RTX4090", "1.60"), ("RTX3090", "1.20"), ("A100", "2.50"), ("RTX3080", "0.90"),
+    ("RTX3070", "0.70"), ("RTX4080", "1.40"), ("V100", "0.80"), ("T4", "0.40"),
 )
 AVAILABILITIES: tuple[float, ...] = (0.99, 0.97, 0.95)
 MAX_WORKERS = 64
