@@ -81,6 +81,10 @@ class RoundDriver:
                     due.append(run_id)
         for run_id in due:
             self._advance(run_id)
+        with ctx.session() as s:
+            missing = rounds.pending_evaluations(s)
+        for run_id, r in missing[:1]:  # one per tick: new rounds come first
+            rounds.evaluate_round(ctx, run_id, r)
 
     def _advance(self, run_id: str) -> None:
         """Open the first round or close the current one. A run whose round fails the same

@@ -201,17 +201,64 @@ def close_round(ctx: Context, run_id: str) -> None:
             .where(Update.run_id == run.id, Update.round == r).order_by(Job.shard_index, Update.id)
         ).all()
         accepted = [(u, shard) for u, shard in ups if u.status == "accepted"]
+        final = r >= run.config["rounds"]
         rt = runtime(ctx, run)
         with rt.lock:
             rt.load(ctx, run)
-            result = _aggregate_round(ctx, run, rt, accepted, r)
+            # The last round is evaluated before the run completes; the others after the
+            # next round is open, so workers do not wait for an evaluation.
+            result = _aggregate_round(ctx, run, rt, accepted, r, evaluate_now=final)
         _commit_round(ctx, s, run, rt, result, ups, accepted)
         if run.status in states.ENDED:
             drop_runtime(ctx, run.id)
     ctx.notifier.bump()
+    if not final and eval_due(run.config, r):
+        evaluate_round(ctx, run_id, r, result["params"])
 
 
-def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: int) -> dict[str, Any]:
+def eval_due(cfg: dict[str, Any], r: int) -> bool:
+    return r % cfg["eval_every"] == 0 or r >= cfg["rounds"]
+
+
+def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = None) -> None:
+    """Score round ``r``'s global model on the validation split and record it (also how a
+    restarted coordinator fills in an evaluation it did not get to)."""
+    with ctx.session() as s:
+        run = s.get(Run, run_id)
+        rec = s.get(RoundRecord, (run_id, r))
+        if run is None or rec is None or rec.val_loss is not None:
+            return
+        rt = runtime(ctx, run)
+        with rt.lock:
+            if params is None:
+                from aitbc.training.checkpoint import load_checkpoint
+
+                load_checkpoint(rt.model, ctx.store.get_bytes(rec.checkpoint_cid))
+                params = flat_params(rt.model)
+                rt.params_cid = None  # the model now holds round r, not the run's current params
+            loss, acc = rt.evaluate(params)
+        lock_run(s, run)
+        s.refresh(rec)
+        rec.val_loss, rec.val_accuracy = loss, acc
+        later = s.scalar(select(RoundRecord.round).where(RoundRecord.run_id == run_id, RoundRecord.round > r,
+                                                         RoundRecord.val_loss.is_not(None)).limit(1))
+        if later is None:
+            run.val_loss, run.val_accuracy = loss, acc
+        s.commit()
+        if run.status in states.ENDED:
+            drop_runtime(ctx, run_id)
+
+
+def pending_evaluations(s: Session) -> list[tuple[str, int]]:
+    """Rounds whose evaluation is due but missing (the coordinator died before it)."""
+    rows = s.execute(
+        select(RoundRecord.run_id, RoundRecord.round, Run.config).join(Run, Run.id == RoundRecord.run_id)
+        .where(RoundRecord.round > 0, RoundRecord.val_loss.is_(None))
+    ).all()
+    return [(run_id, r) for run_id, r, cfg in rows if cfg and eval_due(cfg, r)]
+
+
+def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: int, *, evaluate_now: bool) -> dict[str, Any]:
     cfg = run.config
     params = rt.params
     outer_cid = run.outer_state_cid
@@ -235,7 +282,7 @@ def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: 
     else:
         skipped = True
     loss = acc = None
-    if r % cfg["eval_every"] == 0 or r >= cfg["rounds"]:
+    if evaluate_now:
         loss, acc = rt.evaluate(params)
     cid, size = rt.checkpoint(ctx, run, params, r)
     return {"params": params, "cid": cid, "size": size, "outer_cid": outer_cid, "val_loss": loss,
