@@ -17,6 +17,8 @@ BENCHES = [
     ("communication", "Communication", "python bench/communication.py"),
     ("robustness", "Robustness", "python bench/robustness.py"),
     ("stragglers", "Stragglers", "python bench/stragglers.py"),
+    ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
+    ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
 ]
 
 

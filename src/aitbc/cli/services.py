@@ -45,6 +45,9 @@ def serve(
     settings = Settings(home=resolve_home(home), db_url=db, host=host, port=port,
                         max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease)
     app = create_app(settings)
+    import gc
+
+    gc.freeze()  # torch, SQLAlchemy and FastAPI's long-lived objects: out of every full collection
     # Long polls hold requests up to their wait; a stop should not wait that long for them.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
                             timeout_keep_alive=30, timeout_graceful_shutdown=2)

@@ -3,9 +3,10 @@ worker liveness and a change counter. Built once by :func:`build_context`."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -54,18 +55,38 @@ class Liveness:
         return out
 
 
-@dataclass
 class Notifier:
     """A counter bumped on every change a waiting worker may care about (a round opened,
-    a job assigned); long-polls compare it instead of querying the database in a loop."""
+    a job assigned). Long polls wait on it (:meth:`changed`) and are woken the moment it
+    moves, from whichever thread bumps it; they never query the database in a loop."""
 
-    version: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    wake_driver: threading.Event = field(default_factory=threading.Event)
+    def __init__(self) -> None:
+        self.version = 0
+        self._lock = threading.Lock()
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self.wake_driver = threading.Event()
 
     def bump(self) -> None:
         with self._lock:
             self.version += 1
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    async def changed(self, seen: int, timeout: float) -> None:
+        """Return once ``version != seen``, or after ``timeout`` seconds."""
+        event = asyncio.Event()
+        key = (asyncio.get_running_loop(), event)
+        with self._lock:
+            self._waiters.add(key)
+        try:
+            if self.version == seen:
+                await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._waiters.discard(key)
 
     def poke_driver(self) -> None:
         self.wake_driver.set()

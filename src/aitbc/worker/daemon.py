@@ -76,6 +76,7 @@ class Worker:
         self.stop = threading.Event()
         self.job: JobState | None = None
         self.registered = threading.Event()
+        _warm_up()
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -165,18 +166,23 @@ class Worker:
         every = max(1, min(self.cfg.progress_every, job["local_steps"] // 4 or 1))
         rounds = job["rounds"] or 1
 
+        reporting = 0.0  # seconds spent reporting progress inside the loop: not compute
+
         def report(step: int, loss: float) -> None:
+            nonlocal reporting
             if self.cfg.step_delay:
                 time.sleep(self.cfg.step_delay)
             if step % every == 0 and step < job["local_steps"]:
+                t = time.perf_counter()
                 pct = 100.0 * ((job["round"] - 1) + step / job["local_steps"]) / rounds
                 self._progress(job, pct, loss, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
+                reporting += time.perf_counter() - t
 
         self._progress(job, 100.0 * (job["round"] - 1) / rounds, None, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
         t_compute = time.perf_counter()
         res = state.trainer.train_round(start, on_step=report)
         blob = state.codec.encode(res.delta)
-        compute = time.perf_counter() - t_compute
+        compute = time.perf_counter() - t_compute - reporting
         cid = cid_of_bytes(blob)
         # The round's work is done: the upload is retried through an outage, never retrained.
         self._retry(lambda: self.client.put_blob(cid, blob))
@@ -219,6 +225,15 @@ class Worker:
         data = self.client.get_blob(cid)
         self.cache.put_bytes(data)
         return data
+
+
+def _warm_up() -> None:
+    """Pay torch's lazy imports now (the first optimizer pulls in torch._dynamo, ~1 s),
+    not inside the first round's clock."""
+    import torch
+
+    p = torch.zeros(1, requires_grad=True)
+    torch.optim.AdamW([p]).step()
 
 
 def run_worker(cfg: WorkerConfig) -> None:

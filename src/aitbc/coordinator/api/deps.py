@@ -16,7 +16,9 @@ from aitbc.ledger.signing import UNSIGNED_PAYLOAD, SignatureError, body_digest, 
 from aitbc.ledger.wallet import address_of
 
 
-def get_context(request: Request) -> Context:
+async def get_context(request: Request) -> Context:
+    # async: a plain def would run in the thread pool on every request (a thread hop and
+    # enough garbage to trigger full collections under load).
     return request.app.state.ctx
 
 

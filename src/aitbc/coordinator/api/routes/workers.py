@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import APIRouter, Query
@@ -59,8 +58,7 @@ async def job(
         view = await run_in_threadpool(look)
         if (view["job"] and view["job"]["action"] == "train") or time.monotonic() >= deadline:
             return view
-        while ctx.notifier.version == seen and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await ctx.notifier.changed(seen, max(0.0, deadline - time.monotonic()))
 
 
 @router.post("/jobs/{job_id}/progress")

@@ -1,0 +1,335 @@
+"""Benchmark: compute utilization of a real local run (coordinator + worker processes).
+
+For each configuration: a coordinator process (``aitbc coordinator serve``) and W worker
+processes (``aitbc worker start``, ``OMP_NUM_THREADS=1`` each) on loopback; the owner's
+workflow through the API exactly as ``aitbc distributed-training`` sends it (create the
+run, package and upload the shards, discover, distribute), then the run to completion.
+
+Utilization = sum over jobs of the compute seconds the workers reported
+(``GET /v1/runs/{id}``: ``workers[].compute_seconds``) / (W x training wall time, the
+run's ``started_at`` to ``finished_at``). Target: >= 90% (OpenDiLoCo reports 90-95%).
+
+The overhead breakdown per round comes from the rounds' ``started_at``/``closed_at``
+(``GET /v1/runs/{id}/rounds``), each update's arrival time and reported compute seconds
+(read from the coordinator's SQLite database after the run; the API does not expose
+them per update) and the workers' own log lines (when each began its round). For worker
+w in round r, with the round open from S to C, its update arriving at A_w and the last
+one at A_last: ``C - S = pickup_w + io_w + compute_w + wait_w + close``, where pickup is
+S until the worker began the round (long poll wake-up), io the rest of its own
+non-compute time (model download, checkpoint load, progress and update requests, blob
+upload), wait = A_last - A_w (idle until the slowest update), close = C - A_last (driver
+wake-up, aggregation, evaluation, checkpoint, commit).
+
+Note: the compute seconds a worker reports cover its H local steps and the encoding of
+its update, and with them the progress reports it sends every few steps (synchronous
+HTTP requests inside the training loop), so they slightly overstate pure compute.
+
+Usage: python bench/live_utilization.py [--quick] [--workers 2] [--local-steps 50]
+       [--configs transformer,mlp] [--rounds N] [--eval-every 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from _common import print_table, write_json
+from coordinator_load import Coordinator, aitbc_exe, machine_busy_seconds, source_state
+
+from aitbc.client import CoordinatorClient
+from aitbc.ledger.wallet import Wallet
+from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.datasets import DataOptions, load_dataset
+from aitbc.training.models import model_config
+from aitbc.training.packaging import manifest_bytes, package, resolve_source
+
+TARGET = 0.90
+
+CONFIGS = {
+    # name: model, options, data, max_bytes, rounds (full, quick), batch size, lr
+    "transformer": dict(model="transformer", options={"context": 64, "d_model": 128, "n_layers": 2},
+                        data="stdlib", max_bytes=1 << 20, rounds=(5, 2), batch_size=32, lr=1e-3),
+    "mlp": dict(model="mlp", options={}, data="digits", max_bytes=4 << 20, rounds=(10, 3), batch_size=32, lr=1e-3),
+}
+
+_ROUND_LINE = re.compile(r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): loss \S+, update (\d+) bytes, "
+                         r"([0-9.]+) s \(([0-9.]+) s computing\)")
+
+
+class Workers:
+    """W ``aitbc worker start`` processes, each in its own process group, killed on exit."""
+
+    def __init__(self, root: Path, url: str, n: int) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self.homes: list[Path] = []
+        for i in range(n):
+            home = root / f"worker{i}"
+            home.mkdir(parents=True)
+            log = root / f"worker{i}.log"
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "AITBC_HOME": str(home)}
+            cmd = [aitbc_exe(), "worker", "start", "--coordinator", url, "--wallet", f"w{i}", "--gpu", "RTX4090",
+                   "--price", "1.0", "--availability", "0.99", "--home", str(home), "--heartbeat", "2",
+                   "--log-level", "info"]
+            with log.open("wb") as f:
+                self.procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
+            self.logs.append(log)
+            self.homes.append(home)
+
+    def check_alive(self) -> None:
+        for p, log in zip(self.procs, self.logs):
+            if p.poll() is not None:
+                raise RuntimeError(f"worker exited ({p.returncode}): {log.read_text()[-2000:]}")
+
+    def cpu_seconds(self) -> float:
+        total = 0.0
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _log_rounds(path: Path, run_id: str) -> dict[int, dict[str, float]]:
+    """round -> {"end": wall time the worker logged the round done, "total": its seconds in
+    train_round, "compute": its compute seconds} from one worker's log."""
+    out = {}
+    for line in path.read_text(errors="replace").splitlines():
+        m = _ROUND_LINE.match(line)
+        if m and m.group(3) == run_id:
+            stamp, ms = m.group(1).rsplit(",", 1)
+            end = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(ms) / 1000  # local time, as logged
+            out[int(m.group(2))] = {"end": end, "total": float(m.group(5)), "compute": float(m.group(6)),
+                                    "update_bytes": int(m.group(4))}
+    return out
+
+
+def _wait(what: str, check, timeout: float, workers: Workers, interval: float = 0.25):
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        workers.check_alive()
+        v = check()
+        if v:
+            return v
+        time.sleep(interval)
+    raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    cfg = CONFIGS[name]
+    rounds = args.rounds or cfg["rounds"][1 if args.quick else 0]
+    W, H = args.workers, args.local_steps
+    root = tmp / name
+    with Coordinator(root / "coordinator", impl="cli") as coord, Workers(root, coord.url, W) as workers:
+        owner = Wallet.generate("owner")
+        with CoordinatorClient(coord.url, owner) as c:
+            t_setup = time.perf_counter()
+            run = c.post("/runs", {"model_type": cfg["model"], "model_options": cfg["options"],
+                                   "dataset_size": "1MB", "target_workers": W, "seed": 0})
+            rid = run["training_id"]
+            run = c.get(f"/runs/{rid}")
+            # upload-data, as `aitbc distributed-training upload-data` does it
+            mcfg = model_config(run["model_type"], run["model_options"])
+            data = load_dataset(resolve_source(cfg["data"]),
+                                DataOptions(seed=0, seq_len=getattr(mcfg, "context", 128), max_bytes=cfg["max_bytes"]))
+            packaged = package(data, W, seed=0)
+            cids = []
+            for blob in packaged.shards:
+                cids.append(cid_of_bytes(blob))
+                c.put_blob(cids[-1], blob)
+            val_cid = cid_of_bytes(packaged.val)
+            c.put_blob(val_cid, packaged.val)
+            manifest = manifest_bytes(data, packaged, cids, val_cid, seed=0, alpha=None)
+            c.put_blob(cid_of_bytes(manifest), manifest)
+            c.post(f"/runs/{rid}/data", {"manifest_cid": cid_of_bytes(manifest), "source": cfg["data"]})
+            _wait(f"{W} live offers", lambda: c.get("/market/offers")["count"] >= W, 120, workers)
+            hired = c.post(f"/runs/{rid}/discover", {"required_workers": W, "min_gpu": None})
+            if hired["count"] != W:
+                raise RuntimeError(f"hired {hired['count']} workers, wanted {W}")
+            t_dist = time.time()
+            c.post(f"/runs/{rid}/distribute", {"rounds": rounds, "local_steps": H, "batch_size": cfg["batch_size"],
+                                               "lr": cfg["lr"], "outer": "fedavg", "aggregator": "mean",
+                                               "compression": "none", "eval_every": args.eval_every})
+            busy0 = cpu0 = None
+            # CPU of everything else on the machine while the run trains (other jobs here
+            # compete for the same cores and slow the workers).
+            while True:
+                workers.check_alive()
+                view = c.get(f"/runs/{rid}")
+                if busy0 is None and view["started_at"]:
+                    busy0, cpu0 = machine_busy_seconds(), coord.cpu_seconds() + workers.cpu_seconds()
+                if view["status"] in ("complete", "failed", "stopped"):
+                    break
+                if time.time() - t_dist > args.timeout:
+                    raise RuntimeError(f"{name}: run not complete after {args.timeout:g} s (status {view['status']})")
+                time.sleep(0.5)  # an owner's `monitor` polls every 1 s
+            busy1, cpu1 = machine_busy_seconds(), coord.cpu_seconds() + workers.cpu_seconds()
+            if view["status"] != "complete":
+                raise RuntimeError(f"{name}: run ended {view['status']}: {view.get('error')}")
+            rounds_view = c.get(f"/runs/{rid}/rounds")["data"]
+            setup_s = time.perf_counter() - t_setup
+        db = sqlite3.connect(f"file:{root / 'coordinator' / 'coordinator.db'}?mode=ro", uri=True)
+        updates = db.execute("SELECT round, worker_id, created_at, compute_seconds, status, size FROM updates "
+                             "WHERE run_id = ? ORDER BY round, created_at", (rid,)).fetchall()
+        db.close()
+        worker_addr = {j["worker_id"]: j for j in view["workers"]}
+        logs = {}
+        for log in workers.logs:
+            m = re.search(r"registered offer (\S+)", log.read_text(errors="replace"))
+            if m:
+                logs[m.group(1)] = _log_rounds(log, rid)
+    started, finished = view["started_at"], view["finished_at"]
+    wall = finished - started
+    compute = sum(j["compute_seconds"] for j in view["workers"])
+    util = compute / (W * wall)
+    others = max(0.0, (busy1 - busy0) - (cpu1 - cpu0)) if busy0 is not None else None
+
+    per_round = []
+    for rr in rounds_view:
+        r = rr["round"]
+        if r == 0:
+            continue
+        S, C = rr["started_at"], rr["closed_at"]
+        ups = [u for u in updates if u[0] == r and u[4] == "accepted"]
+        if not ups:
+            per_round.append({"round": r, "wall_s": C - S, "updates": 0})
+            continue
+        last = max(u[2] for u in ups)
+        ws = []
+        for _, wid, arrive, comp, _, _ in ups:
+            lg = logs.get(wid, {}).get(r)
+            # the worker began its round at (logged end - its own total); a log stamp has ms resolution
+            pickup = max(0.0, (lg["end"] - lg["total"]) - S) if lg else None
+            own = arrive - S - comp  # all of this worker's non-compute time until its update landed
+            ws.append({"worker": wid, "compute_s": comp, "pickup_s": pickup,
+                       "io_s": None if pickup is None else max(0.0, own - pickup), "nonCompute_s": own,
+                       "wait_s": last - arrive})
+        n = len(ws)
+        mean = lambda k: sum(w[k] for w in ws) / n if all(w[k] is not None for w in ws) else None  # noqa: E731
+        per_round.append({"round": r, "wall_s": C - S, "updates": n, "compute_mean_s": mean("compute_s"),
+                          "compute_max_s": max(w["compute_s"] for w in ws), "pickup_mean_s": mean("pickup_s"),
+                          "io_mean_s": mean("io_s"), "noncompute_mean_s": mean("nonCompute_s"),
+                          "wait_mean_s": mean("wait_s"), "close_s": C - last,
+                          "utilization": sum(w["compute_s"] for w in ws) / (W * (C - S)), "workers": ws})
+
+    def avg(k: str, rows: list[dict]) -> float | None:
+        xs = [p[k] for p in rows if p.get(k) is not None]
+        return sum(xs) / len(xs) if xs else None
+
+    # Round 1 carries each worker's one-time job setup (shard download, model build); the
+    # later rounds are the steady state.
+    phases = {}
+    for label, sel in (("round 1", [p for p in per_round if p["round"] == 1]),
+                       (f"rounds 2-{rounds}", [p for p in per_round if p["round"] >= 2])):
+        if sel:
+            phases[label] = {k: avg(k, sel) for k in ("wall_s", "compute_mean_s", "pickup_mean_s", "io_mean_s",
+                                                      "wait_mean_s", "close_s", "utilization")}
+    steady = [p for p in per_round if p["round"] >= 2 and p.get("updates")]
+    steady_util = (sum(w["compute_s"] for p in steady for w in p["workers"]) / (W * sum(p["wall_s"] for p in steady))
+                   if steady else None)
+
+    return {
+        "config": name, "model": cfg["model"], "model_options": cfg["options"], "dataset": cfg["data"],
+        "max_bytes": cfg["max_bytes"], "samples": sum(packaged.samples), "workers": W, "rounds": rounds,
+        "local_steps": H, "batch_size": cfg["batch_size"], "training_id": rid,
+        "training_wall_s": wall, "compute_s": compute, "utilization": util, "met": util >= TARGET,
+        "step_ms": 1000 * compute / (W * rounds * H), "update_bytes": updates[0][5] if updates else None,
+        "setup_s": setup_s, "distribute_to_start_s": started - t_dist,
+        "others_cpu_pct": None if others is None else 100 * others / wall,
+        "initial_val_loss": view["initial_val_loss"], "final_val_loss": view["val_loss"],
+        "steady_utilization": steady_util, "phases": phases, "per_round": per_round, "worker_jobs": list(worker_addr.values()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2-3 rounds per configuration")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--local-steps", type=int, default=50, help="H: inner steps per round")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per run (default: 5 transformer, 10 mlp)")
+    ap.add_argument("--configs", default="transformer,mlp", help=f"comma-separated: {', '.join(CONFIGS)}")
+    ap.add_argument("--eval-every", type=int, default=1, help="the coordinator scores the model every N rounds (CLI default 1)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
+    args = ap.parse_args()
+    names = [s.strip() for s in args.configs.split(",") if s.strip()]
+    for n in names:
+        if n not in CONFIGS:
+            ap.error(f"unknown config {n!r}; one of: {', '.join(CONFIGS)}")
+    rows = []
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="aitbc-util-") as tmp:
+        for n in names:
+            t = time.perf_counter()
+            row = run_config(n, args, Path(tmp))
+            row["wall_s"] = time.perf_counter() - t
+            rows.append(row)
+            print(f"  {n}: utilization {row['utilization']:.1%} ({row['wall_s']:.0f} s)", flush=True)
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{1000 * v:.0f}"
+
+    def pct(v: float | None, of: float | None) -> str:
+        return "-" if v is None or not of else f"{100 * v / of:.1f}%"
+
+    print_table(
+        f"live utilization: {args.workers} worker processes + coordinator on loopback, H = {args.local_steps}",
+        ["config", "workers", "rounds", "H", "step ms", "training wall s", "compute s (sum)", "utilization",
+         "rounds 2+ only", "others CPU %", "target", "verdict"],
+        [[f"{r['model']} on {r['dataset']}", r["workers"], r["rounds"], r["local_steps"], f"{r['step_ms']:.1f}",
+          f"{r['training_wall_s']:.2f}", f"{r['compute_s']:.2f}", f"{r['utilization']:.1%}",
+          "-" if r["steady_utilization"] is None else f"{r['steady_utilization']:.1%}",
+          "-" if r["others_cpu_pct"] is None else f"{r['others_cpu_pct']:.0f}", f">= {TARGET:.0%}",
+          "MET" if r["met"] else "MISSED"] for r in rows],
+    )
+    print_table(
+        "where a round's time goes (per worker, mean over the rounds; shares of the round's wall time)",
+        ["config", "rounds", "round ms", "compute ms", "pickup ms", "worker I/O ms", "wait for slowest ms", "close ms",
+         "compute", "pickup", "I/O", "wait", "close"],
+        [[f"{r['model']} on {r['dataset']}", label, ms(ph["wall_s"]), ms(ph["compute_mean_s"]), ms(ph["pickup_mean_s"]),
+          ms(ph["io_mean_s"]), ms(ph["wait_mean_s"]), ms(ph["close_s"]),
+          pct(ph["compute_mean_s"], ph["wall_s"]), pct(ph["pickup_mean_s"], ph["wall_s"]),
+          pct(ph["io_mean_s"], ph["wall_s"]), pct(ph["wait_mean_s"], ph["wall_s"]), pct(ph["close_s"], ph["wall_s"])]
+         for r in rows for label, ph in r["phases"].items()],
+    )
+    for r in rows:
+        print(f"{r['model']} on {r['dataset']}: utilization {r['utilization']:.1%} "
+              f"({'meets' if r['met'] else 'MISSES'} the {TARGET:.0%} target); per round "
+              + ", ".join(f"r{p['round']} {1000 * p['wall_s']:.0f} ms/{p.get('utilization', 0):.0%}" for p in r["per_round"]))
+    from _sims import machine
+
+    write_json("live_utilization", {"machine": machine(), "source": source_state(), "args": vars(args), "target": TARGET, "rows": rows,
+                                    "wall_s": time.perf_counter() - t_all})
+
+
+if __name__ == "__main__":
+    main()
