@@ -473,6 +473,7 @@ def download_model(
     output: Annotated[Path, typer.Option("-o", "--output", help="File to write (safetensors).", show_default=False)],
     round: Annotated[Optional[int], typer.Option("--round", help="A given round's checkpoint (default: the latest).")] = None,
     coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Download the model (a safetensors checkpoint), verified against its CID."""
@@ -495,7 +496,10 @@ def download_model(
     tmp = output.with_name(output.name + ".part")
     tmp.write_bytes(data)
     tmp.replace(output)
-    out.print(f"Wrote {output} ({_human_bytes(len(data))}, CID {cid})", highlight=False)
+    if json_out:
+        _emit_json({"training_id": training_id, "path": str(output), "cid": cid, "bytes": len(data)})
+    else:
+        out.print(f"Wrote {output} ({_human_bytes(len(data))}, CID {cid})", highlight=False)
 
 
 @app.command()
