@@ -36,6 +36,7 @@ WORKER_OFFERS: tuple[tuple[str, str], ...] = (
     ("RTX3070", "0.70"), ("RTX4080", "1.40"), ("V100", "0.80"), ("T4", "0.40"),
 )
 AVAILABILITIES: tuple[float, ...] = (0.99, 0.97, 0.95)
+STACK_MAX_BOND = "10"  # AIT a local worker lets a contract lock (its wallet must hold it: aitbc wallet fund)
 MAX_WORKERS = 64
 COORDINATOR_FORCE_AFTER = 1.5  # s: then a second signal ends the coordinator's wait for long polls
 
@@ -278,7 +279,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
                    availability=availability, args=[
                        "worker", "start", "--coordinator", url, "--home", str(whome), "--wallet", wallet.name,
                        "--gpu", gpu, "--price", price, "--availability", f"{availability:g}",
-                       "--heartbeat", f"{cfg.heartbeat:g}"])
+                       "--heartbeat", f"{cfg.heartbeat:g}", "--max-bond", STACK_MAX_BOND])
         _write(stack)
         _wait_ready(stack, cfg.ready_timeout)
     except BaseException:

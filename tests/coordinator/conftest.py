@@ -192,8 +192,10 @@ def register_worker(coord: Coordinator, name: str, gpu: str = "RTX4090", price: 
 
 
 def create_run(owner: CoordinatorClient, *, target_workers: int = 2, seed: int = 0) -> str:
+    """A run with a 100 AIT budget escrowed from the owner's (faucet-funded) wallet."""
+    owner.post("/wallets/fund", {"amount": "1000"})
     run = owner.post("/runs", {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB",
-                               "target_workers": target_workers, "seed": seed})
+                               "target_workers": target_workers, "seed": seed, "budget": "100"})
     return run["training_id"]
 
 

@@ -41,9 +41,10 @@ class Stack:
         self.procs[name] = p
         return p
 
-    def start_coordinator(self, *, lease: float = 3.0) -> None:
+    def start_coordinator(self, *, lease: float = 3.0, settle_delay: float = 0.0) -> None:
         self._spawn("coordinator", ["coordinator", "serve", "--home", str(self.root / "coordinator"),
-                                    "--port", str(self.port), "--lease", str(lease), "--log-level", "warning"])
+                                    "--port", str(self.port), "--lease", str(lease), "--log-level", "warning",
+                                    "--settle-delay", str(settle_delay)])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -56,10 +57,22 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"coordinator did not start:\n{self.log('coordinator')}")
 
-    def start_worker(self, name: str, *, gpu: str = "RTX3090", price: str = "1.00", step_delay: float = 0.0) -> None:
+    def start_worker(self, name: str, *, gpu: str = "RTX3090", price: str = "1.00", step_delay: float = 0.0,
+                     max_bond: str = "0", attack: str | None = None, funds: str | None = None) -> None:
+        if funds is not None:  # the provider funds its own wallet first (its bond comes from it)
+            r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
+            if r.returncode != 0:  # the wallet does not exist yet
+                self.cli("wallet", "create", name, "--home", str(self.root / name))
+                r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
+            assert r.returncode == 0, r.stderr
         self._spawn(name, ["worker", "start", "--coordinator", self.url, "--home", str(self.root / name),
                            "--wallet", name, "--gpu", gpu, "--price", price, "--heartbeat", "0.5",
-                           "--log-level", "info", "--step-delay", str(step_delay)])
+                           "--log-level", "info", "--step-delay", str(step_delay), "--max-bond", max_bond,
+                           *(["--attack", attack] if attack else [])])
+
+    def fund_owner(self, amount: str = "1000") -> None:
+        r = self.cli("wallet", "fund", "my-agent-wallet", amount)
+        assert r.returncode == 0, r.stderr
 
     def wait_offers(self, n: int, timeout: float = 60) -> list[dict]:
         deadline = time.monotonic() + timeout
@@ -79,6 +92,7 @@ class Stack:
         r = self.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", model,
                      "--dataset-size", "100GB", "--target-workers", str(workers), *extra)
         assert r.returncode == 0, r.stderr
+        self.fund_owner()
         return re.search(r"Training ID: (training_\w+)", r.stdout).group(1)
 
     def start_run(self, run_id: str, *, workers: int, data: str = "digits", min_gpu: str = "RTX3090", **dist) -> None:

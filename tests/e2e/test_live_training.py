@@ -53,8 +53,14 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
                   "--required-workers", "3")
     assert r.returncode == 0, r.stderr
     assert "Contracted 3 workers" in r.stdout
-    r = stack.cli("distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel",
-                  "--rounds", "4", "--local-steps", "15", "--lr", "3e-3", "--compression", "int8")
+    dist = ["distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel",
+            "--rounds", "4", "--local-steps", "15", "--lr", "3e-3", "--compression", "int8"]
+    r = stack.cli(*dist)  # the owner's wallet is empty: nothing is escrowed, nothing starts
+    assert r.returncode == 1 and "insufficient" not in r.stdout
+    assert "needed" in r.stderr and "aitbc wallet fund my-agent-wallet" in r.stderr, r.stderr
+    assert stack.api(f"/runs/{run_id}")["status"] == "initializing"
+    stack.fund_owner()
+    r = stack.cli(*dist)
     assert r.returncode == 0, r.stderr
     r = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--timeout", "240")
     assert r.returncode == 0, r.stderr + r.stdout

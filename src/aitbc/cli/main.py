@@ -46,10 +46,12 @@ def _root(
 def _register() -> None:
     # Imported here so each command module stays importable on its own.
     from aitbc.cli import ipfs, market, services, simulate, stack, training, wallet
+    from aitbc.cli import ledger
 
     app.add_typer(ipfs.app, name="ipfs")
     app.command("simulate")(simulate.simulate)
     app.add_typer(wallet.app, name="wallet")
+    app.add_typer(ledger.app, name="ledger")
     app.add_typer(services.coordinator_app, name="coordinator")
     app.add_typer(services.worker_app, name="worker")
     app.add_typer(training.app, name="distributed-training")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -30,6 +30,8 @@ def serve(
     max_blob_mb: Annotated[float, typer.Option(help="Largest blob an upload may store, in MiB.")] = 256.0,
     lease: Annotated[float, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    network: Annotated[str, typer.Option(help="Ledger network this coordinator settles on (local).")] = "local",
+    settle_delay: Annotated[float, typer.Option(hidden=True, help="Testing: seconds between two settlements.")] = 0.0,
 ) -> None:
     """Serve the coordinator's API under /v1 (OpenAPI docs at /docs)."""
     import uvicorn
@@ -42,8 +44,14 @@ def serve(
     if max_blob_mb <= 0 or lease <= 0:
         raise UsageError("--max-blob-mb and --lease must be > 0")
     _logging(log_level)
-    settings = Settings(home=resolve_home(home), db_url=db, host=host, port=port,
-                        max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease)
+    from aitbc.ledger.book import LedgerError, check_network
+
+    try:
+        check_network(network)
+    except LedgerError as e:
+        raise UsageError(e.detail) from None
+    settings = Settings(home=resolve_home(home), db_url=db, host=host, port=port, network=network,
+                        max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease, settle_delay=settle_delay)
     app = create_app(settings)
     import gc
 
@@ -65,7 +73,9 @@ def start(
     home: HomeOption = DEFAULT_HOME,
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 2.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    max_bond: Annotated[str, typer.Option(help="Most AIT a contract may lock from this wallet as a bond (0: only bond-free runs).")] = "0",
     step_delay: Annotated[float, typer.Option(hidden=True, help="Testing: seconds to sleep after each local step.")] = 0.0,
+    attack: Annotated[Optional[str], typer.Option(hidden=True, help="Testing: act as a Byzantine worker, e.g. sign-flip.")] = None,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped."""
     from aitbc.client import coordinator_url
@@ -73,15 +83,16 @@ def start(
     from aitbc.coordinator.errors import ApiError
     from aitbc.worker.daemon import Worker, WorkerConfig
 
-    try:
-        parse_price(price)
-    except ApiError as e:
-        raise UsageError(f"--price: {e.detail}") from None
+    for flag, value in (("--price", price), ("--max-bond", max_bond)):
+        try:
+            parse_price(value, field=flag)
+        except ApiError as e:
+            raise UsageError(e.detail) from None
     _logging(log_level)
     home_dir: Path = resolve_home(home)
     cfg = WorkerConfig(coordinator=coordinator_url(coordinator, home_dir), home=home_dir, wallet=wallet, gpu=gpu,
                        price=price, availability=availability, heartbeat_seconds=heartbeat,
-                       step_delay=step_delay)
+                       step_delay=step_delay, max_bond=max_bond, attack=attack)
     worker = Worker(cfg)
 
     def _terminate(*_: object) -> None:  # out of a long poll or a training step at once

@@ -149,6 +149,11 @@ def _step(n: int, total: int, text: str) -> None:
     out.print(f"\n[bold]\\[{n}/{total}] {text}[/bold]", highlight=False)
 
 
+DEMO_OWNER_FUNDS = "1000"  # AIT minted by the local faucet for the demo's owner
+DEMO_WORKER_FUNDS = "10"
+DEMO_BOND = "1"
+
+
 def demo(
     workers: Annotated[int, typer.Option("--workers", "-n", help="Workers to start (and to hire).")] = 3,
     rounds: Annotated[int, typer.Option(help="Aggregation rounds.")] = 10,
@@ -207,15 +212,22 @@ def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, loc
     url, owner = st.coordinator, "owner"
     common = {"coordinator": url, "home": home}
 
-    _step(2, 7, "init: the owner's wallet and a training run")
+    _step(2, 7, "init: funded wallets on the local network and a training run")
     wallet = ensure_wallet(home, owner)
-    out.print(f"Owner wallet: {owner} ({wallet.address})", highlight=False)
+    with CoordinatorClient(url, wallet) as c:
+        c.post("/wallets/fund", {"amount": DEMO_OWNER_FUNDS})
+    for p in st.workers:  # each provider funds its bond from its own wallet (signed by it)
+        wdir = home / "workers" / p.name.replace("worker-", "w")
+        with CoordinatorClient(url, ensure_wallet(wdir, p.name.replace("worker-", "provider-"))) as c:
+            c.post("/wallets/fund", {"amount": DEMO_WORKER_FUNDS})
+    out.print(f"Owner wallet: {owner} ({wallet.address}), funded with {DEMO_OWNER_FUNDS} AIT; "
+              f"each provider funded with {DEMO_WORKER_FUNDS} AIT for its bond", highlight=False)
     with CoordinatorClient(url, wallet) as c:
         run = c.post("/runs", {"model_type": model, "model_options": {}, "dataset_size": "1MB",
-                               "target_workers": workers, "seed": 0})
+                               "target_workers": workers, "seed": 0, "bond": DEMO_BOND})
     run_id = run["training_id"]
     training._remember(home, run_id, owner, url)
-    out.print(f"Training ID: {run_id}  (model {model}, {workers} target workers)", highlight=False)
+    out.print(f"Training ID: {run_id}  (model {model}, {workers} target workers, bond {DEMO_BOND} AIT each)", highlight=False)
 
     _step(3, 7, f"upload-data: shard {dataset!r} into {workers} shards, content-addressed")
     training.upload_data(training_id=run_id, data_path=dataset, **common)
@@ -246,6 +258,32 @@ def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, loc
     _summary(st, res, detail, wall=time.monotonic() - t0, model_file=model_file if failure is None else None)
     if failure is not None:
         raise failure
+    with CoordinatorClient(url, wallet) as c:
+        pay = _wait_settled(c, run_id, timeout=60)
+        out.print(training._payments_table(pay))
+        out.print(f"Escrowed {pay['escrowed']} AIT; {pay['escrow_balance']} AIT left in escrow (unspent budget refunded to the owner)",
+                  highlight=False)
+        result = _audit(c)
+    out.print(f"aitbc ledger verify: {result.describe()}", highlight=False)
+    if not result.ok:
+        raise AitbcError(f"ledger verification failed: {result.describe()}")
+
+
+def _wait_settled(c, run_id: str, *, timeout: float) -> dict[str, Any]:
+    """Payments settle after the run completes; wait until the run is finalized."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pay = c.get(f"/runs/{run_id}/payments")
+        if pay["finalized"] or time.monotonic() > deadline:
+            return pay
+        time.sleep(0.2)
+
+
+def _audit(c):
+    """The whole ledger, fetched and re-checked here: what ``aitbc ledger verify`` does."""
+    from aitbc.cli.ledger import audit_coordinator
+
+    return audit_coordinator(c.base_url)
 
 
 def _summary(st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None) -> None:

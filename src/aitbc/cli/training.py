@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -66,6 +67,19 @@ def _client(home: Path, coordinator: str | None, run_id: str | None = None, wall
     return CoordinatorClient(url, load_wallet(home, name) if name else None)
 
 
+@contextmanager
+def _naming(wallet: str | None):
+    """The coordinator's hints say WALLET where only we know the wallet's name."""
+    from aitbc.client import ApiError
+
+    try:
+        yield
+    except ApiError as e:
+        if wallet and "WALLET" in e.detail:
+            raise ApiError(e.status, e.code, e.detail.replace("WALLET", wallet)) from None
+        raise
+
+
 def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
     sys.stdout.flush()
@@ -100,6 +114,9 @@ def init(
     target_workers: Annotated[int, typer.Option("--target-workers", help="Workers (and data shards) to plan for.", show_default=False)],
     model_opt: Annotated[Optional[list[str]], typer.Option("--model-opt", help="Model option KEY=VALUE (repeatable), e.g. context=64.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the data split and the initial model.")] = 0,
+    budget: Annotated[Optional[str], typer.Option(help="AIT to escrow now from the wallet (default: distribute escrows the contracts' cost).")] = None,
+    bond: Annotated[str, typer.Option(help="AIT each hired provider locks for the run (slashed for provable misbehaviour).")] = "0",
+    network: Annotated[str, typer.Option(help="Ledger network: local (this build settles on the local ledger only).")] = "local",
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
@@ -110,15 +127,25 @@ def init(
     home = resolve_home(home)
     if target_workers < 1:
         raise UsageError(f"--target-workers must be >= 1, got {target_workers}")
+    from aitbc.ledger.book import LedgerError, check_network
+
+    try:
+        check_network(network)
+    except LedgerError as e:
+        raise UsageError(e.detail) from None
     try:
         w = load_wallet(home, wallet)
     except NotFoundError:
         w = create_wallet(home, wallet)
         err.print(f"created wallet {wallet} ({w.address})", highlight=False)
     url = coordinator_url(coordinator, home)
-    with CoordinatorClient(url, w) as c:
-        run = c.post("/runs", {"model_type": model_type, "model_options": parse_kv(model_opt or [], what="model option"),
-                               "dataset_size": dataset_size, "target_workers": target_workers, "seed": seed})
+    body: dict[str, Any] = {"model_type": model_type, "model_options": parse_kv(model_opt or [], what="model option"),
+                            "dataset_size": dataset_size, "target_workers": target_workers, "seed": seed,
+                            "bond": bond, "network": network}
+    if budget is not None:
+        body["budget"] = budget
+    with CoordinatorClient(url, w) as c, _naming(wallet):
+        run = c.post("/runs", body)
     _remember(home, run["training_id"], wallet, url)
     if json_out:
         _emit_json(run)
@@ -261,7 +288,13 @@ def distribute(
             "outer": outer, "aggregator": aggregator, "compression": compression, "error_feedback": error_feedback,
             "mode": mode, "deadline": deadline, "quorum": quorum, "min_workers": min_workers,
             "max_workers": max_workers, "eval_every": eval_every}
-    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c:
+    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c, _naming(wallet or _recall(home, training_id).get("wallet")):
+        detail = c.get(f"/runs/{training_id}")
+        if detail.get("budget") is None:  # the escrow is the contracts' cost: sign the most it may be
+            hired = sum(ct["price_micro"] for ct in detail["contracts"] if ct["status"] == "hired")
+            from aitbc.coordinator.units import format_price
+
+            body["max_cost"] = format_price(hired * rounds)
         run = c.post(f"/runs/{training_id}/distribute", body)
     if json_out:
         _emit_json(run)
@@ -545,3 +578,32 @@ def verify(
         raise AitbcError(f"{len(bad)} of {len(rows)} checkpoints failed verification (first: round {bad[0]['round']}: {bad[0]['detail']})")
     if not json_out:
         out.print(f"All {len(rows)} checkpoints verified", highlight=False)
+
+
+@app.command()
+def payments(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Per worker: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    home = resolve_home(home)
+    with _client(home, coordinator, training_id) as c:
+        res = c.get(f"/runs/{training_id}/payments")
+    if json_out:
+        _emit_json(res)
+        return
+    out.print(_payments_table(res))
+    out.print(f"Escrowed {res['escrowed']} AIT; left in escrow {res['escrow_balance']} AIT; "
+              f"settled through round {res['settled_round']}" + ("; finalized" if res["finalized"] else ""), highlight=False)
+
+
+def _payments_table(res: dict[str, Any]) -> Table:
+    t = Table(title=f"Payments of {res['training_id']} ({res['network']} network, AIT)")
+    for col in ("worker", "price/round", "rounds accepted", "score", "paid", "bond", "slashed", "reputation", "flags", "contract"):
+        t.add_column(col, justify="left" if col in ("worker", "flags", "contract") else "right")
+    for r in res["data"]:
+        t.add_row(_short(r["worker_id"]), r["price"], str(r["rounds_accepted"]), _fmt(r["score"], ".3f"), r["paid"],
+                  r["bond"], r["slashed"], _fmt(r["reputation"], ".2f"), ", ".join(r["flags"]), r["status"])
+    return t

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -81,3 +81,107 @@ def show(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOpti
         ("Path", str(path)),
     ):
         typer.echo(f"{label + ':':<12}{value}")
+
+
+# --- money on the local network (the coordinator keeps the ledger) --------------------
+
+CoordinatorOption = Annotated[Optional[str], typer.Option("--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700).")]
+NetworkOption = Annotated[str, typer.Option("--network", help="Ledger network: local (mainnet and testnet are not available in this build).")]
+AmountArgument = Annotated[str, typer.Argument(help="AIT, up to 6 decimals, e.g. 12.5.", show_default=False)]
+
+
+def _money_client(home: Path, coordinator: str | None, name: str | None, network: str):
+    from aitbc.client import CoordinatorClient, coordinator_url
+    from aitbc.errors import UsageError
+    from aitbc.ledger.chain import LedgerError, check_network  # not .book: no SQLAlchemy for a CLI command
+
+    try:
+        check_network(network)
+    except LedgerError as e:
+        raise UsageError(e.detail) from None
+    return CoordinatorClient(coordinator_url(coordinator, home), load_wallet(home, name) if name else None)
+
+
+def _named(e, name: str):
+    """The server says WALLET where only the CLI knows the wallet's name."""
+    from aitbc.client import ApiError
+
+    return ApiError(e.status, e.code, e.detail.replace("WALLET", name))
+
+
+@app.command()
+def fund(name: NameArgument, amount: AmountArgument, network: NetworkOption = "local",
+         coordinator: CoordinatorOption = None, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+    """The local faucet: mint AMOUNT AIT into wallet NAME (a recorded, signed mint)."""
+    home = resolve_home(home)
+    with _money_client(home, coordinator, name, network) as c:
+        res = c.post("/wallets/fund", {"amount": amount, "network": network})
+    if json_out:
+        _print_json(res)
+        return
+    typer.echo(f"Funded {name} with {res['amount']} AIT (ledger entry {res['entry']}); balance {res['balance']} AIT")
+
+
+@app.command()
+def balance(name: NameArgument, network: NetworkOption = "local", coordinator: CoordinatorOption = None,
+            home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+    """Wallet NAME's balance on the ledger."""
+    home = resolve_home(home)
+    w = load_wallet(home, name)
+    with _money_client(home, coordinator, None, network) as c:
+        res = c.get(f"/wallets/{w.address}/balance")
+    if json_out:
+        _print_json({**res, "name": name})
+        return
+    typer.echo(f"{name} ({w.address}): {res['balance']} AIT on {res['network']}")
+
+
+@app.command()
+def send(name: NameArgument, to: Annotated[str, typer.Argument(help="A wallet name under HOME, or an address (ait1...).", show_default=False)],
+         amount: AmountArgument, network: NetworkOption = "local", coordinator: CoordinatorOption = None,
+         home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+    """Send AMOUNT AIT from wallet NAME to TO (signed by NAME)."""
+    from aitbc.client import ApiError
+
+    home = resolve_home(home)
+    address = to if to.startswith("ait1") else load_wallet(home, to).address
+    with _money_client(home, coordinator, name, network) as c:
+        try:
+            res = c.post("/wallets/send", {"to": address, "amount": amount, "network": network})
+        except ApiError as e:
+            raise _named(e, name) from None
+    if json_out:
+        _print_json(res)
+        return
+    typer.echo(f"Sent {res['amount']} AIT from {name} to {address} (ledger entry {res['entry']}); balance {res['balance']} AIT")
+
+
+@app.command()
+def history(name: NameArgument, limit: Annotated[int, typer.Option(help="Most recent entries to show.")] = 50,
+            network: NetworkOption = "local", coordinator: CoordinatorOption = None,
+            home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+    """Ledger entries that moved money into or out of wallet NAME."""
+    import time as _time
+
+    home = resolve_home(home)
+    w = load_wallet(home, name)
+    if limit < 1:
+        from aitbc.errors import UsageError
+
+        raise UsageError(f"--limit must be >= 1, got {limit}")
+    with _money_client(home, coordinator, None, network) as c:
+        res = c.get(f"/wallets/{w.address}/history", params={"limit": limit})
+    if json_out:
+        _print_json(res)
+        return
+    if not res["data"]:
+        err.print(f"no ledger entries for {name}", highlight=False, markup=False)
+        return
+    mine = f"wallet:{w.address}"
+    table = Table("#", "time", "kind", "amount AIT", "counterparty", "memo")
+    for e in res["data"]:
+        sign = "+" if e["credit"] == mine else "-"
+        other = e["debit"] if e["credit"] == mine else e["credit"]
+        table.add_row(str(e["seq"]), _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e["created_at"])), e["kind"],
+                      f"{sign}{e['amount_ait']}", other, json.dumps(e["memo"], sort_keys=True))
+    out.print(table)

@@ -20,6 +20,9 @@ class Settings(BaseModel):
     tick_seconds: float = Field(0.2, gt=0)  # how often the round driver looks at the clock
     heartbeat_flush_seconds: float = Field(2.0, gt=0)  # in-memory heartbeats -> database
     eval_samples: int = Field(512, ge=1)  # validation samples scored each round
+    score_samples: int = Field(512, ge=1)  # samples per batch when scoring one update
+    network: str = "local"  # the ledger this coordinator settles on
+    settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
 
     @property
     def database_url(self) -> str:

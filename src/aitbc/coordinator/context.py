@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.db import make_engine, make_sessions
 from aitbc.coordinator.models import Offer
+from aitbc.ledger.book import Ledger
 from aitbc.ledger.signing import NonceCache
+from aitbc.ledger.wallet import ensure_wallet
 from aitbc.storage.blobstore import LocalBlobStore
 
 
@@ -102,6 +104,7 @@ class Context:
     notifier: Notifier
     nonces: NonceCache
     started_at: float
+    ledger: Ledger
 
     def session(self) -> Session:
         return self.sessions()
@@ -119,6 +122,7 @@ def build_context(settings: Settings) -> Context:
         notifier=Notifier(),
         nonces=NonceCache(window=2 * settings.max_skew_seconds),
         started_at=time.time(),
+        ledger=Ledger(ensure_wallet(settings.home, "coordinator"), settings.network),
     )
     with ctx.session() as s:
         seen = s.execute(select(Offer.id, Offer.last_heartbeat)).all()

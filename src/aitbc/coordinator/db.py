@@ -7,6 +7,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from aitbc.coordinator.models import Base
+from aitbc.ledger.book import LedgerBase
 
 
 def make_engine(url: str) -> Engine:
@@ -24,6 +25,7 @@ def make_engine(url: str) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     Base.metadata.create_all(engine)
+    LedgerBase.metadata.create_all(engine)
     return engine
 
 

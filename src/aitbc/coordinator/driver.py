@@ -14,7 +14,7 @@ import time
 
 from sqlalchemy import select
 
-from aitbc.coordinator import rounds, states
+from aitbc.coordinator import payments, rounds, states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Run
 from aitbc.coordinator.workers import flush_heartbeats
@@ -83,8 +83,20 @@ class RoundDriver:
             self._advance(run_id)
         with ctx.session() as s:
             missing = rounds.pending_evaluations(s)
+            unsettled, ended = payments.pending(s)
         for run_id, r in missing[:1]:  # one per tick: new rounds come first
             rounds.evaluate_round(ctx, run_id, r)
+        for run_id, r in unsettled:  # score and pay the oldest closed round of each run
+            self._money(run_id, lambda: (payments.score(ctx, run_id, r), payments.settle(ctx, run_id, r)))
+        for run_id in ended:  # then refund the rest and return bonds
+            self._money(run_id, lambda: payments.finalize(ctx, run_id))
+            rounds.drop_runtime(ctx, run_id)
+
+    def _money(self, run_id: str, step) -> None:
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - money steps are idempotent; retried next tick, logged in full
+            log.exception("run %s: scoring/settlement step failed; retrying next tick", run_id)
 
     def _advance(self, run_id: str) -> None:
         """Open the first round or close the current one. A run whose round fails the same

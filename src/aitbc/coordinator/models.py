@@ -55,6 +55,13 @@ class Run(Base):
     bytes_up: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_down: Mapped[int] = mapped_column(BigInteger, default=0)
     error: Mapped[str | None] = mapped_column(Text, default=None)
+    # money (micro-AIT)
+    network: Mapped[str] = mapped_column(String(16), default="local")
+    budget: Mapped[int | None] = mapped_column(BigInteger, default=None)  # escrowed at init, if given
+    bond: Mapped[int] = mapped_column(BigInteger, default=0)  # each hired provider posts this
+    escrowed: Mapped[int] = mapped_column(BigInteger, default=0)  # total moved into escrow
+    settled_round: Mapped[int] = mapped_column(Integer, default=0)  # rounds scored and paid so far
+    finalized: Mapped[bool] = mapped_column(default=False)  # remainder refunded, bonds returned
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)
@@ -75,6 +82,8 @@ class Offer(Base):
     reputation: Mapped[float] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16), index=True)  # online | failed | offline
     flags: Mapped[int] = mapped_column(Integer, default=0)
+    max_bond: Mapped[int] = mapped_column(BigInteger, default=0)  # the most it lets a contract lock
+    registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # its signed offer (authorises bonds)
     last_heartbeat: Mapped[float] = mapped_column(Float)
     registered_at: Mapped[float] = mapped_column(Float)
 
@@ -90,7 +99,9 @@ class Contract(Base):
     worker_id: Mapped[str] = mapped_column(ForeignKey("offers.id"), index=True)
     price: Mapped[int] = mapped_column(BigInteger)  # micro-AIT per round
     score: Mapped[float] = mapped_column(Float)  # the marketplace score when hired
-    status: Mapped[str] = mapped_column(String(16))  # hired | working | released | failed
+    status: Mapped[str] = mapped_column(String(16))  # hired | working | released | failed | slashed
+    bond: Mapped[int] = mapped_column(BigInteger, default=0)  # posted when hired
+    slashed: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -172,4 +183,43 @@ class Flag(Base):
     round: Mapped[int | None] = mapped_column(Integer, default=None)
     kind: Mapped[str] = mapped_column(String(32))  # rejected_update | lease_expired | straggler | bad_blob
     reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Score(Base):
+    """One worker's contribution to one round (see :mod:`aitbc.core.scoring`)."""
+
+    __tablename__ = "scores"
+    __table_args__ = (UniqueConstraint("run_id", "round", "contract_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"))
+    worker_id: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | missing
+    gain: Mapped[float | None] = mapped_column(Float, default=None)
+    own_gain: Mapped[float | None] = mapped_column(Float, default=None)
+    other_gain: Mapped[float | None] = mapped_column(Float, default=None)
+    kept: Mapped[float | None] = mapped_column(Float, default=None)
+    flags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    provable: Mapped[bool] = mapped_column(default=False)  # misbehaviour anyone can re-check: slashes
+    quality: Mapped[float] = mapped_column(Float)
+
+
+class Settlement(Base):
+    """A contract's pay for one round: written once, in the transaction of its ledger entry."""
+
+    __tablename__ = "settlements"
+    __table_args__ = (UniqueConstraint("contract_id", "round"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"))
+    worker_id: Mapped[str] = mapped_column(String(64))
+    round: Mapped[int] = mapped_column(Integer)
+    quality: Mapped[float] = mapped_column(Float)
+    due: Mapped[int] = mapped_column(BigInteger)  # price x quality, micro-AIT
+    paid: Mapped[int] = mapped_column(BigInteger)  # what escrow could pay of it
+    entry_seq: Mapped[int | None] = mapped_column(Integer, default=None)  # the ledger entry, if paid > 0
     created_at: Mapped[float] = mapped_column(Float)

@@ -345,7 +345,7 @@ def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: fl
         return arrived[j.id] - max(start, j.created_at) if j.id in arrived else float("inf")
 
     slowest = max(active, key=lambda j: (took(j), j.id))
-    _end_job(s, slowest, "released", f"slowest in round {run.round} while over the target of {run.target_workers} workers", now=now)
+    end_job(s, slowest, "released", f"slowest in round {run.round} while over the target of {run.target_workers} workers", now=now)
 
 
 def end_run(s: Session, run: Run, status: str, *, reason: str | None, now: float | None = None) -> None:
@@ -355,12 +355,12 @@ def end_run(s: Session, run: Run, status: str, *, reason: str | None, now: float
     if reason:
         run.error = reason
     for j in s.scalars(select(Job).where(Job.run_id == run.id, Job.status == "active")):
-        _end_job(s, j, "released", f"run {status}", now=now)
+        end_job(s, j, "released", f"run {status}", now=now)
     for c in s.scalars(select(Contract).where(Contract.run_id == run.id, Contract.status.in_(("hired", "working")))):
         c.status = "released"
 
 
-def _end_job(s: Session, job: Job, status: str, reason: str, *, now: float) -> None:
+def end_job(s: Session, job: Job, status: str, reason: str, *, now: float) -> None:
     job.status, job.end_reason, job.updated_at = status, reason, now
     c = s.get(Contract, job.contract_id)
     if c is not None and c.status in ("hired", "working"):
@@ -388,7 +388,7 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
             continue
         silent = now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.started_at)
         reason = f"missed heartbeats for {silent:.1f} s (lease {lease:g} s)"
-        _end_job(s, job, "failed", reason, now=now)
+        end_job(s, job, "failed", reason, now=now)
         offer = s.get(Offer, job.worker_id)
         if offer is not None:
             offer.status = "failed"
@@ -402,6 +402,8 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
 def assign_worker(ctx: Context, s: Session, run: Run, shard_index: int, *, now: float, replaces: str | None = None) -> Job | None:
     """A job on ``shard_index`` for the best free worker: a spare this run already hired,
     else the best-ranked free live offer (hired now, at its price). None if nobody is free."""
+    from aitbc.coordinator.payments import can_bond, post_bond
+
     lease = ctx.settings.lease_seconds
     taken = busy_workers(s)
     spares = s.scalars(
@@ -410,7 +412,8 @@ def assign_worker(ctx: Context, s: Session, run: Run, shard_index: int, *, now: 
     contract = next((c for c in spares if ctx.liveness.alive(c.worker_id, now, lease)), None)
     if contract is None:
         in_run = set(s.scalars(select(Contract.worker_id).where(Contract.run_id == run.id)).all())
-        free = [o for o in market_offers(ctx, s) if o.worker_id not in taken and o.worker_id not in in_run]
+        free = [o for o in market_offers(ctx, s) if o.worker_id not in taken and o.worker_id not in in_run
+                and can_bond(ctx, s, s.get(Offer, o.worker_id), run.bond)]
         ranked = rank_offers(free, now=now, max_age=lease)
         if not ranked:
             return None
@@ -418,6 +421,8 @@ def assign_worker(ctx: Context, s: Session, run: Run, shard_index: int, *, now: 
         contract = Contract(id=new_id("contract"), run_id=run.id, worker_id=best.id, price=best.price,
                             score=ranked[0].score, status="hired", created_at=now)
         s.add(contract)
+        s.flush()
+        post_bond(ctx, s, run, contract, best)
     contract.status = "working"
     job = Job(id=new_id("job"), run_id=run.id, contract_id=contract.id, worker_id=contract.worker_id,
               shard_index=shard_index, shard_cid=run.manifest["shards"][shard_index]["cid"], status="active",

@@ -6,6 +6,7 @@ transaction (or none, when it is refused). Checks come before writes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Ru
 from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.units import format_price, parse_price, parse_size
 from aitbc.errors import AitbcError
+from aitbc.ledger.book import LedgerError, RequestAuth, check_network
 from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import NEUTRAL_REPUTATION, Offer as MarketOffer, rank_offers
 from aitbc.storage.cid import is_cid
@@ -57,8 +59,22 @@ def owned_run(s: Session, run_id: str, signer: str) -> Run:
 # --- create --------------------------------------------------------------------------
 
 
-def create_run(s: Session, body: RunCreate, *, owner: str, owner_key: str) -> Run:
+def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_key: str, request: RequestAuth) -> Run:
+    """A new run; with a budget, the budget moves into the run's escrow in the same
+    transaction (a short balance refuses both)."""
+    from aitbc.coordinator.payments import escrow
+
     size = parse_size(body.dataset_size)
+    try:
+        check_network(body.network)
+    except LedgerError as e:
+        raise unprocessable("bad_network", e.detail) from None
+    if body.network != ctx.ledger.network:
+        raise unprocessable("bad_network", f"this coordinator settles on {ctx.ledger.network!r}, not {body.network!r}")
+    budget = parse_price(body.budget, field="budget") if body.budget is not None else None
+    if budget == 0:
+        raise unprocessable("bad_price", "budget must be more than 0 AIT (or leave it out: distribute escrows the contracts' cost)")
+    bond = parse_price(body.bond, field="bond")
     try:
         model_config(body.model_type, body.model_options)  # unknown model or option -> error now
     except AitbcError as e:
@@ -68,9 +84,12 @@ def create_run(s: Session, body: RunCreate, *, owner: str, owner_key: str) -> Ru
         id=new_id("training"), owner=owner, owner_key=owner_key, status=states.INITIALIZING,
         model_type=body.model_type, model_options=body.model_options, dataset_size=body.dataset_size,
         dataset_size_bytes=size, target_workers=body.target_workers, seed=body.seed,
-        created_at=now, updated_at=now,
+        network=body.network, budget=budget, bond=bond, escrowed=0, created_at=now, updated_at=now,
     )
     s.add(run)
+    s.flush()
+    if budget:
+        escrow(ctx, s, run, budget, dataclasses.replace(request, field="budget"), why="the budget")
     s.commit()
     return run
 
@@ -154,12 +173,17 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, An
             raise unprocessable("bad_gpu", str(e)) from None
     max_price = parse_price(body.max_price, field="max price") / 1_000_000 if body.max_price is not None else None
     now = time.time()
+    from aitbc.coordinator.payments import can_bond, post_bond
+
     taken = busy_workers(s)
     pool = [o for o in market_offers(ctx, s) if o.worker_id not in taken]
+    unbonded = [o for o in pool if not can_bond(ctx, s, s.get(Offer, o.worker_id), run.bond)]
+    pool = [o for o in pool if o not in unbonded]
     ranked = rank_offers(pool, min_gpu=min_gpu, max_price=max_price, now=now, max_age=ctx.settings.lease_seconds)
     if len(ranked) < body.required_workers:
         asked = f" with GPU at least {min_gpu}" if min_gpu else ""
         asked += f" at most {format_price(parse_price(body.max_price))} AIT/round" if body.max_price is not None else ""
+        asked += f" able to bond {format_price(run.bond)} AIT ({len(unbonded)} cannot)" if run.bond else ""
         raise conflict(
             "not_enough_workers",
             f"found {len(ranked)} free live offer{'s' if len(ranked) != 1 else ''}{asked} "
@@ -171,6 +195,8 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, An
         c = Contract(id=new_id("contract"), run_id=run.id, worker_id=r.offer.worker_id, price=price,
                      score=r.score, status="hired", created_at=now)
         s.add(c)
+        s.flush()
+        post_bond(ctx, s, run, c, s.get(Offer, c.worker_id))
         contracts.append(c)
     run.updated_at = now
     s.commit()
@@ -197,7 +223,7 @@ def contract_view(c: Contract) -> dict[str, Any]:
 # --- distribute ----------------------------------------------------------------------
 
 
-def distribute(ctx: Context, s: Session, run: Run, body: Distribute) -> Run:
+def distribute(ctx: Context, s: Session, run: Run, body: Distribute, request: RequestAuth) -> Run:
     """Check the training config against the run, assign shards to hired workers and move
     to ``distributing``; the round driver then writes the initial model and opens round 1."""
     from aitbc.coordinator.rounds import check_training_config  # torch: imported on use
@@ -211,13 +237,27 @@ def distribute(ctx: Context, s: Session, run: Run, body: Distribute) -> Run:
     if not hired:
         raise conflict("no_workers", f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}")
     n_shards = len(run.manifest["shards"])
-    cfg = body.model_dump()
+    cfg = body.model_dump(exclude={"max_cost"})
     cfg["min_workers"] = body.min_workers or 1
     cfg["max_workers"] = body.max_workers or max(run.target_workers, cfg["min_workers"])
     cfg["quorum"] = body.quorum or cfg["min_workers"]
     if cfg["min_workers"] > cfg["max_workers"]:
         raise unprocessable("bad_config", f"min_workers ({cfg['min_workers']}) exceeds max_workers ({cfg['max_workers']})")
     cfg.update(check_training_config(run, cfg, workers=min(len(hired), n_shards)))
+    run.config = cfg
+    if run.budget is None:  # no budget at init: escrow what the contracts will cost
+        from aitbc.coordinator.payments import distribution_cost, escrow
+
+        cost = distribution_cost(run, list(hired[:n_shards]))
+        if body.max_cost is None:
+            raise unprocessable("no_budget", f"run {run.id} has no budget: distribute escrows the contracts' cost "
+                                             f"({format_price(cost)} AIT) and needs max_cost signed in the request")
+        limit = parse_price(body.max_cost, field="max_cost")
+        if cost > limit:
+            raise conflict("over_max_cost", f"the contracts cost {format_price(cost)} AIT over {cfg['rounds']} rounds; "
+                                            f"max_cost allows {format_price(limit)}")
+        escrow(ctx, s, run, cost, dataclasses.replace(request, field="max_cost"),
+               why=f"{min(len(hired), n_shards)} workers x {cfg['rounds']} rounds at their agreed prices")
     now = time.time()
     for i, c in enumerate(hired[:n_shards]):
         s.add(Job(id=new_id("job"), run_id=run.id, contract_id=c.id, worker_id=c.worker_id, shard_index=i,
@@ -297,7 +337,9 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "model_options": run.model_options, "seed": run.seed, "dataset_size_bytes": run.dataset_size_bytes,
         "data_source": run.data_source, "manifest_cid": run.manifest_cid, "data_bytes": run.data_bytes,
         "shards": len(run.manifest["shards"]) if run.manifest else 0,
-        "config": cfg, "global_model_cid": run.global_cid, "initial_val_loss": run.initial_val_loss,
+        "config": cfg, "global_model_cid": run.global_cid, "network": run.network,
+        "budget": None if run.budget is None else format_price(run.budget), "bond": format_price(run.bond),
+        "escrowed": format_price(run.escrowed), "initial_val_loss": run.initial_val_loss,
         "val_accuracy": run.val_accuracy, "rounds_completed": rounds_closed,
         "bytes_up": run.bytes_up, "bytes_down": run.bytes_down, "error": run.error, "flags": flags,
         "round_started_at": run.round_started_at, "deadline_at": deadline_at,

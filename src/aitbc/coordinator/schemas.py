@@ -21,6 +21,9 @@ class RunCreate(Body):
     dataset_size: str = Field(min_length=1, max_length=32)
     target_workers: int = Field(ge=1, le=10_000)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    budget: str | float | None = None  # AIT escrowed now from the owner's wallet
+    bond: str | float = "0"  # AIT each hired provider locks for the run
+    network: str = "local"
 
 
 class DataAttach(Body):
@@ -52,6 +55,7 @@ class Distribute(Body):
     min_workers: int | None = Field(None, ge=1)
     max_workers: int | None = Field(None, ge=1)
     eval_every: int = Field(1, ge=1)
+    max_cost: str | float | None = None  # AIT the owner lets distribute escrow (runs without a budget)
 
 
 class WorkerRegister(Body):
@@ -59,6 +63,7 @@ class WorkerRegister(Body):
     price: str | float = Field(description="AIT per round, up to 6 decimals")
     availability: float = Field(1.0, ge=0, le=1)
     device: dict[str, Any] = Field(default_factory=dict)
+    max_bond: str | float = "0"  # AIT: the most a contract may lock from this wallet
 
 
 class Progress(Body):
@@ -74,3 +79,19 @@ class UpdateSubmit(Body):
     train_loss: float | None = None
     steps: int = Field(ge=1)
     compute_seconds: float = Field(0.0, ge=0)
+
+
+class WalletFund(Body):
+    amount: str | float
+    network: str = "local"
+
+
+class WalletSend(Body):
+    to: str = Field(min_length=1, max_length=64)
+    amount: str | float
+    network: str = "local"
+
+
+class PaymentCreate(Body):
+    contract_id: str = Field(min_length=1, max_length=64)
+    amount: str | float

@@ -18,6 +18,7 @@ from aitbc.coordinator.runs import lock_run
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.units import format_price, parse_price
 from aitbc.core.compression import decode as decode_update
+from aitbc.ledger.book import RequestAuth
 from aitbc.errors import AitbcError
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
@@ -26,10 +27,12 @@ from aitbc.storage.cid import is_cid
 LIVE_RUN = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
 
 
-def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, public_key: str) -> Offer:
+def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, public_key: str,
+             request: RequestAuth | None = None) -> Offer:
     """A provider's offer. Re-registering is how a restarted worker comes back; a second
     process registering while the first is still heartbeating is refused."""
     price = parse_price(body.price)
+    max_bond = parse_price(body.max_bond, field="max_bond")
     try:
         check_offer_fields(body.gpu, price / 1_000_000, body.availability)
     except AitbcError as e:
@@ -48,6 +51,8 @@ def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, 
         s.add(offer)
     offer.gpu, offer.price, offer.availability = normalize_gpu(body.gpu), price, body.availability
     offer.device, offer.status, offer.last_heartbeat = body.device, "online", now
+    offer.max_bond = max_bond
+    offer.registration = request.as_dict() if request is not None and max_bond > 0 else None
     s.commit()
     ctx.liveness.touch(worker_id, now)
     ctx.notifier.poke_driver()  # a joiner may take an orphaned shard
@@ -60,6 +65,7 @@ def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
         "worker_id": o.id, "gpu_type": o.gpu, "price": format_price(o.price), "price_micro": o.price,
         "reputation": o.reputation, "availability": o.availability, "status": o.status,
         "live": now - seen <= ctx.settings.lease_seconds, "last_heartbeat": seen,
+        "max_bond": format_price(o.max_bond or 0),
         "last_heartbeat_age": round(now - seen, 3), "device": o.device, "flags": o.flags,
     }
 

@@ -46,6 +46,8 @@ class WorkerConfig:
     max_backoff: float = 5.0
     progress_every: int = 10  # report progress every this many local steps
     step_delay: float = 0.0  # testing: sleep this long after each local step (a slower device)
+    max_bond: str = "0"  # AIT: the most a contract may lock from this wallet as a bond
+    attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
 
     def __post_init__(self) -> None:
         if not 0 <= self.availability <= 1:
@@ -76,6 +78,14 @@ class Worker:
         self.stop = threading.Event()
         self.job: JobState | None = None
         self.registered = threading.Event()
+        self.attack = None
+        if cfg.attack:
+            import torch
+
+            from aitbc.core.attacks import build_attack
+
+            self.attack = build_attack(*parse_spec(cfg.attack, what="attack"))
+            self.attack_gen = torch.Generator().manual_seed(0)
         _warm_up()
 
     # --- the loop -----------------------------------------------------------------------
@@ -109,7 +119,7 @@ class Worker:
 
     def register(self) -> None:
         try:
-            self.client.post("/workers", {"gpu": self.cfg.gpu, "price": self.cfg.price,
+            self.client.post("/workers", {"gpu": self.cfg.gpu, "price": self.cfg.price, "max_bond": self.cfg.max_bond,
                                           "availability": self.cfg.availability, "device": self.device})
         except ApiError as e:
             if e.code != "duplicate_registration":
@@ -181,7 +191,7 @@ class Worker:
         self._progress(job, 100.0 * (job["round"] - 1) / rounds, None, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
         t_compute = time.perf_counter()
         res = state.trainer.train_round(start, on_step=report)
-        blob = state.codec.encode(res.delta)
+        blob = state.codec.encode(res.delta if self.attack is None else self._craft(res.delta))
         compute = time.perf_counter() - t_compute - reporting
         cid = cid_of_bytes(blob)
         # The round's work is done: the upload is retried through an outage, never retrained.
@@ -192,6 +202,14 @@ class Worker:
         self._progress(job, 100.0 * job["round"] / rounds, res.loss, res.epoch, "uploaded")
         log.info("round %d/%d of %s: loss %.4f, update %d bytes, %.2f s (%.2f s computing)", job["round"], rounds,
                  job["training_id"], res.loss, len(blob), time.perf_counter() - t0, compute)
+
+    def _craft(self, own):
+        """Testing only (``--attack``): what a Byzantine worker sends instead of its update."""
+        from aitbc.core.attacks import AttackView
+
+        view = AttackView(own=own, honest=own.new_zeros(0, own.numel()), previous=None, n=1, f=1,
+                          generator=self.attack_gen)
+        return self.attack.craft(view)
 
     def _progress(self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str) -> None:
         try:
@@ -208,6 +226,8 @@ class Worker:
         spec_d = job["data_spec"]
         spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
         x, y = load_shard(self._blob(job["shard_cid"]))
+        if self.attack is not None and self.attack.flips_labels:
+            y = spec.num_classes - 1 - y  # label-flip poisons the worker's own data
         model = build_model(job["model_type"], spec, job["model_options"])
         cfg = LocalConfig(steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"])
         trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])

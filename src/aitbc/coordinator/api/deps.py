@@ -3,6 +3,7 @@ verified signer of a request."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +13,16 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
-from aitbc.ledger.signing import UNSIGNED_PAYLOAD, SignatureError, body_digest, verify_request
+from aitbc.ledger.book import RequestAuth
+from aitbc.ledger.signing import (
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    UNSIGNED_PAYLOAD,
+    SignatureError,
+    body_digest,
+    verify_request,
+)
 from aitbc.ledger.wallet import address_of
 
 
@@ -31,6 +41,12 @@ def get_session(ctx: Annotated[Context, Depends(get_context)]) -> Iterator[Sessi
 class Signer:
     address: str
     public_key: str
+    request: RequestAuth | None = None  # the signed request itself (JSON requests)
+
+    def auth(self, field: str | None = None) -> RequestAuth:
+        """This request as the authorisation of a ledger entry (``field`` bounds its amount)."""
+        assert self.request is not None, "a streamed request cannot authorise an entry"
+        return dataclasses.replace(self.request, field=field)
 
 
 def _target(request: Request) -> str:
@@ -40,18 +56,25 @@ def _target(request: Request) -> str:
     return (raw + (b"?" + q if q else b"")).decode("latin-1")
 
 
-def _verify(ctx: Context, request: Request, digest: str) -> Signer:
+def _verify(ctx: Context, request: Request, digest: str, body: bytes | None = None) -> Signer:
+    target = _target(request)
     key = verify_request(
-        request.headers, request.method, _target(request), digest, now=time.time(),
+        request.headers, request.method, target, digest, now=time.time(),
         max_skew=ctx.settings.max_skew_seconds, nonces=ctx.nonces, not_before=ctx.started_at,
     )
-    return Signer(address=address_of(key), public_key=key)
+    req = None
+    if body is not None:
+        h = request.headers
+        req = RequestAuth(method=request.method, path=target, body=body.decode("utf-8", "replace"),
+                          timestamp=h[HEADER_TIMESTAMP], nonce=h[HEADER_NONCE], public_key=key, signature=h[HEADER_SIGNATURE])
+    return Signer(address=address_of(key), public_key=key, request=req)
 
 
 async def signed(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:
     """The signer of a request whose body digest is signed (every JSON request).
     A missing, wrong, expired or replayed signature raises ``SignatureError`` (401)."""
-    return _verify(ctx, request, body_digest(await request.body()))
+    body = await request.body()
+    return _verify(ctx, request, body_digest(body), body)
 
 
 async def signed_stream(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from aitbc.coordinator import payments as pay
 from aitbc.coordinator import runs
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
-from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, RunCreate
+from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, PaymentCreate, RunCreate
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
 @router.post("", status_code=201)
-def create_run(body: RunCreate, s: SessionDep, signer: SignerDep) -> dict:
-    run = runs.create_run(s, body, owner=signer.address, owner_key=signer.public_key)
+def create_run(body: RunCreate, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    run = runs.create_run(ctx, s, body, owner=signer.address, owner_key=signer.public_key, request=signer.auth())
     return runs.run_summary(run)
 
 
@@ -42,7 +43,7 @@ def discover(run_id: str, body: Discover, ctx: CtxDep, s: SessionDep, signer: Si
 
 @router.post("/{run_id}/distribute")
 def distribute(run_id: str, body: Distribute, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
-    run = runs.distribute(ctx, s, runs.owned_run(s, run_id, signer.address), body)
+    run = runs.distribute(ctx, s, runs.owned_run(s, run_id, signer.address), body, signer.auth())
     return runs.run_detail(ctx, s, run)
 
 
@@ -70,3 +71,21 @@ def rounds(run_id: str, s: SessionDep) -> dict:
 @router.get("/{run_id}/results")
 def results(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
     return runs.results(ctx, s, runs.get_run(s, run_id))
+
+
+@router.get("/{run_id}/payments")
+def payments(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+    """Per worker: rounds accepted, mean score, paid, bond, slashed, reputation."""
+    return pay.payments_view(ctx, s, runs.get_run(s, run_id))
+
+
+@router.post("/{run_id}/payments", status_code=201)
+def pay_contract(run_id: str, body: PaymentCreate, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    """The owner pays a contract from the run's escrow by hand (manual control)."""
+    return pay.manual_payment(ctx, s, runs.owned_run(s, run_id, signer.address), body.contract_id, body.amount)
+
+
+@router.post("/{run_id}/refund")
+def refund(run_id: str, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    """Return an ended run's unspent escrow to the owner (and honest providers' bonds)."""
+    return pay.refund(ctx, s, runs.owned_run(s, run_id, signer.address))

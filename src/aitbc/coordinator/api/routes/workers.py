@@ -24,7 +24,7 @@ def offers(ctx: CtxDep, s: SessionDep, all: bool = False) -> dict:
 
 @router.post("/workers", status_code=201)
 def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
-    offer = workers.register(ctx, s, body, worker_id=signer.address, public_key=signer.public_key)
+    offer = workers.register(ctx, s, body, worker_id=signer.address, public_key=signer.public_key, request=signer.request)
     return workers.offer_view(ctx, offer, now=time.time())
 
 

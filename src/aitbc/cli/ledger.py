@@ -1,0 +1,273 @@
+"""``aitbc ledger``: audit the coordinator's ledger, and list its entries.
+
+``aitbc ledger verify`` re-checks every entry (:func:`aitbc.ledger.chain.audit`): the
+hash chain, each entry's signature and authorisation, no overdraft, no signed request
+used twice, that the chain ends at the ledger's recorded head, and that the cached
+balances are the ones the entries give. It reads the ledger either
+
+- from a running coordinator (``--coordinator URL``, default as for every command):
+  ``GET /v1/ledger`` (the system key and the head), ``GET /v1/ledger/balances`` and every
+  page of ``GET /v1/ledger/entries``; or
+- straight from its database (``--db URL``, e.g. ``sqlite:////path/coordinator.db``),
+  offline, reading only. The entries cannot vouch for the key that signs them, so an
+  offline audit needs the coordinator's public key from elsewhere: ``--system-key HEX``,
+  else the coordinator's wallet under ``--home``: ``HOME/wallets/coordinator/key.json``
+  (``--home`` is the coordinator's own home, as given to ``aitbc coordinator serve``) or
+  ``HOME/coordinator/wallets/coordinator/key.json`` (the home of ``aitbc up``).
+
+Online, ``--system-key`` pins the key: a coordinator reporting another one fails the
+audit. The head is read before and after the entries; if the ledger moved meanwhile
+(a live coordinator), the audit is redone, up to a few times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.errors import AitbcError, UsageError
+
+app = typer.Typer(help="Audit the coordinator's ledger and list its entries.", no_args_is_help=True)
+
+CoordinatorOption = Annotated[Optional[str], typer.Option(
+    "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+PAGE = 1000
+ATTEMPTS = 5  # audits redone while a live ledger keeps moving
+
+
+def _ait(micro: int) -> str:
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(int(micro)), 1_000_000)
+    return sign + (f"{whole}.{frac:06d}".rstrip("0") if frac else str(whole))
+
+
+# --- where the ledger is read from ------------------------------------------------------------
+
+
+class _Api:
+    def __init__(self, url: str) -> None:
+        from aitbc.client import CoordinatorClient
+
+        self.where = url
+        self.client = CoordinatorClient(url)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def info(self) -> dict[str, Any]:
+        return self.client.get("/ledger")
+
+    def head(self) -> tuple[int, str | None]:
+        info = self.info()
+        return int(info["entries"]), info["head"]
+
+    def balances(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.client.get("/ledger/balances")["data"].items()}
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        after: int | None = 0
+        while after is not None:
+            page = self.client.get("/ledger/entries", params={"after": after, "limit": PAGE})
+            yield from page["data"]
+            after = page["next"]
+
+
+class _Db:
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise UsageError(f"--db {url!r} is not a database URL; e.g. sqlite:////path/to/coordinator.db") from None
+        if parsed.get_backend_name() == "sqlite":
+            path = parsed.database
+            if not path or path == ":memory:" or not Path(path).is_file():
+                raise AitbcError(f"no database file at {path or url!r} (from --db {url})")
+        self.where = url
+        try:
+            self.engine = create_engine(url)
+        except Exception as e:  # noqa: BLE001 - an unknown dialect, a missing driver: one line
+            raise UsageError(f"cannot open --db {url}: {e}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _read(self, fn):
+        from sqlalchemy.exc import SQLAlchemyError
+        from sqlalchemy.orm import Session
+
+        try:
+            with Session(self.engine) as s:
+                return fn(s)
+        except SQLAlchemyError as e:
+            first = str(e.orig if getattr(e, "orig", None) is not None else e).splitlines()[0]
+            raise AitbcError(f"cannot read the ledger from {self.where}: {first}") from None
+
+    def head(self) -> tuple[int, str | None]:
+        from aitbc.ledger.book import Head
+
+        def read(s):
+            h = s.get(Head, 1)
+            return (h.seq, h.hash) if h is not None and h.seq else (0, None)
+
+        return self._read(read)
+
+    def balances(self) -> dict[str, int]:
+        from aitbc.ledger.book import Ledger
+
+        return self._read(Ledger.cached_balances)
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        from aitbc.ledger.book import Ledger
+
+        after = 0
+        while True:
+            rows = self._read(lambda s: [e.as_dict() for e in Ledger.entries(s, after=after, limit=PAGE)])
+            yield from rows
+            if len(rows) < PAGE:
+                return
+            after = rows[-1]["seq"]
+
+
+def _key_hex(text: str, what: str) -> str:
+    from aitbc.ledger.wallet import public_key_from_hex
+
+    try:
+        public_key_from_hex(text)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a public key (64 hex digits)") from None
+    return text.lower()
+
+
+def _offline_key(system_key: str | None, home: Path) -> tuple[str, str]:
+    """The coordinator's public key for an offline audit, and where it came from."""
+    from aitbc.ledger.wallet import load_wallet
+
+    if system_key:
+        return _key_hex(system_key, "--system-key"), "--system-key"
+    for h in (home, home / "coordinator"):
+        path = h / "wallets" / "coordinator" / "key.json"
+        if path.is_file():
+            return load_wallet(h, "coordinator").public_key, str(path)
+    raise UsageError(f"an offline audit needs the coordinator's public key: pass --system-key HEX (GET /v1/ledger "
+                     f"shows it), or --home set to the coordinator's home (no wallets/coordinator/key.json in {home})")
+
+
+def _audit(source, system_key: str | None):
+    from aitbc.ledger.chain import audit
+
+    for _ in range(ATTEMPTS):
+        before = source.head()
+        cached = source.balances()
+        result = audit(source.entries(), system_key=system_key, cached=cached, head=before)
+        if source.head() == before:
+            return result
+    raise AitbcError(f"the ledger at {source.where} kept changing during {ATTEMPTS} audits; try again")
+
+
+def audit_coordinator(url: str, *, system_key: str | None = None):
+    """The audit ``aitbc ledger verify --coordinator URL`` runs, as an ``AuditResult``
+    (for other commands: e.g. the demo's closing check). ``system_key`` pins the key."""
+    source = _Api(url)
+    try:
+        key = _key_hex(str(source.info()["system_key"]), "the coordinator's system key")
+        if system_key is not None and system_key.lower() != key:
+            raise AitbcError(f"the coordinator at {url} signs with {key}, not {system_key.lower()}")
+        return _audit(source, key)
+    finally:
+        source.close()
+
+
+@app.command()
+def verify(
+    coordinator: CoordinatorOption = None,
+    db: Annotated[Optional[str], typer.Option("--db", help="Audit this database directly, offline (a SQLAlchemy URL, e.g. sqlite:////path/coordinator.db).")] = None,
+    system_key: Annotated[Optional[str], typer.Option("--system-key", help="The coordinator's public key (64 hex). Offline: default from HOME/wallets/coordinator/key.json. Online: fail if the coordinator reports another.")] = None,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+) -> None:
+    """Audit every ledger entry: chain, signatures, authorisations, balances, head."""
+    from aitbc.client import coordinator_url
+
+    home = resolve_home(home)
+    if db is not None and coordinator is not None:
+        raise UsageError("give --coordinator (audit through the API) or --db (audit the database), not both")
+    if db is not None:
+        key, key_from = _offline_key(system_key, home)
+        source: _Api | _Db = _Db(db)
+        network = None
+    else:
+        source = _Api(coordinator_url(coordinator, home))
+        try:
+            info = source.info()
+        except AitbcError:
+            source.close()
+            raise
+        key, key_from, network = _key_hex(str(info["system_key"]), "the coordinator's system key"), "GET /v1/ledger", info["network"]
+        if system_key is not None and _key_hex(system_key, "--system-key") != key:
+            source.close()
+            raise AitbcError(f"the coordinator at {source.where} signs with {key}, not the --system-key {system_key.lower()}")
+    try:
+        result = _audit(source, key)
+    finally:
+        source.close()
+    if json_out:
+        typer.echo(json.dumps({**dataclasses.asdict(result), "description": result.describe(), "source": source.where,
+                               "network": network, "system_key": key, "system_key_from": key_from}))
+        if not result.ok:
+            raise typer.Exit(1)
+        return
+    if not result.ok:
+        raise AitbcError(result.describe())
+    typer.echo(result.describe())
+    err.print(f"audited {source.where}; coordinator key {key[:16]}... from {key_from}", highlight=False, markup=False)
+
+
+@app.command()
+def entries(
+    after: Annotated[int, typer.Option("--after", help="List entries after this sequence number.")] = 0,
+    limit: Annotated[int, typer.Option("--limit", help="Most entries to list (1..10000).")] = 100,
+    coordinator: CoordinatorOption = None,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+) -> None:
+    """List ledger entries in chain order: seq, kind, debit, credit, amount, key, memo."""
+    from aitbc.client import CoordinatorClient, coordinator_url
+
+    home = resolve_home(home)
+    if after < 0:
+        raise UsageError(f"--after must be >= 0, got {after}")
+    if not 1 <= limit <= 10_000:
+        raise UsageError(f"--limit must be in 1..10000, got {limit}")
+    with CoordinatorClient(coordinator_url(coordinator, home)) as c:
+        res = c.get("/ledger/entries", params={"after": after, "limit": limit})
+    if json_out:
+        typer.echo(json.dumps(res))
+        return
+    if not res["data"]:
+        err.print(f"no ledger entries after {after}", highlight=False, markup=False)
+        return
+    table = Table("seq", "kind", "debit", "credit", "amount AIT", "key", "memo")
+    for column in table.columns:  # wrap in a narrow terminal; never cut a value short
+        column.overflow = "fold"
+    for i in (0, 2, 3, 4):  # seq, accounts and amounts whole on their line; key and memo wrap first
+        table.columns[i].no_wrap = True
+    for e in res["data"]:
+        table.add_row(str(e["seq"]), Text(e["kind"]), Text(e["debit"]), Text(e["credit"]),
+                      e.get("amount_ait") or _ait(e["amount"]), Text(e["key"] or ""),
+                      Text(json.dumps(e["memo"], sort_keys=True)))
+    out.print(table, highlight=False)
+    if res.get("next") is not None:
+        err.print(f"more after entry {res['next']}: aitbc ledger entries --after {res['next']}", highlight=False, markup=False)
