@@ -89,6 +89,13 @@ def test_byzantine_worker_is_slashed_and_honest_workers_are_paid(stack):
 
     r = stack.cli("distributed-training", "payments", "--training-id", run_id)
     assert r.returncode == 0 and "slashed" in r.stdout
+    # Scores are shown by monitor and results too.
+    snap = json.loads(stack.cli("distributed-training", "monitor", "--training-id", run_id, "--once", "--json").stdout)
+    shown = {w["worker_id"]: w for w in snap["workers"]}
+    assert shown[byz_id]["score"] < 0.1 and "harmful" in shown[byz_id]["score_flags"]
+    res = json.loads(stack.cli("distributed-training", "results", "--training-id", run_id, "--json").stdout)
+    scores = {w["worker_id"]: w["score"] for w in res["workers"]}
+    assert scores[byz_id] < 0.1 and all(scores[w] > 0.5 for w in rows)
 
 
 def test_settlement_is_exactly_once_across_a_coordinator_kill(stack):

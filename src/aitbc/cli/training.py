@@ -323,12 +323,13 @@ def _run_view(run: dict[str, Any]) -> Group:
                  f"val acc {_fmt(run['val_accuracy'], '.3f')}",
                  f"bytes up {_human_bytes(run['bytes_up'])}", f"down {_human_bytes(run['bytes_down'])}")
     t = Table()
-    for col in ("worker", "shard", "progress %", "loss", "epoch", "status", "rounds", "this round", "heartbeat"):
-        t.add_column(col, justify="left" if col in ("worker", "status", "this round") else "right")
+    for col in ("worker", "shard", "progress %", "loss", "epoch", "status", "rounds", "this round", "score", "flags", "heartbeat"):
+        t.add_column(col, justify="left" if col in ("worker", "status", "this round", "flags") else "right")
     for w in run["workers"]:
         hb = w["last_heartbeat_age"]
         t.add_row(_short(w["worker_id"]), str(w["shard_index"]), f"{w['progress']:.1f}", _fmt(w["loss"]),
                   f"{w['epoch']:.2f}", w["status"], str(w["rounds_done"]), w["this_round"] or "",
+                  _fmt(w.get("score"), ".2f"), ", ".join(w.get("score_flags") or []),
                   "-" if hb is None else f"{hb:.1f}s ago")
     parts: list[Any] = [head, t]
     if run.get("error"):
@@ -498,6 +499,14 @@ def results(
     for k, v in rows:
         t.add_row(k, str(v))
     out.print(t)
+    if res.get("workers"):
+        w = Table(title="Contribution scores (mean quality of scored rounds, 0-1)")
+        for col in ("worker", "contract", "score", "last round", "flags"):
+            w.add_column(col)
+        for r in res["workers"]:
+            w.add_row(r["worker_id"], r["status"], _fmt(r["score"], ".3f"), _fmt(r["last_quality"], ".3f"),
+                      ", ".join(r["score_flags"]))
+        out.print(w)
 
 
 @app.command("download-model")

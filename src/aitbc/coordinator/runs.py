@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update, new_id
+from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Update, new_id
 from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.units import format_price, parse_price, parse_size
 from aitbc.errors import AitbcError
@@ -328,6 +328,7 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         (u.job_id): u.status
         for u in s.scalars(select(Update).where(Update.run_id == run.id, Update.round == run.round)).all()
     }
+    scores = contract_scores(s, run.id)
     rounds_closed = s.scalar(select(func.count()).select_from(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)) or 0
     flags = s.scalar(select(func.count()).select_from(Flag).where(Flag.run_id == run.id)) or 0
     cfg = run.config or {}
@@ -345,9 +346,23 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "round_started_at": run.round_started_at, "deadline_at": deadline_at,
         "started_at": run.started_at, "finished_at": run.finished_at, "paused_from": run.paused_from,
         "contracts": [contract_view(c) for c in contracts],
-        "workers": [job_view(ctx, j, submitted.get(j.id), now=now) for j in jobs],
+        "workers": [{**job_view(ctx, j, submitted.get(j.id), now=now), **scores.get(j.contract_id, _NO_SCORE)} for j in jobs],
         "time": now,
     }
+
+
+_NO_SCORE = {"score": None, "last_quality": None, "score_flags": []}
+
+
+def contract_scores(s: Session, run_id: str) -> dict[str, dict[str, Any]]:
+    """Per contract: mean quality over its scored rounds, the latest one, and every flag."""
+    out: dict[str, dict[str, Any]] = {}
+    for sc in s.scalars(select(Score).where(Score.run_id == run_id).order_by(Score.round)).all():
+        d = out.setdefault(sc.contract_id, {"qualities": [], "score_flags": set()})
+        d["qualities"].append(sc.quality)
+        d["score_flags"].update(sc.flags)
+    return {c: {"score": sum(d["qualities"]) / len(d["qualities"]), "last_quality": d["qualities"][-1],
+                "score_flags": sorted(d["score_flags"])} for c, d in out.items()}
 
 
 def job_view(ctx: Context, j: Job, this_round: str | None, *, now: float) -> dict[str, Any]:
@@ -374,6 +389,7 @@ def rounds_view(s: Session, run: Run) -> list[dict[str, Any]]:
 
 def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     rounds = rounds_view(s, run)
+    scores = contract_scores(s, run.id)
     done = [r for r in rounds if r["round"] > 0]
     updates = s.scalars(select(Update).where(Update.run_id == run.id)).all()
     return {
@@ -386,6 +402,8 @@ def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "updates_rejected": sum(u.status == "rejected" for u in updates),
         "wall_seconds": (run.finished_at or time.time()) - run.started_at if run.started_at else None,
         "checkpoints": [{"round": r["round"], "cid": r["checkpoint_cid"]} for r in rounds],
+        "workers": [{"worker_id": c.worker_id, "contract_id": c.id, "status": c.status, **scores.get(c.id, _NO_SCORE)}
+                    for c in s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()],
     }
 
 
