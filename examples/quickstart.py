@@ -1,0 +1,70 @@
+"""The documentation's quick start, against a local stack.
+
+    aitbc up --workers 2          # a coordinator and two workers on this machine
+    python examples/quickstart.py
+
+The coordinator comes from the environment only: AITBC_COORDINATOR, else the local
+stack's HOME/stack.json (HOME: AITBC_HOME or ~/.aitbc). Prints a JSON summary last.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from aitbc_agent_sdk import Agent, AgentConfig, AgentError
+
+ROUNDS = 3
+
+
+def main() -> int:
+    config = AgentConfig(name="distributed-training", blockchain_network="local", wallet_name="training-wallet")
+    with Agent(config) as agent:
+        info = agent.start()
+        print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
+        agent.fund_wallet(100)
+        print(f"Balance: {agent.get_balance()['balance']} AIT")
+
+        training = agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=2)
+        training_id = training["training_id"]
+        print(f"Distributed training: {training_id}")
+
+        shards = agent.create_data_shards(training_id, num_shards=2, data_path="digits")
+        print(f"Data shards: {[s['shard_id'] for s in shards]}")
+
+        workers = agent.discover_gpu_workers(training_id, required_workers=2)
+        for w in workers:
+            print(f"Worker {w['worker_id']} ({w['gpu_type']}, {w['price']} AIT/round): {'hired' if w['hired'] else 'not hired'}")
+
+        agent.start_training(training_id, rounds=ROUNDS, local_steps=10)
+        run = agent.wait_for_completion(training_id, timeout=300)
+        results = agent.get_results(training_id)
+        print(f"Training {run['phase']}: val loss {results['initial_val_loss']:.4f} -> {results['final_val_loss']:.4f}, "
+              f"model {results['model_cid']}")
+
+        checkpoints = agent.get_all_checkpoints(training_id)
+        verified = [agent.verify_checkpoint(ck) for ck in checkpoints]
+        print(f"Checkpoints verified: {sum(v['valid'] for v in verified)}/{len(verified)}")
+
+        payments = agent.get_payments(training_id)
+        deadline = time.monotonic() + 60
+        while not payments["finalized"] and time.monotonic() < deadline:  # the last settlement follows completion
+            time.sleep(0.5)
+            payments = agent.get_payments(training_id)
+        for p in payments["data"]:
+            print(f"Paid {p['paid']} AIT to {p['worker_id']} for {p['rounds_accepted']} rounds")
+        refund = agent.refund_payments(training_id)
+        print(f"Escrow left after refund: {refund['escrow_balance']} AIT")
+        agent.stop()
+    print(json.dumps({"training_id": training_id, "status": run["status"], "results": results,
+                      "payments": payments, "checkpoints": verified}))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except AgentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

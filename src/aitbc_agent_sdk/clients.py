@@ -1,0 +1,193 @@
+"""``Agent`` (blocking) and ``AsyncAgent`` (``await`` every method): one driver each for
+the sans-IO operations of :mod:`aitbc_agent_sdk.operations`; their public methods are
+generated from :data:`~aitbc_agent_sdk.operations.OPERATIONS`, so both have the same
+names and signatures by construction."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from collections.abc import Generator
+from typing import Any
+
+import httpx
+
+from aitbc_agent_sdk.config import AgentConfig
+from aitbc_agent_sdk.errors import AgentError, CoordinatorUnreachable
+from aitbc_agent_sdk.operations import OPERATIONS
+from aitbc_agent_sdk.protocol import Close, Http, Offload, Sleep, ensure_error, parse_response
+
+
+class _Core:
+    """State both clients share: the config and the wallet (loaded by ``start()``)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        if not isinstance(config, AgentConfig):
+            raise TypeError(f"config must be an AgentConfig, got {type(config).__name__}")
+        self.config = config
+        self._wallet: Any = None
+        self._http: Any = None
+
+    @property
+    def address(self) -> str | None:
+        """The wallet's address once loaded (after ``start()``)."""
+        return None if self._wallet is None else self._wallet.address
+
+    def _signed(self, req: Http) -> tuple[str, bytes, dict[str, str]]:
+        from aitbc.ledger.signing import sign_request
+
+        target, body, headers = req.target(), req.body(), req.headers()
+        if req.sign:
+            if self._wallet is None:
+                from aitbc.ledger.wallet import load_wallet
+
+                self._wallet = load_wallet(self.config.resolved_home, self.config.wallet_name)
+            headers.update(sign_request(self._wallet, req.method, target, body, unsigned_payload=req.content is not None))
+        return target, body, headers
+
+    def _unreachable(self, e: Exception) -> CoordinatorUnreachable:
+        url = self.config.resolved_coordinator_url
+        return CoordinatorUnreachable("unreachable", f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); "
+                                                     f"is it running? (aitbc up)")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.config.name!r}, coordinator={self.config.resolved_coordinator_url!r})"
+
+
+class Agent(_Core):
+    """The blocking client (``httpx.Client``). Use as a context manager to close it."""
+
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout)
+        return self._http
+
+    def _do(self, req: Any) -> Any:
+        if isinstance(req, Http):
+            target, body, headers = self._signed(req)
+            try:
+                r = self._client().request(req.method, target, content=body, headers=headers)
+            except httpx.TransportError as e:
+                raise self._unreachable(e) from None
+            return parse_response(r, req)
+        if isinstance(req, Sleep):
+            time.sleep(req.seconds)
+            return None
+        if isinstance(req, Offload):
+            return req.fn(*req.args)
+        if isinstance(req, Close):
+            if self._http is not None:
+                self._http.close()
+                self._http = None
+            return None
+        raise TypeError(f"unknown request {req!r}")
+
+    def _run(self, gen: Generator) -> Any:
+        try:
+            req = next(gen)
+            while True:
+                try:
+                    result = self._do(req)
+                except BaseException as e:  # noqa: BLE001 - handed to the operation to handle or re-raise
+                    req = gen.throw(ensure_error(e) if isinstance(e, Exception) else e)
+                else:
+                    req = gen.send(result)
+        except StopIteration as stop:
+            return stop.value
+        except AgentError:
+            raise
+        except Exception as e:
+            from aitbc.errors import AitbcError
+
+            if isinstance(e, AitbcError):
+                raise ensure_error(e) from None
+            raise
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._do(Close())
+
+
+class AsyncAgent(_Core):
+    """The asyncio client (``httpx.AsyncClient``); every public method is ``async``. Use
+    as ``async with`` to close it."""
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout)
+        return self._http
+
+    async def _do(self, req: Any) -> Any:
+        if isinstance(req, Http):
+            target, body, headers = self._signed(req)
+            try:
+                r = await self._client().request(req.method, target, content=body, headers=headers)
+            except httpx.TransportError as e:
+                raise self._unreachable(e) from None
+            return parse_response(r, req)
+        if isinstance(req, Sleep):
+            await asyncio.sleep(req.seconds)
+            return None
+        if isinstance(req, Offload):
+            return await asyncio.to_thread(req.fn, *req.args)
+        if isinstance(req, Close):
+            if self._http is not None:
+                await self._http.aclose()
+                self._http = None
+            return None
+        raise TypeError(f"unknown request {req!r}")
+
+    async def _run(self, gen: Generator) -> Any:
+        try:
+            req = next(gen)
+            while True:
+                try:
+                    result = await self._do(req)
+                except BaseException as e:  # noqa: BLE001 - cancellation is thrown in too
+                    req = gen.throw(ensure_error(e) if isinstance(e, Exception) else e)
+                else:
+                    req = gen.send(result)
+        except StopIteration as stop:
+            return stop.value
+        except AgentError:
+            raise
+        except Exception as e:
+            from aitbc.errors import AitbcError
+
+            if isinstance(e, AitbcError):
+                raise ensure_error(e) from None
+            raise
+
+    async def __aenter__(self) -> AsyncAgent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._do(Close())
+
+
+def _sync_method(op):
+    @functools.wraps(op)
+    def method(self, *args, **kwargs):
+        return self._run(op(self, *args, **kwargs))
+
+    method.__signature__ = inspect.signature(op)
+    return method
+
+
+def _async_method(op):
+    @functools.wraps(op)
+    async def method(self, *args, **kwargs):
+        return await self._run(op(self, *args, **kwargs))
+
+    method.__signature__ = inspect.signature(op)
+    return method
+
+
+for _name, _op in OPERATIONS.items():
+    setattr(Agent, _name, _sync_method(_op))
+    setattr(AsyncAgent, _name, _async_method(_op))
+del _name, _op

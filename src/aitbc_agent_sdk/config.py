@@ -1,0 +1,57 @@
+"""Agent configuration: who the agent is (name, wallet), where it talks (coordinator) and
+on which network it settles."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aitbc.client import coordinator_url
+
+from aitbc_agent_sdk.errors import InvalidArgument
+
+#: The one network this build settles on; the documentation's others are refused clearly.
+SUPPORTED_NETWORKS = ("local",)
+
+
+@dataclass
+class AgentConfig:
+    """``name``: a label for the agent; ``wallet_name``: the wallet under ``HOME/wallets``
+    that signs every request (``start()`` creates it if missing); ``blockchain_network``:
+    ``local`` (this build settles on the local ledger only); ``coordinator_url``: default
+    ``AITBC_COORDINATOR``, else the local stack's (``HOME/stack.json``), else
+    ``http://127.0.0.1:8700``; ``home``: default ``AITBC_HOME`` or ``~/.aitbc``;
+    ``timeout``: seconds per HTTP request."""
+
+    name: str
+    blockchain_network: str = "local"
+    wallet_name: str = "default"
+    coordinator_url: str | None = None
+    home: str | Path | None = None
+    timeout: float = 30.0
+    _resolved_home: Path = field(init=False, repr=False)
+    _resolved_url: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.blockchain_network not in SUPPORTED_NETWORKS:
+            raise InvalidArgument(
+                "bad_network",
+                f"blockchain_network {self.blockchain_network!r} is not available: this build settles on the "
+                f"local ledger only (use blockchain_network=\"local\"); mainnet and testnet are not supported",
+            )
+        if not self.name:
+            raise InvalidArgument("bad_config", "AgentConfig.name must not be empty")
+        if self.timeout <= 0:
+            raise InvalidArgument("bad_config", f"AgentConfig.timeout must be > 0, got {self.timeout}")
+        home = self.home if self.home is not None else os.environ.get("AITBC_HOME") or "~/.aitbc"
+        self._resolved_home = Path(home).expanduser()
+        self._resolved_url = coordinator_url(self.coordinator_url, self._resolved_home)
+
+    @property
+    def resolved_home(self) -> Path:
+        return self._resolved_home
+
+    @property
+    def resolved_coordinator_url(self) -> str:
+        return self._resolved_url

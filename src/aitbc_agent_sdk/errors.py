@@ -1,0 +1,84 @@
+"""One exception hierarchy for everything the SDK raises.
+
+:class:`AgentError` carries ``status`` (the HTTP status, or ``None`` for errors raised
+before or without a reply), ``code`` (the coordinator's stable error code, e.g.
+``unknown_run``) and ``detail`` (one human line)."""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    status: int | None = None
+
+    def __init__(self, code: str, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+        if status is not None:
+            self.status = status
+
+    def __str__(self) -> str:
+        return f"{self.detail} ({self.code})"
+
+
+class BadRequest(AgentError):
+    status = 400
+
+
+class Unauthorized(AgentError):
+    """401: the request's signature was missing, wrong, expired or replayed."""
+
+    status = 401
+
+
+class Forbidden(AgentError):
+    """403: signed by a wallet that may not do this (e.g. not the run's owner)."""
+
+    status = 403
+
+
+class NotFound(AgentError):
+    """404: no such run, blob, contract or worker."""
+
+    status = 404
+
+
+class Conflict(AgentError):
+    """409: not now (wrong state, not enough workers, insufficient funds)."""
+
+    status = 409
+
+
+class Unprocessable(AgentError):
+    """422: the request is malformed or its values are refused."""
+
+    status = 422
+
+
+class CoordinatorUnreachable(AgentError):
+    """No answer from the coordinator (not running, wrong URL)."""
+
+
+class InvalidArgument(AgentError, ValueError):
+    """A bad argument caught by the SDK before any request was sent."""
+
+
+class TrainingFailed(AgentError):
+    """``wait_for_completion``: the run ended as ``failed``."""
+
+
+class WaitTimeout(AgentError, TimeoutError):
+    """``wait_for_completion``: the run did not end within the timeout."""
+
+
+class IntegrityFailure(AgentError):
+    """A blob from the coordinator did not hash to its CID."""
+
+
+_BY_STATUS: dict[int, type[AgentError]] = {
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 422: Unprocessable,
+}
+
+
+def error_for(status: int, code: str, detail: str) -> AgentError:
+    """The exception for an error reply of the coordinator."""
+    return _BY_STATUS.get(status, AgentError)(code, detail, status)

@@ -1,0 +1,416 @@
+"""Every public method of the agents, written once as a sans-IO generator.
+
+Each operation takes the agent (``self``: config, wallet) and its arguments, yields
+:mod:`~aitbc_agent_sdk.protocol` requests and returns a plain dict (or list, or str).
+:func:`operation` records it in :data:`OPERATIONS`; ``Agent`` and ``AsyncAgent`` get one
+method per entry, with the operation's name, docstring and signature."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from aitbc_agent_sdk.errors import AgentError, InvalidArgument, NotFound, TrainingFailed, WaitTimeout
+from aitbc_agent_sdk.protocol import Close, Http, Offload, Op, Sleep
+
+OPERATIONS: dict[str, Any] = {}
+
+RUN_OPTIONS = ("model_options", "seed", "budget", "bond")
+ENDED = ("complete", "failed")
+
+
+def operation(fn):
+    OPERATIONS[fn.__name__] = fn
+    return fn
+
+
+def _amount(value: Any, what: str) -> str:
+    """Money goes to the API as a decimal string (the server keeps integer micro-AIT)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidArgument("bad_amount", f"{what} must be a number of AIT (e.g. 100 or \"1.5\"), got {value!r}")
+    return value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
+
+
+def _micro(text: str) -> int:
+    from aitbc.coordinator.units import parse_price
+
+    return parse_price(text)
+
+
+# --- lifecycle and wallet ---------------------------------------------------------------
+
+
+@operation
+def start(self) -> Op[dict]:
+    """Check the coordinator answers (``GET /v1/health``), load the agent's wallet
+    (created under ``HOME/wallets`` if missing) and return ``{status, name, address,
+    coordinator, network}``."""
+    from aitbc.ledger.wallet import ensure_wallet
+
+    self._wallet = yield Offload(ensure_wallet, (self.config.resolved_home, self.config.wallet_name))
+    health = yield Http("GET", "/health")
+    return {"status": "started", "name": self.config.name, "address": self._wallet.address,
+            "coordinator": self.config.resolved_coordinator_url, "network": self.config.blockchain_network,
+            "coordinator_version": health.get("version")}
+
+
+@operation
+def stop(self) -> Op[dict]:
+    """Release the agent's connections (runs keep going on the coordinator)."""
+    yield Close()
+    return {"status": "stopped", "name": self.config.name}
+
+
+@operation
+def fund_wallet(self, amount: int | float | str) -> Op[dict]:
+    """Mint ``amount`` AIT into the agent's wallet from the local network's faucet."""
+    return (yield Http("POST", "/wallets/fund", {"amount": _amount(amount, "amount"),
+                                                 "network": self.config.blockchain_network}))
+
+
+@operation
+def get_balance(self) -> Op[dict]:
+    """``{address, network, balance, balance_micro}`` of the agent's wallet."""
+    wallet = yield from _wallet(self)
+    return (yield Http("GET", f"/wallets/{wallet.address}/balance"))
+
+
+def _wallet(self) -> Op[Any]:
+    if self._wallet is None:
+        from aitbc.ledger.wallet import load_wallet
+
+        self._wallet = yield Offload(load_wallet, (self.config.resolved_home, self.config.wallet_name))
+    return self._wallet
+
+
+# --- a run --------------------------------------------------------------------------------
+
+
+@operation
+def initialize_distributed_training(self, model_type: str, dataset_size: int | float | str, target_workers: int,
+                                    **options: Any) -> Op[dict]:
+    """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
+
+    ``dataset_size``: a number means GB (``100`` -> ``"100GB"``), or a string such as
+    ``"500MB"``; the real size is measured when the data is uploaded. ``options``:
+    ``model_options`` (dict), ``seed`` (int), ``budget`` (AIT escrowed now; without it
+    ``start_training`` escrows the contracts' cost), ``bond`` (AIT each hired provider
+    locks). Only automatic control exists in this build: ``control="manual"`` is refused."""
+    control = options.pop("control", "automatic")
+    if control != "automatic":
+        raise InvalidArgument("bad_control", f"control={control!r} is not available: this build runs automatic "
+                                             f"control only (the coordinator drives the phases)")
+    unknown = sorted(set(options) - set(RUN_OPTIONS))
+    if unknown:
+        raise InvalidArgument("bad_option", f"unknown option(s) {', '.join(unknown)}; known: {', '.join(RUN_OPTIONS)}")
+    if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, float, str)):
+        raise InvalidArgument("bad_size", f"dataset_size must be a number of GB or a size like '500MB', got {dataset_size!r}")
+    size = dataset_size if isinstance(dataset_size, str) else f"{dataset_size:g}GB"
+    if isinstance(target_workers, bool) or not isinstance(target_workers, int) or target_workers < 1:
+        raise InvalidArgument("bad_workers", f"target_workers must be an integer >= 1, got {target_workers!r}")
+    body: dict[str, Any] = {"model_type": model_type, "dataset_size": size, "target_workers": target_workers,
+                            "network": self.config.blockchain_network,
+                            "model_options": dict(options.get("model_options") or {}),
+                            "seed": int(options.get("seed", 0))}
+    if options.get("budget") is not None:
+        body["budget"] = _amount(options["budget"], "budget")
+    if options.get("bond") is not None:
+        body["bond"] = _amount(options["bond"], "bond")
+    run = yield Http("POST", "/runs", body)
+    return {**run, "phase": run["status"]}
+
+
+@operation
+def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = None, pin: bool = True) -> Op[str]:
+    """Store a file (``path``) or ``data`` on the coordinator as one content-addressed blob
+    and return its CID (CIDv1, as ``ipfs add --cid-version=1`` prints it). ``pin`` is
+    accepted for the documentation's sake: the coordinator keeps every blob. A folder is
+    refused (pack it first, or use :meth:`create_data_shards` for datasets)."""
+    if (path is None) == (data is None):
+        raise InvalidArgument("bad_argument", "upload_to_ipfs takes exactly one of path= or data=")
+    if path is not None:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            raise InvalidArgument("bad_argument", f"{p} is a folder; upload_to_ipfs stores one file "
+                                                  f"(pack the folder, or use create_data_shards for a dataset)")
+        if not p.is_file():
+            raise NotFound("not_found", f"no such file: {p}")
+        data = yield Offload(p.read_bytes)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgument("bad_argument", f"data must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    from aitbc.storage.cid import cid_of_bytes
+
+    cid = yield Offload(cid_of_bytes, (data,))
+    yield Http("PUT", f"/blobs/{cid}", content=data)
+    return cid
+
+
+def _package(run: dict[str, Any], data_path: str):
+    """What ``aitbc distributed-training upload-data`` does on the owner's machine."""
+    from aitbc.errors import AitbcError, UsageError
+    from aitbc.storage.cid import cid_of_bytes
+    from aitbc.training.datasets import DataOptions, load_dataset
+    from aitbc.training.models import build_model, model_config
+    from aitbc.training.packaging import manifest_bytes, package, resolve_source
+
+    source = resolve_source(data_path)
+    mcfg = model_config(run["model_type"], run["model_options"])
+    data = load_dataset(source, DataOptions(seed=run["seed"], seq_len=getattr(mcfg, "context", 128)))
+    try:
+        build_model(run["model_type"], data.spec, run["model_options"])
+    except AitbcError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a model/data mismatch surfaces as any torch error
+        raise UsageError(f"model {run['model_type']!r} does not fit dataset {data.name!r} ({data.spec.task}): {e}") from None
+    packaged = package(data, run["target_workers"], seed=run["seed"])
+    cids = [cid_of_bytes(b) for b in packaged.shards]
+    val_cid = cid_of_bytes(packaged.val)
+    manifest = manifest_bytes(data, packaged, cids, val_cid, seed=run["seed"], alpha=None)
+    blobs = [*zip(cids, packaged.shards), (val_cid, packaged.val), (cid_of_bytes(manifest), manifest)]
+    return blobs, cids, list(packaged.samples)
+
+
+@operation
+def create_data_shards(self, training_id: str, num_shards: int | None = None, data_path: str = "digits") -> Op[list]:
+    """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
+    an ``.npz``) into one shard per target worker, upload shards, validation split and
+    manifest, and attach them to the run. Returns ``[{shard_id (CID), samples}]``.
+    ``num_shards`` must equal the run's ``target_workers`` (one shard per worker)."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    if num_shards is not None and num_shards != run["target_workers"]:
+        raise InvalidArgument("bad_shards", f"num_shards={num_shards}: run {training_id} plans one shard per target "
+                                            f"worker, so num_shards must be {run['target_workers']} (or None)")
+    blobs, cids, samples = yield Offload(_package, (run, data_path))
+    for cid, blob in blobs:
+        yield Http("PUT", f"/blobs/{cid}", content=blob)
+    yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": blobs[-1][0], "source": data_path})
+    return [{"shard_id": c, "samples": n} for c, n in zip(cids, samples)]
+
+
+@operation
+def get_training_status(self, training_id: str) -> Op[dict]:
+    """The run's detail (``GET /v1/runs/{id}``) plus ``phase`` (its status:
+    initializing, distributing, training, aggregating, paused, complete, failed)."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    return {**run, "phase": run["status"]}
+
+
+@operation
+def discover_gpu_workers(self, training_id: str, min_gpu: str | None = None, required_workers: int = 1,
+                         max_price: int | float | str | None = None) -> Op[list]:
+    """Rank the free live offers for the run and HIRE the best ``required_workers``: in
+    this API discovery and contracting are one step (``POST /v1/runs/{id}/discover``).
+    Returns every ranked offer: ``[{worker_id, gpu_type, price, reputation, availability,
+    score, hired}]``; the hired ones carry ``contract_id``. Too few offers: :class:`Conflict`
+    (``not_enough_workers``) and no contracts are made."""
+    body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
+    if max_price is not None:
+        body["max_price"] = _amount(max_price, "max_price")
+    res = yield Http("POST", f"/runs/{training_id}/discover", body)
+    contracts = {c["worker_id"]: c for c in res["contracts"]}
+    return [{**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
+            for r in res["ranked"]]
+
+
+@operation
+def start_training(self, training_id: str, rounds: int = 5, local_steps: int = 20, **config: Any) -> Op[dict]:
+    """Assign the shards to the hired workers and start the rounds (``distribute``).
+    ``config``: batch_size, lr, outer, aggregator, compression, error_feedback, deadline,
+    quorum, min_workers, max_workers, eval_every, max_cost. A run without a budget escrows
+    the contracts' cost now; unless ``max_cost`` is given it is the contracts' price x
+    rounds (what the CLI signs). Returns the run detail with ``phase``."""
+    body: dict[str, Any] = {"rounds": rounds, "local_steps": local_steps, **config}
+    run = yield Http("GET", f"/runs/{training_id}")
+    if run.get("budget") is None and body.get("max_cost") is None:
+        from aitbc.coordinator.units import format_price
+
+        hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
+        body["max_cost"] = format_price(hired * rounds)
+    elif body.get("max_cost") is not None:
+        body["max_cost"] = _amount(body["max_cost"], "max_cost")
+    run = yield Http("POST", f"/runs/{training_id}/distribute", body)
+    return {**run, "phase": run["status"]}
+
+
+@operation
+def stop_training(self, training_id: str) -> Op[dict]:
+    """End the run now (it ends as ``failed``: stopped by the owner)."""
+    return (yield Http("POST", f"/runs/{training_id}/stop"))
+
+
+# --- workers --------------------------------------------------------------------------------
+
+
+@operation
+def get_all_workers(self, training_id: str) -> Op[list]:
+    """Every job of the run (one per worker, replacements included) with progress, loss,
+    epoch, status, score and heartbeat age."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    return run["workers"]
+
+
+@operation
+def get_active_workers(self, training_id: str) -> Op[list]:
+    """The run's jobs still working (not failed, released or replaced)."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    return [w for w in run["workers"] if w["job_status"] == "active"]
+
+
+@operation
+def get_worker_progress(self, training_id: str, job_id: str) -> Op[dict]:
+    """``{progress, loss, epoch, status}`` of one job of the run (``job_id`` from
+    :meth:`get_all_workers`; a worker address is accepted too)."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    for w in run["workers"]:
+        if job_id in (w["job_id"], w["worker_id"]):
+            return {"job_id": w["job_id"], "worker_id": w["worker_id"], "progress": w["progress"], "loss": w["loss"],
+                    "epoch": w["epoch"], "status": w["status"], "rounds_done": w["rounds_done"]}
+    raise NotFound("unknown_job", f"run {training_id} has no job {job_id!r}")
+
+
+@operation
+def get_available_workers(self) -> Op[list]:
+    """The live offers on the market (``GET /v1/market/offers``)."""
+    res = yield Http("GET", "/market/offers")
+    return res["data"]
+
+
+@operation
+def ping_worker(self, worker_id: str) -> Op[dict]:
+    """``{worker_id, alive, last_heartbeat_age, status}`` from the market's view of the
+    worker (alive: online and heard from within the coordinator's lease)."""
+    res = yield Http("GET", "/market/offers", params={"all": "true"})
+    for o in res["data"]:
+        if o["worker_id"] == worker_id:
+            return {"worker_id": worker_id, "alive": bool(o["live"] and o["status"] == "online"),
+                    "last_heartbeat_age": o["last_heartbeat_age"], "status": o["status"]}
+    raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
+
+
+# --- progress, checkpoints, results -------------------------------------------------------------
+
+
+@operation
+def get_all_checkpoints(self, training_id: str) -> Op[list]:
+    """``[{round, checkpoint_cid, val_loss, val_accuracy}]``, round 0 being the initial model."""
+    res = yield Http("GET", f"/runs/{training_id}/rounds")
+    return [{"round": r["round"], "checkpoint_cid": r["checkpoint_cid"], "val_loss": r["val_loss"],
+             "val_accuracy": r["val_accuracy"]} for r in res["data"]]
+
+
+@operation
+def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
+    """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
+    the coordinator, re-hash it against its CID and check it is a checkpoint (of the
+    round claimed, if given). Returns ``{valid, cid, round, detail}``; never raises for a
+    bad checkpoint, only for an unreachable coordinator."""
+    from aitbc.errors import AitbcError
+    from aitbc.storage.cid import cid_of_bytes
+    from aitbc.training.checkpoint import read_metadata
+
+    if isinstance(checkpoint, str):
+        cid, claimed = checkpoint, None
+    elif isinstance(checkpoint, dict) and (checkpoint.get("checkpoint_cid") or checkpoint.get("cid")):
+        cid, claimed = checkpoint.get("checkpoint_cid") or checkpoint["cid"], checkpoint.get("round")
+    else:
+        raise InvalidArgument("bad_argument", f"checkpoint must be a CID or a dict with checkpoint_cid, got {checkpoint!r}")
+    try:
+        data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    except AgentError as e:
+        if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
+            return {"valid": False, "cid": cid, "round": claimed, "detail": e.detail}
+        raise
+    actual = yield Offload(cid_of_bytes, (data,))
+    if actual != cid:
+        return {"valid": False, "cid": cid, "round": claimed, "detail": f"blob hashes to {actual}, not {cid}"}
+    try:
+        meta = read_metadata(data)
+    except AitbcError as e:
+        return {"valid": False, "cid": cid, "round": claimed, "detail": str(e)}
+    rnd = int(meta["round"]) if str(meta.get("round", "")).isdigit() else None
+    if claimed is not None and rnd != claimed:
+        return {"valid": False, "cid": cid, "round": claimed, "detail": f"checkpoint says round {meta.get('round')}"}
+    return {"valid": True, "cid": cid, "round": rnd, "detail": "hash and checkpoint OK"}
+
+
+@operation
+def get_training_progress(self, training_id: str) -> Op[dict]:
+    """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}``: speed
+    is rounds completed per second since training started; target_speed is 1/deadline
+    (rounds per second a round deadline allows), or None without a deadline."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    started, now = run.get("started_at"), run.get("finished_at") or run.get("time") or time.time()
+    speed = run["rounds_completed"] / (now - started) if started and now > started else 0.0
+    deadline = (run.get("config") or {}).get("deadline")
+    return {"round": run["round"], "rounds": run["rounds"], "rounds_completed": run["rounds_completed"],
+            "speed": speed, "target_speed": (1.0 / deadline) if deadline else None,
+            "val_loss": run["val_loss"], "phase": run["status"]}
+
+
+@operation
+def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: float = 1.0) -> Op[dict]:
+    """Poll the run until it ends; returns its detail when ``complete``. Raises
+    :class:`TrainingFailed` if it fails and :class:`WaitTimeout` after ``timeout`` s."""
+    t0 = time.monotonic()
+    while True:
+        run = yield Http("GET", f"/runs/{training_id}")
+        if run["status"] == "complete":
+            return {**run, "phase": run["status"]}
+        if run["status"] == "failed":
+            raise TrainingFailed("run_failed", f"run {training_id} failed: {run.get('error') or 'no reason recorded'}")
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            raise WaitTimeout("timeout", f"run {training_id} did not finish within {timeout:g} s "
+                                         f"(status {run['status']}, round {run['round']}/{run['rounds']})")
+        yield Sleep(min(poll, left))
+
+
+@operation
+def get_results(self, training_id: str) -> Op[dict]:
+    """Final metrics, the model's CID, every checkpoint and the workers' scores."""
+    return (yield Http("GET", f"/runs/{training_id}/results"))
+
+
+# --- payments ---------------------------------------------------------------------------
+
+
+@operation
+def get_payments(self, training_id: str) -> Op[dict]:
+    """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    return (yield Http("GET", f"/runs/{training_id}/payments"))
+
+
+@operation
+def process_payment(self, training_id: str, contract_id: str, amount: int | float | str) -> Op[dict]:
+    """Pay ``amount`` AIT to a contract from the run's escrow (owner only).
+
+    The documentation calls this ``process_payment(worker_id, contract_id, amount)``: a
+    worker address (``ait1...``) is accepted as the first argument, and the run is then
+    found among the agent's runs from the contract (which must be that worker's)."""
+    amount_text = _amount(amount, "amount")
+    run_id = training_id
+    if not training_id.startswith("training_"):
+        run_id = yield from _run_of_contract(self, contract_id, worker_id=training_id)
+    return (yield Http("POST", f"/runs/{run_id}/payments", {"contract_id": contract_id, "amount": amount_text}))
+
+
+def _run_of_contract(self, contract_id: str, *, worker_id: str) -> Op[str]:
+    wallet = yield from _wallet(self)
+    runs = yield Http("GET", "/runs", params={"owner": wallet.address})
+    for r in runs["data"]:
+        detail = yield Http("GET", f"/runs/{r['training_id']}")
+        for c in detail["contracts"]:
+            if c["contract_id"] == contract_id:
+                if c["worker_id"] != worker_id:
+                    raise InvalidArgument("bad_argument", f"contract {contract_id} is with {c['worker_id']}, not {worker_id}")
+                return r["training_id"]
+    raise NotFound("unknown_contract", f"no run of {wallet.address} has contract {contract_id!r}")
+
+
+@operation
+def refund_payments(self, training_id: str) -> Op[dict]:
+    """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
+    returns the payments view. A run still going: :class:`Conflict` (``bad_state``)."""
+    return (yield Http("POST", f"/runs/{training_id}/refund"))
