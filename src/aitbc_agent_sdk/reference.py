@@ -1,0 +1,44 @@
+"""The SDK's API reference, generated from the docstrings: ``python -m aitbc_agent_sdk.reference``
+prints it as Markdown (``docs/SDK.md`` is this output; a test keeps them equal)."""
+
+from __future__ import annotations
+
+import inspect
+
+from aitbc_agent_sdk import errors
+from aitbc_agent_sdk.clients import Agent
+from aitbc_agent_sdk.config import AgentConfig
+from aitbc_agent_sdk.operations import OPERATIONS
+
+
+def _doc(obj: object) -> str:
+    return inspect.cleandoc(obj.__doc__ or "(no description)")
+
+
+def _signature(name: str, fn: object) -> str:
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.name != "self"]
+    return f"{name}({', '.join(str(p) for p in params)})"
+
+
+def render() -> str:
+    out = ["# `aitbc_agent_sdk` API reference", "",
+           "Generated from the docstrings by `python -m aitbc_agent_sdk.reference`; do not edit by hand.", "",
+           _doc(__import__("aitbc_agent_sdk")), "",
+           "## `AgentConfig`", "", "```python", f"AgentConfig{inspect.signature(AgentConfig)}", "```", "",
+           _doc(AgentConfig), "",
+           "## Methods of `Agent` and `AsyncAgent`", "",
+           "Both clients have every method below with the same signature; on `AsyncAgent` each is `async def`.", ""]
+    for name in sorted(OPERATIONS):
+        out += [f"### `{name}`", "", "```python", _signature(name, getattr(Agent, name)), "```", "",
+                _doc(getattr(Agent, name)), ""]
+    out += ["## Errors", ""]
+    for name, cls in sorted(vars(errors).items()):
+        if isinstance(cls, type) and issubclass(cls, errors.AgentError):
+            bases = ", ".join(b.__name__ for b in cls.__bases__)
+            out += [f"### `{name}` ({bases})", "", _doc(cls), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
