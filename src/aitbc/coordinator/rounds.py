@@ -259,7 +259,6 @@ def pending_evaluations(s: Session) -> list[tuple[str, int]]:
 
 
 def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: int, *, evaluate_now: bool) -> dict[str, Any]:
-    cfg = run.config
     params = rt.params
     outer_cid = run.outer_state_cid
     skipped = False

@@ -23,7 +23,7 @@ from aitbc.coordinator.units import format_price, parse_price, parse_size
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import LedgerError, RequestAuth, check_network
 from aitbc.market.gpus import check_gpu_class
-from aitbc.market.ranking import NEUTRAL_REPUTATION, Offer as MarketOffer, rank_offers
+from aitbc.market.ranking import Offer as MarketOffer, rank_offers
 from aitbc.storage.cid import is_cid
 from aitbc.training.models import model_config
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, Integer, String, Text, select, update
+from sqlalchemy import JSON, BigInteger, Float, Integer, String, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 # LedgerError and the networks live in the pure chain module (no SQLAlchemy): the CLI checks
