@@ -259,15 +259,21 @@ def get_active_workers(self, training_id: str) -> Op[list]:
 
 
 @operation
-def get_worker_progress(self, training_id: str, job_id: str) -> Op[dict]:
-    """``{progress, loss, epoch, status}`` of one job of the run (``job_id`` from
-    :meth:`get_all_workers`; a worker address is accepted too)."""
-    run = yield Http("GET", f"/runs/{training_id}")
-    for w in run["workers"]:
-        if job_id in (w["job_id"], w["worker_id"]):
-            return {"job_id": w["job_id"], "worker_id": w["worker_id"], "progress": w["progress"], "loss": w["loss"],
-                    "epoch": w["epoch"], "status": w["status"], "rounds_done": w["rounds_done"]}
-    raise NotFound("unknown_job", f"run {training_id} has no job {job_id!r}")
+def get_worker_progress(self, job_id: str) -> Op[dict]:
+    """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``), plus
+    ``job_id, worker_id, training_id, rounds_done``."""
+    j = yield Http("GET", f"/jobs/{job_id}")
+    return {"job_id": j["job_id"], "worker_id": j["worker_id"], "training_id": j["training_id"],
+            "progress": j["progress"], "loss": j["loss"], "epoch": j["epoch"], "status": j["status"],
+            "rounds_done": j["rounds_done"]}
+
+
+@operation
+def get_worker_job(self, worker_id: str) -> Op[dict | None]:
+    """The worker's current (active) job, or its most recent one, or None if it never had one."""
+    res = yield Http("GET", f"/workers/{worker_id}/jobs")
+    active = [j for j in res["data"] if j["job_status"] == "active"]
+    return (active or res["data"] or [None])[0]
 
 
 @operation

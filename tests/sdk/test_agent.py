@@ -60,6 +60,19 @@ def test_quickstart_example(stack):
     cks = summary["checkpoints"]
     assert len(cks) == 4 and all(c["valid"] for c in cks), cks
     assert [c["round"] for c in cks] == [0, 1, 2, 3]
+    # Each worker's job of that run, and its progress by job id alone (as documented).
+    with Agent(_config(home, "sdk-observer")) as agent:
+        agent.start()
+        for row in rows:
+            job = agent.get_worker_job(row["worker_id"])
+            assert job["training_id"] == summary["training_id"] and job["job_status"] == "released"
+            progress = agent.get_worker_progress(job["job_id"])
+            assert progress["progress"] == 100.0 and progress["rounds_done"] == 3 and progress["epoch"] > 0
+            assert {"progress", "loss", "epoch", "status"} <= progress.keys()
+        with pytest.raises(NotFound) as e:
+            agent.get_worker_progress("job_doesnotexist")
+        assert e.value.code == "unknown_job"
+        assert agent.get_worker_job("ait1" + "0" * 40) is None
 
 
 def test_async_agent(stack):

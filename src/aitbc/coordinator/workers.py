@@ -245,3 +245,20 @@ def market(ctx: Context, s: Session, *, live_only: bool) -> list[dict[str, Any]]
 def require_known(ctx: Context, worker_id: str) -> None:
     if not ctx.liveness.knows(worker_id):
         raise not_found("unknown_worker", f"worker {worker_id} is not registered; POST /v1/workers first")
+
+
+def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
+    from aitbc.coordinator.runs import job_view
+
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    return {**job_view(ctx, job, None, now=time.time()), "training_id": job.run_id}
+
+
+def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:
+    from aitbc.coordinator.runs import job_view
+
+    now = time.time()
+    jobs = s.scalars(select(Job).where(Job.worker_id == worker_id).order_by(Job.created_at.desc())).all()
+    return [{**job_view(ctx, j, None, now=now), "training_id": j.run_id} for j in jobs]

@@ -61,6 +61,19 @@ async def job(
         await ctx.notifier.changed(seen, max(0.0, deadline - time.monotonic()))
 
 
+@router.get("/jobs/{job_id}")
+def get_job(job_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+    """One job: its run, worker, shard, and the worker's last progress report."""
+    return workers.job_detail(ctx, s, job_id)
+
+
+@router.get("/workers/{worker_id}/jobs")
+def worker_jobs(worker_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+    """Every job a worker has had, newest first (its active one, if any, is marked)."""
+    data = workers.jobs_of(ctx, s, worker_id)
+    return {"data": data, "count": len(data)}
+
+
 @router.post("/jobs/{job_id}/progress")
 def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     workers.report_progress(ctx, s, job_id, signer.address, body)
