@@ -277,6 +277,16 @@ def get_worker_job(self, worker_id: str) -> Op[dict | None]:
 
 
 @operation
+def negotiate_worker_contract(self, worker_id: str, training_id: str, price: float | str) -> Op[dict]:
+    """Hire one provider for the run at ``price`` AIT per round: accepted when it is at
+    least the provider's asking price (else ``Conflict`` with code ``price_rejected``).
+    Returns ``{contract_id, price, worker_id, training_id, status}``."""
+    c = yield Http("POST", f"/runs/{training_id}/contracts", json={"worker_id": worker_id, "price": str(price)})
+    return {"contract_id": c["contract_id"], "price": c["price"], "worker_id": c["worker_id"],
+            "training_id": c["training_id"], "status": c["status"]}
+
+
+@operation
 def get_available_workers(self) -> Op[list]:
     """The live offers on the market (``GET /v1/market/offers``)."""
     res = yield Http("GET", "/market/offers")

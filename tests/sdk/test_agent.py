@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent, InvalidArgument, NotFound
+from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent, Conflict, InvalidArgument, NotFound
 
 ROOT = Path(__file__).resolve().parents[2]
 AITBC = Path(sys.executable).parent / "aitbc"
@@ -123,3 +123,11 @@ def test_errors_and_blobs(stack):
         assert e.value.code == "unknown_contract"
         bal = agent.fund_wallet("2.5")
         assert agent.get_balance()["balance"] == bal["balance"]
+        # Hiring one named provider: below its ask is refused; at its ask, a contract.
+        w = agent.get_available_workers()[0]
+        with pytest.raises(Conflict) as e:
+            agent.negotiate_worker_contract(w["worker_id"], run["training_id"], "0.01")
+        assert e.value.code == "price_rejected"
+        c = agent.negotiate_worker_contract(w["worker_id"], run["training_id"], w["price"])
+        assert (c["status"], c["price"], c["worker_id"]) == ("hired", w["price"], w["worker_id"])
+        agent.stop_training(run["training_id"])  # releases the provider again

@@ -20,7 +20,7 @@ def test_same_methods_and_signatures():
     assert sync == asyn
     assert set(OPERATIONS) <= sync.keys()
     for name in ("start", "stop", "initialize_distributed_training", "upload_to_ipfs", "create_data_shards",
-                 "get_training_status", "discover_gpu_workers", "start_training", "get_worker_progress", "get_worker_job",
+                 "get_training_status", "discover_gpu_workers", "start_training", "get_worker_progress", "get_worker_job", "negotiate_worker_contract",
                  "get_all_workers", "get_active_workers", "get_available_workers", "get_all_checkpoints",
                  "verify_checkpoint", "get_training_progress", "wait_for_completion", "get_results",
                  "get_payments", "process_payment", "refund_payments", "ping_worker", "fund_wallet", "get_balance"):

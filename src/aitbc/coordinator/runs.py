@@ -18,7 +18,7 @@ from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Update, new_id
-from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, RunCreate
+from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.units import format_price, parse_price, parse_size
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import LedgerError, RequestAuth, check_network
@@ -207,6 +207,43 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, An
         "contracts": [contract_view(c) for c in contracts],
         "count": len(contracts),
     }
+
+
+def hire(ctx: Context, s: Session, run: Run, body: ContractCreate) -> dict[str, Any]:
+    """Hire one named provider at the owner's offered price per round (the SDK's
+    ``negotiate_worker_contract``): accepted if it is at least the provider's asking price
+    and the provider is live, free, and able to post the run's bond."""
+    from aitbc.coordinator.payments import can_bond, post_bond
+
+    states.require_status(run, states.INITIALIZING, action="hire workers")
+    price = parse_price(body.price)
+    offer = s.get(Offer, body.worker_id)
+    if offer is None:
+        raise not_found("unknown_worker", f"no offer from worker {body.worker_id!r}")
+    now = time.time()
+    if offer.status != "online" or not ctx.liveness.alive(offer.id, now, ctx.settings.lease_seconds):
+        raise conflict("worker_not_live", f"worker {offer.id} is not live (status {offer.status})")
+    if s.scalar(select(Contract.id).where(Contract.run_id == run.id, Contract.worker_id == offer.id)):
+        raise conflict("already_contracted", f"worker {offer.id} already has a contract with run {run.id}")
+    if offer.id in busy_workers(s):
+        raise conflict("worker_busy", f"worker {offer.id} is hired by another run")
+    if price < offer.price:
+        raise conflict("price_rejected", f"worker {offer.id} asks {format_price(offer.price)} AIT per round; "
+                                         f"{format_price(price)} was offered")
+    if not can_bond(ctx, s, offer, run.bond):
+        raise conflict("cannot_bond", f"worker {offer.id} cannot post this run's bond of {format_price(run.bond)} AIT")
+    from aitbc.market.ranking import offer_score
+
+    c = Contract(id=new_id("contract"), run_id=run.id, worker_id=offer.id, price=price, status="hired", created_at=now,
+                 score=offer_score(MarketOffer(worker_id=offer.id, gpu=offer.gpu, price=price / 1_000_000,
+                                               reputation=offer.reputation, availability=offer.availability,
+                                               last_heartbeat=now)))
+    s.add(c)
+    s.flush()
+    post_bond(ctx, s, run, c, offer)
+    run.updated_at = now
+    s.commit()
+    return contract_view(c)
 
 
 def ranked_view(r, *, hired: bool) -> dict[str, Any]:

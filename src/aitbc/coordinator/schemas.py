@@ -92,6 +92,11 @@ class WalletSend(Body):
     network: str = "local"
 
 
+class ContractCreate(Body):
+    worker_id: str = Field(min_length=1, max_length=64)
+    price: str | float  # AIT per round the owner offers
+
+
 class PaymentCreate(Body):
     contract_id: str = Field(min_length=1, max_length=64)
     amount: str | float

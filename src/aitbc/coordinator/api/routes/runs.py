@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from aitbc.coordinator import payments as pay
 from aitbc.coordinator import runs
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
-from aitbc.coordinator.schemas import DataAttach, Discover, Distribute, PaymentCreate, RunCreate
+from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, PaymentCreate, RunCreate
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -39,6 +39,12 @@ def attach_data(run_id: str, body: DataAttach, ctx: CtxDep, s: SessionDep, signe
 @router.post("/{run_id}/discover")
 def discover(run_id: str, body: Discover, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     return runs.discover(ctx, s, runs.owned_run(s, run_id, signer.address), body)
+
+
+@router.post("/{run_id}/contracts", status_code=201)
+def hire(run_id: str, body: ContractCreate, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    """Hire one named provider at an offered price (at least its asking price)."""
+    return runs.hire(ctx, s, runs.owned_run(s, run_id, signer.address), body)
 
 
 @router.post("/{run_id}/distribute")
