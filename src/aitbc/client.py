@@ -136,12 +136,16 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
             yield block
 
 
+def error_fields(r: httpx.Response) -> tuple[str, str]:
+    """``(code, detail)`` of an error reply: the API's JSON body, or its first line of text."""
+    try:
+        body = r.json()
+        return str(body.get("error", "error")), str(body.get("detail", r.text))
+    except (ValueError, AttributeError):
+        return "error", (r.text.strip().splitlines() or [r.reason_phrase])[0]
+
+
 def _result(r: httpx.Response) -> Any:
     if r.status_code < 400:
         return r.json() if r.content else None
-    try:
-        body = r.json()
-        code, detail = str(body.get("error", "error")), str(body.get("detail", r.text))
-    except (ValueError, AttributeError):
-        code, detail = "error", (r.text.strip().splitlines() or [r.reason_phrase])[0]
-    raise ApiError(r.status_code, code, detail)
+    raise ApiError(r.status_code, *error_fields(r))

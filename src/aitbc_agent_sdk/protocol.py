@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from aitbc.client import error_fields
+
 from aitbc_agent_sdk.errors import AgentError, error_for
 
 T = TypeVar("T")
@@ -75,12 +77,7 @@ def parse_response(r: httpx.Response, req: Http) -> Any:
         if req.raw:
             return r.content
         return r.json() if r.content else None
-    try:
-        body = r.json()
-        code, detail = str(body.get("error", "error")), str(body.get("detail", r.text))
-    except (ValueError, AttributeError):
-        code, detail = "error", (r.text.strip().splitlines() or [r.reason_phrase])[0]
-    raise error_for(r.status_code, code, detail)
+    raise error_for(r.status_code, *error_fields(r))
 
 
 def ensure_error(e: BaseException) -> AgentError:

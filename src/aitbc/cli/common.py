@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,19 @@ HomeOption = Annotated[
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
+
+
+@contextmanager
+def naming_wallet(wallet: str | None):
+    """The coordinator's hints say WALLET where only the CLI knows the wallet's name."""
+    from aitbc.client import ApiError
+
+    try:
+        yield
+    except ApiError as e:
+        if wallet and "WALLET" in e.detail:
+            raise ApiError(e.status, e.code, e.detail.replace("WALLET", wallet)) from None
+        raise
 
 
 def resolve_home(home: Path) -> Path:

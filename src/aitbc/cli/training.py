@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -21,7 +20,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, naming_wallet, out, resolve_home
 from aitbc.client import CoordinatorClient, coordinator_url
 from aitbc.core.options import parse_kv
 from aitbc.errors import AitbcError, NotFoundError, UsageError
@@ -67,17 +66,9 @@ def _client(home: Path, coordinator: str | None, run_id: str | None = None, wall
     return CoordinatorClient(url, load_wallet(home, name) if name else None)
 
 
-@contextmanager
-def _naming(wallet: str | None):
-    """The coordinator's hints say WALLET where only we know the wallet's name."""
-    from aitbc.client import ApiError
-
-    try:
-        yield
-    except ApiError as e:
-        if wallet and "WALLET" in e.detail:
-            raise ApiError(e.status, e.code, e.detail.replace("WALLET", wallet)) from None
-        raise
+def _say(*lines: str) -> None:
+    for line in lines:
+        out.print(line, highlight=False)
 
 
 def _emit_json(obj: Any) -> None:
@@ -144,18 +135,14 @@ def init(
                             "bond": bond, "network": network}
     if budget is not None:
         body["budget"] = budget
-    with CoordinatorClient(url, w) as c, _naming(wallet):
+    with CoordinatorClient(url, w) as c, naming_wallet(wallet):
         run = c.post("/runs", body)
     _remember(home, run["training_id"], wallet, url)
     if json_out:
         _emit_json(run)
         return
-    out.print("Distributed training initialized", highlight=False)
-    out.print(f"Training ID: {run['training_id']}", highlight=False)
-    out.print(f"Model Type: {run['model_type']}", highlight=False)
-    out.print(f"Dataset Size: {run['dataset_size']}", highlight=False)
-    out.print(f"Target Workers: {run['target_workers']}", highlight=False)
-    out.print(f"Status: {run['status']}", highlight=False)
+    _say("Distributed training initialized", f"Training ID: {run['training_id']}", f"Model Type: {run['model_type']}",
+         f"Dataset Size: {run['dataset_size']}", f"Target Workers: {run['target_workers']}", f"Status: {run['status']}")
 
 
 # --- upload-data ---------------------------------------------------------------------
@@ -208,12 +195,10 @@ def upload_data(
         _emit_json({"training_id": training_id, "manifest_cid": manifest_cid, "shards": cids, "val_cid": val_cid,
                     "samples": sum(packaged.samples), "data_bytes": detail["data_bytes"], "dataset": data.name})
         return
-    out.print("Data uploaded", highlight=False)
-    out.print(f"Training ID: {training_id}", highlight=False)
-    out.print(f"Dataset: {data.name} ({data.spec.task}, {sum(packaged.samples)} training samples, {packaged.val_samples} validation)", highlight=False)
-    out.print(f"Shards: {len(cids)}", highlight=False)
-    out.print(f"Size: {_human_bytes(detail['data_bytes'])} measured (declared {run['dataset_size']})", highlight=False)
-    out.print(f"Manifest CID: {manifest_cid}", highlight=False)
+    _say("Data uploaded", f"Training ID: {training_id}",
+         f"Dataset: {data.name} ({data.spec.task}, {sum(packaged.samples)} training samples, {packaged.val_samples} validation)",
+         f"Shards: {len(cids)}", f"Size: {_human_bytes(detail['data_bytes'])} measured (declared {run['dataset_size']})",
+         f"Manifest CID: {manifest_cid}")
 
 
 # --- discover-workers ------------------------------------------------------------------
@@ -288,7 +273,7 @@ def distribute(
             "outer": outer, "aggregator": aggregator, "compression": compression, "error_feedback": error_feedback,
             "mode": mode, "deadline": deadline, "quorum": quorum, "min_workers": min_workers,
             "max_workers": max_workers, "eval_every": eval_every}
-    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c, _naming(wallet or _recall(home, training_id).get("wallet")):
+    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c, naming_wallet(wallet or _recall(home, training_id).get("wallet")):
         detail = c.get(f"/runs/{training_id}")
         if detail.get("budget") is None:  # the escrow is the contracts' cost: sign the most it may be
             hired = sum(ct["price_micro"] for ct in detail["contracts"] if ct["status"] == "hired")
@@ -301,14 +286,13 @@ def distribute(
         return
     cfg = run["config"]
     per_round = sum(ct["price_micro"] for ct in run["contracts"] if ct["status"] == "working")
-    out.print("Training distributed", highlight=False)
-    out.print(f"Training ID: {training_id}", highlight=False)
-    out.print(f"Strategy: {strategy}", highlight=False)
-    out.print(f"Workers: {len(run['workers'])} on {run['shards']} shards", highlight=False)
-    out.print(f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps", highlight=False)
-    out.print(f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}", highlight=False)
-    out.print(f"Estimated cost: {per_round * cfg['rounds'] / 1e6:.2f} AIT", highlight=False)
-    out.print(f"Status: {run['status']}", highlight=False)
+    from aitbc.coordinator.units import format_price
+
+    _say("Training distributed", f"Training ID: {training_id}", f"Strategy: {strategy}",
+         f"Workers: {len(run['workers'])} on {run['shards']} shards",
+         f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
+         f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}",
+         f"Estimated cost: {format_price(per_round * cfg['rounds'])} AIT", f"Status: {run['status']}")
 
 
 # --- monitor, status, list ------------------------------------------------------------

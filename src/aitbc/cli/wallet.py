@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, naming_wallet, out, resolve_home
 from aitbc.ledger.wallet import create_wallet, list_wallets, load_wallet, wallet_path, wallets_dir
 
 app = typer.Typer(
@@ -102,13 +102,6 @@ def _money_client(home: Path, coordinator: str | None, name: str | None, network
     return CoordinatorClient(coordinator_url(coordinator, home), load_wallet(home, name) if name else None)
 
 
-def _named(e, name: str):
-    """The server says WALLET where only the CLI knows the wallet's name."""
-    from aitbc.client import ApiError
-
-    return ApiError(e.status, e.code, e.detail.replace("WALLET", name))
-
-
 @app.command()
 def fund(name: NameArgument, amount: AmountArgument, network: NetworkOption = "local",
          coordinator: CoordinatorOption = None, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
@@ -141,15 +134,10 @@ def send(name: NameArgument, to: Annotated[str, typer.Argument(help="A wallet na
          amount: AmountArgument, network: NetworkOption = "local", coordinator: CoordinatorOption = None,
          home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
     """Send AMOUNT AIT from wallet NAME to TO (signed by NAME)."""
-    from aitbc.client import ApiError
-
     home = resolve_home(home)
     address = to if to.startswith("ait1") else load_wallet(home, to).address
-    with _money_client(home, coordinator, name, network) as c:
-        try:
-            res = c.post("/wallets/send", {"to": address, "amount": amount, "network": network})
-        except ApiError as e:
-            raise _named(e, name) from None
+    with _money_client(home, coordinator, name, network) as c, naming_wallet(name):
+        res = c.post("/wallets/send", {"to": address, "amount": amount, "network": network})
     if json_out:
         _print_json(res)
         return

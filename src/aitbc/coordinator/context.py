@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -105,6 +106,9 @@ class Context:
     nonces: NonceCache
     started_at: float
     ledger: Ledger
+    # Per live run, the driver's in-memory model, validation data and optimizer state
+    # (coordinator.rounds.RunRuntime); rebuilt from the database after a restart.
+    runtimes: dict[str, Any] = field(default_factory=dict)
 
     def session(self) -> Session:
         return self.sessions()

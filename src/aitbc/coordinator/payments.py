@@ -24,10 +24,10 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, not_found, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.runs import lock_run
-from aitbc.coordinator.units import format_price, parse_price
+from aitbc.coordinator.units import format_price, parse_amount
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.scoring import ScoringConfig, alignments, copies, relative_gain, reputation_update, score_round
-from aitbc.ledger.book import LedgerError, RequestAuth
+from aitbc.ledger.book import LedgerError, RequestAuth, check_network
 from aitbc.ledger.chain import bond_account, escrow_account, wallet_account
 from aitbc.training.checkpoint import load_checkpoint, load_shard, set_flat_params
 from aitbc.training.local import evaluate
@@ -43,6 +43,16 @@ def ledger_error(e: LedgerError, *, wallet_hint: str | None = None) -> ApiError:
     if e.code == "duplicate":
         return conflict("duplicate_entry", e.detail)
     return unprocessable(e.code, e.detail)
+
+
+def require_network(ctx: Context, network: str) -> None:
+    """422 unless ``network`` is the one this coordinator settles on."""
+    try:
+        check_network(network)
+    except LedgerError as e:
+        raise unprocessable("bad_network", e.detail) from None
+    if network != ctx.ledger.network:
+        raise unprocessable("bad_network", f"this coordinator settles on {ctx.ledger.network!r}, not {network!r}")
 
 
 def _fund_hint(needed: int) -> str:
@@ -297,9 +307,7 @@ def pending(s: Session) -> tuple[list[tuple[str, int]], list[str]]:
 
 
 def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_text: str | float) -> dict[str, Any]:
-    amount = parse_price(amount_text, field="amount")
-    if amount <= 0:
-        raise unprocessable("bad_amount", f"amount must be more than 0 AIT, got {amount_text!r}")
+    amount = parse_amount(amount_text)
     c = s.get(Contract, contract_id)
     if c is None or c.run_id != run.id:
         raise not_found("unknown_contract", f"run {run.id} has no contract {contract_id!r}")

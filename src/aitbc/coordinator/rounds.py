@@ -119,19 +119,15 @@ class RunRuntime:
         return evaluate(self.model, self.val_x, self.val_y)
 
 
-_runtimes: dict[tuple[int, str], RunRuntime] = {}
-
-
 def runtime(ctx: Context, run: Run) -> RunRuntime:
-    key = (id(ctx), run.id)
-    rt = _runtimes.get(key)
+    rt = ctx.runtimes.get(run.id)
     if rt is None:
-        rt = _runtimes[key] = RunRuntime(ctx, run)
+        rt = ctx.runtimes[run.id] = RunRuntime(ctx, run)
     return rt
 
 
 def drop_runtime(ctx: Context, run_id: str) -> None:
-    _runtimes.pop((id(ctx), run_id), None)
+    ctx.runtimes.pop(run_id, None)
 
 
 # --- opening the first round ----------------------------------------------------------

@@ -21,7 +21,7 @@ from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Ru
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.units import format_price, parse_price, parse_size
 from aitbc.errors import AitbcError
-from aitbc.ledger.book import LedgerError, RequestAuth, check_network
+from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import Offer as MarketOffer, rank_offers
 from aitbc.storage.cid import is_cid
@@ -62,15 +62,10 @@ def owned_run(s: Session, run_id: str, signer: str) -> Run:
 def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_key: str, request: RequestAuth) -> Run:
     """A new run; with a budget, the budget moves into the run's escrow in the same
     transaction (a short balance refuses both)."""
-    from aitbc.coordinator.payments import escrow
+    from aitbc.coordinator.payments import escrow, require_network
 
     size = parse_size(body.dataset_size)
-    try:
-        check_network(body.network)
-    except LedgerError as e:
-        raise unprocessable("bad_network", e.detail) from None
-    if body.network != ctx.ledger.network:
-        raise unprocessable("bad_network", f"this coordinator settles on {ctx.ledger.network!r}, not {body.network!r}")
+    require_network(ctx, body.network)
     budget = parse_price(body.budget, field="budget") if body.budget is not None else None
     if budget == 0:
         raise unprocessable("bad_price", "budget must be more than 0 AIT (or leave it out: distribute escrows the contracts' cost)")

@@ -54,6 +54,14 @@ def parse_price(value: str | int | float, *, field: str = "price") -> int:
     return int(d * MICRO)  # exact: at most 13 significant digits remain
 
 
+def parse_amount(value: str | int | float, *, field: str = "amount") -> int:
+    """A price that must be more than 0 (a transfer, a faucet request, a payment)."""
+    amount = parse_price(value, field=field)
+    if amount <= 0:
+        raise unprocessable("bad_amount", f"{field} must be more than 0 AIT, got {value!r}")
+    return amount
+
+
 def format_price(micro: int) -> str:
     """1_200_000 -> "1.2", -1 -> "-0.000001" (no float on the way)."""
     sign = "-" if micro < 0 else ""

@@ -217,8 +217,8 @@ class Worker:
                              {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status})
         except ApiError as e:
             log.info("progress refused: %s", e.detail)
-        except Unreachable:
-            pass  # progress is advisory; the update itself is retried by the loop
+        except Unreachable as e:  # progress is advisory: not retried; the update itself is
+            log.debug("progress report not delivered: %s", e)
 
     def _job_state(self, job: dict[str, Any]) -> JobState:
         if self.job is not None and self.job.job_id == job["job_id"]:

@@ -8,30 +8,14 @@ from sqlalchemy import func, select
 
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.errors import ApiError, unprocessable
-from aitbc.coordinator.payments import ledger_error
+from aitbc.coordinator.payments import ledger_error, require_network
 from aitbc.coordinator.schemas import WalletFund, WalletSend
-from aitbc.coordinator.units import format_price, parse_price
-from aitbc.ledger.book import Entry, Head, Ledger, LedgerError, check_network
+from aitbc.coordinator.units import format_price, parse_amount
+from aitbc.ledger.book import Entry, Head, Ledger, LedgerError
 from aitbc.ledger.chain import mint_account, wallet_account
 
 router = APIRouter(tags=["ledger"])
 MAX_FAUCET = 1_000_000 * 1_000_000  # micro-AIT per request
-
-
-def _network(ctx, network: str) -> None:
-    try:
-        check_network(network)
-    except LedgerError as e:
-        raise unprocessable("bad_network", e.detail) from None
-    if network != ctx.ledger.network:
-        raise unprocessable("bad_network", f"this coordinator settles on {ctx.ledger.network!r}, not {network!r}")
-
-
-def _positive(text, what: str) -> int:
-    amount = parse_price(text, field=what)
-    if amount <= 0:
-        raise unprocessable("bad_amount", f"{what} must be more than 0 AIT, got {text!r}")
-    return amount
 
 
 def _address(text: str) -> str:
@@ -47,8 +31,8 @@ def entry_view(e: Entry) -> dict:
 @router.post("/wallets/fund", status_code=201)
 def fund(body: WalletFund, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """The local faucet: mint ``amount`` into the signer's wallet (a recorded mint)."""
-    _network(ctx, body.network)
-    amount = _positive(body.amount, "amount")
+    require_network(ctx, body.network)
+    amount = parse_amount(body.amount)
     if amount > MAX_FAUCET:
         raise unprocessable("bad_amount", f"the faucet gives at most {format_price(MAX_FAUCET)} AIT per request")
     e = ctx.ledger.post(s, kind="mint", debit=mint_account(ctx.ledger.network), credit=wallet_account(signer.address),
@@ -61,8 +45,8 @@ def fund(body: WalletFund, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dic
 @router.post("/wallets/send", status_code=201)
 def send(body: WalletSend, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Move ``amount`` from the signer's wallet to the address ``to`` (signed by the sender)."""
-    _network(ctx, body.network)
-    amount = _positive(body.amount, "amount")
+    require_network(ctx, body.network)
+    amount = parse_amount(body.amount)
     _address(body.to)
     if body.to == signer.address:
         raise unprocessable("bad_address", "cannot send to the same wallet")
