@@ -16,6 +16,7 @@ import httpx
 
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import AgentError, CoordinatorUnreachable
+from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.operations import OPERATIONS
 from aitbc_agent_sdk.protocol import Close, Http, Offload, Sleep, ensure_error, parse_response
 

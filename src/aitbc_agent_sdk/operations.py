@@ -96,11 +96,12 @@ def initialize_distributed_training(self, model_type: str, dataset_size: int | f
     ``"500MB"``; the real size is measured when the data is uploaded. ``options``:
     ``model_options`` (dict), ``seed`` (int), ``budget`` (AIT escrowed now; without it
     ``start_training`` escrows the contracts' cost), ``bond`` (AIT each hired provider
-    locks). Only automatic control exists in this build: ``control="manual"`` is refused."""
+    locks), ``control``: ``"automatic"`` (default: the coordinator drives the phases) or
+    ``"manual"`` (the agent does, with :meth:`update_training_phase`,
+    :meth:`send_training_job` and :meth:`federated_average`; the coordinator waits)."""
     control = options.pop("control", "automatic")
-    if control != "automatic":
-        raise InvalidArgument("bad_control", f"control={control!r} is not available: this build runs automatic "
-                                             f"control only (the coordinator drives the phases)")
+    if control not in ("automatic", "manual"):
+        raise InvalidArgument("bad_control", f"control must be 'automatic' or 'manual', got {control!r}")
     unknown = sorted(set(options) - set(RUN_OPTIONS))
     if unknown:
         raise InvalidArgument("bad_option", f"unknown option(s) {', '.join(unknown)}; known: {', '.join(RUN_OPTIONS)}")
@@ -112,7 +113,7 @@ def initialize_distributed_training(self, model_type: str, dataset_size: int | f
     body: dict[str, Any] = {"model_type": model_type, "dataset_size": size, "target_workers": target_workers,
                             "network": self.config.blockchain_network,
                             "model_options": dict(options.get("model_options") or {}),
-                            "seed": int(options.get("seed", 0))}
+                            "seed": int(options.get("seed", 0)), "control": control}
     if options.get("budget") is not None:
         body["budget"] = _amount(options["budget"], "budget")
     if options.get("bond") is not None:
@@ -147,7 +148,7 @@ def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = No
     return cid
 
 
-def _package(run: dict[str, Any], data_path: str):
+def _package(run: dict[str, Any], data_path: str, k: int):
     """What ``aitbc distributed-training upload-data`` does on the owner's machine."""
     from aitbc.errors import AitbcError, UsageError
     from aitbc.storage.cid import cid_of_bytes
@@ -164,7 +165,7 @@ def _package(run: dict[str, Any], data_path: str):
         raise
     except Exception as e:  # noqa: BLE001 - a model/data mismatch surfaces as any torch error
         raise UsageError(f"model {run['model_type']!r} does not fit dataset {data.name!r} ({data.spec.task}): {e}") from None
-    packaged = package(data, run["target_workers"], seed=run["seed"])
+    packaged = package(data, k, seed=run["seed"])
     cids = [cid_of_bytes(b) for b in packaged.shards]
     val_cid = cid_of_bytes(packaged.val)
     manifest = manifest_bytes(data, packaged, cids, val_cid, seed=run["seed"], alpha=None)
@@ -175,14 +176,18 @@ def _package(run: dict[str, Any], data_path: str):
 @operation
 def create_data_shards(self, training_id: str, num_shards: int | None = None, data_path: str = "digits") -> Op[list]:
     """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-    an ``.npz``) into one shard per target worker, upload shards, validation split and
-    manifest, and attach them to the run. Returns ``[{shard_id (CID), samples}]``.
-    ``num_shards`` must equal the run's ``target_workers`` (one shard per worker)."""
+    an ``.npz``) into shards, upload shards, validation split and manifest, and attach
+    them to the run. Returns ``[{shard_id (CID), samples}]``. An automatic run has one
+    shard per target worker (``num_shards`` must be that or None); a manual run takes any
+    ``num_shards`` (default: ``target_workers``) and the agent sends each shard's job."""
     run = yield Http("GET", f"/runs/{training_id}")
-    if num_shards is not None and num_shards != run["target_workers"]:
-        raise InvalidArgument("bad_shards", f"num_shards={num_shards}: run {training_id} plans one shard per target "
-                                            f"worker, so num_shards must be {run['target_workers']} (or None)")
-    blobs, cids, samples = yield Offload(_package, (run, data_path))
+    k = run["target_workers"] if num_shards is None else num_shards
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidArgument("bad_shards", f"num_shards must be an integer >= 1, got {num_shards!r}")
+    if run.get("control") != "manual" and k != run["target_workers"]:
+        raise InvalidArgument("bad_shards", f"num_shards={num_shards}: run {training_id} (automatic control) plans one "
+                                            f"shard per target worker, so num_shards must be {run['target_workers']} (or None)")
+    blobs, cids, samples = yield Offload(_package, (run, data_path, k))
     for cid, blob in blobs:
         yield Http("PUT", f"/blobs/{cid}", content=blob)
     yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": blobs[-1][0], "source": data_path})
@@ -261,11 +266,14 @@ def get_active_workers(self, training_id: str) -> Op[list]:
 @operation
 def get_worker_progress(self, job_id: str) -> Op[dict]:
     """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``), plus
-    ``job_id, worker_id, training_id, rounds_done``."""
+    ``job_id, worker_id, training_id, rounds_done, job_status`` (active, failed,
+    released), ``round`` (the run's open round) and ``round_update`` (``accepted`` or
+    ``rejected`` once the worker sent that round's update, else None)."""
     j = yield Http("GET", f"/jobs/{job_id}")
     return {"job_id": j["job_id"], "worker_id": j["worker_id"], "training_id": j["training_id"],
             "progress": j["progress"], "loss": j["loss"], "epoch": j["epoch"], "status": j["status"],
-            "rounds_done": j["rounds_done"]}
+            "rounds_done": j["rounds_done"], "round": j["round"], "round_update": j["this_round"],
+            "job_status": j["job_status"]}
 
 
 @operation
@@ -294,14 +302,17 @@ def get_available_workers(self) -> Op[list]:
 
 
 @operation
-def ping_worker(self, worker_id: str) -> Op[dict]:
-    """``{worker_id, alive, last_heartbeat_age, status}`` from the market's view of the
-    worker (alive: online and heard from within the coordinator's lease)."""
+def ping_worker(self, worker_id: str, max_age: float | None = None) -> Op[dict]:
+    """``{worker_id, alive, last_heartbeat_age, status, gpu_type, busy}`` from the
+    market's view of the worker. alive: online and heard from within ``max_age`` seconds
+    (default: the coordinator's lease; workers heartbeat several times per lease)."""
     res = yield Http("GET", "/market/offers", params={"all": "true"})
     for o in res["data"]:
         if o["worker_id"] == worker_id:
-            return {"worker_id": worker_id, "alive": bool(o["live"] and o["status"] == "online"),
-                    "last_heartbeat_age": o["last_heartbeat_age"], "status": o["status"]}
+            fresh = o["live"] if max_age is None else o["last_heartbeat_age"] <= max_age
+            return {"worker_id": worker_id, "alive": bool(fresh and o["status"] == "online"),
+                    "last_heartbeat_age": o["last_heartbeat_age"], "status": o["status"], "gpu_type": o["gpu_type"],
+                    "busy": o.get("busy", False)}
     raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
 
 
@@ -320,12 +331,15 @@ def get_all_checkpoints(self, training_id: str) -> Op[list]:
 def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
     """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
     the coordinator, re-hash it against its CID and check it is a checkpoint (of the
-    round claimed, if given). Returns ``{valid, cid, round, detail}``; never raises for a
+    round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
+    is re-hashed and decoded. Returns ``{valid, cid, round, detail}``; never raises for a
     bad checkpoint, only for an unreachable coordinator."""
     from aitbc.errors import AitbcError
     from aitbc.storage.cid import cid_of_bytes
     from aitbc.training.checkpoint import read_metadata
 
+    if isinstance(checkpoint, dict) and checkpoint.get("job_id") and checkpoint.get("cid"):
+        return (yield from _verify_update(checkpoint))
     if isinstance(checkpoint, str):
         cid, claimed = checkpoint, None
     elif isinstance(checkpoint, dict) and (checkpoint.get("checkpoint_cid") or checkpoint.get("cid")):
@@ -349,6 +363,31 @@ def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
     if claimed is not None and rnd != claimed:
         return {"valid": False, "cid": cid, "round": claimed, "detail": f"checkpoint says round {meta.get('round')}"}
     return {"valid": True, "cid": cid, "round": rnd, "detail": "hash and checkpoint OK"}
+
+
+def _verify_update(update: dict) -> Op[dict]:
+    """A worker's update (from :meth:`collect_checkpoint`): its blob hashes to its CID and
+    decodes as an update."""
+    from aitbc.core.compression import decode
+    from aitbc.errors import AitbcError
+    from aitbc.storage.cid import cid_of_bytes
+
+    cid, rnd = update["cid"], update.get("round")
+    try:
+        data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    except AgentError as e:
+        if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
+            return {"valid": False, "cid": cid, "round": rnd, "detail": e.detail, "worker_id": update.get("worker_id")}
+        raise
+    actual = yield Offload(cid_of_bytes, (data,))
+    detail = f"blob hashes to {actual}, not {cid}" if actual != cid else None
+    if detail is None:
+        try:
+            yield Offload(decode, (data,))
+        except AitbcError as e:
+            detail = f"not an update: {e}"
+    return {"valid": detail is None, "cid": cid, "round": rnd, "detail": detail or "hash and update OK",
+            "worker_id": update.get("worker_id")}
 
 
 @operation

@@ -116,8 +116,8 @@ def test_errors_and_blobs(stack):
         run = agent.initialize_distributed_training("mlp", "10MB", 2)
         with pytest.raises(InvalidArgument, match="num_shards must be 2"):
             agent.create_data_shards(run["training_id"], num_shards=3)
-        with pytest.raises(InvalidArgument, match="automatic"):
-            agent.initialize_distributed_training("mlp", 1, 2, control="manual")
+        with pytest.raises(InvalidArgument, match="control must be 'automatic' or 'manual'"):
+            agent.initialize_distributed_training("mlp", 1, 2, control="remote")
         with pytest.raises(NotFound) as e:  # the documentation's form: a worker address first
             agent.process_payment("ait1" + "0" * 40, "contract_nope", 1)
         assert e.value.code == "unknown_contract"

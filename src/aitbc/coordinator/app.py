@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aitbc import __version__
-from aitbc.coordinator.api.routes import blobs, health, ledger, runs, workers
+from aitbc.coordinator.api.routes import blobs, control, health, ledger, runs, workers
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
 from aitbc.coordinator.driver import RoundDriver
@@ -86,6 +86,6 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     async def _aitbc(_: Request, e: AitbcError) -> JSONResponse:
         return _error(422, "invalid", str(e))
 
-    for r in (health.router, blobs.router, runs.router, workers.router, ledger.router):
+    for r in (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router):
         app.include_router(r, prefix="/v1")
     return app

@@ -2,7 +2,8 @@
 
 Each tick (or sooner, when a request pokes it) it flushes heartbeats, fails workers whose
 lease ran out (reassigning their shards), finishes distributions, fills orphaned shards,
-and closes rounds that are due. After a restart it simply finds runs where they were:
+and closes rounds that are due. Runs under manual control are left to their owner's agent
+(:mod:`.control`); the driver only scores their aggregated rounds. After a restart it simply finds runs where they were:
 ``distributing`` is finished, ``aggregating`` is redone from the persisted updates.
 """
 
@@ -63,13 +64,14 @@ class RoundDriver:
             # worker could heartbeat while it was down.
             if now - ctx.started_at >= ctx.settings.lease_seconds:
                 changed |= rounds.expire_leases(ctx, s, now=now)
-            for run in s.scalars(select(Run).where(Run.status == states.TRAINING)).all():
+            automatic = Run.control == "automatic"  # a manual run's phases are its owner's to move
+            for run in s.scalars(select(Run).where(Run.status == states.TRAINING, automatic)).all():
                 changed |= rounds.fill_shards(ctx, s, run, now=now)
             if changed:
                 s.commit()
                 ctx.notifier.bump()
             live = s.execute(
-                select(Run.id, Run.status).where(Run.status.in_((states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)))
+                select(Run.id, Run.status).where(Run.status.in_((states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)), automatic)
             ).all()
             due = []
             for run_id, status in live:

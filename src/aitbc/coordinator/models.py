@@ -31,6 +31,9 @@ class Run(Base):
     owner: Mapped[str] = mapped_column(String(64), index=True)  # owner's address
     owner_key: Mapped[str] = mapped_column(String(64))  # owner's public key, hex
     status: Mapped[str] = mapped_column(String(16), index=True)
+    # automatic: the round driver moves the phases; manual: the owner's agent does
+    control: Mapped[str] = mapped_column(String(16), default="automatic")
+    result_cid: Mapped[str | None] = mapped_column(String(100), default=None)  # the model the owner saved
     paused_from: Mapped[str | None] = mapped_column(String(16), default=None)
     model_type: Mapped[str] = mapped_column(String(200))
     model_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -102,6 +105,7 @@ class Contract(Base):
     status: Mapped[str] = mapped_column(String(16))  # hired | working | released | failed | slashed
     bond: Mapped[int] = mapped_column(BigInteger, default=0)  # posted when hired
     slashed: Mapped[int] = mapped_column(BigInteger, default=0)
+    paid_manual: Mapped[int] = mapped_column(BigInteger, default=0)  # the owner's own payments (process_payment)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -119,6 +123,7 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)  # active | failed | released
     joined_round: Mapped[int] = mapped_column(Integer)
     replaces: Mapped[str | None] = mapped_column(String(64), default=None)  # job it took over
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the owner's overrides: local_steps, batch_size, lr
     # the worker's last progress report
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     loss: Mapped[float | None] = mapped_column(Float, default=None)
@@ -147,7 +152,7 @@ class Update(Base):
     samples: Mapped[int] = mapped_column(Integer)
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    status: Mapped[str] = mapped_column(String(16))  # accepted | rejected
+    status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)
     reason: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[float] = mapped_column(Float)
 

@@ -95,9 +95,9 @@ def post_bond(ctx: Context, s: Session, run: Run, contract: Contract, offer: Off
     contract.bond = run.bond
 
 
-def distribution_cost(run: Run, contracts: list[Contract]) -> int:
+def distribution_cost(rounds: int, contracts: list[Contract]) -> int:
     """Agreed price x rounds, summed over the workers that will train."""
-    return sum(c.price for c in contracts) * run.config["rounds"]
+    return sum(c.price for c in contracts) * rounds
 
 
 # --- scoring ----------------------------------------------------------------------------
@@ -164,6 +164,7 @@ def _judge(ctx: Context, run: Run, rt, before_cid: str, accepted: list, r: int):
     U = torch.stack([decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted])  # (n, d)
     shards = {j.shard_index: load_shard(ctx.store.get_bytes(j.shard_cid)) for _, j in accepted}
     all_shards = [load_shard(ctx.store.get_bytes(e["cid"])) for e in run.manifest["shards"]]
+    split = [("split_into" in e) for e in run.manifest["shards"]]  # its samples live on in its halves
     vx, vy = rt.val_x[:B], rt.val_y[:B]
     g = torch.Generator().manual_seed(run.seed * 1_000_003 + r)
 
@@ -191,7 +192,7 @@ def _judge(ctx: Context, run: Run, rt, before_cid: str, accepted: list, r: int):
         ox, oy = shards[j.shard_index]
         pick = torch.randperm(ox.shape[0], generator=g)[:B]
         own.append(relative_gain(loss(before, ox[pick], oy[pick]), loss(after, ox[pick], oy[pick])))
-        rest = [sh for k, sh in enumerate(all_shards) if k != j.shard_index] or [all_shards[j.shard_index]]
+        rest = [sh for k, sh in enumerate(all_shards) if k != j.shard_index and not split[k]] or [all_shards[j.shard_index]]
         rx = torch.cat([sh[0] for sh in rest])
         ry = torch.cat([sh[1] for sh in rest])
         pick = torch.randperm(rx.shape[0], generator=g)[:B]
@@ -228,7 +229,7 @@ def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:
     quality_ppm = round(sc.quality * 1_000_000)
     due = contract.price * quality_ppm // 1_000_000  # integer micro-AIT, rounded down
     paid, seq = 0, None
-    if due > 0:
+    if due > 0 and run.control == "automatic":  # a manual run's owner pays (process_payment); due is what the scores say
         paid = min(due, ctx.ledger.balance(s, escrow_account(run.id)))
         if paid > 0:
             entry = ctx.ledger.post(s, kind="settle", debit=escrow_account(run.id), credit=wallet_account(contract.worker_id),
@@ -262,7 +263,7 @@ def slash(ctx: Context, s: Session, run: Run, contract: Contract, *, reason: str
     if job is not None:
         end_job(s, job, "failed", f"ejected for provable misbehaviour ({reason})", now=now)
         contract.status = "slashed"
-        if run.status not in states.ENDED:
+        if run.status not in states.ENDED and run.control == "automatic":  # a manual run's owner reassigns
             s.flush()
             assign_worker(ctx, s, run, job.shard_index, now=now, replaces=job.id)
     log.info("run %s: slashed %s (%d micro-AIT): %s", run.id, contract.worker_id, held, reason)
@@ -298,7 +299,7 @@ def pending(s: Session) -> tuple[list[tuple[str, int]], list[str]]:
         closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
         if run.settled_round < closed:
             todo.append((run.id, run.settled_round + 1))
-        elif run.status in states.ENDED:
+        elif run.status in states.ENDED and run.control == "automatic":  # a manual run's owner refunds
             ready.append(run.id)
     return todo, ready
 
@@ -316,6 +317,7 @@ def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_
                             amount=amount, memo={"run": run.id, "contract": c.id, "manual": True, "ordered_by": run.owner})
     except LedgerError as err:
         raise ledger_error(err) from None
+    c.paid_manual += amount
     s.commit()
     return {"contract_id": c.id, "worker_id": c.worker_id, "amount": format_price(amount), "amount_micro": amount,
             "entry": e.seq, "escrow_left": format_price(ctx.ledger.balance(s, escrow_account(run.id)))}
@@ -339,7 +341,9 @@ def payments_view(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     rows = []
     for c in contracts:
         sc = s.scalars(select(Score).where(Score.contract_id == c.id)).all()
-        paid = s.scalar(select(func.coalesce(func.sum(Settlement.paid), 0)).where(Settlement.contract_id == c.id))
+        settled, due = s.execute(select(func.coalesce(func.sum(Settlement.paid), 0), func.coalesce(func.sum(Settlement.due), 0))
+                                 .where(Settlement.contract_id == c.id)).one()
+        paid = int(settled) + c.paid_manual
         offer = s.get(Offer, c.worker_id)
         rows.append({
             "worker_id": c.worker_id, "contract_id": c.id, "price": format_price(c.price), "status": c.status,
@@ -347,12 +351,14 @@ def payments_view(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
             "rounds_scored": len(sc),
             "score": (sum(x.quality for x in sc) / len(sc)) if sc else None,
             "flags": sorted({f for x in sc for f in x.flags}),
-            "paid": format_price(paid), "paid_micro": int(paid),
+            "paid": format_price(paid), "paid_micro": paid, "due": format_price(int(due)), "due_micro": int(due),
             "bond": format_price(c.bond), "slashed": format_price(c.slashed), "slashed_micro": c.slashed,
             "reputation": offer.reputation if offer else None,
         })
     return {
-        "training_id": run.id, "network": run.network, "escrowed": format_price(run.escrowed),
+        "training_id": run.id, "network": run.network, "control": run.control, "escrowed": format_price(run.escrowed),
         "escrow_balance": format_price(ctx.ledger.balance(s, escrow_account(run.id))),
-        "settled_round": run.settled_round, "finalized": run.finalized, "data": rows, "count": len(rows),
+        "settled_round": run.settled_round,
+        "rounds_closed": s.scalar(select(func.count()).select_from(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)) or 0,
+        "finalized": run.finalized, "data": rows, "count": len(rows),
     }

@@ -254,13 +254,17 @@ def pending_evaluations(s: Session) -> list[tuple[str, int]]:
     return [(run_id, r) for run_id, r, cfg in rows if cfg and eval_due(cfg, r)]
 
 
-def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: int, *, evaluate_now: bool) -> dict[str, Any]:
+def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: int, *, evaluate_now: bool,
+                     weights: list[float] | None = None) -> dict[str, Any]:
+    """``weights``: one per accepted update (default: its shard's sample count)."""
     params = rt.params
     outer_cid = run.outer_state_cid
     skipped = False
     if accepted:
         U = torch.stack([decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted])  # (n, d)
-        w = torch.tensor([float(run.manifest["shards"][shard]["samples"]) for _, shard in accepted])  # (n,)
+        if weights is None:
+            weights = [float(run.manifest["shards"][shard]["samples"]) for _, shard in accepted]
+        w = torch.tensor(weights, dtype=torch.float32)  # (n,)
         try:
             rt.aggregator.check(U.shape[0])
         except AitbcError:
@@ -284,11 +288,15 @@ def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: 
             "val_accuracy": acc, "skipped": skipped}
 
 
-def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict, ups: list, accepted: list) -> None:
+def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict, ups: list, accepted: list,
+                  *, advance: bool = True) -> bool:
+    """Record the round's result; ``advance``: also open the next round or complete the
+    run (a manual run stays ``aggregating`` until its owner moves it). Returns False if
+    the run was stopped meanwhile (nothing recorded)."""
     lock_run(s, run)
-    if run.status != states.AGGREGATING:  # stopped while we aggregated: nothing to record
-        s.rollback()
-        return
+    if run.status != states.AGGREGATING or s.get(RoundRecord, (run.id, run.round)) is not None:
+        s.rollback()  # stopped while we aggregated, or aggregated by a concurrent request
+        return False
     now = time.time()
     r = run.round
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == "active")).all()
@@ -314,7 +322,9 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
     run.bytes_down += prev_size * len(ups)  # each answer began with a download of the model
     if res["val_loss"] is not None:
         run.val_loss, run.val_accuracy = res["val_loss"], res["val_accuracy"]
-    if r >= run.config["rounds"]:
+    if not advance:
+        run.updated_at = now
+    elif r >= run.config["rounds"]:
         end_run(s, run, states.COMPLETE, reason=None, now=now)
     else:
         _drop_slowest(s, run, active, ups, now=now)
@@ -325,6 +335,7 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
     if res["outer_cid"] != rt.outer_cid:
         rt.outer_state = bytes_to_tensors(ctx.store.get_bytes(res["outer_cid"])) if res["outer_cid"] else {}
         rt.outer_cid = res["outer_cid"]
+    return True
 
 
 def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: float) -> None:
@@ -371,7 +382,8 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
     lease = ctx.settings.lease_seconds
     live_runs = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
     jobs = s.execute(
-        select(Job, Run).join(Run, Run.id == Job.run_id).where(Job.status == "active", Run.status.in_(live_runs))
+        select(Job, Run).join(Run, Run.id == Job.run_id)
+        .where(Job.status == "active", Run.status.in_(live_runs), Run.control == "automatic")
     ).all()
     changed = False
     for job, run in jobs:
@@ -418,10 +430,16 @@ def assign_worker(ctx: Context, s: Session, run: Run, shard_index: int, *, now: 
         s.add(contract)
         s.flush()
         post_bond(ctx, s, run, contract, best)
+    return new_job(s, run, contract, shard_index, now=now, replaces=replaces)
+
+
+def new_job(s: Session, run: Run, contract: Contract, shard_index: int, *, now: float, replaces: str | None = None,
+            config: dict[str, Any] | None = None) -> Job:
+    """The contract's worker trains ``shard_index`` from the open round (the caller commits)."""
     contract.status = "working"
     job = Job(id=new_id("job"), run_id=run.id, contract_id=contract.id, worker_id=contract.worker_id,
               shard_index=shard_index, shard_cid=run.manifest["shards"][shard_index]["cid"], status="active",
-              joined_round=max(run.round, 1), replaces=replaces, created_at=now, updated_at=now)
+              joined_round=max(run.round, 1), replaces=replaces, config=dict(config or {}), created_at=now, updated_at=now)
     s.add(job)
     s.flush()
     return job
@@ -435,10 +453,11 @@ def fill_shards(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     counts = [0] * len(run.manifest["shards"])
     for j in active:
         counts[j.shard_index] += 1
+    open_shards = [i for i, e in enumerate(run.manifest["shards"]) if "split_into" not in e]  # a split shard lives on in its halves
     changed = False
     n_active = len(active)
     while n_active < run.config["max_workers"]:
-        shard = min(range(len(counts)), key=lambda i: (counts[i], i))
+        shard = min(open_shards, key=lambda i: (counts[i], i))
         job = assign_worker(ctx, s, run, shard, now=now)
         if job is None:
             break

@@ -80,6 +80,7 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
         model_type=body.model_type, model_options=body.model_options, dataset_size=body.dataset_size,
         dataset_size_bytes=size, target_workers=body.target_workers, seed=body.seed,
         network=body.network, budget=budget, bond=bond, escrowed=0, created_at=now, updated_at=now,
+        control=body.control,
     )
     s.add(run)
     s.flush()
@@ -208,13 +209,24 @@ def hire(ctx: Context, s: Session, run: Run, body: ContractCreate) -> dict[str, 
     """Hire one named provider at the owner's offered price per round (the SDK's
     ``negotiate_worker_contract``): accepted if it is at least the provider's asking price
     and the provider is live, free, and able to post the run's bond."""
+    states.require_status(run, *LIVE, action="hire workers")
+    c = hire_offer(ctx, s, run, body.worker_id, parse_price(body.price))
+    s.commit()
+    return contract_view(c)
+
+
+LIVE = (states.INITIALIZING, states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
+
+
+def hire_offer(ctx: Context, s: Session, run: Run, worker_id: str, price: int | None) -> Contract:
+    """A ``hired`` contract with a live, free provider at ``price`` (None: its asking
+    price), bond posted. The caller commits."""
     from aitbc.coordinator.payments import can_bond, post_bond
 
-    states.require_status(run, states.INITIALIZING, action="hire workers")
-    price = parse_price(body.price)
-    offer = s.get(Offer, body.worker_id)
+    offer = s.get(Offer, worker_id)
     if offer is None:
-        raise not_found("unknown_worker", f"no offer from worker {body.worker_id!r}")
+        raise not_found("unknown_worker", f"no offer from worker {worker_id!r}")
+    price = offer.price if price is None else price
     now = time.time()
     if offer.status != "online" or not ctx.liveness.alive(offer.id, now, ctx.settings.lease_seconds):
         raise conflict("worker_not_live", f"worker {offer.id} is not live (status {offer.status})")
@@ -237,8 +249,7 @@ def hire(ctx: Context, s: Session, run: Run, body: ContractCreate) -> dict[str, 
     s.flush()
     post_bond(ctx, s, run, c, offer)
     run.updated_at = now
-    s.commit()
-    return contract_view(c)
+    return c
 
 
 def ranked_view(r, *, hired: bool) -> dict[str, Any]:
@@ -257,7 +268,29 @@ def contract_view(c: Contract) -> dict[str, Any]:
 
 def distribute(ctx: Context, s: Session, run: Run, body: Distribute, request: RequestAuth) -> Run:
     """Check the training config against the run, assign shards to hired workers and move
-    to ``distributing``; the round driver then writes the initial model and opens round 1."""
+    to ``distributing``; the round driver then writes the initial model and opens round 1.
+    (A manual run moves there with ``POST /runs/{id}/phase``, and the owner makes the jobs.)"""
+    if run.control == "manual":
+        raise conflict("manual_control", f"run {run.id} is under manual control: set its phase (POST /v1/runs/{run.id}/phase "
+                                         f"with phase distributing and the config) and send its jobs yourself")
+    hired = configure(ctx, s, run, body, request)
+    n_shards = len(run.manifest["shards"])
+    now = time.time()
+    from aitbc.coordinator.rounds import new_job
+
+    for i, c in enumerate(hired[:n_shards]):
+        new_job(s, run, c, i, now=now)
+    states.transition(run, states.DISTRIBUTING, now=now)
+    s.commit()
+    ctx.notifier.poke_driver()
+    return run
+
+
+def configure(ctx: Context, s: Session, run: Run, body: Distribute, request: RequestAuth, *,
+              cost_field: str = "max_cost") -> list[Contract]:
+    """Check the training config against the run and store it; a run without a budget
+    escrows the hired contracts' cost (at most ``max_cost``). Returns the hired contracts,
+    best first. The caller commits."""
     from aitbc.coordinator.rounds import check_training_config  # torch: imported on use
 
     states.require_status(run, states.INITIALIZING, action="distribute")
@@ -276,11 +309,10 @@ def distribute(ctx: Context, s: Session, run: Run, body: Distribute, request: Re
     if cfg["min_workers"] > cfg["max_workers"]:
         raise unprocessable("bad_config", f"min_workers ({cfg['min_workers']}) exceeds max_workers ({cfg['max_workers']})")
     cfg.update(check_training_config(run, cfg, workers=min(len(hired), n_shards)))
-    run.config = cfg
     if run.budget is None:  # no budget at init: escrow what the contracts will cost
         from aitbc.coordinator.payments import distribution_cost, escrow
 
-        cost = distribution_cost(run, list(hired[:n_shards]))
+        cost = distribution_cost(cfg["rounds"], list(hired[:n_shards]))
         if body.max_cost is None:
             raise unprocessable("no_budget", f"run {run.id} has no budget: distribute escrows the contracts' cost "
                                              f"({format_price(cost)} AIT) and needs max_cost signed in the request")
@@ -288,19 +320,10 @@ def distribute(ctx: Context, s: Session, run: Run, body: Distribute, request: Re
         if cost > limit:
             raise conflict("over_max_cost", f"the contracts cost {format_price(cost)} AIT over {cfg['rounds']} rounds; "
                                             f"max_cost allows {format_price(limit)}")
-        escrow(ctx, s, run, cost, dataclasses.replace(request, field="max_cost"),
+        escrow(ctx, s, run, cost, dataclasses.replace(request, field=cost_field),
                why=f"{min(len(hired), n_shards)} workers x {cfg['rounds']} rounds at their agreed prices")
-    now = time.time()
-    for i, c in enumerate(hired[:n_shards]):
-        s.add(Job(id=new_id("job"), run_id=run.id, contract_id=c.id, worker_id=c.worker_id, shard_index=i,
-                  shard_cid=run.manifest["shards"][i]["cid"], status="active", joined_round=1,
-                  created_at=now, updated_at=now))
-        c.status = "working"
     run.config = cfg
-    states.transition(run, states.DISTRIBUTING, now=now)
-    s.commit()
-    ctx.notifier.poke_driver()
-    return run
+    return list(hired)
 
 
 # --- owner controls ------------------------------------------------------------------
@@ -347,7 +370,7 @@ def run_summary(run: Run) -> dict[str, Any]:
     return {
         "training_id": run.id, "status": run.status, "owner": run.owner, "model_type": run.model_type,
         "dataset_size": run.dataset_size, "target_workers": run.target_workers,
-        "round": run.round, "rounds": cfg.get("rounds"), "val_loss": run.val_loss,
+        "round": run.round, "rounds": cfg.get("rounds"), "val_loss": run.val_loss, "control": run.control,
         "created_at": run.created_at, "updated_at": run.updated_at,
     }
 
@@ -404,7 +427,7 @@ def job_view(ctx: Context, j: Job, this_round: str | None, *, now: float) -> dic
         "shard_cid": j.shard_cid, "job_status": j.status, "status": j.worker_status if j.status == "active" else j.status,
         "progress": j.progress, "loss": j.loss, "epoch": j.epoch, "rounds_done": j.rounds_done,
         "this_round": this_round, "joined_round": j.joined_round, "replaces": j.replaces,
-        "end_reason": j.end_reason, "compute_seconds": j.compute_seconds,
+        "end_reason": j.end_reason, "compute_seconds": j.compute_seconds, "config": j.config or {},
         "last_heartbeat_age": None if seen is None else round(now - seen, 3),
     }
 
@@ -426,7 +449,7 @@ def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     updates = s.scalars(select(Update).where(Update.run_id == run.id)).all()
     return {
         "training_id": run.id, "status": run.status, "error": run.error,
-        "model_cid": run.global_cid, "rounds_completed": len(done),
+        "model_cid": run.result_cid or run.global_cid, "rounds_completed": len(done),
         "rounds": (run.config or {}).get("rounds"),
         "initial_val_loss": run.initial_val_loss, "final_val_loss": run.val_loss, "final_val_accuracy": run.val_accuracy,
         "bytes_up": run.bytes_up, "bytes_down": run.bytes_down,

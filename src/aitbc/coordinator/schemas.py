@@ -24,6 +24,7 @@ class RunCreate(Body):
     budget: str | float | None = None  # AIT escrowed now from the owner's wallet
     bond: str | float = "0"  # AIT each hired provider locks for the run
     network: str = "local"
+    control: Literal["automatic", "manual"] = "automatic"  # manual: the owner's agent moves the phases
 
 
 class DataAttach(Body):
@@ -100,3 +101,40 @@ class ContractCreate(Body):
 class PaymentCreate(Body):
     contract_id: str = Field(min_length=1, max_length=64)
     amount: str | float
+
+
+class JobConfig(Body):
+    """The owner's per-job overrides of the run's training config."""
+
+    local_steps: int | None = Field(None, ge=1, le=1_000_000)
+    batch_size: int | None = Field(None, ge=1, le=65_536)
+    lr: float | None = Field(None, gt=0, le=10)
+
+
+class JobCreate(Body):
+    worker_id: str = Field(min_length=1, max_length=64)
+    shard_id: str = Field(min_length=1, max_length=100)  # a shard's CID from the run's manifest
+    config: JobConfig = Field(default_factory=JobConfig)
+
+
+class PhaseSet(Body):
+    phase: Literal["distributing", "training", "aggregating", "complete"]
+    config: Distribute | None = None  # the training config (with -> distributing only)
+
+
+class Aggregate(Body):
+    updates: list[str] = Field(min_length=1, max_length=10_000)  # update CIDs of the closed round
+    weights: list[float] | None = None  # one per update; default: the shards' sample counts
+
+
+class ResultSave(Body):
+    model_cid: str = Field(min_length=1, max_length=100)
+
+
+class JobEnd(Body):
+    status: Literal["failed", "released"]
+    reason: str | None = Field(None, max_length=500)
+
+
+class JobMove(Body):
+    worker_id: str | None = Field(None, min_length=1, max_length=64)  # default: the best free worker

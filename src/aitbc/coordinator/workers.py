@@ -93,7 +93,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "shard_cid": job.shard_cid, "shard_index": job.shard_index, "seed": run.seed * 100_003 + job.shard_index,
             "model_type": run.model_type, "model_options": run.model_options,
             "data_spec": (run.manifest or {}).get("spec"),
-            "local_steps": cfg.get("local_steps"), "batch_size": cfg.get("batch_size"), "lr": cfg.get("lr"),
+            **{k: (job.config or {}).get(k) or cfg.get(k) for k in ("local_steps", "batch_size", "lr")},
             "inner_opt": cfg.get("inner_opt"), "compression": cfg.get("compression"),
             "error_feedback": cfg.get("error_feedback"), "d": cfg.get("d"),
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
@@ -237,8 +237,11 @@ def flush_heartbeats(ctx: Context, s: Session) -> bool:
 
 def market(ctx: Context, s: Session, *, live_only: bool) -> list[dict[str, Any]]:
     now = time.time()
+    from aitbc.coordinator.runs import busy_workers
+
     offers = s.scalars(select(Offer).order_by(Offer.id)).all()
-    views = [offer_view(ctx, o, now=now) for o in offers]
+    busy = busy_workers(s)
+    views = [{**offer_view(ctx, o, now=now), "busy": o.id in busy} for o in offers]
     return [v for v in views if v["live"] and v["status"] == "online"] if live_only else views
 
 
@@ -253,7 +256,10 @@ def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
     job = s.get(Job, job_id)
     if job is None:
         raise not_found("unknown_job", f"no job {job_id!r}")
-    return {**job_view(ctx, job, None, now=time.time()), "training_id": job.run_id}
+    run = s.get(Run, job.run_id)
+    this_round = s.scalar(select(Update.status).where(Update.job_id == job.id, Update.round == run.round))
+    return {**job_view(ctx, job, this_round, now=time.time()), "training_id": job.run_id, "round": run.round,
+            "run_status": run.status}
 
 
 def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:

@@ -141,7 +141,10 @@ def check_authorisation(entry: Mapping[str, Any], system_key: str | None) -> str
         fields = signed_body if isinstance(signed_body, dict) else {}
         name = auth.get("field")
         if name:
-            limit = micro(fields[name]) if name in fields and not isinstance(fields[name], bool) else None
+            value: Any = fields
+            for part in str(name).split("."):  # "config.max_cost": a field of a nested object
+                value = value.get(part) if isinstance(value, dict) else None
+            limit = micro(value) if value is not None and not isinstance(value, (bool, dict, list)) else None
             if limit is None or entry["amount"] > limit:
                 return f"amount {entry['amount']} exceeds what the signed request's {name!r} authorises"
         if "to" in fields and entry["credit"] != wallet_account(str(fields["to"])):

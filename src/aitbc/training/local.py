@@ -86,6 +86,21 @@ class LocalTrainer:
         self._pos = 0
         self.samples_seen = 0
 
+    def reconfigure(self, *, steps: int, batch_size: int, lr: float, data: tuple[Tensor, Tensor] | None = None) -> None:
+        """New per-round settings (the owner changed the job), keeping the model and the
+        optimizer's state; ``data``: a new shard ``(x, y)`` (a split), with a fresh batch order."""
+        self.cfg.steps, self.cfg.batch_size = steps, batch_size
+        if lr != self.cfg.lr:
+            self.cfg.lr = lr
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+        if data is not None:
+            x, y = data
+            if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
+                raise ValueError(f"shard needs matching non-empty x and y, got {tuple(x.shape)} and {tuple(y.shape)}")
+            self.x, self.y = x, y
+            self._order, self._pos = torch.empty(0, dtype=torch.long), 0
+
     def _next_batch(self) -> tuple[Tensor, Tensor]:
         n, b = self.x.shape[0], min(self.cfg.batch_size, self.x.shape[0])
         if self._pos + b > len(self._order):

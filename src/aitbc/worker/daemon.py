@@ -65,6 +65,7 @@ class JobState:
     trainer: LocalTrainer
     codec: Any
     rounds: int | None
+    shard_cid: str = ""
     done: set[int] = field(default_factory=set)
 
 
@@ -222,21 +223,32 @@ class Worker:
 
     def _job_state(self, job: dict[str, Any]) -> JobState:
         if self.job is not None and self.job.job_id == job["job_id"]:
+            # The owner may have changed the job's steps, batch size or lr, or split its shard.
+            data = None
+            if job["shard_cid"] != self.job.shard_cid:
+                data = self._labels(load_shard(self._blob(job["shard_cid"])), job)
+                self.job.shard_cid = job["shard_cid"]
+                log.info("job %s: now on shard %d (%d samples)", job["job_id"], job["shard_index"], data[0].shape[0])
+            self.job.trainer.reconfigure(steps=job["local_steps"], batch_size=job["batch_size"], lr=job["lr"], data=data)
             return self.job
         spec_d = job["data_spec"]
         spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
-        x, y = load_shard(self._blob(job["shard_cid"]))
-        if self.attack is not None and self.attack.flips_labels:
-            y = spec.num_classes - 1 - y  # label-flip poisons the worker's own data
+        x, y = self._labels(load_shard(self._blob(job["shard_cid"])), job)
         model = build_model(job["model_type"], spec, job["model_options"])
         cfg = LocalConfig(steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"])
         trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])
         name, opts = parse_spec(job["compression"], what="codec")
         codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()],
                             error_feedback=bool(job["error_feedback"]))
-        self.job = JobState(job_id=job["job_id"], trainer=trainer, codec=codec, rounds=job["rounds"])
+        self.job = JobState(job_id=job["job_id"], trainer=trainer, codec=codec, rounds=job["rounds"], shard_cid=job["shard_cid"])
         log.info("job %s: shard %d (%d samples) of %s", job["job_id"], job["shard_index"], x.shape[0], job["training_id"])
         return self.job
+
+    def _labels(self, shard: tuple[Any, Any], job: dict[str, Any]) -> tuple[Any, Any]:
+        x, y = shard
+        if self.attack is not None and self.attack.flips_labels:
+            y = int(job["data_spec"]["num_classes"]) - 1 - y  # label-flip poisons the worker's own data
+        return x, y
 
     def _blob(self, cid: str) -> bytes:
         """A blob by CID from the local cache, else the coordinator (verified both ways)."""

@@ -1,0 +1,245 @@
+"""Operations that take the coordinator's place: manual control of a run's phases, jobs
+and aggregation (a run created with ``control="manual"``), and the fault-tolerance
+controls (mark failed, replace, reassign, split, slow down, resend, scale) that work on
+any run the agent owns. Registered in :data:`~aitbc_agent_sdk.operations.OPERATIONS`
+like the rest, so ``Agent`` and ``AsyncAgent`` both get them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aitbc_agent_sdk.errors import InvalidArgument, NotFound
+from aitbc_agent_sdk.operations import _amount, operation
+from aitbc_agent_sdk.protocol import Http, Op
+
+PHASES = ("distributing", "training", "aggregating", "complete")
+
+
+# --- phases and jobs (manual control) --------------------------------------------------------
+
+
+@operation
+def update_training_phase(self, training_id: str, phase: str, **config: Any) -> Op[dict]:
+    """Move a manual run to ``phase`` (``POST /v1/runs/{id}/phase``):
+
+    * ``distributing``: from initializing (data attached, workers hired), with the
+      training ``config`` (rounds, local_steps, batch_size, lr, aggregator, compression,
+      ...; ``max_cost`` for a run without a budget, default the hired contracts' price x
+      rounds);
+    * ``training``: from distributing (initial model written, round 1 opens: send jobs
+      first), or from aggregating once the round is aggregated (the next round opens);
+    * ``aggregating``: the open round stops taking updates;
+    * ``complete``: from aggregating, once the round is aggregated.
+
+    Returns the run's detail with ``phase``. A move the run cannot make: :class:`Conflict`."""
+    if phase not in PHASES:
+        raise InvalidArgument("bad_phase", f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    body: dict[str, Any] = {"phase": phase}
+    if phase == "distributing":
+        cfg = dict(config)
+        run = yield Http("GET", f"/runs/{training_id}")
+        if run.get("budget") is None and cfg.get("max_cost") is None:
+            from aitbc.coordinator.units import format_price
+
+            hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
+            cfg["max_cost"] = format_price(hired * int(cfg.get("rounds", 10)))
+        elif cfg.get("max_cost") is not None:
+            cfg["max_cost"] = _amount(cfg["max_cost"], "max_cost")
+        body["config"] = cfg
+    elif config:
+        raise InvalidArgument("bad_config", f"config ({', '.join(sorted(config))}) goes with phase distributing only")
+    run = yield Http("POST", f"/runs/{training_id}/phase", body)
+    return {**run, "phase": run["status"]}
+
+
+@operation
+def send_training_job(self, worker_id: str, training_id: str, shard_id: str, config: dict | None = None) -> Op[dict]:
+    """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
+    of a manual run from the open round on. ``config``: the job's own ``local_steps``,
+    ``batch_size``, ``lr`` (default: the run's). Returns the job with ``job_id``."""
+    body = {"worker_id": worker_id, "shard_id": shard_id, "config": dict(config or {})}
+    return (yield Http("POST", f"/runs/{training_id}/jobs", body))
+
+
+@operation
+def collect_checkpoint(self, worker_id: str, job_id: str) -> Op[dict]:
+    """The worker's update for the run's open (or just closed) round: ``{checkpoint_id,
+    cid, training_id, job_id, worker_id, round, samples, train_loss, size, status}``.
+    Not sent yet: :class:`NotFound` (``no_checkpoint``)."""
+    job = yield Http("GET", f"/jobs/{job_id}")
+    if job["worker_id"] != worker_id:
+        raise InvalidArgument("bad_argument", f"job {job_id} is worker {job['worker_id']}'s, not {worker_id}'s")
+    ups = yield Http("GET", f"/jobs/{job_id}/updates")
+    for u in ups["data"]:
+        if u["round"] == job["round"]:
+            return u
+    raise NotFound("no_checkpoint", f"worker {worker_id} has not sent its update for round {job['round']} (job {job_id})")
+
+
+@operation
+def federated_average(self, checkpoints: list[dict], weights: list[float] | None = None) -> Op[dict]:
+    """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
+    of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
+    FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
+    counts). The new global model is stored as the round's checkpoint and evaluated:
+    returns ``{model_id, model (its CID), loss (validation), accuracy, round, training_id,
+    updates, weights}``. Updates not listed are recorded as excluded."""
+    if not checkpoints or not all(isinstance(c, dict) and c.get("cid") and c.get("training_id") for c in checkpoints):
+        raise InvalidArgument("bad_argument", "checkpoints must be a non-empty list of dicts from collect_checkpoint")
+    runs = {c["training_id"] for c in checkpoints}
+    if len(runs) != 1:
+        raise InvalidArgument("bad_argument", f"checkpoints come from {len(runs)} runs ({', '.join(sorted(runs))}); give one run's")
+    body: dict[str, Any] = {"updates": [c["cid"] for c in checkpoints]}
+    if weights is not None:
+        body["weights"] = [float(w) for w in weights]
+    res = yield Http("POST", f"/runs/{runs.pop()}/aggregate", body)
+    return {**res, "model": res["model_cid"]}
+
+
+@operation
+def save_training_results(self, training_id: str, model: dict | str) -> Op[dict]:
+    """Keep ``model`` (what :meth:`federated_average` returned, or a checkpoint CID of
+    one of the run's rounds) as the manual run's model; returns the run's results."""
+    cid = model.get("model_id") or model.get("model_cid") if isinstance(model, dict) else model
+    if not isinstance(cid, str) or not cid:
+        raise InvalidArgument("bad_argument", f"model must be a federated_average result or a checkpoint CID, got {model!r}")
+    return (yield Http("POST", f"/runs/{training_id}/result", {"model_cid": cid}))
+
+
+# --- fault tolerance (any run the agent owns) ---------------------------------------------------
+
+
+def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict]:
+    res = yield Http("GET", f"/workers/{worker_id}/jobs")
+    for j in res["data"]:
+        if j["job_status"] == "active" and training_id in (None, j["training_id"]):
+            return j
+    where = f" in run {training_id}" if training_id else ""
+    raise NotFound("no_active_job", f"worker {worker_id} has no active job{where}")
+
+
+@operation
+def mark_worker_failed(self, worker_id: str, reason: str | None = None) -> Op[dict]:
+    """End the worker's active job as ``failed`` (it is flagged and leaves the market
+    until it heartbeats again). A manual run's agent then reassigns the shard
+    (:meth:`reassign_job`); an automatic run's coordinator does at its next tick.
+    Returns the ended job."""
+    job = yield from _active_job(worker_id)
+    body: dict[str, Any] = {"status": "failed"}
+    if reason:
+        body["reason"] = reason
+    return (yield Http("POST", f"/jobs/{job['job_id']}/end", body))
+
+
+@operation
+def find_replacement_worker(self, gpu_type: str | None = None, exclude: list[str] | None = None) -> Op[dict | None]:
+    """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
+    None when nobody is free. ``exclude``: worker ids not to pick."""
+    from aitbc.market.gpus import normalize_gpu
+    from aitbc.market.ranking import Offer, offer_score
+
+    res = yield Http("GET", "/market/offers")
+    skip = set(exclude or ())
+    free = [o for o in res["data"] if not o.get("busy") and o["worker_id"] not in skip]
+    if not free:
+        return None
+    want = normalize_gpu(gpu_type) if gpu_type else None
+
+    def rank(o: dict) -> tuple:
+        score = offer_score(Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1_000_000,
+                                  reputation=o["reputation"], availability=o["availability"], last_heartbeat=0.0))
+        return (o["gpu_type"] == want, score, o["worker_id"])
+
+    return max(free, key=rank)
+
+
+@operation
+def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> Op[dict]:
+    """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
+    hired now at its asking price), or to the best free worker if None. The old job may
+    have failed already; an active one is released. Returns the new job."""
+    body = {} if new_worker_id is None else {"worker_id": new_worker_id}
+    return (yield Http("POST", f"/jobs/{job_id}/reassign", body))
+
+
+@operation
+def request_checkpoint_resend(self, worker_id: str) -> Op[dict]:
+    """Drop the worker's update of the open round (e.g. it failed verification) so the
+    worker trains and sends that round again. Returns ``{job_id, round, dropped}``."""
+    job = yield from _active_job(worker_id)
+    return (yield Http("POST", f"/jobs/{job['job_id']}/resend"))
+
+
+@operation
+def add_worker(self, training_id: str, worker_id: str | None = None, price: int | float | str | None = None) -> Op[dict]:
+    """Hire one more worker (``worker_id``, or the best free one) at ``price`` (default:
+    its asking price). In a manual run that is training, it also gets a job on the shard
+    with the fewest workers. An automatic run keeps it as a spare the coordinator uses
+    for replacements and joins up to ``max_workers``. Returns ``{contract, job}``."""
+    if worker_id is None:
+        best = yield from find_replacement_worker(self)
+        if best is None:
+            raise NotFound("no_free_worker", "no live, free offer on the market")
+        worker_id = best["worker_id"]
+    if price is None:
+        offers = yield Http("GET", "/market/offers", params={"all": "true"})
+        mine = [o for o in offers["data"] if o["worker_id"] == worker_id]
+        if not mine:
+            raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
+        price = mine[0]["price"]
+    contract = yield Http("POST", f"/runs/{training_id}/contracts", {"worker_id": worker_id, "price": _amount(price, "price")})
+    run = yield Http("GET", f"/runs/{training_id}")
+    job = None
+    if run.get("control") == "manual" and run["status"] in ("distributing", "training", "aggregating"):
+        shards = yield Http("GET", f"/runs/{training_id}/shards")
+        open_shards = [sh for sh in shards["data"] if not sh["split_into"]]
+        target = min(open_shards, key=lambda sh: (len(sh["jobs"]), sh["shard_index"]))
+        job = yield Http("POST", f"/runs/{training_id}/jobs", {"worker_id": worker_id, "shard_id": target["shard_id"]})
+    return {"contract": contract, "job": job, "worker_id": worker_id}
+
+
+@operation
+def remove_worker(self, training_id: str, worker_id: str) -> Op[dict]:
+    """Release the worker's job in the run (its contract ends; it is not flagged). A
+    manual run's shard then waits for a job the agent sends; an automatic run's
+    coordinator refills up to ``max_workers`` from spares and the market."""
+    job = yield from _active_job(worker_id, training_id)
+    return (yield Http("POST", f"/jobs/{job['job_id']}/end", {"status": "released", "reason": "removed by the owner"}))
+
+
+@operation
+def reduce_worker_workload(self, worker_id: str, factor: float = 0.5, local_steps: int | None = None) -> Op[dict]:
+    """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
+    else its current steps x ``factor`` (at least 1). Returns the job with its ``config``."""
+    if local_steps is None and not (isinstance(factor, (int, float)) and 0 < factor <= 1):
+        raise InvalidArgument("bad_argument", f"factor must be in (0, 1], got {factor!r}")
+    job = yield from _active_job(worker_id)
+    if local_steps is None:
+        run = yield Http("GET", f"/runs/{job['training_id']}")
+        current = (job.get("config") or {}).get("local_steps") or (run.get("config") or {}).get("local_steps") or 1
+        local_steps = max(1, int(current * factor))
+    return (yield Http("POST", f"/jobs/{job['job_id']}/config", {"local_steps": local_steps}))
+
+
+@operation
+def reassign_partial_work(self, worker_id: str, to_worker_id: str | None = None) -> Op[dict]:
+    """Split a slow worker's shard in two: it keeps the first half (from its next round)
+    and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
+    job on the second. Returns ``{job, new_job}``."""
+    job = yield from _active_job(worker_id)
+    body = {} if to_worker_id is None else {"worker_id": to_worker_id}
+    return (yield Http("POST", f"/jobs/{job['job_id']}/split", body))
+
+
+@operation
+def get_shards(self, training_id: str) -> Op[list]:
+    """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
+    res = yield Http("GET", f"/runs/{training_id}/shards")
+    return res["data"]
+
+
+@operation
+def get_worker_checkpoints(self, job_id: str) -> Op[list]:
+    """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
+    res = yield Http("GET", f"/jobs/{job_id}/updates")
+    return res["data"]
