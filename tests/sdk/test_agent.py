@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,28 +14,12 @@ import pytest
 from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent, Conflict, InvalidArgument, NotFound
 
 ROOT = Path(__file__).resolve().parents[2]
-AITBC = Path(sys.executable).parent / "aitbc"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("sdk") / "home"
-    env = {k: v for k, v in os.environ.items() if k != "AITBC_COORDINATOR"}
-    env.update(AITBC_HOME=str(home), OMP_NUM_THREADS="1", COLUMNS="200")
-    down = [str(AITBC), "down", "--home", str(home)]
-    try:
-        up = subprocess.run([str(AITBC), "up", "--workers", "2", "--home", str(home), "--port", str(_free_port())],
-                            capture_output=True, text=True, env=env, timeout=120)
-        assert up.returncode == 0, up.stdout + up.stderr
+def stack(tmp_path_factory, start_stack):
+    with start_stack(tmp_path_factory.mktemp("sdk") / "home", workers=2) as (home, env, _):
         yield home, env
-    finally:
-        subprocess.run(down, capture_output=True, env=env, timeout=60)
 
 
 def _config(home: Path, wallet: str = "sdk-test") -> AgentConfig:
