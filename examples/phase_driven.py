@@ -30,12 +30,10 @@ CONFIG = {"rounds": ROUNDS, "local_steps": 10, "batch_size": 32, "lr": 0.003, "a
 async def hire(agent: AsyncAgent, training_id: str, n: int) -> list[dict]:
     """The ``n`` best live, free offers, each hired at its asking price."""
     hired = []
-    for _ in range(n):
-        offer = await agent.find_replacement_worker(exclude=[h["worker_id"] for h in hired])
-        if offer is None:
-            raise SystemExit(f"error: {n} free workers needed, {len(hired)} found (start more: aitbc up --workers N)")
-        hired.append(await agent.negotiate_worker_contract(offer["worker_id"], training_id, price=offer["price"]))
-        print(f"Hired {offer['worker_id']} ({offer['gpu_type']}) at {offer['price']} AIT/round")
+    for worker in await agent.discover_gpu_workers(min_gpu=None, required_workers=n):
+        hired.append(await agent.negotiate_worker_contract(worker["worker_id"], training_id, price=worker["price"]))
+        print(f"Hired {worker['worker_id']} ({worker['gpu_type']}, reputation {worker['reputation']:.2f}) "
+              f"at {worker['price']} AIT/round")
     return hired
 
 

@@ -33,7 +33,7 @@ def main() -> int:
         shards = agent.create_data_shards(training_id, num_shards=2, data_path="digits")
         print(f"Data shards: {[s['shard_id'] for s in shards]}")
 
-        workers = agent.discover_gpu_workers(training_id, required_workers=2)
+        workers = agent.discover_gpu_workers(required_workers=2, training_id=training_id)  # ranks and hires
         for w in workers:
             print(f"Worker {w['worker_id']} ({w['gpu_type']}, {w['price']} AIT/round): {'hired' if w['hired'] else 'not hired'}")
 

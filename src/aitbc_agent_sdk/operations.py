@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aitbc_agent_sdk.errors import AgentError, InvalidArgument, NotFound, TrainingFailed, WaitTimeout
+from aitbc_agent_sdk.errors import AgentError, Conflict, InvalidArgument, NotFound, TrainingFailed, WaitTimeout
 from aitbc_agent_sdk.protocol import Close, Http, Offload, Op, Sleep
 
 OPERATIONS: dict[str, Any] = {}
@@ -203,20 +203,42 @@ def get_training_status(self, training_id: str) -> Op[dict]:
 
 
 @operation
-def discover_gpu_workers(self, training_id: str, min_gpu: str | None = None, required_workers: int = 1,
-                         max_price: int | float | str | None = None) -> Op[list]:
-    """Rank the free live offers for the run and HIRE the best ``required_workers``: in
-    this API discovery and contracting are one step (``POST /v1/runs/{id}/discover``).
-    Returns every ranked offer: ``[{worker_id, gpu_type, price, reputation, availability,
-    score, hired}]``; the hired ones carry ``contract_id``. Too few offers: :class:`Conflict`
-    (``not_enough_workers``) and no contracts are made."""
-    body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
-    if max_price is not None:
-        body["max_price"] = _amount(max_price, "max_price")
-    res = yield Http("POST", f"/runs/{training_id}/discover", body)
-    contracts = {c["worker_id"]: c for c in res["contracts"]}
-    return [{**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
-            for r in res["ranked"]]
+def discover_gpu_workers(self, min_gpu: str | None = None, required_workers: int = 1,
+                         max_price: int | float | str | None = None, training_id: str | None = None) -> Op[list]:
+    """The best ``required_workers`` live, free offers, ranked by the marketplace score:
+    ``[{worker_id, gpu_type, price, reputation, availability, score}]``, best first
+    (``min_gpu``: the lowest GPU class, ``max_price``: AIT per round). Hire them with
+    :meth:`negotiate_worker_contract`. Fewer than ``required_workers``: :class:`Conflict`
+    (``not_enough_workers``).
+
+    With ``training_id``, ranking and hiring are one step on the coordinator
+    (``POST /v1/runs/{id}/discover``): the best are hired at their asking price and every
+    ranked offer is returned with ``hired`` (the hired ones carry ``contract_id``)."""
+    if isinstance(required_workers, bool) or not isinstance(required_workers, int) or required_workers < 1:
+        raise InvalidArgument("bad_workers", f"required_workers must be an integer >= 1, got {required_workers!r}")
+    if training_id is not None:
+        body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
+        if max_price is not None:
+            body["max_price"] = _amount(max_price, "max_price")
+        res = yield Http("POST", f"/runs/{training_id}/discover", body)
+        contracts = {c["worker_id"]: c for c in res["contracts"]}
+        return [{**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
+                for r in res["ranked"]]
+    from aitbc.market.ranking import Offer, rank_offers
+
+    limit = None if max_price is None else _micro(_amount(max_price, "max_price")) / 1_000_000
+    res = yield Http("GET", "/market/offers")
+    free = [o for o in res["data"] if not o.get("busy")]
+    ranked = rank_offers([Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1_000_000,
+                                reputation=o["reputation"], availability=o["availability"], last_heartbeat=0.0)
+                          for o in free], min_gpu=min_gpu, max_price=limit, now=0.0, max_age=float("inf"))
+    if len(ranked) < required_workers:
+        raise Conflict("not_enough_workers", f"{required_workers} workers required; {len(ranked)} live, free offer(s) "
+                                             f"match (min_gpu={min_gpu}, max_price={max_price}) of {len(res['data'])} live")
+    by_id = {o["worker_id"]: o for o in free}
+    return [{"worker_id": r.offer.worker_id, "gpu_type": r.offer.gpu, "price": by_id[r.offer.worker_id]["price"],
+             "price_micro": by_id[r.offer.worker_id]["price_micro"], "reputation": r.offer.reputation,
+             "availability": r.offer.availability, "score": r.score} for r in ranked[:required_workers]]
 
 
 @operation

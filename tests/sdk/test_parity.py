@@ -23,8 +23,43 @@ def test_same_methods_and_signatures():
                  "get_training_status", "discover_gpu_workers", "start_training", "get_worker_progress", "get_worker_job", "negotiate_worker_contract",
                  "get_all_workers", "get_active_workers", "get_available_workers", "get_all_checkpoints",
                  "verify_checkpoint", "get_training_progress", "wait_for_completion", "get_results",
-                 "get_payments", "process_payment", "refund_payments", "ping_worker", "fund_wallet", "get_balance"):
+                 "get_payments", "process_payment", "refund_payments", "ping_worker", "fund_wallet", "get_balance",
+                 "update_training_phase", "send_training_job", "collect_checkpoint", "federated_average",
+                 "save_training_results", "mark_worker_failed", "find_replacement_worker", "reassign_job",
+                 "request_checkpoint_resend", "add_worker", "remove_worker", "reduce_worker_workload",
+                 "reassign_partial_work"):
         assert name in sync, name
+
+
+# The documentation's calls, parameter by parameter (leading parameters, in order).
+DOCUMENTED = {
+    "initialize_distributed_training": ["model_type", "dataset_size", "target_workers"],
+    "upload_to_ipfs": ["path", "data", "pin"],
+    "get_training_status": ["training_id"],
+    "discover_gpu_workers": ["min_gpu", "required_workers"],
+    "negotiate_worker_contract": ["worker_id", "training_id", "price"],
+    "create_data_shards": ["training_id", "num_shards"],
+    "send_training_job": ["worker_id", "training_id", "shard_id", "config"],
+    "get_worker_progress": ["job_id"],
+    "collect_checkpoint": ["worker_id", "job_id"],
+    "federated_average": ["checkpoints", "weights"],
+    "refund_payments": ["training_id"],
+    "ping_worker": ["worker_id"],
+    "mark_worker_failed": ["worker_id"],
+    "get_worker_job": ["worker_id"],
+    "find_replacement_worker": ["gpu_type"],
+    "reassign_job": ["job_id", "new_worker_id"],
+    "verify_checkpoint": ["checkpoint"],
+    "request_checkpoint_resend": ["worker_id"],
+    "get_training_progress": ["training_id"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_documented_parameters(name):
+    for cls in (Agent, AsyncAgent):
+        params = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
+        assert params[:len(DOCUMENTED[name])] == DOCUMENTED[name], (cls.__name__, name, params)
 
 
 def test_every_async_method_is_a_coroutine_function():

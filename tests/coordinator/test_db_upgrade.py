@@ -1,0 +1,27 @@
+"""A database made before columns were added keeps working: they are added in place."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from aitbc.coordinator.db import add_new_columns, make_engine
+
+
+def test_missing_columns_are_added_with_their_defaults(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+    with engine.begin() as conn:  # the shape of an earlier version's database, with one run in it
+        conn.execute(text("ALTER TABLE runs DROP COLUMN control"))
+        conn.execute(text("ALTER TABLE contracts DROP COLUMN paid_manual"))
+        conn.execute(text("ALTER TABLE jobs DROP COLUMN config"))
+        conn.execute(text(
+            "INSERT INTO runs (id, owner, owner_key, status, model_type, model_options, dataset_size, dataset_size_bytes, "
+            "target_workers, seed, round, bytes_up, bytes_down, network, bond, escrowed, settled_round, finalized, "
+            "created_at, updated_at) VALUES ('training_old', 'ait1x', 'k', 'complete', 'mlp', '{}', '1GB', 1, 2, 0, 3, "
+            "0, 0, 'local', 0, 0, 3, 1, 0, 0)"))
+    engine.dispose()
+    engine = make_engine(url)  # what a coordinator does at start
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT control FROM runs WHERE id = 'training_old'")).scalar() == "automatic"
+        conn.execute(text("SELECT paid_manual, config FROM contracts, jobs LIMIT 1")).all()
+    assert add_new_columns(engine) == []  # nothing left to add
