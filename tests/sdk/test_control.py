@@ -5,47 +5,32 @@ manual run up and down, replacements, liveness, the error codes of refusals, and
 marked failed (and SIGKILLed) in an automatic run that the coordinator repairs itself.
 
 The tests share the stack and run in file order; each one ends its runs (complete or
-stopped) so that every worker is free again for the next."""
+stopped) so that every worker is free again for the next. The last one kills a worker for
+good, so it stays last."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from aitbc.client import CoordinatorClient
+from aitbc.ledger.wallet import load_wallet
 from aitbc_agent_sdk import Agent, AgentConfig, Conflict, InvalidArgument, NotFound, Unprocessable
 
-AITBC = Path(sys.executable).parent / "aitbc"
 WORKERS = 4
 LEASE = 4
 TRAIN = {"batch_size": 32, "lr": 0.003}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("sdk-control") / "home"
-    env = {k: v for k, v in os.environ.items() if k != "AITBC_COORDINATOR"}
-    env.update(AITBC_HOME=str(home), OMP_NUM_THREADS="1", COLUMNS="200")
-    try:
-        up = subprocess.run([str(AITBC), "up", "--workers", str(WORKERS), "--home", str(home), "--port", str(_free_port()),
-                             "--lease", str(LEASE)], capture_output=True, text=True, env=env, timeout=120)
-        assert up.returncode == 0, up.stdout + up.stderr
+def stack(tmp_path_factory, start_stack):
+    with start_stack(tmp_path_factory.mktemp("sdk-control") / "home", workers=WORKERS, lease=LEASE) as (home, _, _):
         yield home
-    finally:
-        subprocess.run([str(AITBC), "down", "--home", str(home)], capture_output=True, env=env, timeout=60)
 
 
 @pytest.fixture
@@ -161,7 +146,7 @@ def test_straggler_controls(agent):
     assert (new["shard_index"], new["shard_cid"]) == (3, second["shard_id"])
     with pytest.raises(Conflict) as e:  # a split shard takes no new jobs; its halves do
         agent.send_training_job(w0, tid, data[0]["shard_id"])
-    assert e.value.code in ("shard_split", "worker_busy")
+    assert e.value.code == "shard_split"
 
     # The helper joins round 2 at once; then round 3 has all three, each on its own shard.
     _answered(agent, tid, 3)
@@ -386,13 +371,61 @@ def test_refusals(agent):
     assert agent.get_training_status(tid)["phase"] == "failed"
 
 
+# --- regressions: default weights after a split; a failed offer and a stale heartbeat ---------------
+
+
+def test_split_round_default_weights_follow_update_samples(agent):
+    tid, hired, data = _manual_run(agent, workers=1, shards=1, rounds=1, local_steps=5)
+    w = hired[0]["worker_id"]
+    agent.send_training_job(w, tid, data[0]["shard_id"])
+    agent.update_training_phase(tid, "training")
+    _answered(agent, tid, 1)
+    split = agent.reassign_partial_work(w)  # after w sent round 1, trained on the whole shard
+    _answered(agent, tid, 2)
+    try:
+        checkpoints, avg = _aggregate(agent, tid, [split["job"], split["new_job"]])
+        whole, half = data[0]["samples"], data[0]["samples"] - data[0]["samples"] // 2
+        assert [c["samples"] for c in checkpoints] == [whole, half]  # what each update was trained on
+    finally:
+        agent.stop_training(tid)
+    # FedAvg weighs an update by the samples it was trained on (what collect_checkpoint
+    # reports, and what examples/phase_driven.py passes explicitly): [whole, half].
+    assert avg["weights"] == [float(whole), float(half)], avg["weights"]
+
+
+def test_marked_failed_offer_stays_off_market(agent, stack):
+    tid, hired, data = _manual_run(agent, workers=1, shards=1, rounds=1, local_steps=5)
+    w = hired[0]["worker_id"]
+    agent.send_training_job(w, tid, data[0]["shard_id"])
+    info = json.loads((stack / "stack.json").read_text())
+    proc = next(p for p in info["processes"] if p.get("address") == w)
+    cmd = proc["cmd"]
+    wallet = load_wallet(Path(cmd[cmd.index("--home") + 1]), cmd[cmd.index("--wallet") + 1])
+    os.kill(proc["pid"], signal.SIGSTOP)  # the worker goes silent (resumed below)
+    try:
+        with CoordinatorClient(info["coordinator"], wallet, timeout=5) as c:
+            c.post("/workers/heartbeat", {})  # its last heartbeat, just before it went silent
+        failed = agent.mark_worker_failed(w, reason="test: silent")
+        assert failed["job_status"] == "failed"
+        time.sleep(2.6)  # the coordinator writes buffered heartbeats to the offers every 2 s
+        ping = agent.ping_worker(w)
+        spare = agent.find_replacement_worker(ping["gpu_type"])
+        agent.stop_training(tid)
+    finally:
+        os.kill(proc["pid"], signal.SIGCONT)
+    # Not heard from since it was marked failed: it must stay off the market ("until it
+    # heartbeats again", mark_worker_failed's docstring).
+    assert spare is None or spare["worker_id"] != w, spare
+    assert (ping["status"], ping["alive"]) == ("failed", False), ping
+
+
 # --- 4. a worker marked failed in an automatic run ----------------------------------------------
 
 
 def test_mark_worker_failed_automatic(agent, stack):
     tid = agent.initialize_distributed_training("mlp", 1, 2, budget=30)["training_id"]
     agent.create_data_shards(tid, data_path="digits")
-    ranked = agent.discover_gpu_workers(tid, required_workers=2)
+    ranked = agent.discover_gpu_workers(required_workers=2, training_id=tid)  # ranks and hires in one step
     hired = {r["worker_id"] for r in ranked if r["hired"]}
     assert len(hired) == 2
     agent.start_training(tid, rounds=25, local_steps=20, **TRAIN)
@@ -424,5 +457,6 @@ def test_mark_worker_failed_automatic(agent, stack):
     jobs = {j["job_id"]: j for j in agent.get_all_workers(tid)}
     assert jobs[victim["job_id"]]["job_status"] == "failed" and jobs[victim["job_id"]]["end_reason"] == "test: killed"
     assert jobs[new[0]["job_id"]]["rounds_done"] >= 1
-    ping = _wait(lambda: (p := agent.ping_worker(w)) and not p["alive"] and p, 2 * LEASE + 5, "the dead worker to age out")
-    assert ping["last_heartbeat_age"] > LEASE
+    ping = _wait(lambda: (p := agent.ping_worker(w))["last_heartbeat_age"] > LEASE and p, 2 * LEASE + 5,
+                 "the dead worker's last heartbeat to be a lease old")
+    assert ping["alive"] is False  # (its status may read online again: see test_marked_failed_offer_stays_off_market)

@@ -34,7 +34,7 @@ from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.runs import LIVE, configure, get_run, hire_offer, lock_run, results
+from aitbc.coordinator.runs import configure, get_run, hire_offer, lock_run, results
 from aitbc.coordinator.schemas import Aggregate, JobConfig, JobCreate, JobEnd, JobMove, PhaseSet, ResultSave
 from aitbc.ledger.book import RequestAuth
 
@@ -202,7 +202,7 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     ctx.notifier.poke_driver()  # scoring of the round
     return {"training_id": run.id, "round": r, "model_id": res["cid"], "model_cid": res["cid"], "loss": res["val_loss"],
             "accuracy": res["val_accuracy"], "updates": len(chosen), "skipped": res["skipped"],
-            "weights": weights if weights is not None else [float(run.manifest["shards"][sh]["samples"]) for _, sh in chosen]}
+            "weights": weights if weights is not None else [float(u.samples) for u, _ in chosen]}
 
 
 def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[str, Any]:
@@ -249,7 +249,7 @@ def end_job(ctx: Context, s: Session, job_id: str, signer: str, body: JobEnd) ->
     if body.status == "failed":
         offer = s.get(Offer, job.worker_id)
         if offer is not None:
-            offer.status = "failed"
+            offer.status, offer.failed_at = "failed", now
             offer.flags += 1
         s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=run.round, kind="marked_failed", reason=reason, created_at=now))
     s.commit()

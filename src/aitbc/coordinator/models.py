@@ -85,6 +85,7 @@ class Offer(Base):
     reputation: Mapped[float] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16), index=True)  # online | failed | offline
     flags: Mapped[int] = mapped_column(Integer, default=0)
+    failed_at: Mapped[float | None] = mapped_column(Float, default=None)  # when last marked failed
     max_bond: Mapped[int] = mapped_column(BigInteger, default=0)  # the most it lets a contract lock
     registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # its signed offer (authorises bonds)
     last_heartbeat: Mapped[float] = mapped_column(Float)

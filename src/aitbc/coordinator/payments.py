@@ -172,7 +172,7 @@ def _judge(ctx: Context, run: Run, rt, before_cid: str, accepted: list, r: int):
         set_flat_params(rt.model, params)
         return evaluate(rt.model, x, y)[0]
 
-    w = torch.tensor([float(run.manifest["shards"][j.shard_index]["samples"]) for _, j in accepted])  # (n,)
+    w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
     try:
         _, info = rt.aggregator.with_info(U, w, round_index=r)
         if info.kept_fraction is not None:

@@ -262,8 +262,8 @@ def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: 
     skipped = False
     if accepted:
         U = torch.stack([decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted])  # (n, d)
-        if weights is None:
-            weights = [float(run.manifest["shards"][shard]["samples"]) for _, shard in accepted]
+        if weights is None:  # the samples each update was trained on (a shard split since does not change them)
+            weights = [float(u.samples) for u, _ in accepted]
         w = torch.tensor(weights, dtype=torch.float32)  # (n,)
         try:
             rt.aggregator.check(U.shape[0])
@@ -398,7 +398,7 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
         end_job(s, job, "failed", reason, now=now)
         offer = s.get(Offer, job.worker_id)
         if offer is not None:
-            offer.status = "failed"
+            offer.status, offer.failed_at = "failed", now
         s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=run.round, kind="lease_expired", reason=reason, created_at=now))
         s.flush()
         assign_worker(ctx, s, run, job.shard_index, now=now, replaces=job.id)

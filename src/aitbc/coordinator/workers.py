@@ -223,14 +223,15 @@ def flag_blob(ctx: Context, worker_id: str, reason: str) -> None:
 
 
 def flush_heartbeats(ctx: Context, s: Session) -> bool:
-    """Write the in-memory heartbeats to the offers; a failed worker heard from again is
-    back online (as an idle offer; its old job stays with whoever took it)."""
+    """Write the in-memory heartbeats to the offers; a failed worker heard from again
+    (after it was failed: not a beat still waiting to be flushed) is back online, as an
+    idle offer; its old job stays with whoever took it."""
     seen = ctx.liveness.take_dirty()
     if not seen:
         return False
     for o in s.scalars(select(Offer).where(Offer.id.in_(list(seen)))).all():
         o.last_heartbeat = seen[o.id]
-        if o.status != "online":
+        if o.status != "online" and seen[o.id] > (o.failed_at or 0.0):
             o.status = "online"
     return True
 
