@@ -77,16 +77,24 @@ def collect_checkpoint(self, worker_id: str, job_id: str) -> Op[dict]:
 
 
 @operation
-def federated_average(self, checkpoints: list[dict], weights: list[float] | None = None) -> Op[dict]:
+def federated_average(self, checkpoints: list[dict], weights: list[float] | None = None,
+                      training_id: str | None = None) -> Op[dict]:
     """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
     of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
     FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
     counts). The new global model is stored as the round's checkpoint and evaluated:
     returns ``{model_id, model (its CID), loss (validation), accuracy, round, training_id,
-    updates, weights}``. Updates not listed are recorded as excluded."""
-    if not checkpoints or not all(isinstance(c, dict) and c.get("cid") and c.get("training_id") for c in checkpoints):
-        raise InvalidArgument("bad_argument", "checkpoints must be a non-empty list of dicts from collect_checkpoint")
-    runs = {c["training_id"] for c in checkpoints}
+    updates, weights, skipped}``. Updates not listed are recorded as excluded. No
+    checkpoints (with ``training_id``): the round is recorded as skipped, the model
+    unchanged (the way on when no update of the round was accepted)."""
+    if not isinstance(checkpoints, list) or not all(isinstance(c, dict) and c.get("cid") and c.get("training_id")
+                                                    for c in checkpoints):
+        raise InvalidArgument("bad_argument", "checkpoints must be a list of dicts from collect_checkpoint")
+    if not checkpoints and training_id is None:
+        raise InvalidArgument("bad_argument", "no checkpoints: give training_id= to record the round as skipped")
+    runs = {c["training_id"] for c in checkpoints} or {training_id}
+    if training_id is not None and runs != {training_id}:
+        raise InvalidArgument("bad_argument", f"checkpoints are of {', '.join(sorted(runs))}, not {training_id}")
     if len(runs) != 1:
         raise InvalidArgument("bad_argument", f"checkpoints come from {len(runs)} runs ({', '.join(sorted(runs))}); give one run's")
     body: dict[str, Any] = {"updates": [c["cid"] for c in checkpoints]}

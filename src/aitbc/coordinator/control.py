@@ -85,7 +85,9 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
         _require_aggregated(s, run)
         end_run(s, run, states.COMPLETE, reason=None, now=now)
     else:
-        states.check_transition(run, to)  # raises: the machine does not allow it from here
+        states.check_transition(run, to)  # the machine does not allow it from here: raises
+        raise conflict("bad_state", f"run {run.id} is {run.status}; resume it (POST /v1/runs/{run.id}/resume) "
+                                    f"rather than setting its phase")
     s.commit()
     if run.status in states.ENDED:
         drop_runtime(ctx, run.id)
@@ -159,8 +161,9 @@ def shards_view(s: Session, run: Run) -> list[dict[str, Any]]:
 
 
 def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregate) -> dict[str, Any]:
-    """The closed round's chosen updates, aggregated and recorded as the round's model.
-    The torch work runs without the run's write lock (workers keep reporting)."""
+    """The closed round's chosen updates, aggregated and recorded as the round's model
+    (none chosen: the round is recorded as skipped, the model unchanged, e.g. when no
+    update was accepted). The torch work runs without the run's write lock."""
     from aitbc.coordinator.rounds import _aggregate_round, _commit_round, runtime
 
     run = get_run(s, run_id)
@@ -286,6 +289,7 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     in two new shard blobs (added to the run's copy of the manifest; the original entry
     records ``split_into``); the job keeps the first half from its next round, the new
     job (``worker_id`` or the best free worker) trains the second."""
+    from aitbc.storage.cid import cid_of_bytes
     from aitbc.training.checkpoint import load_shard, shard_bytes
 
     job, run = owned_job(s, job_id, signer, action="split the job's shard")
@@ -299,13 +303,16 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     x, y = load_shard(ctx.store.get_bytes(job.shard_cid))  # (n, ...), (n, ...)
     n, half = x.shape[0], x.shape[0] // 2
     first, second = len(shards), len(shards) + 1
-    for k, (lo, hi) in zip((first, second), ((0, half), (half, n))):
-        blob = shard_bytes(x[lo:hi].clone(), y[lo:hi].clone(), dataset=str(run.manifest.get("dataset", "")),
-                           index=k, count=len(shards) + 2)
-        shards.append({"cid": ctx.store.put_bytes(blob), "samples": hi - lo, "split_from": job.shard_index})
+    blobs = [shard_bytes(x[lo:hi].clone(), y[lo:hi].clone(), dataset=str(run.manifest.get("dataset", "")),
+                         index=k, count=len(shards) + 2)
+             for k, (lo, hi) in zip((first, second), ((0, half), (half, n)))]
+    for blob, samples in zip(blobs, (half, n - half)):
+        shards.append({"cid": cid_of_bytes(blob), "samples": samples, "split_from": job.shard_index})
     entry["split_into"] = [first, second]
     run.manifest = {**run.manifest, "shards": shards}
     new = _take_on(ctx, s, run, second, body.worker_id, now=now, replaces=None, config=job.config)
+    for blob in blobs:  # stored only once a worker is found for the second half
+        ctx.store.put_bytes(blob)
     job.shard_index, job.shard_cid, job.updated_at = first, shards[first]["cid"], now
     s.commit()
     ctx.notifier.bump()
@@ -333,10 +340,10 @@ def _take_on(ctx: Context, s: Session, run: Run, shard: int, worker_id: str | No
 
 def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConfig) -> Job:
     """The job's own local_steps / batch_size / lr, from the next round it starts."""
+    job, _ = owned_job(s, job_id, signer, action="change the job's config")
     changes = body.model_dump(exclude_none=True)
     if not changes:
         raise unprocessable("bad_config", "give at least one of local_steps, batch_size, lr")
-    job, _ = owned_job(s, job_id, signer, action="change the job's config")
     job.config, job.updated_at = {**(job.config or {}), **changes}, time.time()
     s.commit()
     ctx.notifier.bump()

@@ -301,7 +301,7 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
     r = run.round
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == "active")).all()
     answered = {u.job_id for u, _ in ups}
-    stragglers = sorted(j.worker_id for j in active if j.id not in answered)
+    stragglers = sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
     for wid in stragglers:
         s.add(Flag(worker_id=wid, run_id=run.id, round=r, kind="straggler",
                    reason=f"no update for round {r} by its close", created_at=now))
@@ -311,7 +311,8 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
         run_id=run.id, round=r, checkpoint_cid=res["cid"], outer_state_cid=res["outer_cid"],
         val_loss=res["val_loss"], val_accuracy=res["val_accuracy"],
         train_loss=sum(train_losses) / len(train_losses) if train_losses else None,
-        accepted=len(accepted), rejected=len(ups) - len(accepted), stragglers=stragglers, skipped=res["skipped"],
+        accepted=len(accepted), rejected=sum(u.status == "rejected" for u, _ in ups), stragglers=stragglers,
+        skipped=res["skipped"],
         started_at=run.round_started_at or now, closed_at=now,
     ))
     jobs_by_id = {j.id: j for j in active}
@@ -437,9 +438,10 @@ def new_job(s: Session, run: Run, contract: Contract, shard_index: int, *, now: 
             config: dict[str, Any] | None = None) -> Job:
     """The contract's worker trains ``shard_index`` from the open round (the caller commits)."""
     contract.status = "working"
+    joined = run.round + 1 if run.status == states.AGGREGATING else max(run.round, 1)  # the first round it can train
     job = Job(id=new_id("job"), run_id=run.id, contract_id=contract.id, worker_id=contract.worker_id,
               shard_index=shard_index, shard_cid=run.manifest["shards"][shard_index]["cid"], status="active",
-              joined_round=max(run.round, 1), replaces=replaces, config=dict(config or {}), created_at=now, updated_at=now)
+              joined_round=joined, replaces=replaces, config=dict(config or {}), created_at=now, updated_at=now)
     s.add(job)
     s.flush()
     return job

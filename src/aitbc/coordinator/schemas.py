@@ -123,7 +123,7 @@ class PhaseSet(Body):
 
 
 class Aggregate(Body):
-    updates: list[str] = Field(min_length=1, max_length=10_000)  # update CIDs of the closed round
+    updates: list[str] = Field(max_length=10_000)  # update CIDs of the closed round; none: the round is skipped
     weights: list[float] | None = None  # one per update; default: the shards' sample counts
 
 
