@@ -460,17 +460,23 @@ def get_payments(self, training_id: str) -> Op[dict]:
 
 
 @operation
-def process_payment(self, training_id: str, contract_id: str, amount: int | float | str) -> Op[dict]:
-    """Pay ``amount`` AIT to a contract from the run's escrow (owner only).
-
-    The documentation calls this ``process_payment(worker_id, contract_id, amount)``: a
-    worker address (``ait1...``) is accepted as the first argument, and the run is then
-    found among the agent's runs from the contract (which must be that worker's)."""
+def process_payment(self, worker_id: str, contract_id: str, amount: int | float | str,
+                    training_id: str | None = None) -> Op[dict]:
+    """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
+    run's owner only). The run is found among the agent's runs from the contract (which
+    must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
+    amount, amount_micro, entry, escrow_left}``."""
     amount_text = _amount(amount, "amount")
-    run_id = training_id
-    if not training_id.startswith("training_"):
-        run_id = yield from _run_of_contract(self, contract_id, worker_id=training_id)
-    return (yield Http("POST", f"/runs/{run_id}/payments", {"contract_id": contract_id, "amount": amount_text}))
+    if worker_id.startswith("training_") and training_id is None:  # the earlier (training_id, contract_id, amount) form
+        worker_id, training_id = "", worker_id
+    if training_id is None:
+        training_id = yield from _run_of_contract(self, contract_id, worker_id=worker_id)
+    elif worker_id:
+        run = yield Http("GET", f"/runs/{training_id}")
+        holder = next((c["worker_id"] for c in run["contracts"] if c["contract_id"] == contract_id), worker_id)
+        if holder != worker_id:  # checked before paying (an unknown contract is the server's 404)
+            raise InvalidArgument("bad_argument", f"contract {contract_id} is with {holder}, not {worker_id}")
+    return (yield Http("POST", f"/runs/{training_id}/payments", {"contract_id": contract_id, "amount": amount_text}))
 
 
 def _run_of_contract(self, contract_id: str, *, worker_id: str) -> Op[str]:

@@ -112,4 +112,6 @@ def test_errors_and_blobs(stack):
         assert e.value.code == "price_rejected"
         c = agent.negotiate_worker_contract(w["worker_id"], run["training_id"], w["price"])
         assert (c["status"], c["price"], c["worker_id"]) == ("hired", w["price"], w["worker_id"])
+        with pytest.raises(InvalidArgument, match="is with"):  # the wrong payee is refused before any payment
+            agent.process_payment("ait1" + "0" * 40, c["contract_id"], 1, training_id=run["training_id"])
         agent.stop_training(run["training_id"])  # releases the provider again

@@ -44,6 +44,7 @@ DOCUMENTED = {
     "collect_checkpoint": ["worker_id", "job_id"],
     "federated_average": ["checkpoints", "weights"],
     "refund_payments": ["training_id"],
+    "process_payment": ["worker_id", "contract_id", "amount"],
     "ping_worker": ["worker_id"],
     "mark_worker_failed": ["worker_id"],
     "get_worker_job": ["worker_id"],
