@@ -55,6 +55,8 @@ class Monitor:
                 await step()
             except (Conflict, NotFound) as e:  # the run moved on meanwhile (a job ended, a round closed)
                 self.record("skipped", step=step.__name__, reason=e.detail)
+            except AgentError as e:  # anything else is reported, and the loop keeps watching
+                self.record("error", step=step.__name__, code=e.code, reason=e.detail)
             try:
                 await asyncio.wait_for(self.done.wait(), self.poll)
             except asyncio.TimeoutError:
@@ -143,9 +145,12 @@ async def main(workers: int = WORKERS) -> dict[str, Any]:
         rounds: list[dict] = []
         try:
             final = await coordinate(agent, training_id, workers, config=CONFIG_FT, log=rounds)
+        except BaseException:  # the run must not outlive its coordinator (the providers' bonds come back)
+            await agent.stop_training(training_id)
+            raise
         finally:
             monitor.done.set()
-            await asyncio.gather(*loops)
+            await asyncio.gather(*loops, return_exceptions=True)
         checkpoints = await agent.get_all_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))
         print(f"Training {final['phase']}: checkpoints verified {sum(v['valid'] for v in verified)}/{len(verified)}")

@@ -20,10 +20,11 @@ import sys
 import time
 from typing import Any
 
-from aitbc_agent_sdk import AgentConfig, AgentError, AsyncAgent
+from aitbc_agent_sdk import AgentConfig, AgentError, AsyncAgent, Conflict
 
 ROUNDS = 3
 POLL = 1.0  # seconds between looks at the run
+ROUND_TIMEOUT = 60.0  # seconds a round waits for its last provider
 CONFIG = {"rounds": ROUNDS, "local_steps": 10, "batch_size": 32, "lr": 0.003, "aggregator": "mean"}
 
 
@@ -38,51 +39,69 @@ async def hire(agent: AsyncAgent, training_id: str, n: int) -> list[dict]:
 
 
 async def coordinate(agent: AsyncAgent, training_id: str, workers: int, *, config: dict = CONFIG, poll: float = POLL,
-                     log: list[dict] | None = None) -> dict:
+                     round_timeout: float = ROUND_TIMEOUT, log: list[dict] | None = None) -> dict:
     """Drive a manual run to the end with the training ``config``; returns its final
-    status. ``log`` collects a line per aggregated round."""
+    status. A round waits for every working provider, at most ``round_timeout`` seconds
+    (then it is aggregated without the late ones, or skipped if nobody sent a good
+    update). ``log`` collects a line per aggregated round."""
     log = [] if log is None else log
-    shards: list[dict] = []
+    opened: dict[int, float] = {}  # round -> when this loop first saw it open
     while True:
         status = await agent.get_training_status(training_id)
         phase = status["phase"]
-        if phase == "initializing":
-            hired = await hire(agent, training_id, workers)
-            shards = await agent.create_data_shards(training_id, num_shards=workers, data_path="digits")
-            await agent.update_training_phase(training_id, "distributing", **config)
-            status["contracts"] = hired
-        elif phase == "distributing":
-            hired = [c for c in status["contracts"] if c["status"] == "hired"]
-            for contract, shard in zip(hired, shards):
-                job = await agent.send_training_job(contract["worker_id"], training_id, shard["shard_id"],
-                                                    {"local_steps": config["local_steps"]})
-                print(f"Job {job['job_id']}: {contract['worker_id']} trains shard {shard['shard_id'][:16]}...")
-            await agent.update_training_phase(training_id, "training")
-        elif phase == "training":
-            active = await agent.get_active_workers(training_id)
-            progress = await asyncio.gather(*(agent.get_worker_progress(w["job_id"]) for w in active))
-            sent = [p for p in progress if p["round_update"] is not None]
-            if active and len(sent) == len(progress) and any(p["round_update"] == "accepted" for p in sent):
-                await agent.update_training_phase(training_id, "aggregating")
-        elif phase == "aggregating":
-            if status["rounds_completed"] < status["round"]:  # this round is not aggregated yet
-                active = await agent.get_active_workers(training_id)
-                collected = await asyncio.gather(*(agent.collect_checkpoint(w["worker_id"], w["job_id"])
-                                                   for w in active if w["this_round"] == "accepted"))
-                checkpoints = [c for c in collected if (await agent.verify_checkpoint(c))["valid"]]
-                model = await agent.federated_average(checkpoints, weights=[c["samples"] for c in checkpoints])
-                log.append({"round": model["round"], "model": model["model_id"], "loss": model["loss"],
-                            "updates": model["updates"]})
-                print(f"Round {model['round']}/{status['rounds']}: {model['updates']} updates averaged, "
-                      f"validation loss {model['loss']:.4f}")
-                if model["round"] >= status["rounds"]:
-                    await agent.save_training_results(training_id, model)
-                    await agent.update_training_phase(training_id, "complete")
-                else:
-                    await agent.update_training_phase(training_id, "training")
-        elif phase in ("complete", "failed"):
+        if phase in ("complete", "failed"):
             return status
+        try:
+            await _step(agent, training_id, status, workers, config, opened, round_timeout, log)
+        except Conflict as e:  # the run moved under us (a job failed, a worker was taken): look again
+            print(f"[retry] {e.code}: {e.detail}")
         await asyncio.sleep(poll)
+
+
+async def _step(agent: AsyncAgent, training_id: str, status: dict, workers: int, config: dict,
+                opened: dict[int, float], round_timeout: float, log: list[dict]) -> None:
+    """One phase's work."""
+    phase = status["phase"]
+    if phase == "initializing":
+        if not [c for c in status["contracts"] if c["status"] == "hired"]:
+            await hire(agent, training_id, workers)
+        if not status["manifest_cid"]:
+            await agent.create_data_shards(training_id, num_shards=workers, data_path="digits")
+        await agent.update_training_phase(training_id, "distributing", **config)
+    elif phase == "distributing":
+        hired = [c for c in status["contracts"] if c["status"] == "hired"]
+        waiting = [s for s in await agent.get_shards(training_id) if not s["jobs"]]  # one job per shard
+        for contract, shard in zip(hired, waiting):
+            job = await agent.send_training_job(contract["worker_id"], training_id, shard["shard_id"],
+                                                {"local_steps": config["local_steps"]})
+            print(f"Job {job['job_id']}: {contract['worker_id']} trains shard {shard['shard_id'][:16]}...")
+        await agent.update_training_phase(training_id, "training")
+    elif phase == "training":
+        active = await agent.get_active_workers(training_id)
+        progress = await asyncio.gather(*(agent.get_worker_progress(w["job_id"]) for w in active))
+        sent = [p for p in progress if p["round_update"] is not None]
+        late = time.monotonic() - opened.setdefault(status["round"], time.monotonic()) > round_timeout
+        everyone = bool(active) and len(sent) == len(progress) and any(p["round_update"] == "accepted" for p in sent)
+        if everyone or late:
+            await agent.update_training_phase(training_id, "aggregating")
+    elif phase == "aggregating":
+        model_id = status["global_model_cid"]
+        if status["rounds_completed"] < status["round"]:  # this round is not aggregated yet
+            active = await agent.get_active_workers(training_id)
+            collected = await asyncio.gather(*(agent.collect_checkpoint(w["worker_id"], w["job_id"])
+                                               for w in active if w["this_round"] == "accepted"))
+            checkpoints = [c for c in collected if (await agent.verify_checkpoint(c))["valid"]]
+            model = await agent.federated_average(checkpoints, weights=[c["samples"] for c in checkpoints],
+                                                  training_id=training_id)
+            model_id = model["model_id"]
+            log.append({"round": model["round"], "model": model_id, "loss": model["loss"], "updates": model["updates"]})
+            print(f"Round {model['round']}/{status['rounds']}: {model['updates']} updates averaged"
+                  f"{' (none: round skipped)' if model['skipped'] else ''}, validation loss {model['loss']:.4f}")
+        if status["round"] >= status["rounds"]:
+            await agent.save_training_results(training_id, model_id)
+            await agent.update_training_phase(training_id, "complete")
+        else:
+            await agent.update_training_phase(training_id, "training")
 
 
 async def pay(agent: AsyncAgent, training_id: str, timeout: float = 120.0) -> dict:
@@ -112,7 +131,11 @@ async def main(workers: int = 2) -> dict[str, Any]:
         training_id = training["training_id"]
         print(f"Distributed training: {training_id} (manual control)")
         rounds: list[dict] = []
-        final = await coordinate(agent, training_id, workers, log=rounds)
+        try:
+            final = await coordinate(agent, training_id, workers, log=rounds)
+        except BaseException:  # the run must not outlive its coordinator (the providers' bonds come back)
+            await agent.stop_training(training_id)
+            raise
         results = await agent.get_results(training_id)
         checkpoints = await agent.get_all_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))

@@ -85,11 +85,13 @@ def submit(api, worker, job_id: str, round: int, t: torch.Tensor) -> str:
 
 
 def settled(coord, timeout: float = 20) -> None:
-    """Wait until the driver has scored every aggregated round (it writes scores,
-    settlements and reputations in the background): a snapshot taken now stays still."""
+    """Wait until the driver has scored every aggregated round and returned the bonds of
+    ended runs (it writes scores, settlements, reputations and bond returns in the
+    background): a snapshot taken now stays still."""
     deadline = time.monotonic() + timeout
-    while coord.rows("SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND r.settled_round < "
-                     "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id)"):
+    while coord.rows("SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
+                     "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
+                     "OR (r.status IN ('complete', 'failed') AND NOT r.bonds_returned))"):
         assert time.monotonic() < deadline, "the driver never scored the aggregated rounds"
         time.sleep(0.02)
 
@@ -103,11 +105,10 @@ def run_state(client, run_id: str) -> dict:
     return {"run": run, "shards": shards(client, run_id), "rounds": client.get(f"/runs/{run_id}/rounds")["data"]}
 
 
-def refused(coord, api, client, path: str, body, status: int, code: str, *detail: str, run_id: str | None = None,
-            blobs: bool = True) -> None:
+def refused(coord, api, client, path: str, body, status: int, code: str, *detail: str, run_id: str | None = None) -> None:
     """POST ``path`` is refused with ``status``/``code`` (the JSON error shape), and nothing
-    changed: the database, the blob store (unless not ``blobs``: a known bug, see
-    test_a_refused_split_writes_no_blob), and the run's view (if ``run_id``)."""
+    changed: the database, the blob store and the run's view (if ``run_id``).
+    """
     settled(coord)
     before = coord.snapshot()
     view = run_state(client, run_id) if run_id else None
@@ -115,8 +116,6 @@ def refused(coord, api, client, path: str, body, status: int, code: str, *detail
         r = api.signed_post(h, client.wallet, "/v1" + path, body)
     api.assert_error(r, status, code, *detail)
     after = coord.snapshot()
-    if not blobs:
-        before.pop("blobs"), after.pop("blobs")
     assert after == before
     if run_id:
         assert run_state(client, run_id) == view
@@ -556,7 +555,7 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     contract = {k["worker_id"]: k for k in owner.get(f"/runs/{run_id}")["contracts"]}[f_.wallet.address]
     assert (contract["price"], contract["status"]) == ("0.5", "working")
     # nobody free is left
-    refused(coord, api, owner, f"/jobs/{jb}/split", {}, 409, "no_free_worker", run_id=run_id, blobs=False)
+    refused(coord, api, owner, f"/jobs/{jb}/split", {}, 409, "no_free_worker", run_id=run_id)
     owner.post(f"/jobs/{best2['job_id']}/end", {"status": "released"})
     no(f"/jobs/{best2['job_id']}/reassign", {}, 409, "no_free_worker")
 
@@ -742,3 +741,82 @@ def test_a_round_closed_with_no_update_is_not_a_dead_end(coord, api):
     run = t.owner.post(f"{p}/phase", {"phase": "training"})  # and the run goes on
     assert (run["status"], run["round"]) == ("training", 2)
     assert rec["checkpoint_cid"] == run["global_model_cid"]  # round 2 starts from the (unchanged) model round 1 recorded
+
+
+# --- regressions from the review of manual control --------------------------------------------
+
+
+def balance(client) -> int:
+    return client.get(f"/wallets/{client.wallet.address}/balance")["balance_micro"]
+
+
+def test_an_idle_manual_run_fails_and_its_providers_bonds_come_back(new_coordinator, api):
+    coord = new_coordinator(manual_idle_seconds=1.0, heartbeat_flush_seconds=0.05)
+    w = coord.client("idle-w")
+    w.post("/wallets/fund", {"amount": "5"})
+    w.post("/workers", {"gpu": "RTX4090", "price": "1", "max_bond": "2"})
+    owner, run_id = manual_run(coord, bond="2", budget="10")
+    hire(owner, run_id, w)
+    assert balance(w) == 3_000_000  # the bond is locked
+    deadline = time.monotonic() + 15
+    while (run := owner.get(f"/runs/{run_id}"))["status"] != "failed":  # nobody moves it: the agent is gone
+        assert time.monotonic() < deadline, run["status"]
+        time.sleep(0.1)
+    assert "idle for 1 s" in run["error"] and run["contracts"][0]["status"] == "released"
+    while balance(w) != 5_000_000:  # the bond comes back without the owner
+        assert time.monotonic() < deadline, balance(w)
+        time.sleep(0.1)
+    pay = owner.get(f"/runs/{run_id}/payments")
+    assert pay["escrow_balance"] == "10" and not pay["finalized"]  # the escrow waits for its owner
+    assert owner.post(f"/runs/{run_id}/refund")["escrow_balance"] == "0"
+
+
+def test_a_refund_waits_until_every_round_is_settled(new_coordinator, api):
+    coord = new_coordinator(settle_delay=1.5, heartbeat_flush_seconds=0.05)
+    t = manual_training(coord, api, 2, prefix="rf", config={**CONFIG, "rounds": 1})
+    p = f"/runs/{t.run_id}"
+    cids = [submit(api, w, j, 1, small_update(t.d, 40 + i)) for i, (w, j) in enumerate(zip(t.workers, t.jobs))]
+    t.owner.post(f"{p}/phase", {"phase": "aggregating"})
+    t.owner.post(f"{p}/aggregate", {"updates": cids})
+    t.owner.post(f"{p}/phase", {"phase": "complete"})
+    with pytest.raises(ApiError) as e:  # round 1 is still being scored and settled (1.5 s per contract)
+        t.owner.post(f"{p}/refund")
+    api.assert_api_error(e, 409, "unsettled", "settled up to 0 of 1")
+    settled(coord)
+    out = t.owner.post(f"{p}/refund")
+    assert out["finalized"] and out["escrow_balance"] == "0" and out["settled_round"] == 1
+    assert all(r["due_micro"] > 0 and r["paid_micro"] == 0 for r in out["data"])  # a manual run's owner pays
+
+
+def test_a_split_on_an_automatic_run_never_leaves_a_shard_without_a_worker(new_coordinator, api):
+    coord = new_coordinator(heartbeat_flush_seconds=0.05)
+    t = api.start_training_run(coord, 2, prefix="sp")  # target 2 workers
+    w0, w1 = t.workers
+    j0, j1 = t.jobs[w0.wallet.address], t.jobs[w1.wallet.address]
+    helper = api.register_worker(coord, "sp-helper")
+    out = t.owner.post(f"/jobs/{j1}/split", {"worker_id": helper.wallet.address})
+    jh = out["new_job"]["job_id"]
+    # three workers on three shards, one over the target: the round closes with all three answers
+    for i, (w, j) in enumerate([(w0, j0), (w1, j1), (helper, jh)]):
+        submit(api, w, j, 1, small_update(t.d, 60 + i))
+    run = api.wait_status(t.owner, t.run_id, "training")
+    deadline = time.monotonic() + 10
+    while run["round"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        run = t.owner.get(f"/runs/{t.run_id}")
+    # no worker was released for being slowest: each would have left its shard without a worker
+    active = {w["shard_index"] for w in run["workers"] if w["job_status"] == "active"}
+    open_shards = {s["shard_index"] for s in shards(t.owner, t.run_id) if not s["split_into"]}
+    assert active == open_shards == {0, 2, 3}
+
+
+def test_a_second_job_on_a_shard_gets_its_own_seed(coord, api):
+    t = manual_training(coord, api, 2, prefix="sd")
+    extra = api.register_worker(coord, "sd-extra")
+    hire(t.owner, t.run_id, extra)
+    t.owner.post(f"/runs/{t.run_id}/jobs", {"worker_id": extra.wallet.address, "shard_id": t.shards[0]["shard_id"]})
+    first, second = job_payload(t.workers[0]), job_payload(extra)
+    assert first["shard_cid"] == second["shard_cid"] and first["seed"] != second["seed"]
+    assert first["seed"] == job_payload(t.workers[1])["seed"] - 1  # the first job on each shard: the run's seed scheme
+    t.owner.post(f"/runs/{t.run_id}/stop")

@@ -11,7 +11,9 @@ def test_missing_columns_are_added_with_their_defaults(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = make_engine(url)
     with engine.begin() as conn:  # the shape of an earlier version's database, with one run in it
-        conn.execute(text("ALTER TABLE runs DROP COLUMN control"))
+        for table, column in [("runs", "control"), ("runs", "bonds_returned"), ("runs", "result_cid"), ("jobs", "seed"),
+                              ("offers", "failed_at")]:
+            conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
         conn.execute(text("ALTER TABLE contracts DROP COLUMN paid_manual"))
         conn.execute(text("ALTER TABLE jobs DROP COLUMN config"))
         conn.execute(text(
@@ -22,6 +24,7 @@ def test_missing_columns_are_added_with_their_defaults(tmp_path):
     engine.dispose()
     engine = make_engine(url)  # what a coordinator does at start
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT control FROM runs WHERE id = 'training_old'")).scalar() == "automatic"
+        row = conn.execute(text("SELECT control, bonds_returned, result_cid FROM runs WHERE id = 'training_old'")).one()
+        assert tuple(row) == ("automatic", 0, None)
         conn.execute(text("SELECT paid_manual, config FROM contracts, jobs LIMIT 1")).all()
     assert add_new_columns(engine) == []  # nothing left to add

@@ -31,6 +31,8 @@ def serve(
     lease: Annotated[float, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = 10.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     network: Annotated[str, typer.Option(help="Ledger network this coordinator settles on (local).")] = "local",
+    manual_idle: Annotated[float, typer.Option(help="Seconds a manual-control run may go without an owner's call, "
+                                                    "an update or a progress report before it is failed.")] = 3600.0,
     settle_delay: Annotated[float, typer.Option(hidden=True, help="Testing: seconds between two settlements.")] = 0.0,
 ) -> None:
     """Serve the coordinator's API under /v1 (OpenAPI docs at /docs)."""
@@ -41,8 +43,8 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {port}")
-    if max_blob_mb <= 0 or lease <= 0:
-        raise UsageError("--max-blob-mb and --lease must be > 0")
+    if max_blob_mb <= 0 or lease <= 0 or manual_idle <= 0:
+        raise UsageError("--max-blob-mb, --lease and --manual-idle must be > 0")
     _logging(log_level)
     from aitbc.ledger.book import LedgerError, check_network
 
@@ -51,7 +53,8 @@ def serve(
     except LedgerError as e:
         raise UsageError(e.detail) from None
     settings = Settings(home=resolve_home(home), db_url=db, host=host, port=port, network=network,
-                        max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease, settle_delay=settle_delay)
+                        max_blob_bytes=int(max_blob_mb * (1 << 20)), lease_seconds=lease, settle_delay=settle_delay,
+                        manual_idle_seconds=manual_idle)
     app = create_app(settings)
     import gc
 

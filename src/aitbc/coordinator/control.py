@@ -198,7 +198,7 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     for u, _ in ups:
         if u.status == "accepted" and u.cid not in body.updates:
             u.status, u.reason = "excluded", f"left out of round {r}'s aggregation by the owner"
-    if not _commit_round(ctx, s, run, rt, res, ups, chosen, advance=False):
+    if not _commit_round(ctx, s, run, rt, res, ups, chosen, round=r, advance=False):
         raise conflict("run_changed", f"run {run.id} changed while round {r} was aggregated (stopped, or aggregated by "
                                       f"another request); nothing was recorded")
     ctx.notifier.bump()

@@ -13,11 +13,11 @@ import logging
 import threading
 import time
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from aitbc.coordinator import payments, rounds, states
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.models import Run
+from aitbc.coordinator.models import Job, Run
 from aitbc.coordinator.workers import flush_heartbeats
 
 log = logging.getLogger("aitbc.coordinator")
@@ -67,6 +67,7 @@ class RoundDriver:
             automatic = Run.control == "automatic"  # a manual run's phases are its owner's to move
             for run in s.scalars(select(Run).where(Run.status == states.TRAINING, automatic)).all():
                 changed |= rounds.fill_shards(ctx, s, run, now=now)
+            changed |= self._fail_idle_manual_runs(s, now)
             if changed:
                 s.commit()
                 ctx.notifier.bump()
@@ -93,6 +94,25 @@ class RoundDriver:
         for run_id in ended:  # then refund the rest and return bonds
             self._money(run_id, lambda: payments.finalize(ctx, run_id))
             rounds.drop_runtime(ctx, run_id)
+
+    def _fail_idle_manual_runs(self, s, now: float) -> bool:
+        """A manual run nobody moves (its agent crashed or gave up) would hold its
+        providers and their bonds for ever: after ``manual_idle_seconds`` without an
+        owner's call, an update or a progress report, it fails (bonds return; the owner
+        can still refund the escrow)."""
+        idle = self.ctx.settings.manual_idle_seconds
+        live = (states.INITIALIZING, states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)
+        runs = s.scalars(select(Run).where(Run.control == "manual", Run.status.in_(live), Run.updated_at < now - idle)).all()
+        changed = False
+        for run in runs:
+            last_job = s.scalar(select(func.max(Job.updated_at)).where(Job.run_id == run.id)) or 0.0
+            if now - max(run.updated_at, last_job) < idle:
+                continue
+            rounds.end_run(s, run, states.FAILED, now=now,
+                           reason=f"manual run idle for {idle:g} s: no phase move, job, update or progress (is its agent running?)")
+            log.warning("run %s: %s", run.id, run.error)
+            changed = True
+        return changed
 
     def _money(self, run_id: str, step) -> None:
         try:

@@ -65,6 +65,7 @@ class Run(Base):
     escrowed: Mapped[int] = mapped_column(BigInteger, default=0)  # total moved into escrow
     settled_round: Mapped[int] = mapped_column(Integer, default=0)  # rounds scored and paid so far
     finalized: Mapped[bool] = mapped_column(default=False)  # remainder refunded, bonds returned
+    bonds_returned: Mapped[bool] = mapped_column(default=False)  # honest providers' bonds given back
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)
@@ -125,6 +126,7 @@ class Job(Base):
     joined_round: Mapped[int] = mapped_column(Integer)
     replaces: Mapped[str | None] = mapped_column(String(64), default=None)  # job it took over
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the owner's overrides: local_steps, batch_size, lr
+    seed: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the worker's batch-order seed
     # the worker's last progress report
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     loss: Mapped[float | None] = mapped_column(Float, default=None)

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import torch
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import states
@@ -272,34 +272,41 @@ def slash(ctx: Context, s: Session, run: Run, contract: Contract, *, reason: str
 # --- end of run ---------------------------------------------------------------------------
 
 
-def finalize(ctx: Context, run_id: str) -> None:
+def finalize(ctx: Context, run_id: str, *, refund_escrow: bool | None = None) -> None:
     """After an ended run's last closed round is settled: return honest providers' bonds
-    and the unspent escrow to the owner. Exactly once (ledger keys)."""
+    and the unspent escrow to the owner. Exactly once (ledger keys). ``refund_escrow``
+    None: automatic runs yes; a manual run's escrow waits for its owner (``refund``),
+    but its providers' bonds never wait for anyone."""
     with ctx.session() as s:
         run = lock_run(s, s.get(Run, run_id))
         if run.finalized or run.status not in states.ENDED:
             return
+        if refund_escrow is None:
+            refund_escrow = run.control == "automatic"
         for c in s.scalars(select(Contract).where(Contract.run_id == run_id).order_by(Contract.id)).all():
             held = ctx.ledger.balance(s, bond_account(c.id))
             if held > 0 and c.status != "slashed":
                 ctx.ledger.post(s, kind="bond_return", debit=bond_account(c.id), credit=wallet_account(c.worker_id),
                                 amount=held, memo={"run": run.id, "contract": c.id}, key=f"bond-return:{c.id}")
-        left = ctx.ledger.balance(s, escrow_account(run.id))
-        if left > 0:
-            ctx.ledger.post(s, kind="refund", debit=escrow_account(run.id), credit=wallet_account(run.owner), amount=left,
-                            memo={"run": run.id, "status": run.status}, key=f"refund:{run.id}")
-        run.finalized = True
+        run.bonds_returned = True
+        if refund_escrow:
+            left = ctx.ledger.balance(s, escrow_account(run.id))
+            if left > 0:
+                ctx.ledger.post(s, kind="refund", debit=escrow_account(run.id), credit=wallet_account(run.owner), amount=left,
+                                memo={"run": run.id, "status": run.status}, key=f"refund:{run.id}")
+            run.finalized = True
         s.commit()
 
 
 def pending(s: Session) -> tuple[list[tuple[str, int]], list[str]]:
     """Rounds closed but not yet scored and settled (oldest first), and ended runs to finalize."""
     todo, ready = [], []
-    for run in s.scalars(select(Run).where(Run.finalized.is_(False), Run.config.is_not(None))).all():
+    started_or_ended = or_(Run.config.is_not(None), Run.status.in_(tuple(states.ENDED)))  # a run stopped before distribute has bonds too
+    for run in s.scalars(select(Run).where(Run.finalized.is_(False), started_or_ended)).all():
         closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
         if run.settled_round < closed:
             todo.append((run.id, run.settled_round + 1))
-        elif run.status in states.ENDED and run.control == "automatic":  # a manual run's owner refunds
+        elif run.status in states.ENDED and not run.bonds_returned:  # a manual run's escrow waits for its owner
             ready.append(run.id)
     return todo, ready
 
@@ -327,8 +334,12 @@ def refund(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     """Return the unspent escrow to the owner now (the run must have ended)."""
     if run.status not in states.ENDED:
         raise conflict("bad_state", f"run {run.id} is {run.status}; stop it first (refunds follow the end of a run)")
+    closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
+    if run.settled_round < closed and not run.finalized:
+        raise conflict("unsettled", f"run {run.id}'s rounds are scored and settled up to {run.settled_round} of {closed}; "
+                                    f"the refund waits for the rest (a few seconds)")
     s.commit()
-    finalize(ctx, run.id)
+    finalize(ctx, run.id, refund_escrow=True)
     s.refresh(run)  # finalize wrote through its own session
     return payments_view(ctx, s, run)
 

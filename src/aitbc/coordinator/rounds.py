@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from torch import Tensor
 
@@ -204,7 +204,7 @@ def close_round(ctx: Context, run_id: str) -> None:
             # The last round is evaluated before the run completes; the others after the
             # next round is open, so workers do not wait for an evaluation.
             result = _aggregate_round(ctx, run, rt, accepted, r, evaluate_now=final)
-        _commit_round(ctx, s, run, rt, result, ups, accepted)
+        _commit_round(ctx, s, run, rt, result, ups, accepted, round=r)
         if run.status in states.ENDED:
             drop_runtime(ctx, run.id)
     ctx.notifier.bump()
@@ -289,13 +289,14 @@ def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: 
 
 
 def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict, ups: list, accepted: list,
-                  *, advance: bool = True) -> bool:
-    """Record the round's result; ``advance``: also open the next round or complete the
-    run (a manual run stays ``aggregating`` until its owner moves it). Returns False if
-    the run was stopped meanwhile (nothing recorded)."""
+                  *, round: int, advance: bool = True) -> bool:
+    """Record ``res`` as round ``round``'s result; ``advance``: also open the next round
+    or complete the run (a manual run stays ``aggregating`` until its owner moves it).
+    Returns False, recording nothing, if the run moved meanwhile (stopped, or that round
+    recorded by a concurrent request, or another round now closed)."""
     lock_run(s, run)
-    if run.status != states.AGGREGATING or s.get(RoundRecord, (run.id, run.round)) is not None:
-        s.rollback()  # stopped while we aggregated, or aggregated by a concurrent request
+    if run.status != states.AGGREGATING or run.round != round or s.get(RoundRecord, (run.id, round)) is not None:
+        s.rollback()
         return False
     now = time.time()
     r = run.round
@@ -342,8 +343,15 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
 def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: float) -> None:
     """Over the run's target (workers joined mid-run): release the slowest worker of the
     round, by the time from when it could start (the round's opening, or its joining)
-    to its answer; no answer at all is slowest."""
+    to its answer; no answer at all is slowest. Only a worker whose shard another active
+    worker also trains can go: no shard is ever left without a worker."""
     if len(active) <= run.target_workers:
+        return
+    per_shard: dict[int, int] = {}
+    for j in active:
+        per_shard[j.shard_index] = per_shard.get(j.shard_index, 0) + 1
+    active = [j for j in active if per_shard[j.shard_index] > 1]
+    if not active:
         return
     start = run.round_started_at or now
     arrived = {u.job_id: u.created_at for u, _ in ups}
@@ -439,9 +447,12 @@ def new_job(s: Session, run: Run, contract: Contract, shard_index: int, *, now: 
     """The contract's worker trains ``shard_index`` from the open round (the caller commits)."""
     contract.status = "working"
     joined = run.round + 1 if run.status == states.AGGREGATING else max(run.round, 1)  # the first round it can train
+    # A second job on a shard (a replacement, a joiner, a helper) gets its own batch order:
+    # two workers on one shard from one seed would send the same update (and be flagged as copies).
+    earlier = s.scalar(select(func.count()).select_from(Job).where(Job.run_id == run.id, Job.shard_index == shard_index)) or 0
     job = Job(id=new_id("job"), run_id=run.id, contract_id=contract.id, worker_id=contract.worker_id,
               shard_index=shard_index, shard_cid=run.manifest["shards"][shard_index]["cid"], status="active",
-              joined_round=joined, replaces=replaces, config=dict(config or {}), created_at=now, updated_at=now)
+              joined_round=joined, replaces=replaces, seed=run.seed * 100_003 + shard_index + 1_000_033 * earlier, config=dict(config or {}), created_at=now, updated_at=now)
     s.add(job)
     s.flush()
     return job

@@ -90,7 +90,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
         "job": {
             "job_id": job.id, "training_id": run.id, "action": action, "run_status": run.status,
             "round": run.round, "rounds": cfg.get("rounds"), "global_model_cid": run.global_cid,
-            "shard_cid": job.shard_cid, "shard_index": job.shard_index, "seed": run.seed * 100_003 + job.shard_index,
+            "shard_cid": job.shard_cid, "shard_index": job.shard_index, "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
             "model_type": run.model_type, "model_options": run.model_options,
             "data_spec": (run.manifest or {}).get("spec"),
             **{k: (job.config or {}).get(k) or cfg.get(k) for k in ("local_steps", "batch_size", "lr")},
@@ -152,7 +152,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     _round_gate(s, job, run, body)
     now = time.time()
     upd = Update(run_id=run.id, job_id=job.id, worker_id=job.worker_id, round=body.round, cid=body.cid, size=len(blob),
-                 samples=int(run.manifest["shards"][job.shard_index]["samples"]),
+                 samples=_trained_samples(run, job, body.shard_cid),
                  train_loss=body.train_loss if reason is None else None, compute_seconds=body.compute_seconds,
                  status="accepted" if reason is None else "rejected", reason=reason, created_at=now)
     s.add(upd)
@@ -166,6 +166,17 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     if reason is not None:
         raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
     return {"status": "accepted", "round": body.round, "cid": body.cid, "size": len(blob)}
+
+
+def _trained_samples(run: Run, job: Job, shard_cid: str | None) -> int:
+    """The samples of the shard the update was trained on: the job's, or, for a round
+    that began before the job's shard was split, the shard it was split from."""
+    shards = run.manifest["shards"]
+    entry = shards[job.shard_index]
+    parent = entry.get("split_from")
+    if shard_cid is not None and parent is not None and shards[parent]["cid"] == shard_cid:
+        return int(shards[parent]["samples"])
+    return int(entry["samples"])
 
 
 def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:

@@ -198,7 +198,8 @@ class Worker:
         # The round's work is done: the upload is retried through an outage, never retrained.
         self._retry(lambda: self.client.put_blob(cid, blob))
         self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", {
-            "round": job["round"], "cid": cid, "train_loss": res.loss, "steps": res.steps, "compute_seconds": compute}))
+            "round": job["round"], "cid": cid, "train_loss": res.loss, "steps": res.steps, "compute_seconds": compute,
+            "shard_cid": state.shard_cid}))
         state.done.add(job["round"])
         self._progress(job, 100.0 * job["round"] / rounds, res.loss, res.epoch, "uploaded")
         log.info("round %d/%d of %s: loss %.4f, update %d bytes, %.2f s (%.2f s computing)", job["round"], rounds,
