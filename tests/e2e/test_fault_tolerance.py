@@ -53,4 +53,6 @@ def test_joiner_is_taken_in_and_the_slowest_dropped_over_target(stack):
     dropped = [w for w in run["workers"] if w["end_reason"] and "slowest" in w["end_reason"]]
     assert [w["worker_id"] for w in dropped] == [stack.worker_id("b")]
     assert dropped[0]["job_status"] == "released"
-    assert len([w for w in run["workers"] if w["job_status"] in ("active", "released") and w["end_reason"] == "run complete"]) == 2
+    finishers = [w for w in run["workers"] if w["job_status"] in ("active", "released") and w["end_reason"] == "run complete"]
+    assert len(finishers) == 2
+    assert {w["shard_index"] for w in finishers} == {0, 1}  # b's shard was not left behind: a doubled-up worker moved to it

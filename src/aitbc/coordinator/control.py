@@ -313,7 +313,7 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     new = _take_on(ctx, s, run, second, body.worker_id, now=now, replaces=None, config=job.config)
     for blob in blobs:  # stored only once a worker is found for the second half
         ctx.store.put_bytes(blob)
-    job.shard_index, job.shard_cid, job.updated_at = first, shards[first]["cid"], now
+    job.moved_from, job.shard_index, job.shard_cid, job.updated_at = job.shard_index, first, shards[first]["cid"], now
     s.commit()
     ctx.notifier.bump()
     return job, new
@@ -375,5 +375,6 @@ def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
         raise not_found("unknown_job", f"no job {job_id!r}")
     rows = s.scalars(select(Update).where(Update.job_id == job_id).order_by(Update.round.desc())).all()
     return [{"checkpoint_id": u.cid, "cid": u.cid, "training_id": u.run_id, "job_id": u.job_id, "worker_id": u.worker_id,
-             "round": u.round, "samples": u.samples, "train_loss": u.train_loss, "size": u.size, "status": u.status,
+             "round": u.round, "samples": u.samples, "shard_index": u.shard_index, "train_loss": u.train_loss,
+             "size": u.size, "status": u.status,
              "reason": u.reason, "created_at": u.created_at} for u in rows]

@@ -127,6 +127,7 @@ class Job(Base):
     replaces: Mapped[str | None] = mapped_column(String(64), default=None)  # job it took over
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the owner's overrides: local_steps, batch_size, lr
     seed: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the worker's batch-order seed
+    moved_from: Mapped[int | None] = mapped_column(Integer, default=None)  # its shard before a split or a move
     # the worker's last progress report
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     loss: Mapped[float | None] = mapped_column(Float, default=None)
@@ -153,6 +154,7 @@ class Update(Base):
     cid: Mapped[str] = mapped_column(String(100))
     size: Mapped[int] = mapped_column(BigInteger)
     samples: Mapped[int] = mapped_column(Integer)
+    shard_index: Mapped[int | None] = mapped_column(Integer, default=None)  # the shard it was trained on
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)

@@ -162,7 +162,8 @@ def _judge(ctx: Context, run: Run, rt, before_cid: str, accepted: list, r: int):
 
     before = flat_params(rt.model)  # (d,)
     U = torch.stack([decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted])  # (n, d)
-    shards = {j.shard_index: load_shard(ctx.store.get_bytes(j.shard_cid)) for _, j in accepted}
+    trained = [u.shard_index if u.shard_index is not None else j.shard_index for u, j in accepted]  # the shard each trained on
+    shards = {k: load_shard(ctx.store.get_bytes(run.manifest["shards"][k]["cid"])) for k in set(trained)}
     all_shards = [load_shard(ctx.store.get_bytes(e["cid"])) for e in run.manifest["shards"]]
     split = [("split_into" in e) for e in run.manifest["shards"]]  # its samples live on in its halves
     vx, vy = rt.val_x[:B], rt.val_y[:B]
@@ -186,13 +187,13 @@ def _judge(ctx: Context, run: Run, rt, before_cid: str, accepted: list, r: int):
         kept = [1.0] * U.shape[0]
     base_val = loss(before, vx, vy)
     gains, own, other = [], [], []
-    for i, (_, j) in enumerate(accepted):
+    for i, k in enumerate(trained):
         after = before - U[i]  # (d,) this update alone applied
         gains.append(relative_gain(base_val, loss(after, vx, vy)))
-        ox, oy = shards[j.shard_index]
+        ox, oy = shards[k]
         pick = torch.randperm(ox.shape[0], generator=g)[:B]
         own.append(relative_gain(loss(before, ox[pick], oy[pick]), loss(after, ox[pick], oy[pick])))
-        rest = [sh for k, sh in enumerate(all_shards) if k != j.shard_index and not split[k]] or [all_shards[j.shard_index]]
+        rest = [sh for m, sh in enumerate(all_shards) if m != k and not split[m]] or [all_shards[k]]
         rx = torch.cat([sh[0] for sh in rest])
         ry = torch.cat([sh[1] for sh in rest])
         pick = torch.randperm(rx.shape[0], generator=g)[:B]

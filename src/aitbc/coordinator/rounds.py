@@ -343,16 +343,14 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
 def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: float) -> None:
     """Over the run's target (workers joined mid-run): release the slowest worker of the
     round, by the time from when it could start (the round's opening, or its joining)
-    to its answer; no answer at all is slowest. Only a worker whose shard another active
-    worker also trains can go: no shard is ever left without a worker."""
+    to its answer; no answer at all is slowest. No shard is left without a worker: if the
+    slowest trains a shard alone, the fastest worker of a shard trained twice moves to it
+    (from the next round); if no shard is trained twice, nobody is released."""
     if len(active) <= run.target_workers:
         return
     per_shard: dict[int, int] = {}
     for j in active:
         per_shard[j.shard_index] = per_shard.get(j.shard_index, 0) + 1
-    active = [j for j in active if per_shard[j.shard_index] > 1]
-    if not active:
-        return
     start = run.round_started_at or now
     arrived = {u.job_id: u.created_at for u, _ in ups}
 
@@ -360,6 +358,13 @@ def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: fl
         return arrived[j.id] - max(start, j.created_at) if j.id in arrived else float("inf")
 
     slowest = max(active, key=lambda j: (took(j), j.id))
+    if per_shard[slowest.shard_index] == 1:
+        doubled = [j for j in active if per_shard[j.shard_index] > 1]
+        if not doubled:
+            return
+        donor = min(doubled, key=lambda j: (took(j), j.id))
+        donor.moved_from, donor.shard_index = donor.shard_index, slowest.shard_index
+        donor.shard_cid, donor.updated_at = slowest.shard_cid, now
     end_job(s, slowest, "released", f"slowest in round {run.round} while over the target of {run.target_workers} workers", now=now)
 
 

@@ -151,8 +151,9 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
     _round_gate(s, job, run, body)
     now = time.time()
+    trained = trained_shard(run, job, body.shard_cid)
     upd = Update(run_id=run.id, job_id=job.id, worker_id=job.worker_id, round=body.round, cid=body.cid, size=len(blob),
-                 samples=_trained_samples(run, job, body.shard_cid),
+                 shard_index=trained, samples=int(run.manifest["shards"][trained]["samples"]),
                  train_loss=body.train_loss if reason is None else None, compute_seconds=body.compute_seconds,
                  status="accepted" if reason is None else "rejected", reason=reason, created_at=now)
     s.add(upd)
@@ -168,15 +169,13 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     return {"status": "accepted", "round": body.round, "cid": body.cid, "size": len(blob)}
 
 
-def _trained_samples(run: Run, job: Job, shard_cid: str | None) -> int:
-    """The samples of the shard the update was trained on: the job's, or, for a round
-    that began before the job's shard was split, the shard it was split from."""
+def trained_shard(run: Run, job: Job, shard_cid: str | None) -> int:
+    """The shard an update was trained on: the job's, or the one it held before a split
+    or a move (a round that began before the change), if the worker names that one."""
     shards = run.manifest["shards"]
-    entry = shards[job.shard_index]
-    parent = entry.get("split_from")
-    if shard_cid is not None and parent is not None and shards[parent]["cid"] == shard_cid:
-        return int(shards[parent]["samples"])
-    return int(entry["samples"])
+    if shard_cid is not None and job.moved_from is not None and shards[job.moved_from]["cid"] == shard_cid:
+        return job.moved_from
+    return job.shard_index
 
 
 def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
