@@ -841,3 +841,28 @@ def test_an_update_names_the_shard_it_was_trained_on_across_a_split(coord, api):
     owner_job = t.owner.get(f"/jobs/{t.jobs[0]}")
     assert owner_job["shard_cid"] == half["shard_id"] and half["samples"] == whole["samples"] // 2  # round 2: the half
     t.owner.post(f"/runs/{t.run_id}/stop")
+
+
+def test_a_manual_run_survives_a_coordinator_restart(tmp_path, api):
+    coord, stop = api.start_coordinator(tmp_path, heartbeat_flush_seconds=0.05)
+    try:
+        t = manual_training(coord, api, 2, prefix="rs", config={**CONFIG, "rounds": 2})
+        cids = [submit(api, w, j, 1, small_update(t.d, 80 + i)) for i, (w, j) in enumerate(zip(t.workers, t.jobs))]
+        t.owner.post(f"/runs/{t.run_id}/phase", {"phase": "aggregating"})
+    finally:
+        stop()  # the coordinator goes away mid-round, with the round closed but not aggregated
+    coord2, stop2 = api.start_coordinator(tmp_path, heartbeat_flush_seconds=0.05)
+    try:
+        owner = coord2.client(wallet=t.owner.wallet)
+        workers = [coord2.client(wallet=w.wallet) for w in t.workers]
+        stays(owner, t.run_id, "aggregating", 1)  # the restarted driver does not move it either
+        res = owner.post(f"/runs/{t.run_id}/aggregate", {"updates": cids})  # the runtime is rebuilt from the database
+        assert (res["round"], res["updates"], res["skipped"]) == (1, 2, False)
+        run = owner.post(f"/runs/{t.run_id}/phase", {"phase": "training"})
+        assert (run["status"], run["round"], run["global_model_cid"]) == ("training", 2, res["model_id"])
+        for w in workers:  # the workers' next poll: train round 2
+            assert job_payload(w)["round"] == 2 and job_payload(w)["action"] == "train"
+        stop_run = owner.post(f"/runs/{t.run_id}/stop")
+        assert stop_run["status"] == "failed"
+    finally:
+        stop2()
