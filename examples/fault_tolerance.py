@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from aitbc_agent_sdk import AgentConfig, AgentError, AsyncAgent, Conflict, NotFound
-from phase_driven import CONFIG, coordinate, pay
+from phase_driven import CONFIG, coordinate, open_run, pay
 
 WORKERS = 2
 POLL = 1.0
@@ -132,22 +132,13 @@ class Monitor:
 async def main(workers: int = WORKERS) -> dict[str, Any]:
     config = AgentConfig(name="fault-tolerance", blockchain_network="local", wallet_name="coordinator-wallet")
     async with AsyncAgent(config) as agent:
-        info = await agent.start()
-        print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
-        await agent.fund_wallet(100)
-        training = await agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=workers,
-                                                               control="manual", budget=40)
-        training_id = training["training_id"]
-        print(f"Distributed training: {training_id} (manual control, watched)", flush=True)
+        training_id = await open_run(agent, workers, budget=40, note="manual control, watched")
         monitor = Monitor(agent, training_id, target=workers)
         loops = [asyncio.create_task(monitor.every(step)) for step in
                  (monitor.monitor_worker_health, monitor.handle_stragglers, monitor.verify_checkpoints, monitor.auto_scale)]
         rounds: list[dict] = []
         try:
             final = await coordinate(agent, training_id, workers, config=CONFIG_FT, log=rounds)
-        except BaseException:  # the run must not outlive its coordinator (the providers' bonds come back)
-            await agent.stop_training(training_id)
-            raise
         finally:
             monitor.done.set()
             await asyncio.gather(*loops, return_exceptions=True)

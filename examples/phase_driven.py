@@ -43,19 +43,23 @@ async def coordinate(agent: AsyncAgent, training_id: str, workers: int, *, confi
     """Drive a manual run to the end with the training ``config``; returns its final
     status. A round waits for every working provider, at most ``round_timeout`` seconds
     (then it is aggregated without the late ones, or skipped if nobody sent a good
-    update). ``log`` collects a line per aggregated round."""
+    update). ``log`` collects a line per aggregated round. If this loop fails, it stops
+    the run: a run must not outlive its coordinator (the providers' bonds come back)."""
     log = [] if log is None else log
     opened: dict[int, float] = {}  # round -> when this loop first saw it open
-    while True:
-        status = await agent.get_training_status(training_id)
-        phase = status["phase"]
-        if phase in ("complete", "failed"):
-            return status
-        try:
-            await _step(agent, training_id, status, workers, config, opened, round_timeout, log)
-        except Conflict as e:  # the run moved under us (a job failed, a worker was taken): look again
-            print(f"[retry] {e.code}: {e.detail}")
-        await asyncio.sleep(poll)
+    try:
+        while True:
+            status = await agent.get_training_status(training_id)
+            if status["phase"] in ("complete", "failed"):
+                return status
+            try:
+                await _step(agent, training_id, status, workers, config, opened, round_timeout, log)
+            except Conflict as e:  # the run moved under us (a job failed, a worker was taken): look again
+                print(f"[retry] {e.code}: {e.detail}")
+            await asyncio.sleep(poll)
+    except BaseException:
+        await agent.stop_training(training_id)
+        raise
 
 
 async def _step(agent: AsyncAgent, training_id: str, status: dict, workers: int, config: dict,
@@ -120,22 +124,23 @@ async def pay(agent: AsyncAgent, training_id: str, timeout: float = 120.0) -> di
     return await agent.refund_payments(training_id)
 
 
+async def open_run(agent: AsyncAgent, workers: int, *, budget: int, note: str = "manual control") -> str:
+    """Start the agent, fund its wallet, and create a manual run with ``budget`` AIT in escrow."""
+    info = await agent.start()
+    print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
+    await agent.fund_wallet(100)
+    training = await agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=workers,
+                                                           control="manual", budget=budget)
+    print(f"Distributed training: {training['training_id']} ({note})", flush=True)
+    return training["training_id"]
+
+
 async def main(workers: int = 2) -> dict[str, Any]:
     config = AgentConfig(name="phase-driven", blockchain_network="local", wallet_name="coordinator-wallet")
     async with AsyncAgent(config) as agent:
-        info = await agent.start()
-        print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
-        await agent.fund_wallet(100)
-        training = await agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=workers,
-                                                               control="manual", budget=20)
-        training_id = training["training_id"]
-        print(f"Distributed training: {training_id} (manual control)")
+        training_id = await open_run(agent, workers, budget=20)
         rounds: list[dict] = []
-        try:
-            final = await coordinate(agent, training_id, workers, log=rounds)
-        except BaseException:  # the run must not outlive its coordinator (the providers' bonds come back)
-            await agent.stop_training(training_id)
-            raise
+        final = await coordinate(agent, training_id, workers, log=rounds)
         results = await agent.get_results(training_id)
         checkpoints = await agent.get_all_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))

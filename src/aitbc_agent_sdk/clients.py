@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 
+from aitbc.errors import AitbcError
 from aitbc_agent_sdk.config import AgentConfig
-from aitbc_agent_sdk.errors import AgentError, CoordinatorUnreachable
+from aitbc_agent_sdk.errors import CoordinatorUnreachable
 from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.operations import OPERATIONS
 from aitbc_agent_sdk.protocol import Close, Http, Offload, Sleep, ensure_error, parse_response
@@ -97,14 +98,8 @@ class Agent(_Core):
                     req = gen.send(result)
         except StopIteration as stop:
             return stop.value
-        except AgentError:
-            raise
-        except Exception as e:
-            from aitbc.errors import AitbcError
-
-            if isinstance(e, AitbcError):
-                raise ensure_error(e) from None
-            raise
+        except AitbcError as e:  # a local error of the aitbc package (bad dataset, ...) in the SDK's hierarchy
+            raise ensure_error(e) from None
 
     def __enter__(self) -> Agent:
         return self
@@ -154,14 +149,8 @@ class AsyncAgent(_Core):
                     req = gen.send(result)
         except StopIteration as stop:
             return stop.value
-        except AgentError:
-            raise
-        except Exception as e:
-            from aitbc.errors import AitbcError
-
-            if isinstance(e, AitbcError):
-                raise ensure_error(e) from None
-            raise
+        except AitbcError as e:  # a local error of the aitbc package (bad dataset, ...) in the SDK's hierarchy
+            raise ensure_error(e) from None
 
     async def __aenter__(self) -> AsyncAgent:
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from aitbc_agent_sdk.errors import InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import _amount, operation
+from aitbc_agent_sdk.operations import _amount, operation, rank_free
 from aitbc_agent_sdk.protocol import Http, Op
 
 PHASES = ("distributing", "training", "aggregating", "complete")
@@ -144,21 +144,11 @@ def find_replacement_worker(self, gpu_type: str | None = None, exclude: list[str
     """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
     None when nobody is free. ``exclude``: worker ids not to pick."""
     from aitbc.market.gpus import normalize_gpu
-    from aitbc.market.ranking import Offer, offer_score
 
     res = yield Http("GET", "/market/offers")
-    skip = set(exclude or ())
-    free = [o for o in res["data"] if not o.get("busy") and o["worker_id"] not in skip]
-    if not free:
-        return None
+    ranked = rank_free(res["data"], exclude=set(exclude or ()))
     want = normalize_gpu(gpu_type) if gpu_type else None
-
-    def rank(o: dict) -> tuple:
-        score = offer_score(Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1_000_000,
-                                  reputation=o["reputation"], availability=o["availability"], last_heartbeat=0.0))
-        return (o["gpu_type"] == want, score, o["worker_id"])
-
-    return max(free, key=rank)
+    return next((o for o in ranked if o["gpu_type"] == want), ranked[0] if ranked else None)
 
 
 @operation

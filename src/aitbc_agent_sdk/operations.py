@@ -7,6 +7,7 @@ method per entry, with the operation's name, docstring and signature."""
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -148,31 +149,6 @@ def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = No
     return cid
 
 
-def _package(run: dict[str, Any], data_path: str, k: int):
-    """What ``aitbc distributed-training upload-data`` does on the owner's machine."""
-    from aitbc.errors import AitbcError, UsageError
-    from aitbc.storage.cid import cid_of_bytes
-    from aitbc.training.datasets import DataOptions, load_dataset
-    from aitbc.training.models import build_model, model_config
-    from aitbc.training.packaging import manifest_bytes, package, resolve_source
-
-    source = resolve_source(data_path)
-    mcfg = model_config(run["model_type"], run["model_options"])
-    data = load_dataset(source, DataOptions(seed=run["seed"], seq_len=getattr(mcfg, "context", 128)))
-    try:
-        build_model(run["model_type"], data.spec, run["model_options"])
-    except AitbcError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a model/data mismatch surfaces as any torch error
-        raise UsageError(f"model {run['model_type']!r} does not fit dataset {data.name!r} ({data.spec.task}): {e}") from None
-    packaged = package(data, k, seed=run["seed"])
-    cids = [cid_of_bytes(b) for b in packaged.shards]
-    val_cid = cid_of_bytes(packaged.val)
-    manifest = manifest_bytes(data, packaged, cids, val_cid, seed=run["seed"], alpha=None)
-    blobs = [*zip(cids, packaged.shards), (val_cid, packaged.val), (cid_of_bytes(manifest), manifest)]
-    return blobs, cids, list(packaged.samples)
-
-
 @operation
 def create_data_shards(self, training_id: str, num_shards: int | None = None, data_path: str = "digits") -> Op[list]:
     """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
@@ -187,11 +163,13 @@ def create_data_shards(self, training_id: str, num_shards: int | None = None, da
     if run.get("control") != "manual" and k != run["target_workers"]:
         raise InvalidArgument("bad_shards", f"num_shards={num_shards}: run {training_id} (automatic control) plans one "
                                             f"shard per target worker, so num_shards must be {run['target_workers']} (or None)")
-    blobs, cids, samples = yield Offload(_package, (run, data_path, k))
-    for cid, blob in blobs:
+    from aitbc.run_data import prepare_run_data
+
+    rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k))
+    for cid, blob in rd.blobs():
         yield Http("PUT", f"/blobs/{cid}", content=blob)
-    yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": blobs[-1][0], "source": data_path})
-    return [{"shard_id": c, "samples": n} for c, n in zip(cids, samples)]
+    yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
+    return [{"shard_id": c, "samples": n} for c, n in zip(rd.shard_cids, rd.packaged.samples)]
 
 
 @operation
@@ -206,7 +184,8 @@ def get_training_status(self, training_id: str) -> Op[dict]:
 def discover_gpu_workers(self, min_gpu: str | None = None, required_workers: int = 1,
                          max_price: int | float | str | None = None, training_id: str | None = None) -> Op[list]:
     """The best ``required_workers`` live, free offers, ranked by the marketplace score:
-    ``[{worker_id, gpu_type, price, reputation, availability, score}]``, best first
+    ``[{worker_id, gpu_type, price, reputation, availability, score, ...}]`` (the market's
+    view of each offer, plus its score), best first
     (``min_gpu``: the lowest GPU class, ``max_price``: AIT per round). Hire them with
     :meth:`negotiate_worker_contract`. Fewer than ``required_workers``: :class:`Conflict`
     (``not_enough_workers``).
@@ -224,21 +203,26 @@ def discover_gpu_workers(self, min_gpu: str | None = None, required_workers: int
         contracts = {c["worker_id"]: c for c in res["contracts"]}
         return [{**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
                 for r in res["ranked"]]
-    from aitbc.market.ranking import Offer, rank_offers
-
     limit = None if max_price is None else _micro(_amount(max_price, "max_price")) / 1_000_000
     res = yield Http("GET", "/market/offers")
-    free = [o for o in res["data"] if not o.get("busy")]
-    ranked = rank_offers([Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1_000_000,
-                                reputation=o["reputation"], availability=o["availability"], last_heartbeat=0.0)
-                          for o in free], min_gpu=min_gpu, max_price=limit, now=0.0, max_age=float("inf"))
+    ranked = rank_free(res["data"], min_gpu=min_gpu, max_price=limit)
     if len(ranked) < required_workers:
         raise Conflict("not_enough_workers", f"{required_workers} workers required; {len(ranked)} live, free offer(s) "
                                              f"match (min_gpu={min_gpu}, max_price={max_price}) of {len(res['data'])} live")
-    by_id = {o["worker_id"]: o for o in free}
-    return [{"worker_id": r.offer.worker_id, "gpu_type": r.offer.gpu, "price": by_id[r.offer.worker_id]["price"],
-             "price_micro": by_id[r.offer.worker_id]["price_micro"], "reputation": r.offer.reputation,
-             "availability": r.offer.availability, "score": r.score} for r in ranked[:required_workers]]
+    return ranked[:required_workers]
+
+
+def rank_free(offers: list[dict], *, min_gpu: str | None = None, max_price: float | None = None,
+              exclude: set[str] = frozenset()) -> list[dict]:
+    """The live offers (``GET /v1/market/offers``) no run holds, best first by the
+    marketplace's ranking, each with its ``score`` added."""
+    from aitbc.market.ranking import Offer, rank_offers
+
+    free = {o["worker_id"]: o for o in offers if not o.get("busy") and o["worker_id"] not in exclude}
+    ranked = rank_offers([Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1_000_000,
+                                reputation=o["reputation"], availability=o["availability"], last_heartbeat=0.0)
+                          for o in free.values()], min_gpu=min_gpu, max_price=max_price, now=0.0, max_age=float("inf"))
+    return [{**free[r.offer.worker_id], "score": r.score} for r in ranked]
 
 
 @operation

@@ -160,37 +160,18 @@ def upload_data(
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Split the dataset into one shard per target worker and upload shards and manifest."""
-    from aitbc.storage.cid import cid_of_bytes
-    from aitbc.training.datasets import DataOptions, load_dataset
-    from aitbc.training.models import build_model, model_config
-    from aitbc.training.packaging import manifest_bytes, package, resolve_source
+    from aitbc.run_data import prepare_run_data
 
     home = resolve_home(home)
     if max_bytes <= 0:
         raise UsageError(f"--max-bytes must be > 0, got {max_bytes}")
     with _client(home, coordinator, training_id, wallet, need_wallet=True) as c:
         run = c.get(f"/runs/{training_id}")
-        source = resolve_source(data_path)
-        mcfg = model_config(run["model_type"], run["model_options"])
-        data = load_dataset(source, DataOptions(seed=run["seed"], seq_len=getattr(mcfg, "context", 128), max_bytes=max_bytes))
-        try:
-            build_model(run["model_type"], data.spec, run["model_options"])
-        except AitbcError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a model/data mismatch surfaces as any torch error
-            raise UsageError(f"model {run['model_type']!r} does not fit dataset {data.name!r} ({data.spec.task}): {e}") from None
-        packaged = package(data, run["target_workers"], seed=run["seed"], alpha=alpha)
-        cids = []
-        for blob in packaged.shards:
-            cid = cid_of_bytes(blob)
+        rd = prepare_run_data(run, data_path, shards=run["target_workers"], alpha=alpha, max_bytes=max_bytes)
+        for cid, blob in rd.blobs():
             c.put_blob(cid, blob)
-            cids.append(cid)
-        val_cid = cid_of_bytes(packaged.val)
-        c.put_blob(val_cid, packaged.val)
-        manifest = manifest_bytes(data, packaged, cids, val_cid, seed=run["seed"], alpha=alpha)
-        manifest_cid = cid_of_bytes(manifest)
-        c.put_blob(manifest_cid, manifest)
-        detail = c.post(f"/runs/{training_id}/data", {"manifest_cid": manifest_cid, "source": data_path})
+        detail = c.post(f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
+    data, packaged, cids, val_cid, manifest_cid = rd.dataset, rd.packaged, rd.shard_cids, rd.val_cid, rd.manifest_cid
     if json_out:
         _emit_json({"training_id": training_id, "manifest_cid": manifest_cid, "shards": cids, "val_cid": val_cid,
                     "samples": sum(packaged.samples), "data_bytes": detail["data_bytes"], "dataset": data.name})
