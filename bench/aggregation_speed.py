@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import print_table, write_json
 
+from _common import print_table, write_json
 from aitbc.core.aggregation import parse_aggregator
 
 # Coordinate sorts (as the final rule) get 30x mean, as the issue sets. centered-clip starts
@@ -113,8 +113,11 @@ def main() -> None:
         flower, flwr_version, flwr_note = {}, None, "skipped (--no-flower)"
     else:
         flower, flwr_version, flwr_note = flower_rules(n, f, args.beta)
-    print(f"n={n}, f={f}, sizes={sizes}, repeats={repeats}, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), flwr {flwr_version or '-'}: {flwr_note}", flush=True)
+    print(
+        f"n={n}, f={f}, sizes={sizes}, repeats={repeats}, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), flwr {flwr_version or '-'}: {flwr_note}",
+        flush=True,
+    )
 
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
@@ -126,15 +129,26 @@ def main() -> None:
         mean_s = None
         for label, spec in specs:
             agg = parse_aggregator(spec)
-            ours_s, _, ours = measure(lambda: agg(updates), repeats)
+            ours_s, _, ours = measure(lambda: agg(updates), repeats)  # noqa: B023, F821 - called at once
             mean_s = ours_s if label == "mean" else mean_s
             ratio = ours_s / mean_s if mean_s else None
             target_ratio = 30 if label.split("+")[-1] in SORT_RULES else 10  # the final rule decides
             row: dict[str, Any] = {
-                "rule": label, "spec": str(agg), "d": d, "ms": ours_s * 1e3, "ratio_to_mean": ratio,
-                "target_ratio": target_ratio, "meets_ratio": ratio is not None and ratio <= target_ratio,
-                "flwr_ms": None, "flwr_runs": 0, "speedup": None, "target_speedup": None,
-                "meets_speedup": None, "max_abs_diff": None, "coords_differing": None, "note": "",
+                "rule": label,
+                "spec": str(agg),
+                "d": d,
+                "ms": ours_s * 1e3,
+                "ratio_to_mean": ratio,
+                "target_ratio": target_ratio,
+                "meets_ratio": ratio is not None and ratio <= target_ratio,
+                "flwr_ms": None,
+                "flwr_runs": 0,
+                "speedup": None,
+                "target_speedup": None,
+                "meets_speedup": None,
+                "max_abs_diff": None,
+                "coords_differing": None,
+                "note": "",
             }
             if label in flower:
                 row["target_speedup"] = 10 if label == "bulyan" else 3
@@ -147,7 +161,7 @@ def main() -> None:
                     row["note"] = f"flwr skipped: ~{predicted:.0f} s predicted > {args.flower_budget:.0f} s budget"
                 else:
                     try:
-                        fl_s, runs, fl_out = measure(lambda: fn(results), repeats, args.flower_budget)
+                        fl_s, runs, fl_out = measure(lambda: fn(results), repeats, args.flower_budget)  # noqa: B023, F821 - called at once
                     except (TypeError, ValueError, AttributeError) as e:  # an incompatible flwr version
                         row["note"] = f"flwr failed: {type(e).__name__}: {e}"
                     else:
@@ -163,8 +177,11 @@ def main() -> None:
             rows.append(row)
             del ours
             gc.collect()
-            print(f"  {label:18s} d={d:>9,}  {row['ms']:9.1f} ms"
-                  + (f"  flwr {row['flwr_ms']:9.1f} ms" if row["flwr_ms"] is not None else ""), flush=True)
+            print(
+                f"  {label:18s} d={d:>9,}  {row['ms']:9.1f} ms"
+                + (f"  flwr {row['flwr_ms']:9.1f} ms" if row["flwr_ms"] is not None else ""),
+                flush=True,
+            )
         del updates, results
         gc.collect()
 
@@ -176,30 +193,77 @@ def main() -> None:
 
     print_table(
         f"aggregation speed: ms per call, n={n}, f={f}, float32, median of {repeats} after a warm-up",
-        ["rule", "d", "ms", "x mean", "target", "", "flwr ms", "speed-up", "target", "", "max |diff|", "coords >1e-5",
-         "note"],
-        [[r["rule"], f"{r['d']:.0e}", fmt(r["ms"], ".1f"), fmt(r["ratio_to_mean"], ".1f"), f"<={r['target_ratio']}x",
-          verdict(r["meets_ratio"]), fmt(r["flwr_ms"], ".1f"), fmt(r["speedup"], ".1f"),
-          "-" if r["target_speedup"] is None else f">={r['target_speedup']}x", verdict(r["meets_speedup"]),
-          fmt(r["max_abs_diff"], ".1e"), r["coords_differing"], r["note"]] for r in rows],
+        [
+            "rule",
+            "d",
+            "ms",
+            "x mean",
+            "target",
+            "",
+            "flwr ms",
+            "speed-up",
+            "target",
+            "",
+            "max |diff|",
+            "coords >1e-5",
+            "note",
+        ],
+        [
+            [
+                r["rule"],
+                f"{r['d']:.0e}",
+                fmt(r["ms"], ".1f"),
+                fmt(r["ratio_to_mean"], ".1f"),
+                f"<={r['target_ratio']}x",
+                verdict(r["meets_ratio"]),
+                fmt(r["flwr_ms"], ".1f"),
+                fmt(r["speedup"], ".1f"),
+                "-" if r["target_speedup"] is None else f">={r['target_speedup']}x",
+                verdict(r["meets_speedup"]),
+                fmt(r["max_abs_diff"], ".1e"),
+                r["coords_differing"],
+                r["note"],
+            ]
+            for r in rows
+        ],
     )
     load_after = os.getloadavg()
-    print(f"flwr: {flwr_version or 'not available'}; {flwr_note}. Results are compared coordinate by "
-          "coordinate; Bulyan may differ where two values are equally close to the median in float32 "
-          "(we keep the smaller, Flower's argpartition either).")
-    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after} on {os.cpu_count()} CPUs"
-          + ("  WARNING: other work was running; timings are inflated" if max(load_after[:2]) > 1.5 * (os.cpu_count() or 1) else ""))
+    print(
+        f"flwr: {flwr_version or 'not available'}; {flwr_note}. Results are compared coordinate by "
+        "coordinate; Bulyan may differ where two values are equally close to the median in float32 "
+        "(we keep the smaller, Flower's argpartition either)."
+    )
+    print(
+        f"load average (1, 5, 15 min) before {load_before}, after {load_after} on {os.cpu_count()} CPUs"
+        + (
+            "  WARNING: other work was running; timings are inflated"
+            if max(load_after[:2]) > 1.5 * (os.cpu_count() or 1)
+            else ""
+        )
+    )
     failed = [f"{r['rule']}@{r['d']:.0e}" for r in rows if r["meets_ratio"] is False or r["meets_speedup"] is False]
     print("all targets met" if not failed else f"targets missed: {', '.join(failed)}")
     if args.quick:
         print("(--quick is a smoke run: the targets are meant for d >= 1e6, where fixed costs are amortized)")
-    write_json("aggregation_speed_quick" if args.quick else "aggregation_speed", {
-        "args": vars(args), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "n": n, "f": f, "sizes": sizes, "repeats": repeats, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "flwr": flwr_version, "flwr_note": flwr_note,
-        "load_before": load_before, "load_after": load_after,
-        "rows": rows,
-    })
+    write_json(
+        "aggregation_speed_quick" if args.quick else "aggregation_speed",
+        {
+            "args": vars(args),
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "n": n,
+            "f": f,
+            "sizes": sizes,
+            "repeats": repeats,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "flwr": flwr_version,
+            "flwr_note": flwr_note,
+            "load_before": load_before,
+            "load_after": load_after,
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

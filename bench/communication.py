@@ -26,9 +26,17 @@ TASKS = {
         600,
     ),
     "transformer": (
-        dict(model="transformer", dataset="stdlib", workers=4, batch_size=16, lr=3e-3, seed=0,
-             model_options={"context": 32, "d_model": 64, "n_layers": 2, "n_heads": 4},
-             max_bytes=1 << 20, eval_samples=128),
+        dict(
+            model="transformer",
+            dataset="stdlib",
+            workers=4,
+            batch_size=16,
+            lr=3e-3,
+            seed=0,
+            model_options={"context": 32, "d_model": 64, "n_layers": 2, "n_heads": 4},
+            max_bytes=1 << 20,
+            eval_samples=128,
+        ),
         300,
     ),
 }
@@ -43,8 +51,15 @@ def configs(quick: bool) -> list[dict]:
     h = 50
     for codec in CODECS[1:] if not quick else ["int8", "topk-int8:ratio=0.01", "sign"]:
         for ef in (False, True):
-            out.append(dict(label=f"diloco H={h}, {codec}{' +EF' if ef else ''}", local_steps=h, outer="diloco",
-                            compression=codec, error_feedback=ef))
+            out.append(
+                dict(
+                    label=f"diloco H={h}, {codec}{' +EF' if ef else ''}",
+                    local_steps=h,
+                    outer="diloco",
+                    compression=codec,
+                    error_feedback=ef,
+                )
+            )
     return out
 
 
@@ -56,9 +71,19 @@ def run_task(name: str, quick: bool, max_factor: float) -> list[dict]:
     base = simulate(**shared, local_steps=1, rounds=base_steps, outer="fedavg", compression="none")
     target = base.final_val_loss * 1.02
     per_worker = base.bytes_up / shared["workers"]
-    rows = [dict(task=name, config=f"dense baseline (H=1, fp32, {base_steps} steps)", steps=base_steps,
-                 reached=True, val_loss=base.final_val_loss, bytes_per_worker=per_worker, reduction=1.0,
-                 compression_ratio=base.compression_ratio, wall_s=time.perf_counter() - t)]
+    rows = [
+        dict(
+            task=name,
+            config=f"dense baseline (H=1, fp32, {base_steps} steps)",
+            steps=base_steps,
+            reached=True,
+            val_loss=base.final_val_loss,
+            bytes_per_worker=per_worker,
+            reduction=1.0,
+            compression_ratio=base.compression_ratio,
+            wall_s=time.perf_counter() - t,
+        )
+    ]
     for c in configs(quick):
         label = c.pop("label")
         rounds = max(1, math.ceil(max_factor * base_steps / c["local_steps"]))
@@ -66,10 +91,19 @@ def run_task(name: str, quick: bool, max_factor: float) -> list[dict]:
         r = simulate(**shared, **c, rounds=rounds, target_loss=target, stop_at_target=True)
         reached = r.bytes_to_target is not None
         sent = (r.bytes_to_target if reached else r.bytes_up) / shared["workers"]
-        rows.append(dict(task=name, config=label, steps=r.rounds * c["local_steps"], reached=reached,
-                         val_loss=r.final_val_loss, bytes_per_worker=sent,
-                         reduction=per_worker / sent if reached else None,
-                         compression_ratio=r.compression_ratio, wall_s=time.perf_counter() - t))
+        rows.append(
+            dict(
+                task=name,
+                config=label,
+                steps=r.rounds * c["local_steps"],
+                reached=reached,
+                val_loss=r.final_val_loss,
+                bytes_per_worker=sent,
+                reduction=per_worker / sent if reached else None,
+                compression_ratio=r.compression_ratio,
+                wall_s=time.perf_counter() - t,
+            )
+        )
     return rows
 
 
@@ -83,14 +117,34 @@ def main() -> None:
     for task in args.tasks.split(","):
         rows += run_task(task, args.quick, args.max_factor)
     table = [
-        [r["task"], r["config"], r["steps"], f"{r['val_loss']:.4f}", "yes" if r["reached"] else "no",
-         f"{r['bytes_per_worker'] / 2**20:.3f}", f"{r['compression_ratio']:.1f}x",
-         "-" if r["reduction"] is None else f"{r['reduction']:.0f}x", f"{r['wall_s']:.0f}"]
+        [
+            r["task"],
+            r["config"],
+            r["steps"],
+            f"{r['val_loss']:.4f}",
+            "yes" if r["reached"] else "no",
+            f"{r['bytes_per_worker'] / 2**20:.3f}",
+            f"{r['compression_ratio']:.1f}x",
+            "-" if r["reduction"] is None else f"{r['reduction']:.0f}x",
+            f"{r['wall_s']:.0f}",
+        ]
         for r in rows
     ]
-    print_table("communication: bytes per worker to reach the dense baseline's loss (+2%)",
-                ["task", "configuration", "inner steps", "val loss", "reached", "MiB sent/worker",
-                 "codec ratio", "reduction", "wall s"], table)
+    print_table(
+        "communication: bytes per worker to reach the dense baseline's loss (+2%)",
+        [
+            "task",
+            "configuration",
+            "inner steps",
+            "val loss",
+            "reached",
+            "MiB sent/worker",
+            "codec ratio",
+            "reduction",
+            "wall s",
+        ],
+        table,
+    )
     best = {}
     for r in rows:
         if r["config"].startswith("dense baseline"):
@@ -100,13 +154,17 @@ def main() -> None:
     for task in dict.fromkeys(r["task"] for r in rows):
         r = best.get(task)
         if r is None:
-            print(f"{task}: no configuration reached the baseline's loss within {args.max_factor:g}x its steps "
-                  "(MISSES the 1000x target)")
+            print(
+                f"{task}: no configuration reached the baseline's loss within {args.max_factor:g}x its steps "
+                "(MISSES the 1000x target)"
+            )
             continue
         verdict = "meets" if r["reduction"] >= 1000 else "MISSES"
         print(f"{task}: best {r['config']}: {r['reduction']:.0f}x fewer bytes ({verdict} the 1000x target)")
-    write_json("communication", {"machine": machine(), "args": vars(args), "rows": rows,
-                                 "best": {k: v["config"] for k, v in best.items()}})
+    write_json(
+        "communication",
+        {"machine": machine(), "args": vars(args), "rows": rows, "best": {k: v["config"] for k, v in best.items()}},
+    )
 
 
 if __name__ == "__main__":

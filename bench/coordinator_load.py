@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import print_table, write_json
 
+from _common import print_table, write_json
 from aitbc.client import CoordinatorClient
 from aitbc.ledger.signing import NonceCache, body_digest, sign_request, verify_request
 from aitbc.ledger.wallet import Wallet
@@ -101,9 +101,12 @@ def source_state() -> dict[str, Any]:
     """The commit measured, and whether src/ had uncommitted changes then."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=root, capture_output=True, text=True,
-                               timeout=10).stdout.splitlines()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "src"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"commit": head, "src_uncommitted": [line[3:] for line in dirty]}
@@ -130,15 +133,28 @@ def auto_impl() -> str:
 class Coordinator:
     """A coordinator process on a free loopback port, killed (its whole process group) on exit."""
 
-    def __init__(self, home: Path, *, impl: str = "cli", cpus: set[int] | None = None,
-                 extra: list[str] | None = None) -> None:
+    def __init__(
+        self, home: Path, *, impl: str = "cli", cpus: set[int] | None = None, extra: list[str] | None = None
+    ) -> None:
         self.home, self.impl, self.cpus = home, impl, cpus
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         home.mkdir(parents=True, exist_ok=True)
         if impl == "cli":
-            cmd = [aitbc_exe(), "coordinator", "serve", "--home", str(home), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--log-level", "warning", *(extra or [])]
+            cmd = [
+                aitbc_exe(),
+                "coordinator",
+                "serve",
+                "--home",
+                str(home),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                *(extra or []),
+            ]
         else:
             http, loop = _FORCED[impl]
             cmd = [sys.executable, "-c", _LAUNCHER, str(home), str(self.port), http, loop]
@@ -146,8 +162,9 @@ class Coordinator:
         self._log = self.log_path.open("wb")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "AITBC_HOME": str(home)}
         preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=preexec)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec
+        )
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
@@ -238,19 +255,23 @@ def _maker(scenario: str, wallets: list[Wallet], blob_bytes: int):
     if scenario == "health":
         return lambda i: ("GET", "/v1/health", {}, b"")
     if scenario == "heartbeat":
+
         def hb(i: int):
             path = "/v1/workers/heartbeat"
             h = sign_request(wallets[i % len(wallets)], "POST", path, b"{}")
             h["content-type"] = "application/json"
             return "POST", path, h, b"{}"
+
         return hb
     if scenario == "blob":
+
         def blob(i: int):
             data = os.urandom(blob_bytes)
             path = f"/v1/blobs/{cid_of_bytes(data)}"
             h = sign_request(wallets[i % len(wallets)], "PUT", path, b"", unsigned_payload=True)
             h["content-type"] = "application/octet-stream"
             return "PUT", path, h, data
+
         return blob
     raise ValueError(scenario)
 
@@ -267,13 +288,17 @@ async def _drive(spec: dict[str, Any], wallets: list[Wallet]) -> dict[str, Any]:
     cpu: dict[str, float] = {}
 
     if spec["client"] == "httpx":
-        hx = httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=30.0,
-                               limits=httpx.Limits(max_connections=c, max_keepalive_connections=c))
+        hx = httpx.AsyncClient(
+            base_url=f"http://{host}:{port}",
+            timeout=30.0,
+            limits=httpx.Limits(max_connections=c, max_keepalive_connections=c),
+        )
 
         def sender():
             async def send(i: int) -> int:
                 m, p, h, b = make(i)
                 return (await hx.request(m, p, headers=h, content=b)).status_code
+
             return send
     else:
         hx = None
@@ -284,6 +309,7 @@ async def _drive(spec: dict[str, Any], wallets: list[Wallet]) -> dict[str, Any]:
             async def send(i: int) -> int:
                 m, p, h, b = make(i)
                 return await conn.request(_raw_request(m, p, f"{host}:{port}", h, b))
+
             return send
 
     open_loop = spec["mode"] == "open"
@@ -312,6 +338,7 @@ async def _drive(spec: dict[str, Any], wallets: list[Wallet]) -> dict[str, Any]:
     # Each process owns the request indices idx, idx + P, ...; connection j of it the
     # indices idx + P*j, idx + P*(j + C), ...: every wallet is used, round robin.
     if spec["mode"] == "closed":
+
         async def conn_loop(j: int) -> None:
             send, i = sender(), idx + nproc * j
             while (start := time.time()) < t1:
@@ -360,8 +387,15 @@ async def _drive(spec: dict[str, Any], wallets: list[Wallet]) -> dict[str, Any]:
     answered = sum(codes.values())
     if scheduled is not None and answered < scheduled:
         codes["unanswered"] += scheduled - answered
-    return {"latencies": lat, "codes": dict(codes), "done_in_window": done_in_window, "scheduled": scheduled,
-            "cpu_seconds": cpu.get("end", 0.0) - cpu.get("start", 0.0), "first_error": first_error[:1], "clients": k}
+    return {
+        "latencies": lat,
+        "codes": dict(codes),
+        "done_in_window": done_in_window,
+        "scheduled": scheduled,
+        "cpu_seconds": cpu.get("end", 0.0) - cpu.get("start", 0.0),
+        "first_error": first_error[:1],
+        "clients": k,
+    }
 
 
 def _load_process(conn, spec: dict[str, Any], wallets: list[Wallet]) -> None:
@@ -389,17 +423,37 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-def run_scenario(server: Coordinator, scenario: str, mode: str, wallets: list[Wallet], args: argparse.Namespace,
-                 load_cpus: list[int] | None) -> dict[str, Any]:
+def run_scenario(
+    server: Coordinator,
+    scenario: str,
+    mode: str,
+    wallets: list[Wallet],
+    args: argparse.Namespace,
+    load_cpus: list[int] | None,
+) -> dict[str, Any]:
     ctx = mp.get_context("fork")  # the wallets' private keys stay in memory: no pickling
     procs, pipes = [], []
     start_delay = 1.5 + 0.2 * args.procs
     t0 = time.time() + start_delay + args.warmup
     for i in range(args.procs):
-        spec = {"scenario": scenario, "mode": mode, "port": server.port, "t0": t0, "duration": args.duration,
-                "warmup": args.warmup, "drain": 5.0, "concurrency": args.concurrency, "procs": args.procs,
-                "index": i, "rate": args.rate, "clients": len(wallets), "blob_bytes": args.blob_kib * 1024,
-                "client": args.client, "cpus": load_cpus, "uvloop": args.client_uvloop}
+        spec = {
+            "scenario": scenario,
+            "mode": mode,
+            "port": server.port,
+            "t0": t0,
+            "duration": args.duration,
+            "warmup": args.warmup,
+            "drain": 5.0,
+            "concurrency": args.concurrency,
+            "procs": args.procs,
+            "index": i,
+            "rate": args.rate,
+            "clients": len(wallets),
+            "blob_bytes": args.blob_kib * 1024,
+            "client": args.client,
+            "cpus": load_cpus,
+            "uvloop": args.client_uvloop,
+        }
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_load_process, args=(child, spec, wallets), daemon=True)
         p.start()
@@ -431,13 +485,22 @@ def run_scenario(server: Coordinator, scenario: str, mode: str, wallets: list[Wa
     rps = done / args.duration
     server_cpu = s1 - s0
     row = {
-        "impl": server.impl, "scenario": scenario if mode == "closed" else f"{scenario}@{args.rate:g}/s",
-        "mode": mode, "clients": len(wallets), "concurrency": args.concurrency * args.procs,
-        "load_procs": args.procs, "offered_rps": args.rate if mode == "open" else None,
-        "rps": rps, "requests": ok, "errors": errors, "codes": dict(codes),
+        "impl": server.impl,
+        "scenario": scenario if mode == "closed" else f"{scenario}@{args.rate:g}/s",
+        "mode": mode,
+        "clients": len(wallets),
+        "concurrency": args.concurrency * args.procs,
+        "load_procs": args.procs,
+        "offered_rps": args.rate if mode == "open" else None,
+        "rps": rps,
+        "requests": ok,
+        "errors": errors,
+        "codes": dict(codes),
         "first_error": next((r["first_error"][0] for r in results if r["first_error"]), None),
-        "p50_ms": None if not lat else 1000 * _pct(lat, 0.50), "p90_ms": None if not lat else 1000 * _pct(lat, 0.90),
-        "p99_ms": None if not lat else 1000 * _pct(lat, 0.99), "max_ms": None if not lat else 1000 * max(lat),
+        "p50_ms": None if not lat else 1000 * _pct(lat, 0.50),
+        "p90_ms": None if not lat else 1000 * _pct(lat, 0.90),
+        "p99_ms": None if not lat else 1000 * _pct(lat, 0.99),
+        "max_ms": None if not lat else 1000 * max(lat),
         "mean_ms": None if not lat else 1000 * statistics.fmean(lat),
         "server_cpu_pct": 100 * server_cpu / args.duration,
         "server_cpu_us_per_req": (1e6 * server_cpu / done) if done else None,
@@ -477,7 +540,9 @@ def microbench() -> dict[str, float]:
     nonces = NonceCache(240.0)
     t = time.perf_counter()
     for h in hs:
-        verify_request(h, "POST", "/v1/workers/heartbeat", body_digest(b"{}"), now=time.time(), max_skew=120.0, nonces=nonces)
+        verify_request(
+            h, "POST", "/v1/workers/heartbeat", body_digest(b"{}"), now=time.time(), max_skew=120.0, nonces=nonces
+        )
     verify_us = 1e6 * (time.perf_counter() - t) / n
     return {"sign_request_us": sign_us, "verify_request_us": verify_us}
 
@@ -496,9 +561,12 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=TARGET_RPS, help="offered heartbeats/s of the open-loop scenario")
     ap.add_argument("--blob-kib", type=int, default=4)
     ap.add_argument("--scenarios", default="health,heartbeat,heartbeat@rate,blob")
-    ap.add_argument("--impls", default=None,
-                    help="servers, comma-separated: cli (aitbc coordinator serve as shipped), h11, httptools "
-                         "(default: cli,h11; --quick: cli)")
+    ap.add_argument(
+        "--impls",
+        default=None,
+        help="servers, comma-separated: cli (aitbc coordinator serve as shipped), h11, httptools "
+        "(default: cli,h11; --quick: cli)",
+    )
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server and load to separate cores")
     args = ap.parse_args()
@@ -531,8 +599,11 @@ def main() -> None:
                     row["impl_resolved"] = auto if impl == "cli" else "+".join(_FORCED[impl])
                     row["register_s"] = reg_s
                     rows.append(row)
-                    print(f"  {impl:9s} {row['scenario']:18s} {row['rps']:8.0f} req/s  p99 "
-                          f"{row['p99_ms'] or float('nan'):7.1f} ms  errors {row['errors']}", flush=True)
+                    print(
+                        f"  {impl:9s} {row['scenario']:18s} {row['rps']:8.0f} req/s  p99 "
+                        f"{row['p99_ms'] or float('nan'):7.1f} ms  errors {row['errors']}",
+                        flush=True,
+                    )
                 log = server.log_tail()
             if "Traceback" in log or "ERROR" in log:
                 print(f"  coordinator ({impl}) logged errors:\n{log}")
@@ -543,26 +614,69 @@ def main() -> None:
     print_table(
         f"coordinator load: {args.duration:g} s per scenario, server pinned to core {cpus[0] if pin else '-'}, "
         f"load ({args.client} client, {args.procs} process) on {load_cpus if pin else 'any core'}",
-        ["server", "scenario", "clients", "conc.", "req/s", "p50 ms", "p99 ms", "errors", "server CPU %",
-         "server µs/req", "load CPU %", "others CPU %", "target", "verdict"],
-        [[f"{r['impl']} ({r['impl_resolved']})", r["scenario"], r["clients"], r["concurrency"], f"{r['rps']:.0f}",
-          fmt(r["p50_ms"], ".2f"), fmt(r["p99_ms"], ".2f"), r["errors"], f"{r['server_cpu_pct']:.0f}",
-          fmt(r["server_cpu_us_per_req"], ".0f"), f"{r['load_cpu_pct']:.0f}", f"{max(0.0, r['other_cpu_pct']):.0f}",
-          r["target"] or "-",
-          "-" if r["met"] is None else ("MET" if r["met"] else "MISSED")] for r in rows],
+        [
+            "server",
+            "scenario",
+            "clients",
+            "conc.",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "server CPU %",
+            "server µs/req",
+            "load CPU %",
+            "others CPU %",
+            "target",
+            "verdict",
+        ],
+        [
+            [
+                f"{r['impl']} ({r['impl_resolved']})",
+                r["scenario"],
+                r["clients"],
+                r["concurrency"],
+                f"{r['rps']:.0f}",
+                fmt(r["p50_ms"], ".2f"),
+                fmt(r["p99_ms"], ".2f"),
+                r["errors"],
+                f"{r['server_cpu_pct']:.0f}",
+                fmt(r["server_cpu_us_per_req"], ".0f"),
+                f"{r['load_cpu_pct']:.0f}",
+                f"{max(0.0, r['other_cpu_pct']):.0f}",
+                r["target"] or "-",
+                "-" if r["met"] is None else ("MET" if r["met"] else "MISSED"),
+            ]
+            for r in rows
+        ],
     )
-    print(f"in-process: sign_request {micro['sign_request_us']:.0f} µs, verify_request {micro['verify_request_us']:.0f} µs "
-          f"per heartbeat; `aitbc coordinator serve` here runs {auto}")
+    print(
+        f"in-process: sign_request {micro['sign_request_us']:.0f} µs, verify_request {micro['verify_request_us']:.0f} µs "
+        f"per heartbeat; `aitbc coordinator serve` here runs {auto}"
+    )
     for r in rows:
         if r["met"] is not None:
-            print(f"{r['impl']} ({r['impl_resolved']}) {r['scenario']}: {r['rps']:.0f} req/s, p99 {fmt(r['p99_ms'])} ms "
-                  f"({'meets' if r['met'] else 'MISSES'} the target)")
+            print(
+                f"{r['impl']} ({r['impl_resolved']}) {r['scenario']}: {r['rps']:.0f} req/s, p99 {fmt(r['p99_ms'])} ms "
+                f"({'meets' if r['met'] else 'MISSES'} the target)"
+            )
     from _sims import machine  # imports torch: only after the load processes are gone
 
-    write_json("coordinator_load", {"machine": {**machine(), "cores": ncpu}, "source": source_state(), "args": vars(args), "pinned": pin,
-                                    "server_cpus": sorted(server_cpus) if pin else None, "load_cpus": load_cpus,
-                                    "auto_impl": auto, "microbench": micro, "rows": rows,
-                                    "wall_s": time.perf_counter() - t_all})
+    write_json(
+        "coordinator_load",
+        {
+            "machine": {**machine(), "cores": ncpu},
+            "source": source_state(),
+            "args": vars(args),
+            "pinned": pin,
+            "server_cpus": sorted(server_cpus) if pin else None,
+            "load_cpus": load_cpus,
+            "auto_impl": auto,
+            "microbench": micro,
+            "rows": rows,
+            "wall_s": time.perf_counter() - t_all,
+        },
+    )
 
 
 if __name__ == "__main__":

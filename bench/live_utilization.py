@@ -44,26 +44,34 @@ from pathlib import Path
 from typing import Any
 
 from _common import print_table, write_json
-from coordinator_load import Coordinator, aitbc_exe, machine_busy_seconds, source_state
-
 from aitbc.client import CoordinatorClient
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.datasets import DataOptions, load_dataset
 from aitbc.training.models import model_config
 from aitbc.training.packaging import manifest_bytes, package, resolve_source
+from coordinator_load import Coordinator, aitbc_exe, machine_busy_seconds, source_state
 
 TARGET = 0.90
 
 CONFIGS = {
     # name: model, options, data, max_bytes, rounds (full, quick), batch size, lr
-    "transformer": dict(model="transformer", options={"context": 64, "d_model": 128, "n_layers": 2},
-                        data="stdlib", max_bytes=1 << 20, rounds=(5, 2), batch_size=32, lr=1e-3),
+    "transformer": dict(
+        model="transformer",
+        options={"context": 64, "d_model": 128, "n_layers": 2},
+        data="stdlib",
+        max_bytes=1 << 20,
+        rounds=(5, 2),
+        batch_size=32,
+        lr=1e-3,
+    ),
     "mlp": dict(model="mlp", options={}, data="digits", max_bytes=4 << 20, rounds=(10, 3), batch_size=32, lr=1e-3),
 }
 
-_ROUND_LINE = re.compile(r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): loss \S+, update (\d+) bytes, "
-                         r"([0-9.]+) s \(([0-9.]+) s computing\)")
+_ROUND_LINE = re.compile(
+    r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): loss \S+, update (\d+) bytes, "
+    r"([0-9.]+) s \(([0-9.]+) s computing\)"
+)
 
 
 class Workers:
@@ -78,12 +86,31 @@ class Workers:
             home.mkdir(parents=True)
             log = root / f"worker{i}.log"
             env = {**os.environ, "OMP_NUM_THREADS": "1", "AITBC_HOME": str(home)}
-            cmd = [aitbc_exe(), "worker", "start", "--coordinator", url, "--wallet", f"w{i}", "--gpu", "RTX4090",
-                   "--price", "1.0", "--availability", "0.99", "--home", str(home), "--heartbeat", "2",
-                   "--log-level", "info"]
+            cmd = [
+                aitbc_exe(),
+                "worker",
+                "start",
+                "--coordinator",
+                url,
+                "--wallet",
+                f"w{i}",
+                "--gpu",
+                "RTX4090",
+                "--price",
+                "1.0",
+                "--availability",
+                "0.99",
+                "--home",
+                str(home),
+                "--heartbeat",
+                "2",
+                "--log-level",
+                "info",
+            ]
             with log.open("wb") as f:
-                self.procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                )
             self.logs.append(log)
             self.homes.append(home)
 
@@ -129,8 +156,12 @@ def _log_rounds(path: Path, run_id: str) -> dict[int, dict[str, float]]:
         if m and m.group(3) == run_id:
             stamp, ms = m.group(1).rsplit(",", 1)
             end = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(ms) / 1000  # local time, as logged
-            out[int(m.group(2))] = {"end": end, "total": float(m.group(5)), "compute": float(m.group(6)),
-                                    "update_bytes": int(m.group(4))}
+            out[int(m.group(2))] = {
+                "end": end,
+                "total": float(m.group(5)),
+                "compute": float(m.group(6)),
+                "update_bytes": int(m.group(4)),
+            }
     return out
 
 
@@ -154,14 +185,24 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         owner = Wallet.generate("owner")
         with CoordinatorClient(coord.url, owner) as c:
             t_setup = time.perf_counter()
-            run = c.post("/runs", {"model_type": cfg["model"], "model_options": cfg["options"],
-                                   "dataset_size": "1MB", "target_workers": W, "seed": 0})
+            run = c.post(
+                "/runs",
+                {
+                    "model_type": cfg["model"],
+                    "model_options": cfg["options"],
+                    "dataset_size": "1MB",
+                    "target_workers": W,
+                    "seed": 0,
+                },
+            )
             rid = run["training_id"]
             run = c.get(f"/runs/{rid}")
             # upload-data, as `aitbc distributed-training upload-data` does it
             mcfg = model_config(run["model_type"], run["model_options"])
-            data = load_dataset(resolve_source(cfg["data"]),
-                                DataOptions(seed=0, seq_len=getattr(mcfg, "context", 128), max_bytes=cfg["max_bytes"]))
+            data = load_dataset(
+                resolve_source(cfg["data"]),
+                DataOptions(seed=0, seq_len=getattr(mcfg, "context", 128), max_bytes=cfg["max_bytes"]),
+            )
             packaged = package(data, W, seed=0)
             cids = []
             for blob in packaged.shards:
@@ -177,9 +218,19 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
             if hired["count"] != W:
                 raise RuntimeError(f"hired {hired['count']} workers, wanted {W}")
             t_dist = time.time()
-            c.post(f"/runs/{rid}/distribute", {"rounds": rounds, "local_steps": H, "batch_size": cfg["batch_size"],
-                                               "lr": cfg["lr"], "outer": "fedavg", "aggregator": "mean",
-                                               "compression": "none", "eval_every": args.eval_every})
+            c.post(
+                f"/runs/{rid}/distribute",
+                {
+                    "rounds": rounds,
+                    "local_steps": H,
+                    "batch_size": cfg["batch_size"],
+                    "lr": cfg["lr"],
+                    "outer": "fedavg",
+                    "aggregator": "mean",
+                    "compression": "none",
+                    "eval_every": args.eval_every,
+                },
+            )
             busy0 = cpu0 = None
             # CPU of everything else on the machine while the run trains (other jobs here
             # compete for the same cores and slow the workers).
@@ -199,8 +250,11 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
             rounds_view = c.get(f"/runs/{rid}/rounds")["data"]
             setup_s = time.perf_counter() - t_setup
         db = sqlite3.connect(f"file:{root / 'coordinator' / 'coordinator.db'}?mode=ro", uri=True)
-        updates = db.execute("SELECT round, worker_id, created_at, compute_seconds, status, size FROM updates "
-                             "WHERE run_id = ? ORDER BY round, created_at", (rid,)).fetchall()
+        updates = db.execute(
+            "SELECT round, worker_id, created_at, compute_seconds, status, size FROM updates "
+            "WHERE run_id = ? ORDER BY round, created_at",
+            (rid,),
+        ).fetchall()
         db.close()
         worker_addr = {j["worker_id"]: j for j in view["workers"]}
         logs = {}
@@ -231,16 +285,37 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
             # the worker began its round at (logged end - its own total); a log stamp has ms resolution
             pickup = max(0.0, (lg["end"] - lg["total"]) - S) if lg else None
             own = arrive - S - comp  # all of this worker's non-compute time until its update landed
-            ws.append({"worker": wid, "compute_s": comp, "pickup_s": pickup,
-                       "io_s": None if pickup is None else max(0.0, own - pickup), "nonCompute_s": own,
-                       "wait_s": last - arrive})
+            ws.append(
+                {
+                    "worker": wid,
+                    "compute_s": comp,
+                    "pickup_s": pickup,
+                    "io_s": None if pickup is None else max(0.0, own - pickup),
+                    "nonCompute_s": own,
+                    "wait_s": last - arrive,
+                }
+            )
         n = len(ws)
-        mean = lambda k: sum(w[k] for w in ws) / n if all(w[k] is not None for w in ws) else None  # noqa: E731
-        per_round.append({"round": r, "wall_s": C - S, "updates": n, "compute_mean_s": mean("compute_s"),
-                          "compute_max_s": max(w["compute_s"] for w in ws), "pickup_mean_s": mean("pickup_s"),
-                          "io_mean_s": mean("io_s"), "noncompute_mean_s": mean("nonCompute_s"),
-                          "wait_mean_s": mean("wait_s"), "close_s": C - last,
-                          "utilization": sum(w["compute_s"] for w in ws) / (W * (C - S)), "workers": ws})
+
+        def mean(k: str, ws: list[dict[str, Any]] = ws, n: int = n) -> float | None:
+            return sum(w[k] for w in ws) / n if all(w[k] is not None for w in ws) else None
+
+        per_round.append(
+            {
+                "round": r,
+                "wall_s": C - S,
+                "updates": n,
+                "compute_mean_s": mean("compute_s"),
+                "compute_max_s": max(w["compute_s"] for w in ws),
+                "pickup_mean_s": mean("pickup_s"),
+                "io_mean_s": mean("io_s"),
+                "noncompute_mean_s": mean("nonCompute_s"),
+                "wait_mean_s": mean("wait_s"),
+                "close_s": C - last,
+                "utilization": sum(w["compute_s"] for w in ws) / (W * (C - S)),
+                "workers": ws,
+            }
+        )
 
     def avg(k: str, rows: list[dict]) -> float | None:
         xs = [p[k] for p in rows if p.get(k) is not None]
@@ -249,25 +324,57 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
     # Round 1 carries each worker's one-time job setup (shard download, model build); the
     # later rounds are the steady state.
     phases = {}
-    for label, sel in (("round 1", [p for p in per_round if p["round"] == 1]),
-                       (f"rounds 2-{rounds}", [p for p in per_round if p["round"] >= 2])):
+    for label, sel in (
+        ("round 1", [p for p in per_round if p["round"] == 1]),
+        (f"rounds 2-{rounds}", [p for p in per_round if p["round"] >= 2]),
+    ):
         if sel:
-            phases[label] = {k: avg(k, sel) for k in ("wall_s", "compute_mean_s", "pickup_mean_s", "io_mean_s",
-                                                      "wait_mean_s", "close_s", "utilization")}
+            phases[label] = {
+                k: avg(k, sel)
+                for k in (
+                    "wall_s",
+                    "compute_mean_s",
+                    "pickup_mean_s",
+                    "io_mean_s",
+                    "wait_mean_s",
+                    "close_s",
+                    "utilization",
+                )
+            }
     steady = [p for p in per_round if p["round"] >= 2 and p.get("updates")]
-    steady_util = (sum(w["compute_s"] for p in steady for w in p["workers"]) / (W * sum(p["wall_s"] for p in steady))
-                   if steady else None)
+    steady_util = (
+        sum(w["compute_s"] for p in steady for w in p["workers"]) / (W * sum(p["wall_s"] for p in steady))
+        if steady
+        else None
+    )
 
     return {
-        "config": name, "model": cfg["model"], "model_options": cfg["options"], "dataset": cfg["data"],
-        "max_bytes": cfg["max_bytes"], "samples": sum(packaged.samples), "workers": W, "rounds": rounds,
-        "local_steps": H, "batch_size": cfg["batch_size"], "training_id": rid,
-        "training_wall_s": wall, "compute_s": compute, "utilization": util, "met": util >= TARGET,
-        "step_ms": 1000 * compute / (W * rounds * H), "update_bytes": updates[0][5] if updates else None,
-        "setup_s": setup_s, "distribute_to_start_s": started - t_dist,
+        "config": name,
+        "model": cfg["model"],
+        "model_options": cfg["options"],
+        "dataset": cfg["data"],
+        "max_bytes": cfg["max_bytes"],
+        "samples": sum(packaged.samples),
+        "workers": W,
+        "rounds": rounds,
+        "local_steps": H,
+        "batch_size": cfg["batch_size"],
+        "training_id": rid,
+        "training_wall_s": wall,
+        "compute_s": compute,
+        "utilization": util,
+        "met": util >= TARGET,
+        "step_ms": 1000 * compute / (W * rounds * H),
+        "update_bytes": updates[0][5] if updates else None,
+        "setup_s": setup_s,
+        "distribute_to_start_s": started - t_dist,
         "others_cpu_pct": None if others is None else 100 * others / wall,
-        "initial_val_loss": view["initial_val_loss"], "final_val_loss": view["val_loss"],
-        "steady_utilization": steady_util, "phases": phases, "per_round": per_round, "worker_jobs": list(worker_addr.values()),
+        "initial_val_loss": view["initial_val_loss"],
+        "final_val_loss": view["val_loss"],
+        "steady_utilization": steady_util,
+        "phases": phases,
+        "per_round": per_round,
+        "worker_jobs": list(worker_addr.values()),
     }
 
 
@@ -278,7 +385,9 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=50, help="H: inner steps per round")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per run (default: 5 transformer, 10 mlp)")
     ap.add_argument("--configs", default="transformer,mlp", help=f"comma-separated: {', '.join(CONFIGS)}")
-    ap.add_argument("--eval-every", type=int, default=1, help="the coordinator scores the model every N rounds (CLI default 1)")
+    ap.add_argument(
+        "--eval-every", type=int, default=1, help="the coordinator scores the model every N rounds (CLI default 1)"
+    )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     args = ap.parse_args()
     names = [s.strip() for s in args.configs.split(",") if s.strip()]
@@ -303,32 +412,96 @@ def main() -> None:
 
     print_table(
         f"live utilization: {args.workers} worker processes + coordinator on loopback, H = {args.local_steps}",
-        ["config", "workers", "rounds", "H", "step ms", "training wall s", "compute s (sum)", "utilization",
-         "rounds 2+ only", "others CPU %", "target", "verdict"],
-        [[f"{r['model']} on {r['dataset']}", r["workers"], r["rounds"], r["local_steps"], f"{r['step_ms']:.1f}",
-          f"{r['training_wall_s']:.2f}", f"{r['compute_s']:.2f}", f"{r['utilization']:.1%}",
-          "-" if r["steady_utilization"] is None else f"{r['steady_utilization']:.1%}",
-          "-" if r["others_cpu_pct"] is None else f"{r['others_cpu_pct']:.0f}", f">= {TARGET:.0%}",
-          "MET" if r["met"] else "MISSED"] for r in rows],
+        [
+            "config",
+            "workers",
+            "rounds",
+            "H",
+            "step ms",
+            "training wall s",
+            "compute s (sum)",
+            "utilization",
+            "rounds 2+ only",
+            "others CPU %",
+            "target",
+            "verdict",
+        ],
+        [
+            [
+                f"{r['model']} on {r['dataset']}",
+                r["workers"],
+                r["rounds"],
+                r["local_steps"],
+                f"{r['step_ms']:.1f}",
+                f"{r['training_wall_s']:.2f}",
+                f"{r['compute_s']:.2f}",
+                f"{r['utilization']:.1%}",
+                "-" if r["steady_utilization"] is None else f"{r['steady_utilization']:.1%}",
+                "-" if r["others_cpu_pct"] is None else f"{r['others_cpu_pct']:.0f}",
+                f">= {TARGET:.0%}",
+                "MET" if r["met"] else "MISSED",
+            ]
+            for r in rows
+        ],
     )
     print_table(
         "where a round's time goes (per worker, mean over the rounds; shares of the round's wall time)",
-        ["config", "rounds", "round ms", "compute ms", "pickup ms", "worker I/O ms", "wait for slowest ms", "close ms",
-         "compute", "pickup", "I/O", "wait", "close"],
-        [[f"{r['model']} on {r['dataset']}", label, ms(ph["wall_s"]), ms(ph["compute_mean_s"]), ms(ph["pickup_mean_s"]),
-          ms(ph["io_mean_s"]), ms(ph["wait_mean_s"]), ms(ph["close_s"]),
-          pct(ph["compute_mean_s"], ph["wall_s"]), pct(ph["pickup_mean_s"], ph["wall_s"]),
-          pct(ph["io_mean_s"], ph["wall_s"]), pct(ph["wait_mean_s"], ph["wall_s"]), pct(ph["close_s"], ph["wall_s"])]
-         for r in rows for label, ph in r["phases"].items()],
+        [
+            "config",
+            "rounds",
+            "round ms",
+            "compute ms",
+            "pickup ms",
+            "worker I/O ms",
+            "wait for slowest ms",
+            "close ms",
+            "compute",
+            "pickup",
+            "I/O",
+            "wait",
+            "close",
+        ],
+        [
+            [
+                f"{r['model']} on {r['dataset']}",
+                label,
+                ms(ph["wall_s"]),
+                ms(ph["compute_mean_s"]),
+                ms(ph["pickup_mean_s"]),
+                ms(ph["io_mean_s"]),
+                ms(ph["wait_mean_s"]),
+                ms(ph["close_s"]),
+                pct(ph["compute_mean_s"], ph["wall_s"]),
+                pct(ph["pickup_mean_s"], ph["wall_s"]),
+                pct(ph["io_mean_s"], ph["wall_s"]),
+                pct(ph["wait_mean_s"], ph["wall_s"]),
+                pct(ph["close_s"], ph["wall_s"]),
+            ]
+            for r in rows
+            for label, ph in r["phases"].items()
+        ],
     )
     for r in rows:
-        print(f"{r['model']} on {r['dataset']}: utilization {r['utilization']:.1%} "
-              f"({'meets' if r['met'] else 'MISSES'} the {TARGET:.0%} target); per round "
-              + ", ".join(f"r{p['round']} {1000 * p['wall_s']:.0f} ms/{p.get('utilization', 0):.0%}" for p in r["per_round"]))
+        print(
+            f"{r['model']} on {r['dataset']}: utilization {r['utilization']:.1%} "
+            f"({'meets' if r['met'] else 'MISSES'} the {TARGET:.0%} target); per round "
+            + ", ".join(
+                f"r{p['round']} {1000 * p['wall_s']:.0f} ms/{p.get('utilization', 0):.0%}" for p in r["per_round"]
+            )
+        )
     from _sims import machine
 
-    write_json("live_utilization", {"machine": machine(), "source": source_state(), "args": vars(args), "target": TARGET, "rows": rows,
-                                    "wall_s": time.perf_counter() - t_all})
+    write_json(
+        "live_utilization",
+        {
+            "machine": machine(),
+            "source": source_state(),
+            "args": vars(args),
+            "target": TARGET,
+            "rows": rows,
+            "wall_s": time.perf_counter() - t_all,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,11 @@ def main() -> None:
             data = json.loads(js.read_text())
             m = data.get("machine")
             if m:
-                parts += [f"Machine: {m.get('cpu')}, {m.get('threads')} torch threads, torch {m.get('torch')}, "
-                          f"Python {m.get('python')}, {m.get('date')}.", ""]
+                parts += [
+                    f"Machine: {m.get('cpu')}, {m.get('threads')} torch threads, torch {m.get('torch')}, "
+                    f"Python {m.get('python')}, {m.get('date')}.",
+                    "",
+                ]
         parts += ["```", txt.read_text().rstrip() if txt.exists() else "(not run)", "```", ""]
     (HERE / "RESULTS.md").write_text("\n".join(parts))
     print(f"wrote {HERE / 'RESULTS.md'}")

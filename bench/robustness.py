@@ -15,13 +15,21 @@ import time
 
 from _common import print_table, write_json
 from _sims import machine, simulate
-
 from aitbc.errors import UsageError
 
 ATTACKS = ["sign-flip", "gaussian", "label-flip", "alie", "ipm", "free-rider"]
 AGGREGATORS = [
-    "mean", "median", "trimmed-mean:beta=0.25", "krum", "multi-krum:m=6", "bulyan", "centered-clip",
-    "geometric-median", "nnm+centered-clip", "nnm+trimmed-mean:beta=0.25", "bucketing:s=2+median",
+    "mean",
+    "median",
+    "trimmed-mean:beta=0.25",
+    "krum",
+    "multi-krum:m=6",
+    "bulyan",
+    "centered-clip",
+    "geometric-median",
+    "nnm+centered-clip",
+    "nnm+trimmed-mean:beta=0.25",
+    "bucketing:s=2+median",
 ]
 
 
@@ -36,8 +44,15 @@ def main() -> None:
     aggregators = AGGREGATORS[:4] if args.quick else AGGREGATORS
     attacks = ATTACKS[:2] if args.quick else ATTACKS
     rounds = 5 if args.quick else args.rounds
-    shared = dict(model="mlp", dataset="digits", workers=args.workers, rounds=rounds, local_steps=20,
-                  compression=args.compression, seed=0)
+    shared = dict(
+        model="mlp",
+        dataset="digits",
+        workers=args.workers,
+        rounds=rounds,
+        local_steps=20,
+        compression=args.compression,
+        seed=0,
+    )
 
     results: dict[str, dict[str, float | str]] = {}
     for agg in aggregators:
@@ -50,14 +65,34 @@ def main() -> None:
             except UsageError as e:  # e.g. bulyan needs n >= 4f+3
                 acc = f"n/a: {e}"
             results[agg][attack or "clean"] = acc
-            print(f"  {agg:28s} {attack or 'clean':11s} {acc if isinstance(acc, str) else f'{acc:.3f}'}"
-                  f"  ({time.perf_counter() - t:.0f} s)", flush=True)
+            print(
+                f"  {agg:28s} {attack or 'clean':11s} {acc if isinstance(acc, str) else f'{acc:.3f}'}"
+                f"  ({time.perf_counter() - t:.0f} s)",
+                flush=True,
+            )
 
     cols = ["clean", *attacks]
-    rows = [[agg, *[(v if isinstance(v := results[agg][c], str) and len(v) < 12 else
-                     "n/a" if isinstance(v, str) else f"{v:.3f}") for c in cols]] for agg in aggregators]
-    print_table(f"robustness: final accuracy, {args.byzantine} of {args.workers} Byzantine, "
-                f"compression {args.compression}", ["aggregator", *cols], rows)
+    rows = [
+        [
+            agg,
+            *[
+                (
+                    v
+                    if isinstance(v := results[agg][c], str) and len(v) < 12
+                    else "n/a"
+                    if isinstance(v, str)
+                    else f"{v:.3f}"
+                )
+                for c in cols
+            ],
+        ]
+        for agg in aggregators
+    ]
+    print_table(
+        f"robustness: final accuracy, {args.byzantine} of {args.workers} Byzantine, compression {args.compression}",
+        ["aggregator", *cols],
+        rows,
+    )
 
     verdicts = {}
     for attack in attacks:
@@ -67,8 +102,10 @@ def main() -> None:
             if isinstance(clean, float) and isinstance(hit, float) and clean > 0 and hit / clean > best_keep:
                 best_agg, best_keep = agg, hit / clean
         verdicts[attack] = {"best": best_agg, "kept": best_keep, "meets": best_keep >= 0.95}
-        print(f"{attack}: best {best_agg} keeps {best_keep:.1%} of its clean accuracy "
-              f"({'meets' if best_keep >= 0.95 else 'MISSES'} the 95% target)")
+        print(
+            f"{attack}: best {best_agg} keeps {best_keep:.1%} of its clean accuracy "
+            f"({'meets' if best_keep >= 0.95 else 'MISSES'} the 95% target)"
+        )
     for attack in ("sign-flip", "gaussian"):
         if attack in attacks and "mean" in results:
             acc = results["mean"][attack]

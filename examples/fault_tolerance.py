@@ -20,6 +20,7 @@ it replaced. Prints a JSON summary last, with every action taken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -57,25 +58,31 @@ class Monitor:
                 self.record("skipped", step=step.__name__, reason=e.detail)
             except AgentError as e:  # anything else is reported, and the loop keeps watching
                 self.record("error", step=step.__name__, code=e.code, reason=e.detail)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), self.poll)
-            except asyncio.TimeoutError:
-                pass
 
     async def monitor_worker_health(self) -> None:
         for w in await self.agent.get_active_workers(self.training_id):
             health = await self.agent.ping_worker(w["worker_id"])
             if health["alive"]:
                 continue
-            await self.agent.mark_worker_failed(w["worker_id"], reason=f"no heartbeat for {health['last_heartbeat_age']:.1f} s")
+            await self.agent.mark_worker_failed(
+                w["worker_id"], reason=f"no heartbeat for {health['last_heartbeat_age']:.1f} s"
+            )
             job = await self.agent.get_worker_job(w["worker_id"])
             replacement = await self.agent.find_replacement_worker(health["gpu_type"])
             if replacement is None:
                 self.record("failed", worker=w["worker_id"], job=job["job_id"], replacement=None)
                 continue
             new = await self.agent.reassign_job(job["job_id"], replacement["worker_id"])
-            self.record("replaced", worker=w["worker_id"], job=job["job_id"], by=replacement["worker_id"],
-                        gpu=replacement["gpu_type"], new_job=new["job_id"])
+            self.record(
+                "replaced",
+                worker=w["worker_id"],
+                job=job["job_id"],
+                by=replacement["worker_id"],
+                gpu=replacement["gpu_type"],
+                new_job=new["job_id"],
+            )
 
     async def handle_stragglers(self) -> None:
         status = await self.agent.get_training_status(self.training_id)
@@ -96,7 +103,9 @@ class Monitor:
             if w["worker_id"] not in self.reduced:
                 job = await self.agent.reduce_worker_workload(w["worker_id"], factor=0.5)
                 self.reduced[w["worker_id"]] = rnd
-                self.record("workload_reduced", worker=w["worker_id"], round=rnd, local_steps=job["config"]["local_steps"])
+                self.record(
+                    "workload_reduced", worker=w["worker_id"], round=rnd, local_steps=job["config"]["local_steps"]
+                )
             elif self.reduced[w["worker_id"]] < rnd:
                 split = await self.agent.reassign_partial_work(w["worker_id"])
                 self.reduced[w["worker_id"]] = rnd
@@ -134,8 +143,15 @@ async def main(workers: int = WORKERS) -> dict[str, Any]:
     async with AsyncAgent(config) as agent:
         training_id = await open_run(agent, workers, budget=40, note="manual control, watched")
         monitor = Monitor(agent, training_id, target=workers)
-        loops = [asyncio.create_task(monitor.every(step)) for step in
-                 (monitor.monitor_worker_health, monitor.handle_stragglers, monitor.verify_checkpoints, monitor.auto_scale)]
+        loops = [
+            asyncio.create_task(monitor.every(step))
+            for step in (
+                monitor.monitor_worker_health,
+                monitor.handle_stragglers,
+                monitor.verify_checkpoints,
+                monitor.auto_scale,
+            )
+        ]
         rounds: list[dict] = []
         try:
             final = await coordinate(agent, training_id, workers, config=CONFIG_FT, log=rounds)
@@ -147,8 +163,15 @@ async def main(workers: int = WORKERS) -> dict[str, Any]:
         print(f"Training {final['phase']}: checkpoints verified {sum(v['valid'] for v in verified)}/{len(verified)}")
         payments = await pay(agent, training_id)
         await agent.stop()
-    return {"training_id": training_id, "status": final["status"], "rounds": rounds, "events": monitor.events,
-            "workers": final["workers"], "payments": payments, "checkpoints": list(verified)}
+    return {
+        "training_id": training_id,
+        "status": final["status"],
+        "rounds": rounds,
+        "events": monitor.events,
+        "workers": final["workers"],
+        "payments": payments,
+        "checkpoints": list(verified),
+    }
 
 
 if __name__ == "__main__":

@@ -33,13 +33,23 @@ async def hire(agent: AsyncAgent, training_id: str, n: int) -> list[dict]:
     hired = []
     for worker in await agent.discover_gpu_workers(min_gpu=None, required_workers=n):
         hired.append(await agent.negotiate_worker_contract(worker["worker_id"], training_id, price=worker["price"]))
-        print(f"Hired {worker['worker_id']} ({worker['gpu_type']}, reputation {worker['reputation']:.2f}) "
-              f"at {worker['price']} AIT/round")
+        print(
+            f"Hired {worker['worker_id']} ({worker['gpu_type']}, reputation {worker['reputation']:.2f}) "
+            f"at {worker['price']} AIT/round"
+        )
     return hired
 
 
-async def coordinate(agent: AsyncAgent, training_id: str, workers: int, *, config: dict = CONFIG, poll: float = POLL,
-                     round_timeout: float = ROUND_TIMEOUT, log: list[dict] | None = None) -> dict:
+async def coordinate(
+    agent: AsyncAgent,
+    training_id: str,
+    workers: int,
+    *,
+    config: dict = CONFIG,
+    poll: float = POLL,
+    round_timeout: float = ROUND_TIMEOUT,
+    log: list[dict] | None = None,
+) -> dict:
     """Drive a manual run to the end with the training ``config``; returns its final
     status. A round waits for every working provider, at most ``round_timeout`` seconds
     (then it is aggregated without the late ones, or skipped if nobody sent a good
@@ -62,8 +72,16 @@ async def coordinate(agent: AsyncAgent, training_id: str, workers: int, *, confi
         raise
 
 
-async def _step(agent: AsyncAgent, training_id: str, status: dict, workers: int, config: dict,
-                opened: dict[int, float], round_timeout: float, log: list[dict]) -> None:
+async def _step(
+    agent: AsyncAgent,
+    training_id: str,
+    status: dict,
+    workers: int,
+    config: dict,
+    opened: dict[int, float],
+    round_timeout: float,
+    log: list[dict],
+) -> None:
     """One phase's work."""
     phase = status["phase"]
     if phase == "initializing":
@@ -76,8 +94,9 @@ async def _step(agent: AsyncAgent, training_id: str, status: dict, workers: int,
         hired = [c for c in status["contracts"] if c["status"] == "hired"]
         waiting = [s for s in await agent.get_shards(training_id) if not s["jobs"]]  # one job per shard
         for contract, shard in zip(hired, waiting):
-            job = await agent.send_training_job(contract["worker_id"], training_id, shard["shard_id"],
-                                                {"local_steps": config["local_steps"]})
+            job = await agent.send_training_job(
+                contract["worker_id"], training_id, shard["shard_id"], {"local_steps": config["local_steps"]}
+            )
             print(f"Job {job['job_id']}: {contract['worker_id']} trains shard {shard['shard_id'][:16]}...")
         await agent.update_training_phase(training_id, "training")
     elif phase == "training":
@@ -92,15 +111,23 @@ async def _step(agent: AsyncAgent, training_id: str, status: dict, workers: int,
         model_id = status["global_model_cid"]
         if status["rounds_completed"] < status["round"]:  # this round is not aggregated yet
             active = await agent.get_active_workers(training_id)
-            collected = await asyncio.gather(*(agent.collect_checkpoint(w["worker_id"], w["job_id"])
-                                               for w in active if w["this_round"] == "accepted"))
+            collected = await asyncio.gather(
+                *(
+                    agent.collect_checkpoint(w["worker_id"], w["job_id"])
+                    for w in active
+                    if w["this_round"] == "accepted"
+                )
+            )
             checkpoints = [c for c in collected if (await agent.verify_checkpoint(c))["valid"]]
-            model = await agent.federated_average(checkpoints, weights=[c["samples"] for c in checkpoints],
-                                                  training_id=training_id)
+            model = await agent.federated_average(
+                checkpoints, weights=[c["samples"] for c in checkpoints], training_id=training_id
+            )
             model_id = model["model_id"]
             log.append({"round": model["round"], "model": model_id, "loss": model["loss"], "updates": model["updates"]})
-            print(f"Round {model['round']}/{status['rounds']}: {model['updates']} updates averaged"
-                  f"{' (none: round skipped)' if model['skipped'] else ''}, validation loss {model['loss']:.4f}")
+            print(
+                f"Round {model['round']}/{status['rounds']}: {model['updates']} updates averaged"
+                f"{' (none: round skipped)' if model['skipped'] else ''}, validation loss {model['loss']:.4f}"
+            )
         if status["round"] >= status["rounds"]:
             await agent.save_training_results(training_id, model_id)
             await agent.update_training_phase(training_id, "complete")
@@ -129,8 +156,9 @@ async def open_run(agent: AsyncAgent, workers: int, *, budget: int, note: str = 
     info = await agent.start()
     print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
     await agent.fund_wallet(100)
-    training = await agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=workers,
-                                                           control="manual", budget=budget)
+    training = await agent.initialize_distributed_training(
+        model_type="mlp", dataset_size=1, target_workers=workers, control="manual", budget=budget
+    )
     print(f"Distributed training: {training['training_id']} ({note})", flush=True)
     return training["training_id"]
 
@@ -144,13 +172,21 @@ async def main(workers: int = 2) -> dict[str, Any]:
         results = await agent.get_results(training_id)
         checkpoints = await agent.get_all_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))
-        print(f"Training {final['phase']}: model {results['model_cid']}; "
-              f"checkpoints verified {sum(v['valid'] for v in verified)}/{len(verified)}")
+        print(
+            f"Training {final['phase']}: model {results['model_cid']}; "
+            f"checkpoints verified {sum(v['valid'] for v in verified)}/{len(verified)}"
+        )
         payments = await pay(agent, training_id)
         print(f"Escrow left after refund: {payments['escrow_balance']} AIT")
         await agent.stop()
-    return {"training_id": training_id, "status": final["status"], "rounds": rounds, "results": results,
-            "payments": payments, "checkpoints": list(verified)}
+    return {
+        "training_id": training_id,
+        "status": final["status"],
+        "rounds": rounds,
+        "results": results,
+        "payments": payments,
+        "checkpoints": list(verified),
+    }
 
 
 if __name__ == "__main__":

@@ -35,13 +35,17 @@ def main() -> int:
 
         workers = agent.discover_gpu_workers(required_workers=2, training_id=training_id)  # ranks and hires
         for w in workers:
-            print(f"Worker {w['worker_id']} ({w['gpu_type']}, {w['price']} AIT/round): {'hired' if w['hired'] else 'not hired'}")
+            print(
+                f"Worker {w['worker_id']} ({w['gpu_type']}, {w['price']} AIT/round): {'hired' if w['hired'] else 'not hired'}"
+            )
 
         agent.start_training(training_id, rounds=ROUNDS, local_steps=10)
         run = agent.wait_for_completion(training_id, timeout=300)
         results = agent.get_results(training_id)
-        print(f"Training {run['phase']}: val loss {results['initial_val_loss']:.4f} -> {results['final_val_loss']:.4f}, "
-              f"model {results['model_cid']}")
+        print(
+            f"Training {run['phase']}: val loss {results['initial_val_loss']:.4f} -> {results['final_val_loss']:.4f}, "
+            f"model {results['model_cid']}"
+        )
 
         checkpoints = agent.get_all_checkpoints(training_id)
         verified = [agent.verify_checkpoint(ck) for ck in checkpoints]
@@ -57,8 +61,17 @@ def main() -> int:
         refund = agent.refund_payments(training_id)
         print(f"Escrow left after refund: {refund['escrow_balance']} AIT")
         agent.stop()
-    print(json.dumps({"training_id": training_id, "status": run["status"], "results": results,
-                      "payments": payments, "checkpoints": verified}))
+    print(
+        json.dumps(
+            {
+                "training_id": training_id,
+                "status": run["status"],
+                "results": results,
+                "payments": payments,
+                "checkpoints": verified,
+            }
+        )
+    )
     return 0
 
 

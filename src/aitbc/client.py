@@ -71,8 +71,16 @@ class CoordinatorClient:
             raise AitbcError(f"{method} {target} must be signed; this client has no wallet")
         return sign_request(self.wallet, method, target, body, unsigned_payload=unsigned_payload)
 
-    def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                sign: bool | None = None, timeout: float | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        sign: bool | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """``path`` is relative to ``/v1``. POST/PUT are always signed; GETs when asked."""
         target = "/v1" + path
         if params:
@@ -82,10 +90,17 @@ class CoordinatorClient:
         if sign or (sign is None and method != "GET"):
             headers.update(self._headers(method, target, body))
         try:
-            r = self.http.request(method, target, content=body, headers=headers,
-                                  timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+            r = self.http.request(
+                method,
+                target,
+                content=body,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
         except httpx.TransportError as e:
-            raise Unreachable(f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)") from None
+            raise Unreachable(
+                f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)"
+            ) from None
         return _result(r)
 
     def get(self, path: str, **kw: Any) -> Any:

@@ -26,12 +26,16 @@ class RunData:
 
     def blobs(self) -> list[tuple[str, bytes]]:
         """``(cid, bytes)`` to upload, the manifest last (it names the others)."""
-        return [*zip(self.shard_cids, self.packaged.shards), (self.val_cid, self.packaged.val),
-                (self.manifest_cid, self.manifest)]
+        return [
+            *zip(self.shard_cids, self.packaged.shards),
+            (self.val_cid, self.packaged.val),
+            (self.manifest_cid, self.manifest),
+        ]
 
 
-def prepare_run_data(run: dict[str, Any], data_path: str, *, shards: int, alpha: float | None = None,
-                     max_bytes: int | None = None) -> RunData:
+def prepare_run_data(
+    run: dict[str, Any], data_path: str, *, shards: int, alpha: float | None = None, max_bytes: int | None = None
+) -> RunData:
     """``run``: the run's detail from the API (model_type, model_options, seed)."""
     source = resolve_source(data_path)
     mcfg = model_config(run["model_type"], run["model_options"])
@@ -42,7 +46,9 @@ def prepare_run_data(run: dict[str, Any], data_path: str, *, shards: int, alpha:
     except AitbcError:
         raise
     except Exception as e:  # noqa: BLE001 - a model/data mismatch surfaces as any torch error
-        raise UsageError(f"model {run['model_type']!r} does not fit dataset {data.name!r} ({data.spec.task}): {e}") from None
+        raise UsageError(
+            f"model {run['model_type']!r} does not fit dataset {data.name!r} ({data.spec.task}): {e}"
+        ) from None
     packaged = package(data, shards, seed=run["seed"], alpha=alpha)
     cids = [cid_of_bytes(b) for b in packaged.shards]
     val_cid = cid_of_bytes(packaged.val)

@@ -15,6 +15,7 @@ reused the pid. No typer here; ``cli/stack.py`` is the command line over these f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,9 +23,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aitbc.client import CoordinatorClient, Unreachable
 from aitbc.errors import AitbcError, UsageError
@@ -32,8 +34,14 @@ from aitbc.errors import AitbcError, UsageError
 # What the workers advertise, cycled: varied classes and prices so the marketplace has
 # something to rank.
 WORKER_OFFERS: tuple[tuple[str, str], ...] = (
-    ("RTX4090", "1.60"), ("RTX3090", "1.20"), ("A100", "2.50"), ("RTX3080", "0.90"),
-    ("RTX3070", "0.70"), ("RTX4080", "1.40"), ("V100", "0.80"), ("T4", "0.40"),
+    ("RTX4090", "1.60"),
+    ("RTX3090", "1.20"),
+    ("A100", "2.50"),
+    ("RTX3080", "0.90"),
+    ("RTX3070", "0.70"),
+    ("RTX4080", "1.40"),
+    ("V100", "0.80"),
+    ("T4", "0.40"),
 )
 AVAILABILITIES: tuple[float, ...] = (0.99, 0.97, 0.95)
 STACK_MAX_BOND = "10"  # AIT a local worker lets a contract lock (its wallet must hold it: aitbc wallet fund)
@@ -95,8 +103,11 @@ class Stack:
     _popen: dict[int, subprocess.Popen] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"coordinator": self.coordinator, "started_at": self.started_at,
-                "processes": [asdict(p) for p in self.processes]}
+        return {
+            "coordinator": self.coordinator,
+            "started_at": self.started_at,
+            "processes": [asdict(p) for p in self.processes],
+        }
 
     @property
     def workers(self) -> list[Proc]:
@@ -119,12 +130,18 @@ def load(home: Path) -> Stack | None:
     path = stack_file(home)
     try:
         raw = json.loads(path.read_text())
-        return Stack(home=home, coordinator=raw["coordinator"], started_at=float(raw["started_at"]),
-                     processes=[Proc(**p) for p in raw["processes"]])
+        return Stack(
+            home=home,
+            coordinator=raw["coordinator"],
+            started_at=float(raw["started_at"]),
+            processes=[Proc(**p) for p in raw["processes"]],
+        )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise StackError(f"{path} is unreadable ({type(e).__name__}: {e}); stop its processes by hand and remove it") from None
+        raise StackError(
+            f"{path} is unreadable ({type(e).__name__}: {e}); stop its processes by hand and remove it"
+        ) from None
 
 
 def _write(stack: Stack) -> None:
@@ -152,7 +169,7 @@ def _proc_stat(pid: int) -> tuple[str, str] | None:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             return None
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
         return fields[0], fields[19]  # state, starttime (clock ticks since boot)
     r = subprocess.run(["ps", "-o", "stat=,lstart=", "-p", str(pid)], capture_output=True, text=True)
     line = r.stdout.strip()
@@ -174,10 +191,8 @@ def _cmdline(pid: int) -> list[str] | None:
 
 def _reap(pid: int) -> None:
     """Collect ``pid``'s exit status if it is our child (``demo`` starts the stack itself)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def is_ours(p: Proc) -> bool:
@@ -229,8 +244,15 @@ def _spawn(stack: Stack, *, name: str, role: str, args: list[str], env: dict[str
     with log.open("ab") as f:
         f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         f.flush()
-        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                 cwd=stack.home, start_new_session=True)
+        popen = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=stack.home,
+            start_new_session=True,
+        )
     st = _proc_stat(popen.pid)
     p = Proc(name=name, role=role, pid=popen.pid, log=str(log), cmd=cmd, start_time=st[1] if st else "", **extra)
     stack._popen[p.pid] = popen
@@ -253,12 +275,16 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     if previous is not None:
         live = alive(previous)
         if live:
-            raise StackError(f"a stack from {home} is already running (coordinator {previous.coordinator}, "
-                             f"{len(live)} process{'es' if len(live) != 1 else ''}); stop it first: aitbc down --home {home}")
+            raise StackError(
+                f"a stack from {home} is already running (coordinator {previous.coordinator}, "
+                f"{len(live)} process{'es' if len(live) != 1 else ''}); stop it first: aitbc down --home {home}"
+            )
         _forget(previous)  # a stack that died without `down`
     port = cfg.port if cfg.port is not None else free_port(cfg.host)
     if not _port_free(cfg.host, port):
-        raise StackError(f"port {port} on {cfg.host} is in use; pick another with --port, or leave it out for a free one")
+        raise StackError(
+            f"port {port} on {cfg.host} is in use; pick another with --port, or leave it out for a free one"
+        )
     for d in ("logs", "pids", "coordinator", "workers"):
         (home / d).mkdir(parents=True, exist_ok=True)
     url = f"http://{cfg.host}:{port}"
@@ -267,19 +293,59 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time())
     env = _child_env()
     try:
-        _spawn(stack, name="coordinator", role="coordinator", env=env, args=[
-            "coordinator", "serve", "--home", str(home / "coordinator"), "--host", cfg.host, "--port", str(port),
-            "--lease", f"{cfg.lease:g}"])
+        _spawn(
+            stack,
+            name="coordinator",
+            role="coordinator",
+            env=env,
+            args=[
+                "coordinator",
+                "serve",
+                "--home",
+                str(home / "coordinator"),
+                "--host",
+                cfg.host,
+                "--port",
+                str(port),
+                "--lease",
+                f"{cfg.lease:g}",
+            ],
+        )
         for k in range(1, cfg.workers + 1):
             gpu, price = WORKER_OFFERS[(k - 1) % len(WORKER_OFFERS)]
             availability = AVAILABILITIES[(k - 1) % len(AVAILABILITIES)]
             whome = home / "workers" / f"w{k}"
             wallet = ensure_wallet(whome, f"provider-{k}")  # made here, so we know the offer to wait for
-            _spawn(stack, name=f"worker-{k}", role="worker", env=env, address=wallet.address, gpu=gpu, price=price,
-                   availability=availability, args=[
-                       "worker", "start", "--coordinator", url, "--home", str(whome), "--wallet", wallet.name,
-                       "--gpu", gpu, "--price", price, "--availability", f"{availability:g}",
-                       "--heartbeat", f"{cfg.heartbeat:g}", "--max-bond", STACK_MAX_BOND])
+            _spawn(
+                stack,
+                name=f"worker-{k}",
+                role="worker",
+                env=env,
+                address=wallet.address,
+                gpu=gpu,
+                price=price,
+                availability=availability,
+                args=[
+                    "worker",
+                    "start",
+                    "--coordinator",
+                    url,
+                    "--home",
+                    str(whome),
+                    "--wallet",
+                    wallet.name,
+                    "--gpu",
+                    gpu,
+                    "--price",
+                    price,
+                    "--availability",
+                    f"{availability:g}",
+                    "--heartbeat",
+                    f"{cfg.heartbeat:g}",
+                    "--max-bond",
+                    STACK_MAX_BOND,
+                ],
+            )
         _write(stack)
         _wait_ready(stack, cfg.ready_timeout)
     except BaseException:
@@ -304,7 +370,9 @@ def _wait_ready(stack: Stack, timeout: float) -> None:
             for p in stack.processes:
                 code = stack._popen[p.pid].poll()
                 if code is not None:
-                    raise StackError(f"{p.name} exited with status {code} while starting{_last_line(p.log)}; read {p.log}")
+                    raise StackError(
+                        f"{p.name} exited with status {code} while starting{_last_line(p.log)}; read {p.log}"
+                    )
             try:
                 if since is None:
                     health = c.get("/health")
@@ -318,11 +386,15 @@ def _wait_ready(stack: Stack, timeout: float) -> None:
                 pass
             if time.monotonic() > deadline:
                 if since is None:
-                    raise StackError(f"the coordinator did not answer {stack.coordinator}/v1/health within {timeout:g} s; "
-                                     f"read {coordinator.log}")
+                    raise StackError(
+                        f"the coordinator did not answer {stack.coordinator}/v1/health within {timeout:g} s; "
+                        f"read {coordinator.log}"
+                    )
                 missing = [p for a, p in wanted.items() if a not in heard]
-                raise StackError(f"{len(missing)} worker{'s' if len(missing) != 1 else ''} did not appear in the marketplace "
-                                 f"within {timeout:g} s; read {', '.join(p.log for p in missing)}")
+                raise StackError(
+                    f"{len(missing)} worker{'s' if len(missing) != 1 else ''} did not appear in the marketplace "
+                    f"within {timeout:g} s; read {', '.join(p.log for p in missing)}"
+                )
             time.sleep(0.1)
 
 
@@ -376,10 +448,8 @@ def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
             break
     for popen in stack._popen.values():
         if popen.poll() is None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
     _forget(stack)
     return {p.name: outcome.get(p.name, "stopped") for p in stack.processes}
 
@@ -414,8 +484,19 @@ def status(home: Path) -> dict[str, Any] | None:
     stack = load(home)
     if stack is None:
         return None
-    procs = [{"name": p.name, "role": p.role, "pid": p.pid, "alive": is_ours(p), "log": p.log,
-              "address": p.address, "gpu": p.gpu, "price": p.price} for p in stack.processes]
+    procs = [
+        {
+            "name": p.name,
+            "role": p.role,
+            "pid": p.pid,
+            "alive": is_ours(p),
+            "log": p.log,
+            "address": p.address,
+            "gpu": p.gpu,
+            "price": p.price,
+        }
+        for p in stack.processes
+    ]
     health: dict[str, Any] | None = None
     offers: int | None = None
     error: str | None = None
@@ -425,6 +506,13 @@ def status(home: Path) -> dict[str, Any] | None:
             offers = c.get("/market/offers")["count"]
     except AitbcError as e:
         error = str(e)
-    return {"home": str(home), "coordinator": stack.coordinator, "started_at": stack.started_at,
-            "running": any(p["alive"] for p in procs), "healthy": bool(health and health.get("status") == "ok"),
-            "health_error": error, "live_offers": offers, "processes": procs}
+    return {
+        "home": str(home),
+        "coordinator": stack.coordinator,
+        "started_at": stack.started_at,
+        "running": any(p["alive"] for p in procs),
+        "healthy": bool(health and health.get("status") == "ok"),
+        "health_error": error,
+        "live_offers": offers,
+        "processes": procs,
+    }

@@ -11,13 +11,36 @@ same methods, generated from one table of sans-IO operations.
 from aitbc_agent_sdk.clients import Agent, AsyncAgent
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import (
-    AgentError, BadRequest, Conflict, CoordinatorUnreachable, Forbidden, IntegrityFailure, InvalidArgument, NotFound,
-    TrainingFailed, Unauthorized, Unprocessable, WaitTimeout,
+    AgentError,
+    BadRequest,
+    Conflict,
+    CoordinatorUnreachable,
+    Forbidden,
+    IntegrityFailure,
+    InvalidArgument,
+    NotFound,
+    TrainingFailed,
+    Unauthorized,
+    Unprocessable,
+    WaitTimeout,
 )
 from aitbc_agent_sdk.operations import OPERATIONS
 
 __all__ = [
-    "Agent", "AsyncAgent", "AgentConfig", "OPERATIONS",
-    "AgentError", "BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Unprocessable",
-    "CoordinatorUnreachable", "InvalidArgument", "TrainingFailed", "WaitTimeout", "IntegrityFailure",
+    "Agent",
+    "AsyncAgent",
+    "AgentConfig",
+    "OPERATIONS",
+    "AgentError",
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "Unprocessable",
+    "CoordinatorUnreachable",
+    "InvalidArgument",
+    "TrainingFailed",
+    "WaitTimeout",
+    "IntegrityFailure",
 ]

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 
 from aitbc.errors import AitbcError
+from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import CoordinatorUnreachable
-from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.operations import OPERATIONS
 from aitbc_agent_sdk.protocol import Close, Http, Offload, Sleep, ensure_error, parse_response
 
@@ -46,13 +46,16 @@ class _Core:
                 from aitbc.ledger.wallet import load_wallet
 
                 self._wallet = load_wallet(self.config.resolved_home, self.config.wallet_name)
-            headers.update(sign_request(self._wallet, req.method, target, body, unsigned_payload=req.content is not None))
+            headers.update(
+                sign_request(self._wallet, req.method, target, body, unsigned_payload=req.content is not None)
+            )
         return target, body, headers
 
     def _unreachable(self, e: Exception) -> CoordinatorUnreachable:
         url = self.config.resolved_coordinator_url
-        return CoordinatorUnreachable("unreachable", f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); "
-                                                     f"is it running? (aitbc up)")
+        return CoordinatorUnreachable(
+            "unreachable", f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up)"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.config.name!r}, coordinator={self.config.resolved_coordinator_url!r})"

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aitbc.client import coordinator_url
-
 from aitbc_agent_sdk.errors import InvalidArgument
 
 #: The one network this build settles on; the documentation's others are refused clearly.
@@ -38,7 +37,7 @@ class AgentConfig:
             raise InvalidArgument(
                 "bad_network",
                 f"blockchain_network {self.blockchain_network!r} is not available: this build settles on the "
-                f"local ledger only (use blockchain_network=\"local\"); mainnet and testnet are not supported",
+                f'local ledger only (use blockchain_network="local"); mainnet and testnet are not supported',
             )
         if not self.name:
             raise InvalidArgument("bad_config", "AgentConfig.name must not be empty")

@@ -39,7 +39,7 @@ def update_training_phase(self, training_id: str, phase: str, **config: Any) -> 
         cfg = dict(config)
         run = yield Http("GET", f"/runs/{training_id}")
         if run.get("budget") is None and cfg.get("max_cost") is None:
-            from aitbc.coordinator.units import format_price
+            from aitbc.units import format_price
 
             hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
             cfg["max_cost"] = format_price(hired * int(cfg.get("rounds", 10)))
@@ -73,12 +73,15 @@ def collect_checkpoint(self, worker_id: str, job_id: str) -> Op[dict]:
     for u in ups["data"]:
         if u["round"] == job["round"]:
             return u
-    raise NotFound("no_checkpoint", f"worker {worker_id} has not sent its update for round {job['round']} (job {job_id})")
+    raise NotFound(
+        "no_checkpoint", f"worker {worker_id} has not sent its update for round {job['round']} (job {job_id})"
+    )
 
 
 @operation
-def federated_average(self, checkpoints: list[dict], weights: list[float] | None = None,
-                      training_id: str | None = None) -> Op[dict]:
+def federated_average(
+    self, checkpoints: list[dict], weights: list[float] | None = None, training_id: str | None = None
+) -> Op[dict]:
     """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
     of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
     FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
@@ -87,8 +90,9 @@ def federated_average(self, checkpoints: list[dict], weights: list[float] | None
     updates, weights, skipped}``. Updates not listed are recorded as excluded. No
     checkpoints (with ``training_id``): the round is recorded as skipped, the model
     unchanged (the way on when no update of the round was accepted)."""
-    if not isinstance(checkpoints, list) or not all(isinstance(c, dict) and c.get("cid") and c.get("training_id")
-                                                    for c in checkpoints):
+    if not isinstance(checkpoints, list) or not all(
+        isinstance(c, dict) and c.get("cid") and c.get("training_id") for c in checkpoints
+    ):
         raise InvalidArgument("bad_argument", "checkpoints must be a list of dicts from collect_checkpoint")
     if not checkpoints and training_id is None:
         raise InvalidArgument("bad_argument", "no checkpoints: give training_id= to record the round as skipped")
@@ -96,7 +100,9 @@ def federated_average(self, checkpoints: list[dict], weights: list[float] | None
     if training_id is not None and runs != {training_id}:
         raise InvalidArgument("bad_argument", f"checkpoints are of {', '.join(sorted(runs))}, not {training_id}")
     if len(runs) != 1:
-        raise InvalidArgument("bad_argument", f"checkpoints come from {len(runs)} runs ({', '.join(sorted(runs))}); give one run's")
+        raise InvalidArgument(
+            "bad_argument", f"checkpoints come from {len(runs)} runs ({', '.join(sorted(runs))}); give one run's"
+        )
     body: dict[str, Any] = {"updates": [c["cid"] for c in checkpoints]}
     if weights is not None:
         body["weights"] = [float(w) for w in weights]
@@ -110,7 +116,9 @@ def save_training_results(self, training_id: str, model: dict | str) -> Op[dict]
     one of the run's rounds) as the manual run's model; returns the run's results."""
     cid = model.get("model_id") or model.get("model_cid") if isinstance(model, dict) else model
     if not isinstance(cid, str) or not cid:
-        raise InvalidArgument("bad_argument", f"model must be a federated_average result or a checkpoint CID, got {model!r}")
+        raise InvalidArgument(
+            "bad_argument", f"model must be a federated_average result or a checkpoint CID, got {model!r}"
+        )
     return (yield Http("POST", f"/runs/{training_id}/result", {"model_cid": cid}))
 
 
@@ -169,7 +177,9 @@ def request_checkpoint_resend(self, worker_id: str) -> Op[dict]:
 
 
 @operation
-def add_worker(self, training_id: str, worker_id: str | None = None, price: int | float | str | None = None) -> Op[dict]:
+def add_worker(
+    self, training_id: str, worker_id: str | None = None, price: int | float | str | None = None
+) -> Op[dict]:
     """Hire one more worker (``worker_id``, or the best free one) at ``price`` (default:
     its asking price). In a manual run that is training, it also gets a job on the shard
     with the fewest workers. An automatic run keeps it as a spare the coordinator uses
@@ -185,7 +195,9 @@ def add_worker(self, training_id: str, worker_id: str | None = None, price: int 
         if not mine:
             raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
         price = mine[0]["price"]
-    contract = yield Http("POST", f"/runs/{training_id}/contracts", {"worker_id": worker_id, "price": _amount(price, "price")})
+    contract = yield Http(
+        "POST", f"/runs/{training_id}/contracts", {"worker_id": worker_id, "price": _amount(price, "price")}
+    )
     run = yield Http("GET", f"/runs/{training_id}")
     job = None
     if run.get("control") == "manual" and run["status"] in ("distributing", "training", "aggregating"):

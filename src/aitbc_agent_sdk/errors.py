@@ -75,7 +75,12 @@ class IntegrityFailure(AgentError):
 
 
 _BY_STATUS: dict[int, type[AgentError]] = {
-    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 422: Unprocessable,
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    422: Unprocessable,
 }
 
 

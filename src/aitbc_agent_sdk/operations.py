@@ -29,12 +29,12 @@ def operation(fn):
 def _amount(value: Any, what: str) -> str:
     """Money goes to the API as a decimal string (the server keeps integer micro-AIT)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidArgument("bad_amount", f"{what} must be a number of AIT (e.g. 100 or \"1.5\"), got {value!r}")
+        raise InvalidArgument("bad_amount", f'{what} must be a number of AIT (e.g. 100 or "1.5"), got {value!r}')
     return value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
 
 
 def _micro(text: str) -> int:
-    from aitbc.coordinator.units import parse_price
+    from aitbc.units import parse_price
 
     return parse_price(text)
 
@@ -51,9 +51,14 @@ def start(self) -> Op[dict]:
 
     self._wallet = yield Offload(ensure_wallet, (self.config.resolved_home, self.config.wallet_name))
     health = yield Http("GET", "/health")
-    return {"status": "started", "name": self.config.name, "address": self._wallet.address,
-            "coordinator": self.config.resolved_coordinator_url, "network": self.config.blockchain_network,
-            "coordinator_version": health.get("version")}
+    return {
+        "status": "started",
+        "name": self.config.name,
+        "address": self._wallet.address,
+        "coordinator": self.config.resolved_coordinator_url,
+        "network": self.config.blockchain_network,
+        "coordinator_version": health.get("version"),
+    }
 
 
 @operation
@@ -66,8 +71,11 @@ def stop(self) -> Op[dict]:
 @operation
 def fund_wallet(self, amount: int | float | str) -> Op[dict]:
     """Mint ``amount`` AIT into the agent's wallet from the local network's faucet."""
-    return (yield Http("POST", "/wallets/fund", {"amount": _amount(amount, "amount"),
-                                                 "network": self.config.blockchain_network}))
+    return (
+        yield Http(
+            "POST", "/wallets/fund", {"amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
+        )
+    )
 
 
 @operation
@@ -89,8 +97,9 @@ def _wallet(self) -> Op[Any]:
 
 
 @operation
-def initialize_distributed_training(self, model_type: str, dataset_size: int | float | str, target_workers: int,
-                                    **options: Any) -> Op[dict]:
+def initialize_distributed_training(
+    self, model_type: str, dataset_size: int | float | str, target_workers: int, **options: Any
+) -> Op[dict]:
     """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
     ``dataset_size``: a number means GB (``100`` -> ``"100GB"``), or a string such as
@@ -107,14 +116,21 @@ def initialize_distributed_training(self, model_type: str, dataset_size: int | f
     if unknown:
         raise InvalidArgument("bad_option", f"unknown option(s) {', '.join(unknown)}; known: {', '.join(RUN_OPTIONS)}")
     if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, float, str)):
-        raise InvalidArgument("bad_size", f"dataset_size must be a number of GB or a size like '500MB', got {dataset_size!r}")
+        raise InvalidArgument(
+            "bad_size", f"dataset_size must be a number of GB or a size like '500MB', got {dataset_size!r}"
+        )
     size = dataset_size if isinstance(dataset_size, str) else f"{dataset_size:g}GB"
     if isinstance(target_workers, bool) or not isinstance(target_workers, int) or target_workers < 1:
         raise InvalidArgument("bad_workers", f"target_workers must be an integer >= 1, got {target_workers!r}")
-    body: dict[str, Any] = {"model_type": model_type, "dataset_size": size, "target_workers": target_workers,
-                            "network": self.config.blockchain_network,
-                            "model_options": dict(options.get("model_options") or {}),
-                            "seed": int(options.get("seed", 0)), "control": control}
+    body: dict[str, Any] = {
+        "model_type": model_type,
+        "dataset_size": size,
+        "target_workers": target_workers,
+        "network": self.config.blockchain_network,
+        "model_options": dict(options.get("model_options") or {}),
+        "seed": int(options.get("seed", 0)),
+        "control": control,
+    }
     if options.get("budget") is not None:
         body["budget"] = _amount(options["budget"], "budget")
     if options.get("bond") is not None:
@@ -134,8 +150,11 @@ def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = No
     if path is not None:
         p = Path(path).expanduser()
         if p.is_dir():
-            raise InvalidArgument("bad_argument", f"{p} is a folder; upload_to_ipfs stores one file "
-                                                  f"(pack the folder, or use create_data_shards for a dataset)")
+            raise InvalidArgument(
+                "bad_argument",
+                f"{p} is a folder; upload_to_ipfs stores one file "
+                f"(pack the folder, or use create_data_shards for a dataset)",
+            )
         if not p.is_file():
             raise NotFound("not_found", f"no such file: {p}")
         data = yield Offload(p.read_bytes)
@@ -161,8 +180,11 @@ def create_data_shards(self, training_id: str, num_shards: int | None = None, da
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InvalidArgument("bad_shards", f"num_shards must be an integer >= 1, got {num_shards!r}")
     if run.get("control") != "manual" and k != run["target_workers"]:
-        raise InvalidArgument("bad_shards", f"num_shards={num_shards}: run {training_id} (automatic control) plans one "
-                                            f"shard per target worker, so num_shards must be {run['target_workers']} (or None)")
+        raise InvalidArgument(
+            "bad_shards",
+            f"num_shards={num_shards}: run {training_id} (automatic control) plans one "
+            f"shard per target worker, so num_shards must be {run['target_workers']} (or None)",
+        )
     from aitbc.run_data import prepare_run_data
 
     rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k))
@@ -181,8 +203,13 @@ def get_training_status(self, training_id: str) -> Op[dict]:
 
 
 @operation
-def discover_gpu_workers(self, min_gpu: str | None = None, required_workers: int = 1,
-                         max_price: int | float | str | None = None, training_id: str | None = None) -> Op[list]:
+def discover_gpu_workers(
+    self,
+    min_gpu: str | None = None,
+    required_workers: int = 1,
+    max_price: int | float | str | None = None,
+    training_id: str | None = None,
+) -> Op[list]:
     """The best ``required_workers`` live, free offers, ranked by the marketplace score:
     ``[{worker_id, gpu_type, price, reputation, availability, score, ...}]`` (the market's
     view of each offer, plus its score), best first
@@ -201,27 +228,47 @@ def discover_gpu_workers(self, min_gpu: str | None = None, required_workers: int
             body["max_price"] = _amount(max_price, "max_price")
         res = yield Http("POST", f"/runs/{training_id}/discover", body)
         contracts = {c["worker_id"]: c for c in res["contracts"]}
-        return [{**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
-                for r in res["ranked"]]
+        return [
+            {**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
+            for r in res["ranked"]
+        ]
     limit = None if max_price is None else _micro(_amount(max_price, "max_price")) / 1_000_000
     res = yield Http("GET", "/market/offers")
     ranked = rank_free(res["data"], min_gpu=min_gpu, max_price=limit)
     if len(ranked) < required_workers:
-        raise Conflict("not_enough_workers", f"{required_workers} workers required; {len(ranked)} live, free offer(s) "
-                                             f"match (min_gpu={min_gpu}, max_price={max_price}) of {len(res['data'])} live")
+        raise Conflict(
+            "not_enough_workers",
+            f"{required_workers} workers required; {len(ranked)} live, free offer(s) "
+            f"match (min_gpu={min_gpu}, max_price={max_price}) of {len(res['data'])} live",
+        )
     return ranked[:required_workers]
 
 
-def rank_free(offers: list[dict], *, min_gpu: str | None = None, max_price: float | None = None,
-              exclude: set[str] = frozenset()) -> list[dict]:
+def rank_free(
+    offers: list[dict], *, min_gpu: str | None = None, max_price: float | None = None, exclude: set[str] = frozenset()
+) -> list[dict]:
     """The live offers (``GET /v1/market/offers``) no run holds, best first by the
     marketplace's ranking, each with its ``score`` added."""
     from aitbc.market.ranking import Offer, rank_offers
 
     free = {o["worker_id"]: o for o in offers if not o.get("busy") and o["worker_id"] not in exclude}
-    ranked = rank_offers([Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1_000_000,
-                                reputation=o["reputation"], availability=o["availability"], last_heartbeat=0.0)
-                          for o in free.values()], min_gpu=min_gpu, max_price=max_price, now=0.0, max_age=float("inf"))
+    ranked = rank_offers(
+        [
+            Offer(
+                worker_id=o["worker_id"],
+                gpu=o["gpu_type"],
+                price=o["price_micro"] / 1_000_000,
+                reputation=o["reputation"],
+                availability=o["availability"],
+                last_heartbeat=0.0,
+            )
+            for o in free.values()
+        ],
+        min_gpu=min_gpu,
+        max_price=max_price,
+        now=0.0,
+        max_age=float("inf"),
+    )
     return [{**free[r.offer.worker_id], "score": r.score} for r in ranked]
 
 
@@ -235,7 +282,7 @@ def start_training(self, training_id: str, rounds: int = 5, local_steps: int = 2
     body: dict[str, Any] = {"rounds": rounds, "local_steps": local_steps, **config}
     run = yield Http("GET", f"/runs/{training_id}")
     if run.get("budget") is None and body.get("max_cost") is None:
-        from aitbc.coordinator.units import format_price
+        from aitbc.units import format_price
 
         hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
         body["max_cost"] = format_price(hired * rounds)
@@ -276,10 +323,19 @@ def get_worker_progress(self, job_id: str) -> Op[dict]:
     released), ``round`` (the run's open round) and ``round_update`` (``accepted`` or
     ``rejected`` once the worker sent that round's update, else None)."""
     j = yield Http("GET", f"/jobs/{job_id}")
-    return {"job_id": j["job_id"], "worker_id": j["worker_id"], "training_id": j["training_id"],
-            "progress": j["progress"], "loss": j["loss"], "epoch": j["epoch"], "status": j["status"],
-            "rounds_done": j["rounds_done"], "round": j["round"], "round_update": j["this_round"],
-            "job_status": j["job_status"]}
+    return {
+        "job_id": j["job_id"],
+        "worker_id": j["worker_id"],
+        "training_id": j["training_id"],
+        "progress": j["progress"],
+        "loss": j["loss"],
+        "epoch": j["epoch"],
+        "status": j["status"],
+        "rounds_done": j["rounds_done"],
+        "round": j["round"],
+        "round_update": j["this_round"],
+        "job_status": j["job_status"],
+    }
 
 
 @operation
@@ -296,8 +352,13 @@ def negotiate_worker_contract(self, worker_id: str, training_id: str, price: flo
     least the provider's asking price (else ``Conflict`` with code ``price_rejected``).
     Returns ``{contract_id, price, worker_id, training_id, status}``."""
     c = yield Http("POST", f"/runs/{training_id}/contracts", json={"worker_id": worker_id, "price": str(price)})
-    return {"contract_id": c["contract_id"], "price": c["price"], "worker_id": c["worker_id"],
-            "training_id": c["training_id"], "status": c["status"]}
+    return {
+        "contract_id": c["contract_id"],
+        "price": c["price"],
+        "worker_id": c["worker_id"],
+        "training_id": c["training_id"],
+        "status": c["status"],
+    }
 
 
 @operation
@@ -316,9 +377,14 @@ def ping_worker(self, worker_id: str, max_age: float | None = None) -> Op[dict]:
     for o in res["data"]:
         if o["worker_id"] == worker_id:
             fresh = o["live"] if max_age is None else o["last_heartbeat_age"] <= max_age
-            return {"worker_id": worker_id, "alive": bool(fresh and o["status"] == "online"),
-                    "last_heartbeat_age": o["last_heartbeat_age"], "status": o["status"], "gpu_type": o["gpu_type"],
-                    "busy": o.get("busy", False)}
+            return {
+                "worker_id": worker_id,
+                "alive": bool(fresh and o["status"] == "online"),
+                "last_heartbeat_age": o["last_heartbeat_age"],
+                "status": o["status"],
+                "gpu_type": o["gpu_type"],
+                "busy": o.get("busy", False),
+            }
     raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
 
 
@@ -329,8 +395,15 @@ def ping_worker(self, worker_id: str, max_age: float | None = None) -> Op[dict]:
 def get_all_checkpoints(self, training_id: str) -> Op[list]:
     """``[{round, checkpoint_cid, val_loss, val_accuracy}]``, round 0 being the initial model."""
     res = yield Http("GET", f"/runs/{training_id}/rounds")
-    return [{"round": r["round"], "checkpoint_cid": r["checkpoint_cid"], "val_loss": r["val_loss"],
-             "val_accuracy": r["val_accuracy"]} for r in res["data"]]
+    return [
+        {
+            "round": r["round"],
+            "checkpoint_cid": r["checkpoint_cid"],
+            "val_loss": r["val_loss"],
+            "val_accuracy": r["val_accuracy"],
+        }
+        for r in res["data"]
+    ]
 
 
 @operation
@@ -351,7 +424,9 @@ def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
     elif isinstance(checkpoint, dict) and (checkpoint.get("checkpoint_cid") or checkpoint.get("cid")):
         cid, claimed = checkpoint.get("checkpoint_cid") or checkpoint["cid"], checkpoint.get("round")
     else:
-        raise InvalidArgument("bad_argument", f"checkpoint must be a CID or a dict with checkpoint_cid, got {checkpoint!r}")
+        raise InvalidArgument(
+            "bad_argument", f"checkpoint must be a CID or a dict with checkpoint_cid, got {checkpoint!r}"
+        )
     try:
         data = yield Http("GET", f"/blobs/{cid}", raw=True)
     except AgentError as e:
@@ -392,8 +467,13 @@ def _verify_update(update: dict) -> Op[dict]:
             yield Offload(decode, (data,))
         except AitbcError as e:
             detail = f"not an update: {e}"
-    return {"valid": detail is None, "cid": cid, "round": rnd, "detail": detail or "hash and update OK",
-            "worker_id": update.get("worker_id")}
+    return {
+        "valid": detail is None,
+        "cid": cid,
+        "round": rnd,
+        "detail": detail or "hash and update OK",
+        "worker_id": update.get("worker_id"),
+    }
 
 
 @operation
@@ -405,9 +485,15 @@ def get_training_progress(self, training_id: str) -> Op[dict]:
     started, now = run.get("started_at"), run.get("finished_at") or run.get("time") or time.time()
     speed = run["rounds_completed"] / (now - started) if started and now > started else 0.0
     deadline = (run.get("config") or {}).get("deadline")
-    return {"round": run["round"], "rounds": run["rounds"], "rounds_completed": run["rounds_completed"],
-            "speed": speed, "target_speed": (1.0 / deadline) if deadline else None,
-            "val_loss": run["val_loss"], "phase": run["status"]}
+    return {
+        "round": run["round"],
+        "rounds": run["rounds"],
+        "rounds_completed": run["rounds_completed"],
+        "speed": speed,
+        "target_speed": (1.0 / deadline) if deadline else None,
+        "val_loss": run["val_loss"],
+        "phase": run["status"],
+    }
 
 
 @operation
@@ -423,8 +509,11 @@ def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: fl
             raise TrainingFailed("run_failed", f"run {training_id} failed: {run.get('error') or 'no reason recorded'}")
         left = timeout - (time.monotonic() - t0)
         if left <= 0:
-            raise WaitTimeout("timeout", f"run {training_id} did not finish within {timeout:g} s "
-                                         f"(status {run['status']}, round {run['round']}/{run['rounds']})")
+            raise WaitTimeout(
+                "timeout",
+                f"run {training_id} did not finish within {timeout:g} s "
+                f"(status {run['status']}, round {run['round']}/{run['rounds']})",
+            )
         yield Sleep(min(poll, left))
 
 
@@ -444,8 +533,9 @@ def get_payments(self, training_id: str) -> Op[dict]:
 
 
 @operation
-def process_payment(self, worker_id: str, contract_id: str, amount: int | float | str,
-                    training_id: str | None = None) -> Op[dict]:
+def process_payment(
+    self, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
+) -> Op[dict]:
     """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
     run's owner only). The run is found among the agent's runs from the contract (which
     must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
@@ -471,7 +561,9 @@ def _run_of_contract(self, contract_id: str, *, worker_id: str) -> Op[str]:
         for c in detail["contracts"]:
             if c["contract_id"] == contract_id:
                 if c["worker_id"] != worker_id:
-                    raise InvalidArgument("bad_argument", f"contract {contract_id} is with {c['worker_id']}, not {worker_id}")
+                    raise InvalidArgument(
+                        "bad_argument", f"contract {contract_id} is with {c['worker_id']}, not {worker_id}"
+                    )
                 return r["training_id"]
     raise NotFound("unknown_contract", f"no run of {wallet.address} has contract {contract_id!r}")
 

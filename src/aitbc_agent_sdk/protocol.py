@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 import httpx
 
 from aitbc.client import error_fields
-
 from aitbc_agent_sdk.errors import AgentError, error_for
 
 T = TypeVar("T")
@@ -83,7 +82,6 @@ def parse_response(r: httpx.Response, req: Http) -> Any:
 def ensure_error(e: BaseException) -> AgentError:
     """Local errors of the ``aitbc`` package as :class:`AgentError` (one hierarchy)."""
     from aitbc.errors import IntegrityError, NotFoundError, UsageError
-
     from aitbc_agent_sdk.errors import IntegrityFailure, InvalidArgument, NotFound
 
     if isinstance(e, AgentError):

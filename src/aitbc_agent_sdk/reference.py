@@ -22,16 +22,37 @@ def _signature(name: str, fn: object) -> str:
 
 
 def render() -> str:
-    out = ["# `aitbc_agent_sdk` API reference", "",
-           "Generated from the docstrings by `python -m aitbc_agent_sdk.reference`; do not edit by hand.", "",
-           _doc(__import__("aitbc_agent_sdk")), "",
-           "## `AgentConfig`", "", "```python", f"AgentConfig{inspect.signature(AgentConfig)}", "```", "",
-           _doc(AgentConfig), "",
-           "## Methods of `Agent` and `AsyncAgent`", "",
-           "Both clients have every method below with the same signature; on `AsyncAgent` each is `async def`.", ""]
+    out = [
+        "# `aitbc_agent_sdk` API reference",
+        "",
+        "Generated from the docstrings by `python -m aitbc_agent_sdk.reference`; do not edit by hand.",
+        "",
+        _doc(__import__("aitbc_agent_sdk")),
+        "",
+        "## `AgentConfig`",
+        "",
+        "```python",
+        f"AgentConfig{inspect.signature(AgentConfig)}",
+        "```",
+        "",
+        _doc(AgentConfig),
+        "",
+        "## Methods of `Agent` and `AsyncAgent`",
+        "",
+        "Both clients have every method below with the same signature; on `AsyncAgent` each is `async def`.",
+        "",
+    ]
     for name in sorted(OPERATIONS):
-        out += [f"### `{name}`", "", "```python", _signature(name, getattr(Agent, name)), "```", "",
-                _doc(getattr(Agent, name)), ""]
+        out += [
+            f"### `{name}`",
+            "",
+            "```python",
+            _signature(name, getattr(Agent, name)),
+            "```",
+            "",
+            _doc(getattr(Agent, name)),
+            "",
+        ]
     out += ["## Errors", ""]
     for name, cls in sorted(vars(errors).items()):
         if isinstance(cls, type) and issubclass(cls, errors.AgentError):

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 REQUIRED = {
-    "final_val_loss", "final_val_accuracy", "rounds", "workers", "bytes_up", "bytes_down",
-    "virtual_seconds", "wall_seconds", "metrics_path",
+    "final_val_loss",
+    "final_val_accuracy",
+    "rounds",
+    "workers",
+    "bytes_up",
+    "bytes_down",
+    "virtual_seconds",
+    "wall_seconds",
+    "metrics_path",
 }
 
 
@@ -22,14 +30,28 @@ def _json(proc):
 @pytest.mark.parametrize("outer", ["fedavg", "diloco"])
 def test_mlp_on_digits_reaches_93_percent(aitbc, outer):
     # The acceptance command of the foundation issue, as written.
-    proc = aitbc("simulate", "--model", "mlp", "--dataset", "digits", "--workers", "8", "--rounds", "30",
-                 "--local-steps", "20", "--outer", outer, "--json")
+    proc = aitbc(
+        "simulate",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--workers",
+        "8",
+        "--rounds",
+        "30",
+        "--local-steps",
+        "20",
+        "--outer",
+        outer,
+        "--json",
+    )
 
     result = _json(proc)
-    assert REQUIRED <= set(result)
+    assert set(result) >= REQUIRED
     assert result["final_val_accuracy"] >= 0.93
     assert (result["rounds"], result["workers"]) == (30, 8)
-    rows = [json.loads(line) for line in open(result["metrics_path"])]
+    rows = [json.loads(line) for line in Path(result["metrics_path"]).read_text().splitlines()]
     assert len(rows) == 30 and {"round", "val_loss", "val_accuracy", "bytes_up", "virtual_time"} <= set(rows[0])
 
 
@@ -51,11 +73,44 @@ def test_text_folder_and_npz_datasets_run_end_to_end(aitbc, tmp_path):
     x = (rng.normal(size=(120, 5)) + y[:, None]).astype(np.float32)
     np.savez(tmp_path / "toy.npz", x=x, y=y)
 
-    text = _json(aitbc("simulate", "--model", "transformer", "--dataset", f"text:{corpus}", "--workers", "2",
-                       "--rounds", "3", "--local-steps", "5", "--lr", "3e-3", "--model-opt", "context=32,d_model=32",
-                       "--model-opt", "n_layers=1", "--json"))
-    npz = _json(aitbc("simulate", "--model", "mlp", "--dataset", f"npz:{tmp_path / 'toy.npz'}", "--workers", "3",
-                      "--rounds", "3", "--local-steps", "5", "--json"))
+    text = _json(
+        aitbc(
+            "simulate",
+            "--model",
+            "transformer",
+            "--dataset",
+            f"text:{corpus}",
+            "--workers",
+            "2",
+            "--rounds",
+            "3",
+            "--local-steps",
+            "5",
+            "--lr",
+            "3e-3",
+            "--model-opt",
+            "context=32,d_model=32",
+            "--model-opt",
+            "n_layers=1",
+            "--json",
+        )
+    )
+    npz = _json(
+        aitbc(
+            "simulate",
+            "--model",
+            "mlp",
+            "--dataset",
+            f"npz:{tmp_path / 'toy.npz'}",
+            "--workers",
+            "3",
+            "--rounds",
+            "3",
+            "--local-steps",
+            "5",
+            "--json",
+        )
+    )
 
     assert text["final_val_accuracy"] is None and text["final_val_loss"] < math.log(256)
     assert 0 <= npz["final_val_accuracy"] <= 1
@@ -97,12 +152,33 @@ def test_debug_shows_the_traceback(aitbc):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-@pytest.mark.parametrize(("aggregator", "check"), [("mean", lambda a: a < 0.5), ("trimmed-mean:beta=0.25", lambda a: a >= 0.9)])
+@pytest.mark.parametrize(
+    ("aggregator", "check"), [("mean", lambda a: a < 0.5), ("trimmed-mean:beta=0.25", lambda a: a >= 0.9)]
+)
 def test_sign_flip_acceptance_mean_collapses_trimmed_mean_holds(aitbc, aggregator, check):
     # The robustness acceptance command of the compression/robustness issue.
-    proc = aitbc("simulate", "--model", "mlp", "--dataset", "digits", "--workers", "12", "--byzantine", "3",
-                 "--attack", "sign-flip", "--aggregator", aggregator, "--rounds", "20", "--local-steps", "20",
-                 "--compression", "int8", "--json")
+    proc = aitbc(
+        "simulate",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--workers",
+        "12",
+        "--byzantine",
+        "3",
+        "--attack",
+        "sign-flip",
+        "--aggregator",
+        aggregator,
+        "--rounds",
+        "20",
+        "--local-steps",
+        "20",
+        "--compression",
+        "int8",
+        "--json",
+    )
 
     result = _json(proc)
     assert check(result["final_val_accuracy"]), result["final_val_accuracy"]
@@ -110,8 +186,21 @@ def test_sign_flip_acceptance_mean_collapses_trimmed_mean_holds(aitbc, aggregato
 
 
 def test_compressed_async_run_reports_target_figures(aitbc):
-    proc = aitbc("simulate", "--mode", "async", "--buffer", "4", "--compression", "topk-int8:ratio=0.05",
-                 "--error-feedback", "--rounds", "40", "--target-accuracy", "0.8", "--json")
+    proc = aitbc(
+        "simulate",
+        "--mode",
+        "async",
+        "--buffer",
+        "4",
+        "--compression",
+        "topk-int8:ratio=0.05",
+        "--error-feedback",
+        "--rounds",
+        "40",
+        "--target-accuracy",
+        "0.8",
+        "--json",
+    )
 
     result = _json(proc)
     assert {"compression_ratio", "bytes_to_target", "virtual_seconds_to_target"} <= set(result)

@@ -96,9 +96,24 @@ def test_down_never_signals_a_process_that_reused_a_pid(aitbc):
     try:
         home = aitbc.home
         home.mkdir(parents=True)
-        (home / "stack.json").write_text(json.dumps({"coordinator": "http://127.0.0.1:9", "started_at": 0, "processes": [
-            {"name": "coordinator", "role": "coordinator", "pid": other.pid, "log": "x.log",
-             "cmd": other.args, "start_time": "1"}]}))
+        (home / "stack.json").write_text(
+            json.dumps(
+                {
+                    "coordinator": "http://127.0.0.1:9",
+                    "started_at": 0,
+                    "processes": [
+                        {
+                            "name": "coordinator",
+                            "role": "coordinator",
+                            "pid": other.pid,
+                            "log": "x.log",
+                            "cmd": other.args,
+                            "start_time": "1",
+                        }
+                    ],
+                }
+            )
+        )
 
         proc = aitbc("down")
 
@@ -120,7 +135,10 @@ def test_up_on_a_busy_port_is_one_error_line(aitbc):
         proc = aitbc("up", "--workers", "1", "--port", str(port))
 
     assert proc.returncode == 1
-    assert proc.stderr.strip() == f"error: port {port} on 127.0.0.1 is in use; pick another with --port, or leave it out for a free one"
+    assert (
+        proc.stderr.strip()
+        == f"error: port {port} on 127.0.0.1 is in use; pick another with --port, or leave it out for a free one"
+    )
     assert not (aitbc.home / "stack.json").exists()
 
 

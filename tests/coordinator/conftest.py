@@ -155,8 +155,9 @@ def new_coordinator(tmp_path_factory) -> Iterator[Callable[..., Coordinator]]:
 # --- requests and assertions -----------------------------------------------------------
 
 
-def signed_post(http: httpx.Client, wallet: Wallet, path: str, body: Any = None, *, raw: bytes | None = None,
-                **sign_kw: Any) -> httpx.Response:
+def signed_post(
+    http: httpx.Client, wallet: Wallet, path: str, body: Any = None, *, raw: bytes | None = None, **sign_kw: Any
+) -> httpx.Response:
     """POST ``path`` (full, from ``/v1``) signed by ``wallet``; ``raw`` sends those bytes."""
     data = raw if raw is not None else json.dumps({} if body is None else body).encode()
     headers = {"content-type": "application/json", **sign_request(wallet, "POST", path, data, **sign_kw)}
@@ -194,8 +195,17 @@ def register_worker(coord: Coordinator, name: str, gpu: str = "RTX4090", price: 
 def create_run(owner: CoordinatorClient, *, target_workers: int = 2, seed: int = 0) -> str:
     """A run with a 100 AIT budget escrowed from the owner's (faucet-funded) wallet."""
     owner.post("/wallets/fund", {"amount": "1000"})
-    run = owner.post("/runs", {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB",
-                               "target_workers": target_workers, "seed": seed, "budget": "100"})
+    run = owner.post(
+        "/runs",
+        {
+            "model_type": "mlp",
+            "model_options": MODEL_OPTIONS,
+            "dataset_size": "1GB",
+            "target_workers": target_workers,
+            "seed": seed,
+            "budget": "100",
+        },
+    )
     return run["training_id"]
 
 
@@ -231,7 +241,9 @@ def wait_status(client: CoordinatorClient, run_id: str, status: str, timeout: fl
         run = client.get(f"/runs/{run_id}")
         if run["status"] == status:
             return run
-        assert time.monotonic() < deadline, f"run {run_id} is {run['status']}, never became {status}: {run.get('error')}"
+        assert time.monotonic() < deadline, (
+            f"run {run_id} is {run['status']}, never became {status}: {run.get('error')}"
+        )
         time.sleep(0.02)
 
 
@@ -257,8 +269,9 @@ class TrainingRun:
         raise AssertionError("TrainingRun has no unused worker left; raise its size")
 
 
-def start_training_run(coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090",
-                       **distribute: Any) -> TrainingRun:
+def start_training_run(
+    coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090", **distribute: Any
+) -> TrainingRun:
     """Register ``n_workers`` workers, create a run for them, upload digits, hire them all,
     distribute, and wait until the driver opens round 1. ``coord`` should have no other
     free offers (use a coordinator of its own), or they may be hired instead."""

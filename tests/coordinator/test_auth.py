@@ -174,8 +174,12 @@ def test_worker_reports_for_another_workers_job(api, training):
     cid = api.put_update(intruder, api.update_blob(torch.zeros(training.d)))
     before = server.snapshot()
     with server.http() as h:
-        r = api.signed_post(h, intruder.wallet, f"/v1/jobs/{victim_job}/progress",
-                            {"progress": 50.0, "loss": 1.0, "epoch": 0.5, "status": "training"})
+        r = api.signed_post(
+            h,
+            intruder.wallet,
+            f"/v1/jobs/{victim_job}/progress",
+            {"progress": 50.0, "loss": 1.0, "epoch": 0.5, "status": "training"},
+        )
         api.assert_error(r, 403, "forbidden", victim.wallet.address, intruder.wallet.address)
         r = api.signed_post(h, intruder.wallet, f"/v1/jobs/{victim_job}/updates", api.update_body(1, cid))
         api.assert_error(r, 403, "forbidden", victim.wallet.address)
@@ -203,14 +207,17 @@ def test_worker_reads_another_workers_job(api, training):
     assert server.snapshot() == before
 
 
-@pytest.mark.parametrize(("action", "body"), [
-    ("data", "manifest"),
-    ("discover", {"required_workers": 1}),
-    ("distribute", {"rounds": 1}),
-    ("stop", {}),
-    ("pause", {}),
-    ("resume", {}),
-])
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [
+        ("data", "manifest"),
+        ("discover", {"required_workers": 1}),
+        ("distribute", {"rounds": 1}),
+        ("stop", {}),
+        ("pause", {}),
+        ("resume", {}),
+    ],
+)
 def test_non_owner_may_not_control_a_run(server, api, owned_run, action, body):
     owner, run_id, manifest = owned_run
     if body == "manifest":

@@ -40,7 +40,9 @@ def offer_flags(coord, worker_id: str) -> int:
 
 
 def updates_of(coord, job_id: str) -> list[dict]:
-    return coord.rows("SELECT round, cid, status, reason, train_loss FROM updates WHERE job_id = :j ORDER BY id", j=job_id)
+    return coord.rows(
+        "SELECT round, cid, status, reason, train_loss FROM updates WHERE job_id = :j ORDER BY id", j=job_id
+    )
 
 
 # --- malformed bodies ------------------------------------------------------------------
@@ -56,24 +58,27 @@ def test_malformed_json(server, api, raw, path):
     assert server.snapshot() == before
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({**RUN_BODY, "target_workers": "three"}, "target_workers"),
-    ({**RUN_BODY, "target_workers": "3"}, "target_workers"),  # strict: a number is sent as a number
-    ({**RUN_BODY, "target_workers": 2.5}, "target_workers"),
-    ({**RUN_BODY, "target_workers": True}, "target_workers"),
-    ({**RUN_BODY, "target_workers": None}, "target_workers"),
-    ({**RUN_BODY, "target_workers": 0}, "target_workers"),
-    ({**RUN_BODY, "target_workers": 10**9}, "target_workers"),
-    ({**RUN_BODY, "model_type": 5}, "model_type"),
-    ({**RUN_BODY, "model_options": [1, 2]}, "model_options"),
-    ({**RUN_BODY, "dataset_size": 100}, "dataset_size"),
-    ({**RUN_BODY, "dataset_size": ""}, "dataset_size"),
-    ({**RUN_BODY, "seed": -1}, "seed"),
-    ({**RUN_BODY, "colour": "red"}, "colour"),  # unknown fields are refused, not ignored
-    ({"dataset_size": "1GB", "target_workers": 1}, "model_type"),  # missing
-    ([RUN_BODY], "body"),
-    ("mlp", "body"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**RUN_BODY, "target_workers": "three"}, "target_workers"),
+        ({**RUN_BODY, "target_workers": "3"}, "target_workers"),  # strict: a number is sent as a number
+        ({**RUN_BODY, "target_workers": 2.5}, "target_workers"),
+        ({**RUN_BODY, "target_workers": True}, "target_workers"),
+        ({**RUN_BODY, "target_workers": None}, "target_workers"),
+        ({**RUN_BODY, "target_workers": 0}, "target_workers"),
+        ({**RUN_BODY, "target_workers": 10**9}, "target_workers"),
+        ({**RUN_BODY, "model_type": 5}, "model_type"),
+        ({**RUN_BODY, "model_options": [1, 2]}, "model_options"),
+        ({**RUN_BODY, "dataset_size": 100}, "dataset_size"),
+        ({**RUN_BODY, "dataset_size": ""}, "dataset_size"),
+        ({**RUN_BODY, "seed": -1}, "seed"),
+        ({**RUN_BODY, "colour": "red"}, "colour"),  # unknown fields are refused, not ignored
+        ({"dataset_size": "1GB", "target_workers": 1}, "model_type"),  # missing
+        ([RUN_BODY], "body"),
+        ("mlp", "body"),
+    ],
+)
 def test_wrong_field_types_and_unknown_fields(server, api, body, field):
     before = server.snapshot()
     with server.http() as h:
@@ -82,27 +87,30 @@ def test_wrong_field_types_and_unknown_fields(server, api, body, field):
     assert server.snapshot() == before
 
 
-@pytest.mark.parametrize(("body", "code"), [
-    ({"gpu": "RTX4090", "price": True}, "invalid_request"),  # not 1 AIT
-    ({"gpu": "RTX4090", "price": [1]}, "invalid_request"),
-    ({"gpu": "RTX4090", "price": None}, "invalid_request"),
-    ({"gpu": "RTX4090"}, "invalid_request"),
-    ({"gpu": "RTX4090", "price": "1", "availability": "high"}, "invalid_request"),
-    ({"gpu": "RTX4090", "price": "1", "availability": 1.5}, "invalid_request"),
-    ({"gpu": "RTX4090", "price": "1", "availability": True}, "invalid_request"),
-    ({"gpu": "", "price": "1"}, "invalid_request"),
-    ({"gpu": "RTX4090", "price": "1", "device": "cuda"}, "invalid_request"),
-    ({"gpu": "RTX4090", "price": "1", "wallet": "x"}, "invalid_request"),
-    ({"gpu": "\x00\x01", "price": "1"}, "bad_offer"),
-    ({"gpu": "RTX4090", "price": "-1"}, "bad_price"),
-    ({"gpu": "RTX4090", "price": -0.5}, "bad_price"),
-    ({"gpu": "RTX4090", "price": "1.0000001"}, "bad_price"),
-    ({"gpu": "RTX4090", "price": 0.1 + 0.2}, "bad_price"),
-    ({"gpu": "RTX4090", "price": "abc"}, "bad_price"),
-    ({"gpu": "RTX4090", "price": "NaN"}, "bad_price"),
-    ({"gpu": "RTX4090", "price": "1e7"}, "bad_price"),
-    ({"gpu": "RTX4090", "price": ""}, "bad_price"),
-])
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"gpu": "RTX4090", "price": True}, "invalid_request"),  # not 1 AIT
+        ({"gpu": "RTX4090", "price": [1]}, "invalid_request"),
+        ({"gpu": "RTX4090", "price": None}, "invalid_request"),
+        ({"gpu": "RTX4090"}, "invalid_request"),
+        ({"gpu": "RTX4090", "price": "1", "availability": "high"}, "invalid_request"),
+        ({"gpu": "RTX4090", "price": "1", "availability": 1.5}, "invalid_request"),
+        ({"gpu": "RTX4090", "price": "1", "availability": True}, "invalid_request"),
+        ({"gpu": "", "price": "1"}, "invalid_request"),
+        ({"gpu": "RTX4090", "price": "1", "device": "cuda"}, "invalid_request"),
+        ({"gpu": "RTX4090", "price": "1", "wallet": "x"}, "invalid_request"),
+        ({"gpu": "\x00\x01", "price": "1"}, "bad_offer"),
+        ({"gpu": "RTX4090", "price": "-1"}, "bad_price"),
+        ({"gpu": "RTX4090", "price": -0.5}, "bad_price"),
+        ({"gpu": "RTX4090", "price": "1.0000001"}, "bad_price"),
+        ({"gpu": "RTX4090", "price": 0.1 + 0.2}, "bad_price"),
+        ({"gpu": "RTX4090", "price": "abc"}, "bad_price"),
+        ({"gpu": "RTX4090", "price": "NaN"}, "bad_price"),
+        ({"gpu": "RTX4090", "price": "1e7"}, "bad_price"),
+        ({"gpu": "RTX4090", "price": ""}, "bad_price"),
+    ],
+)
 def test_bad_worker_registration(server, api, body, code):
     w = server.client("reg")
     before = server.snapshot()
@@ -114,8 +122,13 @@ def test_bad_worker_registration(server, api, body, code):
 
 
 def test_prices_are_exact_integers(server, api):
-    for price, micro, shown in [("1.20", 1_200_000, "1.2"), (0.3, 300_000, "0.3"), (2, 2_000_000, "2"),
-                                ("0.000001", 1, "0.000001"), ("0", 0, "0")]:
+    for price, micro, shown in [
+        ("1.20", 1_200_000, "1.2"),
+        (0.3, 300_000, "0.3"),
+        (2, 2_000_000, "2"),
+        ("0.000001", 1, "0.000001"),
+        ("0", 0, "0"),
+    ]:
         w = server.client("p")
         offer = w.post("/workers", {"gpu": "RTX3090", "price": price})
         assert (offer["price_micro"], offer["price"]) == (micro, shown)
@@ -135,8 +148,11 @@ def test_bad_dataset_size(server, api, size):
 def test_bad_model(server, api):
     owner = server.client("o")
     before = server.snapshot()
-    for body in ({**RUN_BODY, "model_type": "resnet9000"}, {**RUN_BODY, "model_options": {"hidden": "x"}},
-                 {**RUN_BODY, "model_options": {"depth": 3}}):
+    for body in (
+        {**RUN_BODY, "model_type": "resnet9000"},
+        {**RUN_BODY, "model_options": {"hidden": "x"}},
+        {**RUN_BODY, "model_options": {"depth": 3}},
+    ):
         with pytest.raises(api.ApiError) as e:
             owner.post("/runs", body)
         api.assert_api_error(e, 422, "bad_model")
@@ -153,8 +169,14 @@ def test_unknown_run(server, api):
         with pytest.raises(api.ApiError) as e:
             c.get(path)
         api.assert_api_error(e, 404, "unknown_run", "training_nope")
-    for action, body in [("stop", {}), ("pause", {}), ("resume", {}), ("discover", {"required_workers": 1}),
-                         ("distribute", {}), ("data", {"manifest_cid": cid_of_bytes(b"m")})]:
+    for action, body in [
+        ("stop", {}),
+        ("pause", {}),
+        ("resume", {}),
+        ("discover", {"required_workers": 1}),
+        ("distribute", {}),
+        ("data", {"manifest_cid": cid_of_bytes(b"m")}),
+    ]:
         with pytest.raises(api.ApiError) as e:
             c.post(f"/runs/training_nope/{action}", body)
         api.assert_api_error(e, 404, "unknown_run")
@@ -200,7 +222,9 @@ def test_duplicate_registration_while_alive(server, api):
         w.post("/workers", {"gpu": "RTX3090", "price": "2"})
     api.assert_api_error(e, 409, "duplicate_registration", w.wallet.address, "lease")
     assert server.snapshot() == before
-    assert server.rows("SELECT gpu, price FROM offers WHERE id = :w", w=w.wallet.address) == [{"gpu": "RTX4090", "price": 1_500_000}]
+    assert server.rows("SELECT gpu, price FROM offers WHERE id = :w", w=w.wallet.address) == [
+        {"gpu": "RTX4090", "price": 1_500_000}
+    ]
 
 
 def test_registering_again_after_the_lease(server, api):
@@ -210,7 +234,8 @@ def test_registering_again_after_the_lease(server, api):
     offer = w.post("/workers", {"gpu": "RTX3090", "price": "2"})
     assert (offer["gpu_type"], offer["price_micro"], offer["live"]) == ("RTX3090", 2_000_000, True)
     assert server.rows("SELECT gpu, price, status FROM offers WHERE id = :w", w=w.wallet.address) == [
-        {"gpu": "RTX3090", "price": 2_000_000, "status": "online"}]
+        {"gpu": "RTX3090", "price": 2_000_000, "status": "online"}
+    ]
 
 
 # --- hiring ------------------------------------------------------------------------------
@@ -227,8 +252,10 @@ def test_discover_with_too_few_offers(fresh_server, api):
     cases = [
         ({"required_workers": 4}, "found 3 free live offers (of 3 free, 0 busy); 4 required"),
         ({"required_workers": 3, "min_gpu": "RTX3090"}, "found 2 free live offers with GPU at least RTX3090"),
-        ({"required_workers": 2, "min_gpu": "rtx 3090", "max_price": "2.5"},
-         "found 1 free live offer with GPU at least RTX3090 at most 2.5 AIT/round (of 3 free, 0 busy); 2 required"),
+        (
+            {"required_workers": 2, "min_gpu": "rtx 3090", "max_price": "2.5"},
+            "found 1 free live offer with GPU at least RTX3090 at most 2.5 AIT/round (of 3 free, 0 busy); 2 required",
+        ),
     ]
     for body, detail in cases:
         with pytest.raises(api.ApiError) as e:
@@ -246,15 +273,18 @@ def test_discover_with_too_few_offers(fresh_server, api):
     api.assert_api_error(e, 409, "not_enough_workers", "found 1 free live offer (of 1 free, 2 busy); 2 required")
 
 
-@pytest.mark.parametrize(("body", "code", "detail"), [
-    ({"required_workers": 1, "min_gpu": "GTX9999"}, "bad_gpu", "unknown GPU class 'GTX9999'"),
-    ({"required_workers": 1, "min_gpu": "quantum"}, "bad_gpu", "RTX3090"),
-    ({"required_workers": 1, "max_price": "abc"}, "bad_price", "max price 'abc'"),
-    ({"required_workers": 1, "max_price": "-1"}, "bad_price", "max price"),
-    ({"required_workers": 1, "max_price": True}, "invalid_request", "max_price"),
-    ({"required_workers": 0}, "invalid_request", "required_workers"),
-    ({"required_workers": "2"}, "invalid_request", "required_workers"),
-])
+@pytest.mark.parametrize(
+    ("body", "code", "detail"),
+    [
+        ({"required_workers": 1, "min_gpu": "GTX9999"}, "bad_gpu", "unknown GPU class 'GTX9999'"),
+        ({"required_workers": 1, "min_gpu": "quantum"}, "bad_gpu", "RTX3090"),
+        ({"required_workers": 1, "max_price": "abc"}, "bad_price", "max price 'abc'"),
+        ({"required_workers": 1, "max_price": "-1"}, "bad_price", "max price"),
+        ({"required_workers": 1, "max_price": True}, "invalid_request", "max_price"),
+        ({"required_workers": 0}, "invalid_request", "required_workers"),
+        ({"required_workers": "2"}, "invalid_request", "required_workers"),
+    ],
+)
 def test_bad_discover(server, api, body, code, detail):
     api.register_worker(server, "spare")
     owner = server.client("o")
@@ -282,13 +312,20 @@ def test_distribute_refusals(new_coordinator, api):
     api.register_worker(coord, "b")
     owner.post(f"/runs/{run_id}/discover", {"required_workers": 2})
     before = coord.snapshot()
-    for body, code in [({"aggregator": "bogus"}, "bad_config"), ({"compression": "zip"}, "bad_config"),
-                       ({"outer": "sgd9"}, "bad_config"), ({"inner_opt": "lion9"}, "bad_config"),
-                       ({"min_workers": 3, "max_workers": 2}, "bad_config"),
-                       ({"aggregator": "krum:f=5"}, "bad_config"),
-                       ({"rounds": 0}, "invalid_request"), ({"strategy": "model-parallel"}, "invalid_request"),
-                       ({"mode": "async"}, "invalid_request"), ({"lr": 0}, "invalid_request"),
-                       ({"deadline": -1}, "invalid_request"), ({"error_feedback": "yes"}, "invalid_request")]:
+    for body, code in [
+        ({"aggregator": "bogus"}, "bad_config"),
+        ({"compression": "zip"}, "bad_config"),
+        ({"outer": "sgd9"}, "bad_config"),
+        ({"inner_opt": "lion9"}, "bad_config"),
+        ({"min_workers": 3, "max_workers": 2}, "bad_config"),
+        ({"aggregator": "krum:f=5"}, "bad_config"),
+        ({"rounds": 0}, "invalid_request"),
+        ({"strategy": "model-parallel"}, "invalid_request"),
+        ({"mode": "async"}, "invalid_request"),
+        ({"lr": 0}, "invalid_request"),
+        ({"deadline": -1}, "invalid_request"),
+        ({"error_feedback": "yes"}, "invalid_request"),
+    ]:
         with pytest.raises(api.ApiError) as e:
             owner.post(f"/runs/{run_id}/distribute", body)
         api.assert_api_error(e, 422, code)
@@ -304,8 +341,14 @@ def test_requests_after_the_run_ended(api, ended):
     manifest = coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=run_id)[0]["manifest_cid"]
     api.register_worker(coord, "late")
     before = coord.snapshot()
-    for action, body in [("distribute", {}), ("discover", {"required_workers": 1}),
-                         ("data", {"manifest_cid": manifest}), ("stop", {}), ("pause", {}), ("resume", {})]:
+    for action, body in [
+        ("distribute", {}),
+        ("discover", {"required_workers": 1}),
+        ("data", {"manifest_cid": manifest}),
+        ("stop", {}),
+        ("pause", {}),
+        ("resume", {}),
+    ]:
         with pytest.raises(api.ApiError) as e:
             owner.post(f"/runs/{run_id}/{action}", body)
         api.assert_api_error(e, 409, "run_ended", run_id, "failed")
@@ -339,7 +382,13 @@ def test_update_for_a_future_round_is_refused_and_flagged(api, training):
     api.assert_api_error(e, 409, "wrong_round", "round 2", "open round is 1")
     assert updates_of(coord, job) == []
     assert flags_of(coord, w.wallet.address) == [
-        {"kind": "wrong_round", "reason": "update is for round 2; the open round is 1", "run_id": training.run_id, "round": 1}]
+        {
+            "kind": "wrong_round",
+            "reason": "update is for round 2; the open round is 1",
+            "run_id": training.run_id,
+            "round": 1,
+        }
+    ]
     assert offer_flags(coord, w.wallet.address) == 1
     # the worker may still send its real update for the open round
     assert w.post(f"/jobs/{job}/updates", api.update_body(1, cid))["status"] == "accepted"
@@ -350,7 +399,11 @@ def test_duplicate_update(api, training):
     w, job = training.take()
     cid = api.put_update(w, torch.full((training.d,), 0.01))
     assert w.post(f"/jobs/{job}/updates", api.update_body(1, cid)) == {
-        "status": "accepted", "round": 1, "cid": cid, "size": len(api.update_blob(torch.full((training.d,), 0.01)))}
+        "status": "accepted",
+        "round": 1,
+        "cid": cid,
+        "size": len(api.update_blob(torch.full((training.d,), 0.01))),
+    }
     other = api.put_update(w, torch.full((training.d,), 0.02))
     before = coord.snapshot()
     for c in (cid, other):
@@ -379,16 +432,19 @@ def test_update_blob_not_uploaded(api, training):
     assert coord.snapshot() == before
 
 
-@pytest.mark.parametrize(("make", "reason"), [
-    (lambda d: torch.zeros(d).index_fill_(0, torch.tensor([d // 2]), float("nan")), "NaN or Inf"),
-    (lambda d: torch.zeros(d).index_fill_(0, torch.tensor([0]), float("inf")), "NaN or Inf"),
-    (lambda d: torch.zeros(d - 1), "has shape"),
-    (lambda d: torch.zeros(2, d // 2), "has shape"),
-    (lambda d: torch.zeros(d + 1), "malformed update blob"),
-    (lambda d: b"these bytes are not an update at all", "malformed update blob"),
-    (lambda d: b"ATBC\x01" + (10**6).to_bytes(4, "little") + b"{}", "malformed update blob"),
-    (lambda d: build_codec("none", {}).encode(torch.zeros(d))[:-8], "malformed update blob"),  # truncated
-])
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda d: torch.zeros(d).index_fill_(0, torch.tensor([d // 2]), float("nan")), "NaN or Inf"),
+        (lambda d: torch.zeros(d).index_fill_(0, torch.tensor([0]), float("inf")), "NaN or Inf"),
+        (lambda d: torch.zeros(d - 1), "has shape"),
+        (lambda d: torch.zeros(2, d // 2), "has shape"),
+        (lambda d: torch.zeros(d + 1), "malformed update blob"),
+        (lambda d: b"these bytes are not an update at all", "malformed update blob"),
+        (lambda d: b"ATBC\x01" + (10**6).to_bytes(4, "little") + b"{}", "malformed update blob"),
+        (lambda d: build_codec("none", {}).encode(torch.zeros(d))[:-8], "malformed update blob"),  # truncated
+    ],
+)
 def test_bad_update_is_recorded_as_rejected_and_flagged(api, training, make, reason):
     coord = training.coord
     w, job = training.take()
@@ -405,7 +461,9 @@ def test_bad_update_is_recorded_as_rejected_and_flagged(api, training, make, rea
     [f] = flags_of(coord, w.wallet.address)
     assert (f["kind"], f["run_id"], f["round"], f["reason"]) == ("rejected_update", training.run_id, 1, u["reason"])
     assert offer_flags(coord, w.wallet.address) == 1
-    assert coord.rows("SELECT bytes_up FROM runs WHERE id = :r", r=training.run_id)[0]["bytes_up"] == bytes_up + len(blob)
+    assert coord.rows("SELECT bytes_up FROM runs WHERE id = :r", r=training.run_id)[0]["bytes_up"] == bytes_up + len(
+        blob
+    )
     with pytest.raises(api.ApiError) as e:  # rejected is still answered: no second try this round
         w.post(f"/jobs/{job}/updates", api.update_body(1, api.put_update(w, torch.zeros(training.d))))
     api.assert_api_error(e, 409, "duplicate_update")
@@ -423,11 +481,18 @@ def test_non_finite_training_loss_rejects_the_update(api, training):
     assert [f["kind"] for f in flags_of(coord, w.wallet.address)] == ["rejected_update"]
 
 
-@pytest.mark.parametrize("body", [
-    {"round": 0, "cid": "x", "steps": 1}, {"round": 1, "cid": "x", "steps": 0}, {"round": "1", "cid": "x", "steps": 1},
-    {"round": 1, "cid": "x", "steps": 1, "compute_seconds": -1}, {"round": 1, "cid": "", "steps": 1},
-    {"round": 1, "cid": "x", "steps": 1, "weights": [1]}, {"round": 1, "steps": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"round": 0, "cid": "x", "steps": 1},
+        {"round": 1, "cid": "x", "steps": 0},
+        {"round": "1", "cid": "x", "steps": 1},
+        {"round": 1, "cid": "x", "steps": 1, "compute_seconds": -1},
+        {"round": 1, "cid": "", "steps": 1},
+        {"round": 1, "cid": "x", "steps": 1, "weights": [1]},
+        {"round": 1, "steps": 1},
+    ],
+)
 def test_update_body_shape(api, training, body):
     w = training.workers[-1]  # the silent worker: a 422 at the schema writes nothing
     before = training.coord.snapshot()
@@ -442,9 +507,14 @@ def test_progress(api, training):
     w = training.workers[-1]
     job = training.jobs[w.wallet.address]
     before = coord.snapshot()
-    for body in ({"progress": 101.0, "status": "training"}, {"progress": -1, "status": "training"},
-                 {"progress": 5.0, "status": ""}, {"progress": 5.0, "status": "x" * 33},
-                 {"progress": "5", "status": "training"}, {"progress": 5.0, "status": "training", "eta": 3}):
+    for body in (
+        {"progress": 101.0, "status": "training"},
+        {"progress": -1, "status": "training"},
+        {"progress": 5.0, "status": ""},
+        {"progress": 5.0, "status": "x" * 33},
+        {"progress": "5", "status": "training"},
+        {"progress": 5.0, "status": "training", "eta": 3},
+    ):
         with pytest.raises(api.ApiError) as e:
             w.post(f"/jobs/{job}/progress", body)
         api.assert_api_error(e, 422, "invalid_request")
@@ -453,9 +523,12 @@ def test_progress(api, training):
         r = api.signed_post(h, w.wallet, f"/v1/jobs/{job}/progress", raw=raw)
     api.assert_error(r, 422, "bad_progress", "finite")
     assert coord.snapshot() == before
-    assert w.post(f"/jobs/{job}/progress", {"progress": 42.5, "loss": 1.25, "epoch": 0.5, "status": "training"}) == {"ok": True}
+    assert w.post(f"/jobs/{job}/progress", {"progress": 42.5, "loss": 1.25, "epoch": 0.5, "status": "training"}) == {
+        "ok": True
+    }
     assert coord.rows("SELECT progress, loss, epoch, worker_status FROM jobs WHERE id = :j", j=job) == [
-        {"progress": 42.5, "loss": 1.25, "epoch": 0.5, "worker_status": "training"}]
+        {"progress": 42.5, "loss": 1.25, "epoch": 0.5, "worker_status": "training"}
+    ]
 
 
 def test_late_update_for_a_closed_round_is_not_flagged(new_coordinator, api):
@@ -465,7 +538,9 @@ def test_late_update_for_a_closed_round_is_not_flagged(new_coordinator, api):
     cid = api.put_update(fast, torch.zeros(t.d))
     fast.post(f"/jobs/{t.jobs[fast.wallet.address]}/updates", api.update_body(1, cid))
     deadline = time.monotonic() + 30
-    while t.owner.get(f"/runs/{t.run_id}")["round"] != 2 or t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"] < 1:
+    while (
+        t.owner.get(f"/runs/{t.run_id}")["round"] != 2 or t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"] < 1
+    ):
         assert time.monotonic() < deadline  # round 1 closed, evaluated, scored and paid: the driver is idle
         time.sleep(0.02)
     late = api.put_update(slow, torch.zeros(t.d).add_(0.5))

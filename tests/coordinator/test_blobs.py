@@ -14,7 +14,7 @@ from aitbc.storage.cid import cid_of_bytes
 def chunks(data: bytes, size: int = 64 << 10):
     """A body without Content-Length: httpx sends a generator chunked."""
     for i in range(0, len(data), size):
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 def put(h, wallet, cid: str, content, **headers):

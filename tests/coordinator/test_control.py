@@ -89,9 +89,11 @@ def settled(coord, timeout: float = 20) -> None:
     ended runs (it writes scores, settlements, reputations and bond returns in the
     background): a snapshot taken now stays still."""
     deadline = time.monotonic() + timeout
-    while coord.rows("SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
-                     "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
-                     "OR (r.status IN ('complete', 'failed') AND NOT r.bonds_returned))"):
+    while coord.rows(
+        "SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
+        "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
+        "OR (r.status IN ('complete', 'failed') AND NOT r.bonds_returned))"
+    ):
         assert time.monotonic() < deadline, "the driver never scored the aggregated rounds"
         time.sleep(0.02)
 
@@ -105,7 +107,9 @@ def run_state(client, run_id: str) -> dict:
     return {"run": run, "shards": shards(client, run_id), "rounds": client.get(f"/runs/{run_id}/rounds")["data"]}
 
 
-def refused(coord, api, client, path: str, body, status: int, code: str, *detail: str, run_id: str | None = None) -> None:
+def refused(
+    coord, api, client, path: str, body, status: int, code: str, *detail: str, run_id: str | None = None
+) -> None:
     """POST ``path`` is refused with ``status``/``code`` (the JSON error shape), and nothing
     changed: the database, the blob store and the run's view (if ``run_id``).
     """
@@ -140,7 +144,9 @@ def stays(client, run_id: str, status: str, round: int) -> dict:
 def model_params(client, manifest_cid: str, model_cid: str) -> torch.Tensor:
     """A checkpoint's parameters as one (d,) vector, in the order updates use."""
     spec = json.loads(client.get_blob(manifest_cid))["spec"]
-    model = build_model("mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), MODEL_OPTIONS)
+    model = build_model(
+        "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), MODEL_OPTIONS
+    )
     load_checkpoint(model, client.get_blob(model_cid))
     return flat_params(model)
 
@@ -166,8 +172,10 @@ def manual_training(coord, api, n: int = 2, *, prefix: str = "w", config: dict =
         hire(owner, run_id, w)
     owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": config})
     sh = shards(owner, run_id)
-    jobs = [owner.post(f"/runs/{run_id}/jobs", {"worker_id": w.wallet.address, "shard_id": s["shard_id"]})["job_id"]
-            for w, s in zip(workers, sh)]
+    jobs = [
+        owner.post(f"/runs/{run_id}/jobs", {"worker_id": w.wallet.address, "shard_id": s["shard_id"]})["job_id"]
+        for w, s in zip(workers, sh)
+    ]
     run = owner.post(f"/runs/{run_id}/phase", {"phase": "training"})
     assert (run["status"], run["round"]) == ("training", 1), run
     return Manual(coord, owner, run_id, workers, jobs, sh, run["config"]["d"])
@@ -191,15 +199,36 @@ def test_manual_run_through_every_phase(coord, api):
     assert run["workers"] == []  # the owner sends the jobs, not the coordinator
     stays(owner, run_id, "distributing", 0)  # an automatic run would open round 1 at the next tick
     sh = shards(owner, run_id)
-    assert [(s["shard_index"], s["split_from"], s["split_into"], s["jobs"]) for s in sh] == [(0, None, None, []), (1, None, None, [])]
+    assert [(s["shard_index"], s["split_from"], s["split_into"], s["jobs"]) for s in sh] == [
+        (0, None, None, []),
+        (1, None, None, []),
+    ]
     assert all(s["samples"] > 0 for s in sh)
 
-    j0 = posted(coord, api, owner, f"/runs/{run_id}/jobs", {"worker_id": w0.wallet.address, "shard_id": sh[0]["shard_id"]}, 201)
-    j1 = posted(coord, api, owner, f"/runs/{run_id}/jobs",
-                {"worker_id": w1.wallet.address, "shard_id": sh[1]["shard_id"], "config": {"local_steps": 3}}, 201)
-    assert (j0["worker_id"], j0["shard_index"], j0["shard_cid"], j0["job_status"], j0["config"]) == \
-        (w0.wallet.address, 0, sh[0]["shard_id"], "active", {})
-    assert (j1["worker_id"], j1["shard_index"], j1["shard_cid"], j1["config"]) == (w1.wallet.address, 1, sh[1]["shard_id"], {"local_steps": 3})
+    j0 = posted(
+        coord, api, owner, f"/runs/{run_id}/jobs", {"worker_id": w0.wallet.address, "shard_id": sh[0]["shard_id"]}, 201
+    )
+    j1 = posted(
+        coord,
+        api,
+        owner,
+        f"/runs/{run_id}/jobs",
+        {"worker_id": w1.wallet.address, "shard_id": sh[1]["shard_id"], "config": {"local_steps": 3}},
+        201,
+    )
+    assert (j0["worker_id"], j0["shard_index"], j0["shard_cid"], j0["job_status"], j0["config"]) == (
+        w0.wallet.address,
+        0,
+        sh[0]["shard_id"],
+        "active",
+        {},
+    )
+    assert (j1["worker_id"], j1["shard_index"], j1["shard_cid"], j1["config"]) == (
+        w1.wallet.address,
+        1,
+        sh[1]["shard_id"],
+        {"local_steps": 3},
+    )
     assert [s["jobs"] for s in shards(owner, run_id)] == [[j0["job_id"]], [j1["job_id"]]]
     p0 = job_payload(w0)
     assert (p0["job_id"], p0["action"], p0["run_status"]) == (j0["job_id"], "wait", "distributing")
@@ -210,9 +239,20 @@ def test_manual_run_through_every_phase(coord, api):
     assert [r["round"] for r in rounds] == [0] and rounds[0]["checkpoint_cid"] == run["global_model_cid"]
     initial = run["global_model_cid"]
     p0, p1 = job_payload(w0), job_payload(w1)
-    assert (p0["action"], p0["round"], p0["global_model_cid"], p0["shard_cid"], p0["local_steps"]) == \
-        ("train", 1, initial, sh[0]["shard_id"], 1)
-    assert (p1["action"], p1["round"], p1["shard_cid"], p1["local_steps"], p1["batch_size"]) == ("train", 1, sh[1]["shard_id"], 3, 8)
+    assert (p0["action"], p0["round"], p0["global_model_cid"], p0["shard_cid"], p0["local_steps"]) == (
+        "train",
+        1,
+        initial,
+        sh[0]["shard_id"],
+        1,
+    )
+    assert (p1["action"], p1["round"], p1["shard_cid"], p1["local_steps"], p1["batch_size"]) == (
+        "train",
+        1,
+        sh[1]["shard_id"],
+        3,
+        8,
+    )
 
     d = run["config"]["d"]
     u0 = submit(api, w0, j0["job_id"], 1, small_update(d, 1))
@@ -241,11 +281,20 @@ def test_manual_run_through_every_phase(coord, api):
     up0 = owner.get(f"/jobs/{j0['job_id']}/updates")["data"]
     up1 = owner.get(f"/jobs/{j1['job_id']}/updates")["data"]
     assert [(u["cid"], u["round"], u["status"]) for u in up0] == [(u0, 1, "accepted")]
-    assert [(u["cid"], u["round"], u["status"], u["worker_id"]) for u in up1] == [(u1, 1, "excluded", w1.wallet.address)]
+    assert [(u["cid"], u["round"], u["status"], u["worker_id"]) for u in up1] == [
+        (u1, 1, "excluded", w1.wallet.address)
+    ]
     assert "left out of round 1" in up1[0]["reason"]
     r1 = owner.get(f"/runs/{run_id}/rounds")["data"][1]
-    assert (r1["round"], r1["checkpoint_cid"], r1["val_loss"], r1["val_accuracy"], r1["accepted"], r1["skipped"], r1["stragglers"]) == \
-        (1, agg1["model_cid"], agg1["loss"], agg1["accuracy"], 1, False, [])
+    assert (
+        r1["round"],
+        r1["checkpoint_cid"],
+        r1["val_loss"],
+        r1["val_accuracy"],
+        r1["accepted"],
+        r1["skipped"],
+        r1["stragglers"],
+    ) == (1, agg1["model_cid"], agg1["loss"], agg1["accuracy"], 1, False, [])
     assert r1["train_loss"] == 0.5  # the chosen update's reported loss only
     run = stays(owner, run_id, "aggregating", 1)  # aggregated, yet round 2 does not open by itself
     assert (run["global_model_cid"], run["rounds_completed"], run["val_loss"]) == (agg1["model_cid"], 1, agg1["loss"])
@@ -261,15 +310,49 @@ def test_manual_run_through_every_phase(coord, api):
     stays(owner, run_id, "training", 2)
     owner.post(f"/runs/{run_id}/phase", {"phase": "aggregating"})
     # Updates of another round, excluded or not, are not this round's.
-    refused(coord, api, owner, f"/runs/{run_id}/aggregate", {"updates": [v0, u0]}, 422, "unknown_update", u0, "round 2", run_id=run_id)
+    refused(
+        coord,
+        api,
+        owner,
+        f"/runs/{run_id}/aggregate",
+        {"updates": [v0, u0]},
+        422,
+        "unknown_update",
+        u0,
+        "round 2",
+        run_id=run_id,
+    )
     refused(coord, api, owner, f"/runs/{run_id}/aggregate", {"updates": [u1]}, 422, "unknown_update", u1, run_id=run_id)
     agg2 = owner.post(f"/runs/{run_id}/aggregate", {"updates": [v0, v1], "weights": [1.0, 3.0]})
     assert (agg2["round"], agg2["updates"], agg2["weights"]) == (2, 2, [1.0, 3.0])
     expected = model_params(owner, manifest_cid, agg1["model_cid"]) - (small_update(d, 4) + 3 * small_update(d, 5)) / 4
     torch.testing.assert_close(model_params(owner, manifest_cid, agg2["model_cid"]), expected, rtol=0, atol=1e-6)
-    assert [u["status"] for u in owner.get(f"/jobs/{j1['job_id']}/updates")["data"]] == ["accepted", "excluded"]  # newest first
-    refused(coord, api, owner, f"/runs/{run_id}/aggregate", {"updates": [v0]}, 409, "already_aggregated", "round 2", run_id=run_id)
-    refused(coord, api, owner, f"/runs/{run_id}/phase", {"phase": "training"}, 409, "rounds_done", "all 2 rounds", run_id=run_id)
+    assert [u["status"] for u in owner.get(f"/jobs/{j1['job_id']}/updates")["data"]] == [
+        "accepted",
+        "excluded",
+    ]  # newest first
+    refused(
+        coord,
+        api,
+        owner,
+        f"/runs/{run_id}/aggregate",
+        {"updates": [v0]},
+        409,
+        "already_aggregated",
+        "round 2",
+        run_id=run_id,
+    )
+    refused(
+        coord,
+        api,
+        owner,
+        f"/runs/{run_id}/phase",
+        {"phase": "training"},
+        409,
+        "rounds_done",
+        "all 2 rounds",
+        run_id=run_id,
+    )
 
     run = owner.post(f"/runs/{run_id}/phase", {"phase": "complete"})
     assert (run["status"], run["round"], run["rounds_completed"]) == ("complete", 2, 2)
@@ -283,7 +366,11 @@ def test_manual_run_through_every_phase(coord, api):
     assert (saved["model_cid"], saved["round"], saved["status"]) == (agg1["model_cid"], 1, "complete")
     results = owner.get(f"/runs/{run_id}/results")
     assert (results["model_cid"], results["rounds_completed"], results["rounds"]) == (agg1["model_cid"], 2, 2)
-    assert [(c["round"], c["cid"]) for c in results["checkpoints"]] == [(0, initial), (1, agg1["model_cid"]), (2, agg2["model_cid"])]
+    assert [(c["round"], c["cid"]) for c in results["checkpoints"]] == [
+        (0, initial),
+        (1, agg1["model_cid"]),
+        (2, agg2["model_cid"]),
+    ]
     assert results["updates_accepted"] == 3
     stays(owner, run_id, "complete", 2)
 
@@ -333,13 +420,25 @@ def test_phase_job_and_aggregation_refusals_change_nothing(coord, api):
     no(f"{p}/phase", {"phase": "complete"}, 409, "bad_state", "distributing")
     no(f"{p}/aggregate", {"updates": [cid_of_bytes(b"u")]}, 409, "bad_state", "aggregating")
     no(f"{p}/result", {"model_cid": cid_of_bytes(b"m")}, 422, "unknown_model")
-    no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": cid_of_bytes(b"not a shard")}, 422, "unknown_shard", "2 shards")
+    no(
+        f"{p}/jobs",
+        {"worker_id": a.wallet.address, "shard_id": cid_of_bytes(b"not a shard")},
+        422,
+        "unknown_shard",
+        "2 shards",
+    )
     no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": "shard-0"}, 422, "unknown_shard")
     no(f"{p}/jobs", {"worker_id": b.wallet.address, "shard_id": sh[0]}, 409, "not_hired", b.wallet.address)
     no(f"{p}/jobs", {"worker_id": "ait1" + "0" * 40, "shard_id": sh[0]}, 409, "not_hired")
     no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[0]}, 403, "forbidden", who=stranger)
     no(f"{p}/jobs", {"worker_id": a.wallet.address}, 422, "invalid_request", "shard_id")
-    no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[0], "config": {"local_steps": 0}}, 422, "invalid_request", "local_steps")
+    no(
+        f"{p}/jobs",
+        {"worker_id": a.wallet.address, "shard_id": sh[0], "config": {"local_steps": 0}},
+        422,
+        "invalid_request",
+        "local_steps",
+    )
     no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[0], "config": {"epochs": 2}}, 422, "invalid_request")
     job = posted(coord, api, owner, f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[0]}, 201)
     no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[1]}, 409, "worker_busy", job["job_id"])
@@ -396,13 +495,29 @@ def test_an_automatic_run_refuses_manual_moves(coord, api):
     api.upload_digits(owner, run_id, 2)
     hire(owner, run_id, w)
     shard = shards(owner, run_id)[0]["shard_id"]
-    for path, body in [("phase", {"phase": "distributing", "config": CONFIG}), ("phase", {"phase": "training"}),
-                       ("jobs", {"worker_id": w.wallet.address, "shard_id": shard}),
-                       ("aggregate", {"updates": [cid_of_bytes(b"u")]}), ("result", {"model_cid": cid_of_bytes(b"m")})]:
-        refused(coord, api, owner, f"/runs/{run_id}/{path}", body, 409, "automatic_control", "control \"manual\"", run_id=run_id)
+    for path, body in [
+        ("phase", {"phase": "distributing", "config": CONFIG}),
+        ("phase", {"phase": "training"}),
+        ("jobs", {"worker_id": w.wallet.address, "shard_id": shard}),
+        ("aggregate", {"updates": [cid_of_bytes(b"u")]}),
+        ("result", {"model_cid": cid_of_bytes(b"m")}),
+    ]:
+        refused(
+            coord,
+            api,
+            owner,
+            f"/runs/{run_id}/{path}",
+            body,
+            409,
+            "automatic_control",
+            'control "manual"',
+            run_id=run_id,
+        )
     # and a manual run is not distributed by the coordinator
     _, manual_id = manual_run(coord, owner)
-    refused(coord, api, owner, f"/runs/{manual_id}/distribute", CONFIG, 409, "manual_control", "/phase", run_id=manual_id)
+    refused(
+        coord, api, owner, f"/runs/{manual_id}/distribute", CONFIG, 409, "manual_control", "/phase", run_id=manual_id
+    )
     with pytest.raises(ApiError) as e:
         owner.post("/runs", {**RUN_BODY, "control": "robot"})
     api.assert_api_error(e, 422, "invalid_request", "control")
@@ -446,8 +561,13 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     def no(path, body, status, code, *detail, who=owner):
         refused(coord, api, who, path, body, status, code, *detail, run_id=run_id)
 
-    for action, body in [("end", {"status": "failed"}), ("reassign", {"worker_id": c.wallet.address}),
-                         ("split", {"worker_id": c.wallet.address}), ("config", {"local_steps": 2}), ("resend", {})]:
+    for action, body in [
+        ("end", {"status": "failed"}),
+        ("reassign", {"worker_id": c.wallet.address}),
+        ("split", {"worker_id": c.wallet.address}),
+        ("config", {"local_steps": 2}),
+        ("resend", {}),
+    ]:
         no(f"/jobs/{ja}/{action}", body, 403, "forbidden", run_id, who=stranger)
         no(f"/jobs/{ja}/{action}", body, 403, "forbidden", who=a)  # the worker itself does not control its job
         no(f"/jobs/job_nope/{action}", body, 404, "unknown_job", "job_nope")
@@ -477,7 +597,9 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     pa = job_payload(a)
     assert (pa["action"], pa["round"], pa["job_id"]) == ("train", 1, ja)
     assert owner.get(f"/jobs/{ja}/updates")["data"] == []
-    assert coord.rows("SELECT kind, round FROM flags WHERE worker_id = :w", w=a.wallet.address) == [{"kind": "resend_requested", "round": 1}]
+    assert coord.rows("SELECT kind, round FROM flags WHERE worker_id = :w", w=a.wallet.address) == [
+        {"kind": "resend_requested", "round": 1}
+    ]
     ua2 = submit(api, a, ja, 1, small_update(t.d, 12))  # sent again, accepted
     assert [u["cid"] for u in owner.get(f"/jobs/{ja}/updates")["data"]] == [ua2]
 
@@ -492,9 +614,19 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     assert [(s["split_from"], s["split_into"]) for s in view[2:]] == [(1, None), (1, None)]
     assert view[2]["samples"] + view[3]["samples"] == original["samples"]
     assert abs(view[2]["samples"] - view[3]["samples"]) <= 1
-    assert (kept["job_id"], kept["worker_id"], kept["shard_index"], kept["shard_cid"]) == (jb, b.wallet.address, 2, view[2]["shard_id"])
+    assert (kept["job_id"], kept["worker_id"], kept["shard_index"], kept["shard_cid"]) == (
+        jb,
+        b.wallet.address,
+        2,
+        view[2]["shard_id"],
+    )
     assert kept["shard_cid"] != original["shard_id"] and kept["job_status"] == "active"
-    assert (new["worker_id"], new["shard_index"], new["shard_cid"], new["job_status"]) == (c.wallet.address, 3, view[3]["shard_id"], "active")
+    assert (new["worker_id"], new["shard_index"], new["shard_cid"], new["job_status"]) == (
+        c.wallet.address,
+        3,
+        view[3]["shard_id"],
+        "active",
+    )
     assert (view[2]["jobs"], view[3]["jobs"]) == ([jb], [new["job_id"]])
     # the halves are the original shard's samples, in order
     x, y = load_shard(owner.get_blob(original["shard_id"]))
@@ -503,17 +635,32 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     assert torch.equal(torch.cat([x1, x2]), x) and torch.equal(torch.cat([y1, y2]), y)
     assert job_payload(b)["shard_cid"] == view[2]["shard_id"]
     pc = job_payload(c)
-    assert (pc["job_id"], pc["action"], pc["round"], pc["shard_cid"]) == (new["job_id"], "train", 1, view[3]["shard_id"])
+    assert (pc["job_id"], pc["action"], pc["round"], pc["shard_cid"]) == (
+        new["job_id"],
+        "train",
+        1,
+        view[3]["shard_id"],
+    )
     assert c.wallet.address in [k["worker_id"] for k in owner.get(f"/runs/{run_id}")["contracts"]]  # hired at its ask
-    no(f"/runs/{run_id}/jobs", {"worker_id": d.wallet.address, "shard_id": original["shard_id"]}, 409, "shard_split", view[2]["shard_id"])
+    no(
+        f"/runs/{run_id}/jobs",
+        {"worker_id": d.wallet.address, "shard_id": original["shard_id"]},
+        409,
+        "shard_split",
+        view[2]["shard_id"],
+    )
 
     # reassign a's job to a named free worker (not hired yet: hired at its ask); a is released
     no(f"/jobs/{ja}/reassign", {"worker_id": a.wallet.address}, 409, "same_worker")
     no(f"/jobs/{ja}/reassign", {"worker_id": c.wallet.address}, 409, "worker_busy", new["job_id"])
     no(f"/jobs/{ja}/reassign", {"worker_id": "ait1" + "0" * 40}, 404, "unknown_worker")
     moved = posted(coord, api, owner, f"/jobs/{ja}/reassign", {"worker_id": d.wallet.address}, 201)
-    assert (moved["worker_id"], moved["shard_index"], moved["shard_cid"], moved["replaces"]) == \
-        (d.wallet.address, 0, t.shards[0]["shard_id"], ja)
+    assert (moved["worker_id"], moved["shard_index"], moved["shard_cid"], moved["replaces"]) == (
+        d.wallet.address,
+        0,
+        t.shards[0]["shard_id"],
+        ja,
+    )
     assert moved["config"] == {"local_steps": 7, "lr": 0.01}  # the job's own config goes with it
     old = owner.get(f"/jobs/{ja}")
     assert (old["job_status"], old["end_reason"]) == ("released", f"reassigned to {d.wallet.address} by the owner")
@@ -533,9 +680,12 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     offers = {o["worker_id"]: o for o in owner.get("/market/offers", params={"all": "true"})["data"]}
     assert (offers[c.wallet.address]["status"], offers[c.wallet.address]["flags"]) == ("failed", flags + 1)
     assert c.wallet.address not in [o["worker_id"] for o in owner.get("/market/offers")["data"]]
-    assert coord.rows("SELECT kind, reason FROM flags WHERE worker_id = :w", w=c.wallet.address) == \
-        [{"kind": "marked_failed", "reason": "gpu on fire"}]
-    assert {k["worker_id"]: k["status"] for k in owner.get(f"/runs/{run_id}")["contracts"]}[c.wallet.address] == "failed"
+    assert coord.rows("SELECT kind, reason FROM flags WHERE worker_id = :w", w=c.wallet.address) == [
+        {"kind": "marked_failed", "reason": "gpu on fire"}
+    ]
+    assert {k["worker_id"]: k["status"] for k in owner.get(f"/runs/{run_id}")["contracts"]}[
+        c.wallet.address
+    ] == "failed"
     assert job_payload(c) is None
     no(f"/runs/{run_id}/jobs", {"worker_id": c.wallet.address, "shard_id": view[3]["shard_id"]}, 409, "contract_ended")
     assert stays(owner, run_id, "training", 1)["workers"]  # the driver does not refill a manual run's shard
@@ -549,7 +699,9 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     # ... else the best-ranked free live offer, hired now at its asking price
     owner.post(f"/jobs/{moved['job_id']}/end", {"status": "released"})
     assert owner.get(f"/jobs/{moved['job_id']}")["job_status"] == "released"
-    assert coord.rows("SELECT status FROM offers WHERE id = :w", w=d.wallet.address) == [{"status": "online"}]  # not flagged
+    assert coord.rows("SELECT status FROM offers WHERE id = :w", w=d.wallet.address) == [
+        {"status": "online"}
+    ]  # not flagged
     best2 = posted(coord, api, owner, f"/jobs/{moved['job_id']}/reassign", {}, 201)
     assert (best2["worker_id"], best2["shard_index"]) == (f_.wallet.address, 0)
     contract = {k["worker_id"]: k for k in owner.get(f"/runs/{run_id}")["contracts"]}[f_.wallet.address]
@@ -569,8 +721,16 @@ def test_a_refused_split_writes_no_blob(coord, api):
     """A split refused for its target worker (busy; nobody free) leaves the blob store as
     it was, like every other refusal ("checks before it writes ... or raises, leaving nothing")."""
     t = manual_training(coord, api, 2, prefix="sb", seed=5)  # shards no other test here has (or splits)
-    refused(coord, api, t.owner, f"/jobs/{t.jobs[0]}/split", {"worker_id": t.workers[1].wallet.address},
-            409, "worker_busy", run_id=t.run_id)
+    refused(
+        coord,
+        api,
+        t.owner,
+        f"/jobs/{t.jobs[0]}/split",
+        {"worker_id": t.workers[1].wallet.address},
+        409,
+        "worker_busy",
+        run_id=t.run_id,
+    )
 
 
 def test_job_controls_of_an_automatic_run(new_coordinator, api):
@@ -603,7 +763,11 @@ def test_job_controls_of_an_automatic_run(new_coordinator, api):
     z = api.register_worker(coord, "z")
     i1 = owner.get(f"/jobs/{j1}")["shard_index"]
     out = posted(coord, api, owner, f"/jobs/{j1}/split", {"worker_id": z.wallet.address}, 201)
-    assert (out["job"]["shard_index"], out["new_job"]["shard_index"], out["new_job"]["worker_id"]) == (2, 3, z.wallet.address)
+    assert (out["job"]["shard_index"], out["new_job"]["shard_index"], out["new_job"]["worker_id"]) == (
+        2,
+        3,
+        z.wallet.address,
+    )
     assert shards(owner, run_id)[i1]["split_into"] == [2, 3]
     assert job_payload(z)["action"] == "train"
 
@@ -624,16 +788,23 @@ def test_an_update_sent_before_its_shard_was_split_keeps_its_weight(coord, api):
     assert agg["weights"] == [float(n0), float(n1)]
     run = t.owner.get(f"/runs/{t.run_id}")
     initial = t.owner.get(f"/runs/{t.run_id}/rounds")["data"][0]["checkpoint_cid"]
-    expected = model_params(t.owner, run["manifest_cid"], initial) - (n0 * small_update(t.d, 41) + n1 * small_update(t.d, 42)) / (n0 + n1)
-    torch.testing.assert_close(model_params(t.owner, run["manifest_cid"], agg["model_cid"]), expected, rtol=0, atol=1e-6)
+    expected = model_params(t.owner, run["manifest_cid"], initial) - (
+        n0 * small_update(t.d, 41) + n1 * small_update(t.d, 42)
+    ) / (n0 + n1)
+    torch.testing.assert_close(
+        model_params(t.owner, run["manifest_cid"], agg["model_cid"]), expected, rtol=0, atol=1e-6
+    )
 
 
 # --- 4. the signed max_cost of a manual run without a budget ---------------------------------------
 
 
 def ledger_state(coord) -> tuple:
-    return (coord.rows("SELECT * FROM ledger_entries ORDER BY seq"), coord.rows("SELECT * FROM ledger_accounts ORDER BY name"),
-            coord.rows("SELECT * FROM ledger_head"))
+    return (
+        coord.rows("SELECT * FROM ledger_entries ORDER BY seq"),
+        coord.rows("SELECT * FROM ledger_accounts ORDER BY name"),
+        coord.rows("SELECT * FROM ledger_head"),
+    )
 
 
 def test_phase_distributing_escrows_the_signed_max_cost(coord, api):
@@ -651,12 +822,19 @@ def test_phase_distributing_escrows_the_signed_max_cost(coord, api):
         assert ledger_state(coord) == before
 
     no({"phase": "distributing", "config": cfg}, 422, "no_budget", "10.5 AIT", "max_cost")
-    no({"phase": "distributing", "config": {**cfg, "max_cost": "10.499999"}}, 409, "over_max_cost",
-       "cost 10.5 AIT over 3 rounds", "allows 10.499999")
+    no(
+        {"phase": "distributing", "config": {**cfg, "max_cost": "10.499999"}},
+        409,
+        "over_max_cost",
+        "cost 10.5 AIT over 3 rounds",
+        "allows 10.499999",
+    )
     no({"phase": "distributing", "config": {**cfg, "max_cost": 10}}, 409, "over_max_cost", "allows 10")
     no({"phase": "distributing", "config": {**cfg, "max_cost": "lots"}}, 422, "bad_price", "max_cost")
     no({"phase": "distributing", "config": {**cfg, "max_cost": "-11"}}, 422, "bad_price")
-    no({"phase": "distributing", "max_cost": "20", "config": cfg}, 422, "invalid_request", "max_cost")  # not at the top level
+    no(
+        {"phase": "distributing", "max_cost": "20", "config": cfg}, 422, "invalid_request", "max_cost"
+    )  # not at the top level
     run = owner.get(f"/runs/{run_id}")
     assert (run["status"], run["escrowed"], run["config"]) == ("initializing", "0", {})
 
@@ -665,8 +843,17 @@ def test_phase_distributing_escrows_the_signed_max_cost(coord, api):
     api.upload_digits(poor_owner, poor, 2)
     hire(poor_owner, poor, api.register_worker(coord, "pp", price="1.5"), price="1.5")
     before = ledger_state(coord)
-    refused(coord, api, poor_owner, f"/runs/{poor}/phase", {"phase": "distributing", "config": {**cfg, "max_cost": "100"}},
-            409, "insufficient_funds", "4.5 AIT needed", run_id=poor)
+    refused(
+        coord,
+        api,
+        poor_owner,
+        f"/runs/{poor}/phase",
+        {"phase": "distributing", "config": {**cfg, "max_cost": "100"}},
+        409,
+        "insufficient_funds",
+        "4.5 AIT needed",
+        run_id=poor,
+    )
     assert ledger_state(coord) == before
 
     # enough: exactly the cost is escrowed, authorised by the owner's signed config.max_cost
@@ -675,10 +862,16 @@ def test_phase_distributing_escrows_the_signed_max_cost(coord, api):
     assert (run["status"], run["escrowed"], run["budget"]) == ("distributing", "10.5", None)
     assert "max_cost" not in run["config"]
     new = ledger_state(coord)[0][entries:]
-    assert [(e["kind"], e["debit"], e["credit"], e["amount"]) for e in new] == \
-        [("escrow", wallet_account(owner.wallet.address), escrow_account(run_id), 10_500_000)]
+    assert [(e["kind"], e["debit"], e["credit"], e["amount"]) for e in new] == [
+        ("escrow", wallet_account(owner.wallet.address), escrow_account(run_id), 10_500_000)
+    ]
     auth = json.loads(new[0]["auth"]) if isinstance(new[0]["auth"], str) else new[0]["auth"]
-    assert (auth["type"], auth["method"], auth["path"], auth["field"]) == ("request", "POST", f"/v1/runs/{run_id}/phase", "config.max_cost")
+    assert (auth["type"], auth["method"], auth["path"], auth["field"]) == (
+        "request",
+        "POST",
+        f"/v1/runs/{run_id}/phase",
+        "config.max_cost",
+    )
     assert json.loads(auth["body"])["config"]["max_cost"] == "12"
     assert new[0]["signer"] == owner.wallet.public_key
     assert owner.get(f"/wallets/{owner.wallet.address}/balance")["balance"] == "989.5"
@@ -711,8 +904,11 @@ def test_phase_training_on_a_paused_manual_run_is_not_a_silent_no_op(coord, api)
         r = api.signed_post(h, t.owner.wallet, f"/v1/runs/{t.run_id}/phase", {"phase": "training"})
     status = t.owner.get(f"/runs/{t.run_id}")["status"]
     # Either it resumes the run into training, or it is refused (409: resume it first); not "200, still paused".
-    assert (r.status_code == 200 and status == "training") or (r.status_code == 409 and status == "paused"), \
-        (r.status_code, r.json()["status"] if r.status_code == 200 else r.json(), status)
+    assert (r.status_code == 200 and status == "training") or (r.status_code == 409 and status == "paused"), (
+        r.status_code,
+        r.json()["status"] if r.status_code == 200 else r.json(),
+        status,
+    )
 
 
 def test_a_job_sent_while_aggregating_is_not_a_straggler_of_the_closed_round(coord, api):
@@ -727,7 +923,9 @@ def test_a_job_sent_while_aggregating_is_not_a_straggler_of_the_closed_round(coo
     settled(coord)
     assert t.owner.get(f"/runs/{t.run_id}/rounds")["data"][1]["stragglers"] == []
     assert coord.rows("SELECT kind FROM flags WHERE worker_id = :w", w=late.wallet.address) == []
-    assert coord.rows("SELECT reputation FROM offers WHERE id = :w", w=late.wallet.address) == [{"reputation": 2.5}]  # neutral
+    assert coord.rows("SELECT reputation FROM offers WHERE id = :w", w=late.wallet.address) == [
+        {"reputation": 2.5}
+    ]  # neutral
 
 
 def test_a_round_closed_with_no_update_is_not_a_dead_end(coord, api):
@@ -740,7 +938,9 @@ def test_a_round_closed_with_no_update_is_not_a_dead_end(coord, api):
     assert rec["skipped"] and rec["accepted"] == 0
     run = t.owner.post(f"{p}/phase", {"phase": "training"})  # and the run goes on
     assert (run["status"], run["round"]) == ("training", 2)
-    assert rec["checkpoint_cid"] == run["global_model_cid"]  # round 2 starts from the (unchanged) model round 1 recorded
+    assert (
+        rec["checkpoint_cid"] == run["global_model_cid"]
+    )  # round 2 starts from the (unchanged) model round 1 recorded
 
 
 # --- regressions from the review of manual control --------------------------------------------
@@ -808,7 +1008,11 @@ def test_a_split_on_an_automatic_run_never_leaves_a_shard_without_a_worker(new_c
     # no worker was released for being slowest: each would have left its shard without a worker
     active = {w["shard_index"] for w in run["workers"] if w["job_status"] == "active"}
     open_shards = {s["shard_index"] for s in shards(t.owner, t.run_id) if not s["split_into"]}
-    assert active == open_shards and len(active) == 3 and len([w for w in run["workers"] if w["job_status"] == "active"]) == 3
+    assert (
+        active == open_shards
+        and len(active) == 3
+        and len([w for w in run["workers"] if w["job_status"] == "active"]) == 3
+    )
 
 
 def test_a_second_job_on_a_shard_gets_its_own_seed(coord, api):
@@ -827,7 +1031,9 @@ def test_an_update_names_the_shard_it_was_trained_on_across_a_split(coord, api):
     w0, w1 = t.workers
     helper = api.register_worker(coord, "ts-helper")
     whole = t.shards[0]
-    t.owner.post(f"/jobs/{t.jobs[0]}/split", {"worker_id": helper.wallet.address})  # while w0 trains round 1 on the whole shard
+    t.owner.post(
+        f"/jobs/{t.jobs[0]}/split", {"worker_id": helper.wallet.address}
+    )  # while w0 trains round 1 on the whole shard
     # w0 names the shard it trained on: the whole one (held before the split), so it counts all its samples
     cid = api.put_update(w0, small_update(t.d, 70))
     w0.post(f"/jobs/{t.jobs[0]}/updates", api.update_body(1, cid, shard_cid=whole["shard_id"]))

@@ -21,8 +21,11 @@ def ledger_rows(coord) -> list[dict]:
 
 
 def ledger_state(coord) -> tuple:
-    return (ledger_rows(coord), coord.rows("SELECT * FROM ledger_accounts ORDER BY name"),
-            coord.rows("SELECT * FROM ledger_head"))
+    return (
+        ledger_rows(coord),
+        coord.rows("SELECT * FROM ledger_accounts ORDER BY name"),
+        coord.rows("SELECT * FROM ledger_head"),
+    )
 
 
 def funded(coord, name: str, amount: str):
@@ -52,27 +55,38 @@ def test_fund_mints_into_the_signers_wallet(server):
     res = c.post("/wallets/fund", {"amount": "12.5"})
     assert res["address"] == c.wallet.address and res["amount"] == "12.5" and res["balance"] == "12.5"
     e = server.rows("SELECT * FROM ledger_entries WHERE seq = :s", s=res["entry"])[0]
-    assert (e["kind"], e["debit"], e["credit"], e["amount"]) == \
-        ("mint", mint_account("local"), wallet_account(c.wallet.address), 12_500_000)
+    assert (e["kind"], e["debit"], e["credit"], e["amount"]) == (
+        "mint",
+        mint_account("local"),
+        wallet_account(c.wallet.address),
+        12_500_000,
+    )
     res = c.post("/wallets/fund", {"amount": 0.5})  # a JSON number is taken too, exactly
     assert res["balance"] == "13"
     assert c.get(f"/wallets/{c.wallet.address}/balance") == {
-        "address": c.wallet.address, "network": "local", "balance": "13", "balance_micro": 13 * AIT}
+        "address": c.wallet.address,
+        "network": "local",
+        "balance": "13",
+        "balance_micro": 13 * AIT,
+    }
 
 
-@pytest.mark.parametrize("body, status, code, words", [
-    ({"amount": "0"}, 422, "bad_amount", ["more than 0"]),
-    ({"amount": "-1"}, 422, "bad_price", ["between 0 and"]),
-    ({"amount": "0.0000001"}, 422, "bad_price", ["more than 6 decimals"]),
-    ({"amount": "1e-7"}, 422, "bad_price", ["more than 6 decimals"]),
-    ({"amount": "ten"}, 422, "bad_price", ["not a number"]),
-    ({"amount": True}, 422, "invalid_request", ["amount"]),
-    ({"amount": "2000000"}, 422, "bad_price", ["between 0 and 1000000"]),
-    ({"amount": "1", "network": "mainnet"}, 422, "bad_network", ["'mainnet' is not available", "--network local"]),
-    ({"amount": "1", "network": "testnet"}, 422, "bad_network", ["'testnet' is not available"]),
-    ({"amount": "1", "network": "devnet"}, 422, "bad_network", ["unknown network 'devnet'"]),
-    ({}, 422, "invalid_request", ["amount"]),
-])
+@pytest.mark.parametrize(
+    "body, status, code, words",
+    [
+        ({"amount": "0"}, 422, "bad_amount", ["more than 0"]),
+        ({"amount": "-1"}, 422, "bad_price", ["between 0 and"]),
+        ({"amount": "0.0000001"}, 422, "bad_price", ["more than 6 decimals"]),
+        ({"amount": "1e-7"}, 422, "bad_price", ["more than 6 decimals"]),
+        ({"amount": "ten"}, 422, "bad_price", ["not a number"]),
+        ({"amount": True}, 422, "invalid_request", ["amount"]),
+        ({"amount": "2000000"}, 422, "bad_price", ["between 0 and 1000000"]),
+        ({"amount": "1", "network": "mainnet"}, 422, "bad_network", ["'mainnet' is not available", "--network local"]),
+        ({"amount": "1", "network": "testnet"}, 422, "bad_network", ["'testnet' is not available"]),
+        ({"amount": "1", "network": "devnet"}, 422, "bad_network", ["unknown network 'devnet'"]),
+        ({}, 422, "invalid_request", ["amount"]),
+    ],
+)
 def test_fund_refusals_write_nothing(server, api, body, status, code, words):
     before = ledger_state(server)
     with server.http() as h:
@@ -93,8 +107,13 @@ def test_unsigned_fund_is_refused(server, api):
 def test_send_moves_money_signed_by_the_sender(server):
     alice, bob = funded(server, "send-a", "10"), server.client("send-b")
     res = alice.post("/wallets/send", {"to": bob.wallet.address, "amount": "2.25"})
-    assert res == {"from": alice.wallet.address, "to": bob.wallet.address, "amount": "2.25",
-                   "entry": res["entry"], "balance": "7.75"}
+    assert res == {
+        "from": alice.wallet.address,
+        "to": bob.wallet.address,
+        "amount": "2.25",
+        "entry": res["entry"],
+        "balance": "7.75",
+    }
     assert bob.get(f"/wallets/{bob.wallet.address}/balance")["balance_micro"] == 2_250_000
     e = server.rows("SELECT * FROM ledger_entries WHERE seq = :s", s=res["entry"])[0]
     assert e["kind"] == "transfer" and e["signer"] == alice.wallet.public_key
@@ -106,8 +125,12 @@ def test_send_refusals_write_nothing(server, api):
     alice, bob = funded(server, "send-ref-a", "3"), server.client("send-ref-b")
     to = bob.wallet.address
     cases = [
-        ({"to": to, "amount": "3.000001"}, 409, "insufficient_funds",
-         [f"wallet {alice.wallet.address} holds 3 AIT", "3.000001 AIT needed", "aitbc wallet fund WALLET 0.000001"]),
+        (
+            {"to": to, "amount": "3.000001"},
+            409,
+            "insufficient_funds",
+            [f"wallet {alice.wallet.address} holds 3 AIT", "3.000001 AIT needed", "aitbc wallet fund WALLET 0.000001"],
+        ),
         ({"to": to, "amount": "0"}, 422, "bad_amount", ["more than 0"]),
         ({"to": to, "amount": "-1"}, 422, "bad_price", []),
         ({"to": to, "amount": "0.0000001"}, 422, "bad_price", ["more than 6 decimals"]),
@@ -191,8 +214,14 @@ def test_budget_from_an_unfunded_wallet_is_refused_and_writes_nothing(server, ap
     before = ledger_state(server)
     with pytest.raises(ApiError) as e:
         owner.post("/runs", {**RUN_BODY, "budget": "50"})
-    api.assert_api_error(e, 409, "insufficient_funds", f"wallet {owner.wallet.address} holds 0 AIT",
-                         "50 AIT needed", "aitbc wallet fund WALLET 50")
+    api.assert_api_error(
+        e,
+        409,
+        "insufficient_funds",
+        f"wallet {owner.wallet.address} holds 0 AIT",
+        "50 AIT needed",
+        "aitbc wallet fund WALLET 50",
+    )
     assert server.rows("SELECT id FROM runs WHERE owner = :o", o=owner.wallet.address) == []
     assert ledger_state(server) == before
     owner.post("/wallets/fund", {"amount": "20"})  # still short: says by how much
@@ -207,9 +236,14 @@ def test_budget_from_a_funded_wallet_is_escrowed(server):
     run_id = owner.post("/runs", {**RUN_BODY, "budget": "50"})["training_id"]
     assert server.rows("SELECT id FROM runs WHERE owner = :o", o=owner.wallet.address) == [{"id": run_id}]
     e = ledger_rows(server)[-1]
-    assert (e["kind"], e["debit"], e["credit"], e["amount"], e["key"], e["signer"]) == \
-        ("escrow", wallet_account(owner.wallet.address), escrow_account(run_id), 50 * AIT, f"escrow:{run_id}:0",
-         owner.wallet.public_key)
+    assert (e["kind"], e["debit"], e["credit"], e["amount"], e["key"], e["signer"]) == (
+        "escrow",
+        wallet_account(owner.wallet.address),
+        escrow_account(run_id),
+        50 * AIT,
+        f"escrow:{run_id}:0",
+        owner.wallet.public_key,
+    )
     assert owner.get(f"/wallets/{owner.wallet.address}/balance")["balance"] == "10"
     assert owner.get(f"/runs/{run_id}/payments")["escrow_balance"] == "50"
     assert api_audit(server).ok
@@ -227,7 +261,7 @@ def test_payment_signed_by_anyone_but_the_owner_is_forbidden(server, api, budget
     with pytest.raises(ApiError) as e:
         funded(server, "pay-mallory", "1").post(f"/runs/{run_id}/payments", {"contract_id": "c", "amount": "1"})
     api.assert_api_error(e, 403, "forbidden", f"run {run_id} belongs to")
-    before = (before[0] + ledger_rows(server)[len(before[0]):], *before[1:])  # mallory's own faucet mint
+    before = (before[0] + ledger_rows(server)[len(before[0]) :], *before[1:])  # mallory's own faucet mint
     assert ledger_rows(server) == before[0]
     with pytest.raises(ApiError) as e:
         server.client("pay-stranger").post(f"/runs/{run_id}/refund", {})

@@ -11,24 +11,47 @@ from aitbc.coordinator import states
 from aitbc.coordinator.errors import ApiError
 from aitbc.coordinator.models import Run
 from aitbc.coordinator.states import (
-    AGGREGATING, COMPLETE, DISTRIBUTING, ENDED, FAILED, INITIALIZING, PAUSED, STATES, TRAINING,
-    check_transition, require_status, transition,
+    AGGREGATING,
+    COMPLETE,
+    DISTRIBUTING,
+    ENDED,
+    FAILED,
+    INITIALIZING,
+    PAUSED,
+    STATES,
+    TRAINING,
+    check_transition,
+    require_status,
+    transition,
 )
 
 # Written from the design (DESIGN.md and the module docstring), not copied from the table:
 #   initializing -> distributing -> training <-> aggregating -> complete
 #   any live state -> failed;  training/initializing -> paused -> (where it was)
 ALLOWED = {
-    (INITIALIZING, DISTRIBUTING), (DISTRIBUTING, TRAINING), (TRAINING, AGGREGATING),
-    (AGGREGATING, TRAINING), (AGGREGATING, COMPLETE),
-    (INITIALIZING, PAUSED), (TRAINING, PAUSED), (PAUSED, INITIALIZING), (PAUSED, TRAINING),
+    (INITIALIZING, DISTRIBUTING),
+    (DISTRIBUTING, TRAINING),
+    (TRAINING, AGGREGATING),
+    (AGGREGATING, TRAINING),
+    (AGGREGATING, COMPLETE),
+    (INITIALIZING, PAUSED),
+    (TRAINING, PAUSED),
+    (PAUSED, INITIALIZING),
+    (PAUSED, TRAINING),
     *((s, FAILED) for s in (INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING, PAUSED)),
 }
 
 
 def make_run(status: str, **kw) -> Run:
-    return Run(id="training_test", status=status, paused_from=kw.pop("paused_from", None),
-               started_at=kw.pop("started_at", None), finished_at=None, updated_at=0.0, **kw)
+    return Run(
+        id="training_test",
+        status=status,
+        paused_from=kw.pop("paused_from", None),
+        started_at=kw.pop("started_at", None),
+        finished_at=None,
+        updated_at=0.0,
+        **kw,
+    )
 
 
 def fields(run: Run) -> tuple:
@@ -39,7 +62,7 @@ def test_the_table_is_the_design():
     table = {(a, b) for a, tos in states.TRANSITIONS.items() for b in tos}
     assert table == ALLOWED
     assert set(states.TRANSITIONS) == set(STATES)
-    assert ENDED == {COMPLETE, FAILED}
+    assert {COMPLETE, FAILED} == ENDED
 
 
 @pytest.mark.parametrize(("src", "dst"), sorted(ALLOWED - {(PAUSED, INITIALIZING), (PAUSED, TRAINING)}))
@@ -77,9 +100,18 @@ def test_refused_transitions_cover_the_notable_cases():
     refused = set(REFUSED)
     # No skipping ahead, no going back, no pausing mid-distribution or mid-aggregation, no
     # pausing twice (that would overwrite where the run was), and nothing stays put.
-    for pair in [(INITIALIZING, TRAINING), (INITIALIZING, COMPLETE), (TRAINING, COMPLETE),
-                 (TRAINING, INITIALIZING), (DISTRIBUTING, PAUSED), (AGGREGATING, PAUSED),
-                 (PAUSED, PAUSED), (PAUSED, COMPLETE), (PAUSED, AGGREGATING), *((s, s) for s in STATES)]:
+    for pair in [
+        (INITIALIZING, TRAINING),
+        (INITIALIZING, COMPLETE),
+        (TRAINING, COMPLETE),
+        (TRAINING, INITIALIZING),
+        (DISTRIBUTING, PAUSED),
+        (AGGREGATING, PAUSED),
+        (PAUSED, PAUSED),
+        (PAUSED, COMPLETE),
+        (PAUSED, AGGREGATING),
+        *((s, s) for s in STATES),
+    ]:
         assert pair in refused, pair
 
 

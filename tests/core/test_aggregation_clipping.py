@@ -71,14 +71,22 @@ def test_centered_clip_uses_weights():
 @pytest.mark.parametrize("path", ["torch-sort", "network"])
 @settings(max_examples=25, deadline=None)
 @given(
-    seed=st.integers(0, 2**31), n=st.integers(1, 10), d=st.integers(1, 12),
-    tau=st.floats(0.05, 5.0), iters=st.integers(1, 4), weighted=st.booleans(),
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 10),
+    d=st.integers(1, 12),
+    tau=st.floats(0.05, 5.0),
+    iters=st.integers(1, 4),
+    weighted=st.booleans(),
 )
 def test_centered_clip_matches_the_direct_iteration(path, seed, n, d, tau, iters, weighted):
     x = random_updates(seed, n, d)
     w = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
     w = w if weighted else torch.ones(n, dtype=torch.float64)
-    knobs = {"NETWORK_MAX_ROWS": 0, "BLOCK_ELEMENTS": 16} if path == "torch-sort" else {"NETWORK_MIN_ELEMENTS": 0, "NETWORK_COLUMNS": 5}
+    knobs = (
+        {"NETWORK_MAX_ROWS": 0, "BLOCK_ELEMENTS": 16}
+        if path == "torch-sort"
+        else {"NETWORK_MIN_ELEMENTS": 0, "NETWORK_COLUMNS": 5}
+    )
 
     with pytest.MonkeyPatch.context() as mp:
         for k, v in knobs.items():
@@ -91,7 +99,10 @@ def test_centered_clip_matches_the_direct_iteration(path, seed, n, d, tau, iters
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"tau": 0.0}, "centered-clip needs tau > 0, got tau=0.0"), ({"iters": 0}, "centered-clip needs iters >= 1, got iters=0")],
+    [
+        ({"tau": 0.0}, "centered-clip needs tau > 0, got tau=0.0"),
+        ({"iters": 0}, "centered-clip needs iters >= 1, got iters=0"),
+    ],
 )
 def test_centered_clip_rejects_bad_options(options, message):
     with pytest.raises(UsageError, match=message):

@@ -24,7 +24,14 @@ LINE = torch.tensor([[0.0], [1.0], [2.0], [10.0]])  # four 1-D updates
 
 def test_every_rule_and_wrapper_is_registered():
     assert AGGREGATORS.names() == [
-        "bulyan", "centered-clip", "geometric-median", "krum", "mean", "median", "multi-krum", "trimmed-mean",
+        "bulyan",
+        "centered-clip",
+        "geometric-median",
+        "krum",
+        "mean",
+        "median",
+        "multi-krum",
+        "trimmed-mean",
     ]
     assert WRAPPERS.names() == ["bucketing", "nnm"]
 
@@ -79,8 +86,12 @@ def test_aggregate_with_f_for_a_wrapper_only():
 @pytest.mark.parametrize(
     ("spec", "params", "message"),
     [
-        ("mode", {}, "unknown aggregator 'mode'; allowed: bulyan, centered-clip, geometric-median, krum, mean, "
-                     "median, multi-krum, trimmed-mean"),
+        (
+            "mode",
+            {},
+            "unknown aggregator 'mode'; allowed: bulyan, centered-clip, geometric-median, krum, mean, "
+            "median, multi-krum, trimmed-mean",
+        ),
         ("fancy+median", {}, "unknown aggregator wrapper 'fancy'; allowed: bucketing, nnm"),
         ("nnm", {}, "'nnm' is a pre-aggregation wrapper; end the spec with a rule, e.g. 'nnm+median'"),
         ("krum:f=1+median", {}, "'krum' is a rule; only wrappers (bucketing, nnm) may come before '+'"),
@@ -114,7 +125,9 @@ def test_conditions_after_bucketing_name_the_bucket_count():
 
 
 def test_nnm_condition():
-    with pytest.raises(UsageError, match=r"nnm needs n >= f\+1 updates \(n-f >= 1 neighbours\); got n=2, f=2 \(needs 3\)"):
+    with pytest.raises(
+        UsageError, match=r"nnm needs n >= f\+1 updates \(n-f >= 1 neighbours\); got n=2, f=2 \(needs 3\)"
+    ):
         aggregate("nnm:f=2+mean", torch.zeros(2, 3))
 
 

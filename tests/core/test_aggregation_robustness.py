@@ -24,8 +24,16 @@ ROBUST = [
     ("bucketing:s=1+krum:f=1", "bucketing:s=1+krum:f=1", 0.0),
 ]
 ALL_SPECS = [
-    "mean", "median", "trimmed-mean:beta=0.2", "krum:f=1", "multi-krum:f=1,m=3", "bulyan:f=1",
-    "centered-clip:tau=0.5", "geometric-median", "nnm:f=1+trimmed-mean:beta=0.2", "bucketing:s=2+median",
+    "mean",
+    "median",
+    "trimmed-mean:beta=0.2",
+    "krum:f=1",
+    "multi-krum:f=1,m=3",
+    "bulyan:f=1",
+    "centered-clip:tau=0.5",
+    "geometric-median",
+    "nnm:f=1+trimmed-mean:beta=0.2",
+    "bucketing:s=2+median",
 ]
 
 
@@ -37,7 +45,9 @@ def honest_updates(seed: int, n: int, d: int) -> torch.Tensor:
 @pytest.mark.parametrize(("spec", "honest_spec", "slack"), ROBUST)
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**31), d=st.integers(1, 6), data=st.data())
-def test_one_outlier_of_any_size_moves_robust_rules_a_bounded_amount(spec, honest_spec, slack, magnitude, seed, d, data):
+def test_one_outlier_of_any_size_moves_robust_rules_a_bounded_amount(
+    spec, honest_spec, slack, magnitude, seed, d, data
+):
     honest = honest_updates(seed, 6, d)  # (6, d)
     direction = torch.tensor(data.draw(st.lists(st.sampled_from([-1.0, 1.0]), min_size=d, max_size=d)))
     at = data.draw(st.integers(0, 6))

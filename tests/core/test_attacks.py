@@ -13,7 +13,9 @@ from aitbc.errors import UsageError
 
 def _view(own=None, honest=None, previous=None, n=4, f=1, seed=0):
     honest = torch.tensor([[1.0, 2.0], [3.0, 2.0], [2.0, 5.0]]) if honest is None else honest
-    return AttackView(own=own, honest=honest, previous=previous, n=n, f=f, generator=torch.Generator().manual_seed(seed))
+    return AttackView(
+        own=own, honest=honest, previous=previous, n=n, f=f, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_registry_has_every_attack_of_the_issue():
@@ -77,9 +79,13 @@ def test_label_flip_sends_its_poisoned_training_result():
 
 @pytest.mark.parametrize(
     ("name", "options", "message"),
-    [("sign-flip", {"scale": "-1"}, "scale must be > 0"), ("gaussian", {"std": "nan"}, "std must be >= 0"),
-     ("free-rider", {"mode": "lazy"}, "must be one of: zeros, stale"), ("ipm", {"eps": "0"}, "eps must be > 0"),
-     ("nope", {}, "unknown attack 'nope'")],
+    [
+        ("sign-flip", {"scale": "-1"}, "scale must be > 0"),
+        ("gaussian", {"std": "nan"}, "std must be >= 0"),
+        ("free-rider", {"mode": "lazy"}, "must be one of: zeros, stale"),
+        ("ipm", {"eps": "0"}, "eps must be > 0"),
+        ("nope", {}, "unknown attack 'nope'"),
+    ],
 )
 def test_bad_attack_options_are_usage_errors(name, options, message):
     with pytest.raises(UsageError, match=message):

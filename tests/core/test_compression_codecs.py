@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from aitbc.core.compression import (
-    CODEC_NAMES, CODECS, Codec, ErrorFeedback, build_codec, compression_ratio, decode, read_header,
+    CODEC_NAMES,
+    CODECS,
+    Codec,
+    ErrorFeedback,
+    build_codec,
+    compression_ratio,
+    decode,
+    read_header,
 )
 from aitbc.errors import UsageError
 
@@ -226,8 +233,10 @@ def test_layout_is_ignored_by_codecs_that_do_not_need_it():
 
 
 def test_error_feedback_from_keyword_or_option():
-    for codec in (build_codec("topk", {"ratio": 0.1}, error_feedback=True),
-                  build_codec("topk", {"ratio": "0.1", "error_feedback": "true"})):
+    for codec in (
+        build_codec("topk", {"ratio": 0.1}, error_feedback=True),
+        build_codec("topk", {"ratio": "0.1", "error_feedback": "true"}),
+    ):
         assert isinstance(codec, ErrorFeedback) and codec.codec.cfg.ratio == 0.1
     assert not isinstance(build_codec("topk", {"error_feedback": "no"}), ErrorFeedback)
     with pytest.raises(UsageError, match="error_feedback='maybe' must be bool"):

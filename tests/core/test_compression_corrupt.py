@@ -27,8 +27,13 @@ def good_blob(name: str, **options) -> bytes:
 def reassemble(blob: bytes, payload: bytes | None = None, **changes) -> bytes:
     """``blob`` with header fields replaced (``meta_k=...`` sets ``meta["k"]``, etc.)."""
     header, old_payload = read_header(blob)
-    raw = {"codec": header.codec, "shape": list(header.shape), "dtype": header.dtype,
-           "params": dict(header.params), "meta": dict(header.meta)}
+    raw = {
+        "codec": header.codec,
+        "shape": list(header.shape),
+        "dtype": header.dtype,
+        "params": dict(header.params),
+        "meta": dict(header.meta),
+    }
     for key, value in changes.items():
         if key.startswith(("meta_", "params_")):
             part, field = key.split("_", 1)
@@ -68,8 +73,13 @@ def test_huge_shape_claim_is_refused_before_allocating(name, numel):
 def test_powersgd_cannot_expand_a_small_payload_into_a_huge_matrix():
     # rank-1 factors of a 20000 x 20000 matrix: 160 kB of payload, 1.6 GB decoded
     m = n = 20_000
-    bad = reassemble(good_blob("powersgd", rank=1), payload=b"\0" * (4 * (m + n)),
-                     shape=[m, n], meta={"layout": [[m, n]]}, params={"rank": 1, "seed": 0, "warm_start": True})
+    bad = reassemble(
+        good_blob("powersgd", rank=1),
+        payload=b"\0" * (4 * (m + n)),
+        shape=[m, n],
+        meta={"layout": [[m, n]]},
+        params={"rank": 1, "seed": 0, "warm_start": True},
+    )
     assert m * n > MAX_NUMEL
 
     with pytest.raises(IntegrityError, match="more than the allowed"):

@@ -157,9 +157,23 @@ def good_blob() -> bytes:
         (make_blob(none_header(shape=[10**12]), b"\0" * 8), "payload"),
     ],
     ids=[
-        "empty", "prefix-only", "magic", "version", "truncated-payload", "trailing-byte",
-        "truncated-header", "bad-json", "not-utf8", "json-list", "json-null", "missing-keys",
-        "bad-dim", "negative-dim", "unknown-codec", "unknown-dtype", "huge-shape",
+        "empty",
+        "prefix-only",
+        "magic",
+        "version",
+        "truncated-payload",
+        "trailing-byte",
+        "truncated-header",
+        "bad-json",
+        "not-utf8",
+        "json-list",
+        "json-null",
+        "missing-keys",
+        "bad-dim",
+        "negative-dim",
+        "unknown-codec",
+        "unknown-dtype",
+        "huge-shape",
     ],
 )
 def test_corrupt_blobs_are_integrity_errors(blob, message):
@@ -194,6 +208,7 @@ def test_unknown_params_in_header_are_an_integrity_error():
 
 
 # --- fp16 and bf16 -----------------------------------------------------------------------------
+
 
 def f32_vectors(bound: float):
     bound = float(np.float32(bound))

@@ -48,8 +48,9 @@ def test_topk_bookkeeping_is_exact():
     assert torch.equal(total_out + ef.residual, total_in)
 
 
-@pytest.mark.parametrize(("name", "options"), [("topk", {"ratio": 0.1}), ("sign", {}), ("int4", {}),
-                                               ("powersgd", {"rank": 1})])
+@pytest.mark.parametrize(
+    ("name", "options"), [("topk", {"ratio": 0.1}), ("sign", {}), ("int4", {}), ("powersgd", {"rank": 1})]
+)
 def test_residual_stays_bounded_and_the_sums_converge(name, options):
     ef = worker(name, **options)
     xs = updates(200, seed=1)

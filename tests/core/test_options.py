@@ -172,9 +172,7 @@ def test_unknown_key_lists_allowed_keys():
     with pytest.raises(UsageError) as exc:
         build(stepz="3")
 
-    assert str(exc.value) == (
-        "unknown demo option 'stepz'; allowed: steps, lr, flag, name, hidden, limit, cap"
-    )
+    assert str(exc.value) == ("unknown demo option 'stepz'; allowed: steps, lr, flag, name, hidden, limit, cap")
 
 
 def test_post_init_value_error_becomes_usage_error():

@@ -65,7 +65,9 @@ def test_partial_credit_below_full_credit_gain():
 
 def test_harm_needs_both_loss_and_direction():
     # An honest update that alone costs 30% near convergence but points with the others: not provable harm.
-    sc = score_round([-0.3, 0.01, 0.02], [0.5, 0.5, 0.5], [0.1, 0.1, 0.1], [1.0] * 3, [None] * 3, alignment=[0.6, 0.7, 0.7])
+    sc = score_round(
+        [-0.3, 0.01, 0.02], [0.5, 0.5, 0.5], [0.1, 0.1, 0.1], [1.0] * 3, [None] * 3, alignment=[0.6, 0.7, 0.7]
+    )
     assert HARMFUL not in sc[0].flags and sc[0].quality == 0.0 and not sc[0].provable
 
 

@@ -3,6 +3,7 @@ processes on 127.0.0.1 (ports picked free at run time), the owner's CLI as subpr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,20 +32,36 @@ class Stack:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen] = {}
-        self.env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", AITBC_COORDINATOR=self.url,
-                        AITBC_HOME=str(root / "owner"))
+        self.env = dict(
+            os.environ, OMP_NUM_THREADS="1", COLUMNS="200", AITBC_COORDINATOR=self.url, AITBC_HOME=str(root / "owner")
+        )
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = (self.root / f"{name}.log").open("ab")
-        p = subprocess.Popen([str(AITBC), *args], stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [str(AITBC), *args], stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         self.procs[name] = p
         return p
 
     def start_coordinator(self, *, lease: float = 3.0, settle_delay: float = 0.0) -> None:
-        self._spawn("coordinator", ["coordinator", "serve", "--home", str(self.root / "coordinator"),
-                                    "--port", str(self.port), "--lease", str(lease), "--log-level", "warning",
-                                    "--settle-delay", str(settle_delay)])
+        self._spawn(
+            "coordinator",
+            [
+                "coordinator",
+                "serve",
+                "--home",
+                str(self.root / "coordinator"),
+                "--port",
+                str(self.port),
+                "--lease",
+                str(lease),
+                "--log-level",
+                "warning",
+                "--settle-delay",
+                str(settle_delay),
+            ],
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -57,18 +74,49 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"coordinator did not start:\n{self.log('coordinator')}")
 
-    def start_worker(self, name: str, *, gpu: str = "RTX3090", price: str = "1.00", step_delay: float = 0.0,
-                     max_bond: str = "0", attack: str | None = None, funds: str | None = None) -> None:
+    def start_worker(
+        self,
+        name: str,
+        *,
+        gpu: str = "RTX3090",
+        price: str = "1.00",
+        step_delay: float = 0.0,
+        max_bond: str = "0",
+        attack: str | None = None,
+        funds: str | None = None,
+    ) -> None:
         if funds is not None:  # the provider funds its own wallet first (its bond comes from it)
             r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
             if r.returncode != 0:  # the wallet does not exist yet
                 self.cli("wallet", "create", name, "--home", str(self.root / name))
                 r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
             assert r.returncode == 0, r.stderr
-        self._spawn(name, ["worker", "start", "--coordinator", self.url, "--home", str(self.root / name),
-                           "--wallet", name, "--gpu", gpu, "--price", price, "--heartbeat", "0.5",
-                           "--log-level", "info", "--step-delay", str(step_delay), "--max-bond", max_bond,
-                           *(["--attack", attack] if attack else [])])
+        self._spawn(
+            name,
+            [
+                "worker",
+                "start",
+                "--coordinator",
+                self.url,
+                "--home",
+                str(self.root / name),
+                "--wallet",
+                name,
+                "--gpu",
+                gpu,
+                "--price",
+                price,
+                "--heartbeat",
+                "0.5",
+                "--log-level",
+                "info",
+                "--step-delay",
+                str(step_delay),
+                "--max-bond",
+                max_bond,
+                *(["--attack", attack] if attack else []),
+            ],
+        )
 
     def fund_owner(self, amount: str = "1000") -> None:
         r = self.cli("wallet", "fund", "my-agent-wallet", amount)
@@ -89,8 +137,19 @@ class Stack:
         return json.loads(key.read_text())["address"]
 
     def init_run(self, *extra: str, model: str = "mlp", workers: int = 3) -> str:
-        r = self.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", model,
-                     "--dataset-size", "100GB", "--target-workers", str(workers), *extra)
+        r = self.cli(
+            "distributed-training",
+            "init",
+            "--wallet",
+            "my-agent-wallet",
+            "--model-type",
+            model,
+            "--dataset-size",
+            "100GB",
+            "--target-workers",
+            str(workers),
+            *extra,
+        )
         assert r.returncode == 0, r.stderr
         self.fund_owner()
         return re.search(r"Training ID: (training_\w+)", r.stdout).group(1)
@@ -99,11 +158,21 @@ class Stack:
         """upload-data, discover-workers and distribute, as the owner types them."""
         r = self.cli("distributed-training", "upload-data", "--training-id", run_id, "--data-path", data)
         assert r.returncode == 0, r.stderr
-        r = self.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", min_gpu,
-                     "--required-workers", str(workers))
+        r = self.cli(
+            "distributed-training",
+            "discover-workers",
+            "--training-id",
+            run_id,
+            "--min-gpu",
+            min_gpu,
+            "--required-workers",
+            str(workers),
+        )
         assert r.returncode == 0, r.stderr
         args = [f"--{k.replace('_', '-')}={v}" for k, v in dist.items()]
-        r = self.cli("distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel", *args)
+        r = self.cli(
+            "distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel", *args
+        )
         assert r.returncode == 0, r.stderr
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -136,10 +205,8 @@ class Stack:
     def close(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 p.wait(timeout=30)
 
 

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.slow
 def _flags(stack, run_id: str) -> list[tuple[str, str, int]]:
     eng = create_engine(f"sqlite:///{stack.root / 'coordinator' / 'coordinator.db'}")
     with eng.connect() as c:
-        rows = c.execute(text("SELECT worker_id, kind, round FROM flags WHERE run_id = :r ORDER BY id"), {"r": run_id}).all()
+        rows = c.execute(
+            text("SELECT worker_id, kind, round FROM flags WHERE run_id = :r ORDER BY id"), {"r": run_id}
+        ).all()
     eng.dispose()
     return [tuple(r) for r in rows]
 
@@ -53,6 +55,11 @@ def test_joiner_is_taken_in_and_the_slowest_dropped_over_target(stack):
     dropped = [w for w in run["workers"] if w["end_reason"] and "slowest" in w["end_reason"]]
     assert [w["worker_id"] for w in dropped] == [stack.worker_id("b")]
     assert dropped[0]["job_status"] == "released"
-    finishers = [w for w in run["workers"] if w["job_status"] in ("active", "released") and w["end_reason"] == "run complete"]
+    finishers = [
+        w for w in run["workers"] if w["job_status"] in ("active", "released") and w["end_reason"] == "run complete"
+    ]
     assert len(finishers) == 2
-    assert {w["shard_index"] for w in finishers} == {0, 1}  # b's shard was not left behind: a doubled-up worker moved to it
+    assert {w["shard_index"] for w in finishers} == {
+        0,
+        1,
+    }  # b's shard was not left behind: a doubled-up worker moved to it

@@ -11,8 +11,16 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-TINY_TRANSFORMER = ["--model-opt", "context=32", "--model-opt", "d_model=32", "--model-opt", "n_layers=1",
-                    "--model-opt", "n_heads=2"]
+TINY_TRANSFORMER = [
+    "--model-opt",
+    "context=32",
+    "--model-opt",
+    "d_model=32",
+    "--model-opt",
+    "n_layers=1",
+    "--model-opt",
+    "n_heads=2",
+]
 
 
 def test_documented_workflow_trains_a_transformer(stack, tmp_path):
@@ -21,7 +29,11 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
         stack.start_worker(f"w{i}", gpu=gpu, price=price)
     stack.wait_offers(3)
     offers = json.loads(stack.cli("market", "offers", "--json").stdout)["data"]
-    assert sorted((o["gpu_type"], o["price"]) for o in offers) == [("RTX3080", "0.9"), ("RTX3090", "1.2"), ("RTX4090", "1.6")]
+    assert sorted((o["gpu_type"], o["price"]) for o in offers) == [
+        ("RTX3080", "0.9"),
+        ("RTX3090", "1.2"),
+        ("RTX4090", "1.6"),
+    ]
     assert all(o["live"] and o["reputation"] == 2.5 and o["device"]["device"] == "cpu" for o in offers)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -31,8 +43,19 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     for f in sorted(Path(_json.__file__).parent.glob("*.py")):
         (corpus / f.name).write_bytes(f.read_bytes())
 
-    r = stack.cli("distributed-training", "init", "--wallet", "my-agent-wallet", "--model-type", "transformer",
-                  "--dataset-size", "100GB", "--target-workers", "3", *TINY_TRANSFORMER)
+    r = stack.cli(
+        "distributed-training",
+        "init",
+        "--wallet",
+        "my-agent-wallet",
+        "--model-type",
+        "transformer",
+        "--dataset-size",
+        "100GB",
+        "--target-workers",
+        "3",
+        *TINY_TRANSFORMER,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "Distributed training initialized"
@@ -44,17 +67,51 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     assert "Shards: 3" in r.stdout
 
     # Too many asked for: a clear refusal, and no contract made.
-    r = stack.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", "RTX3090",
-                  "--required-workers", "10")
-    assert r.returncode == 1 and "found 2 free live offers with GPU at least RTX3090" in r.stderr and "10 required" in r.stderr
+    r = stack.cli(
+        "distributed-training",
+        "discover-workers",
+        "--training-id",
+        run_id,
+        "--min-gpu",
+        "RTX3090",
+        "--required-workers",
+        "10",
+    )
+    assert (
+        r.returncode == 1
+        and "found 2 free live offers with GPU at least RTX3090" in r.stderr
+        and "10 required" in r.stderr
+    )
     assert stack.api(f"/runs/{run_id}")["contracts"] == []
 
-    r = stack.cli("distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", "RTX3080",
-                  "--required-workers", "3")
+    r = stack.cli(
+        "distributed-training",
+        "discover-workers",
+        "--training-id",
+        run_id,
+        "--min-gpu",
+        "RTX3080",
+        "--required-workers",
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     assert "Contracted 3 workers" in r.stdout
-    dist = ["distributed-training", "distribute", "--training-id", run_id, "--strategy", "data-parallel",
-            "--rounds", "4", "--local-steps", "15", "--lr", "3e-3", "--compression", "int8"]
+    dist = [
+        "distributed-training",
+        "distribute",
+        "--training-id",
+        run_id,
+        "--strategy",
+        "data-parallel",
+        "--rounds",
+        "4",
+        "--local-steps",
+        "15",
+        "--lr",
+        "3e-3",
+        "--compression",
+        "int8",
+    ]
     r = stack.cli(*dist)  # the owner's wallet is empty: nothing is escrowed, nothing starts
     assert r.returncode == 1 and "insufficient" not in r.stdout
     assert "needed" in r.stderr and "aitbc wallet fund my-agent-wallet" in r.stderr, r.stderr

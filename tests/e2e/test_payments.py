@@ -67,8 +67,12 @@ def test_byzantine_worker_is_slashed_and_honest_workers_are_paid(stack):
         price = int(round(float(honest["price"]) * 1_000_000))
         assert honest["paid_micro"] >= 0.7 * price * honest["rounds_accepted"], honest
     # Honest rounds of full quality were paid exactly the agreed price.
-    settled = _rows(stack, "SELECT s.worker_id, s.quality, s.paid, c.price FROM settlements s "
-                           "JOIN contracts c ON c.id = s.contract_id WHERE s.run_id = :r", r=run_id)
+    settled = _rows(
+        stack,
+        "SELECT s.worker_id, s.quality, s.paid, c.price FROM settlements s "
+        "JOIN contracts c ON c.id = s.contract_id WHERE s.run_id = :r",
+        r=run_id,
+    )
     full = [(paid, price) for w, q, paid, price in settled if w != byz_id and q == 1.0]
     assert full and all(paid == price for paid, price in full)
     # The attacker's shard went on without it (ejected at its first settlement).

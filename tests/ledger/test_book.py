@@ -24,8 +24,16 @@ MINT = mint_account("local")
 def signed(wallet: Wallet, body: dict, field: str | None, path: str = "/v1/wallets/send") -> RequestAuth:
     data = json.dumps(body).encode()
     h = sign_request(wallet, "POST", path, data)
-    return RequestAuth(method="POST", path=path, body=data.decode(), timestamp=h[HEADER_TIMESTAMP],
-                       nonce=h[HEADER_NONCE], public_key=wallet.public_key, signature=h[HEADER_SIGNATURE], field=field)
+    return RequestAuth(
+        method="POST",
+        path=path,
+        body=data.decode(),
+        timestamp=h[HEADER_TIMESTAMP],
+        nonce=h[HEADER_NONCE],
+        public_key=wallet.public_key,
+        signature=h[HEADER_SIGNATURE],
+        field=field,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +64,21 @@ def post(engine, ledger: Ledger, **kw) -> int:
 def state(engine) -> dict:
     """Every row of the three ledger tables."""
     with engine.connect() as conn:
-        return {t: sorted(tuple(r) for r in conn.execute(text(f"SELECT * FROM {t}")))
-                for t in ("ledger_entries", "ledger_accounts", "ledger_head")}
+        return {
+            t: sorted(tuple(r) for r in conn.execute(text(f"SELECT * FROM {t}")))
+            for t in ("ledger_entries", "ledger_accounts", "ledger_head")
+        }
 
 
 def check(engine, system: Wallet):
     with Session(engine) as s:
         h = s.get(Head, 1)
-        return audit([e.as_dict() for e in Ledger.entries(s)], system_key=system.public_key,
-                     cached=Ledger.cached_balances(s), head=(h.seq, h.hash) if h else (0, None))
+        return audit(
+            [e.as_dict() for e in Ledger.entries(s)],
+            system_key=system.public_key,
+            cached=Ledger.cached_balances(s),
+            head=(h.seq, h.hash) if h else (0, None),
+        )
 
 
 # --- refusals: nothing written ------------------------------------------------------------------
@@ -89,16 +103,28 @@ def test_overdraft_is_refused_with_no_write(engine, system, alice):
     A = wallet_account(alice.address)
     post(engine, ledger, kind="mint", debit=MINT, credit=A, amount=3 * AIT)
     before = state(engine)
-    with Session(engine) as s:
-        with pytest.raises(LedgerError) as e:
-            ledger.post(s, kind="transfer", debit=A, credit="wallet:ait1other", amount=3 * AIT + 1,
-                        request=signed(alice, {"to": "ait1other", "amount": "4"}, "amount"))
+    with Session(engine) as s, pytest.raises(LedgerError) as e:
+        ledger.post(
+            s,
+            kind="transfer",
+            debit=A,
+            credit="wallet:ait1other",
+            amount=3 * AIT + 1,
+            request=signed(alice, {"to": "ait1other", "amount": "4"}, "amount"),
+        )
     assert e.value.code == "insufficient_funds"
     assert f"{A} holds {3 * AIT} micro-AIT; {3 * AIT + 1} needed" == e.value.detail
     assert state(engine) == before
     # Exactly the balance is fine.
-    post(engine, ledger, kind="transfer", debit=A, credit="wallet:ait1other", amount=3 * AIT,
-         request=signed(alice, {"to": "ait1other", "amount": "3"}, "amount"))
+    post(
+        engine,
+        ledger,
+        kind="transfer",
+        debit=A,
+        credit="wallet:ait1other",
+        amount=3 * AIT,
+        request=signed(alice, {"to": "ait1other", "amount": "3"}, "amount"),
+    )
     assert check(engine, system).ok
 
 
@@ -177,13 +203,26 @@ def test_entries_chain_and_balances(engine, system, alice):
     ledger = Ledger(system)
     A = wallet_account(alice.address)
     post(engine, ledger, kind="mint", debit=MINT, credit=A, amount=10 * AIT, memo={"faucet": True}, now=1000.0)
-    post(engine, ledger, kind="escrow", debit=A, credit=escrow_account("r"), amount=4 * AIT, key="escrow:r:0",
-         request=signed(alice, {"budget": "4"}, "budget", "/v1/runs"))
+    post(
+        engine,
+        ledger,
+        kind="escrow",
+        debit=A,
+        credit=escrow_account("r"),
+        amount=4 * AIT,
+        key="escrow:r:0",
+        request=signed(alice, {"budget": "4"}, "budget", "/v1/runs"),
+    )
     with Session(engine) as s:
         e1, e2 = Ledger.entries(s)
         assert (e1.seq, e1.prev_hash, e1.created_at, e1.signer) == (1, "0" * 64, 1000.0, system.public_key)
-        assert (e2.seq, e2.prev_hash, e2.signer, e2.auth["type"], e2.auth["field"]) == \
-            (2, e1.hash, alice.public_key, "request", "budget")
+        assert (e2.seq, e2.prev_hash, e2.signer, e2.auth["type"], e2.auth["field"]) == (
+            2,
+            e1.hash,
+            alice.public_key,
+            "request",
+            "budget",
+        )
         assert s.get(Head, 1).hash == e2.hash
         assert Ledger.balance(s, A) == 6 * AIT
         assert Ledger.balance(s, escrow_account("r")) == 4 * AIT
@@ -215,17 +254,38 @@ def test_conservation_over_many_random_postings(engine, system):
             elif op < 0.55:
                 to = people[(who + rng.randrange(1, len(people))) % len(people)].address
                 body = {"to": to, "amount": f"{amount / AIT:.6f}"}
-                post(engine, ledger, kind="transfer", debit=wallets[who], credit=wallet_account(to), amount=amount,
-                     request=signed(people[who], body, "amount"))
+                post(
+                    engine,
+                    ledger,
+                    kind="transfer",
+                    debit=wallets[who],
+                    credit=wallet_account(to),
+                    amount=amount,
+                    request=signed(people[who], body, "amount"),
+                )
             elif op < 0.75:
                 pot = rng.choice(pots)
                 body = {"budget": f"{amount / AIT:.6f}"}
-                post(engine, ledger, kind="escrow", debit=wallets[who], credit=pot, amount=amount,
-                     request=signed(people[who], body, "budget", "/v1/runs"))
+                post(
+                    engine,
+                    ledger,
+                    kind="escrow",
+                    debit=wallets[who],
+                    credit=pot,
+                    amount=amount,
+                    request=signed(people[who], body, "budget", "/v1/runs"),
+                )
             else:
                 pot = rng.choice(pots)
-                post(engine, ledger, kind=rng.choice(["settle", "refund", "slash"]), debit=pot,
-                     credit=rng.choice(wallets + pots), amount=amount, key=f"k{i}")
+                post(
+                    engine,
+                    ledger,
+                    kind=rng.choice(["settle", "refund", "slash"]),
+                    debit=pot,
+                    credit=rng.choice(wallets + pots),
+                    amount=amount,
+                    key=f"k{i}",
+                )
         except LedgerError as e:
             assert e.code in ("insufficient_funds", "bad_amount"), e
             refused += 1
@@ -270,14 +330,30 @@ def test_entries_their_authorisation_does_not_cover_are_refused_with_no_write(en
         post(engine, ledger, kind="mint", debit=MINT, credit=w, amount=10 * AIT)
     before = state(engine)
     cases = [
-        (dict(debit=B, credit=A, amount=AIT, request=signed(alice, {"to": alice.address, "amount": "1"}, "amount")),
-         f"cannot debit {B}"),
-        (dict(debit=A, credit=B, amount=AIT + 1, request=signed(alice, {"to": bob.address, "amount": "1"}, "amount")),
-         "exceeds"),
-        (dict(debit=A, credit="wallet:ait1x", amount=AIT, request=signed(alice, {"to": bob.address, "amount": "1"}, "amount")),
-         "sends to"),
+        (
+            dict(debit=B, credit=A, amount=AIT, request=signed(alice, {"to": alice.address, "amount": "1"}, "amount")),
+            f"cannot debit {B}",
+        ),
+        (
+            dict(
+                debit=A, credit=B, amount=AIT + 1, request=signed(alice, {"to": bob.address, "amount": "1"}, "amount")
+            ),
+            "exceeds",
+        ),
+        (
+            dict(
+                debit=A,
+                credit="wallet:ait1x",
+                amount=AIT,
+                request=signed(alice, {"to": bob.address, "amount": "1"}, "amount"),
+            ),
+            "sends to",
+        ),
         (dict(debit=A, credit=B, amount=AIT), "without its owner's signed request"),
-        (dict(debit=MINT, credit=A, amount=AIT, request=signed(alice, {"amount": "1"}, "amount")), "cannot debit mint:"),
+        (
+            dict(debit=MINT, credit=A, amount=AIT, request=signed(alice, {"amount": "1"}, "amount")),
+            "cannot debit mint:",
+        ),
     ]
     for kw, words in cases:
         with Session(engine) as s, pytest.raises(LedgerError) as e:

@@ -30,13 +30,22 @@ AIT = 1_000_000
 MINT = mint_account("local")
 
 
-def signed(wallet: Wallet, body: dict, field: str | None, path: str = "/v1/wallets/send",
-           nonce: str | None = None) -> RequestAuth:
+def signed(
+    wallet: Wallet, body: dict, field: str | None, path: str = "/v1/wallets/send", nonce: str | None = None
+) -> RequestAuth:
     """``body`` as a request really signed by ``wallet``, kept as an entry's authorisation."""
     data = json.dumps(body).encode()
     h = sign_request(wallet, "POST", path, data, nonce=nonce)
-    return RequestAuth(method="POST", path=path, body=data.decode(), timestamp=h[HEADER_TIMESTAMP],
-                       nonce=h[HEADER_NONCE], public_key=wallet.public_key, signature=h[HEADER_SIGNATURE], field=field)
+    return RequestAuth(
+        method="POST",
+        path=path,
+        body=data.decode(),
+        timestamp=h[HEADER_TIMESTAMP],
+        nonce=h[HEADER_NONCE],
+        public_key=wallet.public_key,
+        signature=h[HEADER_SIGNATURE],
+        field=field,
+    )
 
 
 class Book:
@@ -61,8 +70,11 @@ class Book:
     def read(self):
         with Session(self.engine) as s:
             h = s.get(Head, 1)
-            return ([e.as_dict() for e in Ledger.entries(s)], Ledger.cached_balances(s),
-                    (h.seq, h.hash) if h else (0, GENESIS))
+            return (
+                [e.as_dict() for e in Ledger.entries(s)],
+                Ledger.cached_balances(s),
+                (h.seq, h.hash) if h else (0, GENESIS),
+            )
 
     def audit(self, system_key: str | None = "default"):
         entries, cached, head = self.read()
@@ -70,8 +82,18 @@ class Book:
         return audit(entries, system_key=key, cached=cached, head=head)
 
 
-def forge(book: Book, *, kind: str, debit: str, credit: str, amount: int, request: RequestAuth | None = None,
-          signer: Wallet | None = None, key: str | None = None, refused_as: str = "unauthorised") -> int:
+def forge(
+    book: Book,
+    *,
+    kind: str,
+    debit: str,
+    credit: str,
+    amount: int,
+    request: RequestAuth | None = None,
+    signer: Wallet | None = None,
+    key: str | None = None,
+    refused_as: str = "unauthorised",
+) -> int:
     """Write an entry as ``Ledger.post`` would, minus its checks (``Ledger.post`` refuses
     these): the coordinator's database written by someone else. First checks that
     ``post`` itself refuses it and writes nothing."""
@@ -82,8 +104,18 @@ def forge(book: Book, *, kind: str, debit: str, credit: str, amount: int, reques
     assert book.read() == before
     with Session(book.engine) as s:
         head = s.get(Head, 1)
-        e = {"seq": head.seq + 1, "prev_hash": head.hash, "network": "local", "kind": kind, "debit": debit,
-             "credit": credit, "amount": amount, "memo": {}, "key": key, "created_at": 1_764_440_000.0}
+        e = {
+            "seq": head.seq + 1,
+            "prev_hash": head.hash,
+            "network": "local",
+            "kind": kind,
+            "debit": debit,
+            "credit": credit,
+            "amount": amount,
+            "memo": {},
+            "key": key,
+            "created_at": 1_764_440_000.0,
+        }
         if request is None:
             w = signer or book.system
             e["signer"], e["auth"] = w.public_key, {"type": "entry"}
@@ -114,16 +146,46 @@ def book(tmp_path, people) -> Book:
     A, B = wallet_account(alice.address), wallet_account(bob.address)
     b.post(kind="mint", debit=MINT, credit=A, amount=100 * AIT, memo={"faucet": True})  # 1
     b.post(kind="mint", debit=MINT, credit=B, amount=50 * AIT, memo={"faucet": True})  # 2
-    b.post(kind="transfer", debit=A, credit=B, amount=5 * AIT, memo={"to": bob.address},  # 3
-           request=signed(alice, {"to": bob.address, "amount": "5"}, "amount"))
-    b.post(kind="escrow", debit=A, credit=escrow_account("run1"), amount=20 * AIT, key="escrow:run1:0",  # 4
-           request=signed(alice, {"model_type": "mlp", "budget": "20"}, "budget", "/v1/runs"))
-    b.post(kind="settle", debit=escrow_account("run1"), credit=B, amount=3 * AIT, key="settle:c1:1",  # 5
-           memo={"run": "run1", "round": 1})
-    b.post(kind="transfer", debit=B, credit=A, amount=1 * AIT, memo={"to": alice.address},  # 6
-           request=signed(bob, {"to": alice.address, "amount": "1.000000"}, "amount"))
-    b.post(kind="refund", debit=escrow_account("run1"), credit=A, amount=17 * AIT, key="refund:run1",  # 7
-           memo={"run": "run1"})
+    b.post(
+        kind="transfer",
+        debit=A,
+        credit=B,
+        amount=5 * AIT,
+        memo={"to": bob.address},  # 3
+        request=signed(alice, {"to": bob.address, "amount": "5"}, "amount"),
+    )
+    b.post(
+        kind="escrow",
+        debit=A,
+        credit=escrow_account("run1"),
+        amount=20 * AIT,
+        key="escrow:run1:0",  # 4
+        request=signed(alice, {"model_type": "mlp", "budget": "20"}, "budget", "/v1/runs"),
+    )
+    b.post(
+        kind="settle",
+        debit=escrow_account("run1"),
+        credit=B,
+        amount=3 * AIT,
+        key="settle:c1:1",  # 5
+        memo={"run": "run1", "round": 1},
+    )
+    b.post(
+        kind="transfer",
+        debit=B,
+        credit=A,
+        amount=1 * AIT,
+        memo={"to": alice.address},  # 6
+        request=signed(bob, {"to": alice.address, "amount": "1.000000"}, "amount"),
+    )
+    b.post(
+        kind="refund",
+        debit=escrow_account("run1"),
+        credit=A,
+        amount=17 * AIT,
+        key="refund:run1",  # 7
+        memo={"run": "run1"},
+    )
     return b
 
 
@@ -256,43 +318,77 @@ def test_rehashed_chain_is_caught_by_the_next_coordinator_signature(book):
 
 def test_request_entry_over_the_signed_amount_fails(book, people):
     alice, carol = people["alice"], people["carol"]
-    seq = forge(book, kind="transfer", debit=wallet_account(alice.address), credit=wallet_account(carol.address),
-                amount=5 * AIT + 1, request=signed(alice, {"to": carol.address, "amount": "5"}, "amount"))
+    seq = forge(
+        book,
+        kind="transfer",
+        debit=wallet_account(alice.address),
+        credit=wallet_account(carol.address),
+        amount=5 * AIT + 1,
+        request=signed(alice, {"to": carol.address, "amount": "5"}, "amount"),
+    )
     assert_fails_at(book.audit(), seq, "exceeds", "'amount'")
 
 
 def test_request_entry_at_the_signed_amount_passes(book, people):
     alice, carol = people["alice"], people["carol"]
-    book.post(kind="transfer", debit=wallet_account(alice.address), credit=wallet_account(carol.address),
-              amount=5 * AIT, request=signed(alice, {"to": carol.address, "amount": "5"}, "amount"))
+    book.post(
+        kind="transfer",
+        debit=wallet_account(alice.address),
+        credit=wallet_account(carol.address),
+        amount=5 * AIT,
+        request=signed(alice, {"to": carol.address, "amount": "5"}, "amount"),
+    )
     assert book.audit().ok
 
 
 def test_request_signed_entry_debiting_someone_elses_wallet_fails(book, people):
     alice, bob, mallory = people["alice"], people["bob"], people["mallory"]
-    seq = forge(book, kind="transfer", debit=wallet_account(bob.address), credit=wallet_account(mallory.address),
-                amount=AIT, request=signed(alice, {"to": mallory.address, "amount": "1"}, "amount"))
+    seq = forge(
+        book,
+        kind="transfer",
+        debit=wallet_account(bob.address),
+        credit=wallet_account(mallory.address),
+        amount=AIT,
+        request=signed(alice, {"to": mallory.address, "amount": "1"}, "amount"),
+    )
     assert_fails_at(book.audit(), seq, f"signed by {alice.address} cannot debit wallet:{bob.address}")
 
 
 def test_request_entry_crediting_another_than_the_signed_to_fails(book, people):
     alice, bob, mallory = people["alice"], people["bob"], people["mallory"]
-    seq = forge(book, kind="transfer", debit=wallet_account(alice.address), credit=wallet_account(mallory.address),
-                amount=AIT, request=signed(alice, {"to": bob.address, "amount": "1"}, "amount"))
+    seq = forge(
+        book,
+        kind="transfer",
+        debit=wallet_account(alice.address),
+        credit=wallet_account(mallory.address),
+        amount=AIT,
+        request=signed(alice, {"to": bob.address, "amount": "1"}, "amount"),
+    )
     assert_fails_at(book.audit(), seq, "sends to " + bob.address)
 
 
 def test_request_about_a_run_may_only_credit_its_escrow(book, people):
     alice, mallory = people["alice"], people["mallory"]
-    seq = forge(book, kind="escrow", debit=wallet_account(alice.address), credit=wallet_account(mallory.address),
-                amount=AIT, request=signed(alice, {"rounds": 3}, None, "/v1/runs/run9/distribute"))
+    seq = forge(
+        book,
+        kind="escrow",
+        debit=wallet_account(alice.address),
+        credit=wallet_account(mallory.address),
+        amount=AIT,
+        request=signed(alice, {"rounds": 3}, None, "/v1/runs/run9/distribute"),
+    )
     assert_fails_at(book.audit(), seq, "about run run9")
 
 
 def test_run_request_crediting_its_escrow_passes(book, people):
     alice = people["alice"]
-    book.post(kind="escrow", debit=wallet_account(alice.address), credit=escrow_account("run9"),
-              amount=AIT, request=signed(alice, {"rounds": 3}, None, "/v1/runs/run9/distribute"))
+    book.post(
+        kind="escrow",
+        debit=wallet_account(alice.address),
+        credit=escrow_account("run9"),
+        amount=AIT,
+        request=signed(alice, {"rounds": 3}, None, "/v1/runs/run9/distribute"),
+    )
     assert book.audit().ok
 
 
@@ -324,11 +420,24 @@ def test_a_providers_max_bond_covers_each_of_its_bonds(book, people):
     bob = people["bob"]
     reg = signed(bob, {"gpu": "RTX4090", "price": "1", "max_bond": "4"}, "max_bond", "/v1/workers")
     for c in ("c1", "c2"):
-        book.post(kind="bond", debit=wallet_account(bob.address), credit=f"bond:{c}", amount=4 * AIT,
-                  key=f"bond:{c}", request=reg)
+        book.post(
+            kind="bond",
+            debit=wallet_account(bob.address),
+            credit=f"bond:{c}",
+            amount=4 * AIT,
+            key=f"bond:{c}",
+            request=reg,
+        )
     assert book.audit().ok
-    seq = forge(book, kind="bond", debit=wallet_account(bob.address), credit="bond:c3", amount=4 * AIT + 1,
-                key="bond:c3", request=reg)
+    seq = forge(
+        book,
+        kind="bond",
+        debit=wallet_account(bob.address),
+        credit="bond:c3",
+        amount=4 * AIT + 1,
+        key="bond:c3",
+        request=reg,
+    )
     assert_fails_at(book.audit(), seq, "'max_bond'")
 
 
@@ -336,8 +445,14 @@ def test_request_with_an_edited_body_fails(book, people):
     alice, bob = people["alice"], people["bob"]
     req = signed(alice, {"to": bob.address, "amount": "1"}, "amount")
     forged = dataclasses.replace(req, body=json.dumps({"to": bob.address, "amount": "90"}))
-    seq = forge(book, kind="transfer", debit=wallet_account(alice.address), credit=wallet_account(bob.address),
-                amount=90 * AIT, request=forged)
+    seq = forge(
+        book,
+        kind="transfer",
+        debit=wallet_account(alice.address),
+        credit=wallet_account(bob.address),
+        amount=90 * AIT,
+        request=forged,
+    )
     assert_fails_at(book.audit(), seq, "request signature does not verify")
 
 
@@ -352,15 +467,26 @@ def test_mint_not_signed_by_the_system_key_fails(book, people):
 
 def test_mint_authorised_by_a_request_fails(book, people):
     mallory = people["mallory"]
-    seq = forge(book, kind="mint", debit=MINT, credit=wallet_account(mallory.address), amount=AIT,
-                request=signed(mallory, {"amount": "1"}, "amount", "/v1/wallets/fund"))
+    seq = forge(
+        book,
+        kind="mint",
+        debit=MINT,
+        credit=wallet_account(mallory.address),
+        amount=AIT,
+        request=signed(mallory, {"amount": "1"}, "amount", "/v1/wallets/fund"),
+    )
     assert_fails_at(book.audit(), seq, "cannot debit mint:local")
 
 
 def test_the_coordinator_cannot_debit_a_wallet(book, people):
     """The coordinator's own signature moves money out of faucets, escrows and bonds only."""
-    seq = forge(book, kind="settle", debit=wallet_account(people["alice"].address),
-                credit=wallet_account(people["mallory"].address), amount=AIT)
+    seq = forge(
+        book,
+        kind="settle",
+        debit=wallet_account(people["alice"].address),
+        credit=wallet_account(people["mallory"].address),
+        amount=AIT,
+    )
     assert_fails_at(book.audit(), seq, "without its owner's signed request")
 
 
@@ -370,10 +496,21 @@ def test_overdraft_written_behind_the_ledgers_back_fails(book, people):
     alice, carol = people["alice"], people["carol"]
     have = audit(entries).balances[wallet_account(alice.address)]
     req = signed(alice, {"to": carol.address, "amount": str(have // AIT + 1)}, "amount")
-    e = {"seq": 8, "prev_hash": entries[-1]["hash"], "network": "local", "kind": "transfer",
-         "debit": wallet_account(alice.address), "credit": wallet_account(carol.address), "amount": have + 1,
-         "memo": {}, "key": None, "signer": alice.public_key, "auth": req.as_auth(), "created_at": 1.0,
-         "signature": req.signature}
+    e = {
+        "seq": 8,
+        "prev_hash": entries[-1]["hash"],
+        "network": "local",
+        "kind": "transfer",
+        "debit": wallet_account(alice.address),
+        "credit": wallet_account(carol.address),
+        "amount": have + 1,
+        "memo": {},
+        "key": None,
+        "signer": alice.public_key,
+        "auth": req.as_auth(),
+        "created_at": 1.0,
+        "signature": req.signature,
+    }
     e["hash"] = entry_hash(e)
     assert_fails_at(audit([*entries, e], system_key=book.system.public_key), 8, "overdraws")
 
@@ -381,9 +518,20 @@ def test_overdraft_written_behind_the_ledgers_back_fails(book, people):
 @pytest.mark.parametrize("amount", [0, -5, 1.5, True, "7"])
 def test_non_positive_or_non_integer_amount_written_behind_the_ledgers_back_fails(book, amount):
     entries, _, _ = book.read()
-    e = {"seq": 8, "prev_hash": entries[-1]["hash"], "network": "local", "kind": "mint", "debit": MINT,
-         "credit": "wallet:x", "amount": amount, "memo": {}, "key": None, "signer": book.system.public_key,
-         "auth": {"type": "entry"}, "created_at": 1.0}
+    e = {
+        "seq": 8,
+        "prev_hash": entries[-1]["hash"],
+        "network": "local",
+        "kind": "mint",
+        "debit": MINT,
+        "credit": "wallet:x",
+        "amount": amount,
+        "memo": {},
+        "key": None,
+        "signer": book.system.public_key,
+        "auth": {"type": "entry"},
+        "created_at": 1.0,
+    }
     e["signature"] = book.system.sign(signed_content(e))
     e["hash"] = entry_hash(e)
     assert_fails_at(audit([*entries, e], system_key=book.system.public_key), 8, "not a positive integer")

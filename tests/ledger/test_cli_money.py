@@ -39,8 +39,22 @@ class CoordinatorProcess:
         self.url = f"http://127.0.0.1:{port}"
         log = (self.home.parent / "coordinator.log").open("ab")
         self.proc = subprocess.Popen(
-            [str(AITBC), "coordinator", "serve", "--home", str(self.home), "--port", str(port), "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+            [
+                str(AITBC),
+                "coordinator",
+                "serve",
+                "--home",
+                str(self.home),
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -111,8 +125,11 @@ def tamper(db: Path, *statements: str) -> None:
     conn.close()
 
 
-SWAP_2_3 = ("UPDATE ledger_entries SET seq = -1 WHERE seq = 2", "UPDATE ledger_entries SET seq = 2 WHERE seq = 3",
-            "UPDATE ledger_entries SET seq = 3 WHERE seq = -1")
+SWAP_2_3 = (
+    "UPDATE ledger_entries SET seq = -1 WHERE seq = 2",
+    "UPDATE ledger_entries SET seq = 2 WHERE seq = 3",
+    "UPDATE ledger_entries SET seq = 3 WHERE seq = -1",
+)
 
 
 def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path):
@@ -152,22 +169,34 @@ def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path):
     coordinator.stop()
     db = coordinator.home / "coordinator.db"
     url = f"sqlite:///{db}"
-    assert ok(aitbc("ledger", "verify", "--db", url, "--home", str(coordinator.home))).startswith("ledger OK: 5 entries")
+    assert ok(aitbc("ledger", "verify", "--db", url, "--home", str(coordinator.home))).startswith(
+        "ledger OK: 5 entries"
+    )
     one_line_error(aitbc("ledger", "verify", "--db", url), 2, "--system-key", "coordinator's home")
-    one_line_error(aitbc("ledger", "verify", "--db", url, "--system-key", "ab" * 32), 1,
-                   "entry 1 (", "not the coordinator's key")
-    one_line_error(aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/none.db", "--system-key", system_key),
-                   1, "no database file")
+    one_line_error(
+        aitbc("ledger", "verify", "--db", url, "--system-key", "ab" * 32), 1, "entry 1 (", "not the coordinator's key"
+    )
+    one_line_error(
+        aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/none.db", "--system-key", system_key),
+        1,
+        "no database file",
+    )
     assert not (tmp_path / "none.db").exists()
 
     cases = {  # tamper -> what the one error line must say
-        "amount": (("UPDATE ledger_entries SET amount = amount + 1 WHERE seq = 2",),
-                   "error: entry 2 (", "hash does not match"),
+        "amount": (
+            ("UPDATE ledger_entries SET amount = amount + 1 WHERE seq = 2",),
+            "error: entry 2 (",
+            "hash does not match",
+        ),
         "delete": (("DELETE FROM ledger_entries WHERE seq = 3",), "error: entry 3: ", "out of sequence"),
         "delete-last": (("DELETE FROM ledger_entries WHERE seq = 5",), "error: entry 5: ", "last entries were deleted"),
         "swap": (SWAP_2_3, "error: entry 2 (", "does not link"),
-        "balance": (("UPDATE ledger_accounts SET balance = balance + 1 WHERE name LIKE 'wallet:%'",),
-                    "error: ledger: cached balance of wallet:", ""),
+        "balance": (
+            ("UPDATE ledger_accounts SET balance = balance + 1 WHERE name LIKE 'wallet:%'",),
+            "error: ledger: cached balance of wallet:",
+            "",
+        ),
     }
     for name, (statements, start, words) in cases.items():
         copy = copy_db(db, tmp_path / f"{name}.db")
@@ -198,17 +227,26 @@ def test_bad_money_input_is_one_line_and_writes_nothing(aitbc, coordinator):
     before = coordinator.entries()
     alice = address(aitbc, "alice")
     cases = [
-        (("wallet", "send", "alice", "bob", "5.000001"), 1,
-         [f"wallet {alice} holds 5 AIT", "5.000001 AIT needed", "aitbc wallet fund alice 0.000001"]),
+        (
+            ("wallet", "send", "alice", "bob", "5.000001"),
+            1,
+            [f"wallet {alice} holds 5 AIT", "5.000001 AIT needed", "aitbc wallet fund alice 0.000001"],
+        ),
         (("wallet", "send", "alice", "bob", "0"), 1, ["more than 0"]),
         (("wallet", "send", "alice", "bob", "--", "-1"), 1, ["between 0 and"]),
         (("wallet", "send", "alice", "bob", "0.0000001"), 1, ["more than 6 decimals"]),
         (("wallet", "send", "alice", "carol", "1"), 1, ["no wallet 'carol'"]),
         (("wallet", "send", "alice", "ait1" + "z" * 40, "1"), 1, ["is not a wallet address"]),
-        (("wallet", "send", "alice", "bob", "1", "--network", "mainnet"), 2,
-         ["network 'mainnet' is not available", "--network local"]),
-        (("wallet", "fund", "alice", "1", "--network", "testnet"), 2,
-         ["network 'testnet' is not available", "--network local"]),
+        (
+            ("wallet", "send", "alice", "bob", "1", "--network", "mainnet"),
+            2,
+            ["network 'mainnet' is not available", "--network local"],
+        ),
+        (
+            ("wallet", "fund", "alice", "1", "--network", "testnet"),
+            2,
+            ["network 'testnet' is not available", "--network local"],
+        ),
         (("wallet", "balance", "alice", "--network", "devnet"), 2, ["unknown network 'devnet'"]),
         (("ledger", "entries", "--limit", "0"), 2, ["--limit"]),
         (("ledger", "verify", "--coordinator", f"http://127.0.0.1:{free_port()}"), 1, ["unreachable"]),
@@ -225,13 +263,19 @@ def test_bad_money_input_is_one_line_and_writes_nothing(aitbc, coordinator):
 def test_offline_verify_of_what_is_not_a_ledger(aitbc, tmp_path):
     key = "ab" * 32
     (tmp_path / "garbage.db").write_text("not a database")
-    one_line_error(aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/garbage.db", "--system-key", key), 1,
-                   "cannot read the ledger", "file is not a database")
+    one_line_error(
+        aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/garbage.db", "--system-key", key),
+        1,
+        "cannot read the ledger",
+        "file is not a database",
+    )
     with sqlite3.connect(tmp_path / "other.db") as conn:
         conn.execute("CREATE TABLE t (a)")
     conn.close()
-    one_line_error(aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/other.db", "--system-key", key), 1,
-                   "no such table")
+    one_line_error(
+        aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/other.db", "--system-key", key), 1, "no such table"
+    )
     one_line_error(aitbc("ledger", "verify", "--db", "not a url", "--system-key", key), 2, "not a database URL")
-    one_line_error(aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/other.db", "--system-key", "zz"), 2,
-                   "not a public key")
+    one_line_error(
+        aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/other.db", "--system-key", "zz"), 2, "not a public key"
+    )

@@ -133,7 +133,12 @@ def test_unsigned_payload_does_not_cover_the_body(wallet):
     headers = sign_request(wallet, "PUT", "/v1/blobs/bafkrei", b"any bytes", unsigned_payload=True, now=NOW)
     assert verify(headers, "PUT", "/v1/blobs/bafkrei", digest=UNSIGNED_PAYLOAD) == wallet.public_key
     with pytest.raises(SignatureError) as e:  # but a signed-body request cannot pass as unsigned
-        verify(sign_request(wallet, "PUT", "/v1/blobs/bafkrei", b"x", now=NOW), "PUT", "/v1/blobs/bafkrei", digest=UNSIGNED_PAYLOAD)
+        verify(
+            sign_request(wallet, "PUT", "/v1/blobs/bafkrei", b"x", now=NOW),
+            "PUT",
+            "/v1/blobs/bafkrei",
+            digest=UNSIGNED_PAYLOAD,
+        )
     assert code_of(e) == "bad_signature"
 
 
@@ -391,4 +396,7 @@ def test_verify_request_from_many_threads(wallet):
 def test_signed_json_body_roundtrip(wallet):
     body = canonical_json({"round": 3, "loss": 0.25, "cid": "bafk"})
     headers = sign_request(wallet, "POST", "/v1/x", body, now=NOW)
-    assert verify(headers, "POST", "/v1/x", json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()) == wallet.public_key
+    assert (
+        verify(headers, "POST", "/v1/x", json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode())
+        == wallet.public_key
+    )

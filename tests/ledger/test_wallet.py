@@ -81,9 +81,7 @@ def test_generate_sign_and_verify():
 def test_signatures_match_rfc8032_test_vector(tmp_path):
     # A key.json holding the RFC's seed must give the RFC's public key and signature.
     create_wallet(tmp_path, "rfc")
-    _rewrite(
-        tmp_path, "rfc", private_key=RFC_SEED, public_key=RFC_PUBLIC, address=address_of(RFC_PUBLIC)
-    )
+    _rewrite(tmp_path, "rfc", private_key=RFC_SEED, public_key=RFC_PUBLIC, address=address_of(RFC_PUBLIC))
     wallet = load_wallet(tmp_path, "rfc")
     assert wallet.public_key == RFC_PUBLIC
     assert wallet.sign(b"") == RFC_SIGNATURE

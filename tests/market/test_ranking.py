@@ -151,7 +151,9 @@ def test_rank_is_independent_of_input_order():
     rng = random.Random(0)
     gpus = ["RTX3070", "RTX3090", "A100", "T4", "GTX 1080"]
     offers = [
-        offer(f"w{i:02d}", gpu=rng.choice(gpus), price=rng.choice([0.0, 0.5, 1.0]), reputation=rng.choice([0.0, 2.5, 5.0]))
+        offer(
+            f"w{i:02d}", gpu=rng.choice(gpus), price=rng.choice([0.0, 0.5, 1.0]), reputation=rng.choice([0.0, 2.5, 5.0])
+        )
         for i in range(40)
     ]
     shuffled = offers[:]
@@ -192,7 +194,9 @@ def test_check_offer_fields_rejects_availability(availability):
 
 @pytest.mark.parametrize("gpu", ["", "   ", "---", "x" * 65, "RTX\n3090", "RTX\x003090"])
 def test_check_offer_fields_rejects_gpu(gpu):
-    with pytest.raises(UsageError, match=r"^gpu must be a printable name of 1 to 64 characters with a letter or digit, got "):
+    with pytest.raises(
+        UsageError, match=r"^gpu must be a printable name of 1 to 64 characters with a letter or digit, got "
+    ):
         check_offer_fields(gpu, 1.0, 0.5)
 
 

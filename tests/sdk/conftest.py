@@ -24,7 +24,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_stack(home: Path, *, workers: int, lease: float | None = None) -> Iterator[tuple[Path, dict[str, str], dict[str, Any]]]:
+def local_stack(
+    home: Path, *, workers: int, lease: float | None = None
+) -> Iterator[tuple[Path, dict[str, str], dict[str, Any]]]:
     """``(home, env, stack.json)`` of a coordinator and ``workers`` workers on loopback;
     ``env`` points the SDK and the examples at it (AITBC_HOME)."""
     env = {k: v for k, v in os.environ.items() if k != "AITBC_COORDINATOR"}

@@ -29,8 +29,14 @@ def _config(home: Path, wallet: str = "sdk-test") -> AgentConfig:
 
 def test_quickstart_example(stack):
     home, env = stack
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True, text=True,
-                       env=env, timeout=240, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["status"] == "complete"

@@ -39,8 +39,11 @@ def agent(stack, request):
     with Agent(AgentConfig(name="control-test", wallet_name=f"ctl-{request.node.name[5:]}", home=stack)) as a:
         a.start()
         a.fund_wallet(100)
-        _wait(lambda: len([o for o in a.get_available_workers() if not o["busy"]]) == WORKERS, 20,
-              "every worker free and live")
+        _wait(
+            lambda: len([o for o in a.get_available_workers() if not o["busy"]]) == WORKERS,
+            20,
+            "every worker free and live",
+        )
         yield a
 
 
@@ -77,6 +80,7 @@ def _manual_run(agent: Agent, *, workers: int, shards: int, rounds: int, local_s
 def _answered(agent: Agent, tid: str, n: int, timeout: float = 30) -> list[dict]:
     """Wait until the run's ``n`` active jobs have all sent the open round's update;
     returns them (every update must have been accepted)."""
+
     def all_in():
         active = [w for w in agent.get_training_status(tid)["workers"] if w["job_status"] == "active"]
         return active if len(active) == n and all(w["this_round"] for w in active) else None
@@ -275,7 +279,9 @@ def test_find_replacement_and_ping(agent):
     spelled = want["gpu_type"].lower().replace("rtx", "rtx ")  # "rtx 3080": normalized like the offers
     preferred = agent.find_replacement_worker(spelled)
     assert (preferred["worker_id"], preferred["gpu_type"]) == (want["worker_id"], want["gpu_type"])
-    assert agent.find_replacement_worker(best["gpu_type"], exclude=[best["worker_id"]])["worker_id"] != best["worker_id"]
+    assert (
+        agent.find_replacement_worker(best["gpu_type"], exclude=[best["worker_id"]])["worker_id"] != best["worker_id"]
+    )
 
     w = best["worker_id"]
     ping = agent.ping_worker(w)
@@ -442,7 +448,11 @@ def test_mark_worker_failed_automatic(agent, stack):
     pid = next(p["pid"] for p in json.loads((stack / "stack.json").read_text())["processes"] if p.get("address") == w)
     os.kill(pid, signal.SIGKILL)
     failed = agent.mark_worker_failed(w, reason="test: killed")
-    assert (failed["job_id"], failed["job_status"], failed["end_reason"]) == (victim["job_id"], "failed", "test: killed")
+    assert (failed["job_id"], failed["job_status"], failed["end_reason"]) == (
+        victim["job_id"],
+        "failed",
+        "test: killed",
+    )
     assert failed["training_id"] == tid and failed["worker_id"] == w
 
     def replaced():
@@ -457,6 +467,9 @@ def test_mark_worker_failed_automatic(agent, stack):
     jobs = {j["job_id"]: j for j in agent.get_all_workers(tid)}
     assert jobs[victim["job_id"]]["job_status"] == "failed" and jobs[victim["job_id"]]["end_reason"] == "test: killed"
     assert jobs[new[0]["job_id"]]["rounds_done"] >= 1
-    ping = _wait(lambda: (p := agent.ping_worker(w))["last_heartbeat_age"] > LEASE and p, 2 * LEASE + 5,
-                 "the dead worker's last heartbeat to be a lease old")
+    ping = _wait(
+        lambda: (p := agent.ping_worker(w))["last_heartbeat_age"] > LEASE and p,
+        2 * LEASE + 5,
+        "the dead worker's last heartbeat to be a lease old",
+    )
     assert ping["alive"] is False  # (its status may read online again: see test_marked_failed_offer_stays_off_market)

@@ -30,8 +30,14 @@ def _summary(stdout: str) -> dict:
 
 def test_phase_driven_example(stack):
     home, env, _ = stack
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "phase_driven.py")], capture_output=True, text=True,
-                       env=env, timeout=300, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "phase_driven.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     out = _summary(p.stdout)
     assert out["status"] == "complete"
@@ -53,8 +59,14 @@ def test_fault_tolerance_example_replaces_a_killed_worker(stack):
     home, env, st = stack
     url = st["coordinator"]
     pids = {p["address"]: p["pid"] for p in st["processes"] if p.get("address")}
-    proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "examples" / "fault_tolerance.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "examples" / "fault_tolerance.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     lines: list[str] = []
     try:
         training_id = None

@@ -6,12 +6,13 @@ import inspect
 
 import pytest
 
-from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent, InvalidArgument, OPERATIONS
+from aitbc_agent_sdk import OPERATIONS, Agent, AgentConfig, AsyncAgent, InvalidArgument
 
 
 def _public(cls) -> dict[str, inspect.Signature]:
-    return {n: inspect.signature(getattr(cls, n)) for n in dir(cls)
-            if not n.startswith("_") and callable(getattr(cls, n))}
+    return {
+        n: inspect.signature(getattr(cls, n)) for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))
+    }
 
 
 def test_same_methods_and_signatures():
@@ -19,15 +20,46 @@ def test_same_methods_and_signatures():
     assert sync.keys() == asyn.keys()
     assert sync == asyn
     assert set(OPERATIONS) <= sync.keys()
-    for name in ("start", "stop", "initialize_distributed_training", "upload_to_ipfs", "create_data_shards",
-                 "get_training_status", "discover_gpu_workers", "start_training", "get_worker_progress", "get_worker_job", "negotiate_worker_contract",
-                 "get_all_workers", "get_active_workers", "get_available_workers", "get_all_checkpoints",
-                 "verify_checkpoint", "get_training_progress", "wait_for_completion", "get_results",
-                 "get_payments", "process_payment", "refund_payments", "ping_worker", "fund_wallet", "get_balance",
-                 "update_training_phase", "send_training_job", "collect_checkpoint", "federated_average",
-                 "save_training_results", "mark_worker_failed", "find_replacement_worker", "reassign_job",
-                 "request_checkpoint_resend", "add_worker", "remove_worker", "reduce_worker_workload",
-                 "reassign_partial_work"):
+    for name in (
+        "start",
+        "stop",
+        "initialize_distributed_training",
+        "upload_to_ipfs",
+        "create_data_shards",
+        "get_training_status",
+        "discover_gpu_workers",
+        "start_training",
+        "get_worker_progress",
+        "get_worker_job",
+        "negotiate_worker_contract",
+        "get_all_workers",
+        "get_active_workers",
+        "get_available_workers",
+        "get_all_checkpoints",
+        "verify_checkpoint",
+        "get_training_progress",
+        "wait_for_completion",
+        "get_results",
+        "get_payments",
+        "process_payment",
+        "refund_payments",
+        "ping_worker",
+        "fund_wallet",
+        "get_balance",
+        "update_training_phase",
+        "send_training_job",
+        "collect_checkpoint",
+        "federated_average",
+        "save_training_results",
+        "mark_worker_failed",
+        "find_replacement_worker",
+        "reassign_job",
+        "request_checkpoint_resend",
+        "add_worker",
+        "remove_worker",
+        "reduce_worker_workload",
+        "reassign_partial_work",
+    ):
         assert name in sync, name
 
 
@@ -60,7 +92,7 @@ DOCUMENTED = {
 def test_documented_parameters(name):
     for cls in (Agent, AsyncAgent):
         params = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
-        assert params[:len(DOCUMENTED[name])] == DOCUMENTED[name], (cls.__name__, name, params)
+        assert params[: len(DOCUMENTED[name])] == DOCUMENTED[name], (cls.__name__, name, params)
 
 
 def test_every_async_method_is_a_coroutine_function():

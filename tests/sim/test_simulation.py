@@ -33,7 +33,11 @@ def test_same_seed_gives_same_numbers(tmp_path):
     b = _run(tmp_path, "b", seed=7)
 
     assert _rows(a) == _rows(b)
-    assert (a.final_val_loss, a.final_model_cid, a.manifest_cid) == (b.final_val_loss, b.final_model_cid, b.manifest_cid)
+    assert (a.final_val_loss, a.final_model_cid, a.manifest_cid) == (
+        b.final_val_loss,
+        b.final_model_cid,
+        b.manifest_cid,
+    )
 
 
 def test_different_seed_gives_different_numbers(tmp_path):
@@ -128,8 +132,15 @@ def test_local_steps_1_fedavg_sgd_is_synchronous_data_parallel_sgd(tmp_path):
 
 def test_transformer_on_stdlib_learns_below_uniform_bytes(tmp_path):
     result = _run(
-        tmp_path, model="transformer", dataset="stdlib", workers=2, rounds=4, local_steps=10, lr=3e-3,
-        model_options={"context": 32, "d_model": 32, "n_layers": 1, "n_heads": 2}, max_bytes=200_000,
+        tmp_path,
+        model="transformer",
+        dataset="stdlib",
+        workers=2,
+        rounds=4,
+        local_steps=10,
+        lr=3e-3,
+        model_options={"context": 32, "d_model": 32, "n_layers": 1, "n_heads": 2},
+        max_bytes=200_000,
         eval_samples=128,
     )
 

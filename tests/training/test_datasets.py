@@ -33,7 +33,7 @@ def test_digits_shapes_and_split_sizes(digits):
     assert digits.train_x.shape == (1438, 1, 8, 8) and digits.val_x.shape == (359, 1, 8, 8)
     assert digits.train_y.shape == (1438,) and digits.val_y.shape == (359,)
     assert digits.train_x.dtype == torch.float32 and digits.train_y.dtype == torch.int64
-    assert 0 <= digits.train_x.min() and digits.train_x.max() <= 1
+    assert digits.train_x.min() >= 0 and digits.train_x.max() <= 1
 
 
 def test_digits_split_keeps_every_sample(digits):

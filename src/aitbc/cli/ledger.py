@@ -26,7 +26,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -37,8 +37,12 @@ from aitbc.errors import AitbcError, UsageError
 
 app = typer.Typer(help="Audit the coordinator's ledger and list its entries.", no_args_is_help=True)
 
-CoordinatorOption = Annotated[Optional[str], typer.Option(
-    "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700).")]
+CoordinatorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700)."
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 PAGE = 1000
 ATTEMPTS = 5  # audits redone while a live ledger keeps moving
@@ -134,7 +138,7 @@ class _Db:
 
         after = 0
         while True:
-            rows = self._read(lambda s: [e.as_dict() for e in Ledger.entries(s, after=after, limit=PAGE)])
+            rows = self._read(lambda s: [e.as_dict() for e in Ledger.entries(s, after=after, limit=PAGE)])  # noqa: B023 - called at once
             yield from rows
             if len(rows) < PAGE:
                 return
@@ -161,8 +165,10 @@ def _offline_key(system_key: str | None, home: Path) -> tuple[str, str]:
         path = h / "wallets" / "coordinator" / "key.json"
         if path.is_file():
             return load_wallet(h, "coordinator").public_key, str(path)
-    raise UsageError(f"an offline audit needs the coordinator's public key: pass --system-key HEX (GET /v1/ledger "
-                     f"shows it), or --home set to the coordinator's home (no wallets/coordinator/key.json in {home})")
+    raise UsageError(
+        f"an offline audit needs the coordinator's public key: pass --system-key HEX (GET /v1/ledger "
+        f"shows it), or --home set to the coordinator's home (no wallets/coordinator/key.json in {home})"
+    )
 
 
 def _audit(source, system_key: str | None):
@@ -193,8 +199,20 @@ def audit_coordinator(url: str, *, system_key: str | None = None):
 @app.command()
 def verify(
     coordinator: CoordinatorOption = None,
-    db: Annotated[Optional[str], typer.Option("--db", help="Audit this database directly, offline (a SQLAlchemy URL, e.g. sqlite:////path/coordinator.db).")] = None,
-    system_key: Annotated[Optional[str], typer.Option("--system-key", help="The coordinator's public key (64 hex). Offline: default from HOME/wallets/coordinator/key.json. Online: fail if the coordinator reports another.")] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help="Audit this database directly, offline (a SQLAlchemy URL, e.g. sqlite:////path/coordinator.db).",
+        ),
+    ] = None,
+    system_key: Annotated[
+        str | None,
+        typer.Option(
+            "--system-key",
+            help="The coordinator's public key (64 hex). Offline: default from HOME/wallets/coordinator/key.json. Online: fail if the coordinator reports another.",
+        ),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
@@ -215,17 +233,33 @@ def verify(
         except AitbcError:
             source.close()
             raise
-        key, key_from, network = _key_hex(str(info["system_key"]), "the coordinator's system key"), "GET /v1/ledger", info["network"]
+        key, key_from, network = (
+            _key_hex(str(info["system_key"]), "the coordinator's system key"),
+            "GET /v1/ledger",
+            info["network"],
+        )
         if system_key is not None and _key_hex(system_key, "--system-key") != key:
             source.close()
-            raise AitbcError(f"the coordinator at {source.where} signs with {key}, not the --system-key {system_key.lower()}")
+            raise AitbcError(
+                f"the coordinator at {source.where} signs with {key}, not the --system-key {system_key.lower()}"
+            )
     try:
         result = _audit(source, key)
     finally:
         source.close()
     if json_out:
-        typer.echo(json.dumps({**dataclasses.asdict(result), "description": result.describe(), "source": source.where,
-                               "network": network, "system_key": key, "system_key_from": key_from}))
+        typer.echo(
+            json.dumps(
+                {
+                    **dataclasses.asdict(result),
+                    "description": result.describe(),
+                    "source": source.where,
+                    "network": network,
+                    "system_key": key,
+                    "system_key_from": key_from,
+                }
+            )
+        )
         if not result.ok:
             raise typer.Exit(1)
         return
@@ -265,9 +299,17 @@ def entries(
     for i in (0, 2, 3, 4):  # seq, accounts and amounts whole on their line; key and memo wrap first
         table.columns[i].no_wrap = True
     for e in res["data"]:
-        table.add_row(str(e["seq"]), Text(e["kind"]), Text(e["debit"]), Text(e["credit"]),
-                      e.get("amount_ait") or _ait(e["amount"]), Text(e["key"] or ""),
-                      Text(json.dumps(e["memo"], sort_keys=True)))
+        table.add_row(
+            str(e["seq"]),
+            Text(e["kind"]),
+            Text(e["debit"]),
+            Text(e["credit"]),
+            e.get("amount_ait") or _ait(e["amount"]),
+            Text(e["key"] or ""),
+            Text(json.dumps(e["memo"], sort_keys=True)),
+        )
     out.print(table, highlight=False)
     if res.get("next") is not None:
-        err.print(f"more after entry {res['next']}: aitbc ledger entries --after {res['next']}", highlight=False, markup=False)
+        err.print(
+            f"more after entry {res['next']}: aitbc ledger entries --after {res['next']}", highlight=False, markup=False
+        )

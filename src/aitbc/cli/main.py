@@ -36,17 +36,14 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     _state["debug"] = debug
 
 
 def _register() -> None:
     # Imported here so each command module stays importable on its own.
-    from aitbc.cli import ipfs, market, services, simulate, stack, training, wallet
-    from aitbc.cli import ledger
+    from aitbc.cli import ipfs, ledger, market, services, simulate, stack, training, wallet
 
     app.add_typer(ipfs.app, name="ipfs")
     app.command("simulate")(simulate.simulate)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -18,7 +18,7 @@ app = typer.Typer(help="The marketplace of provider offers.", no_args_is_help=Tr
 @app.command()
 def offers(
     all_offers: Annotated[bool, typer.Option("--all", help="Also offers that are not live (failed, silent).")] = False,
-    coordinator: Annotated[Optional[str], typer.Option("--coordinator", help="Coordinator URL.")] = None,
+    coordinator: Annotated[str | None, typer.Option("--coordinator", help="Coordinator URL.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
@@ -38,8 +38,25 @@ def offers(
     for col in ("worker", "GPU", "device", "price/round", "reputation", "availability", "score", "status", "heartbeat"):
         t.add_column(col)
     for o in res["data"]:
-        score = offer_score(Offer(worker_id=o["worker_id"], gpu=o["gpu_type"], price=o["price_micro"] / 1e6,
-                                  reputation=o["reputation"], availability=o["availability"], last_heartbeat=o["last_heartbeat"]))
-        t.add_row(o["worker_id"], o["gpu_type"], str(o["device"].get("name", "?")), o["price"], f"{o['reputation']:.2f}",
-                  f"{o['availability']:.2f}", f"{score:.3f}", o["status"], f"{o['last_heartbeat_age']:.1f}s ago")
+        score = offer_score(
+            Offer(
+                worker_id=o["worker_id"],
+                gpu=o["gpu_type"],
+                price=o["price_micro"] / 1e6,
+                reputation=o["reputation"],
+                availability=o["availability"],
+                last_heartbeat=o["last_heartbeat"],
+            )
+        )
+        t.add_row(
+            o["worker_id"],
+            o["gpu_type"],
+            str(o["device"].get("name", "?")),
+            o["price"],
+            f"{o['reputation']:.2f}",
+            f"{o['availability']:.2f}",
+            f"{score:.3f}",
+            o["status"],
+            f"{o['last_heartbeat_age']:.1f}s ago",
+        )
     out.print(t)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from aitbc.cli.common import HomeOption, DEFAULT_HOME, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
 from aitbc.core.options import parse_kv
 
 
@@ -25,34 +25,61 @@ def simulate(
     lr: Annotated[float, typer.Option(help="Inner learning rate.")] = 1e-3,
     inner_opt: Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")] = "adamw",
     outer: Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")] = "fedavg",
-    outer_lr: Annotated[Optional[float], typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")] = None,
-    outer_momentum: Annotated[Optional[float], typer.Option(help="diloco Nesterov momentum (0.9).")] = None,
-    alpha: Annotated[Optional[float], typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")] = None,
+    outer_lr: Annotated[float | None, typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")] = None,
+    outer_momentum: Annotated[float | None, typer.Option(help="diloco Nesterov momentum (0.9).")] = None,
+    alpha: Annotated[
+        float | None, typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for data split, init and batches.")] = 0,
-    speeds: Annotated[str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")] = "1",
+    speeds: Annotated[
+        str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")
+    ] = "1",
     bandwidth: Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")] = "100",
     latency: Annotated[str, typer.Option(help="One-way latency in ms: one value or one per worker.")] = "20",
     model_opt: Annotated[
-        Optional[list[str]], typer.Option("--model-opt", help="Model option KEY=VALUE, e.g. d_model=128 (repeatable).")
+        list[str] | None, typer.Option("--model-opt", help="Model option KEY=VALUE, e.g. d_model=128 (repeatable).")
     ] = None,
-    compression: Annotated[str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")] = "none",
-    error_feedback: Annotated[bool, typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update.")] = False,
-    aggregator: Annotated[str, typer.Option(help="Aggregation rule spec, e.g. mean, median, trimmed-mean:beta=0.25, krum, nnm+centered-clip.")] = "mean",
-    attack: Annotated[Optional[str], typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")] = None,
+    compression: Annotated[
+        str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")
+    ] = "none",
+    error_feedback: Annotated[
+        bool,
+        typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update."),
+    ] = False,
+    aggregator: Annotated[
+        str,
+        typer.Option(help="Aggregation rule spec, e.g. mean, median, trimmed-mean:beta=0.25, krum, nnm+centered-clip."),
+    ] = "mean",
+    attack: Annotated[
+        str | None, typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")
+    ] = None,
     byzantine: Annotated[int, typer.Option(help="Number of Byzantine workers (chosen by seed).")] = 0,
     mode: Annotated[str, typer.Option(help="Round mode: sync, async or gossip.")] = "sync",
-    deadline: Annotated[Optional[float], typer.Option(help="sync: virtual seconds a round waits; later workers are dropped.")] = None,
+    deadline: Annotated[
+        float | None, typer.Option(help="sync: virtual seconds a round waits; later workers are dropped.")
+    ] = None,
     quorum: Annotated[int, typer.Option(help="sync: updates a round waits for even past the deadline.")] = 1,
     max_staleness: Annotated[int, typer.Option(help="async: drop updates more than S aggregations old.")] = 4,
-    staleness: Annotated[str, typer.Option(help="async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4].")] = "polynomial",
-    buffer: Annotated[Optional[int], typer.Option(help="async: updates per aggregation (default half the workers).")] = None,
+    staleness: Annotated[
+        str,
+        typer.Option(help="async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4]."),
+    ] = "polynomial",
+    buffer: Annotated[
+        int | None, typer.Option(help="async: updates per aggregation (default half the workers).")
+    ] = None,
     topology: Annotated[str, typer.Option(help="gossip: ring or random:K.")] = "ring",
-    target_loss: Annotated[Optional[float], typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")] = None,
-    target_accuracy: Annotated[Optional[float], typer.Option(help="Report bytes and virtual seconds to reach this validation accuracy.")] = None,
+    target_loss: Annotated[
+        float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")
+    ] = None,
+    target_accuracy: Annotated[
+        float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation accuracy.")
+    ] = None,
     eval_every: Annotated[int, typer.Option(help="Evaluate every N rounds (and after the last).")] = 1,
     max_bytes: Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")] = 4 << 20,
     eval_samples: Annotated[int, typer.Option(help="Validation samples evaluated each round.")] = 1024,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
@@ -61,21 +88,52 @@ def simulate(
 
     outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
     cfg = SimConfig(
-        model=model, model_options=parse_kv(model_opt or [], what="model"), dataset=dataset, workers=workers,
-        rounds=rounds, local_steps=local_steps, batch_size=batch_size, lr=lr, inner_opt=inner_opt, outer=outer,
-        outer_options=outer_options, alpha=alpha, seed=seed, speeds=speeds, bandwidth=bandwidth, latency=latency,
-        eval_samples=eval_samples, max_bytes=max_bytes, compression=compression, error_feedback=error_feedback,
-        aggregator=aggregator, attack=attack, byzantine=byzantine, mode=mode, deadline=deadline, quorum=quorum,
-        max_staleness=max_staleness, staleness=staleness, buffer=buffer, topology=topology,
-        target_loss=target_loss, target_accuracy=target_accuracy, eval_every=eval_every,
+        model=model,
+        model_options=parse_kv(model_opt or [], what="model"),
+        dataset=dataset,
+        workers=workers,
+        rounds=rounds,
+        local_steps=local_steps,
+        batch_size=batch_size,
+        lr=lr,
+        inner_opt=inner_opt,
+        outer=outer,
+        outer_options=outer_options,
+        alpha=alpha,
+        seed=seed,
+        speeds=speeds,
+        bandwidth=bandwidth,
+        latency=latency,
+        eval_samples=eval_samples,
+        max_bytes=max_bytes,
+        compression=compression,
+        error_feedback=error_feedback,
+        aggregator=aggregator,
+        attack=attack,
+        byzantine=byzantine,
+        mode=mode,
+        deadline=deadline,
+        quorum=quorum,
+        max_staleness=max_staleness,
+        staleness=staleness,
+        buffer=buffer,
+        topology=topology,
+        target_loss=target_loss,
+        target_accuracy=target_accuracy,
+        eval_every=eval_every,
     )
     home = resolve_home(home)
     run_dir = out_dir or home / "sims" / time.strftime(f"%Y%m%d-%H%M%S-seed{seed}")
 
     sim = Simulation(cfg, home=home, out_dir=run_dir)  # every option is checked here, before training
     with Progress(
-        TextColumn("[bold]simulate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(), console=err, transient=json_out,
+        TextColumn("[bold]simulate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=json_out,
     ) as bar:
         task = bar.add_task("rounds", total=rounds, status="")
 
@@ -114,9 +172,10 @@ def simulate(
         rows.insert(3, ("uniform-byte baseline", f"{math.log(256):.4f}"))
     if target_loss is not None or target_accuracy is not None:
         reached = (
-            "not reached" if result.rounds_to_target is None
+            "not reached"
+            if result.rounds_to_target is None
             else f"round {result.rounds_to_target}, {_mib(result.bytes_to_target or 0)} up, "
-                 f"{result.virtual_seconds_to_target:.2f} virtual s"
+            f"{result.virtual_seconds_to_target:.2f} virtual s"
         )
         rows.append(("target", reached))
     if result.spread is not None:

@@ -13,9 +13,10 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -46,9 +47,13 @@ def _processes_table(st: stk.Stack, alive: dict[str, bool] | None = None) -> Tab
 
 def up(
     workers: Annotated[int, typer.Option("--workers", "-n", help="Workers to start.")] = 3,
-    port: Annotated[Optional[int], typer.Option(help="Coordinator port (default: a free one).")] = None,
-    lease: Annotated[float, typer.Option(help="Seconds without a heartbeat before the coordinator fails a worker.")] = 10.0,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the coordinator and every worker's offer.")] = 60.0,
+    port: Annotated[int | None, typer.Option(help="Coordinator port (default: a free one).")] = None,
+    lease: Annotated[
+        float, typer.Option(help="Seconds without a heartbeat before the coordinator fails a worker.")
+    ] = 10.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the coordinator and every worker's offer.")
+    ] = 60.0,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Start a local coordinator and N workers in the background (stop them with `aitbc down`)."""
@@ -61,14 +66,18 @@ def up(
 
 
 def _starting(cfg: stk.StackConfig, url: str) -> str:
-    return (f"Starting a coordinator at {url} and {cfg.workers} worker{'s' if cfg.workers != 1 else ''} "
-            f"in {cfg.home} ...")
+    return (
+        f"Starting a coordinator at {url} and {cfg.workers} worker{'s' if cfg.workers != 1 else ''} in {cfg.home} ..."
+    )
 
 
 def _print_up(st: stk.Stack, seconds: float) -> None:
     n = len(st.workers)
-    out.print(f"Local stack up in {st.home} ({seconds:.1f} s): coordinator {st.coordinator}, "
-              f"{n} worker{'s' if n != 1 else ''} in the marketplace", highlight=False)
+    out.print(
+        f"Local stack up in {st.home} ({seconds:.1f} s): coordinator {st.coordinator}, "
+        f"{n} worker{'s' if n != 1 else ''} in the marketplace",
+        highlight=False,
+    )
     out.print(_processes_table(st))
 
 
@@ -98,8 +107,10 @@ def status(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
     home = resolve_home(home).absolute()
     s = stk.status(home)
     if json_out:
-        sys.stdout.write(json.dumps(s if s is not None else {"home": str(home), "running": False, "processes": []},
-                                    sort_keys=True) + "\n")
+        sys.stdout.write(
+            json.dumps(s if s is not None else {"home": str(home), "running": False, "processes": []}, sort_keys=True)
+            + "\n"
+        )
         return
     if s is None:
         out.print(f"no stack running in {home}", highlight=False)
@@ -111,8 +122,11 @@ def status(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
     state = "running" if n_alive == len(alive) else ("partly running" if n_alive else "not running (stale record)")
     out.print(f"Local stack in {home}: {state}, {n_alive}/{len(alive)} processes alive", highlight=False)
     health = "ok" if s["healthy"] else f"[red]unreachable[/red] ({s['health_error']})"
-    out.print(f"Coordinator: {s['coordinator']}  health: {health}  live offers: "
-              f"{'-' if s['live_offers'] is None else s['live_offers']}", highlight=False)
+    out.print(
+        f"Coordinator: {s['coordinator']}  health: {health}  live offers: "
+        f"{'-' if s['live_offers'] is None else s['live_offers']}",
+        highlight=False,
+    )
     out.print(_processes_table(st, alive))
     if n_alive < len(alive):
         out.print(f"Clean up with: aitbc down --home {home}", highlight=False)
@@ -162,7 +176,7 @@ def demo(
     dataset: Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file or folder, or .npz.")] = "digits",
     aggregator: Annotated[str, typer.Option(help="Robust rule, e.g. mean, median, trimmed-mean:beta=0.2.")] = "mean",
     compression: Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.1.")] = "none",
-    min_gpu: Annotated[Optional[str], typer.Option("--min-gpu", help="Weakest GPU class to hire, e.g. RTX3080.")] = None,
+    min_gpu: Annotated[str | None, typer.Option("--min-gpu", help="Weakest GPU class to hire, e.g. RTX3080.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds the training may take before the demo gives up.")] = 120.0,
     keep_stack: Annotated[bool, typer.Option("--keep-stack", help="Leave a stack the demo started running.")] = False,
     home: HomeOption = DEFAULT_HOME,
@@ -186,25 +200,54 @@ def demo(
                 st = started = stk.up(cfg, on_start=lambda url: out.print(_starting(cfg, url), highlight=False))
                 _print_up(st, time.monotonic() - t0)
             else:
-                out.print(f"Using the stack already running in {home}: coordinator {st.coordinator}, "
-                          f"{len(st.workers)} workers", highlight=False)
+                out.print(
+                    f"Using the stack already running in {home}: coordinator {st.coordinator}, "
+                    f"{len(st.workers)} workers",
+                    highlight=False,
+                )
                 workers = len(st.workers)
-            _owner_workflow(st, home, workers=workers, rounds=rounds, local_steps=local_steps, model=model,
-                            dataset=dataset, aggregator=aggregator, compression=compression, min_gpu=min_gpu,
-                            timeout=timeout, t0=t0)
+            _owner_workflow(
+                st,
+                home,
+                workers=workers,
+                rounds=rounds,
+                local_steps=local_steps,
+                model=model,
+                dataset=dataset,
+                aggregator=aggregator,
+                compression=compression,
+                min_gpu=min_gpu,
+                timeout=timeout,
+                t0=t0,
+            )
         finally:
             if started is not None and not keep_stack:
                 with _uninterruptible():
                     outcome = stk.stop(started)
-                err.print(f"Stopped the demo's stack ({sum(v != 'not running' for v in outcome.values())} processes); "
-                          f"logs in {home / 'logs'}", highlight=False)
+                err.print(
+                    f"Stopped the demo's stack ({sum(v != 'not running' for v in outcome.values())} processes); "
+                    f"logs in {home / 'logs'}",
+                    highlight=False,
+                )
             elif started is not None:
                 err.print(f"The stack keeps running; stop it with: aitbc down --home {home}", highlight=False)
 
 
-def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, local_steps: int, model: str,
-                    dataset: str, aggregator: str, compression: str, min_gpu: str | None, timeout: float,
-                    t0: float) -> None:
+def _owner_workflow(
+    st: stk.Stack,
+    home: Path,
+    *,
+    workers: int,
+    rounds: int,
+    local_steps: int,
+    model: str,
+    dataset: str,
+    aggregator: str,
+    compression: str,
+    min_gpu: str | None,
+    timeout: float,
+    t0: float,
+) -> None:
     from aitbc.cli import training
     from aitbc.client import CoordinatorClient
     from aitbc.ledger.wallet import ensure_wallet
@@ -220,14 +263,28 @@ def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, loc
         wdir = home / "workers" / p.name.replace("worker-", "w")
         with CoordinatorClient(url, ensure_wallet(wdir, p.name.replace("worker-", "provider-"))) as c:
             c.post("/wallets/fund", {"amount": DEMO_WORKER_FUNDS})
-    out.print(f"Owner wallet: {owner} ({wallet.address}), funded with {DEMO_OWNER_FUNDS} AIT; "
-              f"each provider funded with {DEMO_WORKER_FUNDS} AIT for its bond", highlight=False)
+    out.print(
+        f"Owner wallet: {owner} ({wallet.address}), funded with {DEMO_OWNER_FUNDS} AIT; "
+        f"each provider funded with {DEMO_WORKER_FUNDS} AIT for its bond",
+        highlight=False,
+    )
     with CoordinatorClient(url, wallet) as c:
-        run = c.post("/runs", {"model_type": model, "model_options": {}, "dataset_size": "1MB",
-                               "target_workers": workers, "seed": 0, "bond": DEMO_BOND})
+        run = c.post(
+            "/runs",
+            {
+                "model_type": model,
+                "model_options": {},
+                "dataset_size": "1MB",
+                "target_workers": workers,
+                "seed": 0,
+                "bond": DEMO_BOND,
+            },
+        )
     run_id = run["training_id"]
     training._remember(home, run_id, owner, url)
-    out.print(f"Training ID: {run_id}  (model {model}, {workers} target workers, bond {DEMO_BOND} AIT each)", highlight=False)
+    out.print(
+        f"Training ID: {run_id}  (model {model}, {workers} target workers, bond {DEMO_BOND} AIT each)", highlight=False
+    )
 
     _step(3, 7, f"upload-data: shard {dataset!r} into {workers} shards, content-addressed")
     training.upload_data(training_id=run_id, data_path=dataset, **common)
@@ -236,8 +293,14 @@ def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, loc
     training.discover_workers(training_id=run_id, required_workers=workers, min_gpu=min_gpu, **common)
 
     _step(5, 7, "distribute: assign shards and start the rounds")
-    training.distribute(training_id=run_id, rounds=rounds, local_steps=local_steps, aggregator=aggregator,
-                        compression=compression, **common)
+    training.distribute(
+        training_id=run_id,
+        rounds=rounds,
+        local_steps=local_steps,
+        aggregator=aggregator,
+        compression=compression,
+        **common,
+    )
 
     _step(6, 7, "monitor: until the run completes")
     failure: AitbcError | None = None
@@ -261,8 +324,10 @@ def _owner_workflow(st: stk.Stack, home: Path, *, workers: int, rounds: int, loc
     with CoordinatorClient(url, wallet) as c:
         pay = _wait_settled(c, run_id, timeout=60)
         out.print(training._payments_table(pay))
-        out.print(f"Escrowed {pay['escrowed']} AIT; {pay['escrow_balance']} AIT left in escrow (unspent budget refunded to the owner)",
-                  highlight=False)
+        out.print(
+            f"Escrowed {pay['escrowed']} AIT; {pay['escrow_balance']} AIT left in escrow (unspent budget refunded to the owner)",
+            highlight=False,
+        )
         result = _audit(c)
     out.print(f"aitbc ledger verify: {result.describe()}", highlight=False)
     if not result.ok:
@@ -286,7 +351,9 @@ def _audit(c):
     return audit_coordinator(c.base_url)
 
 
-def _summary(st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None) -> None:
+def _summary(
+    st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None
+) -> None:
     from aitbc.cli.training import _fmt, _human_bytes, _short
 
     names = {p.address: p for p in st.workers}
@@ -316,4 +383,3 @@ def _summary(st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall
     out.print("\n[bold]Demo summary[/bold]", highlight=False)
     for k, v in rows:
         out.print(f"  {k:<{width}}  {escape(str(v))}", highlight=False)
-

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Group
@@ -25,13 +25,22 @@ from aitbc.client import CoordinatorClient, coordinator_url
 from aitbc.core.options import parse_kv
 from aitbc.errors import AitbcError, NotFoundError, UsageError
 
-app = typer.Typer(help="Train one model on hired providers: init, upload-data, discover-workers, distribute, monitor.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Train one model on hired providers: init, upload-data, discover-workers, distribute, monitor.",
+    no_args_is_help=True,
+)
 
-CoordinatorOpt = Annotated[Optional[str], typer.Option("--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700).")]
+CoordinatorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700)."
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-RunIdOpt = Annotated[str, typer.Option("--training-id", help="The run, as printed by init (training_...).", show_default=False)]
-WalletOpt = Annotated[Optional[str], typer.Option("--wallet", help="Owner's wallet (default: the one init used).")]
+RunIdOpt = Annotated[
+    str, typer.Option("--training-id", help="The run, as printed by init (training_...).", show_default=False)
+]
+WalletOpt = Annotated[str | None, typer.Option("--wallet", help="Owner's wallet (default: the one init used).")]
 
 
 # --- plumbing -----------------------------------------------------------------------
@@ -54,12 +63,18 @@ def _recall(home: Path, run_id: str) -> dict[str, Any]:
         return {}
 
 
-def _client(home: Path, coordinator: str | None, run_id: str | None = None, wallet: str | None = None,
-            *, need_wallet: bool = False) -> CoordinatorClient:
+def _client(
+    home: Path,
+    coordinator: str | None,
+    run_id: str | None = None,
+    wallet: str | None = None,
+    *,
+    need_wallet: bool = False,
+) -> CoordinatorClient:
     from aitbc.ledger.wallet import load_wallet
 
     known = _recall(home, run_id) if run_id else {}
-    url = coordinator_url(coordinator or known.get("coordinator") if not coordinator else coordinator, home)
+    url = coordinator_url(coordinator if coordinator else coordinator or known.get("coordinator"), home)
     name = wallet or known.get("wallet")
     if need_wallet and not name:
         raise UsageError(f"run {run_id} was not started from {home}; pass --wallet NAME (the owner's wallet)")
@@ -99,15 +114,37 @@ def _short(addr: str) -> str:
 
 @app.command()
 def init(
-    wallet: Annotated[str, typer.Option("--wallet", help="The owner's wallet (created if it does not exist).", show_default=False)],
-    model_type: Annotated[str, typer.Option("--model-type", help="mlp, cnn, transformer, or package.module:callable.", show_default=False)],
-    dataset_size: Annotated[str, typer.Option("--dataset-size", help="Declared size, e.g. 100GB (the real size is measured at upload).", show_default=False)],
-    target_workers: Annotated[int, typer.Option("--target-workers", help="Workers (and data shards) to plan for.", show_default=False)],
-    model_opt: Annotated[Optional[list[str]], typer.Option("--model-opt", help="Model option KEY=VALUE (repeatable), e.g. context=64.")] = None,
+    wallet: Annotated[
+        str, typer.Option("--wallet", help="The owner's wallet (created if it does not exist).", show_default=False)
+    ],
+    model_type: Annotated[
+        str, typer.Option("--model-type", help="mlp, cnn, transformer, or package.module:callable.", show_default=False)
+    ],
+    dataset_size: Annotated[
+        str,
+        typer.Option(
+            "--dataset-size",
+            help="Declared size, e.g. 100GB (the real size is measured at upload).",
+            show_default=False,
+        ),
+    ],
+    target_workers: Annotated[
+        int, typer.Option("--target-workers", help="Workers (and data shards) to plan for.", show_default=False)
+    ],
+    model_opt: Annotated[
+        list[str] | None, typer.Option("--model-opt", help="Model option KEY=VALUE (repeatable), e.g. context=64.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the data split and the initial model.")] = 0,
-    budget: Annotated[Optional[str], typer.Option(help="AIT to escrow now from the wallet (default: distribute escrows the contracts' cost).")] = None,
-    bond: Annotated[str, typer.Option(help="AIT each hired provider locks for the run (slashed for provable misbehaviour).")] = "0",
-    network: Annotated[str, typer.Option(help="Ledger network: local (this build settles on the local ledger only).")] = "local",
+    budget: Annotated[
+        str | None,
+        typer.Option(help="AIT to escrow now from the wallet (default: distribute escrows the contracts' cost)."),
+    ] = None,
+    bond: Annotated[
+        str, typer.Option(help="AIT each hired provider locks for the run (slashed for provable misbehaviour).")
+    ] = "0",
+    network: Annotated[
+        str, typer.Option(help="Ledger network: local (this build settles on the local ledger only).")
+    ] = "local",
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
@@ -130,9 +167,15 @@ def init(
         w = create_wallet(home, wallet)
         err.print(f"created wallet {wallet} ({w.address})", highlight=False)
     url = coordinator_url(coordinator, home)
-    body: dict[str, Any] = {"model_type": model_type, "model_options": parse_kv(model_opt or [], what="model option"),
-                            "dataset_size": dataset_size, "target_workers": target_workers, "seed": seed,
-                            "bond": bond, "network": network}
+    body: dict[str, Any] = {
+        "model_type": model_type,
+        "model_options": parse_kv(model_opt or [], what="model option"),
+        "dataset_size": dataset_size,
+        "target_workers": target_workers,
+        "seed": seed,
+        "bond": bond,
+        "network": network,
+    }
     if budget is not None:
         body["budget"] = budget
     with CoordinatorClient(url, w) as c, naming_wallet(wallet):
@@ -141,8 +184,14 @@ def init(
     if json_out:
         _emit_json(run)
         return
-    _say("Distributed training initialized", f"Training ID: {run['training_id']}", f"Model Type: {run['model_type']}",
-         f"Dataset Size: {run['dataset_size']}", f"Target Workers: {run['target_workers']}", f"Status: {run['status']}")
+    _say(
+        "Distributed training initialized",
+        f"Training ID: {run['training_id']}",
+        f"Model Type: {run['model_type']}",
+        f"Dataset Size: {run['dataset_size']}",
+        f"Target Workers: {run['target_workers']}",
+        f"Status: {run['status']}",
+    )
 
 
 # --- upload-data ---------------------------------------------------------------------
@@ -151,8 +200,11 @@ def init(
 @app.command("upload-data")
 def upload_data(
     training_id: RunIdOpt,
-    data_path: Annotated[str, typer.Option("--data-path", help="digits, stdlib, a text file or folder, or an .npz file.", show_default=False)],
-    alpha: Annotated[Optional[float], typer.Option(help="Dirichlet label skew of the shards (IID if unset).")] = None,
+    data_path: Annotated[
+        str,
+        typer.Option("--data-path", help="digits, stdlib, a text file or folder, or an .npz file.", show_default=False),
+    ],
+    alpha: Annotated[float | None, typer.Option(help="Dirichlet label skew of the shards (IID if unset).")] = None,
     max_bytes: Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")] = 4 << 20,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -173,13 +225,26 @@ def upload_data(
         detail = c.post(f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
     data, packaged, cids, val_cid, manifest_cid = rd.dataset, rd.packaged, rd.shard_cids, rd.val_cid, rd.manifest_cid
     if json_out:
-        _emit_json({"training_id": training_id, "manifest_cid": manifest_cid, "shards": cids, "val_cid": val_cid,
-                    "samples": sum(packaged.samples), "data_bytes": detail["data_bytes"], "dataset": data.name})
+        _emit_json(
+            {
+                "training_id": training_id,
+                "manifest_cid": manifest_cid,
+                "shards": cids,
+                "val_cid": val_cid,
+                "samples": sum(packaged.samples),
+                "data_bytes": detail["data_bytes"],
+                "dataset": data.name,
+            }
+        )
         return
-    _say("Data uploaded", f"Training ID: {training_id}",
-         f"Dataset: {data.name} ({data.spec.task}, {sum(packaged.samples)} training samples, {packaged.val_samples} validation)",
-         f"Shards: {len(cids)}", f"Size: {_human_bytes(detail['data_bytes'])} measured (declared {run['dataset_size']})",
-         f"Manifest CID: {manifest_cid}")
+    _say(
+        "Data uploaded",
+        f"Training ID: {training_id}",
+        f"Dataset: {data.name} ({data.spec.task}, {sum(packaged.samples)} training samples, {packaged.val_samples} validation)",
+        f"Shards: {len(cids)}",
+        f"Size: {_human_bytes(detail['data_bytes'])} measured (declared {run['dataset_size']})",
+        f"Manifest CID: {manifest_cid}",
+    )
 
 
 # --- discover-workers ------------------------------------------------------------------
@@ -189,8 +254,10 @@ def upload_data(
 def discover_workers(
     training_id: RunIdOpt,
     required_workers: Annotated[int, typer.Option("--required-workers", help="Workers to hire.", show_default=False)],
-    min_gpu: Annotated[Optional[str], typer.Option("--min-gpu", help="Weakest GPU class accepted, e.g. RTX3090.")] = None,
-    max_price: Annotated[Optional[str], typer.Option("--max-price", help="Highest price per round accepted, in AIT.")] = None,
+    min_gpu: Annotated[str | None, typer.Option("--min-gpu", help="Weakest GPU class accepted, e.g. RTX3090.")] = None,
+    max_price: Annotated[
+        str | None, typer.Option("--max-price", help="Highest price per round accepted, in AIT.")
+    ] = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
     json_out: JsonOpt = False,
@@ -212,8 +279,16 @@ def discover_workers(
     for col in ("#", "worker", "GPU", "price/round", "reputation", "availability", "score", "hired"):
         t.add_column(col, justify="right" if col not in ("worker", "GPU") else "left")
     for i, r in enumerate(res["ranked"], 1):
-        t.add_row(str(i), _short(r["worker_id"]), r["gpu_type"], f"{r['price']:.2f}", f"{r['reputation']:.2f}",
-                  f"{r['availability']:.2f}", f"{r['score']:.3f}", "yes" if r["hired"] else "")
+        t.add_row(
+            str(i),
+            _short(r["worker_id"]),
+            r["gpu_type"],
+            f"{r['price']:.2f}",
+            f"{r['reputation']:.2f}",
+            f"{r['availability']:.2f}",
+            f"{r['score']:.3f}",
+            "yes" if r["hired"] else "",
+        )
     out.print(t)
     out.print(f"Contracted {res['count']} worker{'s' if res['count'] != 1 else ''} for {training_id}", highlight=False)
 
@@ -230,14 +305,25 @@ def distribute(
     batch_size: Annotated[int, typer.Option(help="Samples per inner step.")] = 32,
     lr: Annotated[float, typer.Option(help="Inner learning rate.")] = 1e-3,
     outer: Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")] = "fedavg",
-    aggregator: Annotated[str, typer.Option(help="Robust rule, e.g. mean, trimmed-mean:beta=0.2, krum, nnm+centered-clip.")] = "mean",
+    aggregator: Annotated[
+        str, typer.Option(help="Robust rule, e.g. mean, trimmed-mean:beta=0.2, krum, nnm+centered-clip.")
+    ] = "mean",
     compression: Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.01, sign.")] = "none",
-    error_feedback: Annotated[bool, typer.Option("--error-feedback", help="Workers keep their compression residual.")] = False,
+    error_feedback: Annotated[
+        bool, typer.Option("--error-feedback", help="Workers keep their compression residual.")
+    ] = False,
     mode: Annotated[str, typer.Option(help="Round mode: sync (live runs).")] = "sync",
-    deadline: Annotated[Optional[float], typer.Option(help="Seconds a round waits at most before closing with the quorum.")] = None,
-    quorum: Annotated[Optional[int], typer.Option(help="Accepted updates a round needs to close at its deadline (default: --min-workers).")] = None,
-    min_workers: Annotated[Optional[int], typer.Option(help="Fewest workers the run trains with (default 1).")] = None,
-    max_workers: Annotated[Optional[int], typer.Option(help="Most workers, joiners included (default: target workers).")] = None,
+    deadline: Annotated[
+        float | None, typer.Option(help="Seconds a round waits at most before closing with the quorum.")
+    ] = None,
+    quorum: Annotated[
+        int | None,
+        typer.Option(help="Accepted updates a round needs to close at its deadline (default: --min-workers)."),
+    ] = None,
+    min_workers: Annotated[int | None, typer.Option(help="Fewest workers the run trains with (default 1).")] = None,
+    max_workers: Annotated[
+        int | None, typer.Option(help="Most workers, joiners included (default: target workers).")
+    ] = None,
     eval_every: Annotated[int, typer.Option(help="Evaluate every N rounds (and after the last).")] = 1,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -249,16 +335,34 @@ def distribute(
     if strategy != "data-parallel":
         raise UsageError(f"--strategy {strategy!r} is not available; this build runs: data-parallel")
     if mode != "sync":
-        raise UsageError(f"--mode {mode!r}: live runs support sync (with --deadline/--quorum); async and gossip run in `aitbc simulate`")
-    body = {"strategy": strategy, "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size, "lr": lr,
-            "outer": outer, "aggregator": aggregator, "compression": compression, "error_feedback": error_feedback,
-            "mode": mode, "deadline": deadline, "quorum": quorum, "min_workers": min_workers,
-            "max_workers": max_workers, "eval_every": eval_every}
-    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c, naming_wallet(wallet or _recall(home, training_id).get("wallet")):
+        raise UsageError(
+            f"--mode {mode!r}: live runs support sync (with --deadline/--quorum); async and gossip run in `aitbc simulate`"
+        )
+    body = {
+        "strategy": strategy,
+        "rounds": rounds,
+        "local_steps": local_steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "outer": outer,
+        "aggregator": aggregator,
+        "compression": compression,
+        "error_feedback": error_feedback,
+        "mode": mode,
+        "deadline": deadline,
+        "quorum": quorum,
+        "min_workers": min_workers,
+        "max_workers": max_workers,
+        "eval_every": eval_every,
+    }
+    with (
+        _client(home, coordinator, training_id, wallet, need_wallet=True) as c,
+        naming_wallet(wallet or _recall(home, training_id).get("wallet")),
+    ):
         detail = c.get(f"/runs/{training_id}")
         if detail.get("budget") is None:  # the escrow is the contracts' cost: sign the most it may be
             hired = sum(ct["price_micro"] for ct in detail["contracts"] if ct["status"] == "hired")
-            from aitbc.coordinator.units import format_price
+            from aitbc.units import format_price
 
             body["max_cost"] = format_price(hired * rounds)
         run = c.post(f"/runs/{training_id}/distribute", body)
@@ -267,13 +371,18 @@ def distribute(
         return
     cfg = run["config"]
     per_round = sum(ct["price_micro"] for ct in run["contracts"] if ct["status"] == "working")
-    from aitbc.coordinator.units import format_price
+    from aitbc.units import format_price
 
-    _say("Training distributed", f"Training ID: {training_id}", f"Strategy: {strategy}",
-         f"Workers: {len(run['workers'])} on {run['shards']} shards",
-         f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
-         f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}",
-         f"Estimated cost: {format_price(per_round * cfg['rounds'])} AIT", f"Status: {run['status']}")
+    _say(
+        "Training distributed",
+        f"Training ID: {training_id}",
+        f"Strategy: {strategy}",
+        f"Workers: {len(run['workers'])} on {run['shards']} shards",
+        f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
+        f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}",
+        f"Estimated cost: {format_price(per_round * cfg['rounds'])} AIT",
+        f"Status: {run['status']}",
+    )
 
 
 # --- monitor, status, list ------------------------------------------------------------
@@ -282,20 +391,48 @@ def distribute(
 def _run_view(run: dict[str, Any]) -> Group:
     cfg = run.get("config") or {}
     head = Table.grid(padding=(0, 2))
-    head.add_row(f"[b]{run['training_id']}[/b]", f"status [b]{run['status']}[/b]",
-                 f"round {run['round']}/{cfg.get('rounds', '-')}", f"completed {run['rounds_completed']}")
-    head.add_row(f"val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}",
-                 f"val acc {_fmt(run['val_accuracy'], '.3f')}",
-                 f"bytes up {_human_bytes(run['bytes_up'])}", f"down {_human_bytes(run['bytes_down'])}")
+    head.add_row(
+        f"[b]{run['training_id']}[/b]",
+        f"status [b]{run['status']}[/b]",
+        f"round {run['round']}/{cfg.get('rounds', '-')}",
+        f"completed {run['rounds_completed']}",
+    )
+    head.add_row(
+        f"val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}",
+        f"val acc {_fmt(run['val_accuracy'], '.3f')}",
+        f"bytes up {_human_bytes(run['bytes_up'])}",
+        f"down {_human_bytes(run['bytes_down'])}",
+    )
     t = Table()
-    for col in ("worker", "shard", "progress %", "loss", "epoch", "status", "rounds", "this round", "score", "flags", "heartbeat"):
+    for col in (
+        "worker",
+        "shard",
+        "progress %",
+        "loss",
+        "epoch",
+        "status",
+        "rounds",
+        "this round",
+        "score",
+        "flags",
+        "heartbeat",
+    ):
         t.add_column(col, justify="left" if col in ("worker", "status", "this round", "flags") else "right")
     for w in run["workers"]:
         hb = w["last_heartbeat_age"]
-        t.add_row(_short(w["worker_id"]), str(w["shard_index"]), f"{w['progress']:.1f}", _fmt(w["loss"]),
-                  f"{w['epoch']:.2f}", w["status"], str(w["rounds_done"]), w["this_round"] or "",
-                  _fmt(w.get("score"), ".2f"), ", ".join(w.get("score_flags") or []),
-                  "-" if hb is None else f"{hb:.1f}s ago")
+        t.add_row(
+            _short(w["worker_id"]),
+            str(w["shard_index"]),
+            f"{w['progress']:.1f}",
+            _fmt(w["loss"]),
+            f"{w['epoch']:.2f}",
+            w["status"],
+            str(w["rounds_done"]),
+            w["this_round"] or "",
+            _fmt(w.get("score"), ".2f"),
+            ", ".join(w.get("score_flags") or []),
+            "-" if hb is None else f"{hb:.1f}s ago",
+        )
     parts: list[Any] = [head, t]
     if run.get("error"):
         parts.append(f"[red]{run['error']}[/red]")
@@ -312,7 +449,7 @@ def monitor(
     training_id: RunIdOpt,
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
-    timeout: Annotated[Optional[float], typer.Option(help="Give up after this many seconds (exit 1).")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds (exit 1).")] = None,
     coordinator: CoordinatorOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="JSON snapshots (one line each).")] = False,
     home: HomeOption = DEFAULT_HOME,
@@ -347,8 +484,11 @@ def monitor(
         if not out.is_terminal:
             out.line()  # Live leaves the cursor after the table's last border
     _finished(run)
-    out.print(f"Run {training_id} complete: val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}, "
-              f"model {run['global_model_cid']}", highlight=False)
+    out.print(
+        f"Run {training_id} complete: val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}, "
+        f"model {run['global_model_cid']}",
+        highlight=False,
+    )
 
 
 def _check_timeout(t0: float, timeout: float | None, run_id: str) -> None:
@@ -375,7 +515,7 @@ def status(
 
 @app.command("list")
 def list_runs(
-    status: Annotated[Optional[str], typer.Option(help="Only runs in this state.")] = None,
+    status: Annotated[str | None, typer.Option(help="Only runs in this state.")] = None,
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
@@ -394,15 +534,24 @@ def list_runs(
     for col in ("training id", "status", "model", "round", "val loss", "workers", "created"):
         t.add_column(col)
     for r in res["data"]:
-        t.add_row(r["training_id"], r["status"], r["model_type"], f"{r['round']}/{r['rounds'] or '-'}",
-                  _fmt(r["val_loss"]), str(r["target_workers"]), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])))
+        t.add_row(
+            r["training_id"],
+            r["status"],
+            r["model_type"],
+            f"{r['round']}/{r['rounds'] or '-'}",
+            _fmt(r["val_loss"]),
+            str(r["target_workers"]),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
+        )
     out.print(t)
 
 
 # --- control and results ----------------------------------------------------------------
 
 
-def _control(action: str, training_id: str, coordinator: str | None, wallet: str | None, json_out: bool, home: Path) -> None:
+def _control(
+    action: str, training_id: str, coordinator: str | None, wallet: str | None, json_out: bool, home: Path
+) -> None:
     home = resolve_home(home)
     with _client(home, coordinator, training_id, wallet, need_wallet=True) as c:
         run = c.post(f"/runs/{training_id}/{action}")
@@ -413,22 +562,37 @@ def _control(action: str, training_id: str, coordinator: str | None, wallet: str
 
 
 @app.command()
-def stop(training_id: RunIdOpt, coordinator: CoordinatorOpt = None, wallet: WalletOpt = None,
-         json_out: JsonOpt = False, home: HomeOption = DEFAULT_HOME) -> None:
+def stop(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    wallet: WalletOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """End a run now (its workers are released)."""
     _control("stop", training_id, coordinator, wallet, json_out, home)
 
 
 @app.command()
-def pause(training_id: RunIdOpt, coordinator: CoordinatorOpt = None, wallet: WalletOpt = None,
-          json_out: JsonOpt = False, home: HomeOption = DEFAULT_HOME) -> None:
+def pause(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    wallet: WalletOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """Hold a run after its current round's updates (resume continues it)."""
     _control("pause", training_id, coordinator, wallet, json_out, home)
 
 
 @app.command()
-def resume(training_id: RunIdOpt, coordinator: CoordinatorOpt = None, wallet: WalletOpt = None,
-           json_out: JsonOpt = False, home: HomeOption = DEFAULT_HOME) -> None:
+def resume(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    wallet: WalletOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """Continue a paused run."""
     _control("resume", training_id, coordinator, wallet, json_out, home)
 
@@ -451,7 +615,8 @@ def results(
     t.add_column("", style="bold")
     t.add_column("")
     rows = [
-        ("status", res["status"]), ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
+        ("status", res["status"]),
+        ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
         ("validation loss", f"{_fmt(res['initial_val_loss'])} -> {_fmt(res['final_val_loss'])}"),
         ("validation accuracy", _fmt(res["final_val_accuracy"], ".4f")),
         ("updates accepted / rejected", f"{res['updates_accepted']} / {res['updates_rejected']}"),
@@ -469,8 +634,13 @@ def results(
         for col in ("worker", "contract", "score", "last round", "flags"):
             w.add_column(col)
         for r in res["workers"]:
-            w.add_row(r["worker_id"], r["status"], _fmt(r["score"], ".3f"), _fmt(r["last_quality"], ".3f"),
-                      ", ".join(r["score_flags"]))
+            w.add_row(
+                r["worker_id"],
+                r["status"],
+                _fmt(r["score"], ".3f"),
+                _fmt(r["last_quality"], ".3f"),
+                ", ".join(r["score_flags"]),
+            )
         out.print(w)
 
 
@@ -478,7 +648,9 @@ def results(
 def download_model(
     training_id: RunIdOpt,
     output: Annotated[Path, typer.Option("-o", "--output", help="File to write (safetensors).", show_default=False)],
-    round: Annotated[Optional[int], typer.Option("--round", help="A given round's checkpoint (default: the latest).")] = None,
+    round: Annotated[
+        int | None, typer.Option("--round", help="A given round's checkpoint (default: the latest).")
+    ] = None,
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
@@ -495,7 +667,9 @@ def download_model(
         if round is not None:
             match = [ck["cid"] for ck in res["checkpoints"] if ck["round"] == round]
             if not match:
-                raise NotFoundError(f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res['checkpoints']) - 1})")
+                raise NotFoundError(
+                    f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res['checkpoints']) - 1})"
+                )
             cid = match[0]
         if cid is None:
             raise AitbcError(f"run {training_id} has no model yet (status {res['status']})")
@@ -549,7 +723,9 @@ def verify(
     if not rows:
         raise AitbcError(f"run {training_id} has no checkpoints yet")
     if bad:
-        raise AitbcError(f"{len(bad)} of {len(rows)} checkpoints failed verification (first: round {bad[0]['round']}: {bad[0]['detail']})")
+        raise AitbcError(
+            f"{len(bad)} of {len(rows)} checkpoints failed verification (first: round {bad[0]['round']}: {bad[0]['detail']})"
+        )
     if not json_out:
         out.print(f"All {len(rows)} checkpoints verified", highlight=False)
 
@@ -569,15 +745,39 @@ def payments(
         _emit_json(res)
         return
     out.print(_payments_table(res))
-    out.print(f"Escrowed {res['escrowed']} AIT; left in escrow {res['escrow_balance']} AIT; "
-              f"settled through round {res['settled_round']}" + ("; finalized" if res["finalized"] else ""), highlight=False)
+    out.print(
+        f"Escrowed {res['escrowed']} AIT; left in escrow {res['escrow_balance']} AIT; "
+        f"settled through round {res['settled_round']}" + ("; finalized" if res["finalized"] else ""),
+        highlight=False,
+    )
 
 
 def _payments_table(res: dict[str, Any]) -> Table:
     t = Table(title=f"Payments of {res['training_id']} ({res['network']} network, AIT)")
-    for col in ("worker", "price/round", "rounds accepted", "score", "paid", "bond", "slashed", "reputation", "flags", "contract"):
+    for col in (
+        "worker",
+        "price/round",
+        "rounds accepted",
+        "score",
+        "paid",
+        "bond",
+        "slashed",
+        "reputation",
+        "flags",
+        "contract",
+    ):
         t.add_column(col, justify="left" if col in ("worker", "flags", "contract") else "right")
     for r in res["data"]:
-        t.add_row(_short(r["worker_id"]), r["price"], str(r["rounds_accepted"]), _fmt(r["score"], ".3f"), r["paid"],
-                  r["bond"], r["slashed"], _fmt(r["reputation"], ".2f"), ", ".join(r["flags"]), r["status"])
+        t.add_row(
+            _short(r["worker_id"]),
+            r["price"],
+            str(r["rounds_accepted"]),
+            _fmt(r["score"], ".3f"),
+            r["paid"],
+            r["bond"],
+            r["slashed"],
+            _fmt(r["reputation"], ".2f"),
+            ", ".join(r["flags"]),
+            r["status"],
+        )
     return t

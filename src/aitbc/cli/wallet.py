@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -22,7 +22,9 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-NameArgument = Annotated[str, typer.Argument(help="The wallet's name (letters, digits, '.', '_', '-').", show_default=False)]
+NameArgument = Annotated[
+    str, typer.Argument(help="The wallet's name (letters, digits, '.', '_', '-').", show_default=False)
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
@@ -85,8 +87,15 @@ def show(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOpti
 
 # --- money on the local network (the coordinator keeps the ledger) --------------------
 
-CoordinatorOption = Annotated[Optional[str], typer.Option("--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700).")]
-NetworkOption = Annotated[str, typer.Option("--network", help="Ledger network: local (mainnet and testnet are not available in this build).")]
+CoordinatorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700)."
+    ),
+]
+NetworkOption = Annotated[
+    str, typer.Option("--network", help="Ledger network: local (mainnet and testnet are not available in this build).")
+]
 AmountArgument = Annotated[str, typer.Argument(help="AIT, up to 6 decimals, e.g. 12.5.", show_default=False)]
 
 
@@ -103,8 +112,14 @@ def _money_client(home: Path, coordinator: str | None, name: str | None, network
 
 
 @app.command()
-def fund(name: NameArgument, amount: AmountArgument, network: NetworkOption = "local",
-         coordinator: CoordinatorOption = None, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+def fund(
+    name: NameArgument,
+    amount: AmountArgument,
+    network: NetworkOption = "local",
+    coordinator: CoordinatorOption = None,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+) -> None:
     """The local faucet: mint AMOUNT AIT into wallet NAME (a recorded, signed mint)."""
     home = resolve_home(home)
     with _money_client(home, coordinator, name, network) as c:
@@ -116,8 +131,13 @@ def fund(name: NameArgument, amount: AmountArgument, network: NetworkOption = "l
 
 
 @app.command()
-def balance(name: NameArgument, network: NetworkOption = "local", coordinator: CoordinatorOption = None,
-            home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+def balance(
+    name: NameArgument,
+    network: NetworkOption = "local",
+    coordinator: CoordinatorOption = None,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+) -> None:
     """Wallet NAME's balance on the ledger."""
     home = resolve_home(home)
     w = load_wallet(home, name)
@@ -130,9 +150,15 @@ def balance(name: NameArgument, network: NetworkOption = "local", coordinator: C
 
 
 @app.command()
-def send(name: NameArgument, to: Annotated[str, typer.Argument(help="A wallet name under HOME, or an address (ait1...).", show_default=False)],
-         amount: AmountArgument, network: NetworkOption = "local", coordinator: CoordinatorOption = None,
-         home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+def send(
+    name: NameArgument,
+    to: Annotated[str, typer.Argument(help="A wallet name under HOME, or an address (ait1...).", show_default=False)],
+    amount: AmountArgument,
+    network: NetworkOption = "local",
+    coordinator: CoordinatorOption = None,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+) -> None:
     """Send AMOUNT AIT from wallet NAME to TO (signed by NAME)."""
     home = resolve_home(home)
     address = to if to.startswith("ait1") else load_wallet(home, to).address
@@ -141,13 +167,20 @@ def send(name: NameArgument, to: Annotated[str, typer.Argument(help="A wallet na
     if json_out:
         _print_json(res)
         return
-    typer.echo(f"Sent {res['amount']} AIT from {name} to {address} (ledger entry {res['entry']}); balance {res['balance']} AIT")
+    typer.echo(
+        f"Sent {res['amount']} AIT from {name} to {address} (ledger entry {res['entry']}); balance {res['balance']} AIT"
+    )
 
 
 @app.command()
-def history(name: NameArgument, limit: Annotated[int, typer.Option(help="Most recent entries to show.")] = 50,
-            network: NetworkOption = "local", coordinator: CoordinatorOption = None,
-            home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+def history(
+    name: NameArgument,
+    limit: Annotated[int, typer.Option(help="Most recent entries to show.")] = 50,
+    network: NetworkOption = "local",
+    coordinator: CoordinatorOption = None,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+) -> None:
     """Ledger entries that moved money into or out of wallet NAME."""
     import time as _time
 
@@ -170,6 +203,12 @@ def history(name: NameArgument, limit: Annotated[int, typer.Option(help="Most re
     for e in res["data"]:
         sign = "+" if e["credit"] == mine else "-"
         other = e["debit"] if e["credit"] == mine else e["credit"]
-        table.add_row(str(e["seq"]), _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e["created_at"])), e["kind"],
-                      f"{sign}{e['amount_ait']}", other, json.dumps(e["memo"], sort_keys=True))
+        table.add_row(
+            str(e["seq"]),
+            _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e["created_at"])),
+            e["kind"],
+            f"{sign}{e['amount_ait']}",
+            other,
+            json.dumps(e["memo"], sort_keys=True),
+        )
     out.print(table)

@@ -19,6 +19,7 @@ from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import SignatureError
+from aitbc.units import UnitError
 
 
 def _error(status: int, code: str, detail: str) -> JSONResponse:
@@ -53,7 +54,9 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
             ctx.engine.dispose()
 
     app = FastAPI(
-        title="aitbc coordinator", version=__version__, lifespan=lifespan,
+        title="aitbc coordinator",
+        version=__version__,
+        lifespan=lifespan,
         description="Runs the rounds of distributed trainings across untrusted providers.",
     )
     app.state.ctx = ctx
@@ -85,6 +88,10 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     @app.exception_handler(AitbcError)
     async def _aitbc(_: Request, e: AitbcError) -> JSONResponse:
         return _error(422, "invalid", str(e))
+
+    @app.exception_handler(UnitError)
+    async def _unit(_: Request, e: UnitError) -> JSONResponse:
+        return _error(422, e.code, e.detail)
 
     for r in (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router):
         app.include_router(r, prefix="/v1")

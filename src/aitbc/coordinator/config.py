@@ -23,7 +23,9 @@ class Settings(BaseModel):
     score_samples: int = Field(512, ge=1)  # samples per batch when scoring one update
     network: str = "local"  # the ledger this coordinator settles on
     settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
-    manual_idle_seconds: float = Field(3600.0, gt=0)  # a manual run with no owner call, update or progress this long fails
+    manual_idle_seconds: float = Field(
+        3600.0, gt=0
+    )  # a manual run with no owner call, update or progress this long fails
 
     @property
     def database_url(self) -> str:

@@ -43,8 +43,11 @@ RUNNING = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUS
 
 def require_manual(run: Run, action: str) -> None:
     if run.control != "manual":
-        raise conflict("automatic_control", f"cannot {action}: run {run.id} is under automatic control (the coordinator "
-                                            f"moves its phases); create the run with control \"manual\" to drive it yourself")
+        raise conflict(
+            "automatic_control",
+            f"cannot {action}: run {run.id} is under automatic control (the coordinator "
+            f'moves its phases); create the run with control "manual" to drive it yourself',
+        )
 
 
 # --- phases ------------------------------------------------------------------------------
@@ -60,8 +63,11 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
     now = time.time()
     if to == states.DISTRIBUTING:
         if body.config is None:
-            raise unprocessable("no_config", "phase distributing needs the training config, e.g. "
-                                             "{\"phase\": \"distributing\", \"config\": {\"rounds\": 5, \"local_steps\": 20}}")
+            raise unprocessable(
+                "no_config",
+                "phase distributing needs the training config, e.g. "
+                '{"phase": "distributing", "config": {"rounds": 5, "local_steps": 20}}',
+            )
         configure(ctx, s, run, body.config, request, cost_field="config.max_cost")
         states.transition(run, states.DISTRIBUTING, now=now)
     elif to == states.TRAINING and run.status == states.DISTRIBUTING:
@@ -73,7 +79,9 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
     elif to == states.TRAINING and run.status == states.AGGREGATING:
         _require_aggregated(s, run)
         if run.round >= run.config["rounds"]:
-            raise conflict("rounds_done", f"all {run.config['rounds']} rounds of run {run.id} are aggregated; set phase complete")
+            raise conflict(
+                "rounds_done", f"all {run.config['rounds']} rounds of run {run.id} are aggregated; set phase complete"
+            )
         _require_jobs(s, run)
         run.round, run.round_started_at = run.round + 1, now
         states.transition(run, states.TRAINING, now=now)
@@ -86,8 +94,10 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
         end_run(s, run, states.COMPLETE, reason=None, now=now)
     else:
         states.check_transition(run, to)  # the machine does not allow it from here: raises
-        raise conflict("bad_state", f"run {run.id} is {run.status}; resume it (POST /v1/runs/{run.id}/resume) "
-                                    f"rather than setting its phase")
+        raise conflict(
+            "bad_state",
+            f"run {run.id} is {run.status}; resume it (POST /v1/runs/{run.id}/resume) rather than setting its phase",
+        )
     s.commit()
     if run.status in states.ENDED:
         drop_runtime(ctx, run.id)
@@ -102,8 +112,11 @@ def _require_jobs(s: Session, run: Run) -> None:
 
 def _require_aggregated(s: Session, run: Run) -> None:
     if s.get(RoundRecord, (run.id, run.round)) is None:
-        raise conflict("not_aggregated", f"round {run.round} of run {run.id} is closed but not aggregated; "
-                                         f"aggregate its updates first (POST /v1/runs/{run.id}/aggregate)")
+        raise conflict(
+            "not_aggregated",
+            f"round {run.round} of run {run.id} is closed but not aggregated; "
+            f"aggregate its updates first (POST /v1/runs/{run.id}/aggregate)",
+        )
 
 
 # --- jobs of a manual run --------------------------------------------------------------------
@@ -117,8 +130,11 @@ def create_job(ctx: Context, s: Session, run: Run, body: JobCreate) -> Job:
     shard = shard_index(run, body.shard_id)
     c = s.scalar(select(Contract).where(Contract.run_id == run.id, Contract.worker_id == body.worker_id))
     if c is None:
-        raise conflict("not_hired", f"worker {body.worker_id} has no contract with run {run.id}; hire it first "
-                                    f"(POST /v1/runs/{run.id}/contracts)")
+        raise conflict(
+            "not_hired",
+            f"worker {body.worker_id} has no contract with run {run.id}; hire it first "
+            f"(POST /v1/runs/{run.id}/contracts)",
+        )
     _require_free(s, body.worker_id)
     if c.status != "hired":
         raise conflict("contract_ended", f"worker {body.worker_id}'s contract with run {run.id} is {c.status}")
@@ -134,11 +150,17 @@ def shard_index(run: Run, shard_id: str) -> int:
     for i, e in enumerate(run.manifest["shards"]):
         if e["cid"] == shard_id:
             if "split_into" in e:
-                raise conflict("shard_split", f"shard {shard_id} of run {run.id} was split into shards "
-                                              f"{', '.join(run.manifest['shards'][k]['cid'] for k in e['split_into'])}")
+                raise conflict(
+                    "shard_split",
+                    f"shard {shard_id} of run {run.id} was split into shards "
+                    f"{', '.join(run.manifest['shards'][k]['cid'] for k in e['split_into'])}",
+                )
             return i
-    raise unprocessable("unknown_shard", f"{shard_id!r} is not a shard of run {run.id} "
-                                         f"({len(run.manifest['shards'])} shards; GET /v1/runs/{run.id}/shards lists them)")
+    raise unprocessable(
+        "unknown_shard",
+        f"{shard_id!r} is not a shard of run {run.id} "
+        f"({len(run.manifest['shards'])} shards; GET /v1/runs/{run.id}/shards lists them)",
+    )
 
 
 def _require_free(s: Session, worker_id: str) -> None:
@@ -152,9 +174,17 @@ def shards_view(s: Session, run: Run) -> list[dict[str, Any]]:
     if run.manifest is None:
         return []
     jobs = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == "active")).all()
-    return [{"shard_index": i, "shard_id": e["cid"], "samples": e["samples"], "split_from": e.get("split_from"),
-             "split_into": e.get("split_into"), "jobs": [j.id for j in jobs if j.shard_index == i]}
-            for i, e in enumerate(run.manifest["shards"])]
+    return [
+        {
+            "shard_index": i,
+            "shard_id": e["cid"],
+            "samples": e["samples"],
+            "split_from": e.get("split_from"),
+            "split_into": e.get("split_into"),
+            "jobs": [j.id for j in jobs if j.shard_index == i],
+        }
+        for i, e in enumerate(run.manifest["shards"])
+    ]
 
 
 # --- aggregation and the result ----------------------------------------------------------------
@@ -173,21 +203,31 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     states.require_status(run, states.AGGREGATING, action="aggregate (set phase aggregating first)")
     r = run.round
     if s.get(RoundRecord, (run.id, r)) is not None:
-        raise conflict("already_aggregated", f"round {r} of run {run.id} is already aggregated; set phase training "
-                                             f"for round {r + 1}, or complete")
-    ups = s.execute(select(Update, Job.shard_index).join(Job, Job.id == Update.job_id)
-                    .where(Update.run_id == run.id, Update.round == r).order_by(Job.shard_index, Update.id)).all()
+        raise conflict(
+            "already_aggregated",
+            f"round {r} of run {run.id} is already aggregated; set phase training for round {r + 1}, or complete",
+        )
+    ups = s.execute(
+        select(Update, Job.shard_index)
+        .join(Job, Job.id == Update.job_id)
+        .where(Update.run_id == run.id, Update.round == r)
+        .order_by(Job.shard_index, Update.id)
+    ).all()
     by_cid = {u.cid: (u, shard) for u, shard in ups if u.status == "accepted"}
     if len(set(body.updates)) != len(body.updates):
         raise unprocessable("bad_updates", "an update is listed twice")
     unknown = [c for c in body.updates if c not in by_cid]
     if unknown:
-        raise unprocessable("unknown_update", f"{unknown[0]} is not an accepted update of round {r} of run {run.id} "
-                                              f"({len(by_cid)} accepted)")
+        raise unprocessable(
+            "unknown_update",
+            f"{unknown[0]} is not an accepted update of round {r} of run {run.id} ({len(by_cid)} accepted)",
+        )
     weights = body.weights
     if weights is not None:
         if len(weights) != len(body.updates):
-            raise unprocessable("bad_weights", f"{len(weights)} weights for {len(body.updates)} updates; give one per update")
+            raise unprocessable(
+                "bad_weights", f"{len(weights)} weights for {len(body.updates)} updates; give one per update"
+            )
         if not all(math.isfinite(w) and w > 0 for w in weights):
             raise unprocessable("bad_weights", f"weights must be finite numbers > 0, got {weights}")
     chosen = [by_cid[c] for c in body.updates]
@@ -199,22 +239,39 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
         if u.status == "accepted" and u.cid not in body.updates:
             u.status, u.reason = "excluded", f"left out of round {r}'s aggregation by the owner"
     if not _commit_round(ctx, s, run, rt, res, ups, chosen, round=r, advance=False):
-        raise conflict("run_changed", f"run {run.id} changed while round {r} was aggregated (stopped, or aggregated by "
-                                      f"another request); nothing was recorded")
+        raise conflict(
+            "run_changed",
+            f"run {run.id} changed while round {r} was aggregated (stopped, or aggregated by "
+            f"another request); nothing was recorded",
+        )
     ctx.notifier.bump()
     ctx.notifier.poke_driver()  # scoring of the round
-    return {"training_id": run.id, "round": r, "model_id": res["cid"], "model_cid": res["cid"], "loss": res["val_loss"],
-            "accuracy": res["val_accuracy"], "updates": len(chosen), "skipped": res["skipped"],
-            "weights": weights if weights is not None else [float(u.samples) for u, _ in chosen]}
+    return {
+        "training_id": run.id,
+        "round": r,
+        "model_id": res["cid"],
+        "model_cid": res["cid"],
+        "loss": res["val_loss"],
+        "accuracy": res["val_accuracy"],
+        "updates": len(chosen),
+        "skipped": res["skipped"],
+        "weights": weights if weights is not None else [float(u.samples) for u, _ in chosen],
+    }
 
 
 def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[str, Any]:
     require_manual(run, "choose the result")
-    rec = s.scalar(select(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0,
-                                             RoundRecord.checkpoint_cid == body.model_cid).limit(1))
+    rec = s.scalar(
+        select(RoundRecord)
+        .where(RoundRecord.run_id == run.id, RoundRecord.round > 0, RoundRecord.checkpoint_cid == body.model_cid)
+        .limit(1)
+    )
     if rec is None:
-        raise unprocessable("unknown_model", f"{body.model_cid} is not an aggregated checkpoint of run {run.id} "
-                                             f"(GET /v1/runs/{run.id}/rounds lists them)")
+        raise unprocessable(
+            "unknown_model",
+            f"{body.model_cid} is not an aggregated checkpoint of run {run.id} "
+            f"(GET /v1/runs/{run.id}/rounds lists them)",
+        )
     run.result_cid, run.updated_at = body.model_cid, time.time()
     s.commit()
     return {**results(ctx, s, run), "round": rec.round}
@@ -254,7 +311,16 @@ def end_job(ctx: Context, s: Session, job_id: str, signer: str, body: JobEnd) ->
         if offer is not None:
             offer.status, offer.failed_at = "failed", now
             offer.flags += 1
-        s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=run.round, kind="marked_failed", reason=reason, created_at=now))
+        s.add(
+            Flag(
+                worker_id=job.worker_id,
+                run_id=run.id,
+                round=run.round,
+                kind="marked_failed",
+                reason=reason,
+                created_at=now,
+            )
+        )
     s.commit()
     ctx.notifier.bump()
     ctx.notifier.poke_driver()
@@ -303,9 +369,16 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     x, y = load_shard(ctx.store.get_bytes(job.shard_cid))  # (n, ...), (n, ...)
     n, half = x.shape[0], x.shape[0] // 2
     first, second = len(shards), len(shards) + 1
-    blobs = [shard_bytes(x[lo:hi].clone(), y[lo:hi].clone(), dataset=str(run.manifest.get("dataset", "")),
-                         index=k, count=len(shards) + 2)
-             for k, (lo, hi) in zip((first, second), ((0, half), (half, n)))]
+    blobs = [
+        shard_bytes(
+            x[lo:hi].clone(),
+            y[lo:hi].clone(),
+            dataset=str(run.manifest.get("dataset", "")),
+            index=k,
+            count=len(shards) + 2,
+        )
+        for k, (lo, hi) in zip((first, second), ((0, half), (half, n)))
+    ]
     for blob, samples in zip(blobs, (half, n - half)):
         shards.append({"cid": cid_of_bytes(blob), "samples": samples, "split_from": job.shard_index})
     entry["split_into"] = [first, second]
@@ -319,8 +392,17 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     return job, new
 
 
-def _take_on(ctx: Context, s: Session, run: Run, shard: int, worker_id: str | None, *, now: float,
-             replaces: str | None, config: dict[str, Any]) -> Job:
+def _take_on(
+    ctx: Context,
+    s: Session,
+    run: Run,
+    shard: int,
+    worker_id: str | None,
+    *,
+    now: float,
+    replaces: str | None,
+    config: dict[str, Any],
+) -> Job:
     from aitbc.coordinator.rounds import assign_worker, new_job
 
     if worker_id is None:
@@ -360,12 +442,27 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
         raise conflict("nothing_to_resend", f"job {job_id} has not sent its update for round {run.round} yet")
     now = time.time()
     reason = f"owner asked for round {run.round} again (was {upd.cid}, {upd.status})"
-    s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=run.round, kind="resend_requested", reason=reason, created_at=now))
+    s.add(
+        Flag(
+            worker_id=job.worker_id,
+            run_id=run.id,
+            round=run.round,
+            kind="resend_requested",
+            reason=reason,
+            created_at=now,
+        )
+    )
     s.delete(upd)
     job.updated_at = now
     s.commit()
     ctx.notifier.bump()
-    return {"job_id": job.id, "worker_id": job.worker_id, "round": run.round, "dropped": upd.cid, "status": "resend_requested"}
+    return {
+        "job_id": job.id,
+        "worker_id": job.worker_id,
+        "round": run.round,
+        "dropped": upd.cid,
+        "status": "resend_requested",
+    }
 
 
 def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
@@ -374,7 +471,21 @@ def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
     if job is None:
         raise not_found("unknown_job", f"no job {job_id!r}")
     rows = s.scalars(select(Update).where(Update.job_id == job_id).order_by(Update.round.desc())).all()
-    return [{"checkpoint_id": u.cid, "cid": u.cid, "training_id": u.run_id, "job_id": u.job_id, "worker_id": u.worker_id,
-             "round": u.round, "samples": u.samples, "shard_index": u.shard_index, "train_loss": u.train_loss,
-             "size": u.size, "status": u.status,
-             "reason": u.reason, "created_at": u.created_at} for u in rows]
+    return [
+        {
+            "checkpoint_id": u.cid,
+            "cid": u.cid,
+            "training_id": u.run_id,
+            "job_id": u.job_id,
+            "worker_id": u.worker_id,
+            "round": u.round,
+            "samples": u.samples,
+            "shard_index": u.shard_index,
+            "train_loss": u.train_loss,
+            "size": u.size,
+            "status": u.status,
+            "reason": u.reason,
+            "created_at": u.created_at,
+        }
+        for u in rows
+    ]

@@ -44,7 +44,9 @@ def add_new_columns(engine: Engine) -> list[str]:
                     continue
                 ddl = f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(engine.dialect)}"
                 if col.default is not None and col.default.is_scalar:
-                    value = literal(col.default.arg, col.type).compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True})
+                    value = literal(col.default.arg, col.type).compile(
+                        dialect=engine.dialect, compile_kwargs={"literal_binds": True}
+                    )
                     ddl += f" DEFAULT {value}"
                 conn.execute(text(ddl))
                 added.append(f"{table.name}.{col.name}")

@@ -49,7 +49,7 @@ class RoundDriver:
                 break
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - a bad tick must not kill the driver; it is logged in full
+            except Exception:
                 log.exception("round driver tick failed; retrying next tick")
                 time.sleep(self.ctx.settings.tick_seconds)
 
@@ -72,7 +72,9 @@ class RoundDriver:
                 s.commit()
                 ctx.notifier.bump()
             live = s.execute(
-                select(Run.id, Run.status).where(Run.status.in_((states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)), automatic)
+                select(Run.id, Run.status).where(
+                    Run.status.in_((states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)), automatic
+                )
             ).all()
             due = []
             for run_id, status in live:
@@ -102,14 +104,21 @@ class RoundDriver:
         can still refund the escrow)."""
         idle = self.ctx.settings.manual_idle_seconds
         live = (states.INITIALIZING, states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)
-        runs = s.scalars(select(Run).where(Run.control == "manual", Run.status.in_(live), Run.updated_at < now - idle)).all()
+        runs = s.scalars(
+            select(Run).where(Run.control == "manual", Run.status.in_(live), Run.updated_at < now - idle)
+        ).all()
         changed = False
         for run in runs:
             last_job = s.scalar(select(func.max(Job.updated_at)).where(Job.run_id == run.id)) or 0.0
             if now - max(run.updated_at, last_job) < idle:
                 continue
-            rounds.end_run(s, run, states.FAILED, now=now,
-                           reason=f"manual run idle for {idle:g} s: no phase move, job, update or progress (is its agent running?)")
+            rounds.end_run(
+                s,
+                run,
+                states.FAILED,
+                now=now,
+                reason=f"manual run idle for {idle:g} s: no phase move, job, update or progress (is its agent running?)",
+            )
             log.warning("run %s: %s", run.id, run.error)
             changed = True
         return changed
@@ -117,7 +126,7 @@ class RoundDriver:
     def _money(self, run_id: str, step) -> None:
         try:
             step()
-        except Exception:  # noqa: BLE001 - money steps are idempotent; retried next tick, logged in full
+        except Exception:
             log.exception("run %s: scoring/settlement step failed; retrying next tick", run_id)
 
     def _advance(self, run_id: str) -> None:
@@ -133,7 +142,7 @@ class RoundDriver:
             else:
                 rounds.close_round(ctx, run_id)
             self._failures.pop(run_id, None)
-        except Exception as e:  # noqa: BLE001 - recorded on the run below, logged in full here
+        except Exception as e:
             n = self._failures[run_id] = self._failures.get(run_id, 0) + 1
             log.exception("run %s: round step failed (attempt %d of %d)", run_id, n, MAX_FAILURES)
             rounds.drop_runtime(ctx, run_id)  # rebuilt from the database next time
@@ -141,7 +150,12 @@ class RoundDriver:
                 with ctx.session() as s:
                     run = s.get(Run, run_id)
                     if run is not None and run.status not in states.ENDED:
-                        rounds.end_run(s, run, states.FAILED, reason=f"coordinator could not advance the run: {type(e).__name__}: {e}")
+                        rounds.end_run(
+                            s,
+                            run,
+                            states.FAILED,
+                            reason=f"coordinator could not advance the run: {type(e).__name__}: {e}",
+                        )
                         s.commit()
                 self._failures.pop(run_id, None)
                 ctx.notifier.bump()

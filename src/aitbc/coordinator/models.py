@@ -88,7 +88,9 @@ class Offer(Base):
     flags: Mapped[int] = mapped_column(Integer, default=0)
     failed_at: Mapped[float | None] = mapped_column(Float, default=None)  # when last marked failed
     max_bond: Mapped[int] = mapped_column(BigInteger, default=0)  # the most it lets a contract lock
-    registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # its signed offer (authorises bonds)
+    registration: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON, default=None
+    )  # its signed offer (authorises bonds)
     last_heartbeat: Mapped[float] = mapped_column(Float)
     registered_at: Mapped[float] = mapped_column(Float)
 
@@ -125,7 +127,9 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)  # active | failed | released
     joined_round: Mapped[int] = mapped_column(Integer)
     replaces: Mapped[str | None] = mapped_column(String(64), default=None)  # job it took over
-    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the owner's overrides: local_steps, batch_size, lr
+    config: Mapped[dict[str, Any]] = mapped_column(
+        JSON, default=dict
+    )  # the owner's overrides: local_steps, batch_size, lr
     seed: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the worker's batch-order seed
     moved_from: Mapped[int | None] = mapped_column(Integer, default=None)  # its shard before a split or a move
     # the worker's last progress report

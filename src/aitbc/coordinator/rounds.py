@@ -25,8 +25,8 @@ from torch import Tensor
 from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import unprocessable
-from aitbc.coordinator.runs import busy_workers, lock_run, market_offers
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update, new_id
+from aitbc.coordinator.runs import busy_workers, lock_run, market_offers
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import build_codec
 from aitbc.core.compression import decode as decode_update
@@ -34,7 +34,14 @@ from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.errors import AitbcError
 from aitbc.market.ranking import rank_offers
-from aitbc.training.checkpoint import bytes_to_tensors, checkpoint_bytes, flat_params, load_shard, set_flat_params, tensors_to_bytes
+from aitbc.training.checkpoint import (
+    bytes_to_tensors,
+    checkpoint_bytes,
+    flat_params,
+    load_shard,
+    set_flat_params,
+    tensors_to_bytes,
+)
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, evaluate
 from aitbc.training.models import build_model, model_config
@@ -74,8 +81,11 @@ def check_training_config(run: Run, cfg: dict[str, Any], *, workers: int) -> dic
     except (AitbcError, ValueError) as e:
         raise unprocessable("bad_config", str(e)) from None
     mcfg = model_config(run.model_type, run.model_options)
-    return {"d": sum(p.numel() for p in model.parameters()), "f": f,
-            "model_options_full": {} if mcfg is None else asdict(mcfg)}
+    return {
+        "d": sum(p.numel() for p in model.parameters()),
+        "f": f,
+        "model_options_full": {} if mcfg is None else asdict(mcfg),
+    }
 
 
 class RunRuntime:
@@ -111,7 +121,9 @@ class RunRuntime:
 
     def checkpoint(self, ctx: Context, run: Run, params: Tensor, round: int) -> tuple[str, int]:
         set_flat_params(self.model, params)
-        blob = checkpoint_bytes(self.model, model_name=run.model_type, model_options=run.config["model_options_full"], round=round)
+        blob = checkpoint_bytes(
+            self.model, model_name=run.model_type, model_options=run.config["model_options_full"], round=round
+        )
         return ctx.store.put_bytes(blob), len(blob)
 
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
@@ -150,8 +162,17 @@ def start_training(ctx: Context, run_id: str) -> None:
             s.rollback()
             return
         now = time.time()
-        s.merge(RoundRecord(run_id=run.id, round=0, checkpoint_cid=cid, val_loss=loss, val_accuracy=acc,
-                            started_at=now, closed_at=now))
+        s.merge(
+            RoundRecord(
+                run_id=run.id,
+                round=0,
+                checkpoint_cid=cid,
+                val_loss=loss,
+                val_accuracy=acc,
+                started_at=now,
+                closed_at=now,
+            )
+        )
         run.global_cid, run.initial_val_loss, run.val_loss, run.val_accuracy = cid, loss, loss, acc
         run.round, run.round_started_at = 1, now
         states.transition(run, states.TRAINING, now=now)
@@ -166,7 +187,9 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     """A round closes when every active job has answered it, or at its deadline once the
     quorum of accepted updates is met (the rest are stragglers)."""
     active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == "active")).all()
-    answers = s.execute(select(Update.job_id, Update.status).where(Update.run_id == run.id, Update.round == run.round)).all()
+    answers = s.execute(
+        select(Update.job_id, Update.status).where(Update.run_id == run.id, Update.round == run.round)
+    ).all()
     answered = {j for j, _ in answers}
     accepted = sum(st == "accepted" for _, st in answers)
     if active and all(j in answered for j in active):
@@ -193,8 +216,10 @@ def close_round(ctx: Context, run_id: str) -> None:
             return
         r = run.round
         ups = s.execute(
-            select(Update, Job.shard_index).join(Job, Job.id == Update.job_id)
-            .where(Update.run_id == run.id, Update.round == r).order_by(Job.shard_index, Update.id)
+            select(Update, Job.shard_index)
+            .join(Job, Job.id == Update.job_id)
+            .where(Update.run_id == run.id, Update.round == r)
+            .order_by(Job.shard_index, Update.id)
         ).all()
         accepted = [(u, shard) for u, shard in ups if u.status == "accepted"]
         final = r >= run.config["rounds"]
@@ -236,8 +261,11 @@ def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = No
         lock_run(s, run)
         s.refresh(rec)
         rec.val_loss, rec.val_accuracy = loss, acc
-        later = s.scalar(select(RoundRecord.round).where(RoundRecord.run_id == run_id, RoundRecord.round > r,
-                                                         RoundRecord.val_loss.is_not(None)).limit(1))
+        later = s.scalar(
+            select(RoundRecord.round)
+            .where(RoundRecord.run_id == run_id, RoundRecord.round > r, RoundRecord.val_loss.is_not(None))
+            .limit(1)
+        )
         if later is None:
             run.val_loss, run.val_accuracy = loss, acc
         s.commit()
@@ -248,20 +276,31 @@ def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = No
 def pending_evaluations(s: Session) -> list[tuple[str, int]]:
     """Rounds whose evaluation is due but missing (the coordinator died before it)."""
     rows = s.execute(
-        select(RoundRecord.run_id, RoundRecord.round, Run.config).join(Run, Run.id == RoundRecord.run_id)
+        select(RoundRecord.run_id, RoundRecord.round, Run.config)
+        .join(Run, Run.id == RoundRecord.run_id)
         .where(RoundRecord.round > 0, RoundRecord.val_loss.is_(None))
     ).all()
     return [(run_id, r) for run_id, r, cfg in rows if cfg and eval_due(cfg, r)]
 
 
-def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: int, *, evaluate_now: bool,
-                     weights: list[float] | None = None) -> dict[str, Any]:
+def _aggregate_round(
+    ctx: Context,
+    run: Run,
+    rt: RunRuntime,
+    accepted: list,
+    r: int,
+    *,
+    evaluate_now: bool,
+    weights: list[float] | None = None,
+) -> dict[str, Any]:
     """``weights``: one per accepted update (default: its shard's sample count)."""
     params = rt.params
     outer_cid = run.outer_state_cid
     skipped = False
     if accepted:
-        U = torch.stack([decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted])  # (n, d)
+        U = torch.stack(
+            [decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted]
+        )  # (n, d)
         if weights is None:  # the samples each update was trained on (a shard split since does not change them)
             weights = [float(u.samples) for u, _ in accepted]
         w = torch.tensor(weights, dtype=torch.float32)  # (n,)
@@ -284,12 +323,29 @@ def _aggregate_round(ctx: Context, run: Run, rt: RunRuntime, accepted: list, r: 
     if evaluate_now:
         loss, acc = rt.evaluate(params)
     cid, size = rt.checkpoint(ctx, run, params, r)
-    return {"params": params, "cid": cid, "size": size, "outer_cid": outer_cid, "val_loss": loss,
-            "val_accuracy": acc, "skipped": skipped}
+    return {
+        "params": params,
+        "cid": cid,
+        "size": size,
+        "outer_cid": outer_cid,
+        "val_loss": loss,
+        "val_accuracy": acc,
+        "skipped": skipped,
+    }
 
 
-def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict, ups: list, accepted: list,
-                  *, round: int, advance: bool = True) -> bool:
+def _commit_round(
+    ctx: Context,
+    s: Session,
+    run: Run,
+    rt: RunRuntime,
+    res: dict,
+    ups: list,
+    accepted: list,
+    *,
+    round: int,
+    advance: bool = True,
+) -> bool:
     """Record ``res`` as round ``round``'s result; ``advance``: also open the next round
     or complete the run (a manual run stays ``aggregating`` until its owner moves it).
     Returns False, recording nothing, if the run moved meanwhile (stopped, or that round
@@ -304,18 +360,35 @@ def _commit_round(ctx: Context, s: Session, run: Run, rt: RunRuntime, res: dict,
     answered = {u.job_id for u, _ in ups}
     stragglers = sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
     for wid in stragglers:
-        s.add(Flag(worker_id=wid, run_id=run.id, round=r, kind="straggler",
-                   reason=f"no update for round {r} by its close", created_at=now))
+        s.add(
+            Flag(
+                worker_id=wid,
+                run_id=run.id,
+                round=r,
+                kind="straggler",
+                reason=f"no update for round {r} by its close",
+                created_at=now,
+            )
+        )
     train_losses = [u.train_loss for u, _ in accepted if u.train_loss is not None]
     prev_size = len(ctx.store.get_bytes(run.global_cid)) if run.global_cid else 0
-    s.merge(RoundRecord(
-        run_id=run.id, round=r, checkpoint_cid=res["cid"], outer_state_cid=res["outer_cid"],
-        val_loss=res["val_loss"], val_accuracy=res["val_accuracy"],
-        train_loss=sum(train_losses) / len(train_losses) if train_losses else None,
-        accepted=len(accepted), rejected=sum(u.status == "rejected" for u, _ in ups), stragglers=stragglers,
-        skipped=res["skipped"],
-        started_at=run.round_started_at or now, closed_at=now,
-    ))
+    s.merge(
+        RoundRecord(
+            run_id=run.id,
+            round=r,
+            checkpoint_cid=res["cid"],
+            outer_state_cid=res["outer_cid"],
+            val_loss=res["val_loss"],
+            val_accuracy=res["val_accuracy"],
+            train_loss=sum(train_losses) / len(train_losses) if train_losses else None,
+            accepted=len(accepted),
+            rejected=sum(u.status == "rejected" for u, _ in ups),
+            stragglers=stragglers,
+            skipped=res["skipped"],
+            started_at=run.round_started_at or now,
+            closed_at=now,
+        )
+    )
     jobs_by_id = {j.id: j for j in active}
     for u, _ in accepted:
         if u.job_id in jobs_by_id:
@@ -365,7 +438,13 @@ def _drop_slowest(s: Session, run: Run, active: list[Job], ups: list, *, now: fl
         donor = min(doubled, key=lambda j: (took(j), j.id))
         donor.moved_from, donor.shard_index = donor.shard_index, slowest.shard_index
         donor.shard_cid, donor.updated_at = slowest.shard_cid, now
-    end_job(s, slowest, "released", f"slowest in round {run.round} while over the target of {run.target_workers} workers", now=now)
+    end_job(
+        s,
+        slowest,
+        "released",
+        f"slowest in round {run.round} while over the target of {run.target_workers} workers",
+        now=now,
+    )
 
 
 def end_run(s: Session, run: Run, status: str, *, reason: str | None, now: float | None = None) -> None:
@@ -396,7 +475,8 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
     lease = ctx.settings.lease_seconds
     live_runs = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
     jobs = s.execute(
-        select(Job, Run).join(Run, Run.id == Job.run_id)
+        select(Job, Run)
+        .join(Run, Run.id == Job.run_id)
         .where(Job.status == "active", Run.status.in_(live_runs), Run.control == "automatic")
     ).all()
     changed = False
@@ -413,14 +493,25 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
         offer = s.get(Offer, job.worker_id)
         if offer is not None:
             offer.status, offer.failed_at = "failed", now
-        s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=run.round, kind="lease_expired", reason=reason, created_at=now))
+        s.add(
+            Flag(
+                worker_id=job.worker_id,
+                run_id=run.id,
+                round=run.round,
+                kind="lease_expired",
+                reason=reason,
+                created_at=now,
+            )
+        )
         s.flush()
         assign_worker(ctx, s, run, job.shard_index, now=now, replaces=job.id)
         changed = True
     return changed
 
 
-def assign_worker(ctx: Context, s: Session, run: Run, shard_index: int, *, now: float, replaces: str | None = None) -> Job | None:
+def assign_worker(
+    ctx: Context, s: Session, run: Run, shard_index: int, *, now: float, replaces: str | None = None
+) -> Job | None:
     """A job on ``shard_index`` for the best free worker: a spare this run already hired,
     else the best-ranked free live offer (hired now, at its price). None if nobody is free."""
     from aitbc.coordinator.payments import can_bond, post_bond
@@ -428,36 +519,72 @@ def assign_worker(ctx: Context, s: Session, run: Run, shard_index: int, *, now: 
     lease = ctx.settings.lease_seconds
     taken = busy_workers(s)
     spares = s.scalars(
-        select(Contract).where(Contract.run_id == run.id, Contract.status == "hired").order_by(Contract.score.desc(), Contract.id)
+        select(Contract)
+        .where(Contract.run_id == run.id, Contract.status == "hired")
+        .order_by(Contract.score.desc(), Contract.id)
     ).all()
     contract = next((c for c in spares if ctx.liveness.alive(c.worker_id, now, lease)), None)
     if contract is None:
         in_run = set(s.scalars(select(Contract.worker_id).where(Contract.run_id == run.id)).all())
-        free = [o for o in market_offers(ctx, s) if o.worker_id not in taken and o.worker_id not in in_run
-                and can_bond(ctx, s, s.get(Offer, o.worker_id), run.bond)]
+        free = [
+            o
+            for o in market_offers(ctx, s)
+            if o.worker_id not in taken
+            and o.worker_id not in in_run
+            and can_bond(ctx, s, s.get(Offer, o.worker_id), run.bond)
+        ]
         ranked = rank_offers(free, now=now, max_age=lease)
         if not ranked:
             return None
         best = s.get(Offer, ranked[0].offer.worker_id)
-        contract = Contract(id=new_id("contract"), run_id=run.id, worker_id=best.id, price=best.price,
-                            score=ranked[0].score, status="hired", created_at=now)
+        contract = Contract(
+            id=new_id("contract"),
+            run_id=run.id,
+            worker_id=best.id,
+            price=best.price,
+            score=ranked[0].score,
+            status="hired",
+            created_at=now,
+        )
         s.add(contract)
         s.flush()
         post_bond(ctx, s, run, contract, best)
     return new_job(s, run, contract, shard_index, now=now, replaces=replaces)
 
 
-def new_job(s: Session, run: Run, contract: Contract, shard_index: int, *, now: float, replaces: str | None = None,
-            config: dict[str, Any] | None = None) -> Job:
+def new_job(
+    s: Session,
+    run: Run,
+    contract: Contract,
+    shard_index: int,
+    *,
+    now: float,
+    replaces: str | None = None,
+    config: dict[str, Any] | None = None,
+) -> Job:
     """The contract's worker trains ``shard_index`` from the open round (the caller commits)."""
     contract.status = "working"
     joined = run.round + 1 if run.status == states.AGGREGATING else max(run.round, 1)  # the first round it can train
     # A second job on a shard (a replacement, a joiner, a helper) gets its own batch order:
     # two workers on one shard from one seed would send the same update (and be flagged as copies).
-    earlier = s.scalar(select(func.count()).select_from(Job).where(Job.run_id == run.id, Job.shard_index == shard_index)) or 0
-    job = Job(id=new_id("job"), run_id=run.id, contract_id=contract.id, worker_id=contract.worker_id,
-              shard_index=shard_index, shard_cid=run.manifest["shards"][shard_index]["cid"], status="active",
-              joined_round=joined, replaces=replaces, seed=run.seed * 100_003 + shard_index + 1_000_033 * earlier, config=dict(config or {}), created_at=now, updated_at=now)
+    earlier = (
+        s.scalar(select(func.count()).select_from(Job).where(Job.run_id == run.id, Job.shard_index == shard_index)) or 0
+    )
+    job = Job(
+        id=new_id("job"),
+        run_id=run.id,
+        contract_id=contract.id,
+        worker_id=contract.worker_id,
+        shard_index=shard_index,
+        shard_cid=run.manifest["shards"][shard_index]["cid"],
+        status="active",
+        joined_round=joined,
+        replaces=replaces,
+        seed=run.seed * 100_003 + shard_index + 1_000_033 * earlier,
+        config=dict(config or {}),
+        created_at=now,
+        updated_at=now,
+    )
     s.add(job)
     s.flush()
     return job
@@ -471,7 +598,9 @@ def fill_shards(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     counts = [0] * len(run.manifest["shards"])
     for j in active:
         counts[j.shard_index] += 1
-    open_shards = [i for i, e in enumerate(run.manifest["shards"]) if "split_into" not in e]  # a split shard lives on in its halves
+    open_shards = [
+        i for i, e in enumerate(run.manifest["shards"]) if "split_into" not in e
+    ]  # a split shard lives on in its halves
     changed = False
     n_active = len(active)
     while n_active < run.config["max_workers"]:
@@ -483,4 +612,3 @@ def fill_shards(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
         n_active += 1
         changed = True
     return changed
-

@@ -80,7 +80,9 @@ class UpdateSubmit(Body):
     train_loss: float | None = None
     steps: int = Field(ge=1)
     compute_seconds: float = Field(0.0, ge=0)
-    shard_cid: str | None = Field(None, max_length=100)  # the shard trained on (its job's, or the one it was split from)
+    shard_cid: str | None = Field(
+        None, max_length=100
+    )  # the shard trained on (its job's, or the one it was split from)
 
 
 class WalletFund(Body):

@@ -16,19 +16,26 @@ from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, u
 from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
 from aitbc.coordinator.runs import lock_run
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
-from aitbc.coordinator.units import format_price, parse_price
 from aitbc.core.compression import decode as decode_update
-from aitbc.ledger.book import RequestAuth
 from aitbc.errors import AitbcError
+from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
 from aitbc.storage.cid import is_cid
+from aitbc.units import format_price, parse_price
 
 LIVE_RUN = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
 
 
-def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, public_key: str,
-             request: RequestAuth | None = None) -> Offer:
+def register(
+    ctx: Context,
+    s: Session,
+    body: WorkerRegister,
+    *,
+    worker_id: str,
+    public_key: str,
+    request: RequestAuth | None = None,
+) -> Offer:
     """A provider's offer. Re-registering is how a restarted worker comes back; a second
     process registering while the first is still heartbeating is refused."""
     price = parse_price(body.price)
@@ -39,7 +46,11 @@ def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, 
         raise unprocessable("bad_offer", str(e)) from None
     now = time.time()
     offer = s.get(Offer, worker_id)
-    if offer is not None and offer.status == "online" and ctx.liveness.alive(worker_id, now, ctx.settings.lease_seconds):
+    if (
+        offer is not None
+        and offer.status == "online"
+        and ctx.liveness.alive(worker_id, now, ctx.settings.lease_seconds)
+    ):
         last = ctx.liveness.last_seen(worker_id) or now
         raise conflict(
             "duplicate_registration",
@@ -62,11 +73,19 @@ def register(ctx: Context, s: Session, body: WorkerRegister, *, worker_id: str, 
 def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
     seen = ctx.liveness.last_seen(o.id) or o.last_heartbeat
     return {
-        "worker_id": o.id, "gpu_type": o.gpu, "price": format_price(o.price), "price_micro": o.price,
-        "reputation": o.reputation, "availability": o.availability, "status": o.status,
-        "live": now - seen <= ctx.settings.lease_seconds, "last_heartbeat": seen,
+        "worker_id": o.id,
+        "gpu_type": o.gpu,
+        "price": format_price(o.price),
+        "price_micro": o.price,
+        "reputation": o.reputation,
+        "availability": o.availability,
+        "status": o.status,
+        "live": now - seen <= ctx.settings.lease_seconds,
+        "last_heartbeat": seen,
         "max_bond": format_price(o.max_bond or 0),
-        "last_heartbeat_age": round(now - seen, 3), "device": o.device, "flags": o.flags,
+        "last_heartbeat_age": round(now - seen, 3),
+        "device": o.device,
+        "flags": o.flags,
     }
 
 
@@ -74,8 +93,11 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
     """What the worker should do now: ``train`` (round open, no update from it yet),
     ``wait`` (aggregating, paused, or already answered), or no job at all."""
     row = s.execute(
-        select(Job, Run).join(Run, Run.id == Job.run_id)
-        .where(Job.worker_id == worker_id, Job.status == "active").order_by(Job.created_at.desc()).limit(1)
+        select(Job, Run)
+        .join(Run, Run.id == Job.run_id)
+        .where(Job.worker_id == worker_id, Job.status == "active")
+        .order_by(Job.created_at.desc())
+        .limit(1)
     ).first()
     if row is None:
         return {"job": None, "version": ctx.notifier.version}
@@ -88,14 +110,24 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
     deadline = cfg.get("deadline")
     return {
         "job": {
-            "job_id": job.id, "training_id": run.id, "action": action, "run_status": run.status,
-            "round": run.round, "rounds": cfg.get("rounds"), "global_model_cid": run.global_cid,
-            "shard_cid": job.shard_cid, "shard_index": job.shard_index, "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
-            "model_type": run.model_type, "model_options": run.model_options,
+            "job_id": job.id,
+            "training_id": run.id,
+            "action": action,
+            "run_status": run.status,
+            "round": run.round,
+            "rounds": cfg.get("rounds"),
+            "global_model_cid": run.global_cid,
+            "shard_cid": job.shard_cid,
+            "shard_index": job.shard_index,
+            "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
+            "model_type": run.model_type,
+            "model_options": run.model_options,
             "data_spec": (run.manifest or {}).get("spec"),
             **{k: (job.config or {}).get(k) or cfg.get(k) for k in ("local_steps", "batch_size", "lr")},
-            "inner_opt": cfg.get("inner_opt"), "compression": cfg.get("compression"),
-            "error_feedback": cfg.get("error_feedback"), "d": cfg.get("d"),
+            "inner_opt": cfg.get("inner_opt"),
+            "compression": cfg.get("compression"),
+            "error_feedback": cfg.get("error_feedback"),
+            "d": cfg.get("d"),
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
         },
         "version": ctx.notifier.version,
@@ -152,10 +184,21 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     _round_gate(s, job, run, body)
     now = time.time()
     trained = trained_shard(run, job, body.shard_cid)
-    upd = Update(run_id=run.id, job_id=job.id, worker_id=job.worker_id, round=body.round, cid=body.cid, size=len(blob),
-                 shard_index=trained, samples=int(run.manifest["shards"][trained]["samples"]),
-                 train_loss=body.train_loss if reason is None else None, compute_seconds=body.compute_seconds,
-                 status="accepted" if reason is None else "rejected", reason=reason, created_at=now)
+    upd = Update(
+        run_id=run.id,
+        job_id=job.id,
+        worker_id=job.worker_id,
+        round=body.round,
+        cid=body.cid,
+        size=len(blob),
+        shard_index=trained,
+        samples=int(run.manifest["shards"][trained]["samples"]),
+        train_loss=body.train_loss if reason is None else None,
+        compute_seconds=body.compute_seconds,
+        status="accepted" if reason is None else "rejected",
+        reason=reason,
+        created_at=now,
+    )
     s.add(upd)
     run.bytes_up += len(blob)
     job.compute_seconds += body.compute_seconds
@@ -180,6 +223,7 @@ def trained_shard(run: Run, job: Job, shard_cid: str | None) -> int:
 
 def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
     """Refuse an update the run cannot take now (rolling back any lock held)."""
+
     def refuse(e: ApiError, flag: str | None = None) -> None:
         s.rollback()
         if flag:
@@ -190,7 +234,9 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
     if run.status in states.ENDED:
         refuse(conflict("run_ended", f"run {run.id} has ended ({run.status})"))
     if run.status == states.AGGREGATING and body.round == run.round:
-        refuse(conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)"))
+        refuse(
+            conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)")
+        )
     if run.status != states.TRAINING:
         refuse(conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training"))
     if body.round < run.round:  # a straggler: the round closed before it arrived
@@ -269,8 +315,12 @@ def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
         raise not_found("unknown_job", f"no job {job_id!r}")
     run = s.get(Run, job.run_id)
     this_round = s.scalar(select(Update.status).where(Update.job_id == job.id, Update.round == run.round))
-    return {**job_view(ctx, job, this_round, now=time.time()), "training_id": job.run_id, "round": run.round,
-            "run_status": run.status}
+    return {
+        **job_view(ctx, job, this_round, now=time.time()),
+        "training_id": job.run_id,
+        "round": run.round,
+        "run_status": run.status,
+    }
 
 
 def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:

@@ -43,9 +43,9 @@ def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
         return value
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            if type(None) in typing.get_args(tp):
-                return None
+        none = value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))
+        if none and type(None) in typing.get_args(tp):
+            return None
         return _convert(value, args[0], name=name, what=what)
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)

@@ -100,8 +100,7 @@ class DiLoCo:
 def _check(params: Tensor, delta: Tensor) -> None:
     if params.shape != delta.shape or params.dim() != 1:
         raise ValueError(
-            f"outer step needs flat tensors of equal shape; got {tuple(params.shape)} "
-            f"and {tuple(delta.shape)}"
+            f"outer step needs flat tensors of equal shape; got {tuple(params.shape)} and {tuple(delta.shape)}"
         )
     if not torch.isfinite(delta).all():
         raise ValueError("outer step got a non-finite delta")

@@ -33,9 +33,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise UsageError(
-                f"unknown {self.kind} {name!r}; allowed: {', '.join(sorted(self._items))}"
-            ) from None
+            raise UsageError(f"unknown {self.kind} {name!r}; allowed: {', '.join(sorted(self._items))}") from None
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -51,7 +51,14 @@ class ScoringConfig:
     unassigned_slack: float = 0.5  # own-shard gain may fall this share below others' (noise)
 
     def __post_init__(self) -> None:
-        for name in ("full_credit", "harm_threshold", "harm_alignment", "outlier_kept", "copy_cosine", "unassigned_slack"):
+        for name in (
+            "full_credit",
+            "harm_threshold",
+            "harm_alignment",
+            "outlier_kept",
+            "copy_cosine",
+            "unassigned_slack",
+        ):
             v = getattr(self, name)
             if not (0 < v <= 1):
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
@@ -116,8 +123,13 @@ def alignments(updates: Tensor) -> list[float]:
 
 
 def score_round(
-    gains: list[float], own_gains: list[float], other_gains: list[float], kept: list[float],
-    copied: list[int | None], cfg: ScoringConfig | None = None, alignment: list[float] | None = None,
+    gains: list[float],
+    own_gains: list[float],
+    other_gains: list[float],
+    kept: list[float],
+    copied: list[int | None],
+    cfg: ScoringConfig | None = None,
+    alignment: list[float] | None = None,
 ) -> list[UpdateScore]:
     """Judge the round's ``n`` accepted updates (all lists have length ``n``)."""
     cfg = cfg or ScoringConfig()
@@ -142,8 +154,16 @@ def score_round(
             quality = 0.0
         else:
             quality = min(1.0, gains[i] / (cfg.full_credit * median)) if median > 0 else 1.0
-        scores.append(UpdateScore(gain=gains[i], own_gain=own_gains[i], other_gain=other_gains[i], kept=kept[i],
-                                  flags=tuple(flags), quality=quality))
+        scores.append(
+            UpdateScore(
+                gain=gains[i],
+                own_gain=own_gains[i],
+                other_gain=other_gains[i],
+                kept=kept[i],
+                flags=tuple(flags),
+                quality=quality,
+            )
+        )
     return scores
 
 

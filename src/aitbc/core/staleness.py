@@ -12,8 +12,9 @@ weight in ``(0, 1]``; the update is scaled by it. Rules from FedAsync (Xie et al
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry

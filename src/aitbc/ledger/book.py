@@ -19,7 +19,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 # LedgerError and the networks live in the pure chain module (no SQLAlchemy): the CLI checks
 # --network without importing the database layer. Re-exported here.
 from aitbc.ledger.chain import (  # noqa: F401
-    GENESIS, NETWORKS, REFUSED_NETWORKS, STANDING_FIELDS, LedgerError, check_authorisation, check_network, entry_hash,
+    GENESIS,
+    NETWORKS,
+    REFUSED_NETWORKS,
+    STANDING_FIELDS,
+    LedgerError,
+    check_authorisation,
+    check_network,
+    entry_hash,
     signed_content,
 )
 from aitbc.ledger.wallet import Wallet
@@ -48,8 +55,25 @@ class Entry(LedgerBase):
     created_at: Mapped[float] = mapped_column(Float)
 
     def as_dict(self) -> dict[str, Any]:
-        return {c: getattr(self, c) for c in ("seq", "hash", "prev_hash", "network", "kind", "debit", "credit", "amount",
-                                              "memo", "key", "signer", "auth", "signature", "created_at")}
+        return {
+            c: getattr(self, c)
+            for c in (
+                "seq",
+                "hash",
+                "prev_hash",
+                "network",
+                "kind",
+                "debit",
+                "credit",
+                "amount",
+                "memo",
+                "key",
+                "signer",
+                "auth",
+                "signature",
+                "created_at",
+            )
+        }
 
 
 class Account(LedgerBase):
@@ -83,13 +107,22 @@ class RequestAuth:
     field: str | None = None  # the body field bounding the amount, if any
 
     def as_auth(self) -> dict[str, Any]:
-        return {"type": "request", "method": self.method, "path": self.path, "body": self.body,
-                "timestamp": self.timestamp, "nonce": self.nonce, "field": self.field}
+        return {
+            "type": "request",
+            "method": self.method,
+            "path": self.path,
+            "body": self.body,
+            "timestamp": self.timestamp,
+            "nonce": self.nonce,
+            "field": self.field,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestAuth:
-        return cls(**{k: d[k] for k in ("method", "path", "body", "timestamp", "nonce", "public_key", "signature")},
-                   field=d.get("field"))
+        return cls(
+            **{k: d[k] for k in ("method", "path", "body", "timestamp", "nonce", "public_key", "signature")},
+            field=d.get("field"),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.as_auth(), "public_key": self.public_key, "signature": self.signature}
@@ -102,8 +135,19 @@ class Ledger:
     def __init__(self, system: Wallet, network: str = "local") -> None:
         self.system, self.network = system, check_network(network)
 
-    def post(self, s: Session, *, kind: str, debit: str, credit: str, amount: int, memo: dict[str, Any] | None = None,
-             key: str | None = None, request: RequestAuth | None = None, now: float | None = None) -> Entry:
+    def post(
+        self,
+        s: Session,
+        *,
+        kind: str,
+        debit: str,
+        credit: str,
+        amount: int,
+        memo: dict[str, Any] | None = None,
+        key: str | None = None,
+        request: RequestAuth | None = None,
+        now: float | None = None,
+    ) -> Entry:
         """Append one entry in the caller's transaction (the caller commits). Refused with
         no write: a non-positive or non-integer amount, a repeated ``key``, an overdraft,
         and an entry its authorisation does not cover (``unauthorised``: a request not
@@ -122,7 +166,9 @@ class Ledger:
         if key is not None and s.scalar(select(Entry.seq).where(Entry.key == key)) is not None:
             raise LedgerError("duplicate", f"an entry with key {key!r} already exists")
         if request is not None and request.field not in STANDING_FIELDS:
-            used = s.scalar(select(Entry.seq).where(Entry.signature == request.signature, Entry.signer == request.public_key))
+            used = s.scalar(
+                select(Entry.seq).where(Entry.signature == request.signature, Entry.signer == request.public_key)
+            )
             if used is not None:
                 raise LedgerError("duplicate", f"this signed request already authorised entry {used}")
         if not debit.startswith("mint:"):
@@ -130,8 +176,15 @@ class Ledger:
             if have < amount:
                 raise LedgerError("insufficient_funds", f"{debit} holds {have} micro-AIT; {amount} needed")
         e: dict[str, Any] = {
-            "seq": head.seq + 1, "prev_hash": head.hash, "network": self.network, "kind": kind,
-            "debit": debit, "credit": credit, "amount": amount, "memo": memo or {}, "key": key,
+            "seq": head.seq + 1,
+            "prev_hash": head.hash,
+            "network": self.network,
+            "kind": kind,
+            "debit": debit,
+            "credit": credit,
+            "amount": amount,
+            "memo": memo or {},
+            "key": key,
             "created_at": round(time.time() if now is None else now, 6),
         }
         if request is None:

@@ -46,8 +46,20 @@ GENESIS = "0" * 64
 MICRO = 1_000_000
 # Request fields that bound each entry separately rather than authorising one entry.
 STANDING_FIELDS = frozenset({"max_bond"})
-ENTRY_FIELDS = ("seq", "prev_hash", "network", "kind", "debit", "credit", "amount", "memo", "key",
-                "signer", "auth", "created_at")
+ENTRY_FIELDS = (
+    "seq",
+    "prev_hash",
+    "network",
+    "kind",
+    "debit",
+    "credit",
+    "amount",
+    "memo",
+    "key",
+    "signer",
+    "auth",
+    "created_at",
+)
 NETWORKS = ("local",)
 REFUSED_NETWORKS = ("mainnet", "testnet")
 
@@ -63,7 +75,10 @@ class LedgerError(AitbcError):
 
 def check_network(network: str) -> str:
     if network in REFUSED_NETWORKS:
-        raise LedgerError("bad_network", f"network {network!r} is not available: this build settles on the local ledger only (--network local)")
+        raise LedgerError(
+            "bad_network",
+            f"network {network!r} is not available: this build settles on the local ledger only (--network local)",
+        )
     if network not in NETWORKS:
         raise LedgerError("bad_network", f"unknown network {network!r}; this build settles on: {', '.join(NETWORKS)}")
     return network
@@ -126,8 +141,13 @@ def check_authorisation(entry: Mapping[str, Any], system_key: str | None) -> str
     if auth.get("type") == "request":
         try:
             body = str(auth["body"])
-            message = canonical_request(str(auth["method"]), str(auth["path"]), body_digest(body.encode()),
-                                        str(auth["timestamp"]), str(auth["nonce"]))
+            message = canonical_request(
+                str(auth["method"]),
+                str(auth["path"]),
+                body_digest(body.encode()),
+                str(auth["timestamp"]),
+                str(auth["nonce"]),
+            )
         except (KeyError, ValueError):
             return "request authorisation is incomplete"
         if not verify_signature(signer, message, entry["signature"]):
@@ -150,8 +170,12 @@ def check_authorisation(entry: Mapping[str, Any], system_key: str | None) -> str
         if "to" in fields and entry["credit"] != wallet_account(str(fields["to"])):
             return f"credits {entry['credit']}, but the signed request sends to {fields['to']}"
         parts = str(auth["path"]).split("?", 1)[0].split("/")
-        if len(parts) >= 4 and parts[1:3] == ["v1", "runs"] and parts[3] \
-                and entry["credit"] != escrow_account(parts[3]):
+        if (
+            len(parts) >= 4
+            and parts[1:3] == ["v1", "runs"]
+            and parts[3]
+            and entry["credit"] != escrow_account(parts[3])
+        ):
             return f"credits {entry['credit']}, but the signed request is about run {parts[3]}"
         return None
     return f"unknown authorisation type {auth.get('type')!r}"
@@ -170,14 +194,25 @@ class AuditResult:
 
     def describe(self) -> str:
         if self.ok:
-            return (f"ledger OK: {self.entries} entries, head {self.head[:16]}..., "
-                    f"{self.minted} micro-AIT minted and held across {len(self.balances)} accounts")
-        at = f"entry {self.bad_seq}" + (f" ({self.bad_hash[:16]}...)" if self.bad_hash else "") if self.bad_seq else "ledger"
+            return (
+                f"ledger OK: {self.entries} entries, head {self.head[:16]}..., "
+                f"{self.minted} micro-AIT minted and held across {len(self.balances)} accounts"
+            )
+        at = (
+            f"entry {self.bad_seq}" + (f" ({self.bad_hash[:16]}...)" if self.bad_hash else "")
+            if self.bad_seq
+            else "ledger"
+        )
         return f"{at}: {self.problem}"
 
 
-def audit(entries: Iterable[Mapping[str, Any]], *, system_key: str | None = None,
-          cached: Mapping[str, int] | None = None, head: tuple[int, str | None] | None = None) -> AuditResult:
+def audit(
+    entries: Iterable[Mapping[str, Any]],
+    *,
+    system_key: str | None = None,
+    cached: Mapping[str, int] | None = None,
+    head: tuple[int, str | None] | None = None,
+) -> AuditResult:
     """Re-check every entry in chain order: sequence, link, hash, signature, amount, no
     overdraft, no signed request used twice; then that the chain ends at ``head`` (the
     ledger's recorded head: ``(seq, hash)``, so deleting the last entries is seen), that
@@ -191,17 +226,30 @@ def audit(entries: Iterable[Mapping[str, Any]], *, system_key: str | None = None
     used: dict[tuple[str, ...], int] = {}  # each one-shot signed request -> the entry it authorised
 
     def bad(e: Mapping[str, Any] | None, problem: str, seq: int | None = None) -> AuditResult:
-        return AuditResult(ok=False, entries=n, head=prev_hash, balances=balances,
-                           bad_seq=seq if seq is not None else (e.get("seq") if e else None),
-                           bad_hash=e.get("hash") if e and seq is None else None, problem=problem)
+        return AuditResult(
+            ok=False,
+            entries=n,
+            head=prev_hash,
+            balances=balances,
+            bad_seq=seq if seq is not None else (e.get("seq") if e else None),
+            bad_hash=e.get("hash") if e and seq is None else None,
+            problem=problem,
+        )
 
     for e in entries:
         if e.get("seq") != expected_seq:
             found = f"entry {e.get('seq')} ({str(e.get('hash'))[:16]}...)"
-            return bad(e, f"out of sequence: expected entry {expected_seq} here, found {found} "
-                          "(an entry was deleted or reordered)", seq=expected_seq)
+            return bad(
+                e,
+                f"out of sequence: expected entry {expected_seq} here, found {found} "
+                "(an entry was deleted or reordered)",
+                seq=expected_seq,
+            )
         if e.get("prev_hash") != prev_hash:
-            return bad(e, "does not link to the entry before it (prev_hash differs): an entry before it was changed, removed or moved")
+            return bad(
+                e,
+                "does not link to the entry before it (prev_hash differs): an entry before it was changed, removed or moved",
+            )
         try:
             actual = entry_hash(e)
         except (KeyError, TypeError, ValueError) as err:
@@ -227,7 +275,10 @@ def audit(entries: Iterable[Mapping[str, Any]], *, system_key: str | None = None
             # The request itself, not its nonce alone: a client may reuse a nonce once the
             # server has forgotten it, in a new request (new timestamp) that is not a replay.
             a = e["auth"]
-            once = (str(e["signer"]).lower(), *(str(a.get(k)) for k in ("method", "path", "body", "timestamp", "nonce")))
+            once = (
+                str(e["signer"]).lower(),
+                *(str(a.get(k)) for k in ("method", "path", "body", "timestamp", "nonce")),
+            )
             if once in used:
                 return bad(e, f"replays the signed request that authorised entry {used[once]}")
             used[once] = e["seq"]
@@ -244,17 +295,32 @@ def audit(entries: Iterable[Mapping[str, Any]], *, system_key: str | None = None
     if head is not None:
         head_seq, head_hash = int(head[0]), head[1] or GENESIS
         if head_seq > n:
-            return AuditResult(ok=False, entries=n, head=prev_hash, balances=balances, bad_seq=n + 1,
-                               problem=f"missing: the chain ends at entry {n}, but the ledger's head is entry "
-                                       f"{head_seq} ({head_hash[:16]}...): the last entries were deleted")
+            return AuditResult(
+                ok=False,
+                entries=n,
+                head=prev_hash,
+                balances=balances,
+                bad_seq=n + 1,
+                problem=f"missing: the chain ends at entry {n}, but the ledger's head is entry "
+                f"{head_seq} ({head_hash[:16]}...): the last entries were deleted",
+            )
         if head_seq < n or head_hash != prev_hash:
-            return AuditResult(ok=False, entries=n, head=prev_hash, balances=balances, bad_seq=n or None,
-                               bad_hash=prev_hash if n else None,
-                               problem=f"is not the ledger's recorded head (entry {head_seq}, {head_hash[:16]}...): "
-                                       "the chain was extended or rewritten without moving the head")
+            return AuditResult(
+                ok=False,
+                entries=n,
+                head=prev_hash,
+                balances=balances,
+                bad_seq=n or None,
+                bad_hash=prev_hash if n else None,
+                problem=f"is not the ledger's recorded head (entry {head_seq}, {head_hash[:16]}...): "
+                "the chain was extended or rewritten without moving the head",
+            )
     if cached is not None:
         for account in sorted(set(cached) | set(balances)):
             if cached.get(account, 0) != balances.get(account, 0):
-                return bad(None, f"cached balance of {account} is {cached.get(account, 0)}, "
-                                 f"but its entries give {balances.get(account, 0)}")
+                return bad(
+                    None,
+                    f"cached balance of {account} is {cached.get(account, 0)}, "
+                    f"but its entries give {balances.get(account, 0)}",
+                )
     return result

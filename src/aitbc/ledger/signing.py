@@ -191,7 +191,12 @@ def verify_request(
     if nonces.window < max_skew:
         raise ValueError(f"NonceCache window {nonces.window:g}s is shorter than max_skew {max_skew:g}s")
     key, timestamp, nonce, signature = _get_headers(headers)
-    for value, name in ((key, HEADER_KEY), (timestamp, HEADER_TIMESTAMP), (nonce, HEADER_NONCE), (signature, HEADER_SIGNATURE)):
+    for value, name in (
+        (key, HEADER_KEY),
+        (timestamp, HEADER_TIMESTAMP),
+        (nonce, HEADER_NONCE),
+        (signature, HEADER_SIGNATURE),
+    ):
         if not value:
             raise SignatureError(MISSING_SIGNATURE, f"request is not signed: missing header {name}")
 
@@ -210,7 +215,9 @@ def verify_request(
         if len(raw_signature) != 64:
             raise ValueError
     except ValueError:
-        raise SignatureError(BAD_SIGNATURE, f"bad signature: malformed {HEADER_SIGNATURE} (want 128 hex digits)") from None
+        raise SignatureError(
+            BAD_SIGNATURE, f"bad signature: malformed {HEADER_SIGNATURE} (want 128 hex digits)"
+        ) from None
 
     # The clock checks come before the (costlier) signature check.
     ts = float(timestamp)

@@ -24,7 +24,7 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,7 @@ def check_wallet_name(name: str) -> str:
     """Return ``name`` if it is a valid wallet name, else raise ``UsageError``."""
     if not isinstance(name, str) or WALLET_NAME_RE.fullmatch(name) is None:
         raise UsageError(
-            f"bad wallet name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"bad wallet name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return name
 
@@ -86,9 +85,7 @@ def address_of(public_key_hex: str) -> str:
     not 64 hex digits."""
     raw = _hex32(public_key_hex)
     if raw is None:
-        raise UsageError(
-            f"bad public key {public_key_hex!r}: want 64 hex digits (32-byte Ed25519 key)"
-        )
+        raise UsageError(f"bad public key {public_key_hex!r}: want 64 hex digits (32-byte Ed25519 key)")
     return _address_of_raw(raw)
 
 
@@ -119,7 +116,7 @@ def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) ->
 
 
 def _utc_now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -150,7 +147,7 @@ class Wallet:
         self.created = created if created is not None else _utc_now_iso()
 
     @classmethod
-    def generate(cls, name: str) -> "Wallet":
+    def generate(cls, name: str) -> Wallet:
         """A new random key pair, in memory only (``create_wallet`` also saves it)."""
         return cls(name, Ed25519PrivateKey.generate())
 
@@ -220,7 +217,7 @@ def _write_exclusive(dest: Path, data: bytes) -> bool:
             os.fchmod(fd, 0o600)
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

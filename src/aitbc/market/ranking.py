@@ -54,12 +54,7 @@ def price_score(price: float) -> float:
 
 
 def _score(gpu: float, price: float, offer: Offer) -> float:
-    return (
-        W_GPU * gpu
-        + W_PRICE * price
-        + W_REPUTATION * offer.reputation / 5.0
-        + W_AVAILABILITY * offer.availability
-    )
+    return W_GPU * gpu + W_PRICE * price + W_REPUTATION * offer.reputation / 5.0 + W_AVAILABILITY * offer.availability
 
 
 def offer_score(offer: Offer) -> float:

@@ -34,7 +34,7 @@ def run_sync(sim) -> None:
     cfg, ids = sim.cfg, list(range(sim.cfg.workers))
     for r in range(1, cfg.rounds + 1):
         down = len(sim.checkpoint(sim.params, r - 1))  # every worker downloads the global model blob
-        sent = sim.work(ids, {i: sim.params for i in ids}, down)
+        sent = sim.work(ids, dict.fromkeys(ids, sim.params), down)
         order = sorted(sent, key=lambda s: (s.seconds, s.worker))
         on_time = [s for s in order if cfg.deadline is None or s.seconds <= cfg.deadline]
         if len(on_time) < cfg.quorum:
@@ -163,8 +163,9 @@ def run_gossip(sim) -> None:
         sim.spread = float((stack - sim.params).norm(dim=1).mean())
         sim.clock += max(seconds)
         sim.round = r
-        if sim.record(train_losses=[s.loss for s in sent if s.loss is not None], accepted=accepted,
-                      extra={"spread": sim.spread}):
+        if sim.record(
+            train_losses=[s.loss for s in sent if s.loss is not None], accepted=accepted, extra={"spread": sim.spread}
+        ):
             return
 
 

@@ -91,9 +91,7 @@ class SimConfig:
         if self.mode not in MODES:
             raise UsageError(f"unknown --mode {self.mode!r}; allowed: {', '.join(MODES)}")
         if not 0 <= self.byzantine < self.workers:
-            raise UsageError(
-                f"--byzantine must be between 0 and workers-1 ({self.workers - 1}), got {self.byzantine}"
-            )
+            raise UsageError(f"--byzantine must be between 0 and workers-1 ({self.workers - 1}), got {self.byzantine}")
         if self.byzantine and not self.attack:
             raise UsageError("--byzantine K needs an --attack (e.g. sign-flip, gaussian, alie, ipm)")
         if self.attack and not self.byzantine:
@@ -210,7 +208,10 @@ class Simulation:
             for i, p in enumerate(parts)
         ]
         manifest = {
-            "format": "aitbc.manifest/1", "dataset": data.name, "seed": cfg.seed, "alpha": cfg.alpha,
+            "format": "aitbc.manifest/1",
+            "dataset": data.name,
+            "seed": cfg.seed,
+            "alpha": cfg.alpha,
             "shards": [{"cid": c, "samples": len(p)} for c, p in zip(shard_cids, parts)],
         }
         self.manifest_cid = self.store.put_bytes(json.dumps(manifest, sort_keys=True).encode())
@@ -220,7 +221,9 @@ class Simulation:
             y = data.train_y[p]
             if i in self.byzantine and self.attack is not None and self.attack.flips_labels:
                 y = data.spec.num_classes - 1 - y  # label-flip: the attacker poisons its own data
-            trainer = LocalTrainer(copy.deepcopy(self.model), data.train_x[p], y, local_cfg, seed=cfg.seed * 100_003 + i)
+            trainer = LocalTrainer(
+                copy.deepcopy(self.model), data.train_x[p], y, local_cfg, seed=cfg.seed * 100_003 + i
+            )
             self.trainers.append(trainer)
         self.samples = torch.tensor([float(len(p)) for p in parts])  # (n,) sample counts
         self.val_x, self.val_y = data.val_x[: cfg.eval_samples], data.val_y[: cfg.eval_samples]
@@ -251,8 +254,15 @@ class Simulation:
         set_flat_params(self.model, params)
         return checkpoint_bytes(self.model, model_name=self.cfg.model, model_options=self.model_opts, round=round)
 
-    def work(self, ids: list[int], starts: dict[int, Tensor], down_bytes: int,
-             colluding: list[Tensor] | None = None, *, count_bytes: bool = True) -> list[Sent]:
+    def work(
+        self,
+        ids: list[int],
+        starts: dict[int, Tensor],
+        down_bytes: int,
+        colluding: list[Tensor] | None = None,
+        *,
+        count_bytes: bool = True,
+    ) -> list[Sent]:
         """Workers ``ids`` each train from ``starts[i]`` and send an encoded update.
 
         Honest workers go first; Byzantine workers then see the honest updates of this
@@ -277,7 +287,10 @@ class Simulation:
             view = AttackView(
                 own=own,
                 honest=torch.stack(honest_view) if honest_view else torch.zeros(0, self.d),
-                previous=self.previous_update, n=len(ids), f=len(self.byzantine), generator=self.attack_gen,
+                previous=self.previous_update,
+                n=len(ids),
+                f=len(self.byzantine),
+                generator=self.attack_gen,
             )
             crafted = self.attack.craft(view)
             blob = self.plain_codec.encode(crafted)
@@ -333,8 +346,14 @@ class Simulation:
         set_flat_params(self.model, params)
         return evaluate(self.model, self.val_x, self.val_y)
 
-    def record(self, *, train_losses: list[float], accepted: int, extra: dict[str, Any] | None = None,
-               eval_params: Tensor | None = None) -> bool:
+    def record(
+        self,
+        *,
+        train_losses: list[float],
+        accepted: int,
+        extra: dict[str, Any] | None = None,
+        eval_params: Tensor | None = None,
+    ) -> bool:
         """Close round ``self.round``: evaluate, track the target, write a metrics row.
         Returns True when the run should stop early (target reached and ``stop_at_target``)."""
         cfg = self.cfg
@@ -347,10 +366,17 @@ class Simulation:
                 )
             self._check_target()
         row = {
-            "round": self.round, "val_loss": self.val_loss, "val_accuracy": self.val_acc,
+            "round": self.round,
+            "val_loss": self.val_loss,
+            "val_accuracy": self.val_acc,
             "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
-            "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "virtual_time": self.clock,
-            "accepted": accepted, "rejected": self.rejected, "dropped": self.dropped, "skipped": self.skipped,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "virtual_time": self.clock,
+            "accepted": accepted,
+            "rejected": self.rejected,
+            "dropped": self.dropped,
+            "skipped": self.skipped,
             **(extra or {}),
         }
         assert self._metrics is not None

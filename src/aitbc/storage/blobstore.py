@@ -212,8 +212,7 @@ class LocalBlobStore:
     def _check_size(self, size: int) -> None:
         if self.max_size is not None and size > self.max_size:
             raise AitbcError(
-                f"blob too large: at least {size} bytes, over this store's max_size of "
-                f"{self.max_size} bytes"
+                f"blob too large: at least {size} bytes, over this store's max_size of {self.max_size} bytes"
             )
 
 
@@ -268,8 +267,7 @@ def _verify(cid: str, hasher: CidHasher) -> None:
     actual = str(hasher.cid())
     if actual != cid:
         raise IntegrityError(
-            f"blob {cid} is corrupt: its content hashes to {actual}; "
-            f"delete it and add or fetch the blob again"
+            f"blob {cid} is corrupt: its content hashes to {actual}; delete it and add or fetch the blob again"
         )
 
 

@@ -109,13 +109,7 @@ class Cid:
 
     def to_bytes(self) -> bytes:
         """Binary CID: version 1, codec, multihash (code, length, digest)."""
-        return (
-            _varint(1)
-            + _varint(self.codec)
-            + _varint(SHA2_256)
-            + _varint(len(self.digest))
-            + self.digest
-        )
+        return _varint(1) + _varint(self.codec) + _varint(SHA2_256) + _varint(len(self.digest)) + self.digest
 
     def __str__(self) -> str:
         """Multibase base32 (RFC 4648 alphabet, lower case, no padding), prefix ``b``."""
@@ -128,9 +122,7 @@ class Cid:
 
 def _not_a_cid(text: str, why: str) -> UsageError:
     shown = text if len(text) <= 80 else text[:77] + "..."
-    return UsageError(
-        f"not a CID: {shown!r} ({why}; expected a base32 CIDv1 like bafkrei... or bafybei...)"
-    )
+    return UsageError(f"not a CID: {shown!r} ({why}; expected a base32 CIDv1 like bafkrei... or bafybei...)")
 
 
 def parse_cid(text: str) -> Cid:
@@ -209,8 +201,7 @@ def _node(links: list[_Link]) -> _Link:
     unixfs = _field_varint(1, _UNIXFS_FILE) + _field_varint(3, filesize)
     unixfs += b"".join(_field_varint(4, link.filesize) for link in links)
     pb_links = (
-        _field_bytes(1, link.cid.to_bytes()) + _field_bytes(2, b"") + _field_varint(3, link.tsize)
-        for link in links
+        _field_bytes(1, link.cid.to_bytes()) + _field_bytes(2, b"") + _field_varint(3, link.tsize) for link in links
     )
     block = b"".join(_field_bytes(2, pb_link) for pb_link in pb_links)
     block += _field_bytes(1, unixfs)

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from aitbc.errors import IntegrityError
 
-
 META_KEY = "aitbc"
 
 

@@ -184,11 +184,7 @@ def _stdlib(arg: str | None, opts: DataOptions) -> Dataset:
     Files are taken in sorted path order (site-packages excluded) up to ``max_bytes``."""
     _no_arg("stdlib", arg)
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p
-        for p in root.rglob("*.py")
-        if "site-packages" not in p.parts and "__pycache__" not in p.parts
-    )
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "__pycache__" not in p.parts)
     return _language(_read_corpus(files, opts.max_bytes), "stdlib", opts)
 
 

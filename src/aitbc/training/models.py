@@ -78,9 +78,7 @@ class CNN(nn.Module):
         super().__init__()
         shape = spec.input_shape
         if spec.task != "classification" or len(shape) not in (2, 3):
-            raise UsageError(
-                f"model 'cnn' needs image inputs of shape (C,H,W) or (H,W); the dataset gives {shape}"
-            )
+            raise UsageError(f"model 'cnn' needs image inputs of shape (C,H,W) or (H,W); the dataset gives {shape}")
         self.add_channel = len(shape) == 2
         c_in, size = (1 if self.add_channel else shape[0]), min(shape[-2:])
         stages: list[nn.Module] = []

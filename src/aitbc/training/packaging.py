@@ -48,17 +48,27 @@ def package(data: Dataset, k: int, *, seed: int, alpha: float | None = None) -> 
     if n < k:
         raise UsageError(f"dataset {data.name!r} has {n} training samples; cannot split it into {k} shards")
     parts = shard_indices(n, k, seed=seed, labels=data.labels, alpha=alpha)
-    shards = [shard_bytes(data.train_x[p], data.train_y[p], dataset=data.name, index=i, count=k) for i, p in enumerate(parts)]
+    shards = [
+        shard_bytes(data.train_x[p], data.train_y[p], dataset=data.name, index=i, count=k) for i, p in enumerate(parts)
+    ]
     m = min(MAX_VAL_SAMPLES, data.val_x.shape[0])
     val = shard_bytes(data.val_x[:m], data.val_y[:m], dataset=f"{data.name}:val", index=0, count=1)
     return PackagedDataset(shards, [len(p) for p in parts], val, m)
 
 
-def manifest_bytes(data: Dataset, packaged: PackagedDataset, shard_cids: list[str], val_cid: str, *,
-                   seed: int, alpha: float | None) -> bytes:
+def manifest_bytes(
+    data: Dataset, packaged: PackagedDataset, shard_cids: list[str], val_cid: str, *, seed: int, alpha: float | None
+) -> bytes:
     manifest = {
-        "format": MANIFEST_FORMAT, "dataset": data.name, "seed": seed, "alpha": alpha,
-        "spec": {"task": data.spec.task, "input_shape": list(data.spec.input_shape), "num_classes": data.spec.num_classes},
+        "format": MANIFEST_FORMAT,
+        "dataset": data.name,
+        "seed": seed,
+        "alpha": alpha,
+        "spec": {
+            "task": data.spec.task,
+            "input_shape": list(data.spec.input_shape),
+            "num_classes": data.spec.num_classes,
+        },
         "shards": [{"cid": c, "samples": s} for c, s in zip(shard_cids, packaged.samples)],
         "val": {"cid": val_cid, "samples": packaged.val_samples},
     }

@@ -18,7 +18,9 @@ from aitbc.errors import UsageError
 MAX_DIRICHLET_TRIES = 100
 
 
-def shard_indices(n: int, k: int, *, seed: int, labels: Tensor | None = None, alpha: float | None = None) -> list[Tensor]:
+def shard_indices(
+    n: int, k: int, *, seed: int, labels: Tensor | None = None, alpha: float | None = None
+) -> list[Tensor]:
     """Indices of each of ``k`` shards over ``n`` samples (each sorted ascending)."""
     if k <= 0:
         raise UsageError(f"number of shards must be at least 1, got {k}")

@@ -92,14 +92,23 @@ class Worker:
     # --- the loop -----------------------------------------------------------------------
 
     def run(self) -> None:
-        log.info("worker %s (%s, advertised %s at %s AIT/round) -> %s", self.wallet.address,
-                 self.device.get("name"), self.cfg.gpu, self.cfg.price, self.cfg.coordinator)
+        log.info(
+            "worker %s (%s, advertised %s at %s AIT/round) -> %s",
+            self.wallet.address,
+            self.device.get("name"),
+            self.cfg.gpu,
+            self.cfg.price,
+            self.cfg.coordinator,
+        )
         self._retry(self.register)
         hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         hb.start()
         while not self.stop.is_set():
-            view = self._retry(lambda: self.client.get(
-                f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True))
+            view = self._retry(
+                lambda: self.client.get(
+                    f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True
+                )
+            )
             if view is None:
                 break  # stopping
             job = view.get("job")
@@ -120,8 +129,16 @@ class Worker:
 
     def register(self) -> None:
         try:
-            self.client.post("/workers", {"gpu": self.cfg.gpu, "price": self.cfg.price, "max_bond": self.cfg.max_bond,
-                                          "availability": self.cfg.availability, "device": self.device})
+            self.client.post(
+                "/workers",
+                {
+                    "gpu": self.cfg.gpu,
+                    "price": self.cfg.price,
+                    "max_bond": self.cfg.max_bond,
+                    "availability": self.cfg.availability,
+                    "device": self.device,
+                },
+            )
         except ApiError as e:
             if e.code != "duplicate_registration":
                 raise
@@ -189,7 +206,13 @@ class Worker:
                 self._progress(job, pct, loss, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
                 reporting += time.perf_counter() - t
 
-        self._progress(job, 100.0 * (job["round"] - 1) / rounds, None, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
+        self._progress(
+            job,
+            100.0 * (job["round"] - 1) / rounds,
+            None,
+            state.trainer.samples_seen / state.trainer.x.shape[0],
+            "training",
+        )
         t_compute = time.perf_counter()
         res = state.trainer.train_round(start, on_step=report)
         blob = state.codec.encode(res.delta if self.attack is None else self._craft(res.delta))
@@ -197,26 +220,47 @@ class Worker:
         cid = cid_of_bytes(blob)
         # The round's work is done: the upload is retried through an outage, never retrained.
         self._retry(lambda: self.client.put_blob(cid, blob))
-        self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", {
-            "round": job["round"], "cid": cid, "train_loss": res.loss, "steps": res.steps, "compute_seconds": compute,
-            "shard_cid": state.shard_cid}))
+        self._retry(
+            lambda: self.client.post(
+                f"/jobs/{job['job_id']}/updates",
+                {
+                    "round": job["round"],
+                    "cid": cid,
+                    "train_loss": res.loss,
+                    "steps": res.steps,
+                    "compute_seconds": compute,
+                    "shard_cid": state.shard_cid,
+                },
+            )
+        )
         state.done.add(job["round"])
         self._progress(job, 100.0 * job["round"] / rounds, res.loss, res.epoch, "uploaded")
-        log.info("round %d/%d of %s: loss %.4f, update %d bytes, %.2f s (%.2f s computing)", job["round"], rounds,
-                 job["training_id"], res.loss, len(blob), time.perf_counter() - t0, compute)
+        log.info(
+            "round %d/%d of %s: loss %.4f, update %d bytes, %.2f s (%.2f s computing)",
+            job["round"],
+            rounds,
+            job["training_id"],
+            res.loss,
+            len(blob),
+            time.perf_counter() - t0,
+            compute,
+        )
 
     def _craft(self, own):
         """Testing only (``--attack``): what a Byzantine worker sends instead of its update."""
         from aitbc.core.attacks import AttackView
 
-        view = AttackView(own=own, honest=own.new_zeros(0, own.numel()), previous=None, n=1, f=1,
-                          generator=self.attack_gen)
+        view = AttackView(
+            own=own, honest=own.new_zeros(0, own.numel()), previous=None, n=1, f=1, generator=self.attack_gen
+        )
         return self.attack.craft(view)
 
     def _progress(self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str) -> None:
         try:
-            self.client.post(f"/jobs/{job['job_id']}/progress",
-                             {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status})
+            self.client.post(
+                f"/jobs/{job['job_id']}/progress",
+                {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status},
+            )
         except ApiError as e:
             log.info("progress refused: %s", e.detail)
         except Unreachable as e:  # progress is advisory: not retried; the update itself is
@@ -230,19 +274,28 @@ class Worker:
                 data = self._labels(load_shard(self._blob(job["shard_cid"])), job)
                 self.job.shard_cid = job["shard_cid"]
                 log.info("job %s: now on shard %d (%d samples)", job["job_id"], job["shard_index"], data[0].shape[0])
-            self.job.trainer.reconfigure(steps=job["local_steps"], batch_size=job["batch_size"], lr=job["lr"], data=data)
+            self.job.trainer.reconfigure(
+                steps=job["local_steps"], batch_size=job["batch_size"], lr=job["lr"], data=data
+            )
             return self.job
         spec_d = job["data_spec"]
         spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
         x, y = self._labels(load_shard(self._blob(job["shard_cid"])), job)
         model = build_model(job["model_type"], spec, job["model_options"])
-        cfg = LocalConfig(steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"])
+        cfg = LocalConfig(
+            steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"]
+        )
         trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])
         name, opts = parse_spec(job["compression"], what="codec")
-        codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()],
-                            error_feedback=bool(job["error_feedback"]))
-        self.job = JobState(job_id=job["job_id"], trainer=trainer, codec=codec, rounds=job["rounds"], shard_cid=job["shard_cid"])
-        log.info("job %s: shard %d (%d samples) of %s", job["job_id"], job["shard_index"], x.shape[0], job["training_id"])
+        codec = build_codec(
+            name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=bool(job["error_feedback"])
+        )
+        self.job = JobState(
+            job_id=job["job_id"], trainer=trainer, codec=codec, rounds=job["rounds"], shard_cid=job["shard_cid"]
+        )
+        log.info(
+            "job %s: shard %d (%d samples) of %s", job["job_id"], job["shard_index"], x.shape[0], job["training_id"]
+        )
         return self.job
 
     def _labels(self, shard: tuple[Any, Any], job: dict[str, Any]) -> tuple[Any, Any]:

@@ -59,14 +59,27 @@ def _target(request: Request) -> str:
 def _verify(ctx: Context, request: Request, digest: str, body: bytes | None = None) -> Signer:
     target = _target(request)
     key = verify_request(
-        request.headers, request.method, target, digest, now=time.time(),
-        max_skew=ctx.settings.max_skew_seconds, nonces=ctx.nonces, not_before=ctx.started_at,
+        request.headers,
+        request.method,
+        target,
+        digest,
+        now=time.time(),
+        max_skew=ctx.settings.max_skew_seconds,
+        nonces=ctx.nonces,
+        not_before=ctx.started_at,
     )
     req = None
     if body is not None:
         h = request.headers
-        req = RequestAuth(method=request.method, path=target, body=body.decode("utf-8", "replace"),
-                          timestamp=h[HEADER_TIMESTAMP], nonce=h[HEADER_NONCE], public_key=key, signature=h[HEADER_SIGNATURE])
+        req = RequestAuth(
+            method=request.method,
+            path=target,
+            body=body.decode("utf-8", "replace"),
+            timestamp=h[HEADER_TIMESTAMP],
+            nonce=h[HEADER_NONCE],
+            public_key=key,
+            signature=h[HEADER_SIGNATURE],
+        )
     return Signer(address=address_of(key), public_key=key, request=req)
 
 

@@ -48,6 +48,14 @@ passes ``ceil(n/s)`` bucket means on), then the arithmetic.
 
 from __future__ import annotations
 
+from aitbc.core.aggregation import clipping as _clipping  # noqa: F401
+from aitbc.core.aggregation import coordinate as _coordinate  # noqa: F401
+from aitbc.core.aggregation import geomed as _geomed  # noqa: F401
+from aitbc.core.aggregation import krum as _krum  # noqa: F401
+
+# Rules and wrappers register themselves on import.
+from aitbc.core.aggregation import mean as _mean  # noqa: F401
+from aitbc.core.aggregation import wrappers as _wrappers  # noqa: F401
 from aitbc.core.aggregation.base import (
     AGGREGATORS,
     WRAPPERS,
@@ -69,14 +77,6 @@ from aitbc.core.aggregation.pipeline import (
     describe_options,
     parse_aggregator,
 )
-
-# Rules and wrappers register themselves on import.
-from aitbc.core.aggregation import mean as _mean  # noqa: E402,F401
-from aitbc.core.aggregation import coordinate as _coordinate  # noqa: E402,F401
-from aitbc.core.aggregation import krum as _krum  # noqa: E402,F401
-from aitbc.core.aggregation import clipping as _clipping  # noqa: E402,F401
-from aitbc.core.aggregation import geomed as _geomed  # noqa: E402,F401
-from aitbc.core.aggregation import wrappers as _wrappers  # noqa: E402,F401
 
 __all__ = [
     "AGGREGATORS",

@@ -109,8 +109,8 @@ class ColumnSorter:
         c = NETWORK_COLUMNS if self.network else max(1, BLOCK_ELEMENTS // max(m, 1))
         self.blocks = [slice(s, min(s + c, d)) for s in range(0, d, c)]
         self.comparators = (
-            sorting_network(m) if positions is None else pruned_network(m, self.positions)
-        ) if self.network else ()
+            (sorting_network(m) if positions is None else pruned_network(m, self.positions)) if self.network else ()
+        )
         self._index = torch.tensor(self.rows, device=updates.device)
 
     def block(self, cols: slice) -> Tensor:

@@ -34,7 +34,6 @@ from aitbc.core.aggregation._distances import mask_far
 from aitbc.core.aggregation._sorting import ColumnSorter, mean_of_rows
 from aitbc.core.aggregation.base import NO_INFO, AggregationInfo, RuleConfig, register
 
-
 GRAM_BLOCK_ELEMENTS = 1 << 24  # values per centered block: a 64 MiB float32 temporary
 
 

@@ -144,9 +144,7 @@ class BulyanConfig(RuleConfig):
 
     def check_n(self, n: int) -> None:
         if n < 4 * self.f + 3:
-            raise UsageError(
-                f"bulyan needs n >= 4f+3 updates; got n={n}, f={self.f} (needs {4 * self.f + 3})"
-            )
+            raise UsageError(f"bulyan needs n >= 4f+3 updates; got n={n}, f={self.f} (needs {4 * self.f + 3})")
 
 
 def bulyan_select(dist: Tensor, f: int) -> Tensor:

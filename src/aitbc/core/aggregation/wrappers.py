@@ -40,7 +40,9 @@ class NnmConfig(WrapperConfig):
 
     def check_n(self, n: int) -> None:
         if n < self.f + 1:
-            raise UsageError(f"nnm needs n >= f+1 updates (n-f >= 1 neighbours); got n={n}, f={self.f} (needs {self.f + 1})")
+            raise UsageError(
+                f"nnm needs n >= f+1 updates (n-f >= 1 neighbours); got n={n}, f={self.f} (needs {self.f + 1})"
+            )
 
 
 @register_wrapper("nnm", NnmConfig)
@@ -82,5 +84,7 @@ def bucketing(updates: Tensor, weights: Tensor, cfg: BucketingConfig, *, round_i
     weighted = member * weights.to(torch.float64)[None, :]  # (k, n)
     total = weighted.sum(1)  # (k,) bucket weights
     # A bucket whose members all have weight 0 still averages them (and carries weight 0).
-    mix = torch.where(total[:, None] > 0, weighted / total.clamp_min(1e-300)[:, None], member / member.sum(1, keepdim=True))
+    mix = torch.where(
+        total[:, None] > 0, weighted / total.clamp_min(1e-300)[:, None], member / member.sum(1, keepdim=True)
+    )
     return Mixing(matrix=mix, weights=total.to(weights.dtype), partition=True)

@@ -217,7 +217,9 @@ def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -
     # each dimension too: shape (0, 10**30) holds no values but no tensor can take that shape
     if numel > max_numel or any(s > max_numel for s in header.shape):
         msg = f"update header claims shape {header.shape}, more than the allowed {max_numel} values"
-        raise IntegrityError(msg if len(msg) < 300 else f"update header claims more than the allowed {max_numel} values")
+        raise IntegrityError(
+            msg if len(msg) < 300 else f"update header claims more than the allowed {max_numel} values"
+        )
     try:
         flat = codec._decompress(payload, header.meta, numel)
     except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
@@ -288,6 +290,17 @@ if _missing:
     raise ImportError(f"codec registry incomplete: {', '.join(_missing)} not registered")
 
 __all__ = [
-    "CODECS", "CODEC_NAMES", "MAX_NUMEL", "Codec", "ErrorFeedback", "Header", "Layout", "build_codec",
-    "check_layout", "compression_ratio", "decode", "flat_f32", "read_header",
+    "CODECS",
+    "CODEC_NAMES",
+    "MAX_NUMEL",
+    "Codec",
+    "ErrorFeedback",
+    "Header",
+    "Layout",
+    "build_codec",
+    "check_layout",
+    "compression_ratio",
+    "decode",
+    "flat_f32",
+    "read_header",
 ]

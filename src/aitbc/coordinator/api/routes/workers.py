@@ -24,7 +24,9 @@ def offers(ctx: CtxDep, s: SessionDep, all: bool = False) -> dict:
 
 @router.post("/workers", status_code=201)
 def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
-    offer = workers.register(ctx, s, body, worker_id=signer.address, public_key=signer.public_key, request=signer.request)
+    offer = workers.register(
+        ctx, s, body, worker_id=signer.address, public_key=signer.public_key, request=signer.request
+    )
     return workers.offer_view(ctx, offer, now=time.time())
 
 
@@ -39,7 +41,9 @@ async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
 
 @router.get("/workers/{worker_id}/job")
 async def job(
-    worker_id: str, ctx: CtxDep, signer: SignerDep,
+    worker_id: str,
+    ctx: CtxDep,
+    signer: SignerDep,
     wait: float = Query(0.0, ge=0, le=60, description="seconds to hold the request until there is something to train"),
 ) -> dict:
     """The worker's current job and what to do (``train`` or ``wait``). With ``wait``, a

@@ -1,11 +1,29 @@
-"""Parsing of the human quantities the API takes: dataset sizes and prices."""
+"""Money and sizes as people type them, and money as people read it.
+
+Money is integers of micro-AIT everywhere below this module: ``parse_price("1.20")`` is
+1_200_000, exactly (decimal arithmetic, never binary floating point), and
+``format_price`` turns micro-AIT back into text without a float on the way. The CLI, the
+SDK and the coordinator all use these functions, so a rule lives here once. A refusal is
+a :class:`UnitError` (a usage error with a stable ``code``); the coordinator answers it
+with a 422, the CLI with one ``error:`` line.
+"""
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
 
-from aitbc.coordinator.errors import unprocessable
+from aitbc.errors import UsageError
+
+
+class UnitError(UsageError):
+    """A size or an amount that is not one: ``code`` names the kind (``bad_size``,
+    ``bad_price``, ``bad_amount``), the message what was wrong and what is allowed."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
 
 MICRO = 1_000_000  # micro-AIT per AIT: money is integers
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?I?B?)\s*$", re.IGNORECASE | re.ASCII)
@@ -13,9 +31,25 @@ MAX_SIZE = 10**18  # 1000 PB; also keeps the byte count inside a 64-bit database
 # A plain decimal number (ASCII digits, optional fraction and exponent): not Decimal's
 # wider syntax ("1_000", non-ASCII digits, "NaN", "Infinity").
 _PRICE_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
-_UNITS = {"": 10**9, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
-          "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_UNITS = {
+    "": 10**9,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "PB": 10**15,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "PIB": 2**50,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+}
 
 
 def parse_size(text: str) -> int:
@@ -24,12 +58,14 @@ def parse_size(text: str) -> int:
     m = _SIZE_RE.match(str(text))
     unit = m.group(2).upper() if m else None
     if m is None or unit not in _UNITS:
-        raise unprocessable("bad_size", f"dataset size {text!r} is not a size; use a number and a unit, e.g. 100GB, 500MB, 1.5TB")
+        raise UnitError(
+            "bad_size", f"dataset size {text!r} is not a size; use a number and a unit, e.g. 100GB, 500MB, 1.5TB"
+        )
     n = int(Decimal(m.group(1)) * _UNITS[unit])
     if n <= 0:
-        raise unprocessable("bad_size", f"dataset size {text!r} must be more than 0 bytes")
+        raise UnitError("bad_size", f"dataset size {text!r} must be more than 0 bytes")
     if n > MAX_SIZE:
-        raise unprocessable("bad_size", f"dataset size {text!r} is over the largest this coordinator records (1000PB)")
+        raise UnitError("bad_size", f"dataset size {text!r} is over the largest this coordinator records (1000PB)")
     return n
 
 
@@ -42,15 +78,17 @@ def parse_price(value: str | int | float, *, field: str = "price") -> int:
             raise InvalidOperation
         d = Decimal(text)
     except InvalidOperation:
-        raise unprocessable("bad_price", f"{field} {value!r} is not a number; give AIT with up to 6 decimals, e.g. 1.20") from None
+        raise UnitError(
+            "bad_price", f"{field} {value!r} is not a number; give AIT with up to 6 decimals, e.g. 1.20"
+        ) from None
     if d < 0 or d > 10**6:
-        raise unprocessable("bad_price", f"{field} {value!r} must be between 0 and 1000000 AIT")
+        raise UnitError("bad_price", f"{field} {value!r} must be between 0 and 1000000 AIT")
     # Decimal places actually used, from the exact digits: ``d * MICRO`` would be rounded
     # to the context's 28 digits and let "1.0000000000000000000000000001" through.
     _, digits, exp = d.as_tuple()
     trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
     if -(exp + trailing_zeros) > 6 and any(digits):
-        raise unprocessable("bad_price", f"{field} {value!r} has more than 6 decimals (1 micro-AIT is the smallest unit)")
+        raise UnitError("bad_price", f"{field} {value!r} has more than 6 decimals (1 micro-AIT is the smallest unit)")
     return int(d * MICRO)  # exact: at most 13 significant digits remain
 
 
@@ -58,7 +96,7 @@ def parse_amount(value: str | int | float, *, field: str = "amount") -> int:
     """A price that must be more than 0 (a transfer, a faucet request, a payment)."""
     amount = parse_price(value, field=field)
     if amount <= 0:
-        raise unprocessable("bad_amount", f"{field} must be more than 0 AIT, got {value!r}")
+        raise UnitError("bad_amount", f"{field} must be more than 0 AIT, got {value!r}")
     return amount
 
 
