@@ -4,14 +4,21 @@ stopped with the app."""
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aitbc import __version__
+from aitbc.coordinator.api.deps import signed, signed_stream
+from aitbc.coordinator.api.responses import ErrorBody, errors
 from aitbc.coordinator.api.routes import blobs, control, health, ledger, runs, workers
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
@@ -20,6 +27,10 @@ from aitbc.coordinator.errors import ApiError
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import SignatureError
 from aitbc.units import UnitError
+
+log = logging.getLogger("aitbc.coordinator")
+INTERNAL_DETAIL = "internal error; see the coordinator log"
+PREFIX = "/v1"
 
 
 def _error(status: int, code: str, detail: str) -> JSONResponse:
@@ -81,9 +92,11 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
         return _error(e.status_code, code, str(e.detail))
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, e: Exception) -> JSONResponse:
-        # A bug, not a user error: still one JSON shape (the traceback goes to the log).
-        return _error(500, "internal_error", f"{type(e).__name__}: {e}")
+    async def _internal(request: Request, e: Exception) -> JSONResponse:
+        # A bug, not a user error: one JSON shape, and nothing of the internals (an
+        # exception's text can hold paths, SQL or secrets); the traceback goes to the log.
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=e)
+        return _error(500, "internal_error", INTERNAL_DETAIL)
 
     @app.exception_handler(AitbcError)
     async def _aitbc(_: Request, e: AitbcError) -> JSONResponse:
@@ -93,6 +106,57 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     async def _unit(_: Request, e: UnitError) -> JSONResponse:
         return _error(422, e.code, e.detail)
 
-    for r in (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router):
-        app.include_router(r, prefix="/v1")
+    routers = (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router)
+    for r in routers:
+        app.include_router(r, prefix=PREFIX)
+    app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]
     return app
+
+
+# --- the OpenAPI document -----------------------------------------------------------------
+
+
+def _uses(dependant: Dependant, *calls: Any) -> bool:
+    return any(d.call in calls or _uses(d, *calls) for d in dependant.dependencies)
+
+
+def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
+    """FastAPI's document, made to say what the app really sends: every error is an
+    ``ErrorBody``; a signed route declares 401 and a route with a JSON body 400
+    (malformed JSON) and 422 (invalid fields), from the route itself, so no route can
+    forget them; FastAPI's own 422 shape (``HTTPValidationError``), which this app never
+    sends, is dropped (routes whose parameters can be invalid declare our 422)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes, tags=app.openapi_tags
+    )
+    error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for route in (r for router in routers for r in router.routes):
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        implied: list[int] = []
+        if _uses(route.dependant, signed, signed_stream):
+            implied.append(401)
+        if route.body_field is not None:
+            implied += [400, 422]
+        for method in route.methods:
+            op = doc["paths"][PREFIX + route.path_format].get(method.lower())
+            if op is None:
+                continue
+            responses = op["responses"]
+            default_422 = responses.get("422", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            if default_422.get("$ref", "").endswith("/HTTPValidationError"):
+                del responses["422"]
+            for status, spec in errors(*implied).items():
+                responses.setdefault(
+                    str(status),
+                    {"description": spec["description"], "content": {"application/json": {"schema": error_ref}}},
+                )
+            op["responses"] = dict(sorted(responses.items()))
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    schemas.setdefault("ErrorBody", ErrorBody.model_json_schema())
+    app.openapi_schema = doc
+    return doc

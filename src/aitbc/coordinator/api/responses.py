@@ -1,0 +1,471 @@
+"""What the API answers: one pydantic model per response shape, and the error responses
+each route declares, so the OpenAPI document says exactly what a client receives.
+
+The models mirror the read views (:mod:`aitbc.coordinator.views` and the use-cases'
+return values) key for key. They forbid extra keys on purpose: a view that gains a key
+the model lacks fails loudly in the tests (a 500) instead of the key being dropped from
+the reply without anyone noticing. Lists are ``{data, count}`` (:class:`Page`).
+
+Money is shown as AIT text (``"1.5"``) and, where clients compute with it, as integer
+micro-AIT in a ``*_micro`` field. Times are unix seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+class ErrorBody(Reply):
+    """Every 4xx (and the rare 500): a stable machine-readable code and one line for people."""
+
+    error: str = Field(description="stable code, e.g. unknown_run, bad_signature, invalid_request")
+    detail: str = Field(description="one line: what was wrong and what is allowed")
+
+
+_WHY = {
+    400: "Malformed request: the body is not valid JSON (malformed_json), or a bad CID",
+    401: "Missing, wrong, expired or replayed request signature (X-Aitbc-* headers)",
+    403: "The signer may not do this (not the owner of the run, job or worker)",
+    404: "No such run, job, worker, contract or blob",
+    409: "Refused in the current state (run ended, wrong phase, a conflict with what exists)",
+    413: "The blob is larger than this coordinator takes",
+    422: "A field is missing, of the wrong type, out of range, or not allowed here",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` entries for the error statuses a route can send, each with
+    :class:`ErrorBody`."""
+    return {s: {"model": ErrorBody, "description": _WHY[s]} for s in statuses}
+
+
+# A signed action on a run or a job: not the signer's (403), no such one (404), not in
+# its current state (409). The app adds 401 to every signed route, and 400 and 422 to
+# every route with a JSON body (see ``aitbc.coordinator.app``).
+OWNED = errors(403, 404, 409)
+
+
+class Page(Reply, Generic[T]):
+    """A list: the items and how many there are."""
+
+    data: list[T]
+    count: int
+
+
+# --- health -----------------------------------------------------------------------------------
+
+
+class Health(Reply):
+    status: Literal["ok"]
+    version: str
+    time: float = Field(description="the coordinator's clock (clients sign with timestamps)")
+
+
+# --- blobs ------------------------------------------------------------------------------------
+
+
+class BlobStored(Reply):
+    cid: str
+    size: int
+    stored: bool = Field(description="false: the coordinator already held this blob")
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+class RunSummary(Reply):
+    training_id: str
+    status: str
+    owner: str
+    model_type: str
+    dataset_size: str
+    target_workers: int
+    round: int
+    rounds: int | None
+    val_loss: float | None
+    control: Literal["automatic", "manual"]
+    created_at: float
+    updated_at: float
+
+
+class ContractView(Reply):
+    contract_id: str
+    worker_id: str
+    training_id: str
+    price: str
+    price_micro: int
+    status: str
+    score: float
+
+
+class JobView(Reply):
+    job_id: str
+    worker_id: str
+    contract_id: str
+    shard_index: int
+    shard_cid: str
+    job_status: str
+    status: str = Field(description="the worker's last reported status while the job is active, else the job's")
+    progress: float
+    loss: float | None
+    epoch: float
+    rounds_done: int
+    this_round: str | None
+    joined_round: int
+    replaces: str | None
+    end_reason: str | None
+    compute_seconds: float
+    config: dict[str, Any]
+    last_heartbeat_age: float | None
+
+
+class WorkerScore(Reply):
+    score: float | None = Field(description="mean quality over the scored rounds")
+    last_quality: float | None
+    score_flags: list[str]
+
+
+class RunWorker(JobView, WorkerScore):
+    pass
+
+
+class RunDetail(RunSummary):
+    model_options: dict[str, Any]
+    seed: int
+    dataset_size_bytes: int
+    data_source: str | None
+    manifest_cid: str | None
+    data_bytes: int | None
+    shards: int
+    config: dict[str, Any]
+    global_model_cid: str | None
+    network: str
+    budget: str | None
+    bond: str
+    escrowed: str
+    initial_val_loss: float | None
+    val_accuracy: float | None
+    rounds_completed: int
+    bytes_up: int
+    bytes_down: int
+    error: str | None
+    flags: int
+    round_started_at: float | None
+    deadline_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    paused_from: str | None
+    contracts: list[ContractView]
+    workers: list[RunWorker]
+    time: float
+
+
+class RankedOffer(Reply):
+    worker_id: str
+    gpu_type: str
+    price: float = Field(description="AIT per round")
+    reputation: float
+    availability: float
+    score: float
+    hired: bool
+
+
+class Discovery(Reply):
+    training_id: str
+    ranked: list[RankedOffer]
+    contracts: list[ContractView]
+    count: int = Field(description="contracts made")
+
+
+class RoundView(Reply):
+    round: int
+    checkpoint_cid: str
+    val_loss: float | None
+    val_accuracy: float | None
+    train_loss: float | None
+    accepted: int
+    rejected: int
+    stragglers: list[str]
+    skipped: bool
+    started_at: float
+    closed_at: float
+
+
+class Checkpoint(Reply):
+    round: int
+    cid: str
+
+
+class ResultWorker(WorkerScore):
+    worker_id: str
+    contract_id: str
+    status: str
+
+
+class Results(Reply):
+    training_id: str
+    status: str
+    error: str | None
+    model_cid: str | None
+    rounds_completed: int
+    rounds: int | None
+    initial_val_loss: float | None
+    final_val_loss: float | None
+    final_val_accuracy: float | None
+    bytes_up: int
+    bytes_down: int
+    updates_accepted: int
+    updates_rejected: int
+    wall_seconds: float | None
+    checkpoints: list[Checkpoint]
+    workers: list[ResultWorker]
+
+
+class SavedResult(Results):
+    round: int = Field(description="the round whose checkpoint was kept")
+
+
+class WorkerPay(Reply):
+    worker_id: str
+    contract_id: str
+    price: str
+    status: str
+    rounds_accepted: int
+    rounds_scored: int
+    score: float | None
+    flags: list[str]
+    paid: str
+    paid_micro: int
+    due: str
+    due_micro: int
+    bond: str
+    slashed: str
+    slashed_micro: int
+    reputation: float | None
+
+
+class Payments(Page[WorkerPay]):
+    training_id: str
+    network: str
+    control: Literal["automatic", "manual"]
+    escrowed: str
+    escrow_balance: str
+    settled_round: int
+    rounds_closed: int
+    finalized: bool
+
+
+class ManualPayment(Reply):
+    contract_id: str
+    worker_id: str
+    amount: str
+    amount_micro: int
+    entry: int = Field(description="the ledger entry's sequence number")
+    escrow_left: str
+
+
+# --- manual control and jobs ----------------------------------------------------------------
+
+
+class ShardView(Reply):
+    shard_index: int
+    shard_id: str = Field(description="the shard's CID")
+    samples: int
+    split_from: int | None
+    split_into: list[int] | None
+    jobs: list[str] = Field(description="active jobs on this shard")
+
+
+class JobDetail(JobView):
+    training_id: str
+    round: int
+    run_status: str
+
+
+class WorkerJob(JobView):
+    training_id: str
+
+
+class SplitJobs(Reply):
+    job: JobDetail = Field(description="the job, keeping the first half")
+    new_job: JobDetail = Field(description="the job on the second half")
+
+
+class Aggregated(Reply):
+    training_id: str
+    round: int
+    model_id: str
+    model_cid: str
+    loss: float | None
+    accuracy: float | None
+    updates: int
+    skipped: bool
+    weights: list[float]
+
+
+class UpdateView(Reply):
+    checkpoint_id: str
+    cid: str
+    training_id: str
+    job_id: str
+    worker_id: str
+    round: int
+    samples: int
+    shard_index: int | None
+    train_loss: float | None
+    size: int
+    status: str
+    reason: str | None
+    created_at: float
+
+
+class ResendRequested(Reply):
+    job_id: str
+    worker_id: str
+    round: int
+    dropped: str = Field(description="the CID of the update dropped")
+    status: Literal["resend_requested"]
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+
+class OfferView(Reply):
+    worker_id: str
+    gpu_type: str
+    price: str
+    price_micro: int
+    reputation: float
+    availability: float
+    status: str
+    live: bool
+    last_heartbeat: float
+    max_bond: str
+    last_heartbeat_age: float
+    device: dict[str, Any]
+    flags: int
+
+
+class MarketOffer(OfferView):
+    busy: bool = Field(description="hired by or working for a run that has not ended")
+
+
+class Heartbeat(Reply):
+    ok: bool
+    time: float
+    version: int
+
+
+class JobOrder(Reply):
+    """What a worker should do now with its job."""
+
+    job_id: str
+    training_id: str
+    action: Literal["train", "wait"]
+    run_status: str
+    round: int
+    rounds: int | None
+    global_model_cid: str | None
+    shard_cid: str
+    shard_index: int
+    seed: int
+    model_type: str
+    model_options: dict[str, Any]
+    data_spec: dict[str, Any] | None
+    local_steps: int | None
+    batch_size: int | None
+    lr: float | None
+    inner_opt: str | None
+    compression: str | None
+    error_feedback: bool | None
+    d: int | None
+    deadline_at: float | None
+
+
+class JobPoll(Reply):
+    job: JobOrder | None
+    version: int
+
+
+class Ok(Reply):
+    ok: bool
+
+
+class UpdateAccepted(Reply):
+    status: Literal["accepted"]
+    round: int
+    cid: str
+    size: int
+
+
+# --- money ------------------------------------------------------------------------------------
+
+
+class Funded(Reply):
+    address: str
+    amount: str
+    entry: int
+    balance: str
+
+
+class Sent(Reply):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: str = Field(alias="from")
+    to: str
+    amount: str
+    entry: int
+    balance: str
+
+
+class Balance(Reply):
+    address: str
+    network: str
+    balance: str
+    balance_micro: int
+
+
+class EntryView(Reply):
+    seq: int
+    hash: str
+    prev_hash: str
+    network: str
+    kind: str
+    debit: str
+    credit: str
+    amount: int = Field(description="micro-AIT")
+    memo: dict[str, Any]
+    key: str | None
+    signer: str
+    auth: dict[str, Any]
+    signature: str
+    created_at: float
+    amount_ait: str
+
+
+class Entries(Page[EntryView]):
+    next: int | None = Field(description="pass as after= for the next page; null on the last")
+
+
+class LedgerInfo(Reply):
+    network: str
+    system_key: str
+    entries: int
+    head: str | None
+    stored: int
+
+
+class Balances(Reply):
+    data: dict[str, int] = Field(description="account name -> micro-AIT (accounts at 0 left out)")
+    count: int
