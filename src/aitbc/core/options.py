@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aitbc.errors import UsageError
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def parse_kv(pairs: Iterable[str], *, what: str) -> dict[str, str]:
@@ -49,6 +52,7 @@ def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
         return _convert(value, args[0], name=name, what=what)
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
+        items: Sequence[Any]
         if isinstance(value, str):
             items = value.replace("x", " ").replace(":", " ").split()
         elif isinstance(value, (list, tuple)):
@@ -80,7 +84,7 @@ def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
 def build_config(cls: type[C], options: Mapping[str, Any] | None, *, what: str) -> C:
     """Instantiate dataclass ``cls`` from ``options``; unknown keys and bad types are errors."""
     options = dict(options or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(options) - set(fields))
     if unknown:

@@ -19,7 +19,7 @@ from typing import Any
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 
-STALENESS: Registry[tuple[type, Callable[[Any, int], float]]] = Registry("staleness rule")
+STALENESS: Registry[tuple[type[Any], Callable[[Any, int], float]]] = Registry("staleness rule")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,7 +10,7 @@ the shard in reshuffled epochs, so a run is reproducible from its seed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +21,8 @@ from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 from aitbc.training.checkpoint import flat_params, set_flat_params
 
-INNER_OPTIMIZERS: Registry[type[torch.optim.Optimizer]] = Registry("inner optimizer")
+# Constructors called as ``cls(params, lr=..., weight_decay=..., [momentum=...])``.
+INNER_OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("inner optimizer")
 INNER_OPTIMIZERS.register("sgd")(torch.optim.SGD)
 INNER_OPTIMIZERS.register("adamw")(torch.optim.AdamW)
 INNER_OPTIMIZERS.register("adam")(torch.optim.Adam)
@@ -65,9 +66,9 @@ def loss_fn(logits: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1).long())
 
 
-def build_inner_optimizer(cfg: LocalConfig, params) -> torch.optim.Optimizer:
+def build_inner_optimizer(cfg: LocalConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     cls = INNER_OPTIMIZERS.get(cfg.optimizer)
-    kw: dict = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    kw: dict[str, float] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     if cls is torch.optim.SGD:
         kw["momentum"] = cfg.momentum
     return cls(params, **kw)

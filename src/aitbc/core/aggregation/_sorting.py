@@ -138,7 +138,7 @@ class ColumnSorter:
             rows[i], rows[j] = lo, hi
         return [rows[p] for p in self.positions]
 
-    def run(self, fn: Callable[[slice], None]) -> None:
+    def run(self, fn: Callable[[slice], object]) -> None:
         """Call ``fn(cols)`` for every block: on the network path in parallel on
         ``torch.get_num_threads()`` threads (``fn`` must write only its own columns and
         use only ``(c,)`` row ops), otherwise one block after another."""

@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
@@ -29,10 +29,12 @@ from aitbc.core.aggregation.base import (
 from aitbc.core.options import build_config, parse_spec
 from aitbc.errors import UsageError
 
+E = TypeVar("E", Aggregator, Wrapper)
+
 
 @dataclass(frozen=True, slots=True)
-class Stage:
-    entry: Aggregator | Wrapper
+class Stage(Generic[E]):
+    entry: E
     config: Any
 
     @property
@@ -47,12 +49,12 @@ class AggregatorPipeline:
     """A validated aggregator: wrappers, then one rule. Build it with
     :func:`parse_aggregator`; call it like ``aggregate`` without the name."""
 
-    wrappers: tuple[Stage, ...]
-    rule: Stage
+    wrappers: tuple[Stage[Wrapper], ...]
+    rule: Stage[Aggregator]
 
     @property
     def spec(self) -> str:
-        return "+".join(s.spec for s in (*self.wrappers, self.rule))
+        return "+".join([*(s.spec for s in self.wrappers), self.rule.spec])
 
     def __str__(self) -> str:
         return self.spec
@@ -60,7 +62,6 @@ class AggregatorPipeline:
     @property
     def uses_weights(self) -> bool:
         """Whether the final rule uses ``weights`` (wrappers pass them on)."""
-        assert isinstance(self.rule.entry, Aggregator)
         return self.rule.entry.uses_weights
 
     def check(self, n: int) -> None:
@@ -94,11 +95,11 @@ class AggregatorPipeline:
         self.check(updates.shape[0])
         x, mixes = updates, []
         for stage in self.wrappers:
-            mix: Mixing = stage.entry.fn(x, w, stage.config, round_index=round_index)  # type: ignore[call-arg]
+            mix = stage.entry.fn(x, w, stage.config, round_index=round_index)
             x = mix.matrix.to(x.dtype) @ x  # (k, n) @ (n, d) -> (k, d)
             w = mix.weights
             mixes.append(mix)
-        out, info = self.rule.entry.fn(x, w, self.rule.config, with_info=with_info)  # type: ignore[call-arg]
+        out, info = self.rule.entry.fn(x, w, self.rule.config, with_info=with_info)
         for mix in reversed(mixes):
             info = _through(info, mix)
         return out, info
@@ -185,7 +186,7 @@ def parse_aggregator(
     shared_f: Any = None
     if "f" in extra and not rule_takes_f and wrapper_takes_f:
         shared_f = extra.pop("f")  # nnm+centered-clip with f=2: the wrappers' f
-    rule_options = {**rule_opts, **extra}
+    rule_options: dict[str, Any] = {**rule_opts, **extra}
     if rule_takes_f and "f" not in rule_options and default_f is not None:
         rule_options["f"] = default_f
     rule_stage = Stage(rule, _build(rule, rule_options))
@@ -194,10 +195,10 @@ def parse_aggregator(
     if inherited is None:
         inherited = default_f
     stages = []
-    for wrapper, opts in wrappers:
-        if "f" in _field_names(wrapper.config) and "f" not in opts and inherited is not None:
-            opts["f"] = inherited
-        stages.append(Stage(wrapper, _build(wrapper, opts)))
+    for wrapper, wrapper_opts in wrappers:
+        if "f" in _field_names(wrapper.config) and "f" not in wrapper_opts and inherited is not None:
+            wrapper_opts["f"] = inherited
+        stages.append(Stage(wrapper, _build(wrapper, wrapper_opts)))
     return AggregatorPipeline(wrappers=tuple(stages), rule=rule_stage)
 
 

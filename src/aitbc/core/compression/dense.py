@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from aitbc.core.compression import CODECS, Codec
 from aitbc.core.compression._wire import read, read_f32, to_bytes
+from aitbc.core.compression.base import CODECS, Codec
 
 
 @dataclass(kw_only=True, slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aitbc.core.compression import MAX_NUMEL, Codec, flat_f32
+from aitbc.core.compression.base import MAX_NUMEL, Codec, flat_f32
 from aitbc.errors import UsageError
 
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aitbc.core.compression import CODECS, Codec, Layout
 from aitbc.core.compression._wire import read_f32, to_bytes
+from aitbc.core.compression.base import CODECS, Codec, Layout
 from aitbc.errors import UsageError
 
 

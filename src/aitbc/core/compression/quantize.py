@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aitbc.core.compression import CODECS, Codec
 from aitbc.core.compression._wire import chunk_view, expand_chunks, n_chunks, read, read_f32, to_bytes
+from aitbc.core.compression.base import CODECS, Codec
 
 
 def quantize_chunks(flat: Tensor, chunk: int, levels: int) -> tuple[Tensor, Tensor]:

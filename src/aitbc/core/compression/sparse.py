@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aitbc.core.compression import CODECS, Codec
 from aitbc.core.compression._wire import bits_to_int, int_to_bits, meta_int, read, read_f32, to_bytes
+from aitbc.core.compression.base import CODECS, Codec
 from aitbc.core.compression.quantize import dequantize_chunks, quantize_chunks
 
 
