@@ -86,6 +86,7 @@ def parse_price(value: str | int | float, *, field: str = "price") -> int:
     # Decimal places actually used, from the exact digits: ``d * MICRO`` would be rounded
     # to the context's 28 digits and let "1.0000000000000000000000000001" through.
     _, digits, exp = d.as_tuple()
+    assert isinstance(exp, int), exp  # _PRICE_RE admits only finite numbers (no 'n', 'N', 'F')
     trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
     if -(exp + trailing_zeros) > 6 and any(digits):
         raise UnitError("bad_price", f"{field} {value!r} has more than 6 decimals (1 micro-AIT is the smallest unit)")

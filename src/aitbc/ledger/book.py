@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Float, Integer, String, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 # LedgerError and the networks live in the pure chain module (no SQLAlchemy): the CLI checks
@@ -158,10 +159,13 @@ class Ledger:
         if debit == credit:
             raise LedgerError("bad_amount", f"cannot move money from {debit} to itself")
         # The head row first: from here on this transaction holds the ledger's write lock.
-        if s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq)).rowcount == 0:
+        locked = s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
+        assert isinstance(locked, CursorResult)  # an UPDATE's result counts its rows
+        if locked.rowcount == 0:
             s.add(Head(id=1, seq=0, hash=GENESIS))
             s.flush()
         head = s.get(Head, 1)
+        assert head is not None  # written just above if it was not there
         s.refresh(head)
         if key is not None and s.scalar(select(Entry.seq).where(Entry.key == key)) is not None:
             raise LedgerError("duplicate", f"an entry with key {key!r} already exists")

@@ -154,17 +154,21 @@ class NonceCache:
             return len(self._seen)
 
 
-def _get_headers(headers: Mapping[str, str]) -> list[str | None]:
-    """The four signing headers, looked up case-insensitively."""
+def _get_headers(headers: Mapping[str, str]) -> tuple[str, str, str, str]:
+    """The four signing headers (key, timestamp, nonce, signature), looked up
+    case-insensitively; a missing or empty one is a ``missing_signature`` error."""
     if isinstance(headers, dict):  # a plain dict is case-sensitive: normalise
         lowered = {k.lower(): v for k, v in headers.items()}
-        return [lowered.get(name) for name in _HEADERS_LOWER]
-    # Starlette's and httpx's Headers are case-insensitive mappings.
-    values = []
-    for name, lower in zip(_HEADERS, _HEADERS_LOWER):
-        value = headers.get(lower)
-        values.append(headers.get(name) if value is None else value)
-    return values
+        values = [lowered.get(name) for name in _HEADERS_LOWER]
+    else:  # Starlette's and httpx's Headers are case-insensitive mappings.
+        values = [headers.get(lower) or headers.get(name) for name, lower in zip(_HEADERS, _HEADERS_LOWER)]
+    found: list[str] = []
+    for value, name in zip(values, _HEADERS):
+        if not value:
+            raise SignatureError(MISSING_SIGNATURE, f"request is not signed: missing header {name}")
+        found.append(value)
+    key, timestamp, nonce, signature = found
+    return key, timestamp, nonce, signature
 
 
 def verify_request(
@@ -191,14 +195,6 @@ def verify_request(
     if nonces.window < max_skew:
         raise ValueError(f"NonceCache window {nonces.window:g}s is shorter than max_skew {max_skew:g}s")
     key, timestamp, nonce, signature = _get_headers(headers)
-    for value, name in (
-        (key, HEADER_KEY),
-        (timestamp, HEADER_TIMESTAMP),
-        (nonce, HEADER_NONCE),
-        (signature, HEADER_SIGNATURE),
-    ):
-        if not value:
-            raise SignatureError(MISSING_SIGNATURE, f"request is not signed: missing header {name}")
 
     if _TIMESTAMP_RE.fullmatch(timestamp) is None:
         raise SignatureError(BAD_SIGNATURE, f"bad signature: malformed {HEADER_TIMESTAMP} (want decimal unix seconds)")
