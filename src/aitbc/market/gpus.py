@@ -129,6 +129,7 @@ def detect_device() -> dict[str, Any]:
     """
     import torch  # lazily: the marketplace logic itself does not need torch
 
+    memory: int | None
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         memory = int(torch.cuda.get_device_properties(0).total_memory)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,8 +30,11 @@ from torch import Tensor
 from aitbc.core.compression import decode as decode_update
 from aitbc.errors import UsageError
 
+if TYPE_CHECKING:  # the runner calls these loops; they only use it
+    from aitbc.sim.runner import Simulation
 
-def run_sync(sim) -> None:
+
+def run_sync(sim: Simulation) -> None:
     cfg, ids = sim.cfg, list(range(sim.cfg.workers))
     for r in range(1, cfg.rounds + 1):
         down = len(sim.checkpoint(sim.params, r - 1))  # every worker downloads the global model blob
@@ -57,7 +61,7 @@ def run_sync(sim) -> None:
             return
 
 
-def run_async(sim) -> None:
+def run_async(sim: Simulation) -> None:
     cfg = sim.cfg
     n = cfg.workers
     buffer_size = cfg.buffer or max(1, n // 2)
@@ -126,7 +130,7 @@ def _neighbours(topology: str, n: int, gen: torch.Generator) -> Callable[[], lis
     raise UsageError(f"unknown --topology {topology!r}; allowed: ring, random:K")
 
 
-def run_gossip(sim) -> None:
+def run_gossip(sim: Simulation) -> None:
     cfg = sim.cfg
     n = cfg.workers
     peers_of = _neighbours(cfg.topology, n, sim.mode_gen)
@@ -169,4 +173,4 @@ def run_gossip(sim) -> None:
             return
 
 
-MODE_LOOPS = {"sync": run_sync, "async": run_async, "gossip": run_gossip}
+MODE_LOOPS: dict[str, Callable[[Simulation], None]] = {"sync": run_sync, "async": run_async, "gossip": run_gossip}

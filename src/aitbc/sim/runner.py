@@ -23,12 +23,14 @@ from torch import Tensor
 
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.attacks import Attack, AttackView, build_attack
-from aitbc.core.compression import build_codec
+from aitbc.core.compression import Codec, build_codec
 from aitbc.core.compression import decode as decode_update
+from aitbc.core.compression.feedback import ErrorFeedback
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, IntegrityError, UsageError
+from aitbc.sim.modes import MODE_LOOPS
 from aitbc.sim.network import build_profiles, step_seconds
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.training.checkpoint import checkpoint_bytes, flat_params, set_flat_params, shard_bytes
@@ -245,7 +247,7 @@ class Simulation:
         self._metrics: IO[str] | None = None
         self._progress: ProgressFn | None = None
 
-    def _codec(self, name: str, options: dict[str, Any], error_feedback: bool):
+    def _codec(self, name: str, options: dict[str, Any], error_feedback: bool) -> Codec | ErrorFeedback:
         return build_codec(name, options, layout=self.layout, error_feedback=error_feedback)
 
     # ---- what workers do ------------------------------------------------------------
@@ -395,8 +397,6 @@ class Simulation:
             self.target = {"bytes": self.bytes_up, "seconds": self.clock, "round": self.round}
 
     def run(self, progress: ProgressFn | None = None) -> SimResult:
-        from aitbc.sim.modes import MODE_LOOPS
-
         cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = self.out_dir / "metrics.jsonl"
