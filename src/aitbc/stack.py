@@ -59,7 +59,9 @@ class StackConfig:
     workers: int = 3
     port: int | None = None  # None: a free port found at start
     host: str = "127.0.0.1"
-    lease: float = 10.0  # s without a heartbeat before the coordinator fails a worker
+    # s without a heartbeat before the coordinator fails a worker; None: the coordinator's
+    # own setting (AITBC_LEASE_SECONDS, else its default)
+    lease: float | None = None
     ready_timeout: float = 60.0  # s to wait for the coordinator and every offer
 
     def __post_init__(self) -> None:
@@ -67,6 +69,11 @@ class StackConfig:
             raise UsageError(f"--workers must be in 1..{MAX_WORKERS}, got {self.workers}")
         if self.port is not None and not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be in 1..65535, got {self.port}")
+        if self.lease is None:
+            from aitbc.coordinator.config import Settings  # pydantic-settings: only for `up`
+            from aitbc.settings import load_settings
+
+            self.lease = load_settings(Settings, {"home": self.home / "coordinator"}).lease_seconds
         if self.lease <= 0:
             raise UsageError(f"--lease must be > 0 s, got {self.lease:g}")
         if self.ready_timeout <= 0:
@@ -75,7 +82,11 @@ class StackConfig:
     @property
     def heartbeat(self) -> float:
         # Several heartbeats per lease, so one late beat never fails a worker.
-        return min(2.0, self.lease / 4)
+        from aitbc.settings import load_settings
+        from aitbc.worker.config import WorkerSettings
+
+        assert self.lease is not None  # resolved at construction
+        return min(load_settings(WorkerSettings, {}).heartbeat_seconds, self.lease / 4)
 
 
 @dataclass(kw_only=True)

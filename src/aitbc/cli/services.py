@@ -1,86 +1,179 @@
-"""``aitbc coordinator serve`` and ``aitbc worker start``: the two long-running services."""
+"""``aitbc coordinator serve`` and ``aitbc worker start``: the two long-running services.
+
+Every tunable of each service is a flag whose default is None (not given): a given flag
+wins over the service's ``AITBC_...`` environment variable, which wins over the default
+written in its settings class (``coordinator.config.Settings``,
+``worker.config.WorkerSettings``), the only place a default lives. ``--help`` reads the
+defaults and variable names from those classes when it is asked for, so no other command
+pays for importing them.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
-from pathlib import Path
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, resolve_home
-from aitbc.errors import UsageError
 
 coordinator_app = typer.Typer(help="The coordinator service (HTTP API, database, round driver).", no_args_is_help=True)
 worker_app = typer.Typer(help="A provider's worker daemon.", no_args_is_help=True)
 
+MIB = 1 << 20
+
+# Settings field -> its flag, for each service (the help and the error lines name them).
+SERVE_FLAGS = {
+    "host": "--host",
+    "port": "--port",
+    "db_url": "--db",
+    "max_blob_bytes": "--max-blob-mb",
+    "lease_seconds": "--lease",
+    "max_skew_seconds": "--max-skew",
+    "tick_seconds": "--tick",
+    "heartbeat_flush_seconds": "--heartbeat-flush",
+    "eval_samples": "--eval-samples",
+    "score_samples": "--score-samples",
+    "network": "--network",
+    "manual_idle_seconds": "--manual-idle",
+    "log_level": "--log-level",
+    "settle_delay": "--settle-delay",
+}
+WORKER_FLAGS = {
+    "wallet": "--wallet",
+    "gpu": "--gpu",
+    "price": "--price",
+    "max_bond": "--max-bond",
+    "availability": "--availability",
+    "heartbeat_seconds": "--heartbeat",
+    "poll_seconds": "--poll",
+    "backoff_seconds": "--backoff",
+    "max_backoff_seconds": "--max-backoff",
+    "progress_every": "--progress-every",
+    "log_level": "--log-level",
+    "step_delay": "--step-delay",
+    "attack": "--attack",
+}
+_SHOWN: dict[str, Callable[[Any], str]] = {"max_blob_bytes": lambda b: f"{b / MIB:g} MiB"}
+
+
+def _settings_help(load: Callable[[], Any], flags: dict[str, str]) -> type[TyperCommand]:
+    """A command class whose ``--help`` shows, for each settings flag, its default and its
+    environment variable, read from the settings class ``load()`` returns."""
+
+    class SettingsCommand(TyperCommand):
+        def format_help(self, ctx: Any, formatter: Any) -> None:
+            from aitbc.settings import env_name
+
+            cls = load()
+            by_flag = {flag: field for field, flag in flags.items()}
+            for param in self.params:
+                opt: Any = param  # an option (arguments have no help of their own)
+                field = next((by_flag[o] for o in opt.opts if o in by_flag), None)
+                if field is None or "(env " in (opt.help or ""):
+                    continue
+                default = cls.model_fields[field].default
+                shown = "none" if default is None else _SHOWN.get(field, str)(default)
+                opt.help = f"{opt.help or ''} (default {shown}; env {env_name(cls, field)})".strip()
+            super().format_help(ctx, formatter)
+
+    return SettingsCommand
+
+
+def _coordinator_settings() -> Any:
+    from aitbc.coordinator.config import Settings
+
+    return Settings
+
+
+def _worker_settings() -> Any:
+    from aitbc.worker.config import WorkerSettings
+
+    return WorkerSettings
+
 
 def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # alembic's set-up chatter (plugins, dialect) at every start; aitbc.coordinator.db logs what changed
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-@coordinator_app.command("serve")
+@coordinator_app.command("serve", cls=_settings_help(_coordinator_settings, SERVE_FLAGS))
 def serve(
     home: HomeOption = DEFAULT_HOME,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8700,
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = None,
     db: Annotated[
-        str | None, typer.Option("--db", help="SQLAlchemy URL (default: SQLite in WAL mode at HOME/coordinator.db).")
+        str | None, typer.Option("--db", help="SQLAlchemy URL (none: SQLite in WAL mode at HOME/coordinator.db).")
     ] = None,
-    max_blob_mb: Annotated[float, typer.Option(help="Largest blob an upload may store, in MiB.")] = 256.0,
-    lease: Annotated[float, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = 10.0,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    network: Annotated[str, typer.Option(help="Ledger network this coordinator settles on (local).")] = "local",
+    max_blob_mb: Annotated[float | None, typer.Option(help="Largest blob an upload may store, in MiB.")] = None,
+    lease: Annotated[float | None, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = None,
+    max_skew: Annotated[
+        float | None, typer.Option(help="Seconds a signed request's timestamp may be off before it is refused.")
+    ] = None,
+    tick: Annotated[float | None, typer.Option(help="Seconds between two looks of the round driver.")] = None,
+    heartbeat_flush: Annotated[
+        float | None, typer.Option(help="Seconds between two writes of the in-memory heartbeats to the database.")
+    ] = None,
+    eval_samples: Annotated[int | None, typer.Option(help="Validation samples scored each round.")] = None,
+    score_samples: Annotated[int | None, typer.Option(help="Samples per batch when scoring one update.")] = None,
+    network: Annotated[str | None, typer.Option(help="Ledger network this coordinator settles on (local).")] = None,
     manual_idle: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="Seconds a manual-control run may go without an owner's call, "
             "an update or a progress report before it is failed."
         ),
-    ] = 3600.0,
-    settle_delay: Annotated[float, typer.Option(hidden=True, help="Testing: seconds between two settlements.")] = 0.0,
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    settle_delay: Annotated[
+        float | None, typer.Option(hidden=True, help="Testing: seconds between two settlements.")
+    ] = None,
 ) -> None:
-    """Serve the coordinator's API under /v1 (OpenAPI docs at /docs)."""
+    """Serve the coordinator's API under /v1 (OpenAPI docs at /docs).
+
+    Every option can also be set in the environment as AITBC_<SETTING> (e.g.
+    AITBC_LEASE_SECONDS=30, AITBC_DB_URL=...); a flag wins over the environment."""
+    from aitbc.coordinator.config import Settings
+    from aitbc.settings import load_settings
+
+    flags = {
+        "host": host,
+        "port": port,
+        "db_url": db,
+        "max_blob_bytes": None if max_blob_mb is None else round(max_blob_mb * MIB),
+        "lease_seconds": lease,
+        "max_skew_seconds": max_skew,
+        "tick_seconds": tick,
+        "heartbeat_flush_seconds": heartbeat_flush,
+        "eval_samples": eval_samples,
+        "score_samples": score_samples,
+        "network": network,
+        "manual_idle_seconds": manual_idle,
+        "log_level": log_level,
+        "settle_delay": settle_delay,
+    }
+    names = {**SERVE_FLAGS, "max_blob_bytes": "--max-blob-mb (in bytes)"}
+    settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=names)
+    _logging(settings.log_level)
+
+    import gc
+
     import uvicorn
 
     from aitbc.coordinator.app import create_app
-    from aitbc.coordinator.config import Settings
 
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be in 0..65535, got {port}")
-    if max_blob_mb <= 0 or lease <= 0 or manual_idle <= 0:
-        raise UsageError("--max-blob-mb, --lease and --manual-idle must be > 0")
-    _logging(log_level)
-    from aitbc.ledger.book import LedgerError, check_network
-
-    try:
-        check_network(network)
-    except LedgerError as e:
-        raise UsageError(e.detail) from None
-    settings = Settings(
-        home=resolve_home(home),
-        db_url=db,
-        host=host,
-        port=port,
-        network=network,
-        max_blob_bytes=int(max_blob_mb * (1 << 20)),
-        lease_seconds=lease,
-        settle_delay=settle_delay,
-        manual_idle_seconds=manual_idle,
-    )
     app = create_app(settings)
-    import gc
-
     gc.freeze()  # torch, SQLAlchemy and FastAPI's long-lived objects: out of every full collection
     # Long polls hold requests up to their wait; a stop should not wait that long for them.
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
-        log_level=log_level.lower(),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
         access_log=False,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=2,
@@ -89,50 +182,67 @@ def serve(
     server.run()
 
 
-@worker_app.command("start")
+@worker_app.command("start", cls=_settings_help(_worker_settings, WORKER_FLAGS))
 def start(
     coordinator: Annotated[
         str | None, typer.Option(help="Coordinator URL (default: AITBC_COORDINATOR or the local stack).")
     ] = None,
-    wallet: Annotated[str, typer.Option(help="Wallet (identity) of this provider; created if missing.")] = "worker",
-    gpu: Annotated[str, typer.Option(help="Advertised GPU class, e.g. RTX4090.")] = "RTX3090",
-    price: Annotated[str, typer.Option(help="Price per round in AIT, e.g. 1.20.")] = "1.0",
-    availability: Annotated[float, typer.Option(help="Advertised availability in [0, 1].")] = 0.98,
     home: HomeOption = DEFAULT_HOME,
-    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 2.0,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    wallet: Annotated[str | None, typer.Option(help="Wallet (identity) of this provider; created if missing.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Advertised GPU class, e.g. RTX4090.")] = None,
+    price: Annotated[str | None, typer.Option(help="Price per round in AIT, e.g. 1.20.")] = None,
     max_bond: Annotated[
-        str, typer.Option(help="Most AIT a contract may lock from this wallet as a bond (0: only bond-free runs).")
-    ] = "0",
+        str | None,
+        typer.Option(help="Most AIT a contract may lock from this wallet as a bond (0: only bond-free runs)."),
+    ] = None,
+    availability: Annotated[float | None, typer.Option(help="Advertised availability in [0, 1].")] = None,
+    heartbeat: Annotated[float | None, typer.Option(help="Seconds between heartbeats.")] = None,
+    poll: Annotated[float | None, typer.Option(help="Seconds one long poll for a job may wait.")] = None,
+    backoff: Annotated[
+        float | None, typer.Option(help="Seconds before the first retry when the coordinator is unreachable.")
+    ] = None,
+    max_backoff: Annotated[
+        float | None, typer.Option(help="Most seconds between two retries (the wait doubles up to it).")
+    ] = None,
+    progress_every: Annotated[int | None, typer.Option(help="Report progress every this many local steps.")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     step_delay: Annotated[
-        float, typer.Option(hidden=True, help="Testing: seconds to sleep after each local step.")
-    ] = 0.0,
+        float | None, typer.Option(hidden=True, help="Testing: seconds to sleep after each local step.")
+    ] = None,
     attack: Annotated[
         str | None, typer.Option(hidden=True, help="Testing: act as a Byzantine worker, e.g. sign-flip.")
     ] = None,
 ) -> None:
-    """Offer this machine to the marketplace and train the jobs it is given, until stopped."""
-    from aitbc.client import coordinator_url
-    from aitbc.units import parse_price
-    from aitbc.worker.daemon import Worker, WorkerConfig
+    """Offer this machine to the marketplace and train the jobs it is given, until stopped.
 
-    for flag, value in (("--price", price), ("--max-bond", max_bond)):
-        parse_price(value, field=flag)  # a UnitError is a UsageError: one line, exit 2
-    _logging(log_level)
-    home_dir: Path = resolve_home(home)
-    cfg = WorkerConfig(
-        coordinator=coordinator_url(coordinator, home_dir),
-        home=home_dir,
-        wallet=wallet,
-        gpu=gpu,
-        price=price,
-        availability=availability,
-        heartbeat_seconds=heartbeat,
-        step_delay=step_delay,
-        max_bond=max_bond,
-        attack=attack,
-    )
-    worker = Worker(cfg)
+    Every option but --coordinator and --home can also be set in the environment as
+    AITBC_WORKER_<SETTING> (e.g. AITBC_WORKER_PRICE=1.20); a flag wins over the environment."""
+    from aitbc.client import coordinator_url
+    from aitbc.settings import load_settings
+    from aitbc.worker.config import WorkerSettings
+
+    flags = {
+        "wallet": wallet,
+        "gpu": gpu,
+        "price": price,
+        "max_bond": max_bond,
+        "availability": availability,
+        "heartbeat_seconds": heartbeat,
+        "poll_seconds": poll,
+        "backoff_seconds": backoff,
+        "max_backoff_seconds": max_backoff,
+        "progress_every": progress_every,
+        "log_level": log_level,
+        "step_delay": step_delay,
+        "attack": attack,
+    }
+    settings = load_settings(WorkerSettings, flags, flag_names=WORKER_FLAGS)
+    _logging(settings.log_level)
+    home_dir = resolve_home(home)
+
+    from aitbc.worker.daemon import Worker
+
+    worker = Worker(settings, coordinator=coordinator_url(coordinator, home_dir), home=home_dir)
 
     def _terminate(*_: object) -> None:  # out of a long poll or a training step at once
         raise KeyboardInterrupt

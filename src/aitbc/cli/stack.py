@@ -49,8 +49,12 @@ def up(
     workers: Annotated[int, typer.Option("--workers", "-n", help="Workers to start.")] = 3,
     port: Annotated[int | None, typer.Option(help="Coordinator port (default: a free one).")] = None,
     lease: Annotated[
-        float, typer.Option(help="Seconds without a heartbeat before the coordinator fails a worker.")
-    ] = 10.0,
+        float | None,
+        typer.Option(
+            help="Seconds without a heartbeat before the coordinator fails a worker "
+            "(default: AITBC_LEASE_SECONDS, else the coordinator's default)."
+        ),
+    ] = None,
     timeout: Annotated[
         float, typer.Option(help="Seconds to wait for the coordinator and every worker's offer.")
     ] = 60.0,

@@ -1,19 +1,31 @@
-"""The coordinator's settings: one validated object, built at the edge (the CLI)."""
+"""The coordinator's settings: one validated object, built at the edge (the CLI).
+
+Every tunable is a field here, with its only default. Each can be set by the environment
+as ``AITBC_<FIELD>`` (``AITBC_LEASE_SECONDS=30``, ``AITBC_DB_URL=postgresql://...``,
+``AITBC_HOME``); ``aitbc coordinator serve`` flags win over the environment (see
+:func:`aitbc.settings.load_settings`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from aitbc.ledger.chain import LedgerError, check_network
+
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AITBC_", frozen=True, extra="forbid")
 
-    home: Path
+    home: Path  # state directory: database (by default), blobs, the coordinator's wallet
     db_url: str | None = None  # any SQLAlchemy URL; None: SQLite (WAL) at home/coordinator.db
     host: str = "127.0.0.1"
-    port: int = Field(8700, ge=0, le=65535)
+    port: int = Field(8700, ge=0, le=65535)  # 0: any free port
     max_blob_bytes: int = Field(256 << 20, ge=1)  # largest blob a PUT may store
     lease_seconds: float = Field(10.0, gt=0)  # a worker silent this long has failed
     max_skew_seconds: float = Field(120.0, gt=0)  # signed timestamps this far off are refused
@@ -21,11 +33,30 @@ class Settings(BaseModel):
     heartbeat_flush_seconds: float = Field(2.0, gt=0)  # in-memory heartbeats -> database
     eval_samples: int = Field(512, ge=1)  # validation samples scored each round
     score_samples: int = Field(512, ge=1)  # samples per batch when scoring one update
-    network: str = "local"  # the ledger this coordinator settles on
-    settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
+    network: str = "local"  # the ledger this coordinator settles on (aitbc.ledger.chain.NETWORKS)
     manual_idle_seconds: float = Field(
         3600.0, gt=0
     )  # a manual run with no owner call, update or progress this long fails
+    log_level: LogLevel = "info"
+    settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
+
+    @field_validator("home")
+    @classmethod
+    def _expand_home(cls, home: Path) -> Path:
+        return home.expanduser()
+
+    @field_validator("network")
+    @classmethod
+    def _known_network(cls, network: str) -> str:
+        try:
+            return check_network(network)
+        except LedgerError as e:
+            raise ValueError(e.detail) from None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, level: object) -> object:
+        return level.lower() if isinstance(level, str) else level
 
     @property
     def database_url(self) -> str:

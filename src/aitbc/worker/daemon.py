@@ -29,31 +29,9 @@ from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
+from aitbc.worker.config import WorkerSettings
 
 log = logging.getLogger("aitbc.worker")
-
-
-@dataclass(kw_only=True)
-class WorkerConfig:
-    coordinator: str
-    home: Path
-    wallet: str
-    gpu: str
-    price: str  # AIT per round, as typed ("1.20")
-    availability: float = 1.0
-    heartbeat_seconds: float = 2.0
-    poll_seconds: float = 10.0  # long-poll length when there is nothing to train
-    max_backoff: float = 5.0
-    progress_every: int = 10  # report progress every this many local steps
-    step_delay: float = 0.0  # testing: sleep this long after each local step (a slower device)
-    max_bond: str = "0"  # AIT: the most a contract may lock from this wallet as a bond
-    attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.availability <= 1:
-            raise AitbcError(f"--availability must be in [0, 1], got {self.availability}")
-        if self.heartbeat_seconds <= 0:
-            raise AitbcError(f"heartbeat interval must be > 0 s, got {self.heartbeat_seconds}")
 
 
 @dataclass
@@ -70,11 +48,11 @@ class JobState:
 
 
 class Worker:
-    def __init__(self, cfg: WorkerConfig) -> None:
-        self.cfg = cfg
-        self.wallet = ensure_wallet(cfg.home, cfg.wallet)
-        self.client = CoordinatorClient(cfg.coordinator, self.wallet, timeout=cfg.poll_seconds + 30)
-        self.cache = LocalBlobStore(cfg.home / "worker-cache" / self.wallet.name)
+    def __init__(self, cfg: WorkerSettings, *, coordinator: str, home: Path) -> None:
+        self.cfg, self.coordinator = cfg, coordinator
+        self.wallet = ensure_wallet(home, cfg.wallet)
+        self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30)
+        self.cache = LocalBlobStore(home / "worker-cache" / self.wallet.name)
         self.device = detect_device()
         self.stop = threading.Event()
         self.job: JobState | None = None
@@ -98,7 +76,7 @@ class Worker:
             self.device.get("name"),
             self.cfg.gpu,
             self.cfg.price,
-            self.cfg.coordinator,
+            self.coordinator,
         )
         self._retry(self.register)
         hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -164,14 +142,14 @@ class Worker:
 
     def _retry(self, call):
         """Run ``call`` until it answers; back off on an unreachable coordinator."""
-        delay = 0.2
+        delay = self.cfg.backoff_seconds
         while not self.stop.is_set():
             try:
                 return call()
             except Unreachable as e:
                 log.warning("%s; retrying in %.1f s", e, delay)
                 self.stop.wait(delay)
-                delay = min(delay * 2, self.cfg.max_backoff)
+                delay = min(delay * 2, self.cfg.max_backoff_seconds)
         return None
 
     def _refused(self, job: dict[str, Any], e: ApiError) -> None:
@@ -322,5 +300,5 @@ def _warm_up() -> None:
     torch.optim.AdamW([p]).step()
 
 
-def run_worker(cfg: WorkerConfig) -> None:
-    Worker(cfg).run()
+def run_worker(cfg: WorkerSettings, *, coordinator: str, home: Path) -> None:
+    Worker(cfg, coordinator=coordinator, home=home).run()

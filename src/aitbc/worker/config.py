@@ -1,0 +1,48 @@
+"""The worker's settings: every tunable of ``aitbc worker start``, with its only default.
+
+Each can be set by the environment as ``AITBC_WORKER_<FIELD>`` (``AITBC_WORKER_PRICE=1.20``,
+``AITBC_WORKER_HEARTBEAT_SECONDS=1``); flags win over the environment (see
+:func:`aitbc.settings.load_settings`). Where to connect and where to keep files are not
+settings of the worker: the CLI resolves them as for every command (``--coordinator`` /
+``AITBC_COORDINATOR`` / the local stack, ``--home`` / ``AITBC_HOME``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from aitbc.units import parse_price
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AITBC_WORKER_", frozen=True, extra="forbid")
+
+    wallet: str = Field("worker", min_length=1)  # this provider's identity; created if missing
+    gpu: str = Field("RTX3090", min_length=1)  # advertised GPU class
+    price: str = "1.0"  # AIT per round, as typed ("1.20")
+    max_bond: str = "0"  # AIT: the most a contract may lock from this wallet as a bond (0: bond-free runs only)
+    availability: float = Field(0.98, ge=0, le=1)  # advertised availability
+    heartbeat_seconds: float = Field(2.0, gt=0)  # between two heartbeats
+    poll_seconds: float = Field(10.0, gt=0)  # long-poll length when there is nothing to train
+    backoff_seconds: float = Field(0.2, gt=0)  # first wait before retrying an unreachable coordinator
+    max_backoff_seconds: float = Field(5.0, gt=0)  # the wait doubles up to this
+    progress_every: int = Field(10, ge=1)  # report progress every this many local steps
+    log_level: LogLevel = "info"
+    step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)
+    attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
+
+    @field_validator("price", "max_bond")
+    @classmethod
+    def _ait(cls, value: str) -> str:
+        parse_price(value, field="amount")  # a UnitError is a ValueError: one line naming the source
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, level: object) -> object:
+        return level.lower() if isinstance(level, str) else level
