@@ -5,6 +5,7 @@ stopped with the app."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aitbc import __version__
 from aitbc.coordinator.api.deps import signed, signed_stream
@@ -37,6 +39,35 @@ def _error(status: int, code: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": code, "detail": detail}, status_code=status)
 
 
+class InternalErrors:
+    """A bug, not a user error: answered 500 with the one JSON shape and nothing of the
+    internals (an exception's text can hold paths, SQL or secrets); the traceback goes to
+    the log, once. (Starlette's own handler for ``Exception`` re-raises after answering,
+    so the server would log every traceback a second time.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            log.exception("internal error on %s %s", scope["method"], scope["path"])
+            if started:  # too late for a reply: the server drops the connection
+                raise
+            await _error(500, "internal_error", INTERNAL_DETAIL)(scope, receive, send)
+
+
 def _validation_detail(exc: RequestValidationError) -> tuple[str, str]:
     errs = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errs):
@@ -54,7 +85,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     driver = RoundDriver(ctx)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if run_driver:
             driver.start()
         try:
@@ -91,13 +122,6 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
         return _error(e.status_code, code, str(e.detail))
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception) -> JSONResponse:
-        # A bug, not a user error: one JSON shape, and nothing of the internals (an
-        # exception's text can hold paths, SQL or secrets); the traceback goes to the log.
-        log.error("internal error on %s %s", request.method, request.url.path, exc_info=e)
-        return _error(500, "internal_error", INTERNAL_DETAIL)
-
     @app.exception_handler(AitbcError)
     async def _aitbc(_: Request, e: AitbcError) -> JSONResponse:
         return _error(422, "invalid", str(e))
@@ -106,6 +130,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     async def _unit(_: Request, e: UnitError) -> JSONResponse:
         return _error(422, e.code, e.detail)
 
+    app.add_middleware(InternalErrors)
     routers = (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router)
     for r in routers:
         app.include_router(r, prefix=PREFIX)
@@ -140,7 +165,7 @@ def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
             implied.append(401)
         if route.body_field is not None:
             implied += [400, 422]
-        for method in route.methods:
+        for method in route.methods or ():
             op = doc["paths"][PREFIX + route.path_format].get(method.lower())
             if op is None:
                 continue
