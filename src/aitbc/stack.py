@@ -8,9 +8,10 @@
 
 :func:`up` starts the processes in their own sessions (they outlive the command that
 started them) and returns once the coordinator answers and every worker's offer is live.
-:func:`down` stops exactly the processes ``up`` recorded: a pid is signalled only while it
-still names the process we started (same start time and command line), never one that
-reused the pid. No typer here; ``cli/stack.py`` is the command line over these functions.
+:func:`down` stops exactly the processes ``up`` recorded, and their descendants: a pid is
+signalled only while it still names the process we started (same start time and command
+line, read through psutil), never one that reused the pid. No typer here; ``cli/stack.py``
+is the command line over these functions.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from aitbc.client import CoordinatorClient, Unreachable
 from aitbc.errors import AitbcError, UsageError
+from aitbc.ledger.wallet import ensure_wallet
 
 # What the workers advertise, cycled: varied classes and prices so the marketplace has
 # something to rank.
@@ -47,6 +51,9 @@ AVAILABILITIES: tuple[float, ...] = (0.99, 0.97, 0.95)
 STACK_MAX_BOND = "10"  # AIT a local worker lets a contract lock (its wallet must hold it: aitbc wallet fund)
 MAX_WORKERS = 64
 COORDINATOR_FORCE_AFTER = 1.5  # s: then a second signal ends the coordinator's wait for long polls
+# s: how far a pid's start time (psutil's, on the wall clock) may be from the recorded one and
+# still name our process. A reused pid also needs our exact command line (it names HOME).
+START_TIME_SLACK = 1.0
 
 
 class StackError(AitbcError):
@@ -98,7 +105,7 @@ class Proc:
     pid: int
     log: str
     cmd: list[str]
-    start_time: str  # the OS's start time of ``pid``: tells our process from a reused pid
+    start_time: float  # psutil's create_time() of ``pid``: tells our process from a reused pid
     address: str | None = None  # a worker's wallet address (its id in the marketplace)
     gpu: str | None = None
     price: str | None = None
@@ -111,7 +118,7 @@ class Stack:
     coordinator: str
     processes: list[Proc]
     started_at: float
-    _popen: dict[int, subprocess.Popen] = field(default_factory=dict, repr=False, compare=False)
+    _popen: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -145,7 +152,7 @@ def load(home: Path) -> Stack | None:
             home=home,
             coordinator=raw["coordinator"],
             started_at=float(raw["started_at"]),
-            processes=[Proc(**p) for p in raw["processes"]],
+            processes=[Proc(**{**p, "start_time": float(p["start_time"])}) for p in raw["processes"]],
         )
     except FileNotFoundError:
         return None
@@ -173,47 +180,23 @@ def _forget(stack: Stack) -> None:
 # --- processes -------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """(state, start time) of ``pid``, or None if there is no such process."""
-    if sys.platform.startswith("linux"):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+def _process(p: Proc) -> psutil.Process | None:
+    """The live process ``up`` started as ``p``, or None: gone, a zombie, or its pid now
+    names another process (another start time or command line)."""
+    try:
+        proc = psutil.Process(p.pid)
+        if abs(proc.create_time() - p.start_time) > START_TIME_SLACK:
             return None
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
-        return fields[0], fields[19]  # state, starttime (clock ticks since boot)
-    r = subprocess.run(["ps", "-o", "stat=,lstart=", "-p", str(pid)], capture_output=True, text=True)
-    line = r.stdout.strip()
-    if r.returncode != 0 or not line:
+        if proc.status() == psutil.STATUS_ZOMBIE or proc.cmdline() != p.cmd:
+            return None
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):  # gone, not ours to read, or no pid
         return None
-    state, _, started = line.partition(" ")
-    return state[:1], started.strip()
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    if sys.platform.startswith("linux"):
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return raw.decode(errors="replace").split("\0")[:-1]
-    return None  # elsewhere the start time alone identifies the process
-
-
-def _reap(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is our child (``demo`` starts the stack itself)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+    return proc
 
 
 def is_ours(p: Proc) -> bool:
     """``p.pid`` is alive and still the process ``up`` started (not a reused pid)."""
-    _reap(p.pid)
-    st = _proc_stat(p.pid)
-    if st is None or st[0] in ("Z", "X") or st[1] != p.start_time:
-        return False
-    cmd = _cmdline(p.pid)
-    return cmd is None or cmd == p.cmd
+    return _process(p) is not None
 
 
 def alive(stack: Stack) -> list[Proc]:
@@ -264,8 +247,11 @@ def _spawn(stack: Stack, *, name: str, role: str, args: list[str], env: dict[str
             cwd=stack.home,
             start_new_session=True,
         )
-    st = _proc_stat(popen.pid)
-    p = Proc(name=name, role=role, pid=popen.pid, log=str(log), cmd=cmd, start_time=st[1] if st else "", **extra)
+    try:
+        start_time = psutil.Process(popen.pid).create_time()
+    except psutil.NoSuchProcess:  # already gone (and reaped): never ours again
+        start_time = 0.0
+    p = Proc(name=name, role=role, pid=popen.pid, log=str(log), cmd=cmd, start_time=start_time, **extra)
     stack._popen[p.pid] = popen
     stack.processes.append(p)
     return p
@@ -279,8 +265,6 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     ``on_start(url)`` is called once the checks pass, just before the processes start.
     On any failure what was started is stopped again and :class:`StackError` says which
     log to read."""
-    from aitbc.ledger.wallet import ensure_wallet
-
     home = cfg.home
     previous = load(home)
     if previous is not None:
@@ -421,43 +405,31 @@ def _last_line(log: str) -> str:
 
 
 def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
-    """Stop the stack's processes: SIGTERM, up to ``grace`` seconds, then SIGKILL. Returns
-    what happened to each (``stopped``, ``killed``, ``not running``) and forgets the stack."""
+    """Stop the stack's processes and their descendants: SIGTERM, up to ``grace`` seconds,
+    then SIGKILL. Returns what happened to each (``stopped``, ``killed``, ``not running``)
+    and forgets the stack."""
     outcome: dict[str, str] = {}
-    pending: list[Proc] = []
+    ours: dict[str, psutil.Process] = {}
     for p in stack.processes:
-        if is_ours(p):
-            _signal(p, signal.SIGTERM)
-            pending.append(p)
-        else:
+        proc = _process(p)
+        if proc is None:
             outcome[p.name] = "not running"
+        else:
+            ours[p.name] = proc
     t0 = time.monotonic()
-    forced = False
-    while pending:
-        time.sleep(0.05)
-        still = []
-        for p in pending:
-            if is_ours(p):
-                still.append(p)
-            else:
-                outcome[p.name] = "stopped"
-        pending = still
-        waited = time.monotonic() - t0
-        coord = [p for p in pending if p.role == "coordinator"]
-        if coord and not forced and waited > COORDINATOR_FORCE_AFTER:
-            # uvicorn waits for open requests; the workers' long polls hold one for up to 10 s.
-            # A second signal (its "CTRL+C to force quit") ends that wait.
-            _signal(coord[0], signal.SIGINT)
-            forced = True
-        if waited > grace:
-            for p in pending:
-                _signal(p, signal.SIGKILL)
-                outcome[p.name] = "killed"
-            deadline = time.monotonic() + 5.0
-            while any(is_ours(p) for p in pending) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            break
-    for popen in stack._popen.values():
+    procs = _send(_with_descendants(ours.values()), signal.SIGTERM)
+    _, procs = psutil.wait_procs(procs, timeout=min(COORDINATOR_FORCE_AFTER, grace))
+    coordinator = [proc for p in stack.processes if p.role == "coordinator" and (proc := ours.get(p.name)) in procs]
+    if coordinator:
+        # uvicorn waits for open requests; the workers' long polls hold one for up to 10 s.
+        # A second signal (its "CTRL+C to force quit") ends that wait.
+        _send(coordinator, signal.SIGINT)
+    _, procs = psutil.wait_procs(procs, timeout=max(0.0, grace - (time.monotonic() - t0)))
+    if procs:
+        procs = _send(_with_descendants(procs), signal.SIGKILL)  # and whatever they started meanwhile
+        outcome.update((name, "killed") for name, proc in ours.items() if proc in procs)
+        psutil.wait_procs(procs, timeout=5.0)
+    for popen in stack._popen.values():  # collect the exit status of our own children
         if popen.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=1.0)
@@ -465,17 +437,22 @@ def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
     return {p.name: outcome.get(p.name, "stopped") for p in stack.processes}
 
 
-def _signal(p: Proc, sig: signal.Signals) -> None:
-    """Signal ``p``'s process group (it leads its own session), or ``p`` alone if not."""
-    if not is_ours(p):
-        return
-    try:
-        if os.getpgid(p.pid) == p.pid:
-            os.killpg(p.pid, sig)
-        else:
-            os.kill(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """``procs`` and every live descendant of theirs, each once."""
+    out: list[psutil.Process] = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            out.extend(c for c in [proc, *proc.children(recursive=True)] if c not in out)
+    return out
+
+
+def _send(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
+    """Signal each of ``procs``; returns them. psutil refuses to signal a pid that was
+    reused since the Process object was made (NoSuchProcess), and one already gone."""
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(sig)
+    return procs
 
 
 def down(home: Path, *, grace: float = 10.0) -> tuple[Stack, dict[str, str]] | None:

@@ -8,8 +8,10 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from aitbc import stack as stk
@@ -124,6 +126,85 @@ def test_down_never_signals_a_process_that_reused_a_pid(aitbc):
     finally:
         other.kill()
         other.wait()
+
+
+def _record(tmp_path: Path, popen: subprocess.Popen, **kw) -> stk.Stack:
+    """A stack record naming ``popen`` as its one worker, as ``up`` would write it."""
+    proc = stk.Proc(
+        name="worker-1",
+        role="worker",
+        pid=popen.pid,
+        log=str(tmp_path / "c.log"),
+        cmd=kw.pop("cmd", list(popen.args)),
+        start_time=kw.pop("start_time", psutil.Process(popen.pid).create_time()),
+    )
+    return stk.Stack(home=tmp_path, coordinator="http://127.0.0.1:9", processes=[proc], started_at=0.0)
+
+
+def test_a_pid_with_our_start_time_but_another_command_is_not_signalled(tmp_path):
+    # Same pid and start time (as if the pid were reused within the slack), another command line.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stack = _record(tmp_path, other, cmd=[sys.executable, "-m", "aitbc", "coordinator", "serve"])
+
+        assert not stk.is_ours(stack.processes[0])
+        assert stk.stop(stack, grace=1.0) == {"worker-1": "not running"}
+        assert other.poll() is None  # still running
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_stop_ends_a_process_and_its_descendants(tmp_path):
+    # The child leaves the process group (its own session), so only the process tree finds it.
+    child_pid = tmp_path / "child.pid"
+    code = (
+        "import pathlib, subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+        f"pathlib.Path({str(child_pid)!r}).write_text(str(c.pid)); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while not child_pid.exists() or not child_pid.read_text():
+            assert time.monotonic() < deadline, "the child did not start"
+            time.sleep(0.05)
+        child = psutil.Process(int(child_pid.read_text()))
+        stack = _record(tmp_path, parent)
+        stack._popen[parent.pid] = parent
+
+        ours = psutil.Process(parent.pid)
+
+        assert stk.stop(stack, grace=5.0) == {"worker-1": "stopped"}
+        assert not ours.is_running()  # psutil tells a reused pid from this process
+        child.wait(timeout=5)  # gone too
+        assert not child.is_running()
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+        parent.wait()
+
+
+def test_stop_kills_what_ignores_sigterm_after_the_grace(tmp_path):
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    )
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline()  # the handler is set
+        stack = _record(tmp_path, stubborn)
+        stack._popen[stubborn.pid] = stubborn
+        ours = psutil.Process(stubborn.pid)
+
+        t0 = time.monotonic()
+        assert stk.stop(stack, grace=0.5) == {"worker-1": "killed"}
+        assert time.monotonic() - t0 < 5
+        assert not ours.is_running()
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+        assert stubborn.stdout is not None
+        stubborn.stdout.close()
 
 
 def test_up_on_a_busy_port_is_one_error_line(aitbc):
