@@ -11,8 +11,9 @@ STAMP  := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 
 BENCH_STAMP := $(VENV)/.bench-installed
+LINT_STAMP  := $(VENV)/.lint-installed
 
-.PHONY: run test install bench clean
+.PHONY: run test lint install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +29,18 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
+
+$(LINT_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[lint]"
+	touch $(LINT_STAMP)
+
+# The gate CI runs before the tests: ruff's checks and formatting on the whole tree, and
+# mypy on src at the settings in pyproject.toml ([tool.mypy]); each must find nothing.
+LINT_PATHS := src tests bench examples
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[test,bench]"
