@@ -10,20 +10,16 @@ import pytest
 from aitbc.coordinator import states
 from aitbc.coordinator.errors import ApiError
 from aitbc.coordinator.models import Run
-from aitbc.coordinator.states import (
-    AGGREGATING,
-    COMPLETE,
-    DISTRIBUTING,
-    ENDED,
-    FAILED,
-    INITIALIZING,
-    PAUSED,
-    STATES,
-    TRAINING,
-    check_transition,
-    require_status,
-    transition,
+from aitbc.coordinator.states import ENDED, RunStatus, check_transition, require_status, transition
+
+INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING = (
+    RunStatus.INITIALIZING,
+    RunStatus.DISTRIBUTING,
+    RunStatus.TRAINING,
+    RunStatus.AGGREGATING,
 )
+COMPLETE, FAILED, PAUSED = RunStatus.COMPLETE, RunStatus.FAILED, RunStatus.PAUSED
+STATES = tuple(RunStatus)
 
 # Written from the design (DESIGN.md and the module docstring), not copied from the table:
 #   initializing -> distributing -> training <-> aggregating -> complete

@@ -1,24 +1,12 @@
-"""The owner's hands on a run.
+"""The owner's hands on a run (the SDK's documented phase-driven and fault-tolerance
+workflows).
 
-Manual control (a run created with ``control="manual"``): the round driver leaves the run
-alone and the owner's agent moves it, the documented phase-driven coordinator:
-
-* ``POST /runs/{id}/phase`` with ``distributing`` (and the training config), ``training``
-  (write the initial model and open round 1, or open the next round), ``aggregating``
-  (close the open round to updates) and ``complete``;
-* ``POST /runs/{id}/jobs``: a hired worker trains a named shard (optionally with its own
-  local_steps, batch_size, lr);
-* ``POST /runs/{id}/aggregate``: aggregate the closed round's updates the owner chose,
-  with the owner's weights, with the run's aggregation rule and outer optimizer; the
-  result is recorded as the round's checkpoint (updates left out are marked excluded);
-* ``POST /runs/{id}/result``: the checkpoint the owner keeps as the run's model.
-
-Job controls for any run the signer owns (the fault-tolerance loop): end a job (``failed``:
-mark the worker failed; ``released``), reassign its shard to another worker, split its
-shard in two and give the second half to another worker, change its local steps, and ask
-for its update of the open round again.
-
-Every function checks before it writes and commits once (or raises, leaving nothing).
+Manual control (a run created with ``control: "manual"``): the owner's agent moves the
+phases (:func:`set_phase`), sends jobs on named shards (:func:`create_job`), aggregates
+the closed round's chosen updates with chosen weights (:func:`aggregate`, through the
+same :func:`.rounds.aggregate_round` and :func:`.rounds.commit_round` the driver uses) and
+keeps a result. Job controls work on any run the signer owns: end a job, reassign or split
+its shard, change its config, ask for a resend.
 """
 
 from __future__ import annotations
@@ -30,19 +18,36 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import states
+from aitbc.coordinator import workforce
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.errors import conflict, forbidden, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.runs import configure, get_run, hire_offer, lock_run, results
+from aitbc.coordinator.repository import get_run, owned_job, shard_index
+from aitbc.coordinator.rounds import aggregate_round, commit_round, start_training
+from aitbc.coordinator.runs import configure
+from aitbc.coordinator.runtime import drop_runtime, runtime
 from aitbc.coordinator.schemas import Aggregate, JobConfig, JobCreate, JobEnd, JobMove, PhaseSet, ResultSave
+from aitbc.coordinator.states import (
+    ENDED,
+    ContractStatus,
+    Control,
+    JobStatus,
+    OfferStatus,
+    RunStatus,
+    UpdateStatus,
+    check_transition,
+    require_status,
+    transition,
+)
+from aitbc.coordinator.views import results
+from aitbc.coordinator.workforce import assign_worker, end_run, hire_offer, new_job, require_free
 from aitbc.ledger.book import RequestAuth
-
-RUNNING = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
+from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.checkpoint import load_shard, shard_bytes
 
 
 def require_manual(run: Run, action: str) -> None:
-    if run.control != "manual":
+    if run.control != Control.MANUAL:
         raise conflict(
             "automatic_control",
             f"cannot {action}: run {run.id} is under automatic control (the coordinator "
@@ -50,18 +55,13 @@ def require_manual(run: Run, action: str) -> None:
         )
 
 
-# --- phases ------------------------------------------------------------------------------
-
-
 def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: RequestAuth) -> Run:
-    from aitbc.coordinator.rounds import drop_runtime, end_run, start_training
-
     require_manual(run, "set the phase")
-    to = body.phase
-    if body.config is not None and to != states.DISTRIBUTING:
+    to = RunStatus(body.phase)
+    if body.config is not None and to != RunStatus.DISTRIBUTING:
         raise unprocessable("bad_config", f"config goes with phase distributing only, not {to}")
     now = time.time()
-    if to == states.DISTRIBUTING:
+    if to == RunStatus.DISTRIBUTING:
         if body.config is None:
             raise unprocessable(
                 "no_config",
@@ -69,44 +69,44 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
                 '{"phase": "distributing", "config": {"rounds": 5, "local_steps": 20}}',
             )
         configure(ctx, s, run, body.config, request, cost_field="config.max_cost")
-        states.transition(run, states.DISTRIBUTING, now=now)
-    elif to == states.TRAINING and run.status == states.DISTRIBUTING:
+        transition(run, RunStatus.DISTRIBUTING, now=now)
+    elif to == RunStatus.TRAINING and run.status == RunStatus.DISTRIBUTING:
         _require_jobs(s, run)
         s.commit()
         start_training(ctx, run.id)  # the initial model (round 0), then round 1 opens
         s.refresh(run)
         return run
-    elif to == states.TRAINING and run.status == states.AGGREGATING:
+    elif to == RunStatus.TRAINING and run.status == RunStatus.AGGREGATING:
         _require_aggregated(s, run)
-        if run.round >= run.config["rounds"]:
+        if run.round >= run.cfg.rounds:
             raise conflict(
-                "rounds_done", f"all {run.config['rounds']} rounds of run {run.id} are aggregated; set phase complete"
+                "rounds_done", f"all {run.cfg.rounds} rounds of run {run.id} are aggregated; set phase complete"
             )
         _require_jobs(s, run)
         run.round, run.round_started_at = run.round + 1, now
-        states.transition(run, states.TRAINING, now=now)
-    elif to == states.AGGREGATING:
-        states.require_status(run, states.TRAINING, action="close the round")
-        states.transition(run, states.AGGREGATING, now=now)
-    elif to == states.COMPLETE:
-        states.require_status(run, states.AGGREGATING, action="complete the run")
+        transition(run, RunStatus.TRAINING, now=now)
+    elif to == RunStatus.AGGREGATING:
+        require_status(run, RunStatus.TRAINING, action="close the round")
+        transition(run, RunStatus.AGGREGATING, now=now)
+    elif to == RunStatus.COMPLETE:
+        require_status(run, RunStatus.AGGREGATING, action="complete the run")
         _require_aggregated(s, run)
-        end_run(s, run, states.COMPLETE, reason=None, now=now)
+        end_run(s, run, RunStatus.COMPLETE, reason=None, now=now)
     else:
-        states.check_transition(run, to)  # the machine does not allow it from here: raises
+        check_transition(run, to)  # the machine does not allow it from here: raises
         raise conflict(
             "bad_state",
             f"run {run.id} is {run.status}; resume it (POST /v1/runs/{run.id}/resume) rather than setting its phase",
         )
     s.commit()
-    if run.status in states.ENDED:
+    if run.status in ENDED:
         drop_runtime(ctx, run.id)
     ctx.notifier.bump()
     return run
 
 
 def _require_jobs(s: Session, run: Run) -> None:
-    if not s.scalar(select(Job.id).where(Job.run_id == run.id, Job.status == "active").limit(1)):
+    if not s.scalar(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).limit(1)):
         raise conflict("no_jobs", f"run {run.id} has no active jobs; send some first (POST /v1/runs/{run.id}/jobs)")
 
 
@@ -119,14 +119,9 @@ def _require_aggregated(s: Session, run: Run) -> None:
         )
 
 
-# --- jobs of a manual run --------------------------------------------------------------------
-
-
 def create_job(ctx: Context, s: Session, run: Run, body: JobCreate) -> Job:
-    from aitbc.coordinator.rounds import new_job
-
     require_manual(run, "send jobs")
-    states.require_status(run, states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, action="send a job")
+    require_status(run, RunStatus.DISTRIBUTING, RunStatus.TRAINING, RunStatus.AGGREGATING, action="send a job")
     shard = shard_index(run, body.shard_id)
     c = s.scalar(select(Contract).where(Contract.run_id == run.id, Contract.worker_id == body.worker_id))
     if c is None:
@@ -135,56 +130,13 @@ def create_job(ctx: Context, s: Session, run: Run, body: JobCreate) -> Job:
             f"worker {body.worker_id} has no contract with run {run.id}; hire it first "
             f"(POST /v1/runs/{run.id}/contracts)",
         )
-    _require_free(s, body.worker_id)
-    if c.status != "hired":
+    require_free(s, body.worker_id)
+    if c.status != ContractStatus.HIRED:
         raise conflict("contract_ended", f"worker {body.worker_id}'s contract with run {run.id} is {c.status}")
     job = new_job(s, run, c, shard, now=time.time(), config=body.config.model_dump(exclude_none=True))
     s.commit()
     ctx.notifier.bump()
     return job
-
-
-def shard_index(run: Run, shard_id: str) -> int:
-    if run.manifest is None:
-        raise conflict("no_data", f"run {run.id} has no data yet; upload and attach it first")
-    for i, e in enumerate(run.manifest["shards"]):
-        if e["cid"] == shard_id:
-            if "split_into" in e:
-                raise conflict(
-                    "shard_split",
-                    f"shard {shard_id} of run {run.id} was split into shards "
-                    f"{', '.join(run.manifest['shards'][k]['cid'] for k in e['split_into'])}",
-                )
-            return i
-    raise unprocessable(
-        "unknown_shard",
-        f"{shard_id!r} is not a shard of run {run.id} "
-        f"({len(run.manifest['shards'])} shards; GET /v1/runs/{run.id}/shards lists them)",
-    )
-
-
-def _require_free(s: Session, worker_id: str) -> None:
-    busy = s.scalar(select(Job.id).where(Job.worker_id == worker_id, Job.status == "active").limit(1))
-    if busy:
-        raise conflict("worker_busy", f"worker {worker_id} already has active job {busy}")
-
-
-def shards_view(s: Session, run: Run) -> list[dict[str, Any]]:
-    """The run's shards with the active jobs on each (split shards point to their halves)."""
-    if run.manifest is None:
-        return []
-    jobs = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == "active")).all()
-    return [
-        {
-            "shard_index": i,
-            "shard_id": e["cid"],
-            "samples": e["samples"],
-            "split_from": e.get("split_from"),
-            "split_into": e.get("split_into"),
-            "jobs": [j.id for j in jobs if j.shard_index == i],
-        }
-        for i, e in enumerate(run.manifest["shards"])
-    ]
 
 
 # --- aggregation and the result ----------------------------------------------------------------
@@ -194,13 +146,11 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     """The closed round's chosen updates, aggregated and recorded as the round's model
     (none chosen: the round is recorded as skipped, the model unchanged, e.g. when no
     update was accepted). The torch work runs without the run's write lock."""
-    from aitbc.coordinator.rounds import _aggregate_round, _commit_round, runtime
-
     run = get_run(s, run_id)
     if run.owner != signer:
         raise forbidden(f"run {run_id} belongs to {run.owner}; {signer} may not control it")
     require_manual(run, "aggregate on demand")
-    states.require_status(run, states.AGGREGATING, action="aggregate (set phase aggregating first)")
+    require_status(run, RunStatus.AGGREGATING, action="aggregate (set phase aggregating first)")
     r = run.round
     if s.get(RoundRecord, (run.id, r)) is not None:
         raise conflict(
@@ -213,7 +163,7 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
         .where(Update.run_id == run.id, Update.round == r)
         .order_by(Job.shard_index, Update.id)
     ).all()
-    by_cid = {u.cid: (u, shard) for u, shard in ups if u.status == "accepted"}
+    by_cid = {u.cid: (u, shard) for u, shard in ups if u.status == UpdateStatus.ACCEPTED}
     if len(set(body.updates)) != len(body.updates):
         raise unprocessable("bad_updates", "an update is listed twice")
     unknown = [c for c in body.updates if c not in by_cid]
@@ -234,11 +184,11 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     rt = runtime(ctx, run)
     with rt.lock:
         rt.load(ctx, run)
-        res = _aggregate_round(ctx, run, rt, chosen, r, evaluate_now=True, weights=weights)
+        res = aggregate_round(ctx, run, rt, chosen, r, evaluate_now=True, weights=weights)
     for u, _ in ups:
-        if u.status == "accepted" and u.cid not in body.updates:
-            u.status, u.reason = "excluded", f"left out of round {r}'s aggregation by the owner"
-    if not _commit_round(ctx, s, run, rt, res, ups, chosen, round=r, advance=False):
+        if u.status == UpdateStatus.ACCEPTED and u.cid not in body.updates:
+            u.status, u.reason = UpdateStatus.EXCLUDED, f"left out of round {r}'s aggregation by the owner"
+    if not commit_round(ctx, s, run, rt, res, ups, chosen, round=r, advance=False):
         raise conflict(
             "run_changed",
             f"run {run.id} changed while round {r} was aggregated (stopped, or aggregated by "
@@ -249,12 +199,12 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     return {
         "training_id": run.id,
         "round": r,
-        "model_id": res["cid"],
-        "model_cid": res["cid"],
-        "loss": res["val_loss"],
-        "accuracy": res["val_accuracy"],
+        "model_id": res.cid,
+        "model_cid": res.cid,
+        "loss": res.val_loss,
+        "accuracy": res.val_accuracy,
         "updates": len(chosen),
-        "skipped": res["skipped"],
+        "skipped": res.skipped,
         "weights": weights if weights is not None else [float(u.samples) for u, _ in chosen],
     }
 
@@ -280,36 +230,19 @@ def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[st
 # --- job controls (any run the signer owns) --------------------------------------------------------
 
 
-def owned_job(s: Session, job_id: str, signer: str, *, action: str, active: bool = True) -> tuple[Job, Run]:
-    """The job and its run (locked), if ``signer`` owns the run (and the job is active)."""
-    job = s.get(Job, job_id)
-    if job is None:
-        raise not_found("unknown_job", f"no job {job_id!r}")
-    run = s.get(Run, job.run_id)
-    if run.owner != signer:
-        raise forbidden(f"job {job_id} is in run {run.id}, which belongs to {run.owner}; {signer} may not {action}")
-    lock_run(s, run)
-    s.refresh(job)
-    states.require_status(run, *RUNNING, action=action)
-    if active and job.status != "active":
-        raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
-    return job, run
-
-
 def end_job(ctx: Context, s: Session, job_id: str, signer: str, body: JobEnd) -> Job:
     """``failed``: the worker is marked failed (flagged; its offer leaves the market until
     it heartbeats again); ``released``: the worker is let go. An automatic run gives the
     shard to someone else at its next tick; a manual run's owner reassigns it."""
-    from aitbc.coordinator.rounds import end_job as end
-
     job, run = owned_job(s, job_id, signer, action="end the job")
     now = time.time()
-    reason = body.reason or ("marked failed by the owner" if body.status == "failed" else "released by the owner")
-    end(s, job, body.status, reason, now=now)
-    if body.status == "failed":
+    status = JobStatus(body.status)
+    reason = body.reason or ("marked failed by the owner" if status == JobStatus.FAILED else "released by the owner")
+    workforce.end_job(s, job, status, reason, now=now)
+    if status == JobStatus.FAILED:
         offer = s.get(Offer, job.worker_id)
         if offer is not None:
-            offer.status, offer.failed_at = "failed", now
+            offer.status, offer.failed_at = OfferStatus.FAILED, now
             offer.flags += 1
         s.add(
             Flag(
@@ -331,20 +264,18 @@ def reassign(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) 
     """The job's shard to another worker (``worker_id``, or the best free one: a spare of
     the run, else the best-ranked free live offer, hired at its asking price). The job may
     already have ended (a failed worker's shard is moved once); an active one is released."""
-    from aitbc.coordinator.rounds import end_job as end
-
     job, run = owned_job(s, job_id, signer, action="reassign the job", active=False)
-    taken = s.scalar(select(Job.id).where(Job.replaces == job.id, Job.status == "active"))
+    taken = s.scalar(select(Job.id).where(Job.replaces == job.id, Job.status == JobStatus.ACTIVE))
     if taken:
         raise conflict("already_replaced", f"job {job_id}'s shard is already with job {taken}")
-    if "split_into" in run.manifest["shards"][job.shard_index]:
+    if "split_into" in run.data_manifest["shards"][job.shard_index]:
         raise conflict("shard_split", f"job {job_id}'s shard was split since; send jobs for its halves instead")
     if body.worker_id == job.worker_id:
         raise conflict("same_worker", f"job {job_id} is already worker {job.worker_id}'s")
     now = time.time()
     new = _take_on(ctx, s, run, job.shard_index, body.worker_id, now=now, replaces=job.id, config=job.config)
-    if job.status == "active":
-        end(s, job, "released", f"reassigned to {new.worker_id} by the owner", now=now)
+    if job.status == JobStatus.ACTIVE:
+        workforce.end_job(s, job, JobStatus.RELEASED, f"reassigned to {new.worker_id} by the owner", now=now)
     s.commit()
     ctx.notifier.bump()
     return new
@@ -355,11 +286,9 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     in two new shard blobs (added to the run's copy of the manifest; the original entry
     records ``split_into``); the job keeps the first half from its next round, the new
     job (``worker_id`` or the best free worker) trains the second."""
-    from aitbc.storage.cid import cid_of_bytes
-    from aitbc.training.checkpoint import load_shard, shard_bytes
 
     job, run = owned_job(s, job_id, signer, action="split the job's shard")
-    shards = [dict(e) for e in run.manifest["shards"]]
+    shards = [dict(e) for e in run.data_manifest["shards"]]
     entry = shards[job.shard_index]
     if int(entry["samples"]) < 2:
         raise conflict("shard_too_small", f"job {job_id}'s shard has {entry['samples']} sample(s); it cannot be split")
@@ -373,7 +302,7 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
         shard_bytes(
             x[lo:hi].clone(),
             y[lo:hi].clone(),
-            dataset=str(run.manifest.get("dataset", "")),
+            dataset=str(run.data_manifest.get("dataset", "")),
             index=k,
             count=len(shards) + 2,
         )
@@ -382,7 +311,7 @@ def split(ctx: Context, s: Session, job_id: str, signer: str, body: JobMove) -> 
     for blob, samples in zip(blobs, (half, n - half)):
         shards.append({"cid": cid_of_bytes(blob), "samples": samples, "split_from": job.shard_index})
     entry["split_into"] = [first, second]
-    run.manifest = {**run.manifest, "shards": shards}
+    run.manifest = {**run.data_manifest, "shards": shards}
     new = _take_on(ctx, s, run, second, body.worker_id, now=now, replaces=None, config=job.config)
     for blob in blobs:  # stored only once a worker is found for the second half
         ctx.store.put_bytes(blob)
@@ -403,19 +332,17 @@ def _take_on(
     replaces: str | None,
     config: dict[str, Any],
 ) -> Job:
-    from aitbc.coordinator.rounds import assign_worker, new_job
-
     if worker_id is None:
         job = assign_worker(ctx, s, run, shard, now=now, replaces=replaces)
         if job is None:
             raise conflict("no_free_worker", f"no spare of run {run.id} and no free live offer to take the shard")
         job.config = dict(config or {})
         return job
-    _require_free(s, worker_id)
+    require_free(s, worker_id)
     c = s.scalar(select(Contract).where(Contract.run_id == run.id, Contract.worker_id == worker_id))
     if c is None:
         c = hire_offer(ctx, s, run, worker_id, None)  # at its asking price
-    elif c.status != "hired":
+    elif c.status != ContractStatus.HIRED:
         raise conflict("contract_ended", f"worker {worker_id}'s contract with run {run.id} is {c.status}")
     return new_job(s, run, c, shard, now=now, replaces=replaces, config=config)
 
@@ -436,7 +363,7 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
     """Drop the job's update for the open round (its blob failed a check, or the owner
     wants it again): the worker is asked to train and send that round again."""
     job, run = owned_job(s, job_id, signer, action="ask for a resend")
-    states.require_status(run, states.TRAINING, action="ask for a resend (the round must be open)")
+    require_status(run, RunStatus.TRAINING, action="ask for a resend (the round must be open)")
     upd = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
     if upd is None:
         raise conflict("nothing_to_resend", f"job {job_id} has not sent its update for round {run.round} yet")
@@ -463,29 +390,3 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
         "dropped": upd.cid,
         "status": "resend_requested",
     }
-
-
-def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
-    """The job's updates (its "checkpoints"), newest round first."""
-    job = s.get(Job, job_id)
-    if job is None:
-        raise not_found("unknown_job", f"no job {job_id!r}")
-    rows = s.scalars(select(Update).where(Update.job_id == job_id).order_by(Update.round.desc())).all()
-    return [
-        {
-            "checkpoint_id": u.cid,
-            "cid": u.cid,
-            "training_id": u.run_id,
-            "job_id": u.job_id,
-            "worker_id": u.worker_id,
-            "round": u.round,
-            "samples": u.samples,
-            "shard_index": u.shard_index,
-            "train_loss": u.train_loss,
-            "size": u.size,
-            "status": u.status,
-            "reason": u.reason,
-            "created_at": u.created_at,
-        }
-        for u in rows
-    ]

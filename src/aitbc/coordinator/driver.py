@@ -12,12 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from aitbc.coordinator import payments, rounds, states
+from aitbc.coordinator import rounds, scoring, settlement, workforce
 from aitbc.coordinator.context import Context
+from aitbc.coordinator.escrow import finalize
 from aitbc.coordinator.models import Job, Run
+from aitbc.coordinator.repository import row
+from aitbc.coordinator.runtime import drop_runtime
+from aitbc.coordinator.states import ACTIVE, ADVANCING, ENDED, Control, RunStatus
 from aitbc.coordinator.workers import flush_heartbeats
 
 log = logging.getLogger("aitbc.coordinator")
@@ -63,23 +70,19 @@ class RoundDriver:
             # Leases are judged only once this coordinator has been up a full lease: no
             # worker could heartbeat while it was down.
             if now - ctx.started_at >= ctx.settings.lease_seconds:
-                changed |= rounds.expire_leases(ctx, s, now=now)
-            automatic = Run.control == "automatic"  # a manual run's phases are its owner's to move
-            for run in s.scalars(select(Run).where(Run.status == states.TRAINING, automatic)).all():
-                changed |= rounds.fill_shards(ctx, s, run, now=now)
+                changed |= workforce.expire_leases(ctx, s, now=now)
+            automatic = Run.control == Control.AUTOMATIC  # a manual run's phases are its owner's to move
+            for run in s.scalars(select(Run).where(Run.status == RunStatus.TRAINING, automatic)).all():
+                changed |= workforce.fill_shards(ctx, s, run, now=now)
             changed |= self._fail_idle_manual_runs(s, now)
             if changed:
                 s.commit()
                 ctx.notifier.bump()
-            live = s.execute(
-                select(Run.id, Run.status).where(
-                    Run.status.in_((states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)), automatic
-                )
-            ).all()
+            live = s.execute(select(Run.id, Run.status).where(Run.status.in_(ADVANCING), automatic)).all()
             due = []
             for run_id, status in live:
-                if status == states.TRAINING:
-                    run = s.get(Run, run_id)
+                if status == RunStatus.TRAINING:
+                    run = row(s, Run, run_id)
                     if rounds.round_due(ctx, s, run, now=now):
                         due.append(run_id)
                 else:
@@ -88,34 +91,33 @@ class RoundDriver:
             self._advance(run_id)
         with ctx.session() as s:
             missing = rounds.pending_evaluations(s)
-            unsettled, ended = payments.pending(s)
+            unsettled, ended = settlement.pending(s)
         for run_id, r in missing[:1]:  # one per tick: new rounds come first
             rounds.evaluate_round(ctx, run_id, r)
         for run_id, r in unsettled:  # score and pay the oldest closed round of each run
-            self._money(run_id, lambda: (payments.score(ctx, run_id, r), payments.settle(ctx, run_id, r)))
+            self._money(run_id, partial(scoring.score, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
         for run_id in ended:  # then refund the rest and return bonds
-            self._money(run_id, lambda: payments.finalize(ctx, run_id))
-            rounds.drop_runtime(ctx, run_id)
+            self._money(run_id, partial(finalize, ctx, run_id))
+            drop_runtime(ctx, run_id)
 
-    def _fail_idle_manual_runs(self, s, now: float) -> bool:
+    def _fail_idle_manual_runs(self, s: Session, now: float) -> bool:
         """A manual run nobody moves (its agent crashed or gave up) would hold its
         providers and their bonds for ever: after ``manual_idle_seconds`` without an
         owner's call, an update or a progress report, it fails (bonds return; the owner
         can still refund the escrow)."""
         idle = self.ctx.settings.manual_idle_seconds
-        live = (states.INITIALIZING, states.DISTRIBUTING, states.TRAINING, states.AGGREGATING)
         runs = s.scalars(
-            select(Run).where(Run.control == "manual", Run.status.in_(live), Run.updated_at < now - idle)
+            select(Run).where(Run.control == Control.MANUAL, Run.status.in_(ACTIVE), Run.updated_at < now - idle)
         ).all()
         changed = False
         for run in runs:
             last_job = s.scalar(select(func.max(Job.updated_at)).where(Job.run_id == run.id)) or 0.0
             if now - max(run.updated_at, last_job) < idle:
                 continue
-            rounds.end_run(
+            workforce.end_run(
                 s,
                 run,
-                states.FAILED,
+                RunStatus.FAILED,
                 now=now,
                 reason=f"manual run idle for {idle:g} s: no phase move, job, update or progress (is its agent running?)",
             )
@@ -123,10 +125,12 @@ class RoundDriver:
             changed = True
         return changed
 
-    def _money(self, run_id: str, step) -> None:
+    def _money(self, run_id: str, *steps: Callable[[], None]) -> None:
+        """Run ``steps`` in order; a failure stops the rest until the next tick."""
         try:
-            step()
-        except Exception:
+            for step in steps:
+                step()
+        except Exception:  # money steps are idempotent: retried next tick, logged in full
             log.exception("run %s: scoring/settlement step failed; retrying next tick", run_id)
 
     def _advance(self, run_id: str) -> None:
@@ -137,7 +141,7 @@ class RoundDriver:
         try:
             with ctx.session() as s:
                 status = s.scalar(select(Run.status).where(Run.id == run_id))
-            if status == states.DISTRIBUTING:
+            if status == RunStatus.DISTRIBUTING:
                 rounds.start_training(ctx, run_id)
             else:
                 rounds.close_round(ctx, run_id)
@@ -145,15 +149,15 @@ class RoundDriver:
         except Exception as e:
             n = self._failures[run_id] = self._failures.get(run_id, 0) + 1
             log.exception("run %s: round step failed (attempt %d of %d)", run_id, n, MAX_FAILURES)
-            rounds.drop_runtime(ctx, run_id)  # rebuilt from the database next time
+            drop_runtime(ctx, run_id)  # rebuilt from the database next time
             if n >= MAX_FAILURES:
                 with ctx.session() as s:
                     run = s.get(Run, run_id)
-                    if run is not None and run.status not in states.ENDED:
-                        rounds.end_run(
+                    if run is not None and run.status not in ENDED:
+                        workforce.end_run(
                             s,
                             run,
-                            states.FAILED,
+                            RunStatus.FAILED,
                             reason=f"coordinator could not advance the run: {type(e).__name__}: {e}",
                         )
                         s.commit()

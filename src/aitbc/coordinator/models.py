@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from aitbc.coordinator.run_config import RunConfig
+
 
 class Base(DeclarativeBase):
     pass
@@ -47,7 +49,7 @@ class Run(Base):
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     data_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)  # measured at upload
     # distribute
-    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # TrainingConfig
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # RunConfig, as JSON; read run.cfg
     round: Mapped[int] = mapped_column(Integer, default=0)  # the open round (1-based); 0 before
     round_started_at: Mapped[float | None] = mapped_column(Float, default=None)
     global_cid: Mapped[str | None] = mapped_column(String(100), default=None)  # model of round - 1
@@ -70,6 +72,30 @@ class Run(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)
     finished_at: Mapped[float | None] = mapped_column(Float, default=None)
+
+    @property
+    def cfg(self) -> RunConfig:
+        """The training config, typed; validated once per stored value. A run not yet
+        distributed has none: asking for it is a bug (check ``run.configured``)."""
+        if self.config is None:
+            raise RuntimeError(f"run {self.id} has no training config yet")
+        cached = self.__dict__.get("_cfg")
+        if cached is None or cached[0] is not self.config:
+            cached = (self.config, RunConfig.model_validate(self.config))
+            self.__dict__["_cfg"] = cached
+        return cached[1]
+
+    @property
+    def configured(self) -> bool:
+        return self.config is not None
+
+    @property
+    def data_manifest(self) -> dict[str, Any]:
+        """The attached dataset manifest (``shards``, ``val``, ``spec``). A run without data
+        has no jobs, rounds or runtime: asking for it there is a bug (check ``manifest``)."""
+        if self.manifest is None:
+            raise RuntimeError(f"run {self.id} has no data attached")
+        return self.manifest
 
 
 class Offer(Base):

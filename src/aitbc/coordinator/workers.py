@@ -1,4 +1,7 @@
-"""Workers as the coordinator sees them: offers, heartbeats, jobs, progress and updates."""
+"""The provider's use-cases: register an offer, heartbeat, poll for a job, report
+progress, submit an update (decoded, shape- and finite-checked; a rejected one is recorded
+and flagged).
+"""
 
 from __future__ import annotations
 
@@ -10,21 +13,19 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import states
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
-from aitbc.coordinator.runs import lock_run
+from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.core.compression import decode as decode_update
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
 from aitbc.storage.cid import is_cid
-from aitbc.units import format_price, parse_price
-
-LIVE_RUN = (states.DISTRIBUTING, states.TRAINING, states.AGGREGATING, states.PAUSED)
+from aitbc.units import MICRO, parse_price
 
 
 def register(
@@ -41,14 +42,14 @@ def register(
     price = parse_price(body.price)
     max_bond = parse_price(body.max_bond, field="max_bond")
     try:
-        check_offer_fields(body.gpu, price / 1_000_000, body.availability)
+        check_offer_fields(body.gpu, price / MICRO, body.availability)
     except AitbcError as e:
         raise unprocessable("bad_offer", str(e)) from None
     now = time.time()
     offer = s.get(Offer, worker_id)
     if (
         offer is not None
-        and offer.status == "online"
+        and offer.status == OfferStatus.ONLINE
         and ctx.liveness.alive(worker_id, now, ctx.settings.lease_seconds)
     ):
         last = ctx.liveness.last_seen(worker_id) or now
@@ -61,7 +62,7 @@ def register(
         offer = Offer(id=worker_id, public_key=public_key, reputation=NEUTRAL_REPUTATION, flags=0, registered_at=now)
         s.add(offer)
     offer.gpu, offer.price, offer.availability = normalize_gpu(body.gpu), price, body.availability
-    offer.device, offer.status, offer.last_heartbeat = body.device, "online", now
+    offer.device, offer.status, offer.last_heartbeat = body.device, OfferStatus.ONLINE, now
     offer.max_bond = max_bond
     offer.registration = request.as_dict() if request is not None and max_bond > 0 else None
     s.commit()
@@ -70,44 +71,25 @@ def register(
     return offer
 
 
-def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
-    seen = ctx.liveness.last_seen(o.id) or o.last_heartbeat
-    return {
-        "worker_id": o.id,
-        "gpu_type": o.gpu,
-        "price": format_price(o.price),
-        "price_micro": o.price,
-        "reputation": o.reputation,
-        "availability": o.availability,
-        "status": o.status,
-        "live": now - seen <= ctx.settings.lease_seconds,
-        "last_heartbeat": seen,
-        "max_bond": format_price(o.max_bond or 0),
-        "last_heartbeat_age": round(now - seen, 3),
-        "device": o.device,
-        "flags": o.flags,
-    }
-
-
 def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
     """What the worker should do now: ``train`` (round open, no update from it yet),
     ``wait`` (aggregating, paused, or already answered), or no job at all."""
     row = s.execute(
         select(Job, Run)
         .join(Run, Run.id == Job.run_id)
-        .where(Job.worker_id == worker_id, Job.status == "active")
+        .where(Job.worker_id == worker_id, Job.status == JobStatus.ACTIVE)
         .order_by(Job.created_at.desc())
         .limit(1)
     ).first()
     if row is None:
         return {"job": None, "version": ctx.notifier.version}
     job, run = row
-    cfg = run.config or {}
+    cfg = run.cfg  # a job exists only once its run is configured
     action = "wait"
-    if run.status == states.TRAINING:
+    if run.status == RunStatus.TRAINING:
         done = s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == run.round))
         action = "wait" if done else "train"
-    deadline = cfg.get("deadline")
+    deadline = cfg.deadline
     return {
         "job": {
             "job_id": job.id,
@@ -115,7 +97,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "action": action,
             "run_status": run.status,
             "round": run.round,
-            "rounds": cfg.get("rounds"),
+            "rounds": cfg.rounds,
             "global_model_cid": run.global_cid,
             "shard_cid": job.shard_cid,
             "shard_index": job.shard_index,
@@ -123,11 +105,11 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "model_type": run.model_type,
             "model_options": run.model_options,
             "data_spec": (run.manifest or {}).get("spec"),
-            **{k: (job.config or {}).get(k) or cfg.get(k) for k in ("local_steps", "batch_size", "lr")},
-            "inner_opt": cfg.get("inner_opt"),
-            "compression": cfg.get("compression"),
-            "error_feedback": cfg.get("error_feedback"),
-            "d": cfg.get("d"),
+            **{k: (job.config or {}).get(k) or getattr(cfg, k) for k in ("local_steps", "batch_size", "lr")},
+            "inner_opt": cfg.inner_opt,
+            "compression": cfg.compression,
+            "error_feedback": cfg.error_feedback,
+            "d": cfg.d,
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
         },
         "version": ctx.notifier.version,
@@ -140,10 +122,10 @@ def _own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
         raise not_found("unknown_job", f"no job {job_id!r}")
     if job.worker_id != signer:
         raise forbidden(f"job {job_id} belongs to worker {job.worker_id}; {signer} may not report for it")
-    run = s.get(Run, job.run_id)
-    if run.status in states.ENDED:
+    run = row(s, Run, job.run_id)
+    if run.status in ENDED:
         raise conflict("run_ended", f"run {run.id} has ended ({run.status}); job {job_id} is released")
-    if job.status != "active":
+    if job.status != JobStatus.ACTIVE:
         raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
     return job, run
 
@@ -173,12 +155,12 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     if not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
-    reason = _check_update(blob, run.config["d"])  # the costly decode, outside the lock
+    reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
     if body.train_loss is not None and not math.isfinite(body.train_loss):
         reason = reason or f"reported training loss is {body.train_loss}"
     lock_run(s, run)
     s.refresh(job)
-    if job.status != "active":
+    if job.status != JobStatus.ACTIVE:
         s.rollback()
         raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
     _round_gate(s, job, run, body)
@@ -192,10 +174,10 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         cid=body.cid,
         size=len(blob),
         shard_index=trained,
-        samples=int(run.manifest["shards"][trained]["samples"]),
+        samples=int(run.data_manifest["shards"][trained]["samples"]),
         train_loss=body.train_loss if reason is None else None,
         compute_seconds=body.compute_seconds,
-        status="accepted" if reason is None else "rejected",
+        status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
     )
@@ -209,13 +191,13 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     ctx.notifier.poke_driver()
     if reason is not None:
         raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
-    return {"status": "accepted", "round": body.round, "cid": body.cid, "size": len(blob)}
+    return {"status": UpdateStatus.ACCEPTED.value, "round": body.round, "cid": body.cid, "size": len(blob)}
 
 
 def trained_shard(run: Run, job: Job, shard_cid: str | None) -> int:
     """The shard an update was trained on: the job's, or the one it held before a split
     or a move (a round that began before the change), if the worker names that one."""
-    shards = run.manifest["shards"]
+    shards = run.data_manifest["shards"]
     if shard_cid is not None and job.moved_from is not None and shards[job.moved_from]["cid"] == shard_cid:
         return job.moved_from
     return job.shard_index
@@ -231,13 +213,13 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
             s.commit()
         raise e
 
-    if run.status in states.ENDED:
+    if run.status in ENDED:
         refuse(conflict("run_ended", f"run {run.id} has ended ({run.status})"))
-    if run.status == states.AGGREGATING and body.round == run.round:
+    if run.status == RunStatus.AGGREGATING and body.round == run.round:
         refuse(
             conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)")
         )
-    if run.status != states.TRAINING:
+    if run.status != RunStatus.TRAINING:
         refuse(conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training"))
     if body.round < run.round:  # a straggler: the round closed before it arrived
         refuse(conflict("round_closed", f"round {body.round} of {run.id} has closed; the open round is {run.round}"))
@@ -287,45 +269,11 @@ def flush_heartbeats(ctx: Context, s: Session) -> bool:
         return False
     for o in s.scalars(select(Offer).where(Offer.id.in_(list(seen)))).all():
         o.last_heartbeat = seen[o.id]
-        if o.status != "online" and seen[o.id] > (o.failed_at or 0.0):
-            o.status = "online"
+        if o.status != OfferStatus.ONLINE and seen[o.id] > (o.failed_at or 0.0):
+            o.status = OfferStatus.ONLINE
     return True
-
-
-def market(ctx: Context, s: Session, *, live_only: bool) -> list[dict[str, Any]]:
-    now = time.time()
-    from aitbc.coordinator.runs import busy_workers
-
-    offers = s.scalars(select(Offer).order_by(Offer.id)).all()
-    busy = busy_workers(s)
-    views = [{**offer_view(ctx, o, now=now), "busy": o.id in busy} for o in offers]
-    return [v for v in views if v["live"] and v["status"] == "online"] if live_only else views
 
 
 def require_known(ctx: Context, worker_id: str) -> None:
     if not ctx.liveness.knows(worker_id):
         raise not_found("unknown_worker", f"worker {worker_id} is not registered; POST /v1/workers first")
-
-
-def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
-    from aitbc.coordinator.runs import job_view
-
-    job = s.get(Job, job_id)
-    if job is None:
-        raise not_found("unknown_job", f"no job {job_id!r}")
-    run = s.get(Run, job.run_id)
-    this_round = s.scalar(select(Update.status).where(Update.job_id == job.id, Update.round == run.round))
-    return {
-        **job_view(ctx, job, this_round, now=time.time()),
-        "training_id": job.run_id,
-        "round": run.round,
-        "run_status": run.status,
-    }
-
-
-def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:
-    from aitbc.coordinator.runs import job_view
-
-    now = time.time()
-    jobs = s.scalars(select(Job).where(Job.worker_id == worker_id).order_by(Job.created_at.desc())).all()
-    return [{**job_view(ctx, j, None, now=now), "training_id": j.run_id} for j in jobs]

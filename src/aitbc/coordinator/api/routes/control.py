@@ -5,85 +5,99 @@ See :mod:`aitbc.coordinator.control`."""
 from __future__ import annotations
 
 from fastapi import APIRouter
+from sqlalchemy.orm import Session
 
-from aitbc.coordinator import control, runs
+from aitbc.coordinator import control, repository, views
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
+from aitbc.coordinator.api.responses import (
+    OWNED,
+    Aggregated,
+    JobDetail,
+    Page,
+    ResendRequested,
+    RunDetail,
+    SavedResult,
+    ShardView,
+    SplitJobs,
+    UpdateView,
+    errors,
+)
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.models import Job
 from aitbc.coordinator.schemas import Aggregate, JobConfig, JobCreate, JobEnd, JobMove, PhaseSet, ResultSave
 
 router = APIRouter(tags=["control"])
 
 
-def _job(ctx, s, job) -> dict:
-    from aitbc.coordinator.workers import job_detail
-
-    return job_detail(ctx, s, job.id)
+def _job(ctx: Context, s: Session, job: Job) -> dict:
+    return views.job_detail(ctx, s, job.id)
 
 
-@router.post("/runs/{run_id}/phase")
+@router.post("/runs/{run_id}/phase", response_model=RunDetail, responses=OWNED)
 def set_phase(run_id: str, body: PhaseSet, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Manual runs: move to ``distributing`` (with the training config), ``training``
     (open round 1, or the next round once this one is aggregated), ``aggregating`` (close
     the open round to updates) or ``complete``."""
-    run = control.set_phase(ctx, s, runs.owned_run(s, run_id, signer.address), body, signer.auth())
-    return runs.run_detail(ctx, s, run)
+    run = control.set_phase(ctx, s, repository.owned_run(s, run_id, signer.address), body, signer.auth())
+    return views.run_detail(ctx, s, run)
 
 
-@router.get("/runs/{run_id}/shards")
+@router.get("/runs/{run_id}/shards", response_model=Page[ShardView], responses=errors(404))
 def shards(run_id: str, s: SessionDep) -> dict:
-    data = control.shards_view(s, runs.get_run(s, run_id))
+    data = views.shards_view(s, repository.get_run(s, run_id))
     return {"data": data, "count": len(data)}
 
 
-@router.post("/runs/{run_id}/jobs", status_code=201)
+@router.post("/runs/{run_id}/jobs", status_code=201, response_model=JobDetail, responses=OWNED)
 def create_job(run_id: str, body: JobCreate, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Manual runs: a hired worker trains the named shard from the open round on."""
-    return _job(ctx, s, control.create_job(ctx, s, runs.owned_run(s, run_id, signer.address), body))
+    return _job(ctx, s, control.create_job(ctx, s, repository.owned_run(s, run_id, signer.address), body))
 
 
-@router.post("/runs/{run_id}/aggregate")
+@router.post("/runs/{run_id}/aggregate", response_model=Aggregated, responses=OWNED)
 def aggregate(run_id: str, body: Aggregate, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Manual runs, while aggregating: combine the chosen updates of the closed round."""
     return control.aggregate(ctx, s, run_id, signer.address, body)
 
 
-@router.post("/runs/{run_id}/result")
+@router.post("/runs/{run_id}/result", response_model=SavedResult, responses=OWNED)
 def save_result(run_id: str, body: ResultSave, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Manual runs: the aggregated checkpoint kept as the run's model."""
-    return control.save_result(ctx, s, runs.owned_run(s, run_id, signer.address), body)
+    return control.save_result(ctx, s, repository.owned_run(s, run_id, signer.address), body)
 
 
-@router.get("/jobs/{job_id}/updates")
+@router.get("/jobs/{job_id}/updates", response_model=Page[UpdateView], responses=errors(404))
 def job_updates(job_id: str, s: SessionDep) -> dict:
-    data = control.updates_of(s, job_id)
+    data = views.updates_of(s, job_id)
     return {"data": data, "count": len(data)}
 
 
-@router.post("/jobs/{job_id}/end")
+@router.post("/jobs/{job_id}/end", response_model=JobDetail, responses=OWNED)
 def end_job(job_id: str, body: JobEnd, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """``failed`` marks the worker failed; ``released`` lets it go."""
     return _job(ctx, s, control.end_job(ctx, s, job_id, signer.address, body))
 
 
-@router.post("/jobs/{job_id}/reassign", status_code=201)
+@router.post("/jobs/{job_id}/reassign", status_code=201, response_model=JobDetail, responses=OWNED)
 def reassign(job_id: str, body: JobMove, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """The job's shard to ``worker_id`` (or the best free worker); returns the new job."""
     return _job(ctx, s, control.reassign(ctx, s, job_id, signer.address, body))
 
 
-@router.post("/jobs/{job_id}/split", status_code=201)
+@router.post("/jobs/{job_id}/split", status_code=201, response_model=SplitJobs, responses=OWNED)
 def split(job_id: str, body: JobMove, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Half of the job's shard to ``worker_id`` (or the best free worker)."""
     kept, new = control.split(ctx, s, job_id, signer.address, body)
     return {"job": _job(ctx, s, kept), "new_job": _job(ctx, s, new)}
 
 
-@router.post("/jobs/{job_id}/config")
+@router.post("/jobs/{job_id}/config", response_model=JobDetail, responses=OWNED)
 def job_config(job_id: str, body: JobConfig, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """The job's own local_steps / batch_size / lr, from the next round it starts."""
     return _job(ctx, s, control.set_config(ctx, s, job_id, signer.address, body))
 
 
-@router.post("/jobs/{job_id}/resend")
+@router.post("/jobs/{job_id}/resend", response_model=ResendRequested, responses=OWNED)
 def resend(job_id: str, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     """Drop the job's update of the open round; the worker sends that round again."""
     return control.resend(ctx, s, job_id, signer.address)

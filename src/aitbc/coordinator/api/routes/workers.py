@@ -7,30 +7,43 @@ import time
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator import workers
+from aitbc.coordinator import views, workers
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
+from aitbc.coordinator.api.responses import (
+    OWNED,
+    Heartbeat,
+    JobDetail,
+    JobPoll,
+    MarketOffer,
+    OfferView,
+    Ok,
+    Page,
+    UpdateAccepted,
+    WorkerJob,
+    errors,
+)
 from aitbc.coordinator.errors import forbidden
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
 
 router = APIRouter(tags=["workers"])
 
 
-@router.get("/market/offers")
+@router.get("/market/offers", response_model=Page[MarketOffer], responses=errors(422))
 def offers(ctx: CtxDep, s: SessionDep, all: bool = False) -> dict:
     """Live offers (``all=true``: every offer ever registered, with its status)."""
-    data = workers.market(ctx, s, live_only=not all)
+    data = views.market(ctx, s, live_only=not all)
     return {"data": data, "count": len(data)}
 
 
-@router.post("/workers", status_code=201)
+@router.post("/workers", status_code=201, response_model=OfferView, responses=errors(409, 422))
 def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     offer = workers.register(
         ctx, s, body, worker_id=signer.address, public_key=signer.public_key, request=signer.request
     )
-    return workers.offer_view(ctx, offer, now=time.time())
+    return views.offer_view(ctx, offer, now=time.time())
 
 
-@router.post("/workers/heartbeat")
+@router.post("/workers/heartbeat", response_model=Heartbeat, responses=errors(404))
 async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
     """Cheap by design: a signature check and a dict write; no database commit."""
     workers.require_known(ctx, signer.address)
@@ -39,7 +52,7 @@ async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
     return {"ok": True, "time": now, "version": ctx.notifier.version}
 
 
-@router.get("/workers/{worker_id}/job")
+@router.get("/workers/{worker_id}/job", response_model=JobPoll, responses=errors(403, 404, 422))
 async def job(
     worker_id: str,
     ctx: CtxDep,
@@ -65,25 +78,25 @@ async def job(
         await ctx.notifier.changed(seen, max(0.0, deadline - time.monotonic()))
 
 
-@router.get("/jobs/{job_id}")
+@router.get("/jobs/{job_id}", response_model=JobDetail, responses=errors(404))
 def get_job(job_id: str, ctx: CtxDep, s: SessionDep) -> dict:
     """One job: its run, worker, shard, and the worker's last progress report."""
-    return workers.job_detail(ctx, s, job_id)
+    return views.job_detail(ctx, s, job_id)
 
 
-@router.get("/workers/{worker_id}/jobs")
+@router.get("/workers/{worker_id}/jobs", response_model=Page[WorkerJob])
 def worker_jobs(worker_id: str, ctx: CtxDep, s: SessionDep) -> dict:
     """Every job a worker has had, newest first (its active one, if any, is marked)."""
-    data = workers.jobs_of(ctx, s, worker_id)
+    data = views.jobs_of(ctx, s, worker_id)
     return {"data": data, "count": len(data)}
 
 
-@router.post("/jobs/{job_id}/progress")
+@router.post("/jobs/{job_id}/progress", response_model=Ok, responses=OWNED)
 def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     workers.report_progress(ctx, s, job_id, signer.address, body)
     return {"ok": True}
 
 
-@router.post("/jobs/{job_id}/updates", status_code=201)
+@router.post("/jobs/{job_id}/updates", status_code=201, response_model=UpdateAccepted, responses=OWNED)
 def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     return workers.submit_update(ctx, s, job_id, signer.address, body)

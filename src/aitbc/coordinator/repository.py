@@ -1,0 +1,91 @@
+"""Lookups and row locks every use-case shares: a run, a run its signer owns, a job its
+signer owns, a shard of a run's manifest. Each raises the API error a caller would answer
+(404 unknown, 403 not yours) before anything is written.
+
+Locking: :func:`lock_run` takes the run's row for writing and re-reads it, so what a
+use-case checks next still holds at its commit (SQLite's write lock, or a row lock on
+other databases, keeps the round driver and other requests out until the transaction ends).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.models import Base, Job, Run
+from aitbc.coordinator.states import RUNNING, JobStatus, require_status
+
+R = TypeVar("R", bound=Base)
+
+
+def lock_run(s: Session, run: Run) -> Run:
+    """Take the run's row for writing and re-read it, so what is checked next still holds
+    at commit: SQLite's write lock (or a row lock on other databases) keeps the round
+    driver and other requests out until this transaction ends. Check state after this."""
+    s.execute(update(Run).where(Run.id == run.id).values(updated_at=time.time()))
+    s.refresh(run)
+    return run
+
+
+def get_run(s: Session, run_id: str) -> Run:
+    run = s.get(Run, run_id)
+    if run is None:
+        raise not_found("unknown_run", f"no training run {run_id!r}; list runs with: aitbc distributed-training list")
+    return run
+
+
+def owned_run(s: Session, run_id: str, signer: str) -> Run:
+    """The run, locked for this request (see :func:`lock_run`), if ``signer`` (an
+    address) owns it; 403 otherwise."""
+    run = get_run(s, run_id)
+    if run.owner != signer:
+        raise forbidden(f"run {run_id} belongs to {run.owner}; {signer} may not control it")
+    return lock_run(s, run)
+
+
+def owned_job(s: Session, job_id: str, signer: str, *, action: str, active: bool = True) -> tuple[Job, Run]:
+    """The job and its run (locked), if ``signer`` owns the run (and the job is active)."""
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    run = row(s, Run, job.run_id)
+    if run.owner != signer:
+        raise forbidden(f"job {job_id} is in run {run.id}, which belongs to {run.owner}; {signer} may not {action}")
+    lock_run(s, run)
+    s.refresh(job)
+    require_status(run, *RUNNING, action=action)
+    if active and job.status != JobStatus.ACTIVE:
+        raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
+    return job, run
+
+
+def shard_index(run: Run, shard_id: str) -> int:
+    if run.manifest is None:
+        raise conflict("no_data", f"run {run.id} has no data yet; upload and attach it first")
+    for i, e in enumerate(run.data_manifest["shards"]):
+        if e["cid"] == shard_id:
+            if "split_into" in e:
+                raise conflict(
+                    "shard_split",
+                    f"shard {shard_id} of run {run.id} was split into shards "
+                    f"{', '.join(run.data_manifest['shards'][k]['cid'] for k in e['split_into'])}",
+                )
+            return i
+    raise unprocessable(
+        "unknown_shard",
+        f"{shard_id!r} is not a shard of run {run.id} "
+        f"({len(run.data_manifest['shards'])} shards; GET /v1/runs/{run.id}/shards lists them)",
+    )
+
+
+def row(s: Session, model: type[R], key: Any) -> R:
+    """A row that must exist because another row names it (a job's run, a score's
+    contract): its absence is a broken database, not a user's error."""
+    found = s.get(model, key)
+    if found is None:
+        raise LookupError(f"{model.__tablename__} row {key!r} is missing")
+    return found

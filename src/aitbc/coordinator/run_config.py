@@ -1,0 +1,45 @@
+"""A run's training config, typed: what ``distribute`` (or a manual run's ``distributing``
+phase) checked and stored, read everywhere as attributes (``run.cfg.rounds``).
+
+It is the request's :class:`~aitbc.coordinator.schemas.Distribute` with the defaults the
+coordinator resolved (workers, quorum) and what it derived by building the model once
+(``d`` parameters, ``f`` tolerated attackers, the model's full options). Stored as JSON in
+``runs.config``; validated when it is made and when it is read back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunConfig(BaseModel):
+    # extra="ignore": a config stored by an earlier release may carry a key since dropped.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    strategy: str = "data-parallel"
+    rounds: int = Field(ge=1)
+    local_steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    inner_opt: str
+    outer: str
+    outer_options: dict[str, Any] = Field(default_factory=dict)
+    aggregator: str
+    compression: str
+    error_feedback: bool = False
+    mode: str = "sync"
+    deadline: float | None = None  # seconds a round waits at most
+    quorum: int = Field(ge=1)  # accepted updates a round needs to close at its deadline
+    min_workers: int = Field(ge=1)
+    max_workers: int = Field(ge=1)
+    eval_every: int = Field(1, ge=1)
+    # Derived by the coordinator when the config was checked:
+    d: int = Field(ge=1)  # parameters of the model
+    f: int = Field(ge=0)  # attackers the robust rule tolerates when the owner named none
+    model_options_full: dict[str, Any] = Field(default_factory=dict)
+
+    def eval_due(self, r: int) -> bool:
+        """Whether round ``r``'s model is evaluated on the validation split."""
+        return r % self.eval_every == 0 or r >= self.rounds

@@ -1,0 +1,146 @@
+"""What the coordinator keeps in memory for a live run, and the checks that build it.
+
+:class:`RunRuntime` holds the model (for evaluation and checkpoints), the validation data,
+the aggregation pipeline and the outer optimizer's state; ``ctx.runtimes`` caches one per
+run, rebuilt from the database and the blob store after a restart.
+:func:`check_training_config` builds everything a config names once, so a bad option is
+a 422 at ``distribute``, not a failure at round 1.
+
+Shape letters: ``d`` parameters.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import unprocessable
+from aitbc.coordinator.models import Run
+from aitbc.coordinator.run_config import RunConfig
+from aitbc.coordinator.schemas import Distribute
+from aitbc.core.aggregation import parse_aggregator
+from aitbc.core.compression import build_codec
+from aitbc.core.options import parse_spec
+from aitbc.core.outer import build_outer
+from aitbc.errors import AitbcError
+from aitbc.training.checkpoint import (
+    bytes_to_tensors,
+    checkpoint_bytes,
+    flat_params,
+    load_checkpoint,
+    load_shard,
+    set_flat_params,
+)
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.local import LocalConfig, evaluate
+from aitbc.training.models import build_model, model_config
+
+OUTER_FORMAT = "aitbc.outer-state/1"
+
+
+def data_spec(manifest: dict[str, Any]) -> DataSpec:
+    s = manifest["spec"]
+    return DataSpec(s["task"], tuple(int(v) for v in s["input_shape"]), int(s["num_classes"]))
+
+
+def build_initial_model(run: Run) -> torch.nn.Module:
+    torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
+    return build_model(run.model_type, data_spec(run.data_manifest), run.model_options)
+
+
+def default_f(workers: int) -> int:
+    """Attackers a rule that takes ``f`` tolerates when the owner gave none: the most
+    Bulyan allows (n >= 4f + 3), so every rule's condition holds with all workers in."""
+    return max(0, (workers - 3) // 4)
+
+
+def build_run_config(run: Run, body: Distribute, *, workers: int) -> RunConfig:
+    """The run's config from a distribute request: defaults resolved (workers, quorum), and
+    everything the config names built once, so a bad name or option is a 422 now, not a
+    failure at round 1. ``workers``: how many will train at the start."""
+    min_workers = body.min_workers or 1
+    max_workers = body.max_workers or max(run.target_workers, min_workers)
+    if min_workers > max_workers:
+        raise unprocessable("bad_config", f"min_workers ({min_workers}) exceeds max_workers ({max_workers})")
+    quorum = body.quorum or min_workers
+    try:
+        LocalConfig(steps=body.local_steps, batch_size=body.batch_size, optimizer=body.inner_opt, lr=body.lr)
+        model = build_initial_model(run)
+        layout = [tuple(p.shape) for p in model.parameters()]
+        f = default_f(workers)
+        agg = parse_aggregator(body.aggregator, default_f=f)
+        agg.check(min(workers, quorum) if body.deadline else workers)
+        name, opts = parse_spec(body.compression, what="codec")
+        build_codec(name, opts, layout=layout, error_feedback=body.error_feedback)
+        build_outer(body.outer, body.outer_options)
+    except (AitbcError, ValueError) as e:
+        raise unprocessable("bad_config", str(e)) from None
+    mcfg = model_config(run.model_type, run.model_options)
+    return RunConfig(
+        **body.model_dump(exclude={"max_cost", "min_workers", "max_workers", "quorum"}),
+        min_workers=min_workers,
+        max_workers=max_workers,
+        quorum=quorum,
+        d=sum(p.numel() for p in model.parameters()),
+        f=f,
+        model_options_full={} if mcfg is None else asdict(mcfg),
+    )
+
+
+class RunRuntime:
+    """What the driver keeps in memory for one run: the model (for evaluation and
+    checkpoints), validation data, the aggregation pipeline and the outer optimizer with
+    the state that produced ``params``. Rebuilt from the database after a restart."""
+
+    def __init__(self, ctx: Context, run: Run) -> None:
+        cfg = run.cfg
+        self.model = build_initial_model(run)
+        self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.f)
+        self.outer_name, self.outer_options = cfg.outer, cfg.outer_options
+        val = load_shard(ctx.store.get_bytes(run.data_manifest["val"]["cid"]))
+        k = ctx.settings.eval_samples
+        self.val_x, self.val_y = val[0][:k], val[1][:k]
+        self.d = cfg.d
+        self.params_cid: str | None = None
+        self.params: Tensor | None = None  # (d,)
+        self.outer_cid: str | None = None
+        self.outer_state: dict[str, Tensor] = {}
+        self.lock = threading.Lock()
+
+    def load(self, ctx: Context, run: Run) -> None:
+        """Bring params and outer state to those the run's database row names."""
+        if run.global_cid is None:
+            raise RuntimeError(f"run {run.id} has no global model yet (round 0 is written when training starts)")
+        if self.params_cid != run.global_cid:
+            load_checkpoint(self.model, ctx.store.get_bytes(run.global_cid))
+            self.params, self.params_cid = flat_params(self.model), run.global_cid
+        if self.outer_cid != run.outer_state_cid:
+            self.outer_state = bytes_to_tensors(ctx.store.get_bytes(run.outer_state_cid)) if run.outer_state_cid else {}
+            self.outer_cid = run.outer_state_cid
+
+    def checkpoint(self, ctx: Context, run: Run, params: Tensor, round: int) -> tuple[str, int]:
+        set_flat_params(self.model, params)
+        blob = checkpoint_bytes(
+            self.model, model_name=run.model_type, model_options=run.cfg.model_options_full, round=round
+        )
+        return ctx.store.put_bytes(blob), len(blob)
+
+    def evaluate(self, params: Tensor) -> tuple[float, float | None]:
+        set_flat_params(self.model, params)
+        return evaluate(self.model, self.val_x, self.val_y)
+
+
+def runtime(ctx: Context, run: Run) -> RunRuntime:
+    rt = ctx.runtimes.get(run.id)
+    if rt is None:
+        rt = ctx.runtimes[run.id] = RunRuntime(ctx, run)
+    return rt
+
+
+def drop_runtime(ctx: Context, run_id: str) -> None:
+    ctx.runtimes.pop(run_id, None)

@@ -1,0 +1,137 @@
+"""Paying for a scored round, exactly once, and punishing provable misbehaviour.
+
+:func:`settle` pays each contract of a round ``price x quality`` from the run's escrow in
+its own transaction, keyed ``settle:<contract>:<round>`` (a restart redoes only contracts
+without a settlement row); reputations move; :func:`slash` takes a provable cheater's bond
+into the escrow and ejects it. :func:`pending` lists what the driver still has to settle
+and finalize.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement
+from aitbc.coordinator.repository import lock_run, row
+from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus
+from aitbc.coordinator.workforce import assign_worker, end_job
+from aitbc.core.scoring import reputation_update
+from aitbc.ledger.chain import bond_account, escrow_account, wallet_account
+from aitbc.units import MICRO
+
+log = logging.getLogger("aitbc.coordinator")
+
+
+def settle(ctx: Context, run_id: str, r: int) -> None:
+    """Pay each contract of round ``r`` price x quality from escrow, exactly once; slash
+    provable misbehaviour; update reputations. Each contract in its own transaction."""
+    with ctx.session() as s:
+        scores = s.scalars(
+            select(Score).where(Score.run_id == run_id, Score.round == r).order_by(Score.contract_id)
+        ).all()
+        ids = [(sc.id, sc.contract_id) for sc in scores]
+    for score_id, contract_id in ids:
+        with ctx.session() as s:
+            if s.scalar(select(Settlement.id).where(Settlement.contract_id == contract_id, Settlement.round == r)):
+                continue  # settled before a restart
+            _settle_one(ctx, s, row(s, Score, score_id), r)
+            s.commit()
+        if ctx.settings.settle_delay:
+            time.sleep(ctx.settings.settle_delay)
+    with ctx.session() as s:
+        run = lock_run(s, row(s, Run, run_id))
+        run.settled_round = max(run.settled_round, r)
+        s.commit()
+
+
+def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:
+    run = lock_run(s, row(s, Run, sc.run_id))
+    contract = row(s, Contract, sc.contract_id)
+    quality_ppm = round(sc.quality * 1_000_000)
+    due = contract.price * quality_ppm // MICRO  # integer micro-AIT, rounded down
+    paid, seq = 0, None
+    if (
+        due > 0 and run.control == Control.AUTOMATIC
+    ):  # a manual run's owner pays (process_payment); due is what the scores say
+        paid = min(due, ctx.ledger.balance(s, escrow_account(run.id)))
+        if paid > 0:
+            entry = ctx.ledger.post(
+                s,
+                kind="settle",
+                debit=escrow_account(run.id),
+                credit=wallet_account(contract.worker_id),
+                amount=paid,
+                memo={"run": run.id, "contract": contract.id, "round": r, "quality_ppm": quality_ppm},
+                key=f"settle:{contract.id}:{r}",
+            )
+            seq = entry.seq
+    s.add(
+        Settlement(
+            run_id=run.id,
+            contract_id=contract.id,
+            worker_id=contract.worker_id,
+            round=r,
+            quality=sc.quality,
+            due=due,
+            paid=paid,
+            entry_seq=seq,
+            created_at=time.time(),
+        )
+    )
+    offer = s.get(Offer, contract.worker_id)
+    if offer is not None:
+        offer.reputation = reputation_update(offer.reputation, sc.quality)
+    if sc.provable and contract.status != ContractStatus.SLASHED:
+        slash(ctx, s, run, contract, reason=f"round {r}: {', '.join(sc.flags)}")
+
+
+def slash(ctx: Context, s: Session, run: Run, contract: Contract, *, reason: str) -> None:
+    """Provable misbehaviour: the bond goes to the run's escrow, and the worker is ejected
+    (its job ends; its shard goes to someone else)."""
+    held = ctx.ledger.balance(s, bond_account(contract.id))
+    if held > 0:
+        ctx.ledger.post(
+            s,
+            kind="slash",
+            debit=bond_account(contract.id),
+            credit=escrow_account(run.id),
+            amount=held,
+            memo={"run": run.id, "contract": contract.id, "reason": reason},
+            key=f"slash:{contract.id}",
+        )
+    contract.slashed += held
+    now = time.time()
+    s.add(
+        Flag(
+            worker_id=contract.worker_id, run_id=run.id, round=run.round, kind="slashed", reason=reason, created_at=now
+        )
+    )
+    job = s.scalar(select(Job).where(Job.contract_id == contract.id, Job.status == JobStatus.ACTIVE))
+    contract.status = ContractStatus.SLASHED
+    if job is not None:
+        end_job(s, job, JobStatus.FAILED, f"ejected for provable misbehaviour ({reason})", now=now)
+        contract.status = ContractStatus.SLASHED
+        if run.status not in ENDED and run.control == Control.AUTOMATIC:  # a manual run's owner reassigns
+            s.flush()
+            assign_worker(ctx, s, run, job.shard_index, now=now, replaces=job.id)
+    log.info("run %s: slashed %s (%d micro-AIT): %s", run.id, contract.worker_id, held, reason)
+
+
+def pending(s: Session) -> tuple[list[tuple[str, int]], list[str]]:
+    """Rounds closed but not yet scored and settled (oldest first), and ended runs to finalize."""
+    todo, ready = [], []
+    started_or_ended = or_(
+        Run.config.is_not(None), Run.status.in_(tuple(ENDED))
+    )  # a run stopped before distribute has bonds too
+    for run in s.scalars(select(Run).where(Run.finalized.is_(False), started_or_ended)).all():
+        closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
+        if run.settled_round < closed:
+            todo.append((run.id, run.settled_round + 1))
+        elif run.status in ENDED and not run.bonds_returned:  # a manual run's escrow waits for its owner
+            ready.append(run.id)
+    return todo, ready

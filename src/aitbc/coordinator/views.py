@@ -1,0 +1,376 @@
+"""Read-only views: what the API returns about runs, rounds, jobs, offers, money and
+updates, as plain dicts of JSON types. Nothing here writes; money is shown both as AIT
+text (``format_price``) and, where clients compute with it, as integer micro-AIT.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import not_found, unprocessable
+from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
+from aitbc.coordinator.repository import row
+from aitbc.coordinator.states import JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
+from aitbc.coordinator.workforce import busy_workers
+from aitbc.ledger.book import Entry
+from aitbc.ledger.chain import escrow_account
+from aitbc.market.ranking import RankedOffer
+from aitbc.units import format_price
+
+# --- runs ---------------------------------------------------------------------------------
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    return {
+        "training_id": run.id,
+        "status": run.status,
+        "owner": run.owner,
+        "model_type": run.model_type,
+        "dataset_size": run.dataset_size,
+        "target_workers": run.target_workers,
+        "round": run.round,
+        "rounds": run.cfg.rounds if run.configured else None,
+        "val_loss": run.val_loss,
+        "control": run.control,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+    }
+
+
+def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+    now = time.time()
+    jobs = s.scalars(select(Job).where(Job.run_id == run.id).order_by(Job.shard_index, Job.created_at)).all()
+    contracts = s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
+    submitted = {
+        (u.job_id): u.status
+        for u in s.scalars(select(Update).where(Update.run_id == run.id, Update.round == run.round)).all()
+    }
+    scores = contract_scores(s, run.id)
+    rounds_closed = (
+        s.scalar(
+            select(func.count()).select_from(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)
+        )
+        or 0
+    )
+    flags = s.scalar(select(func.count()).select_from(Flag).where(Flag.run_id == run.id)) or 0
+    deadline = run.cfg.deadline if run.configured else None
+    deadline_at = run.round_started_at + deadline if deadline and run.round_started_at else None
+    return {
+        **run_summary(run),
+        "model_options": run.model_options,
+        "seed": run.seed,
+        "dataset_size_bytes": run.dataset_size_bytes,
+        "data_source": run.data_source,
+        "manifest_cid": run.manifest_cid,
+        "data_bytes": run.data_bytes,
+        "shards": len(run.data_manifest["shards"]) if run.manifest else 0,
+        "config": run.cfg.model_dump(mode="json") if run.configured else {},
+        "global_model_cid": run.global_cid,
+        "network": run.network,
+        "budget": None if run.budget is None else format_price(run.budget),
+        "bond": format_price(run.bond),
+        "escrowed": format_price(run.escrowed),
+        "initial_val_loss": run.initial_val_loss,
+        "val_accuracy": run.val_accuracy,
+        "rounds_completed": rounds_closed,
+        "bytes_up": run.bytes_up,
+        "bytes_down": run.bytes_down,
+        "error": run.error,
+        "flags": flags,
+        "round_started_at": run.round_started_at,
+        "deadline_at": deadline_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "paused_from": run.paused_from,
+        "contracts": [contract_view(c) for c in contracts],
+        "workers": [
+            {**job_view(ctx, j, submitted.get(j.id), now=now), **scores.get(j.contract_id, _NO_SCORE)} for j in jobs
+        ],
+        "time": now,
+    }
+
+
+_NO_SCORE: dict[str, Any] = {"score": None, "last_quality": None, "score_flags": []}
+
+
+def contract_scores(s: Session, run_id: str) -> dict[str, dict[str, Any]]:
+    """Per contract: mean quality over its scored rounds, the latest one, and every flag."""
+    out: dict[str, dict[str, Any]] = {}
+    for sc in s.scalars(select(Score).where(Score.run_id == run_id).order_by(Score.round)).all():
+        d = out.setdefault(sc.contract_id, {"qualities": [], "score_flags": set()})
+        d["qualities"].append(sc.quality)
+        d["score_flags"].update(sc.flags)
+    return {
+        c: {
+            "score": sum(d["qualities"]) / len(d["qualities"]),
+            "last_quality": d["qualities"][-1],
+            "score_flags": sorted(d["score_flags"]),
+        }
+        for c, d in out.items()
+    }
+
+
+def job_view(ctx: Context, j: Job, this_round: str | None, *, now: float) -> dict[str, Any]:
+    seen = ctx.liveness.last_seen(j.worker_id)
+    return {
+        "job_id": j.id,
+        "worker_id": j.worker_id,
+        "contract_id": j.contract_id,
+        "shard_index": j.shard_index,
+        "shard_cid": j.shard_cid,
+        "job_status": j.status,
+        "status": j.worker_status if j.status == JobStatus.ACTIVE else j.status,
+        "progress": j.progress,
+        "loss": j.loss,
+        "epoch": j.epoch,
+        "rounds_done": j.rounds_done,
+        "this_round": this_round,
+        "joined_round": j.joined_round,
+        "replaces": j.replaces,
+        "end_reason": j.end_reason,
+        "compute_seconds": j.compute_seconds,
+        "config": j.config or {},
+        "last_heartbeat_age": None if seen is None else round(now - seen, 3),
+    }
+
+
+def rounds_view(s: Session, run: Run) -> list[dict[str, Any]]:
+    rows = s.scalars(select(RoundRecord).where(RoundRecord.run_id == run.id).order_by(RoundRecord.round)).all()
+    return [
+        {
+            "round": r.round,
+            "checkpoint_cid": r.checkpoint_cid,
+            "val_loss": r.val_loss,
+            "val_accuracy": r.val_accuracy,
+            "train_loss": r.train_loss,
+            "accepted": r.accepted,
+            "rejected": r.rejected,
+            "stragglers": r.stragglers,
+            "skipped": r.skipped,
+            "started_at": r.started_at,
+            "closed_at": r.closed_at,
+        }
+        for r in rows
+    ]
+
+
+def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+    rounds = rounds_view(s, run)
+    scores = contract_scores(s, run.id)
+    done = [r for r in rounds if r["round"] > 0]
+    updates = s.scalars(select(Update).where(Update.run_id == run.id)).all()
+    return {
+        "training_id": run.id,
+        "status": run.status,
+        "error": run.error,
+        "model_cid": run.result_cid or run.global_cid,
+        "rounds_completed": len(done),
+        "rounds": run.cfg.rounds if run.configured else None,
+        "initial_val_loss": run.initial_val_loss,
+        "final_val_loss": run.val_loss,
+        "final_val_accuracy": run.val_accuracy,
+        "bytes_up": run.bytes_up,
+        "bytes_down": run.bytes_down,
+        "updates_accepted": sum(u.status == UpdateStatus.ACCEPTED for u in updates),
+        "updates_rejected": sum(u.status == UpdateStatus.REJECTED for u in updates),
+        "wall_seconds": (run.finished_at or time.time()) - run.started_at if run.started_at else None,
+        "checkpoints": [{"round": r["round"], "cid": r["checkpoint_cid"]} for r in rounds],
+        "workers": [
+            {"worker_id": c.worker_id, "contract_id": c.id, "status": c.status, **scores.get(c.id, _NO_SCORE)}
+            for c in s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
+        ],
+    }
+
+
+def list_runs(s: Session, *, owner: str | None = None, status: str | None = None) -> list[Run]:
+    q = select(Run).order_by(Run.created_at.desc())
+    if owner:
+        q = q.where(Run.owner == owner)
+    if status:
+        if status not in set(RunStatus):
+            raise unprocessable("bad_status", f"unknown status {status!r}; one of: {', '.join(RunStatus)}")
+        q = q.where(Run.status == status)
+    return list(s.scalars(q).all())
+
+
+def shards_view(s: Session, run: Run) -> list[dict[str, Any]]:
+    """The run's shards with the active jobs on each (split shards point to their halves)."""
+    if run.manifest is None:
+        return []
+    jobs = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
+    return [
+        {
+            "shard_index": i,
+            "shard_id": e["cid"],
+            "samples": e["samples"],
+            "split_from": e.get("split_from"),
+            "split_into": e.get("split_into"),
+            "jobs": [j.id for j in jobs if j.shard_index == i],
+        }
+        for i, e in enumerate(run.data_manifest["shards"])
+    ]
+
+
+# --- the market and contracts -------------------------------------------------------------
+
+
+def ranked_view(r: RankedOffer, *, hired: bool) -> dict[str, Any]:
+    o = r.offer
+    return {
+        "worker_id": o.worker_id,
+        "gpu_type": o.gpu,
+        "price": o.price,
+        "reputation": o.reputation,
+        "availability": o.availability,
+        "score": round(r.score, 6),
+        "hired": hired,
+    }
+
+
+def contract_view(c: Contract) -> dict[str, Any]:
+    return {
+        "contract_id": c.id,
+        "worker_id": c.worker_id,
+        "training_id": c.run_id,
+        "price": format_price(c.price),
+        "price_micro": c.price,
+        "status": c.status,
+        "score": round(c.score, 6),
+    }
+
+
+def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
+    seen = ctx.liveness.last_seen(o.id) or o.last_heartbeat
+    return {
+        "worker_id": o.id,
+        "gpu_type": o.gpu,
+        "price": format_price(o.price),
+        "price_micro": o.price,
+        "reputation": o.reputation,
+        "availability": o.availability,
+        "status": o.status,
+        "live": now - seen <= ctx.settings.lease_seconds,
+        "last_heartbeat": seen,
+        "max_bond": format_price(o.max_bond or 0),
+        "last_heartbeat_age": round(now - seen, 3),
+        "device": o.device,
+        "flags": o.flags,
+    }
+
+
+def market(ctx: Context, s: Session, *, live_only: bool) -> list[dict[str, Any]]:
+    now = time.time()
+    offers = s.scalars(select(Offer).order_by(Offer.id)).all()
+    busy = busy_workers(s)
+    views = [{**offer_view(ctx, o, now=now), "busy": o.id in busy} for o in offers]
+    return [v for v in views if v["live"] and v["status"] == OfferStatus.ONLINE] if live_only else views
+
+
+# --- jobs and updates -------------------------------------------------------------------
+
+
+def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    run = row(s, Run, job.run_id)
+    this_round = s.scalar(select(Update.status).where(Update.job_id == job.id, Update.round == run.round))
+    return {
+        **job_view(ctx, job, this_round, now=time.time()),
+        "training_id": job.run_id,
+        "round": run.round,
+        "run_status": run.status,
+    }
+
+
+def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:
+    now = time.time()
+    jobs = s.scalars(select(Job).where(Job.worker_id == worker_id).order_by(Job.created_at.desc())).all()
+    return [{**job_view(ctx, j, None, now=now), "training_id": j.run_id} for j in jobs]
+
+
+def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
+    """The job's updates (its "checkpoints"), newest round first."""
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    rows = s.scalars(select(Update).where(Update.job_id == job_id).order_by(Update.round.desc())).all()
+    return [
+        {
+            "checkpoint_id": u.cid,
+            "cid": u.cid,
+            "training_id": u.run_id,
+            "job_id": u.job_id,
+            "worker_id": u.worker_id,
+            "round": u.round,
+            "samples": u.samples,
+            "shard_index": u.shard_index,
+            "train_loss": u.train_loss,
+            "size": u.size,
+            "status": u.status,
+            "reason": u.reason,
+            "created_at": u.created_at,
+        }
+        for u in rows
+    ]
+
+
+# --- money ------------------------------------------------------------------------------
+
+
+def payments_view(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+    contracts = s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
+    rows = []
+    for c in contracts:
+        sc = s.scalars(select(Score).where(Score.contract_id == c.id)).all()
+        settled, due = s.execute(
+            select(func.coalesce(func.sum(Settlement.paid), 0), func.coalesce(func.sum(Settlement.due), 0)).where(
+                Settlement.contract_id == c.id
+            )
+        ).one()
+        paid = int(settled) + c.paid_manual
+        offer = s.get(Offer, c.worker_id)
+        rows.append(
+            {
+                "worker_id": c.worker_id,
+                "contract_id": c.id,
+                "price": format_price(c.price),
+                "status": c.status,
+                "rounds_accepted": sum(x.status == ScoreStatus.ACCEPTED for x in sc),
+                "rounds_scored": len(sc),
+                "score": (sum(x.quality for x in sc) / len(sc)) if sc else None,
+                "flags": sorted({f for x in sc for f in x.flags}),
+                "paid": format_price(paid),
+                "paid_micro": paid,
+                "due": format_price(int(due)),
+                "due_micro": int(due),
+                "bond": format_price(c.bond),
+                "slashed": format_price(c.slashed),
+                "slashed_micro": c.slashed,
+                "reputation": offer.reputation if offer else None,
+            }
+        )
+    return {
+        "training_id": run.id,
+        "network": run.network,
+        "control": run.control,
+        "escrowed": format_price(run.escrowed),
+        "escrow_balance": format_price(ctx.ledger.balance(s, escrow_account(run.id))),
+        "settled_round": run.settled_round,
+        "rounds_closed": s.scalar(
+            select(func.count()).select_from(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)
+        )
+        or 0,
+        "finalized": run.finalized,
+        "data": rows,
+        "count": len(rows),
+    }
+
+
+def entry_view(e: Entry) -> dict:
+    return {**e.as_dict(), "amount_ait": format_price(e.amount)}

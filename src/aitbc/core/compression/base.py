@@ -1,0 +1,187 @@
+"""The codec base: the self-describing byte layout every update blob shares, the
+:class:`Codec` base class that owns it and every size check, and the registry the codecs
+join at import (see the package docstring for the format and the codecs)."""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from aitbc.core.registry import Registry
+from aitbc.errors import IntegrityError, UsageError
+
+MAGIC = b"ATBC"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<4sBI")  # magic, version, header length
+MAX_HEADER = 1 << 20
+# Decoding refuses blobs that claim more values than this (PowerSGD's factors expand
+# quadratically, so a small payload can claim a huge matrix). Callers that know the
+# model's size pass ``max_numel=d``.
+MAX_NUMEL = 1 << 28
+
+# Every codec the issue names; ``import aitbc.core.compression`` fails if one is missing.
+CODEC_NAMES = ("none", "fp16", "bf16", "int8", "int4", "topk", "topk-int8", "sign", "powersgd")
+
+Layout = Sequence[Sequence[int]]  # one shape per model parameter, in flat order
+
+CODECS: Registry[type[Codec]] = Registry("codec")
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    codec: str
+    shape: tuple[int, ...]
+    dtype: str
+    params: dict[str, Any]
+    meta: dict[str, Any]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+class Codec(ABC):
+    name: ClassVar[str]
+    Config: ClassVar[type]
+
+    def __init__(self, cfg: Any, *, layout: Layout | None = None) -> None:
+        self.cfg = cfg
+        self.layout = None if layout is None else check_layout(layout)
+
+    # --- public API -----------------------------------------------------------------------
+
+    def encode(self, x: Tensor) -> bytes:
+        return self._encode_flat(flat_f32(x, self.name), tuple(x.shape), str(x.dtype).removeprefix("torch."))
+
+    def decode(self, blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
+        header, payload = read_header(blob)
+        if header.codec != self.name:
+            raise IntegrityError(f"blob was encoded with codec {header.codec!r}, not {self.name!r}")
+        return _decode_with(self, header, payload, max_numel)
+
+    def expected_bytes(self, shape: int | Sequence[int]) -> int:
+        """Payload bytes ``encode`` writes for a tensor of ``shape`` (an int: a flat
+        tensor of that many values). The header comes on top of this."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return self._payload_size(_numel(shape), self._plan(shape))
+
+    def bits_per_value(self, shape: int | Sequence[int]) -> float:
+        """Payload bits per value for a tensor of ``shape`` (header excluded)."""
+        d = shape if isinstance(shape, int) else _numel(shape)
+        return 8 * self.expected_bytes(shape) / d if d else 0.0
+
+    # --- what subclasses implement ------------------------------------------------------------
+
+    def _plan(self, shape: tuple[int, ...]) -> dict[str, Any]:
+        return {}
+
+    @abstractmethod
+    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int: ...
+
+    @abstractmethod
+    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes: ...
+
+    @abstractmethod
+    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor: ...
+
+    # --- shared -------------------------------------------------------------------------------
+
+    def _encode_flat(self, flat: Tensor, shape: tuple[int, ...], dtype: str) -> bytes:
+        meta = self._plan(shape)
+        payload = self._compress(flat, meta)
+        size = self._payload_size(flat.numel(), meta)
+        assert len(payload) == size, f"{self.name} wrote {len(payload)} payload bytes, states {size}"
+        header = {"codec": self.name, "shape": list(shape), "dtype": dtype, "params": asdict(self.cfg), "meta": meta}
+        hbytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)) + hbytes + payload
+
+
+def flat_f32(x: Tensor, codec: str) -> Tensor:
+    """The update ``x`` as a contiguous float32 CPU vector (d,) for encoding."""
+    if not x.dtype.is_floating_point:
+        raise UsageError(f"codec {codec!r} encodes floating-point tensors, got dtype {x.dtype}")
+    return x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()  # (d,)
+
+
+def check_layout(layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """A model's parameter shapes as a tuple of int tuples; ``UsageError`` if not."""
+    try:
+        out = tuple(tuple(operator.index(s) for s in shape) for shape in layout)
+    except TypeError:
+        msg = f"codec layout must be a list of parameter shapes (lists of ints), got {layout!r}"
+        raise UsageError(msg[:300]) from None
+    if any(s < 0 for shape in out for s in shape):
+        raise UsageError(f"codec layout has a negative dimension: {out!r}"[:300])
+    return out
+
+
+def read_header(blob: bytes) -> tuple[Header, bytes]:
+    if len(blob) < _PREFIX.size:
+        raise IntegrityError(f"update blob too short ({len(blob)} bytes) to hold a codec header")
+    magic, version, hlen = _PREFIX.unpack_from(blob)
+    if magic != MAGIC:
+        raise IntegrityError(f"not an aitbc update blob (magic {magic!r}, expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise IntegrityError(f"unsupported update format version {version}; this build reads {FORMAT_VERSION}")
+    if hlen > MAX_HEADER or _PREFIX.size + hlen > len(blob):
+        raise IntegrityError(f"update header length {hlen} is out of range for a {len(blob)}-byte blob")
+    try:
+        raw = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
+        header = Header(
+            codec=str(raw["codec"]),
+            shape=tuple(_strict_int(s) for s in raw["shape"]),
+            dtype=str(raw["dtype"]),
+            params=dict(raw["params"]),
+            meta=dict(raw["meta"]),
+        )
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise IntegrityError(f"malformed update header: {type(e).__name__}: {_one_line(e)}") from None
+    if any(s < 0 for s in header.shape):
+        raise IntegrityError(f"update header has a negative dimension: {header.shape}")
+    return header, blob[_PREFIX.size + hlen :]
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message as one short line (torch appends C++ stack frames)."""
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+def _strict_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"dimension {v!r} is not an integer")
+    return v
+
+
+def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -> Tensor:
+    numel = _numel(header.shape)
+    dtype = getattr(torch, header.dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise IntegrityError(f"update header names unknown dtype {header.dtype!r}")
+    try:  # every size the header implies is checked against the payload before any allocation
+        size = codec._payload_size(numel, header.meta)
+    except (ValueError, KeyError, TypeError, ArithmeticError) as e:
+        raise IntegrityError(f"bad {header.codec} header meta: {_one_line(e)}") from None
+    if len(payload) != size:
+        raise IntegrityError(f"{header.codec} payload is {len(payload)} bytes; the header implies {size}")
+    # each dimension too: shape (0, 10**30) holds no values but no tensor can take that shape
+    if numel > max_numel or any(s > max_numel for s in header.shape):
+        msg = f"update header claims shape {header.shape}, more than the allowed {max_numel} values"
+        raise IntegrityError(
+            msg if len(msg) < 300 else f"update header claims more than the allowed {max_numel} values"
+        )
+    try:
+        flat = codec._decompress(payload, header.meta, numel)
+    except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
+        raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
+    if flat.numel() != numel:
+        raise IntegrityError(f"{header.codec} payload decodes to {flat.numel()} values, header says {numel}")
+    return flat.reshape(header.shape).to(dtype)

@@ -1,0 +1,174 @@
+"""The import graph of ``src`` has no cycle, counting imports inside functions too: a cycle
+dodged with a function-level import is still a cycle (STYLE.md: split the module instead).
+And the layers of DESIGN.md point downward: ``core`` and ``training`` never import the
+services, and nothing below the CLI and the SDK imports them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node, except inside ``if TYPE_CHECKING:`` (annotations only: never run)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in its body)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, up level - 1
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from pkg import sub` imports the submodule when there is one
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                while t and t not in mods:  # `import a.b.c` of a name inside a module
+                    t = t.rpartition(".")[0]
+                if t and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.append(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_function_level_imports_count_and_type_checking_ones_do_not():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\ndef f():\n    import b\n")
+    names = {a.name for n in _runtime_nodes(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert names == {"b"}
+
+
+def test_no_import_cycle_in_src():
+    cycles = _cycles(_graph())
+    assert cycles == [], "import cycles (function-level imports count): " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+LAYERS = {  # a module under the key may not import any module under the values
+    "aitbc.core": (
+        "aitbc.training",
+        "aitbc.storage",
+        "aitbc.ledger",
+        "aitbc.market",
+        "aitbc.sim",
+        "aitbc.coordinator",
+        "aitbc.worker",
+        "aitbc.cli",
+        "aitbc_agent_sdk",
+        "aitbc.client",
+        "aitbc.stack",
+    ),
+    "aitbc.training": (
+        "aitbc.ledger",
+        "aitbc.market",
+        "aitbc.sim",
+        "aitbc.coordinator",
+        "aitbc.worker",
+        "aitbc.cli",
+        "aitbc_agent_sdk",
+        "aitbc.client",
+        "aitbc.stack",
+    ),
+    "aitbc.storage": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
+    "aitbc.ledger": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
+    "aitbc.market": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
+    "aitbc.sim": ("aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
+    "aitbc.coordinator": ("aitbc.worker", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
+    "aitbc.worker": ("aitbc.coordinator", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
+    "aitbc.units": ("aitbc.coordinator", "aitbc.cli", "aitbc_agent_sdk"),
+}
+
+
+def _under(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
+def test_layers_point_downward():
+    wrong = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in _graph().items()
+        for layer, banned in LAYERS.items()
+        if _under(mod, layer)
+        for dep in deps
+        if any(_under(dep, b) for b in banned)
+    )
+    assert wrong == []
