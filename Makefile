@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 BENCH_STAMP := $(VENV)/.bench-installed
 LINT_STAMP  := $(VENV)/.lint-installed
 
-.PHONY: run test lint install bench clean
+.PHONY: run test lint test-api install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/aitbc demo --home .aitbc-demo
 
+# The unit, API and end-to-end tests (2 processes), then the API conformance suite on its
+# own, so it prints its case counts (schemathesis against a live coordinator, ~2 min).
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 -m "not schemathesis"
+	$(MAKE) --no-print-directory test-api
+
+test-api: $(STAMP)
+	$(PY) -m pytest -q -m schemathesis tests/api
 
 $(LINT_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[lint]"
