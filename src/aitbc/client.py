@@ -98,9 +98,7 @@ class CoordinatorClient:
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TransportError as e:
-            raise Unreachable(
-                f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)"
-            ) from None
+            raise Unreachable(unreachable_detail(self.base_url, e)) from None
         return _result(r)
 
     def get(self, path: str, **kw: Any) -> Any:
@@ -149,6 +147,11 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as f:
         while block := f.read(_CHUNK):
             yield block
+
+
+def unreachable_detail(url: str, e: Exception) -> str:
+    """What a client says when the coordinator does not answer (the SDK says the same)."""
+    return f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)"
 
 
 def error_fields(r: httpx.Response) -> tuple[str, str]:

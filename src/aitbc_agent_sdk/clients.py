@@ -1,7 +1,11 @@
 """``Agent`` (blocking) and ``AsyncAgent`` (``await`` every method): one driver each for
 the sans-IO operations of :mod:`aitbc_agent_sdk.operations`; their public methods are
 generated from :data:`~aitbc_agent_sdk.operations.OPERATIONS`, so both have the same
-names and signatures by construction."""
+names and signatures by construction.
+
+Type checkers cannot see methods set at import, so they read them from
+``_methods.pyi``, a stub generated from the same table (``python -m
+aitbc_agent_sdk.stub``; a test keeps it current)."""
 
 from __future__ import annotations
 
@@ -9,17 +13,24 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from aitbc.client import unreachable_detail
 from aitbc.errors import AitbcError
 from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
+from aitbc_agent_sdk import money as _money  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.config import AgentConfig
-from aitbc_agent_sdk.errors import CoordinatorUnreachable
+from aitbc_agent_sdk.errors import CoordinatorUnreachable, InvalidArgument
 from aitbc_agent_sdk.operations import OPERATIONS
 from aitbc_agent_sdk.protocol import Close, Http, Offload, Sleep, ensure_error, parse_response
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk._methods import AgentMethods, AsyncAgentMethods
+else:  # the methods themselves are set from OPERATIONS below
+    AgentMethods = AsyncAgentMethods = object
 
 
 class _Core:
@@ -41,27 +52,30 @@ class _Core:
         from aitbc.ledger.signing import sign_request
 
         target, body, headers = req.target(), req.body(), req.headers()
-        if req.sign:
+        if req.sign and self.config.wallet_name is None:
+            if req.method != "GET":  # reads need no signature; everything else does
+                raise InvalidArgument(
+                    "no_wallet",
+                    f"{req.method} {target} must be signed; this agent is read-only (AgentConfig(wallet_name=None))",
+                )
+        elif req.sign:
             if self._wallet is None:
                 from aitbc.ledger.wallet import load_wallet
 
-                self._wallet = load_wallet(self.config.resolved_home, self.config.wallet_name)
+                self._wallet = load_wallet(self.config.resolved_home, self.config.wallet_name or "")
             headers.update(
                 sign_request(self._wallet, req.method, target, body, unsigned_payload=req.content is not None)
             )
         return target, body, headers
 
     def _unreachable(self, e: Exception) -> CoordinatorUnreachable:
-        url = self.config.resolved_coordinator_url
-        return CoordinatorUnreachable(
-            "unreachable", f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up)"
-        )
+        return CoordinatorUnreachable("unreachable", unreachable_detail(self.config.resolved_coordinator_url, e))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.config.name!r}, coordinator={self.config.resolved_coordinator_url!r})"
 
 
-class Agent(_Core):
+class Agent(_Core, AgentMethods):
     """The blocking client (``httpx.Client``). Use as a context manager to close it."""
 
     def _client(self) -> httpx.Client:
@@ -111,7 +125,7 @@ class Agent(_Core):
         self._do(Close())
 
 
-class AsyncAgent(_Core):
+class AsyncAgent(_Core, AsyncAgentMethods):
     """The asyncio client (``httpx.AsyncClient``); every public method is ``async``. Use
     as ``async with`` to close it."""
 
@@ -162,21 +176,21 @@ class AsyncAgent(_Core):
         await self._do(Close())
 
 
-def _sync_method(op):
+def _sync_method(op: Callable[..., Generator]) -> Callable[..., Any]:
     @functools.wraps(op)
-    def method(self, *args, **kwargs):
+    def method(self: Agent, *args: Any, **kwargs: Any) -> Any:
         return self._run(op(self, *args, **kwargs))
 
-    method.__signature__ = inspect.signature(op)
+    method.__signature__ = inspect.signature(op)  # type: ignore[attr-defined]
     return method
 
 
-def _async_method(op):
+def _async_method(op: Callable[..., Generator]) -> Callable[..., Any]:
     @functools.wraps(op)
-    async def method(self, *args, **kwargs):
+    async def method(self: AsyncAgent, *args: Any, **kwargs: Any) -> Any:
         return await self._run(op(self, *args, **kwargs))
 
-    method.__signature__ = inspect.signature(op)
+    method.__signature__ = inspect.signature(op)  # type: ignore[attr-defined]
     return method
 
 

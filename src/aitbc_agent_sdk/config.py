@@ -8,16 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aitbc.client import coordinator_url
+from aitbc.ledger.chain import NETWORKS
 from aitbc_agent_sdk.errors import InvalidArgument
 
-#: The one network this build settles on; the documentation's others are refused clearly.
-SUPPORTED_NETWORKS = ("local",)
+#: The networks this build settles on (the ledger's list); the documentation's others are refused clearly.
+SUPPORTED_NETWORKS = NETWORKS
 
 
 @dataclass
 class AgentConfig:
     """``name``: a label for the agent; ``wallet_name``: the wallet under ``HOME/wallets``
-    that signs every request (``start()`` creates it if missing); ``blockchain_network``:
+    that signs every request (``start()`` creates it if missing; ``None``: a read-only
+    agent, which signs nothing and can only read runs, offers and the ledger); ``blockchain_network``:
     ``local`` (this build settles on the local ledger only); ``coordinator_url``: default
     ``AITBC_COORDINATOR``, else the local stack's (``HOME/stack.json``), else
     ``http://127.0.0.1:8700``; ``home``: default ``AITBC_HOME`` or ``~/.aitbc``;
@@ -25,7 +27,7 @@ class AgentConfig:
 
     name: str
     blockchain_network: str = "local"
-    wallet_name: str = "default"
+    wallet_name: str | None = "default"
     coordinator_url: str | None = None
     home: str | Path | None = None
     timeout: float = 30.0

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from aitbc import run_defaults
 from aitbc_agent_sdk.errors import InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import _amount, operation, rank_free
-from aitbc_agent_sdk.protocol import Http, Op
+from aitbc_agent_sdk.operations import _amount, _max_cost, operation, rank_free
+from aitbc_agent_sdk.protocol import AgentState, Http, Op
 
 PHASES = ("distributing", "training", "aggregating", "complete")
 
@@ -19,7 +20,7 @@ PHASES = ("distributing", "training", "aggregating", "complete")
 
 
 @operation
-def update_training_phase(self, training_id: str, phase: str, **config: Any) -> Op[dict]:
+def update_training_phase(self: AgentState, training_id: str, phase: str, **config: Any) -> Op[dict[str, Any]]:
     """Move a manual run to ``phase`` (``POST /v1/runs/{id}/phase``):
 
     * ``distributing``: from initializing (data attached, workers hired), with the
@@ -38,13 +39,9 @@ def update_training_phase(self, training_id: str, phase: str, **config: Any) -> 
     if phase == "distributing":
         cfg = dict(config)
         run = yield Http("GET", f"/runs/{training_id}")
-        if run.get("budget") is None and cfg.get("max_cost") is None:
-            from aitbc.units import format_price
-
-            hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
-            cfg["max_cost"] = format_price(hired * int(cfg.get("rounds", 10)))
-        elif cfg.get("max_cost") is not None:
-            cfg["max_cost"] = _amount(cfg["max_cost"], "max_cost")
+        max_cost = _max_cost(run, int(cfg.get("rounds", run_defaults.ROUNDS)), cfg.pop("max_cost", None))
+        if max_cost is not None:
+            cfg["max_cost"] = max_cost
         body["config"] = cfg
     elif config:
         raise InvalidArgument("bad_config", f"config ({', '.join(sorted(config))}) goes with phase distributing only")
@@ -53,7 +50,9 @@ def update_training_phase(self, training_id: str, phase: str, **config: Any) -> 
 
 
 @operation
-def send_training_job(self, worker_id: str, training_id: str, shard_id: str, config: dict | None = None) -> Op[dict]:
+def send_training_job(
+    self: AgentState, worker_id: str, training_id: str, shard_id: str, config: dict[str, Any] | None = None
+) -> Op[dict[str, Any]]:
     """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
     of a manual run from the open round on. ``config``: the job's own ``local_steps``,
     ``batch_size``, ``lr`` (default: the run's). Returns the job with ``job_id``."""
@@ -62,7 +61,7 @@ def send_training_job(self, worker_id: str, training_id: str, shard_id: str, con
 
 
 @operation
-def collect_checkpoint(self, worker_id: str, job_id: str) -> Op[dict]:
+def collect_checkpoint(self: AgentState, worker_id: str, job_id: str) -> Op[dict[str, Any]]:
     """The worker's update for the run's open (or just closed) round: ``{checkpoint_id,
     cid, training_id, job_id, worker_id, round, samples, train_loss, size, status}``.
     Not sent yet: :class:`NotFound` (``no_checkpoint``)."""
@@ -80,8 +79,11 @@ def collect_checkpoint(self, worker_id: str, job_id: str) -> Op[dict]:
 
 @operation
 def federated_average(
-    self, checkpoints: list[dict], weights: list[float] | None = None, training_id: str | None = None
-) -> Op[dict]:
+    self: AgentState,
+    checkpoints: list[dict[str, Any]],
+    weights: list[float] | None = None,
+    training_id: str | None = None,
+) -> Op[dict[str, Any]]:
     """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
     of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
     FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
@@ -111,7 +113,7 @@ def federated_average(
 
 
 @operation
-def save_training_results(self, training_id: str, model: dict | str) -> Op[dict]:
+def save_training_results(self: AgentState, training_id: str, model: dict[str, Any] | str) -> Op[dict[str, Any]]:
     """Keep ``model`` (what :meth:`federated_average` returned, or a checkpoint CID of
     one of the run's rounds) as the manual run's model; returns the run's results."""
     cid = model.get("model_id") or model.get("model_cid") if isinstance(model, dict) else model
@@ -125,7 +127,7 @@ def save_training_results(self, training_id: str, model: dict | str) -> Op[dict]
 # --- fault tolerance (any run the agent owns) ---------------------------------------------------
 
 
-def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict]:
+def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
     res = yield Http("GET", f"/workers/{worker_id}/jobs")
     for j in res["data"]:
         if j["job_status"] == "active" and training_id in (None, j["training_id"]):
@@ -135,7 +137,7 @@ def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict]:
 
 
 @operation
-def mark_worker_failed(self, worker_id: str, reason: str | None = None) -> Op[dict]:
+def mark_worker_failed(self: AgentState, worker_id: str, reason: str | None = None) -> Op[dict[str, Any]]:
     """End the worker's active job as ``failed`` (it is flagged and leaves the market
     until it heartbeats again). A manual run's agent then reassigns the shard
     (:meth:`reassign_job`); an automatic run's coordinator does at its next tick.
@@ -148,7 +150,9 @@ def mark_worker_failed(self, worker_id: str, reason: str | None = None) -> Op[di
 
 
 @operation
-def find_replacement_worker(self, gpu_type: str | None = None, exclude: list[str] | None = None) -> Op[dict | None]:
+def find_replacement_worker(
+    self: AgentState, gpu_type: str | None = None, exclude: list[str] | None = None
+) -> Op[dict[str, Any] | None]:
     """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
     None when nobody is free. ``exclude``: worker ids not to pick."""
     from aitbc.market.gpus import normalize_gpu
@@ -160,7 +164,7 @@ def find_replacement_worker(self, gpu_type: str | None = None, exclude: list[str
 
 
 @operation
-def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> Op[dict]:
+def reassign_job(self: AgentState, job_id: str, new_worker_id: str | None = None) -> Op[dict[str, Any]]:
     """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
     hired now at its asking price), or to the best free worker if None. The old job may
     have failed already; an active one is released. Returns the new job."""
@@ -169,7 +173,7 @@ def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> Op[dict
 
 
 @operation
-def request_checkpoint_resend(self, worker_id: str) -> Op[dict]:
+def request_checkpoint_resend(self: AgentState, worker_id: str) -> Op[dict[str, Any]]:
     """Drop the worker's update of the open round (e.g. it failed verification) so the
     worker trains and sends that round again. Returns ``{job_id, round, dropped}``."""
     job = yield from _active_job(worker_id)
@@ -178,8 +182,8 @@ def request_checkpoint_resend(self, worker_id: str) -> Op[dict]:
 
 @operation
 def add_worker(
-    self, training_id: str, worker_id: str | None = None, price: int | float | str | None = None
-) -> Op[dict]:
+    self: AgentState, training_id: str, worker_id: str | None = None, price: int | float | str | None = None
+) -> Op[dict[str, Any]]:
     """Hire one more worker (``worker_id``, or the best free one) at ``price`` (default:
     its asking price). In a manual run that is training, it also gets a job on the shard
     with the fewest workers. An automatic run keeps it as a spare the coordinator uses
@@ -209,7 +213,7 @@ def add_worker(
 
 
 @operation
-def remove_worker(self, training_id: str, worker_id: str) -> Op[dict]:
+def remove_worker(self: AgentState, training_id: str, worker_id: str) -> Op[dict[str, Any]]:
     """Release the worker's job in the run (its contract ends; it is not flagged). A
     manual run's shard then waits for a job the agent sends; an automatic run's
     coordinator refills up to ``max_workers`` from spares and the market."""
@@ -218,7 +222,9 @@ def remove_worker(self, training_id: str, worker_id: str) -> Op[dict]:
 
 
 @operation
-def reduce_worker_workload(self, worker_id: str, factor: float = 0.5, local_steps: int | None = None) -> Op[dict]:
+def reduce_worker_workload(
+    self: AgentState, worker_id: str, factor: float = 0.5, local_steps: int | None = None
+) -> Op[dict[str, Any]]:
     """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
     else its current steps x ``factor`` (at least 1). Returns the job with its ``config``."""
     if local_steps is None and not (isinstance(factor, (int, float)) and 0 < factor <= 1):
@@ -232,7 +238,7 @@ def reduce_worker_workload(self, worker_id: str, factor: float = 0.5, local_step
 
 
 @operation
-def reassign_partial_work(self, worker_id: str, to_worker_id: str | None = None) -> Op[dict]:
+def reassign_partial_work(self: AgentState, worker_id: str, to_worker_id: str | None = None) -> Op[dict[str, Any]]:
     """Split a slow worker's shard in two: it keeps the first half (from its next round)
     and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
     job on the second. Returns ``{job, new_job}``."""
@@ -242,14 +248,14 @@ def reassign_partial_work(self, worker_id: str, to_worker_id: str | None = None)
 
 
 @operation
-def get_shards(self, training_id: str) -> Op[list]:
+def get_shards(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
     """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
     res = yield Http("GET", f"/runs/{training_id}/shards")
     return res["data"]
 
 
 @operation
-def get_worker_checkpoints(self, job_id: str) -> Op[list]:
+def get_worker_checkpoints(self: AgentState, job_id: str) -> Op[list[dict[str, Any]]]:
     """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
     res = yield Http("GET", f"/jobs/{job_id}/updates")
     return res["data"]

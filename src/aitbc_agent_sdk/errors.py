@@ -2,12 +2,16 @@
 
 :class:`AgentError` carries ``status`` (the HTTP status, or ``None`` for errors raised
 before or without a reply), ``code`` (the coordinator's stable error code, e.g.
-``unknown_run``) and ``detail`` (one human line)."""
+``unknown_run``) and ``detail`` (one human line). It is an :class:`aitbc.errors.AitbcError`,
+so the ``aitbc`` command line, which drives the coordinator through this SDK, prints it as
+one ``error:`` line and exits 1 (2 for an :class:`InvalidArgument`)."""
 
 from __future__ import annotations
 
+from aitbc.errors import AitbcError
 
-class AgentError(Exception):
+
+class AgentError(AitbcError):
     status: int | None = None
 
     def __init__(self, code: str, detail: str, status: int | None = None) -> None:
@@ -60,6 +64,8 @@ class CoordinatorUnreachable(AgentError):
 
 class InvalidArgument(AgentError, ValueError):
     """A bad argument caught by the SDK before any request was sent."""
+
+    exit_code = 2  # a usage error, as the command line reports its own
 
 
 class TrainingFailed(AgentError):

@@ -9,19 +9,32 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
-from aitbc_agent_sdk.errors import AgentError, Conflict, InvalidArgument, NotFound, TrainingFailed, WaitTimeout
-from aitbc_agent_sdk.protocol import Close, Http, Offload, Op, Sleep
+from aitbc import run_defaults
+from aitbc.market.ranking import Offer, rank_offers
+from aitbc.units import format_price, parse_price
+from aitbc_agent_sdk.errors import (
+    AgentError,
+    Conflict,
+    IntegrityFailure,
+    InvalidArgument,
+    NotFound,
+    TrainingFailed,
+    WaitTimeout,
+)
+from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Sleep
 
-OPERATIONS: dict[str, Any] = {}
+OPERATIONS: dict[str, Callable[..., Op[Any]]] = {}
 
-RUN_OPTIONS = ("model_options", "seed", "budget", "bond")
 ENDED = ("complete", "failed")
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def operation(fn):
+
+def operation(fn: F) -> F:
     OPERATIONS[fn.__name__] = fn
     return fn
 
@@ -34,27 +47,38 @@ def _amount(value: Any, what: str) -> str:
 
 
 def _micro(text: str) -> int:
-    from aitbc.units import parse_price
-
     return parse_price(text)
+
+
+def _max_cost(run: dict[str, Any], rounds: int, max_cost: int | float | str | None) -> str | None:
+    """The most ``distribute`` may escrow, signed by the owner: ``max_cost`` if given, else
+    for a run without a budget the hired contracts' price x ``rounds`` (what the
+    coordinator will escrow for them); None for a run with a budget (it is escrowed)."""
+    if max_cost is not None:
+        return _amount(max_cost, "max_cost")
+    if run.get("budget") is not None:
+        return None
+    hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
+    return format_price(hired * rounds)
 
 
 # --- lifecycle and wallet ---------------------------------------------------------------
 
 
 @operation
-def start(self) -> Op[dict]:
+def start(self: AgentState) -> Op[dict[str, Any]]:
     """Check the coordinator answers (``GET /v1/health``), load the agent's wallet
-    (created under ``HOME/wallets`` if missing) and return ``{status, name, address,
-    coordinator, network}``."""
+    (created under ``HOME/wallets`` if missing; a read-only agent has none) and return
+    ``{status, name, address, coordinator, network}``."""
     from aitbc.ledger.wallet import ensure_wallet
 
-    self._wallet = yield Offload(ensure_wallet, (self.config.resolved_home, self.config.wallet_name))
+    if self.config.wallet_name is not None:
+        self._wallet = yield Offload(ensure_wallet, (self.config.resolved_home, self.config.wallet_name))
     health = yield Http("GET", "/health")
     return {
         "status": "started",
         "name": self.config.name,
-        "address": self._wallet.address,
+        "address": self.address,
         "coordinator": self.config.resolved_coordinator_url,
         "network": self.config.blockchain_network,
         "coordinator_version": health.get("version"),
@@ -62,30 +86,16 @@ def start(self) -> Op[dict]:
 
 
 @operation
-def stop(self) -> Op[dict]:
+def stop(self: AgentState) -> Op[dict[str, Any]]:
     """Release the agent's connections (runs keep going on the coordinator)."""
     yield Close()
     return {"status": "stopped", "name": self.config.name}
 
 
-@operation
-def fund_wallet(self, amount: int | float | str) -> Op[dict]:
-    """Mint ``amount`` AIT into the agent's wallet from the local network's faucet."""
-    return (
-        yield Http(
-            "POST", "/wallets/fund", {"amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
-        )
-    )
-
-
-@operation
-def get_balance(self) -> Op[dict]:
-    """``{address, network, balance, balance_micro}`` of the agent's wallet."""
-    wallet = yield from _wallet(self)
-    return (yield Http("GET", f"/wallets/{wallet.address}/balance"))
-
-
-def _wallet(self) -> Op[Any]:
+def _wallet(self: AgentState) -> Op[Any]:
+    """The agent's wallet (loaded on first use)."""
+    if self.config.wallet_name is None:
+        raise InvalidArgument("no_wallet", "this agent is read-only (AgentConfig(wallet_name=None)); name a wallet")
     if self._wallet is None:
         from aitbc.ledger.wallet import load_wallet
 
@@ -98,23 +108,29 @@ def _wallet(self) -> Op[Any]:
 
 @operation
 def initialize_distributed_training(
-    self, model_type: str, dataset_size: int | float | str, target_workers: int, **options: Any
-) -> Op[dict]:
+    self: AgentState,
+    model_type: str,
+    dataset_size: int | float | str,
+    target_workers: int,
+    *,
+    model_options: dict[str, Any] | None = None,
+    seed: int = 0,
+    budget: int | float | str | None = None,
+    bond: int | float | str | None = None,
+    control: Literal["automatic", "manual"] = "automatic",
+) -> Op[dict[str, Any]]:
     """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
     ``dataset_size``: a number means GB (``100`` -> ``"100GB"``), or a string such as
-    ``"500MB"``; the real size is measured when the data is uploaded. ``options``:
-    ``model_options`` (dict), ``seed`` (int), ``budget`` (AIT escrowed now; without it
-    ``start_training`` escrows the contracts' cost), ``bond`` (AIT each hired provider
-    locks), ``control``: ``"automatic"`` (default: the coordinator drives the phases) or
-    ``"manual"`` (the agent does, with :meth:`update_training_phase`,
-    :meth:`send_training_job` and :meth:`federated_average`; the coordinator waits)."""
-    control = options.pop("control", "automatic")
+    ``"500MB"``; the real size is measured when the data is uploaded. ``model_options``:
+    the model's options (e.g. ``{"context": 64}``); ``seed``: of the data split and the
+    initial model; ``budget``: AIT escrowed now (without it ``start_training`` escrows the
+    contracts' cost); ``bond``: AIT each hired provider locks (default 0); ``control``:
+    ``"automatic"`` (the coordinator drives the phases) or ``"manual"`` (the agent does,
+    with :meth:`update_training_phase`, :meth:`send_training_job` and
+    :meth:`federated_average`; the coordinator waits)."""
     if control not in ("automatic", "manual"):
         raise InvalidArgument("bad_control", f"control must be 'automatic' or 'manual', got {control!r}")
-    unknown = sorted(set(options) - set(RUN_OPTIONS))
-    if unknown:
-        raise InvalidArgument("bad_option", f"unknown option(s) {', '.join(unknown)}; known: {', '.join(RUN_OPTIONS)}")
     if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, float, str)):
         raise InvalidArgument(
             "bad_size", f"dataset_size must be a number of GB or a size like '500MB', got {dataset_size!r}"
@@ -127,20 +143,22 @@ def initialize_distributed_training(
         "dataset_size": size,
         "target_workers": target_workers,
         "network": self.config.blockchain_network,
-        "model_options": dict(options.get("model_options") or {}),
-        "seed": int(options.get("seed", 0)),
+        "model_options": dict(model_options or {}),
+        "seed": int(seed),
         "control": control,
     }
-    if options.get("budget") is not None:
-        body["budget"] = _amount(options["budget"], "budget")
-    if options.get("bond") is not None:
-        body["bond"] = _amount(options["bond"], "bond")
+    if budget is not None:
+        body["budget"] = _amount(budget, "budget")
+    if bond is not None:
+        body["bond"] = _amount(bond, "bond")
     run = yield Http("POST", "/runs", body)
     return {**run, "phase": run["status"]}
 
 
 @operation
-def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = None, pin: bool = True) -> Op[str]:
+def upload_to_ipfs(
+    self: AgentState, path: str | Path | None = None, data: bytes | None = None, pin: bool = True
+) -> Op[str]:
     """Store a file (``path``) or ``data`` on the coordinator as one content-addressed blob
     and return its CID (CIDv1, as ``ipfs add --cid-version=1`` prints it). ``pin`` is
     accepted for the documentation's sake: the coordinator keeps every blob. A folder is
@@ -169,12 +187,22 @@ def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = No
 
 
 @operation
-def create_data_shards(self, training_id: str, num_shards: int | None = None, data_path: str = "digits") -> Op[list]:
+def upload_data(
+    self: AgentState,
+    training_id: str,
+    data_path: str = "digits",
+    num_shards: int | None = None,
+    *,
+    alpha: float | None = None,
+    max_bytes: int | None = None,
+) -> Op[dict[str, Any]]:
     """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-    an ``.npz``) into shards, upload shards, validation split and manifest, and attach
-    them to the run. Returns ``[{shard_id (CID), samples}]``. An automatic run has one
-    shard per target worker (``num_shards`` must be that or None); a manual run takes any
-    ``num_shards`` (default: ``target_workers``) and the agent sends each shard's job."""
+    an ``.npz``) into shards and a validation split, upload them and the manifest that
+    names them, and attach the manifest to the run. ``num_shards``: as in
+    :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of the shards (IID if
+    None); ``max_bytes``: text corpora, bytes read at most (default 4 MiB). Returns
+    ``{training_id, manifest_cid, shards (CIDs), shard_samples, val_cid, samples,
+    val_samples, data_bytes (measured), dataset_size (declared), dataset, task}``."""
     run = yield Http("GET", f"/runs/{training_id}")
     k = run["target_workers"] if num_shards is None else num_shards
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -185,17 +213,45 @@ def create_data_shards(self, training_id: str, num_shards: int | None = None, da
             f"num_shards={num_shards}: run {training_id} (automatic control) plans one "
             f"shard per target worker, so num_shards must be {run['target_workers']} (or None)",
         )
-    from aitbc.run_data import prepare_run_data
+    if max_bytes is not None and max_bytes <= 0:
+        raise InvalidArgument("bad_argument", f"max_bytes must be > 0, got {max_bytes}")
+    from aitbc.run_data import prepare_run_data  # torch: imported on use
 
-    rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k))
+    rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k, alpha=alpha, max_bytes=max_bytes))
     for cid, blob in rd.blobs():
         yield Http("PUT", f"/blobs/{cid}", content=blob)
-    yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
-    return [{"shard_id": c, "samples": n} for c, n in zip(rd.shard_cids, rd.packaged.samples)]
+    detail = yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
+    return {
+        "training_id": training_id,
+        "manifest_cid": rd.manifest_cid,
+        "shards": rd.shard_cids,
+        "shard_samples": list(rd.packaged.samples),
+        "val_cid": rd.val_cid,
+        "samples": sum(rd.packaged.samples),
+        "val_samples": rd.packaged.val_samples,
+        "data_bytes": detail["data_bytes"],
+        "dataset_size": run["dataset_size"],
+        "dataset": rd.dataset.name,
+        "task": rd.dataset.spec.task,
+    }
 
 
 @operation
-def get_training_status(self, training_id: str) -> Op[dict]:
+def create_data_shards(
+    self: AgentState, training_id: str, num_shards: int | None = None, data_path: str = "digits"
+) -> Op[list[dict[str, Any]]]:
+    """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
+    an ``.npz``) into shards, upload shards, validation split and manifest, and attach
+    them to the run. Returns ``[{shard_id (CID), samples}]``. An automatic run has one
+    shard per target worker (``num_shards`` must be that or None); a manual run takes any
+    ``num_shards`` (default: ``target_workers``) and the agent sends each shard's job.
+    :meth:`upload_data` does the same with more options and returns more."""
+    up = yield from upload_data(self, training_id, data_path, num_shards)
+    return [{"shard_id": c, "samples": n} for c, n in zip(up["shards"], up["shard_samples"])]
+
+
+@operation
+def get_training_status(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
     """The run's detail (``GET /v1/runs/{id}``) plus ``phase`` (its status:
     initializing, distributing, training, aggregating, paused, complete, failed)."""
     run = yield Http("GET", f"/runs/{training_id}")
@@ -203,13 +259,22 @@ def get_training_status(self, training_id: str) -> Op[dict]:
 
 
 @operation
+def list_trainings(self: AgentState, status: str | None = None, owner: str | None = None) -> Op[list[dict[str, Any]]]:
+    """Every run on the coordinator, newest first (``status``: only runs in that state;
+    ``owner``: only runs of that wallet address): ``[{training_id, status, model_type,
+    round, rounds, val_loss, target_workers, owner, created_at, ...}]``."""
+    res = yield Http("GET", "/runs", params={"status": status, "owner": owner})
+    return res["data"]
+
+
+@operation
 def discover_gpu_workers(
-    self,
+    self: AgentState,
     min_gpu: str | None = None,
     required_workers: int = 1,
     max_price: int | float | str | None = None,
     training_id: str | None = None,
-) -> Op[list]:
+) -> Op[list[dict[str, Any]]]:
     """The best ``required_workers`` live, free offers, ranked by the marketplace score:
     ``[{worker_id, gpu_type, price, reputation, availability, score, ...}]`` (the market's
     view of each offer, plus its score), best first
@@ -218,20 +283,16 @@ def discover_gpu_workers(
     (``not_enough_workers``).
 
     With ``training_id``, ranking and hiring are one step on the coordinator
-    (``POST /v1/runs/{id}/discover``): the best are hired at their asking price and every
-    ranked offer is returned with ``hired`` (the hired ones carry ``contract_id``)."""
-    if isinstance(required_workers, bool) or not isinstance(required_workers, int) or required_workers < 1:
-        raise InvalidArgument("bad_workers", f"required_workers must be an integer >= 1, got {required_workers!r}")
+    (:meth:`hire_workers`): the best are hired at their asking price and every ranked
+    offer is returned with ``hired`` (the hired ones carry ``contract_id``)."""
     if training_id is not None:
-        body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
-        if max_price is not None:
-            body["max_price"] = _amount(max_price, "max_price")
-        res = yield Http("POST", f"/runs/{training_id}/discover", body)
+        res = yield from hire_workers(self, training_id, required_workers, min_gpu=min_gpu, max_price=max_price)
         contracts = {c["worker_id"]: c for c in res["contracts"]}
         return [
             {**r, **({"contract_id": contracts[r["worker_id"]]["contract_id"]} if r["worker_id"] in contracts else {})}
             for r in res["ranked"]
         ]
+    _check_workers(required_workers)
     limit = None if max_price is None else _micro(_amount(max_price, "max_price")) / 1_000_000
     res = yield Http("GET", "/market/offers")
     ranked = rank_free(res["data"], min_gpu=min_gpu, max_price=limit)
@@ -244,26 +305,57 @@ def discover_gpu_workers(
     return ranked[:required_workers]
 
 
-def rank_free(
-    offers: list[dict], *, min_gpu: str | None = None, max_price: float | None = None, exclude: set[str] = frozenset()
-) -> list[dict]:
-    """The live offers (``GET /v1/market/offers``) no run holds, best first by the
-    marketplace's ranking, each with its ``score`` added."""
-    from aitbc.market.ranking import Offer, rank_offers
+def _check_workers(required_workers: int) -> None:
+    if isinstance(required_workers, bool) or not isinstance(required_workers, int) or required_workers < 1:
+        raise InvalidArgument("bad_workers", f"required_workers must be an integer >= 1, got {required_workers!r}")
 
+
+@operation
+def hire_workers(
+    self: AgentState,
+    training_id: str,
+    required_workers: int,
+    min_gpu: str | None = None,
+    max_price: int | float | str | None = None,
+) -> Op[dict[str, Any]]:
+    """Rank the live, free offers on the coordinator (``POST /v1/runs/{id}/discover``) and
+    hire the best ``required_workers`` for the run at their asking price, in one step.
+    Returns ``{ranked: [{worker_id, gpu_type, price, reputation, availability, score,
+    hired}], contracts: [{contract_id, worker_id, price, ...}], count (hired)}``. Too few
+    match: :class:`Conflict` (``not_enough_workers``) and nobody is hired."""
+    _check_workers(required_workers)
+    body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
+    if max_price is not None:
+        body["max_price"] = _amount(max_price, "max_price")
+    return (yield Http("POST", f"/runs/{training_id}/discover", body))
+
+
+def market_offer(o: dict[str, Any]) -> Offer:
+    """An offer of ``GET /v1/market/offers`` as the marketplace's :class:`Offer` (to score
+    or rank it here; the price from its exact micro-AIT)."""
+    return Offer(
+        worker_id=o["worker_id"],
+        gpu=o["gpu_type"],
+        price=o["price_micro"] / 1_000_000,
+        reputation=o["reputation"],
+        availability=o["availability"],
+        last_heartbeat=o.get("last_heartbeat", 0.0),
+    )
+
+
+def rank_free(
+    offers: list[dict[str, Any]],
+    *,
+    min_gpu: str | None = None,
+    max_price: float | None = None,
+    exclude: set[str] | frozenset[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """The live offers (``GET /v1/market/offers``) no run holds, best first by the
+    marketplace's ranking, each with its ``score`` added. (The coordinator judged them
+    live; no clock is read here.)"""
     free = {o["worker_id"]: o for o in offers if not o.get("busy") and o["worker_id"] not in exclude}
     ranked = rank_offers(
-        [
-            Offer(
-                worker_id=o["worker_id"],
-                gpu=o["gpu_type"],
-                price=o["price_micro"] / 1_000_000,
-                reputation=o["reputation"],
-                availability=o["availability"],
-                last_heartbeat=0.0,
-            )
-            for o in free.values()
-        ],
+        [market_offer(o) for o in free.values()],
         min_gpu=min_gpu,
         max_price=max_price,
         now=0.0,
@@ -273,36 +365,87 @@ def rank_free(
 
 
 @operation
-def start_training(self, training_id: str, rounds: int = 5, local_steps: int = 20, **config: Any) -> Op[dict]:
-    """Assign the shards to the hired workers and start the rounds (``distribute``).
-    ``config``: batch_size, lr, outer, aggregator, compression, error_feedback, deadline,
-    quorum, min_workers, max_workers, eval_every, max_cost. A run without a budget escrows
-    the contracts' cost now; unless ``max_cost`` is given it is the contracts' price x
-    rounds (what the CLI signs). Returns the run detail with ``phase``."""
-    body: dict[str, Any] = {"rounds": rounds, "local_steps": local_steps, **config}
+def start_training(
+    self: AgentState,
+    training_id: str,
+    rounds: int = run_defaults.ROUNDS,
+    local_steps: int = run_defaults.LOCAL_STEPS,
+    *,
+    batch_size: int = run_defaults.BATCH_SIZE,
+    lr: float = run_defaults.LR,
+    inner_opt: str = run_defaults.INNER_OPT,
+    outer: str = run_defaults.OUTER,
+    outer_options: dict[str, Any] | None = None,
+    aggregator: str = run_defaults.AGGREGATOR,
+    compression: str = run_defaults.COMPRESSION,
+    error_feedback: bool = run_defaults.ERROR_FEEDBACK,
+    deadline: float | None = None,
+    quorum: int | None = None,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    eval_every: int = run_defaults.EVAL_EVERY,
+    max_cost: int | float | str | None = None,
+) -> Op[dict[str, Any]]:
+    """Assign the shards to the hired workers and start the rounds (``distribute``):
+    ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
+    ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
+    ``trimmed-mean:beta=0.2``) and the ``outer`` optimizer (fedavg, diloco; its
+    ``outer_options``), updates sent through ``compression`` (e.g. ``int8``,
+    ``topk:ratio=0.01``; ``error_feedback`` keeps each worker's residual). ``deadline``:
+    seconds a round waits at most, then closes with ``quorum`` accepted updates (default
+    ``min_workers``, default 1); ``max_workers``: joiners included (default: target
+    workers); the model is evaluated every ``eval_every`` rounds. A run without a budget
+    escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
+    price x rounds. Returns the run detail with ``phase``."""
     run = yield Http("GET", f"/runs/{training_id}")
-    if run.get("budget") is None and body.get("max_cost") is None:
-        from aitbc.units import format_price
-
-        hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
-        body["max_cost"] = format_price(hired * rounds)
-    elif body.get("max_cost") is not None:
-        body["max_cost"] = _amount(body["max_cost"], "max_cost")
+    body: dict[str, Any] = {
+        "rounds": rounds,
+        "local_steps": local_steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "inner_opt": inner_opt,
+        "outer": outer,
+        "aggregator": aggregator,
+        "compression": compression,
+        "error_feedback": error_feedback,
+        "deadline": deadline,
+        "quorum": quorum,
+        "min_workers": min_workers,
+        "max_workers": max_workers,
+        "eval_every": eval_every,
+        "max_cost": _max_cost(run, rounds, max_cost),
+    }
+    if outer_options is not None:
+        body["outer_options"] = dict(outer_options)
     run = yield Http("POST", f"/runs/{training_id}/distribute", body)
     return {**run, "phase": run["status"]}
 
 
 @operation
-def stop_training(self, training_id: str) -> Op[dict]:
-    """End the run now (it ends as ``failed``: stopped by the owner)."""
+def stop_training(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+    """End the run now (it ends as ``failed``: stopped by the owner; its workers are
+    released). Returns the run's detail."""
     return (yield Http("POST", f"/runs/{training_id}/stop"))
+
+
+@operation
+def pause_training(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+    """Hold an automatic run after its current round's updates (``paused``); returns the
+    run's detail. :meth:`resume_training` continues it."""
+    return (yield Http("POST", f"/runs/{training_id}/pause"))
+
+
+@operation
+def resume_training(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+    """Continue a paused run; returns the run's detail."""
+    return (yield Http("POST", f"/runs/{training_id}/resume"))
 
 
 # --- workers --------------------------------------------------------------------------------
 
 
 @operation
-def get_all_workers(self, training_id: str) -> Op[list]:
+def get_all_workers(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
     """Every job of the run (one per worker, replacements included) with progress, loss,
     epoch, status, score and heartbeat age."""
     run = yield Http("GET", f"/runs/{training_id}")
@@ -310,14 +453,14 @@ def get_all_workers(self, training_id: str) -> Op[list]:
 
 
 @operation
-def get_active_workers(self, training_id: str) -> Op[list]:
+def get_active_workers(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
     """The run's jobs still working (not failed, released or replaced)."""
     run = yield Http("GET", f"/runs/{training_id}")
     return [w for w in run["workers"] if w["job_status"] == "active"]
 
 
 @operation
-def get_worker_progress(self, job_id: str) -> Op[dict]:
+def get_worker_progress(self: AgentState, job_id: str) -> Op[dict[str, Any]]:
     """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``), plus
     ``job_id, worker_id, training_id, rounds_done, job_status`` (active, failed,
     released), ``round`` (the run's open round) and ``round_update`` (``accepted`` or
@@ -339,7 +482,7 @@ def get_worker_progress(self, job_id: str) -> Op[dict]:
 
 
 @operation
-def get_worker_job(self, worker_id: str) -> Op[dict | None]:
+def get_worker_job(self: AgentState, worker_id: str) -> Op[dict[str, Any] | None]:
     """The worker's current (active) job, or its most recent one, or None if it never had one."""
     res = yield Http("GET", f"/workers/{worker_id}/jobs")
     active = [j for j in res["data"] if j["job_status"] == "active"]
@@ -347,11 +490,15 @@ def get_worker_job(self, worker_id: str) -> Op[dict | None]:
 
 
 @operation
-def negotiate_worker_contract(self, worker_id: str, training_id: str, price: float | str) -> Op[dict]:
+def negotiate_worker_contract(
+    self: AgentState, worker_id: str, training_id: str, price: int | float | str
+) -> Op[dict[str, Any]]:
     """Hire one provider for the run at ``price`` AIT per round: accepted when it is at
     least the provider's asking price (else ``Conflict`` with code ``price_rejected``).
     Returns ``{contract_id, price, worker_id, training_id, status}``."""
-    c = yield Http("POST", f"/runs/{training_id}/contracts", json={"worker_id": worker_id, "price": str(price)})
+    c = yield Http(
+        "POST", f"/runs/{training_id}/contracts", json={"worker_id": worker_id, "price": _amount(price, "price")}
+    )
     return {
         "contract_id": c["contract_id"],
         "price": c["price"],
@@ -362,14 +509,17 @@ def negotiate_worker_contract(self, worker_id: str, training_id: str, price: flo
 
 
 @operation
-def get_available_workers(self) -> Op[list]:
-    """The live offers on the market (``GET /v1/market/offers``)."""
-    res = yield Http("GET", "/market/offers")
+def get_available_workers(self: AgentState, include_offline: bool = False) -> Op[list[dict[str, Any]]]:
+    """The live offers on the market (``GET /v1/market/offers``): ``[{worker_id,
+    gpu_type, device, price, price_micro, reputation, availability, status, live, busy,
+    last_heartbeat, last_heartbeat_age}]``. ``include_offline``: also offers that are not
+    live (failed, silent), with their status."""
+    res = yield Http("GET", "/market/offers", params={"all": "true" if include_offline else None})
     return res["data"]
 
 
 @operation
-def ping_worker(self, worker_id: str, max_age: float | None = None) -> Op[dict]:
+def ping_worker(self: AgentState, worker_id: str, max_age: float | None = None) -> Op[dict[str, Any]]:
     """``{worker_id, alive, last_heartbeat_age, status, gpu_type, busy}`` from the
     market's view of the worker. alive: online and heard from within ``max_age`` seconds
     (default: the coordinator's lease; workers heartbeat several times per lease)."""
@@ -392,7 +542,7 @@ def ping_worker(self, worker_id: str, max_age: float | None = None) -> Op[dict]:
 
 
 @operation
-def get_all_checkpoints(self, training_id: str) -> Op[list]:
+def get_all_checkpoints(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
     """``[{round, checkpoint_cid, val_loss, val_accuracy}]``, round 0 being the initial model."""
     res = yield Http("GET", f"/runs/{training_id}/rounds")
     return [
@@ -407,15 +557,14 @@ def get_all_checkpoints(self, training_id: str) -> Op[list]:
 
 
 @operation
-def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
+def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[dict[str, Any]]:
     """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
-    the coordinator, re-hash it against its CID and check it is a checkpoint (of the
-    round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
+    the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
+    the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
     is re-hashed and decoded. Returns ``{valid, cid, round, detail}``; never raises for a
     bad checkpoint, only for an unreachable coordinator."""
     from aitbc.errors import AitbcError
     from aitbc.storage.cid import cid_of_bytes
-    from aitbc.training.checkpoint import read_metadata
 
     if isinstance(checkpoint, dict) and checkpoint.get("job_id") and checkpoint.get("cid"):
         return (yield from _verify_update(checkpoint))
@@ -437,7 +586,7 @@ def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
     if actual != cid:
         return {"valid": False, "cid": cid, "round": claimed, "detail": f"blob hashes to {actual}, not {cid}"}
     try:
-        meta = read_metadata(data)
+        meta = yield Offload(_read_checkpoint, (data,))
     except AitbcError as e:
         return {"valid": False, "cid": cid, "round": claimed, "detail": str(e)}
     rnd = int(meta["round"]) if str(meta.get("round", "")).isdigit() else None
@@ -446,7 +595,16 @@ def verify_checkpoint(self, checkpoint: dict | str) -> Op[dict]:
     return {"valid": True, "cid": cid, "round": rnd, "detail": "hash and checkpoint OK"}
 
 
-def _verify_update(update: dict) -> Op[dict]:
+def _read_checkpoint(data: bytes) -> dict[str, str]:
+    """A checkpoint's metadata, once its tensors load (safetensors, finite)."""
+    from aitbc.training.checkpoint import bytes_to_tensors, read_metadata  # torch: imported on use
+
+    meta = read_metadata(data)
+    bytes_to_tensors(data)
+    return meta
+
+
+def _verify_update(update: dict[str, Any]) -> Op[dict[str, Any]]:
     """A worker's update (from :meth:`collect_checkpoint`): its blob hashes to its CID and
     decodes as an update."""
     from aitbc.core.compression import decode
@@ -477,7 +635,7 @@ def _verify_update(update: dict) -> Op[dict]:
 
 
 @operation
-def get_training_progress(self, training_id: str) -> Op[dict]:
+def get_training_progress(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
     """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}``: speed
     is rounds completed per second since training started; target_speed is 1/deadline
     (rounds per second a round deadline allows), or None without a deadline."""
@@ -497,7 +655,9 @@ def get_training_progress(self, training_id: str) -> Op[dict]:
 
 
 @operation
-def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: float = 1.0) -> Op[dict]:
+def wait_for_completion(
+    self: AgentState, training_id: str, timeout: float = 600.0, poll: float = 1.0
+) -> Op[dict[str, Any]]:
     """Poll the run until it ends; returns its detail when ``complete``. Raises
     :class:`TrainingFailed` if it fails and :class:`WaitTimeout` after ``timeout`` s."""
     t0 = time.monotonic()
@@ -518,24 +678,71 @@ def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: fl
 
 
 @operation
-def get_results(self, training_id: str) -> Op[dict]:
+def get_results(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
     """Final metrics, the model's CID, every checkpoint and the workers' scores."""
     return (yield Http("GET", f"/runs/{training_id}/results"))
+
+
+@operation
+def download_model(
+    self: AgentState, training_id: str, path: str | Path, round: int | None = None
+) -> Op[dict[str, Any]]:
+    """Write the run's model (``round``: that round's checkpoint; default the latest) to
+    the file ``path`` as a safetensors checkpoint, verified against its CID first; the
+    file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
+    :class:`Conflict` (``no_model``); no such round: :class:`NotFound`."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise InvalidArgument("bad_argument", f"{out} is a directory; give the file to write")
+    if not out.parent.exists():
+        raise NotFound("not_found", f"no such directory: {out.parent}")
+    res = yield Http("GET", f"/runs/{training_id}/results")
+    cid = res["model_cid"]
+    if round is not None:
+        match = [ck["cid"] for ck in res["checkpoints"] if ck["round"] == round]
+        if not match:
+            raise NotFound(
+                "unknown_round",
+                f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res['checkpoints']) - 1})",
+            )
+        cid = match[0]
+    if cid is None:
+        raise Conflict("no_model", f"run {training_id} has no model yet (status {res['status']})")
+    data = yield from _download(cid)
+    yield Offload(_write_whole, (out, data))
+    return {"training_id": training_id, "path": str(out), "cid": cid, "bytes": len(data)}
+
+
+def _download(cid: str) -> Op[bytes]:
+    """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
+    from aitbc.storage.cid import cid_of_bytes
+
+    data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    actual = yield Offload(cid_of_bytes, (data,))
+    if actual != cid:
+        raise IntegrityFailure("integrity", f"blob {cid} from the coordinator does not hash to its CID (got {actual})")
+    return data
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 # --- payments ---------------------------------------------------------------------------
 
 
 @operation
-def get_payments(self, training_id: str) -> Op[dict]:
+def get_payments(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
     """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
     return (yield Http("GET", f"/runs/{training_id}/payments"))
 
 
 @operation
 def process_payment(
-    self, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
-) -> Op[dict]:
+    self: AgentState, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
+) -> Op[dict[str, Any]]:
     """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
     run's owner only). The run is found among the agent's runs from the contract (which
     must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
@@ -553,10 +760,10 @@ def process_payment(
     return (yield Http("POST", f"/runs/{training_id}/payments", {"contract_id": contract_id, "amount": amount_text}))
 
 
-def _run_of_contract(self, contract_id: str, *, worker_id: str) -> Op[str]:
+def _run_of_contract(self: AgentState, contract_id: str, *, worker_id: str) -> Op[str]:
     wallet = yield from _wallet(self)
-    runs = yield Http("GET", "/runs", params={"owner": wallet.address})
-    for r in runs["data"]:
+    runs = yield from list_trainings(self, owner=wallet.address)
+    for r in runs:
         detail = yield Http("GET", f"/runs/{r['training_id']}")
         for c in detail["contracts"]:
             if c["contract_id"] == contract_id:
@@ -569,7 +776,7 @@ def _run_of_contract(self, contract_id: str, *, worker_id: str) -> Op[str]:
 
 
 @operation
-def refund_payments(self, training_id: str) -> Op[dict]:
+def refund_payments(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
     """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
     returns the payments view. A run still going: :class:`Conflict` (``bad_state``)."""
     return (yield Http("POST", f"/runs/{training_id}/refund"))

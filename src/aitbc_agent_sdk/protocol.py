@@ -7,14 +7,27 @@ from __future__ import annotations
 import json as _json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
 from aitbc.client import error_fields
-from aitbc_agent_sdk.errors import AgentError, error_for
+from aitbc.errors import IntegrityError, NotFoundError, UsageError
+from aitbc_agent_sdk.config import AgentConfig
+from aitbc_agent_sdk.errors import AgentError, IntegrityFailure, InvalidArgument, NotFound, error_for
 
 T = TypeVar("T")
+
+
+class AgentState(Protocol):
+    """What an operation may read of the agent it runs for (its ``self``): the config and
+    the wallet, loaded on first use (``None`` until then)."""
+
+    config: AgentConfig
+    _wallet: Any
+
+    @property
+    def address(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -81,15 +94,12 @@ def parse_response(r: httpx.Response, req: Http) -> Any:
 
 def ensure_error(e: BaseException) -> AgentError:
     """Local errors of the ``aitbc`` package as :class:`AgentError` (one hierarchy)."""
-    from aitbc.errors import IntegrityError, NotFoundError, UsageError
-    from aitbc_agent_sdk.errors import IntegrityFailure, InvalidArgument, NotFound
-
     if isinstance(e, AgentError):
         return e
     if isinstance(e, IntegrityError):
         return IntegrityFailure("integrity", str(e))
     if isinstance(e, NotFoundError):
-        return NotFound("not_found", str(e).strip("'\""))
+        return NotFound("not_found", str(e))
     if isinstance(e, UsageError):
-        return InvalidArgument("bad_argument", str(e))
+        return InvalidArgument(getattr(e, "code", "bad_argument"), str(e))
     return AgentError("error", str(e))

@@ -4,21 +4,22 @@ prints it as Markdown (``docs/SDK.md`` is this output; a test keeps them equal).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 from aitbc_agent_sdk import errors
 from aitbc_agent_sdk.clients import Agent
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.operations import OPERATIONS
+from aitbc_agent_sdk.stub import parameters, returns
 
 
 def _doc(obj: object) -> str:
     return inspect.cleandoc(obj.__doc__ or "(no description)")
 
 
-def _signature(name: str, fn: object) -> str:
-    sig = inspect.signature(fn)
-    params = [p for p in sig.parameters.values() if p.name != "self"]
-    return f"{name}({', '.join(str(p) for p in params)})"
+def _signature(name: str, fn: Callable[..., Any]) -> str:
+    return f"{name}({', '.join(parameters(fn, defaults=True))}) -> {returns(fn)}"
 
 
 def render() -> str:
@@ -47,7 +48,7 @@ def render() -> str:
             f"### `{name}`",
             "",
             "```python",
-            _signature(name, getattr(Agent, name)),
+            _signature(name, OPERATIONS[name]),
             "```",
             "",
             _doc(getattr(Agent, name)),

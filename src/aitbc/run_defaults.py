@@ -1,0 +1,26 @@
+"""The default training settings of a run, one value each.
+
+``aitbc simulate``, ``aitbc distributed-training distribute`` (and ``demo``) and the SDK's
+``start_training`` take their defaults from here, so a simulation with no flags plans the
+same training as a live run with none. The coordinator's ``Distribute`` request body
+declares the same values (a test holds them equal), so a client that omits a field gets
+what these name.
+
+Ten rounds: enough for the bundled MLP on ``digits`` to pass 90% validation accuracy
+with eight workers, and a live run's escrow (price x rounds) that stays small by default.
+"""
+
+from __future__ import annotations
+
+ROUNDS = 10  # aggregation rounds
+LOCAL_STEPS = 20  # H: inner optimizer steps per worker per round
+BATCH_SIZE = 32  # samples per inner step
+LR = 1e-3  # inner learning rate
+INNER_OPT = "adamw"
+OUTER = "fedavg"  # outer optimizer
+AGGREGATOR = "mean"  # robust rule spec
+COMPRESSION = "none"  # update codec spec
+ERROR_FEEDBACK = False
+MODE = "sync"
+EVAL_EVERY = 1  # evaluate every N rounds (and after the last)
+MAX_CORPUS_BYTES = 4 << 20  # text datasets: bytes read at most
