@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from aitbc.coordinator.api.deps import CtxDep, StreamSignerDep
+from aitbc.coordinator.api.responses import BlobStored, errors
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
 from aitbc.coordinator.workers import flag_blob
 from aitbc.errors import AitbcError, IntegrityError
@@ -14,6 +17,14 @@ from aitbc.storage.cid import is_cid
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
 _BLOCK = 1 << 20  # bytes buffered per write to disk
+BINARY: dict[str, Any] = {"schema": {"type": "string", "format": "binary"}}
+BLOB: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The blob's bytes",
+        "content": {"application/octet-stream": BINARY},
+        "headers": {"X-Aitbc-Cid": {"description": "the blob's CID", "schema": {"type": "string"}}},
+    }
+}
 
 
 def _check_cid(cid: str) -> None:
@@ -21,7 +32,13 @@ def _check_cid(cid: str) -> None:
         raise bad_request("bad_cid", f"{cid!r} is not a CIDv1 (base32, starts with 'b')")
 
 
-@router.put("/{cid}", status_code=201)
+@router.put(
+    "/{cid}",
+    status_code=201,
+    response_model=BlobStored,
+    responses=errors(400, 413),
+    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": BINARY}}},
+)
 async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSignerDep) -> dict:
     """Store the request body under ``cid``; refused (400) unless the bytes hash to it,
     (413) over the size limit. Storing a blob already held is a no-op."""
@@ -60,7 +77,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
         return {"cid": cid, "size": w.size, "stored": True}
 
 
-@router.get("/{cid}")
+@router.get("/{cid}", response_class=FileResponse, responses={**BLOB, **errors(400, 404)})
 def get_blob(cid: str, ctx: CtxDep) -> FileResponse:
     _check_cid(cid)
     path = ctx.store.dir / cid
@@ -69,6 +86,6 @@ def get_blob(cid: str, ctx: CtxDep) -> FileResponse:
     return FileResponse(path, media_type="application/octet-stream", headers={"X-Aitbc-Cid": cid})
 
 
-@router.head("/{cid}")
+@router.head("/{cid}", response_class=FileResponse, responses={**BLOB, **errors(400, 404)})
 def head_blob(cid: str, ctx: CtxDep) -> FileResponse:
     return get_blob(cid, ctx)

@@ -1,0 +1,81 @@
+"""The API's contract as its OpenAPI document states it: every route declares what it
+returns and every error it sends, in our one error shape; an internal error says nothing
+of the internals. (The schemathesis suite in tests/api checks replies against it.)"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from aitbc.coordinator.app import INTERNAL_DETAIL, create_app
+from aitbc.coordinator.config import Settings
+
+
+def test_the_document_declares_our_error_shape_and_every_output(server, api) -> None:
+    doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    assert "HTTPValidationError" not in str(doc), "FastAPI's 422 shape is not what the app sends"
+    assert set(doc["components"]["schemas"]["ErrorBody"]["properties"]) == {"error", "detail"}
+    ops = [(m.upper() + " " + path, op) for path, item in doc["paths"].items() for m, op in item.items()]
+    assert len(ops) >= 45
+    for label, op in ops:
+        responses = op["responses"]
+        ok = [s for s in responses if s.startswith("2")]
+        assert len(ok) == 1, (label, list(responses))
+        content = responses[ok[0]]["content"]
+        if label.endswith("/v1/blobs/{cid}") and not label.startswith("PUT"):
+            assert list(content) == ["application/octet-stream"], label
+        else:
+            assert content["application/json"]["schema"].get("$ref"), (label, "declares no response model")
+        for status, spec in responses.items():
+            if status.startswith(("4", "5")):
+                schema = spec["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (label, status)
+        if "requestBody" in op and "application/json" in op["requestBody"]["content"]:
+            assert {"400", "422"} <= set(responses), (label, "a JSON body can be malformed or invalid")
+    signed = {label for label, op in ops if "401" in op["responses"]}
+    assert "POST /v1/runs" in signed and "PUT /v1/blobs/{cid}" in signed and "POST /v1/workers/heartbeat" in signed
+    assert not {label for label in signed if label.startswith("GET") and "/job" not in label}, signed
+
+
+def test_signed_routes_answer_the_declared_401(server, api) -> None:
+    doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    with server.http() as http:
+        r = http.post("/v1/runs/training_000000000000/stop", content=b"")
+        assert "401" in doc["paths"]["/v1/runs/{run_id}/stop"]["post"]["responses"]
+        api.assert_error(r, 401, "missing_signature")
+
+
+def test_an_internal_error_echoes_nothing_and_logs_the_traceback(tmp_path, caplog) -> None:
+    app = create_app(Settings(home=tmp_path), run_driver=False)
+
+    def boom() -> None:
+        raise RuntimeError("connection to postgres://admin:hunter2@db/aitbc failed")
+
+    app.add_api_route("/v1/test-internal-error", boom, include_in_schema=False)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        while not server.started:
+            time.sleep(0.01)
+        with caplog.at_level(logging.ERROR, logger="aitbc.coordinator"):
+            r = httpx.get(url + "/v1/test-internal-error", timeout=10)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal_error", "detail": INTERNAL_DETAIL}
+    assert "hunter2" not in r.text
+    logged = [rec for rec in caplog.records if rec.name == "aitbc.coordinator" and rec.exc_info]
+    assert len(logged) == 1, caplog.text
+    assert "GET /v1/test-internal-error" in logged[0].getMessage()
+    assert "hunter2" in caplog.text  # the operator sees it in the log, once
