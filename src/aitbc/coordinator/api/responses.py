@@ -16,6 +16,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from aitbc.coordinator.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus, UpdateStatus
+
 T = TypeVar("T")
 
 
@@ -86,7 +88,7 @@ class BlobStored(Reply):
 
 class RunSummary(Reply):
     training_id: str
-    status: str
+    status: RunStatus
     owner: str
     model_type: str
     dataset_size: str
@@ -94,7 +96,7 @@ class RunSummary(Reply):
     round: int
     rounds: int | None
     val_loss: float | None
-    control: Literal["automatic", "manual"]
+    control: Control
     created_at: float
     updated_at: float
 
@@ -105,7 +107,7 @@ class ContractView(Reply):
     training_id: str
     price: str
     price_micro: int
-    status: str
+    status: ContractStatus
     score: float
 
 
@@ -115,13 +117,13 @@ class JobView(Reply):
     contract_id: str
     shard_index: int
     shard_cid: str
-    job_status: str
+    job_status: JobStatus
     status: str = Field(description="the worker's last reported status while the job is active, else the job's")
     progress: float
     loss: float | None
     epoch: float
     rounds_done: int
-    this_round: str | None
+    this_round: UpdateStatus | None = Field(description="its update of the open round, if sent")
     joined_round: int
     replaces: str | None
     end_reason: str | None
@@ -165,7 +167,7 @@ class RunDetail(RunSummary):
     deadline_at: float | None
     started_at: float | None
     finished_at: float | None
-    paused_from: str | None
+    paused_from: RunStatus | None
     contracts: list[ContractView]
     workers: list[RunWorker]
     time: float
@@ -210,12 +212,12 @@ class Checkpoint(Reply):
 class ResultWorker(WorkerScore):
     worker_id: str
     contract_id: str
-    status: str
+    status: ContractStatus
 
 
 class Results(Reply):
     training_id: str
-    status: str
+    status: RunStatus
     error: str | None
     model_cid: str | None
     rounds_completed: int
@@ -240,7 +242,7 @@ class WorkerPay(Reply):
     worker_id: str
     contract_id: str
     price: str
-    status: str
+    status: ContractStatus
     rounds_accepted: int
     rounds_scored: int
     score: float | None
@@ -258,7 +260,7 @@ class WorkerPay(Reply):
 class Payments(Page[WorkerPay]):
     training_id: str
     network: str
-    control: Literal["automatic", "manual"]
+    control: Control
     escrowed: str
     escrow_balance: str
     settled_round: int
@@ -290,7 +292,7 @@ class ShardView(Reply):
 class JobDetail(JobView):
     training_id: str
     round: int
-    run_status: str
+    run_status: RunStatus
 
 
 class WorkerJob(JobView):
@@ -325,7 +327,7 @@ class UpdateView(Reply):
     shard_index: int | None
     train_loss: float | None
     size: int
-    status: str
+    status: UpdateStatus
     reason: str | None
     created_at: float
 
@@ -348,7 +350,7 @@ class OfferView(Reply):
     price_micro: int
     reputation: float
     availability: float
-    status: str
+    status: OfferStatus
     live: bool
     last_heartbeat: float
     max_bond: str
@@ -373,7 +375,7 @@ class JobOrder(Reply):
     job_id: str
     training_id: str
     action: Literal["train", "wait"]
-    run_status: str
+    run_status: RunStatus
     round: int
     rounds: int | None
     global_model_cid: str | None
