@@ -52,7 +52,7 @@ def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
             p.wait()
 
 
-def wait_for(what: str, check, p: subprocess.Popen, log: Path, timeout: float = 60):
+def wait_for(what: str, check, p: subprocess.Popen, log: Path, timeout: float = 180):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert p.poll() is None, f"{what}: the process ended ({p.returncode}):\n{log.read_text()}"
