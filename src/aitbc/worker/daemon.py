@@ -228,6 +228,7 @@ class Worker:
         """Testing only (``--attack``): what a Byzantine worker sends instead of its update."""
         from aitbc.core.attacks import AttackView
 
+        assert self.attack is not None  # called only when one was given
         view = AttackView(
             own=own, honest=own.new_zeros(0, own.numel()), previous=None, n=1, f=1, generator=self.attack_gen
         )
