@@ -86,6 +86,7 @@ class Workers:
             home.mkdir(parents=True)
             log = root / f"worker{i}.log"
             env = {**os.environ, "OMP_NUM_THREADS": "1", "AITBC_HOME": str(home)}
+            # price, heartbeat, poll and back-off: the worker's defaults (worker/config.py)
             cmd = [
                 aitbc_exe(),
                 "worker",
@@ -96,14 +97,10 @@ class Workers:
                 f"w{i}",
                 "--gpu",
                 "RTX4090",
-                "--price",
-                "1.0",
                 "--availability",
                 "0.99",
                 "--home",
                 str(home),
-                "--heartbeat",
-                "2",
                 "--log-level",
                 "info",
             ]
