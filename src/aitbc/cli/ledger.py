@@ -26,61 +26,53 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, out, resolve_home
 from aitbc.errors import AitbcError, UsageError
+from aitbc.units import format_price
+
+if TYPE_CHECKING:
+    from aitbc.ledger.chain import AuditResult
 
 app = typer.Typer(help="Audit the coordinator's ledger and list its entries.", no_args_is_help=True)
 
-CoordinatorOption = Annotated[
-    str | None,
-    typer.Option(
-        "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700)."
-    ),
-]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 PAGE = 1000
 ATTEMPTS = 5  # audits redone while a live ledger keeps moving
-
-
-def _ait(micro: int) -> str:
-    sign = "-" if micro < 0 else ""
-    whole, frac = divmod(abs(int(micro)), 1_000_000)
-    return sign + (f"{whole}.{frac:06d}".rstrip("0") if frac else str(whole))
 
 
 # --- where the ledger is read from ------------------------------------------------------------
 
 
 class _Api:
-    def __init__(self, url: str) -> None:
-        from aitbc.client import CoordinatorClient
+    """The ledger through a coordinator's API (a read-only agent)."""
 
-        self.where = url
-        self.client = CoordinatorClient(url)
+    def __init__(self, coordinator: str | None, home: Path = DEFAULT_HOME) -> None:
+        self.agent = agent(resolve_home(home), coordinator)
+        self.where = self.agent.config.resolved_coordinator_url
 
     def close(self) -> None:
-        self.client.close()
+        self.agent.stop()
 
     def info(self) -> dict[str, Any]:
-        return self.client.get("/ledger")
+        return self.agent.get_ledger_info()
 
     def head(self) -> tuple[int, str | None]:
         info = self.info()
         return int(info["entries"]), info["head"]
 
     def balances(self) -> dict[str, int]:
-        return {k: int(v) for k, v in self.client.get("/ledger/balances")["data"].items()}
+        return self.agent.get_ledger_balances()
 
     def entries(self) -> Iterator[dict[str, Any]]:
         after: int | None = 0
         while after is not None:
-            page = self.client.get("/ledger/entries", params={"after": after, "limit": PAGE})
+            page = self.agent.get_ledger_entries(after, PAGE)
             yield from page["data"]
             after = page["next"]
 
@@ -116,7 +108,8 @@ class _Db:
             with Session(self.engine) as s:
                 return fn(s)
         except SQLAlchemyError as e:
-            first = str(e.orig if getattr(e, "orig", None) is not None else e).splitlines()[0]
+            orig = getattr(e, "orig", None)  # the driver's own error, when there is one
+            first = str(orig if orig is not None else e).splitlines()[0]
             raise AitbcError(f"cannot read the ledger from {self.where}: {first}") from None
 
     def head(self) -> tuple[int, str | None]:
@@ -171,7 +164,7 @@ def _offline_key(system_key: str | None, home: Path) -> tuple[str, str]:
     )
 
 
-def _audit(source, system_key: str | None):
+def _audit(source: _Api | _Db, system_key: str | None) -> AuditResult:
     from aitbc.ledger.chain import audit
 
     for _ in range(ATTEMPTS):
@@ -183,7 +176,7 @@ def _audit(source, system_key: str | None):
     raise AitbcError(f"the ledger at {source.where} kept changing during {ATTEMPTS} audits; try again")
 
 
-def audit_coordinator(url: str, *, system_key: str | None = None):
+def audit_coordinator(url: str, *, system_key: str | None = None) -> AuditResult:
     """The audit ``aitbc ledger verify --coordinator URL`` runs, as an ``AuditResult``
     (for other commands: e.g. the demo's closing check). ``system_key`` pins the key."""
     source = _Api(url)
@@ -217,8 +210,6 @@ def verify(
     json_out: JsonOption = False,
 ) -> None:
     """Audit every ledger entry: chain, signatures, authorisations, balances, head."""
-    from aitbc.client import coordinator_url
-
     home = resolve_home(home)
     if db is not None and coordinator is not None:
         raise UsageError("give --coordinator (audit through the API) or --db (audit the database), not both")
@@ -227,7 +218,7 @@ def verify(
         source: _Api | _Db = _Db(db)
         network = None
     else:
-        source = _Api(coordinator_url(coordinator, home))
+        source = _Api(coordinator, home)
         try:
             info = source.info()
         except AitbcError:
@@ -278,15 +269,13 @@ def entries(
     json_out: JsonOption = False,
 ) -> None:
     """List ledger entries in chain order: seq, kind, debit, credit, amount, key, memo."""
-    from aitbc.client import CoordinatorClient, coordinator_url
-
     home = resolve_home(home)
     if after < 0:
         raise UsageError(f"--after must be >= 0, got {after}")
     if not 1 <= limit <= 10_000:
         raise UsageError(f"--limit must be in 1..10000, got {limit}")
-    with CoordinatorClient(coordinator_url(coordinator, home)) as c:
-        res = c.get("/ledger/entries", params={"after": after, "limit": limit})
+    with agent(home, coordinator) as a:
+        res = a.get_ledger_entries(after, limit)
     if json_out:
         typer.echo(json.dumps(res))
         return
@@ -304,7 +293,7 @@ def entries(
             Text(e["kind"]),
             Text(e["debit"]),
             Text(e["credit"]),
-            e.get("amount_ait") or _ait(e["amount"]),
+            e.get("amount_ait") or format_price(e["amount"]),
             Text(e["key"] or ""),
             Text(json.dumps(e["memo"], sort_keys=True)),
         )

@@ -14,7 +14,7 @@ from aitbc.errors import AitbcError
 try:  # typer >= 0.22 vendors click; its parser errors derive from TyperException
     from typer.exceptions import TyperException as ParserError
 except ImportError:  # older typer runs on click itself
-    from click.exceptions import ClickException as ParserError
+    from click.exceptions import ClickException as ParserError  # type: ignore[assignment]
 
 app = typer.Typer(
     name="aitbc",
@@ -65,10 +65,10 @@ def main() -> None:
     our own errors (``AitbcError``) and the parser's (unknown option, bad number)."""
     try:
         rv = app(standalone_mode=False)
-    except AitbcError as e:
+    except AitbcError as e:  # the SDK's errors too (AgentError is one)
         if _state["debug"]:
             raise
-        _fail(str(e), e.exit_code)
+        _fail(_message(e), e.exit_code)
     except typer.Abort:
         _fail("aborted", 1)
     except ParserError as e:  # the parser's usage errors
@@ -81,6 +81,13 @@ def main() -> None:
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _message(e: AitbcError) -> str:
+    """The error's one line: for the SDK's errors, their detail without the code."""
+    from aitbc_agent_sdk.errors import AgentError  # loaded on the error path only
+
+    return e.detail if isinstance(e, AgentError) else str(e)
 
 
 def _fail(message: str, code: int) -> None:

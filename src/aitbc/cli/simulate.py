@@ -11,7 +11,25 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from aitbc import run_defaults as defaults
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.cli.options import (
+    Aggregator,
+    BatchSize,
+    Compression,
+    Deadline,
+    ErrorFeedback,
+    EvalEvery,
+    LocalSteps,
+    Lr,
+    MaxBytes,
+    Mode,
+    ModelOpt,
+    Outer,
+    Quorum,
+    Rounds,
+    Seed,
+)
 from aitbc.core.options import parse_kv
 
 
@@ -19,46 +37,34 @@ def simulate(
     model: Annotated[str, typer.Option(help="mlp, cnn, transformer, or package.module:callable.")] = "mlp",
     dataset: Annotated[str, typer.Option(help="digits, stdlib, text:PATH or npz:PATH.")] = "digits",
     workers: Annotated[int, typer.Option(help="Number of virtual workers.")] = 8,
-    rounds: Annotated[int, typer.Option(help="Aggregation rounds.")] = 30,
-    local_steps: Annotated[int, typer.Option(help="Inner steps per worker per round (H).")] = 20,
-    batch_size: Annotated[int, typer.Option(help="Samples per inner step.")] = 32,
-    lr: Annotated[float, typer.Option(help="Inner learning rate.")] = 1e-3,
-    inner_opt: Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")] = "adamw",
-    outer: Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")] = "fedavg",
+    rounds: Rounds = defaults.ROUNDS,
+    local_steps: LocalSteps = defaults.LOCAL_STEPS,
+    batch_size: BatchSize = defaults.BATCH_SIZE,
+    lr: Lr = defaults.LR,
+    inner_opt: Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")] = defaults.INNER_OPT,
+    outer: Outer = defaults.OUTER,
     outer_lr: Annotated[float | None, typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")] = None,
     outer_momentum: Annotated[float | None, typer.Option(help="diloco Nesterov momentum (0.9).")] = None,
     alpha: Annotated[
         float | None, typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed for data split, init and batches.")] = 0,
+    seed: Seed = 0,
     speeds: Annotated[
         str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")
     ] = "1",
     bandwidth: Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")] = "100",
     latency: Annotated[str, typer.Option(help="One-way latency in ms: one value or one per worker.")] = "20",
-    model_opt: Annotated[
-        list[str] | None, typer.Option("--model-opt", help="Model option KEY=VALUE, e.g. d_model=128 (repeatable).")
-    ] = None,
-    compression: Annotated[
-        str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")
-    ] = "none",
-    error_feedback: Annotated[
-        bool,
-        typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update."),
-    ] = False,
-    aggregator: Annotated[
-        str,
-        typer.Option(help="Aggregation rule spec, e.g. mean, median, trimmed-mean:beta=0.25, krum, nnm+centered-clip."),
-    ] = "mean",
+    model_opt: ModelOpt = None,
+    compression: Compression = defaults.COMPRESSION,
+    error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
+    aggregator: Aggregator = defaults.AGGREGATOR,
     attack: Annotated[
         str | None, typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")
     ] = None,
     byzantine: Annotated[int, typer.Option(help="Number of Byzantine workers (chosen by seed).")] = 0,
-    mode: Annotated[str, typer.Option(help="Round mode: sync, async or gossip.")] = "sync",
-    deadline: Annotated[
-        float | None, typer.Option(help="sync: virtual seconds a round waits; later workers are dropped.")
-    ] = None,
-    quorum: Annotated[int, typer.Option(help="sync: updates a round waits for even past the deadline.")] = 1,
+    mode: Mode = defaults.MODE,
+    deadline: Deadline = None,
+    quorum: Quorum = None,
     max_staleness: Annotated[int, typer.Option(help="async: drop updates more than S aggregations old.")] = 4,
     staleness: Annotated[
         str,
@@ -74,8 +80,8 @@ def simulate(
     target_accuracy: Annotated[
         float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation accuracy.")
     ] = None,
-    eval_every: Annotated[int, typer.Option(help="Evaluate every N rounds (and after the last).")] = 1,
-    max_bytes: Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")] = 4 << 20,
+    eval_every: EvalEvery = defaults.EVAL_EVERY,
+    max_bytes: MaxBytes = defaults.MAX_CORPUS_BYTES,
     eval_samples: Annotated[int, typer.Option(help="Validation samples evaluated each round.")] = 1024,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")
@@ -113,7 +119,7 @@ def simulate(
         byzantine=byzantine,
         mode=mode,
         deadline=deadline,
-        quorum=quorum,
+        quorum=SimConfig.quorum if quorum is None else quorum,  # the simulator's default: 1, as --min-workers
         max_staleness=max_staleness,
         staleness=staleness,
         buffer=buffer,

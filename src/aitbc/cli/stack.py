@@ -16,15 +16,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from aitbc import run_defaults as defaults
 from aitbc import stack as stk
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, agent, err, out, resolve_home
+from aitbc.cli.options import LocalSteps, Rounds
 from aitbc.errors import AitbcError, UsageError
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk import Agent
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -174,8 +179,8 @@ DEMO_BOND = "1"
 
 def demo(
     workers: Annotated[int, typer.Option("--workers", "-n", help="Workers to start (and to hire).")] = 3,
-    rounds: Annotated[int, typer.Option(help="Aggregation rounds.")] = 10,
-    local_steps: Annotated[int, typer.Option(help="Inner steps per worker per round.")] = 20,
+    rounds: Rounds = defaults.ROUNDS,
+    local_steps: LocalSteps = defaults.LOCAL_STEPS,
     model: Annotated[str, typer.Option(help="Model type (mlp, cnn, transformer).")] = "mlp",
     dataset: Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file or folder, or .npz.")] = "digits",
     aggregator: Annotated[str, typer.Option(help="Robust rule, e.g. mean, median, trimmed-mean:beta=0.2.")] = "mean",
@@ -253,37 +258,28 @@ def _owner_workflow(
     t0: float,
 ) -> None:
     from aitbc.cli import training
-    from aitbc.client import CoordinatorClient
+    from aitbc.cli.ledger import audit_coordinator
     from aitbc.ledger.wallet import ensure_wallet
 
     url, owner = st.coordinator, "owner"
-    common = {"coordinator": url, "home": home}
+    common: dict[str, Any] = {"coordinator": url, "home": home}
 
     _step(2, 7, "init: funded wallets on the local network and a training run")
     wallet = ensure_wallet(home, owner)
-    with CoordinatorClient(url, wallet) as c:
-        c.post("/wallets/fund", {"amount": DEMO_OWNER_FUNDS})
+    with agent(home, url, owner) as a:
+        a.fund_wallet(DEMO_OWNER_FUNDS)
     for p in st.workers:  # each provider funds its bond from its own wallet (signed by it)
-        wdir = home / "workers" / p.name.replace("worker-", "w")
-        with CoordinatorClient(url, ensure_wallet(wdir, p.name.replace("worker-", "provider-"))) as c:
-            c.post("/wallets/fund", {"amount": DEMO_WORKER_FUNDS})
+        wdir, name = home / "workers" / p.name.replace("worker-", "w"), p.name.replace("worker-", "provider-")
+        ensure_wallet(wdir, name)
+        with agent(wdir, url, name) as a:
+            a.fund_wallet(DEMO_WORKER_FUNDS)
     out.print(
         f"Owner wallet: {owner} ({wallet.address}), funded with {DEMO_OWNER_FUNDS} AIT; "
         f"each provider funded with {DEMO_WORKER_FUNDS} AIT for its bond",
         highlight=False,
     )
-    with CoordinatorClient(url, wallet) as c:
-        run = c.post(
-            "/runs",
-            {
-                "model_type": model,
-                "model_options": {},
-                "dataset_size": "1MB",
-                "target_workers": workers,
-                "seed": 0,
-                "bond": DEMO_BOND,
-            },
-        )
+    with agent(home, url, owner) as a:
+        run = a.initialize_distributed_training(model, "1MB", workers, seed=0, bond=DEMO_BOND)
     run_id = run["training_id"]
     training._remember(home, run_id, owner, url)
     out.print(
@@ -314,45 +310,38 @@ def _owner_workflow(
         failure = e
 
     _step(7, 7, "results")
-    with CoordinatorClient(url, wallet) as c:
-        if failure is not None and c.get(f"/runs/{run_id}")["status"] not in ("complete", "failed"):
-            c.post(f"/runs/{run_id}/stop")  # release the workers of a stack that outlives the demo
-        res = c.get(f"/runs/{run_id}/results")
-        detail = c.get(f"/runs/{run_id}")
+    with agent(home, url, owner) as a:
+        if failure is not None and a.get_training_status(run_id)["status"] not in ("complete", "failed"):
+            a.stop_training(run_id)  # release the workers of a stack that outlives the demo
+        res = a.get_results(run_id)
+        detail = a.get_training_status(run_id)
     model_file = home / "demo-model.safetensors"
     if failure is None and res["model_cid"]:
         training.download_model(training_id=run_id, output=model_file, **common)
     _summary(st, res, detail, wall=time.monotonic() - t0, model_file=model_file if failure is None else None)
     if failure is not None:
         raise failure
-    with CoordinatorClient(url, wallet) as c:
-        pay = _wait_settled(c, run_id, timeout=60)
+    with agent(home, url, owner) as a:
+        pay = _wait_settled(a, run_id, timeout=60)
         out.print(training._payments_table(pay))
         out.print(
             f"Escrowed {pay['escrowed']} AIT; {pay['escrow_balance']} AIT left in escrow (unspent budget refunded to the owner)",
             highlight=False,
         )
-        result = _audit(c)
+    result = audit_coordinator(url)  # the whole ledger, fetched and re-checked: what `aitbc ledger verify` does
     out.print(f"aitbc ledger verify: {result.describe()}", highlight=False)
     if not result.ok:
         raise AitbcError(f"ledger verification failed: {result.describe()}")
 
 
-def _wait_settled(c, run_id: str, *, timeout: float) -> dict[str, Any]:
+def _wait_settled(a: Agent, run_id: str, *, timeout: float) -> dict[str, Any]:
     """Payments settle after the run completes; wait until the run is finalized."""
     deadline = time.monotonic() + timeout
     while True:
-        pay = c.get(f"/runs/{run_id}/payments")
+        pay = a.get_payments(run_id)
         if pay["finalized"] or time.monotonic() > deadline:
             return pay
         time.sleep(0.2)
-
-
-def _audit(c):
-    """The whole ledger, fetched and re-checked here: what ``aitbc ledger verify`` does."""
-    from aitbc.cli.ledger import audit_coordinator
-
-    return audit_coordinator(c.base_url)
 
 
 def _summary(

@@ -2,9 +2,11 @@
 
     init -> upload-data -> discover-workers -> distribute -> monitor -> results
 
-Each command is a thin client of the coordinator's ``/v1`` API, signed with the owner's
-wallet. ``init`` remembers which wallet and coordinator a run belongs to in
-``HOME/runs/<id>.json`` so the later commands need only ``--training-id``.
+Each command drives the SDK's :class:`~aitbc_agent_sdk.Agent` (the one client of the
+coordinator's ``/v1`` API: every request body and client-side rule is built there), signed
+with the owner's wallet, and prints what it returns. ``init`` remembers which wallet and
+coordinator a run belongs to in ``HOME/runs/<id>.json`` so the later commands need only
+``--training-id``.
 """
 
 from __future__ import annotations
@@ -13,29 +15,55 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, naming_wallet, out, resolve_home
-from aitbc.client import CoordinatorClient, coordinator_url
+from aitbc import run_defaults as defaults
+from aitbc.cli.common import (
+    DEFAULT_HOME,
+    CoordinatorOption,
+    HomeOption,
+    agent,
+    err,
+    naming_wallet,
+    out,
+    page,
+    resolve_home,
+)
+from aitbc.cli.options import (
+    Aggregator,
+    BatchSize,
+    Compression,
+    Deadline,
+    ErrorFeedback,
+    EvalEvery,
+    LocalSteps,
+    Lr,
+    MaxBytes,
+    Mode,
+    ModelOpt,
+    Outer,
+    Quorum,
+    Rounds,
+    Seed,
+)
 from aitbc.core.options import parse_kv
 from aitbc.errors import AitbcError, NotFoundError, UsageError
+from aitbc.units import format_price
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk import Agent
 
 app = typer.Typer(
     help="Train one model on hired providers: init, upload-data, discover-workers, distribute, monitor.",
     no_args_is_help=True,
 )
 
-CoordinatorOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700)."
-    ),
-]
+CoordinatorOpt = CoordinatorOption
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 RunIdOpt = Annotated[
     str, typer.Option("--training-id", help="The run, as printed by init (training_...).", show_default=False)
@@ -63,22 +91,27 @@ def _recall(home: Path, run_id: str) -> dict[str, Any]:
         return {}
 
 
-def _client(
+def _agent(
     home: Path,
     coordinator: str | None,
     run_id: str | None = None,
     wallet: str | None = None,
     *,
     need_wallet: bool = False,
-) -> CoordinatorClient:
-    from aitbc.ledger.wallet import load_wallet
-
+) -> Agent:
+    """The agent for a run: at the coordinator ``init`` used (unless ``--coordinator``),
+    signed by the owner's wallet when the command changes the run (``need_wallet``);
+    read-only otherwise."""
     known = _recall(home, run_id) if run_id else {}
-    url = coordinator_url(coordinator if coordinator else coordinator or known.get("coordinator"), home)
     name = wallet or known.get("wallet")
     if need_wallet and not name:
         raise UsageError(f"run {run_id} was not started from {home}; pass --wallet NAME (the owner's wallet)")
-    return CoordinatorClient(url, load_wallet(home, name) if name else None)
+    return agent(home, coordinator or known.get("coordinator"), name if need_wallet else None)
+
+
+def _api_view(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as the API sends it: without the ``phase`` the SDK adds (it repeats ``status``)."""
+    return {k: v for k, v in run.items() if k != "phase"}
 
 
 def _say(*lines: str) -> None:
@@ -94,11 +127,12 @@ def _emit_json(obj: Any) -> None:
 def _human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
+    x = float(n)
     for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
+        if abs(x) < 1000 or unit == "TB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return str(x)
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
@@ -131,10 +165,8 @@ def init(
     target_workers: Annotated[
         int, typer.Option("--target-workers", help="Workers (and data shards) to plan for.", show_default=False)
     ],
-    model_opt: Annotated[
-        list[str] | None, typer.Option("--model-opt", help="Model option KEY=VALUE (repeatable), e.g. context=64.")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the data split and the initial model.")] = 0,
+    model_opt: ModelOpt = None,
+    seed: Seed = 0,
     budget: Annotated[
         str | None,
         typer.Option(help="AIT to escrow now from the wallet (default: distribute escrows the contracts' cost)."),
@@ -150,39 +182,30 @@ def init(
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Create a training run."""
+    from aitbc.ledger.chain import LedgerError, check_network  # not .book: no SQLAlchemy for a CLI command
     from aitbc.ledger.wallet import create_wallet, load_wallet
 
     home = resolve_home(home)
     if target_workers < 1:
         raise UsageError(f"--target-workers must be >= 1, got {target_workers}")
-    from aitbc.ledger.book import LedgerError, check_network
-
     try:
         check_network(network)
     except LedgerError as e:
         raise UsageError(e.detail) from None
+    model_options = parse_kv(model_opt or [], what="model option")
     try:
-        w = load_wallet(home, wallet)
+        load_wallet(home, wallet)
     except NotFoundError:
         w = create_wallet(home, wallet)
         err.print(f"created wallet {wallet} ({w.address})", highlight=False)
-    url = coordinator_url(coordinator, home)
-    body: dict[str, Any] = {
-        "model_type": model_type,
-        "model_options": parse_kv(model_opt or [], what="model option"),
-        "dataset_size": dataset_size,
-        "target_workers": target_workers,
-        "seed": seed,
-        "bond": bond,
-        "network": network,
-    }
-    if budget is not None:
-        body["budget"] = budget
-    with CoordinatorClient(url, w) as c, naming_wallet(wallet):
-        run = c.post("/runs", body)
+    with agent(home, coordinator, wallet, network) as a, naming_wallet(wallet):
+        run = a.initialize_distributed_training(
+            model_type, dataset_size, target_workers, model_options=model_options, seed=seed, budget=budget, bond=bond
+        )
+        url = a.config.resolved_coordinator_url
     _remember(home, run["training_id"], wallet, url)
     if json_out:
-        _emit_json(run)
+        _emit_json(_api_view(run))
         return
     _say(
         "Distributed training initialized",
@@ -205,45 +228,29 @@ def upload_data(
         typer.Option("--data-path", help="digits, stdlib, a text file or folder, or an .npz file.", show_default=False),
     ],
     alpha: Annotated[float | None, typer.Option(help="Dirichlet label skew of the shards (IID if unset).")] = None,
-    max_bytes: Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")] = 4 << 20,
+    max_bytes: MaxBytes = defaults.MAX_CORPUS_BYTES,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Split the dataset into one shard per target worker and upload shards and manifest."""
-    from aitbc.run_data import prepare_run_data
-
     home = resolve_home(home)
     if max_bytes <= 0:
         raise UsageError(f"--max-bytes must be > 0, got {max_bytes}")
-    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c:
-        run = c.get(f"/runs/{training_id}")
-        rd = prepare_run_data(run, data_path, shards=run["target_workers"], alpha=alpha, max_bytes=max_bytes)
-        for cid, blob in rd.blobs():
-            c.put_blob(cid, blob)
-        detail = c.post(f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
-    data, packaged, cids, val_cid, manifest_cid = rd.dataset, rd.packaged, rd.shard_cids, rd.val_cid, rd.manifest_cid
+    with _agent(home, coordinator, training_id, wallet, need_wallet=True) as a:
+        up = a.upload_data(training_id, data_path, alpha=alpha, max_bytes=max_bytes)
     if json_out:
-        _emit_json(
-            {
-                "training_id": training_id,
-                "manifest_cid": manifest_cid,
-                "shards": cids,
-                "val_cid": val_cid,
-                "samples": sum(packaged.samples),
-                "data_bytes": detail["data_bytes"],
-                "dataset": data.name,
-            }
-        )
+        keys = ("training_id", "manifest_cid", "shards", "val_cid", "samples", "data_bytes", "dataset")
+        _emit_json({k: up[k] for k in keys})
         return
     _say(
         "Data uploaded",
         f"Training ID: {training_id}",
-        f"Dataset: {data.name} ({data.spec.task}, {sum(packaged.samples)} training samples, {packaged.val_samples} validation)",
-        f"Shards: {len(cids)}",
-        f"Size: {_human_bytes(detail['data_bytes'])} measured (declared {run['dataset_size']})",
-        f"Manifest CID: {manifest_cid}",
+        f"Dataset: {up['dataset']} ({up['task']}, {up['samples']} training samples, {up['val_samples']} validation)",
+        f"Shards: {len(up['shards'])}",
+        f"Size: {_human_bytes(up['data_bytes'])} measured (declared {up['dataset_size']})",
+        f"Manifest CID: {up['manifest_cid']}",
     )
 
 
@@ -267,11 +274,8 @@ def discover_workers(
     home = resolve_home(home)
     if required_workers < 1:
         raise UsageError(f"--required-workers must be >= 1, got {required_workers}")
-    body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
-    if max_price is not None:
-        body["max_price"] = max_price
-    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c:
-        res = c.post(f"/runs/{training_id}/discover", body)
+    with _agent(home, coordinator, training_id, wallet, need_wallet=True) as a:
+        res = a.hire_workers(training_id, required_workers, min_gpu=min_gpu, max_price=max_price)
     if json_out:
         _emit_json(res)
         return
@@ -300,31 +304,22 @@ def discover_workers(
 def distribute(
     training_id: RunIdOpt,
     strategy: Annotated[str, typer.Option(help="data-parallel (the one strategy this build runs).")] = "data-parallel",
-    rounds: Annotated[int, typer.Option(help="Aggregation rounds.")] = 10,
-    local_steps: Annotated[int, typer.Option(help="Inner steps per worker per round (H).")] = 20,
-    batch_size: Annotated[int, typer.Option(help="Samples per inner step.")] = 32,
-    lr: Annotated[float, typer.Option(help="Inner learning rate.")] = 1e-3,
-    outer: Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")] = "fedavg",
-    aggregator: Annotated[
-        str, typer.Option(help="Robust rule, e.g. mean, trimmed-mean:beta=0.2, krum, nnm+centered-clip.")
-    ] = "mean",
-    compression: Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.01, sign.")] = "none",
-    error_feedback: Annotated[
-        bool, typer.Option("--error-feedback", help="Workers keep their compression residual.")
-    ] = False,
-    mode: Annotated[str, typer.Option(help="Round mode: sync (live runs).")] = "sync",
-    deadline: Annotated[
-        float | None, typer.Option(help="Seconds a round waits at most before closing with the quorum.")
-    ] = None,
-    quorum: Annotated[
-        int | None,
-        typer.Option(help="Accepted updates a round needs to close at its deadline (default: --min-workers)."),
-    ] = None,
+    rounds: Rounds = defaults.ROUNDS,
+    local_steps: LocalSteps = defaults.LOCAL_STEPS,
+    batch_size: BatchSize = defaults.BATCH_SIZE,
+    lr: Lr = defaults.LR,
+    outer: Outer = defaults.OUTER,
+    aggregator: Aggregator = defaults.AGGREGATOR,
+    compression: Compression = defaults.COMPRESSION,
+    error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
+    mode: Mode = defaults.MODE,
+    deadline: Deadline = None,
+    quorum: Quorum = None,
     min_workers: Annotated[int | None, typer.Option(help="Fewest workers the run trains with (default 1).")] = None,
     max_workers: Annotated[
         int | None, typer.Option(help="Most workers, joiners included (default: target workers).")
     ] = None,
-    eval_every: Annotated[int, typer.Option(help="Evaluate every N rounds (and after the last).")] = 1,
+    eval_every: EvalEvery = defaults.EVAL_EVERY,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
     json_out: JsonOpt = False,
@@ -338,41 +333,33 @@ def distribute(
         raise UsageError(
             f"--mode {mode!r}: live runs support sync (with --deadline/--quorum); async and gossip run in `aitbc simulate`"
         )
-    body = {
-        "strategy": strategy,
-        "rounds": rounds,
-        "local_steps": local_steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "outer": outer,
-        "aggregator": aggregator,
-        "compression": compression,
-        "error_feedback": error_feedback,
-        "mode": mode,
-        "deadline": deadline,
-        "quorum": quorum,
-        "min_workers": min_workers,
-        "max_workers": max_workers,
-        "eval_every": eval_every,
-    }
     with (
-        _client(home, coordinator, training_id, wallet, need_wallet=True) as c,
+        _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
         naming_wallet(wallet or _recall(home, training_id).get("wallet")),
     ):
-        detail = c.get(f"/runs/{training_id}")
-        if detail.get("budget") is None:  # the escrow is the contracts' cost: sign the most it may be
-            hired = sum(ct["price_micro"] for ct in detail["contracts"] if ct["status"] == "hired")
-            from aitbc.units import format_price
-
-            body["max_cost"] = format_price(hired * rounds)
-        run = c.post(f"/runs/{training_id}/distribute", body)
+        # A run without a budget escrows its contracts' cost now; the SDK signs the most
+        # it may be (price x rounds) as max_cost.
+        run = a.start_training(
+            training_id,
+            rounds,
+            local_steps,
+            batch_size=batch_size,
+            lr=lr,
+            outer=outer,
+            aggregator=aggregator,
+            compression=compression,
+            error_feedback=error_feedback,
+            deadline=deadline,
+            quorum=quorum,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            eval_every=eval_every,
+        )
     if json_out:
-        _emit_json(run)
+        _emit_json(_api_view(run))
         return
     cfg = run["config"]
     per_round = sum(ct["price_micro"] for ct in run["contracts"] if ct["status"] == "working")
-    from aitbc.units import format_price
-
     _say(
         "Training distributed",
         f"Training ID: {training_id}",
@@ -459,8 +446,8 @@ def monitor(
     if interval <= 0:
         raise UsageError(f"--interval must be > 0, got {interval}")
     t0 = time.monotonic()
-    with _client(home, coordinator, training_id) as c:
-        run = c.get(f"/runs/{training_id}")
+    with _agent(home, coordinator, training_id) as a:
+        run = _api_view(a.get_training_status(training_id))
         if once or json_out:
             while True:
                 if json_out:
@@ -471,7 +458,7 @@ def monitor(
                     break
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
-                run = c.get(f"/runs/{training_id}")
+                run = _api_view(a.get_training_status(training_id))
             if not once:
                 _finished(run)
             return
@@ -479,7 +466,7 @@ def monitor(
             while run["status"] not in ("complete", "failed"):
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
-                run = c.get(f"/runs/{training_id}")
+                run = _api_view(a.get_training_status(training_id))
                 live.update(_run_view(run))
         if not out.is_terminal:
             out.line()  # Live leaves the cursor after the table's last border
@@ -505,8 +492,8 @@ def status(
 ) -> None:
     """One snapshot of a run."""
     home = resolve_home(home)
-    with _client(home, coordinator, training_id) as c:
-        run = c.get(f"/runs/{training_id}")
+    with _agent(home, coordinator, training_id) as a:
+        run = _api_view(a.get_training_status(training_id))
     if json_out:
         _emit_json(run)
     else:
@@ -522,18 +509,18 @@ def list_runs(
 ) -> None:
     """Every run on the coordinator, newest first."""
     home = resolve_home(home)
-    with _client(home, coordinator) as c:
-        res = c.get("/runs", params={"status": status})
+    with _agent(home, coordinator) as a:
+        runs = a.list_trainings(status=status)
     if json_out:
-        _emit_json(res)
+        _emit_json(page(runs))
         return
-    if not res["data"]:
+    if not runs:
         err.print("no training runs", highlight=False)
         return
     t = Table()
     for col in ("training id", "status", "model", "round", "val loss", "workers", "created"):
         t.add_column(col)
-    for r in res["data"]:
+    for r in runs:
         t.add_row(
             r["training_id"],
             r["status"],
@@ -552,9 +539,10 @@ def list_runs(
 def _control(
     action: str, training_id: str, coordinator: str | None, wallet: str | None, json_out: bool, home: Path
 ) -> None:
+    """``action``: stop, pause or resume (the agent's ``<action>_training``)."""
     home = resolve_home(home)
-    with _client(home, coordinator, training_id, wallet, need_wallet=True) as c:
-        run = c.post(f"/runs/{training_id}/{action}")
+    with _agent(home, coordinator, training_id, wallet, need_wallet=True) as a:
+        run = getattr(a, f"{action}_training")(training_id)
     if json_out:
         _emit_json(run)
     else:
@@ -606,8 +594,8 @@ def results(
 ) -> None:
     """Final metrics and the trained model's CID."""
     home = resolve_home(home)
-    with _client(home, coordinator, training_id) as c:
-        res = c.get(f"/runs/{training_id}/results")
+    with _agent(home, coordinator, training_id) as a:
+        res = a.get_results(training_id)
     if json_out:
         _emit_json(res)
         return
@@ -657,30 +645,12 @@ def download_model(
 ) -> None:
     """Download the model (a safetensors checkpoint), verified against its CID."""
     home = resolve_home(home)
-    if output.is_dir():
-        raise UsageError(f"{output} is a directory; give the file to write")
-    if not output.parent.exists():
-        raise NotFoundError(f"no such directory: {output.parent}")
-    with _client(home, coordinator, training_id) as c:
-        res = c.get(f"/runs/{training_id}/results")
-        cid = res["model_cid"]
-        if round is not None:
-            match = [ck["cid"] for ck in res["checkpoints"] if ck["round"] == round]
-            if not match:
-                raise NotFoundError(
-                    f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res['checkpoints']) - 1})"
-                )
-            cid = match[0]
-        if cid is None:
-            raise AitbcError(f"run {training_id} has no model yet (status {res['status']})")
-        data = c.get_blob(cid)
-    tmp = output.with_name(output.name + ".part")
-    tmp.write_bytes(data)
-    tmp.replace(output)
+    with _agent(home, coordinator, training_id) as a:
+        res = a.download_model(training_id, output, round=round)
     if json_out:
-        _emit_json({"training_id": training_id, "path": str(output), "cid": cid, "bytes": len(data)})
+        _emit_json(res)
     else:
-        out.print(f"Wrote {output} ({_human_bytes(len(data))}, CID {cid})", highlight=False)
+        out.print(f"Wrote {res['path']} ({_human_bytes(res['bytes'])}, CID {res['cid']})", highlight=False)
 
 
 @app.command()
@@ -692,24 +662,12 @@ def verify(
 ) -> None:
     """Download every round's checkpoint, re-hash it against its recorded CID and check
     it is a loadable checkpoint of that round. Exit 1 if any fails."""
-    from aitbc.errors import IntegrityError
-    from aitbc.training.checkpoint import bytes_to_tensors, read_metadata
-
     home = resolve_home(home)
     rows = []
-    with _client(home, coordinator, training_id) as c:
-        rounds = c.get(f"/runs/{training_id}/rounds")["data"]
-        for r in rounds:
-            ok, why = True, "hash and checkpoint OK"
-            try:
-                data = c.get_blob(r["checkpoint_cid"])
-                meta = read_metadata(data)
-                bytes_to_tensors(data)
-                if meta.get("round") != str(r["round"]):
-                    ok, why = False, f"checkpoint says round {meta.get('round')}"
-            except (IntegrityError, AitbcError) as e:
-                ok, why = False, str(e)
-            rows.append({"round": r["round"], "cid": r["checkpoint_cid"], "ok": ok, "detail": why})
+    with _agent(home, coordinator, training_id) as a:
+        for ck in a.get_all_checkpoints(training_id):
+            v = a.verify_checkpoint(ck)
+            rows.append({"round": ck["round"], "cid": ck["checkpoint_cid"], "ok": v["valid"], "detail": v["detail"]})
     bad = [row for row in rows if not row["ok"]]
     if json_out:
         _emit_json({"training_id": training_id, "checkpoints": rows, "ok": not bad})
@@ -739,8 +697,8 @@ def payments(
 ) -> None:
     """Per worker: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
     home = resolve_home(home)
-    with _client(home, coordinator, training_id) as c:
-        res = c.get(f"/runs/{training_id}/payments")
+    with _agent(home, coordinator, training_id) as a:
+        res = a.get_payments(training_id)
     if json_out:
         _emit_json(res)
         return

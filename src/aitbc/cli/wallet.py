@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, naming_wallet, out, resolve_home
+from aitbc.cli.common import (
+    DEFAULT_HOME,
+    CoordinatorOption,
+    HomeOption,
+    agent,
+    err,
+    naming_wallet,
+    out,
+    page,
+    resolve_home,
+)
+from aitbc.errors import UsageError
 from aitbc.ledger.wallet import create_wallet, list_wallets, load_wallet, wallet_path, wallets_dir
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk import Agent
 
 app = typer.Typer(
     help="Ed25519 identities (wallets) under HOME/wallets.",
@@ -87,28 +101,22 @@ def show(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOpti
 
 # --- money on the local network (the coordinator keeps the ledger) --------------------
 
-CoordinatorOption = Annotated[
-    str | None,
-    typer.Option(
-        "--coordinator", help="Coordinator URL (default: AITBC_COORDINATOR, the local stack, or http://127.0.0.1:8700)."
-    ),
-]
 NetworkOption = Annotated[
     str, typer.Option("--network", help="Ledger network: local (mainnet and testnet are not available in this build).")
 ]
 AmountArgument = Annotated[str, typer.Argument(help="AIT, up to 6 decimals, e.g. 12.5.", show_default=False)]
 
 
-def _money_client(home: Path, coordinator: str | None, name: str | None, network: str):
-    from aitbc.client import CoordinatorClient, coordinator_url
-    from aitbc.errors import UsageError
+def _money_agent(home: Path, coordinator: str | None, name: str, network: str) -> Agent:
+    """Wallet NAME's agent on ``network`` (checked first: one line naming the allowed ones)."""
     from aitbc.ledger.chain import LedgerError, check_network  # not .book: no SQLAlchemy for a CLI command
 
     try:
         check_network(network)
     except LedgerError as e:
         raise UsageError(e.detail) from None
-    return CoordinatorClient(coordinator_url(coordinator, home), load_wallet(home, name) if name else None)
+    load_wallet(home, name)  # a missing wallet is refused before any request
+    return agent(home, coordinator, name, network)
 
 
 @app.command()
@@ -122,8 +130,8 @@ def fund(
 ) -> None:
     """The local faucet: mint AMOUNT AIT into wallet NAME (a recorded, signed mint)."""
     home = resolve_home(home)
-    with _money_client(home, coordinator, name, network) as c:
-        res = c.post("/wallets/fund", {"amount": amount, "network": network})
+    with _money_agent(home, coordinator, name, network) as a:
+        res = a.fund_wallet(amount)
     if json_out:
         _print_json(res)
         return
@@ -140,13 +148,12 @@ def balance(
 ) -> None:
     """Wallet NAME's balance on the ledger."""
     home = resolve_home(home)
-    w = load_wallet(home, name)
-    with _money_client(home, coordinator, None, network) as c:
-        res = c.get(f"/wallets/{w.address}/balance")
+    with _money_agent(home, coordinator, name, network) as a:
+        res = a.get_balance()
     if json_out:
         _print_json({**res, "name": name})
         return
-    typer.echo(f"{name} ({w.address}): {res['balance']} AIT on {res['network']}")
+    typer.echo(f"{name} ({res['address']}): {res['balance']} AIT on {res['network']}")
 
 
 @app.command()
@@ -162,8 +169,8 @@ def send(
     """Send AMOUNT AIT from wallet NAME to TO (signed by NAME)."""
     home = resolve_home(home)
     address = to if to.startswith("ait1") else load_wallet(home, to).address
-    with _money_client(home, coordinator, name, network) as c, naming_wallet(name):
-        res = c.post("/wallets/send", {"to": address, "amount": amount, "network": network})
+    with _money_agent(home, coordinator, name, network) as a, naming_wallet(name):
+        res = a.transfer_funds(address, amount)
     if json_out:
         _print_json(res)
         return
@@ -187,20 +194,18 @@ def history(
     home = resolve_home(home)
     w = load_wallet(home, name)
     if limit < 1:
-        from aitbc.errors import UsageError
-
         raise UsageError(f"--limit must be >= 1, got {limit}")
-    with _money_client(home, coordinator, None, network) as c:
-        res = c.get(f"/wallets/{w.address}/history", params={"limit": limit})
+    with _money_agent(home, coordinator, name, network) as a:
+        entries = a.get_wallet_history(limit)
     if json_out:
-        _print_json(res)
+        _print_json(page(entries))
         return
-    if not res["data"]:
+    if not entries:
         err.print(f"no ledger entries for {name}", highlight=False, markup=False)
         return
     mine = f"wallet:{w.address}"
     table = Table("#", "time", "kind", "amount AIT", "counterparty", "memo")
-    for e in res["data"]:
+    for e in entries:
         sign = "+" if e["credit"] == mine else "-"
         other = e["debit"] if e["credit"] == mine else e["credit"]
         table.add_row(

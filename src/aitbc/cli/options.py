@@ -1,0 +1,45 @@
+"""The training options that ``aitbc simulate`` and ``aitbc distributed-training
+distribute`` (and ``init``, ``upload-data``, ``demo``) share, each declared once: the
+flag and its help here, its default in :mod:`aitbc.run_defaults` (the one place a default
+training lives). A command writes ``rounds: Rounds = defaults.ROUNDS``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Rounds = Annotated[int, typer.Option(help="Aggregation rounds.")]
+LocalSteps = Annotated[int, typer.Option(help="Inner steps per worker per round (H).")]
+BatchSize = Annotated[int, typer.Option(help="Samples per inner step.")]
+Lr = Annotated[float, typer.Option(help="Inner learning rate.")]
+Outer = Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")]
+Aggregator = Annotated[
+    str,
+    typer.Option(help="Aggregation rule spec, e.g. mean, median, trimmed-mean:beta=0.25, krum, nnm+centered-clip."),
+]
+Compression = Annotated[
+    str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")
+]
+ErrorFeedback = Annotated[
+    bool,
+    typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update."),
+]
+Mode = Annotated[str, typer.Option(help="Round mode: sync, async or gossip (live runs: sync).")]
+Deadline = Annotated[
+    float | None,
+    typer.Option(
+        help="sync: seconds a round waits at most, then closes with the quorum; later workers are left out "
+        "(simulate: virtual seconds)."
+    ),
+]
+Quorum = Annotated[
+    int | None,
+    typer.Option(help="sync: accepted updates a round needs to close at its deadline (default: --min-workers, or 1)."),
+]
+EvalEvery = Annotated[int, typer.Option(help="Evaluate every N rounds (and after the last).")]
+Seed = Annotated[int, typer.Option(help="Seed of the data split, the initial model and the batches.")]
+ModelOpt = Annotated[
+    list[str] | None, typer.Option("--model-opt", help="Model option KEY=VALUE (repeatable), e.g. context=64.")
+]
+MaxBytes = Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")]
