@@ -128,3 +128,23 @@ def test_unreachable_coordinator(tmp_path):
     agent = Agent(AgentConfig(name="a", home=tmp_path, wallet_name="w", coordinator_url=f"http://127.0.0.1:{port}"))
     with pytest.raises(CoordinatorUnreachable, match="unreachable"):
         agent.start()
+
+
+def test_read_only_agent_reads_but_signs_nothing(tmp_path):
+    agent = Agent(AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url="http://127.0.0.1:9"))
+    with pytest.raises(InvalidArgument, match="read-only") as e:
+        agent.stop_training("training_1")  # refused here, before any request (nothing listens on port 9)
+    assert e.value.code == "no_wallet"
+    with pytest.raises(InvalidArgument, match="read-only"):
+        agent.get_balance()  # needs the wallet's address
+    assert not (tmp_path / "wallets").exists()
+
+
+def test_sdk_errors_are_the_projects_errors():
+    """The CLI drives the SDK: its errors print as one line and exit 1, or 2 for a usage error."""
+    from aitbc.errors import AitbcError
+    from aitbc_agent_sdk import AgentError, Conflict, CoordinatorUnreachable
+
+    assert issubclass(AgentError, AitbcError)
+    assert Conflict("bad_state", "not now").exit_code == CoordinatorUnreachable("x", "y").exit_code == 1
+    assert InvalidArgument("bad_argument", "no").exit_code == 2
