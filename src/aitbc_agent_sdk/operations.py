@@ -46,10 +46,6 @@ def _amount(value: Any, what: str) -> str:
     return value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
 
 
-def _micro(text: str) -> int:
-    return parse_price(text)
-
-
 def _max_cost(run: dict[str, Any], rounds: int, max_cost: int | float | str | None) -> str | None:
     """The most ``distribute`` may escrow, signed by the owner: ``max_cost`` if given, else
     for a run without a budget the hired contracts' price x ``rounds`` (what the
@@ -62,7 +58,7 @@ def _max_cost(run: dict[str, Any], rounds: int, max_cost: int | float | str | No
     return format_price(hired * rounds)
 
 
-# --- lifecycle and wallet ---------------------------------------------------------------
+# --- lifecycle (the wallet and the ledger: money.py) ---------------------------------------
 
 
 @operation
@@ -293,7 +289,7 @@ def discover_gpu_workers(
             for r in res["ranked"]
         ]
     _check_workers(required_workers)
-    limit = None if max_price is None else _micro(_amount(max_price, "max_price")) / 1_000_000
+    limit = None if max_price is None else parse_price(_amount(max_price, "max_price"), field="max_price") / 1_000_000
     res = yield Http("GET", "/market/offers")
     ranked = rank_free(res["data"], min_gpu=min_gpu, max_price=limit)
     if len(ranked) < required_workers:
