@@ -84,7 +84,7 @@ class World:
     """Who signs the generated requests, and the ids that exist on the coordinator."""
 
     wallet: Wallet  # signs every signed case; owns the runs below and is a hired worker
-    pools: dict[str, list[str]] = field(default_factory=dict)  # field name -> real values
+    pools: dict[str, list[Any]] = field(default_factory=dict)  # field name -> real values
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +133,21 @@ def world(live: Live) -> Iterator[World]:
                 "model_cid": [run["global_model_cid"]],
                 "updates": [update_cid],
                 "owner": [me.address],
+                "ending_run_id": [automatic, theirs],
+                # values the domain checks accept (the schema says only "a string")
+                **{name: ["10", "0.5"] for name in ("amount", "price", "budget", "max_price", "max_cost")},
+                **{name: ["0"] for name in ("bond", "max_bond")},
+                "dataset_size": ["1GB", "10MB"],
+                "model_type": ["mlp"],
+                "model_options": [{"hidden": [8]}, {}],
+                "gpu": ["RTX4090"],
+                "min_gpu": ["RTX3090"],
+                "network": ["local"],
+                "inner_opt": ["adamw"],
+                "outer": ["fedavg"],
+                "aggregator": ["mean"],
+                "compression": ["none"],
+                "run_status": ["training", "complete"],
             },
         )
 
