@@ -92,6 +92,11 @@ def test_bad_values_name_their_source(monkeypatch, tmp_path):
     )
     with pytest.raises(UsageError, match=r"^--lease -1\.0 is not allowed: input should be greater than 0$"):
         load_settings(Settings, {"home": tmp_path, "lease_seconds": -1.0}, flag_names={"lease_seconds": "--lease"})
+    monkeypatch.setenv("AITBC_LEASE_SECONDS", "inf")  # a lease that never ends is no lease
+    with pytest.raises(
+        UsageError, match=r"^AITBC_LEASE_SECONDS='inf' is not allowed: input should be a finite number$"
+    ):
+        load_settings(Settings, {"home": tmp_path})
     monkeypatch.delenv("AITBC_LEASE_SECONDS")
     monkeypatch.setenv("AITBC_NETWORK", "mainnet")
     with pytest.raises(UsageError, match="AITBC_NETWORK='mainnet' is not allowed: network 'mainnet' is not available"):

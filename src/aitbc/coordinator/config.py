@@ -20,7 +20,7 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AITBC_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="AITBC_", frozen=True, extra="forbid", allow_inf_nan=False)
 
     home: Path  # state directory: database (by default), blobs, the coordinator's wallet
     db_url: str | None = None  # any SQLAlchemy URL; None: SQLite (WAL) at home/coordinator.db

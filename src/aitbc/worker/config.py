@@ -20,7 +20,7 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AITBC_WORKER_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="AITBC_WORKER_", frozen=True, extra="forbid", allow_inf_nan=False)
 
     wallet: str = Field("worker", min_length=1)  # this provider's identity; created if missing
     gpu: str = Field("RTX3090", min_length=1)  # advertised GPU class
