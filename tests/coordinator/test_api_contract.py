@@ -4,12 +4,14 @@ of the internals. (The schemathesis suite in tests/api checks replies against it
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
 import time
 
 import httpx
+import torch
 import uvicorn
 
 from aitbc.coordinator.app import INTERNAL_DETAIL, create_app
@@ -79,3 +81,26 @@ def test_an_internal_error_echoes_nothing_and_logs_the_traceback(tmp_path, caplo
     assert len(logged) == 1, caplog.text
     assert "GET /v1/test-internal-error" in logged[0].getMessage()
     assert "hunter2" in caplog.text  # the operator sees it in the log, once
+
+
+def test_numbers_the_database_or_json_cannot_hold_are_refused(new_coordinator, api) -> None:
+    """Found by the schemathesis suite (``after`` past a 64-bit integer was a 500) and by
+    reading the bodies: an infinite epoch or compute time would be stored, and every view
+    of the job would then show it as null where the document promises a number."""
+    t = api.start_training_run(new_coordinator(), 2)
+    (w, job), coord = t.take(), t.coord
+    with coord.http() as h:
+        api.assert_error(h.get("/v1/ledger/entries", params={"after": 2**63}), 422, "invalid_request", "after")
+        assert h.get("/v1/ledger/entries", params={"after": 2**63 - 1}).json()["count"] == 0
+        before = coord.snapshot()
+        raw = json.dumps({"progress": 5.0, "epoch": float("inf"), "status": "training"}).encode()
+        api.assert_error(api.signed_post(h, w.wallet, f"/v1/jobs/{job}/progress", raw=raw), 422, "invalid_request")
+        assert coord.snapshot() == before
+        cid = api.put_update(w, torch.zeros(t.d))
+        before = coord.snapshot()
+        for seconds in (float("inf"), 1e308):
+            raw = json.dumps(api.update_body(1, cid, compute_seconds=seconds)).encode()
+            r = api.signed_post(h, w.wallet, f"/v1/jobs/{job}/updates", raw=raw)
+            api.assert_error(r, 422, "invalid_request", "compute_seconds")
+        assert coord.snapshot() == before
+        assert h.get(f"/v1/jobs/{job}").json()["epoch"] == 0.0

@@ -70,7 +70,7 @@ class WorkerRegister(Body):
 class Progress(Body):
     progress: float = Field(ge=0, le=100)
     loss: float | None = None
-    epoch: float = Field(0.0, ge=0)
+    epoch: float = Field(0.0, ge=0, allow_inf_nan=False)  # stored and shown: finite
     status: str = Field(min_length=1, max_length=32)
 
 
@@ -79,7 +79,7 @@ class UpdateSubmit(Body):
     cid: str = Field(min_length=1, max_length=100)
     train_loss: float | None = None
     steps: int = Field(ge=1)
-    compute_seconds: float = Field(0.0, ge=0)
+    compute_seconds: float = Field(0.0, ge=0, le=366 * 86_400, allow_inf_nan=False)  # summed per job: finite
     shard_cid: str | None = Field(
         None, max_length=100
     )  # the shard trained on (its job's, or the one it was split from)

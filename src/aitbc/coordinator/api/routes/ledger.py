@@ -27,6 +27,7 @@ from aitbc.ledger.chain import wallet_account
 from aitbc.units import format_price
 
 router = APIRouter(tags=["ledger"])
+MAX_SEQ = 2**63 - 1  # the largest sequence number a database integer holds
 
 
 @router.post("/wallets/fund", status_code=201, response_model=Funded, responses=errors(422))
@@ -77,7 +78,7 @@ def info(ctx: CtxDep, s: SessionDep) -> dict:
 
 
 @router.get("/ledger/entries", response_model=Entries, responses=errors(422))
-def entries(s: SessionDep, after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+def entries(s: SessionDep, after: int = Query(0, ge=0, le=MAX_SEQ), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     """Entries in chain order after sequence number ``after`` (page with ``next``)."""
     rows = Ledger.entries(s, after=after, limit=limit)
     return {
