@@ -23,7 +23,9 @@ A wallet is only ever debited by its owner's signed request: the coordinator's o
 signature moves money out of the faucet, escrows and bonds, never out of a wallet.
 
 Accounts: ``wallet:<address>``, ``escrow:<run id>``, ``bond:<contract id>``,
-``mint:<network>`` (the faucet; its balance is minus everything minted).
+``mint:<network>`` (the faucet; its balance is minus everything minted), ``burn:<network>``
+(slashed bonds: credited only, never debited, so no party that can trigger a slash can
+profit from it; the supply still counts it, and the audit refuses any entry spending it).
 
 This module is pure: no database. :func:`audit` checks a sequence of entries as plain
 dicts, from a database or from the coordinator's API alike.
@@ -39,6 +41,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from aitbc.errors import AitbcError
+from aitbc.ledger.keys import key_problem_hex
 from aitbc.ledger.signing import body_digest, canonical_json, canonical_request
 from aitbc.ledger.wallet import address_of, verify_signature
 
@@ -100,6 +103,10 @@ def mint_account(network: str) -> str:
     return f"mint:{network}"
 
 
+def burn_account(network: str) -> str:
+    return f"burn:{network}"
+
+
 def signed_content(entry: Mapping[str, Any]) -> bytes:
     """What the coordinator signs for an ``entry``-type entry: every field but the
     signature and the hash."""
@@ -130,6 +137,9 @@ def check_authorisation(entry: Mapping[str, Any], system_key: str | None) -> str
     auth, signer = entry["auth"], entry["signer"]
     if not isinstance(auth, Mapping):
         return "auth is not an object"
+    why = key_problem_hex(signer)
+    if why is not None:  # a small-order key "signs" any message: refused outright
+        return f"signer key {str(signer)[:16]}... is {why}"
     if auth.get("type") == "entry":
         if system_key is not None and signer != system_key:
             return f"signed by {str(signer)[:16]}..., not the coordinator's key"
@@ -271,6 +281,8 @@ def audit(
             return bad(e, why)
         if e["debit"].startswith("mint:") and e["auth"].get("type") != "entry":
             return bad(e, "only the coordinator can mint")
+        if e["debit"].startswith("burn:"):
+            return bad(e, f"spends from {e['debit']}: burned money never moves again")
         if e["auth"].get("type") == "request" and e["auth"].get("field") not in STANDING_FIELDS:
             # The request itself, not its nonce alone: a client may reuse a nonce once the
             # server has forgotten it, in a new request (new timestamp) that is not a replay.

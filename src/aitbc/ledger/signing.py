@@ -37,6 +37,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 
+from aitbc.ledger.keys import key_problem, signature_problem
 from aitbc.ledger.wallet import Wallet, public_key_from_hex
 
 HEADER_KEY = "X-Aitbc-Key"
@@ -186,8 +187,9 @@ def verify_request(
 
     ``path`` is the raw path plus ``?query`` as received, ``digest`` the sha256 hex of
     the body received (or ``UNSIGNED_PAYLOAD``). Raises ``SignatureError``:
-    ``missing_signature`` if a header is missing; ``bad_signature`` if one is malformed
-    or the signature does not match; ``expired_signature`` if the timestamp is more than
+    ``missing_signature`` if a header is missing; ``bad_signature`` if one is malformed,
+    the signature is not canonical or does not match, or the key is not a canonical
+    prime-order point (``ledger.keys``); ``expired_signature`` if the timestamp is more than
     ``max_skew`` seconds from ``now`` or before ``not_before`` (the server's start, so
     requests signed for an earlier run cannot be replayed after a restart);
     ``replayed_nonce`` if the nonce was used before. The nonce is recorded only once the
@@ -230,11 +232,22 @@ def verify_request(
             f"sign again with the current time (at most {max_skew:g}s of clock skew is allowed)",
         )
 
+    why = signature_problem(raw_signature)
+    if why is not None:
+        raise SignatureError(BAD_SIGNATURE, f"bad signature: not a canonical Ed25519 signature ({why})")
     try:
         message = canonical_request(method, path, digest, timestamp, nonce)
         public_key.verify(raw_signature, message)
     except (InvalidSignature, ValueError):
         raise SignatureError(BAD_SIGNATURE, "bad signature: it does not match this request and key") from None
+    # Only after the signature matched: the order check costs a scalar multiplication
+    # (cached per key), and an unsigned flood should not make the server pay it.
+    why = key_problem(bytes.fromhex(key))
+    if why is not None:
+        raise SignatureError(
+            BAD_SIGNATURE,
+            f"bad signature: {HEADER_KEY} is {why}; only canonical prime-order Ed25519 keys are accepted",
+        )
 
     if not nonces.check_and_add(nonce.lower(), ts, now):
         raise SignatureError(REPLAYED_NONCE, f"replayed request: nonce {nonce} was already used")

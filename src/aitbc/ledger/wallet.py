@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
+from aitbc.ledger.keys import key_problem, signature_problem
 
 WALLET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """Allowed wallet names (use ``fullmatch``): 1-64 letters, digits, '.', '_', '-', first a
@@ -100,17 +101,20 @@ def public_key_from_hex(public_key_hex: str) -> Ed25519PublicKey:
 
 
 def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) -> bool:
-    """True if ``signature_hex`` is a valid Ed25519 signature of ``message`` by the key.
+    """True if ``signature_hex`` is a valid, canonical Ed25519 signature of ``message`` by
+    a canonical prime-order key (``ledger.keys``: small- and mixed-order keys, ``S >= L``
+    and non-canonical ``R`` are refused).
 
     Never raises on malformed input (bad hex, wrong lengths, wrong types): False."""
     try:
         if not isinstance(signature_hex, str) or len(signature_hex) != _SIG_HEX_LEN:
             return False
         signature = bytes.fromhex(signature_hex)
-        if len(signature) != 64:
+        if len(signature) != 64 or signature_problem(signature) is not None:
             return False
         public_key_from_hex(public_key_hex).verify(signature, message)
-        return True
+        # The costly order check last: only a key that signed this message pays for it.
+        return key_problem(bytes.fromhex(public_key_hex)) is None
     except (InvalidSignature, ValueError, TypeError):
         return False
 
