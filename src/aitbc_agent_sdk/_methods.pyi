@@ -386,8 +386,9 @@ class AgentMethods:
         """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
         the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
         the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
-        is re-hashed and decoded. Returns ``{valid, cid, round, detail}``; never raises for a
-        bad checkpoint, only for an unreachable coordinator.
+        is re-hashed and decoded. Returns ``{valid, cid, round, detail}``, with ``pruned: True``
+        for a recorded round whose bytes the coordinator's blob retention deleted; never raises
+        for a bad checkpoint, only for an unreachable coordinator.
         """
 
     def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: float = 1.0) -> dict[str, Any]:
@@ -778,8 +779,9 @@ class AsyncAgentMethods:
         """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
         the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
         the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
-        is re-hashed and decoded. Returns ``{valid, cid, round, detail}``; never raises for a
-        bad checkpoint, only for an unreachable coordinator.
+        is re-hashed and decoded. Returns ``{valid, cid, round, detail}``, with ``pruned: True``
+        for a recorded round whose bytes the coordinator's blob retention deleted; never raises
+        for a bad checkpoint, only for an unreachable coordinator.
         """
 
     async def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: float = 1.0) -> dict[str, Any]:

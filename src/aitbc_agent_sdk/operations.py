@@ -557,8 +557,9 @@ def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[
     """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
     the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
     the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
-    is re-hashed and decoded. Returns ``{valid, cid, round, detail}``; never raises for a
-    bad checkpoint, only for an unreachable coordinator."""
+    is re-hashed and decoded. Returns ``{valid, cid, round, detail}``, with ``pruned: True``
+    for a recorded round whose bytes the coordinator's blob retention deleted; never raises
+    for a bad checkpoint, only for an unreachable coordinator."""
     from aitbc.errors import AitbcError
     from aitbc.storage.cid import cid_of_bytes
 
@@ -575,6 +576,8 @@ def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[
     try:
         data = yield Http("GET", f"/blobs/{cid}", raw=True)
     except AgentError as e:
+        if e.code == "unknown_blob" and claimed is not None:  # a recorded round whose bytes retention deleted
+            return {"valid": False, "pruned": True, "cid": cid, "round": claimed, "detail": "pruned by blob retention"}
         if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
             return {"valid": False, "cid": cid, "round": claimed, "detail": e.detail}
         raise

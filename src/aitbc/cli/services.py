@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -41,6 +42,11 @@ SERVE_FLAGS = {
     "manual_idle_seconds": "--manual-idle",
     "log_level": "--log-level",
     "settle_delay": "--settle-delay",
+    "keep_checkpoints": "--keep-checkpoints",
+    "gc_grace_seconds": "--gc-grace",
+    "gc_interval_seconds": "--gc-interval",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
 }
 WORKER_FLAGS = {
     "wallet": "--wallet",
@@ -56,8 +62,12 @@ WORKER_FLAGS = {
     "log_level": "--log-level",
     "step_delay": "--step-delay",
     "attack": "--attack",
+    "cache_bytes": "--cache-mb",
 }
-_SHOWN: dict[str, Callable[[Any], str]] = {"max_blob_bytes": lambda b: f"{b / MIB:g} MiB"}
+_SHOWN: dict[str, Callable[[Any], str]] = {
+    "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
+    "cache_bytes": lambda b: f"{b / MIB:g} MiB",
+}
 
 
 def _settings_help(load: Callable[[], Any], flags: dict[str, str]) -> type[TyperCommand]:
@@ -132,6 +142,17 @@ def serve(
     settle_delay: Annotated[
         float | None, typer.Option(hidden=True, help="Testing: seconds between two settlements.")
     ] = None,
+    keep_checkpoints: Annotated[
+        int | None, typer.Option(help="Checkpoints whose bytes are kept per run: the last K rounds.")
+    ] = None,
+    gc_grace: Annotated[
+        float | None, typer.Option(help="Seconds an unreferenced blob is kept before blob retention deletes it.")
+    ] = None,
+    gc_interval: Annotated[float | None, typer.Option(help="Seconds between two runs of blob retention.")] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate (chain): serve HTTPS (with --tls-key).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
 ) -> None:
     """Serve the coordinator's API under /v1 (OpenAPI docs at /docs).
 
@@ -155,6 +176,11 @@ def serve(
         "manual_idle_seconds": manual_idle,
         "log_level": log_level,
         "settle_delay": settle_delay,
+        "keep_checkpoints": keep_checkpoints,
+        "gc_grace_seconds": gc_grace,
+        "gc_interval_seconds": gc_interval,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
     }
     names = {**SERVE_FLAGS, "max_blob_bytes": "--max-blob-mb (in bytes)"}
     settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=names)
@@ -177,6 +203,8 @@ def serve(
         access_log=False,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=2,
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
     )
     server = uvicorn.Server(config)
     server.run()
@@ -212,6 +240,9 @@ def start(
     attack: Annotated[
         str | None, typer.Option(hidden=True, help="Testing: act as a Byzantine worker, e.g. sign-flip.")
     ] = None,
+    cache_mb: Annotated[
+        float | None, typer.Option(help="Disk for cached models and shards, in MiB (least recently used go first).")
+    ] = None,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped.
 
@@ -235,8 +266,9 @@ def start(
         "log_level": log_level,
         "step_delay": step_delay,
         "attack": attack,
+        "cache_bytes": None if cache_mb is None else round(cache_mb * MIB),
     }
-    settings = load_settings(WorkerSettings, flags, flag_names=WORKER_FLAGS)
+    settings = load_settings(WorkerSettings, flags, flag_names={**WORKER_FLAGS, "cache_bytes": "--cache-mb (in bytes)"})
     _logging(settings.log_level)
     home_dir = resolve_home(home)
 
@@ -252,3 +284,53 @@ def start(
         worker.run()
     except KeyboardInterrupt:
         worker.stop.set()
+
+
+@coordinator_app.command("gc")
+def gc_blobs(
+    home: HomeOption = DEFAULT_HOME,
+    db: Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL (none: HOME/coordinator.db).")] = None,
+    keep_checkpoints: Annotated[
+        int | None, typer.Option(help="Checkpoints whose bytes are kept per run: the last K rounds.")
+    ] = None,
+    gc_grace: Annotated[
+        float | None, typer.Option(help="Seconds an unreferenced blob is kept before it is deleted.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be deleted.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Run blob retention now: delete the coordinator's blobs no run needs any more (old
+    checkpoints, settled updates, data of finalized runs). Safe while the coordinator runs."""
+    import json
+    import sys
+
+    from aitbc.cli.common import out
+    from aitbc.coordinator.config import Settings
+    from aitbc.coordinator.db import make_engine, make_sessions
+    from aitbc.coordinator.retention import collect
+    from aitbc.settings import load_settings
+    from aitbc.storage.blobstore import LocalBlobStore
+
+    flags = {"db_url": db, "keep_checkpoints": keep_checkpoints, "gc_grace_seconds": gc_grace}
+    settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=SERVE_FLAGS)
+    engine = make_engine(settings.database_url)
+    try:
+        report = collect(
+            make_sessions(engine),
+            LocalBlobStore(settings.home),
+            keep_checkpoints=settings.keep_checkpoints,
+            grace_seconds=settings.gc_grace_seconds,
+            dry_run=dry_run,
+        )
+    finally:
+        engine.dispose()
+    if json_out:
+        sys.stdout.write(json.dumps(report.as_dict(), sort_keys=True) + "\n")
+        return
+    verb = "Would delete" if dry_run else "Deleted"
+    out.print(
+        f"{verb} {len(report.deleted)} blobs ({report.freed / MIB:.1f} MiB); kept {report.kept} "
+        f"({report.kept_bytes / MIB:.1f} MiB); {report.young} unreferenced younger than "
+        f"{settings.gc_grace_seconds:g} s left ({report.young_bytes / MIB:.1f} MiB)",
+        highlight=False,
+    )

@@ -661,22 +661,37 @@ def verify(
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Download every round's checkpoint, re-hash it against its recorded CID and check
-    it is a loadable checkpoint of that round. Exit 1 if any fails."""
+    it is a loadable checkpoint of that round. A checkpoint whose bytes the coordinator's
+    blob retention deleted is reported as pruned; the latest must be there. Exit 1 if any
+    fails."""
     home = resolve_home(home)
     rows = []
     with _agent(home, coordinator, training_id) as a:
         for ck in a.get_all_checkpoints(training_id):
             v = a.verify_checkpoint(ck)
-            rows.append({"round": ck["round"], "cid": ck["checkpoint_cid"], "ok": v["valid"], "detail": v["detail"]})
-    bad = [row for row in rows if not row["ok"]]
+            rows.append(
+                {
+                    "round": ck["round"],
+                    "cid": ck["checkpoint_cid"],
+                    "ok": v["valid"],
+                    "pruned": bool(v.get("pruned")),
+                    "detail": v["detail"],
+                }
+            )
+    if rows and rows[-1]["pruned"]:  # retention always keeps the latest: its absence is a failure
+        rows[-1]["pruned"] = False
+        rows[-1]["detail"] = "the latest checkpoint is missing"
+    bad = [row for row in rows if not row["ok"] and not row["pruned"]]
+    pruned = sum(row["pruned"] for row in rows)
     if json_out:
-        _emit_json({"training_id": training_id, "checkpoints": rows, "ok": not bad})
+        _emit_json({"training_id": training_id, "checkpoints": rows, "ok": not bad, "pruned": pruned})
     else:
         t = Table(title=f"Checkpoints of {training_id}")
         for col in ("round", "CID", "verified"):
             t.add_column(col)
         for row in rows:
-            t.add_row(str(row["round"]), row["cid"], "OK" if row["ok"] else f"[red]FAILED: {row['detail']}[/red]")
+            shown = "OK" if row["ok"] else "pruned" if row["pruned"] else f"[red]FAILED: {row['detail']}[/red]"
+            t.add_row(str(row["round"]), row["cid"], shown)
         out.print(t)
     if not rows:
         raise AitbcError(f"run {training_id} has no checkpoints yet")
@@ -685,7 +700,9 @@ def verify(
             f"{len(bad)} of {len(rows)} checkpoints failed verification (first: round {bad[0]['round']}: {bad[0]['detail']})"
         )
     if not json_out:
-        out.print(f"All {len(rows)} checkpoints verified", highlight=False)
+        kept = len(rows) - pruned
+        tail = f"; {pruned} older ones pruned by blob retention (CIDs recorded, bytes deleted)" if pruned else ""
+        out.print(f"All {kept} {'kept ' if pruned else ''}checkpoints verified{tail}", highlight=False)
 
 
 @app.command()

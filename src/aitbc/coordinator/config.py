@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     )  # a manual run with no owner call, update or progress this long fails
     log_level: LogLevel = "info"
     settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
+    keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
+    gc_grace_seconds: float = Field(3600.0, ge=0)  # an unreferenced blob younger than this is never deleted
+    gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
+    tls_cert: Path | None = None  # PEM certificate (chain): serve HTTPS with it and tls_key
+    tls_key: Path | None = None  # its PEM private key
 
     @field_validator("home")
     @classmethod

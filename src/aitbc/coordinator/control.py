@@ -222,6 +222,8 @@ def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[st
             f"{body.model_cid} is not an aggregated checkpoint of run {run.id} "
             f"(GET /v1/runs/{run.id}/rounds lists them)",
         )
+    if not ctx.store.touch(body.model_cid):  # touched: blob retention keeps it while this commits
+        raise unprocessable("pruned_model", f"{body.model_cid} (round {rec.round}) was pruned by blob retention")
     run.result_cid, run.updated_at = body.model_cid, time.time()
     s.commit()
     return {**results(ctx, s, run), "round": rec.round}

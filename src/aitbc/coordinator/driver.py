@@ -18,7 +18,7 @@ from functools import partial
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import rounds, scoring, settlement, workforce
+from aitbc.coordinator import retention, rounds, scoring, settlement, workforce
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.escrow import finalize
 from aitbc.coordinator.models import Job, Run
@@ -37,6 +37,7 @@ class RoundDriver:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="round-driver", daemon=True)
         self._last_flush = 0.0
+        self._last_gc = 0.0  # blob retention (.retention) last ran
         self._failures: dict[str, int] = {}  # consecutive failed attempts to move a run
 
     def start(self) -> None:
@@ -99,6 +100,12 @@ class RoundDriver:
         for run_id in ended:  # then refund the rest and return bonds
             self._money(run_id, partial(finalize, ctx, run_id))
             drop_runtime(ctx, run_id)
+        if now - self._last_gc >= ctx.settings.gc_interval_seconds:  # delete blobs no rule keeps
+            self._last_gc = now
+            try:
+                retention.run(ctx)
+            except Exception:  # a file system error: the next interval tries again
+                log.exception("blob retention failed; retrying in %g s", ctx.settings.gc_interval_seconds)
 
     def _fail_idle_manual_runs(self, s: Session, now: float) -> bool:
         """A manual run nobody moves (its agent crashed or gave up) would hold its

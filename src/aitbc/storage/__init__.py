@@ -1,7 +1,7 @@
 """Content-addressed storage: every shard, checkpoint and update is a blob named by its
 IPFS CIDv1, and every read checks the bytes against that name."""
 
-from aitbc.storage.blobstore import BlobInfo, BlobStore, LocalBlobStore
+from aitbc.storage.blobstore import BlobCache, BlobInfo, BlobStore, LocalBlobStore
 from aitbc.storage.cid import (
     Cid,
     CidHasher,
@@ -14,6 +14,7 @@ from aitbc.storage.cid import (
 )
 
 __all__ = [
+    "BlobCache",
     "BlobInfo",
     "BlobStore",
     "Cid",

@@ -8,6 +8,7 @@ module's local directory; later the coordinator's HTTP blob endpoint).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Callable
@@ -200,6 +201,15 @@ class LocalBlobStore:
         except FileNotFoundError:
             raise self._missing(cid) from None
 
+    def touch(self, cid: str) -> bool:
+        """Set the blob's mtime to now (a use: see :class:`BlobCache`; a PUT of a blob
+        already held, so retention's grace period starts again). False if not held."""
+        try:
+            os.utime(self._path(cid))
+        except FileNotFoundError:
+            return False
+        return True
+
     # --- helpers ---------------------------------------------------------------------
 
     def _path(self, cid: str) -> Path:
@@ -214,6 +224,65 @@ class LocalBlobStore:
             raise AitbcError(
                 f"blob too large: at least {size} bytes, over this store's max_size of {self.max_size} bytes"
             )
+
+
+class BlobCache:
+    """A size-capped cache of blobs by CID (a worker's copies of models and shards): least
+    recently used blobs go first once the total passes ``max_bytes``.
+
+    Recency is the file's mtime, set on every hit and store, so it survives restarts and
+    does not depend on how the file system keeps access times. The blob just stored is never
+    evicted, even alone over the cap (it is about to be used); ``max_bytes`` 0 keeps only it.
+    """
+
+    def __init__(self, root: Path, *, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise UsageError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.store = LocalBlobStore(root)
+        self.max_bytes = max_bytes
+
+    def get(self, cid: str, fetch: Callable[[str], bytes]) -> bytes:
+        """The verified content of ``cid``: from the cache, else ``fetch(cid)`` (checked
+        against ``cid`` and stored)."""
+        if self.store.touch(cid):
+            try:
+                return self.store.get_bytes(cid)
+            except IntegrityError:
+                self.store.delete(cid)  # a damaged copy: fetch it again
+            except NotFoundError:
+                pass  # evicted by another process between the touch and the read
+        data = fetch(cid)
+        stored = self.store.put_bytes(data)
+        if stored != cid:
+            self.store.delete(stored)
+            raise IntegrityError(f"blob {cid} is corrupt: its content hashes to {stored}")
+        self.evict(keep=cid)
+        return data
+
+    def size(self) -> int:
+        return sum(b.size for b in self.store.list())
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Delete least recently used blobs until the total is within ``max_bytes``;
+        returns the CIDs deleted."""
+        entries = []
+        for info in self.store.list():
+            try:
+                entries.append((os.stat(self.store.dir / info.cid).st_mtime, info))
+            except FileNotFoundError:
+                continue
+        total = sum(info.size for _, info in entries)
+        gone = []
+        for _, info in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if info.cid == keep:
+                continue
+            with contextlib.suppress(NotFoundError):  # another process evicted it first
+                self.store.delete(info.cid)
+            total -= info.size
+            gone.append(info.cid)
+        return gone
 
 
 class BlobWriter:

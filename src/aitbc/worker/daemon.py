@@ -23,7 +23,7 @@ from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.market.gpus import detect_device
-from aitbc.storage.blobstore import LocalBlobStore
+from aitbc.storage.blobstore import BlobCache
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
 from aitbc.training.data_spec import DataSpec
@@ -52,7 +52,7 @@ class Worker:
         self.cfg, self.coordinator = cfg, coordinator
         self.wallet = ensure_wallet(home, cfg.wallet)
         self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30)
-        self.cache = LocalBlobStore(home / "worker-cache" / self.wallet.name)
+        self.cache = BlobCache(home / "worker-cache" / self.wallet.name, max_bytes=cfg.cache_bytes)
         self.device = detect_device()
         self.stop = threading.Event()
         self.job: JobState | None = None
@@ -284,12 +284,9 @@ class Worker:
         return x, y
 
     def _blob(self, cid: str) -> bytes:
-        """A blob by CID from the local cache, else the coordinator (verified both ways)."""
-        if self.cache.has(cid):
-            return self.cache.get_bytes(cid)
-        data = self.client.get_blob(cid)
-        self.cache.put_bytes(data)
-        return data
+        """A blob by CID from the local cache (LRU, capped at ``cache_bytes``), else the
+        coordinator (verified both ways)."""
+        return self.cache.get(cid, self.client.get_blob)
 
 
 def _warm_up() -> None:

@@ -47,7 +47,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "blob_too_large", f"blob is {declared} bytes; this coordinator takes at most {limit}")
-    if ctx.store.has(cid):
+    if ctx.store.touch(cid):  # held already; touched, so blob retention's grace period starts again
         received = 0
         async for chunk in request.stream():  # drain: the client is sending it anyway
             received += len(chunk)
