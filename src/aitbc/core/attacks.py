@@ -15,6 +15,9 @@ Shapes: ``h`` honest updates, ``d`` parameters; ``honest`` is ``(h, d)``.
 - ``ipm``: inner-product manipulation (Xie et al. 2019): ``-eps * mean(honest)``.
 - ``free-rider``: no training; sends zeros, or replays the previous round's public
   global update (``mode=stale``).
+- ``scale``: trains honestly, then sends ``factor x own`` (``scale:factor=1e10``), or a
+  correctly shaped update holding ``value`` in every coordinate (``scale:value=3e38``):
+  huge but finite, what a plain mean cannot survive without a norm bound (:mod:`aitbc.core.norms`).
 """
 
 from __future__ import annotations
@@ -184,6 +187,28 @@ class FreeRider(Attack):
         if self.cfg.mode == "stale" and view.previous is not None:
             return view.previous.clone()
         return torch.zeros(view.honest.shape[1])
+
+
+@dataclass(kw_only=True, slots=True)
+class ScaleConfig:
+    factor: float = 1e3  # multiplies the worker's own update
+    value: float | None = None  # instead: this value in every coordinate
+
+    def __post_init__(self) -> None:
+        _check_positive("factor", self.factor)
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError(f"value must be finite, got {self.value}")
+
+
+@ATTACKS.register("scale")
+class Scale(Attack):
+    Config = ScaleConfig
+
+    def craft(self, view: AttackView) -> Tensor:
+        assert view.own is not None
+        if self.cfg.value is not None:
+            return torch.full_like(view.own, self.cfg.value)
+        return self.cfg.factor * view.own
 
 
 def build_attack(name: str, options: dict[str, Any] | None = None) -> Attack:

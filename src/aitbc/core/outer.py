@@ -9,11 +9,14 @@ pointing the same way as a gradient), so every rule *subtracts* it.
   lr 0.7, momentum 0.9 -- the setting the paper and INTELLECT-1 use.
 
 State (the momentum buffer) is a dict of tensors so a coordinator can checkpoint it.
+
+Bounds (a run owner picks these; outside them no honest provider's update could keep the
+model sane): ``lr`` in ``(0, MAX_LR]`` (10: ten times a plain average), ``momentum`` in
+``[0, MAX_MOMENTUM]`` (0.99).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +25,14 @@ from torch import Tensor
 
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
+
+MAX_LR = 10.0
+MAX_MOMENTUM = 0.99
+
+
+def _check_lr(lr: float) -> None:
+    if not (0 < lr <= MAX_LR):
+        raise ValueError(f"lr must be in (0, {MAX_LR:g}], got {lr}")
 
 
 class OuterOptimizer(Protocol):
@@ -38,8 +49,7 @@ class FedAvgConfig:
     lr: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be > 0 and finite, got {self.lr}")
+        _check_lr(self.lr)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,10 +59,9 @@ class DiLoCoConfig:
     nesterov: bool = True
 
     def __post_init__(self) -> None:
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be > 0 and finite, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        _check_lr(self.lr)
+        if not 0 <= self.momentum <= MAX_MOMENTUM:
+            raise ValueError(f"momentum must be in [0, {MAX_MOMENTUM:g}], got {self.momentum}")
 
 
 @OUTER_OPTIMIZERS.register("fedavg")
@@ -112,4 +121,4 @@ def build_outer(name: str, options: dict[str, Any] | None = None) -> OuterOptimi
     return cls(cfg)
 
 
-__all__ = ["OUTER_OPTIMIZERS", "OuterOptimizer", "FedAvg", "DiLoCo", "build_outer"]
+__all__ = ["MAX_LR", "MAX_MOMENTUM", "OUTER_OPTIMIZERS", "OuterOptimizer", "FedAvg", "DiLoCo", "build_outer"]
