@@ -133,13 +133,13 @@ def test_wrong_task(name, spec, message):
 @pytest.mark.parametrize(
     ("name", "options", "message"),
     [
-        ("mlp", {"hidden": "0"}, "hidden sizes must be positive"),
-        ("mlp", {"hidden": ""}, "hidden sizes must be positive"),
+        ("mlp", {"hidden": "0"}, "each of hidden must be in [1, 8192], got 0"),
+        ("mlp", {"hidden": ""}, "hidden must list 1 to 48 layers, got 0"),
         ("mlp", {"hiden": "8"}, "unknown model 'mlp' option 'hiden'; allowed: hidden"),
-        ("cnn", {"channels": "4x-1"}, "channels and hidden must be positive"),
+        ("cnn", {"channels": "4x-1"}, "each of channels must be in [1, 8192], got -1"),
         ("cnn", {"hidden": "wide"}, "hidden='wide' must be int"),
         ("transformer", {"d_model": "10", "n_heads": "4"}, "d_model (10) must be divisible by n_heads (4)"),
-        ("transformer", {"n_layers": "0"}, "n_layers must be positive"),
+        ("transformer", {"n_layers": "0"}, "n_layers must be in [1, 48], got 0"),
         ("transformer", {"dropout": "1"}, "dropout must be in [0, 1)"),
     ],
 )
@@ -193,7 +193,7 @@ def user_module(tmp_path, monkeypatch):
 def test_user_model_gets_options_and_spec(user_module):
     spec = DataSpec("classification", (3,), 2)
 
-    model = build_model(f"{user_module}:with_spec", spec, {"width": 5})
+    model = build_model(f"{user_module}:with_spec", spec, {"width": 5}, allow_code=[user_module])
 
     assert isinstance(model, nn.Linear)
     assert model.got == {"spec": spec, "width": 5}
@@ -201,34 +201,34 @@ def test_user_model_gets_options_and_spec(user_module):
 
 
 def test_user_model_without_spec_parameter(user_module):
-    model = build_model(f"{user_module}:without_spec", DIGITS, {"width": 3})
+    model = build_model(f"{user_module}:without_spec", DIGITS, {"width": 3}, allow_code=[user_module])
 
     assert model.out_features == 3
 
 
 def test_user_model_rejecting_options(user_module):
     with pytest.raises(UsageError, match="rejected its options"):
-        build_model(f"{user_module}:with_spec", DIGITS, {"depth": 2})
+        build_model(f"{user_module}:with_spec", DIGITS, {"depth": 2}, allow_code=[user_module])
 
 
 def test_user_model_must_return_a_module(user_module):
     with pytest.raises(UsageError, match="returned int, not a torch.nn.Module"):
-        build_model(f"{user_module}:not_a_model", DIGITS)
+        build_model(f"{user_module}:not_a_model", DIGITS, allow_code=[user_module])
 
 
 def test_user_model_must_be_callable(user_module):
     with pytest.raises(UsageError, match="names a int, not a callable"):
-        build_model(f"{user_module}:WIDTH", DIGITS)
+        build_model(f"{user_module}:WIDTH", DIGITS, allow_code=[user_module])
 
 
 def test_user_model_missing_callable(user_module):
     with pytest.raises(UsageError, match="AttributeError"):
-        build_model(f"{user_module}:nope", DIGITS)
+        build_model(f"{user_module}:nope", DIGITS, allow_code=[user_module])
 
 
 def test_user_model_missing_module_lists_builtin_models():
     with pytest.raises(UsageError) as exc:
-        build_model("aitbc_no_such_module_xyz:build", DIGITS)
+        build_model("aitbc_no_such_module_xyz:build", DIGITS, allow_code=True)
 
     message = str(exc.value)
     assert "cannot load user model 'aitbc_no_such_module_xyz:build'" in message
@@ -239,4 +239,4 @@ def test_user_model_missing_module_lists_builtin_models():
 @pytest.mark.parametrize("name", ["pkg.mod:", ":build"])
 def test_user_model_name_must_have_both_parts(name):
     with pytest.raises(UsageError, match="must look like package.module:callable"):
-        build_model(name, DIGITS)
+        build_model(name, DIGITS, allow_code=True)

@@ -47,6 +47,11 @@ SERVE_FLAGS = {
     "gc_interval_seconds": "--gc-interval",
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
+    "divergence_factor": "--divergence-factor",
+    "guard_samples": "--guard-samples",
+    "norm_clip": "--norm-clip",
+    "norm_reject": "--norm-reject",
+    "allow_code": "--allow-code",
 }
 WORKER_FLAGS = {
     "wallet": "--wallet",
@@ -63,6 +68,7 @@ WORKER_FLAGS = {
     "step_delay": "--step-delay",
     "attack": "--attack",
     "cache_bytes": "--cache-mb",
+    "allow_code": "--allow-code",
 }
 _SHOWN: dict[str, Callable[[Any], str]] = {
     "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
@@ -153,6 +159,27 @@ def serve(
         Path | None, typer.Option(help="PEM certificate (chain): serve HTTPS (with --tls-key).")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    divergence_factor: Annotated[
+        float | None,
+        typer.Option(help="A round whose validation loss exceeds this x the previous round's is not committed."),
+    ] = None,
+    guard_samples: Annotated[
+        int | None, typer.Option(help="Validation samples the divergence check scores before a round commits.")
+    ] = None,
+    norm_clip: Annotated[
+        float | None, typer.Option(help="Updates over this x the round's median norm are scaled down to it.")
+    ] = None,
+    norm_reject: Annotated[
+        float | None, typer.Option(help="Updates over this x the round's median norm are rejected and slashed.")
+    ] = None,
+    allow_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-code",
+            help="Module prefix whose module:callable models this coordinator may import (repeatable; "
+            "none by default: owners get the built-in mlp, cnn, transformer). Only for code you trust.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the coordinator's API under /v1 (OpenAPI docs at /docs).
 
@@ -181,6 +208,11 @@ def serve(
         "gc_interval_seconds": gc_interval,
         "tls_cert": tls_cert,
         "tls_key": tls_key,
+        "divergence_factor": divergence_factor,
+        "guard_samples": guard_samples,
+        "norm_clip": norm_clip,
+        "norm_reject": norm_reject,
+        "allow_code": allow_code or None,
     }
     names = {**SERVE_FLAGS, "max_blob_bytes": "--max-blob-mb (in bytes)"}
     settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=names)
@@ -243,6 +275,18 @@ def start(
     cache_mb: Annotated[
         float | None, typer.Option(help="Disk for cached models and shards, in MiB (least recently used go first).")
     ] = None,
+    ca_cert: Annotated[
+        Path | None,
+        typer.Option(help="CA certificate an https:// coordinator's certificate must chain to (or AITBC_CA_CERT)."),
+    ] = None,
+    allow_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-code",
+            help="Module prefix whose module:callable models this worker may import (repeatable; "
+            "none by default: owners get the built-in mlp, cnn, transformer). Only for code you trust.",
+        ),
+    ] = None,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped.
 
@@ -267,6 +311,7 @@ def start(
         "step_delay": step_delay,
         "attack": attack,
         "cache_bytes": None if cache_mb is None else round(cache_mb * MIB),
+        "allow_code": allow_code or None,
     }
     settings = load_settings(WorkerSettings, flags, flag_names={**WORKER_FLAGS, "cache_bytes": "--cache-mb (in bytes)"})
     _logging(settings.log_level)
@@ -274,7 +319,7 @@ def start(
 
     from aitbc.worker.daemon import Worker
 
-    worker = Worker(settings, coordinator=coordinator_url(coordinator, home_dir), home=home_dir)
+    worker = Worker(settings, coordinator=coordinator_url(coordinator, home_dir), home=home_dir, ca_cert=ca_cert)
 
     def _terminate(*_: object) -> None:  # out of a long poll or a training step at once
         raise KeyboardInterrupt

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aitbc.ledger.chain import LedgerError, check_network
+from aitbc.training.allow_code import check_prefixes
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -39,11 +40,22 @@ class Settings(BaseSettings):
     )  # a manual run with no owner call, update or progress this long fails
     log_level: LogLevel = "info"
     settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
+    # A round's aggregate is not committed if non-finite, or if its validation loss (on the first
+    # guard_samples validation samples) exceeds divergence_factor x max(previous round's, initial):
+    # the run fails "diverged" and nobody is slashed.
+    divergence_factor: float = Field(10.0, gt=1)
+    guard_samples: int = Field(128, ge=1)
+    # Update norms against the round's median (aitbc.core.norms): over norm_clip x scaled down,
+    # over norm_reject x rejected and slashed.
+    norm_clip: float = Field(10.0, ge=1)
+    norm_reject: float = Field(1000.0, ge=1)
     keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
-    gc_grace_seconds: float = Field(3600.0, ge=0)  # an unreferenced blob younger than this is never deleted
+    gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
     tls_cert: Path | None = None  # PEM certificate (chain): serve HTTPS with it and tls_key
     tls_key: Path | None = None  # its PEM private key
+    # module prefixes whose module:callable models this coordinator may import (none by default)
+    allow_code: list[str] = []
 
     @field_validator("home")
     @classmethod
@@ -57,6 +69,28 @@ class Settings(BaseSettings):
             return check_network(network)
         except LedgerError as e:
             raise ValueError(e.detail) from None
+
+    @field_validator("norm_reject")
+    @classmethod
+    def _reject_over_clip(cls, reject: float, info: ValidationInfo) -> float:
+        clip = info.data.get("norm_clip")
+        if clip is not None and reject < clip:
+            raise ValueError(f"must be at least norm_clip ({clip:g}), got {reject:g}")
+        return reject
+
+    @field_validator("allow_code")
+    @classmethod
+    def _code_prefixes(cls, prefixes: list[str]) -> list[str]:
+        return check_prefixes(prefixes)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both (--tls-cert and --tls-key) or neither")
+        for path in (self.tls_cert, self.tls_key):
+            if path is not None and not path.is_file():
+                raise ValueError(f"TLS file {path} not found")
+        return self
 
     @field_validator("log_level", mode="before")
     @classmethod

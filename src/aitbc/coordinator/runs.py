@@ -39,7 +39,7 @@ from aitbc.ledger.chain import escrow_account, wallet_account
 from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import rank_offers
 from aitbc.storage.cid import is_cid
-from aitbc.training.models import model_config
+from aitbc.training.models import check_model
 from aitbc.units import MICRO, format_price, parse_amount, parse_price, parse_size
 
 MANIFEST_FORMAT = "aitbc.manifest/1"
@@ -61,7 +61,8 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
         )
     bond = parse_price(body.bond, field="bond")
     try:
-        model_config(body.model_type, body.model_options)  # unknown model or option -> error now
+        # code not allowed here, unknown model, bad or out-of-range option -> 422 now, nothing imported
+        check_model(body.model_type, body.model_options, allow_code=ctx.settings.allow_code)
     except AitbcError as e:
         raise unprocessable("bad_model", str(e)) from None
     now = time.time()
@@ -261,7 +262,7 @@ def configure(
             f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}",
         )
     n_shards = len(run.data_manifest["shards"])
-    cfg = build_run_config(run, body, workers=min(len(hired), n_shards))
+    cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
     if run.budget is None:  # no budget at init: escrow what the contracts will cost
         cost = distribution_cost(cfg.rounds, list(hired[:n_shards]))
         if body.max_cost is None:

@@ -25,9 +25,11 @@ from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.schemas import Distribute
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import build_codec
+from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.errors import AitbcError
+from aitbc.training.allow_code import AllowCode
 from aitbc.training.checkpoint import (
     bytes_to_tensors,
     checkpoint_bytes,
@@ -48,9 +50,11 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
     return DataSpec(s["task"], tuple(int(v) for v in s["input_shape"]), int(s["num_classes"]))
 
 
-def build_initial_model(run: Run) -> torch.nn.Module:
+def build_initial_model(run: Run, allow_code: AllowCode) -> torch.nn.Module:
+    """The run's model at its seed; code only under a prefix this coordinator's operator
+    allowed, a built-in model only within its bounds (counted before it is built)."""
     torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
-    return build_model(run.model_type, data_spec(run.data_manifest), run.model_options)
+    return build_model(run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code)
 
 
 def default_f(workers: int) -> int:
@@ -59,7 +63,7 @@ def default_f(workers: int) -> int:
     return max(0, (workers - 3) // 4)
 
 
-def build_run_config(run: Run, body: Distribute, *, workers: int) -> RunConfig:
+def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: AllowCode) -> RunConfig:
     """The run's config from a distribute request: defaults resolved (workers, quorum), and
     everything the config names built once, so a bad name or option is a 422 now, not a
     failure at round 1. ``workers``: how many will train at the start."""
@@ -70,7 +74,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int) -> RunConfig:
     quorum = body.quorum or min_workers
     try:
         LocalConfig(steps=body.local_steps, batch_size=body.batch_size, optimizer=body.inner_opt, lr=body.lr)
-        model = build_initial_model(run)
+        model = build_initial_model(run, allow_code)
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
         agg = parse_aggregator(body.aggregator, default_f=f)
@@ -99,12 +103,17 @@ class RunRuntime:
 
     def __init__(self, ctx: Context, run: Run) -> None:
         cfg = run.cfg
-        self.model = build_initial_model(run)
+        self.model = build_initial_model(run, ctx.settings.allow_code)
         self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.f)
         self.outer_name, self.outer_options = cfg.outer, cfg.outer_options
         val = load_shard(ctx.store.get_bytes(run.data_manifest["val"]["cid"]))
         k = ctx.settings.eval_samples
         self.val_x, self.val_y = val[0][:k], val[1][:k]
+        g = ctx.settings.guard_samples  # what the divergence check scores before a round commits
+        self.guard_x, self.guard_y = val[0][:g], val[1][:g]
+        self.guard_cache: tuple[str | None, float] | None = None  # (params cid, its guard loss)
+        self.norm_bound = NormBound(clip=ctx.settings.norm_clip, reject=ctx.settings.norm_reject)
+        self.divergence_factor = ctx.settings.divergence_factor
         self.d = cfg.d
         self.params_cid: str | None = None
         self.params: Tensor | None = None  # (d,)
@@ -133,6 +142,17 @@ class RunRuntime:
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
         set_flat_params(self.model, params)
         return evaluate(self.model, self.val_x, self.val_y)
+
+    def guard_loss(self, params: Tensor, cid: str | None = None) -> float:
+        """The loss of ``params`` on the guard samples (the divergence check's); cached for
+        the params named ``cid``."""
+        if cid is not None and self.guard_cache is not None and self.guard_cache[0] == cid:
+            return self.guard_cache[1]
+        set_flat_params(self.model, params)
+        loss = evaluate(self.model, self.guard_x, self.guard_y)[0]
+        if cid is not None:
+            self.guard_cache = (cid, loss)
+        return loss
 
 
 def runtime(ctx: Context, run: Run) -> RunRuntime:

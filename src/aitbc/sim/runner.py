@@ -21,11 +21,13 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
+from aitbc import run_defaults
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.attacks import Attack, AttackView, build_attack
 from aitbc.core.compression import Codec, build_codec
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.compression.feedback import ErrorFeedback
+from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import build_staleness
@@ -49,21 +51,24 @@ class SimConfig:
     model_options: dict[str, Any] = field(default_factory=dict)
     dataset: str = "digits"
     workers: int = 8
-    rounds: int = 30
-    local_steps: int = 20
-    batch_size: int = 32
-    lr: float = 1e-3
-    inner_opt: str = "adamw"
-    outer: str = "fedavg"
+    # The training settings a live run shares take their defaults from run_defaults.
+    rounds: int = run_defaults.ROUNDS
+    local_steps: int = run_defaults.LOCAL_STEPS
+    batch_size: int = run_defaults.BATCH_SIZE
+    lr: float = run_defaults.LR
+    inner_opt: str = run_defaults.INNER_OPT
+    outer: str = run_defaults.OUTER
     outer_options: dict[str, Any] = field(default_factory=dict)
-    aggregator: str = "mean"  # spec: NAME[:k=v,...][+NAME[:k=v,...]]
-    compression: str = "none"  # spec: NAME[:k=v,...]
-    error_feedback: bool = False
+    aggregator: str = run_defaults.AGGREGATOR  # spec: NAME[:k=v,...][+NAME[:k=v,...]]
+    compression: str = run_defaults.COMPRESSION  # spec: NAME[:k=v,...]
+    error_feedback: bool = run_defaults.ERROR_FEEDBACK
     attack: str | None = None  # spec: NAME[:k=v,...]
     byzantine: int = 0
-    mode: str = "sync"
+    mode: str = run_defaults.MODE
     deadline: float | None = None  # sync: virtual seconds a round waits at most
     quorum: int = 1  # sync: updates a round waits for even past the deadline
+    norm_clip: float = 10.0  # updates over this x the round's median norm are scaled down (aitbc.core.norms)
+    norm_reject: float = 1000.0  # ... over this x are rejected
     max_staleness: int = 4  # async: older updates are dropped
     staleness: str = "polynomial"  # async: down-weighting rule spec
     buffer: int | None = None  # async: updates per aggregation (default: half the workers)
@@ -76,8 +81,8 @@ class SimConfig:
     ref_tflops: float = 25.0  # reference device (speed 1.0) effective throughput
     step_overhead_ms: float = 1.0  # fixed cost of one inner step at speed 1.0
     eval_samples: int = 1024
-    eval_every: int = 1
-    max_bytes: int = 4 << 20  # language corpora cap
+    eval_every: int = run_defaults.EVAL_EVERY
+    max_bytes: int = run_defaults.MAX_CORPUS_BYTES  # language corpora cap
     target_loss: float | None = None
     target_accuracy: float | None = None
     stop_at_target: bool = False  # end the run at the first evaluation that reaches the target
@@ -175,13 +180,18 @@ class Simulation:
         self.model_opts = {} if mcfg is None else asdict(mcfg)
         seq_len = getattr(mcfg, "context", 128)
         data = load_dataset(cfg.dataset, DataOptions(seed=cfg.seed, seq_len=seq_len, max_bytes=cfg.max_bytes))
-        self.model = build_model(cfg.model, data.spec, cfg.model_options)
+        # the user's own machine: a module:callable model is the user's own code
+        self.model = build_model(cfg.model, data.spec, cfg.model_options, allow_code=True)
         self.layout = [tuple(p.shape) for p in self.model.parameters()]
         self.profiles = build_profiles(cfg.workers, speeds=cfg.speeds, bandwidth=cfg.bandwidth, latency=cfg.latency)
         self.outer = build_outer(cfg.outer, cfg.outer_options)
         # A rule that takes f (updates it must tolerate) and is given none gets the attacker count.
         self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.byzantine)
         self.aggregator.check(_updates_per_aggregation(cfg))  # conditions like bulyan's n >= 4f+3, up front
+        try:
+            self.norm_bound = NormBound(clip=cfg.norm_clip, reject=cfg.norm_reject)
+        except ValueError as e:
+            raise UsageError(f"--norm-clip/--norm-reject: {e}") from None
         self.staleness_weight = build_staleness(*parse_spec(cfg.staleness, what="staleness rule"))
         self.attack: Attack | None = build_attack(*parse_spec(cfg.attack, what="attack")) if cfg.attack else None
         if self.attack is not None and self.attack.flips_labels and data.spec.task != "classification":
@@ -312,7 +322,9 @@ class Simulation:
     # ---- what the coordinator does ----------------------------------------------------
 
     def receive(self, blob: bytes) -> Tensor | None:
-        """Decode and check one update; ``None`` (and counted) if it must be rejected."""
+        """Decode and check one update; ``None`` (and counted) if it must be rejected. The
+        norm bound, which needs the whole round, is applied in :meth:`aggregate` (as the
+        coordinator does at aggregation)."""
         try:
             u = decode_update(blob, max_numel=self.d)  # a hostile header cannot make us allocate more
         except IntegrityError:
@@ -327,12 +339,17 @@ class Simulation:
         """The run's rule over ``updates``; ``None`` (and counted) when too few arrived for
         its conditions (e.g. stragglers dropped below krum's n >= f+3): the round is
         skipped, as a coordinator would wait, not averaged with a weaker rule."""
+        U = torch.stack(updates)  # (n, d)
+        verdict = judge_norms(update_norms(U), self.norm_bound)  # the same rule as the coordinator's
+        self.rejected += len(verdict.rejected)
+        U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d): grossly large dropped, large clipped
         try:
-            self.aggregator.check(len(updates))
+            self.aggregator.check(len(keep))
         except UsageError:
             self.skipped += 1
             return None
-        return self.aggregator(torch.stack(updates), torch.tensor(weights), round_index=self.round)  # (n, d) -> (d,)
+        w = torch.tensor([weights[i] for i in keep])  # (k,)
+        return self.aggregator(U, w, round_index=self.round)  # (k, d) -> (d,)
 
     def apply(self, updates: list[Tensor], weights: list[float]) -> None:
         """Aggregate accepted updates and take one outer step on the global model."""

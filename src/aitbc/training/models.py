@@ -4,6 +4,12 @@ A model is named by a registry name plus a typed config, never shipped as code: 
 provider builds it locally (see DESIGN.md, trust boundaries). Every model maps a batch
 of inputs to logits: ``(B, C)`` for classification, ``(B, T, V)`` for language data.
 
+Trust: a built-in model's options are bounded (:data:`MAX_LAYERS`, :data:`MAX_WIDTH`,
+:data:`MAX_CONTEXT`, and :data:`MAX_PARAMS` parameters, counted from the config before
+anything is built). A ``module:callable`` is imported only where this machine's operator
+allowed its module prefix (``allow_code``; ``True`` for ``aitbc simulate``, the user's own
+code on the user's own machine); otherwise it is refused without importing anything.
+
 Shape letters: B batch, T sequence length, C channels or classes, V vocabulary (256),
 D model width, H attention heads.
 """
@@ -23,9 +29,35 @@ from torch import Tensor, nn
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 from aitbc.errors import UsageError
+from aitbc.training.allow_code import AllowCode, code_allowed
 from aitbc.training.data_spec import DataSpec
 
 MODELS: Registry[Any] = Registry("model")
+
+# Bounds on a built-in model (documented in the README's trust model). They admit every
+# model the project's tests, examples and benchmarks use (the largest, the default
+# 470k-parameter transformer) with room to spare; what they refuse is an owner making
+# every hired machine allocate gigabytes.
+MAX_LAYERS = 48  # mlp hidden layers, cnn stages, transformer blocks
+MAX_WIDTH = 8192  # mlp hidden size, cnn channels and hidden size, transformer d_model
+MAX_CONTEXT = 8192  # transformer context (tokens)
+MAX_PARAMS = 50_000_000  # parameters (200 MB in float32)
+
+
+class CodeNotAllowed(UsageError):
+    """A ``module:callable`` model this machine's operator did not allow (nothing imported)."""
+
+
+def _bounded(name: str, value: int, hi: int) -> None:
+    if not 1 <= value <= hi:
+        raise ValueError(f"{name} must be in [1, {hi}], got {value}")
+
+
+def _bounded_layers(name: str, values: tuple[int, ...]) -> None:
+    if not 1 <= len(values) <= MAX_LAYERS:
+        raise ValueError(f"{name} must list 1 to {MAX_LAYERS} layers, got {len(values)}")
+    for v in values:
+        _bounded(f"each of {name}", v, MAX_WIDTH)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,8 +65,7 @@ class MLPConfig:
     hidden: tuple[int, ...] = (128, 64)
 
     def __post_init__(self) -> None:
-        if not self.hidden or any(h <= 0 for h in self.hidden):
-            raise ValueError(f"hidden sizes must be positive, got {self.hidden}")
+        _bounded_layers("hidden", self.hidden)
 
 
 @MODELS.register("mlp")
@@ -63,8 +94,8 @@ class CNNConfig:
     hidden: int = 64
 
     def __post_init__(self) -> None:
-        if not self.channels or any(c <= 0 for c in self.channels) or self.hidden <= 0:
-            raise ValueError(f"channels and hidden must be positive, got {self.channels}, {self.hidden}")
+        _bounded_layers("channels", self.channels)
+        _bounded("hidden", self.hidden, MAX_WIDTH)
 
 
 @MODELS.register("cnn")
@@ -108,9 +139,10 @@ class TransformerConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_layers", "n_heads", "context"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        _bounded("d_model", self.d_model, MAX_WIDTH)
+        _bounded("n_layers", self.n_layers, MAX_LAYERS)
+        _bounded("n_heads", self.n_heads, self.d_model)
+        _bounded("context", self.context, MAX_CONTEXT)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0 <= self.dropout < 1:
@@ -181,22 +213,81 @@ class Transformer(nn.Module):
 
 
 def model_config(name: str, options: dict[str, Any] | None = None) -> Any:
-    """The typed config of a registered model (``None`` for a user model)."""
+    """The typed config of a registered model (``None`` for a user model, not imported);
+    unknown keys, wrong types and out-of-range sizes -> ``UsageError`` naming the option."""
     if ":" in name:
         return None
     cls = MODELS.get(name)
-    return build_config(cls.Config, options, what=f"model {name!r}")
+    cfg = build_config(cls.Config, options, what=f"model {name!r}")
+    n = count_params(name, cfg, None)  # a lower bound before the data is known
+    if n > MAX_PARAMS:
+        raise UsageError(f"model {name!r} has at least {n:,} parameters; at most {MAX_PARAMS:,} are allowed")
+    return cfg
 
 
-def build_model(name: str, spec: DataSpec, options: dict[str, Any] | None = None) -> nn.Module:
+def count_params(name: str, cfg: Any, spec: DataSpec | None) -> int:
+    """Parameters of built-in model ``name`` with config ``cfg``, counted without building
+    it; with ``spec`` None, a lower bound (one input value, one class)."""
+    shape = spec.input_shape if spec is not None else (1,)
+    classes = spec.num_classes if spec is not None else 1
+
+    def linear(a: int, b: int) -> int:
+        return a * b + b
+
+    if name == "mlp":
+        sizes = [math.prod(shape), *cfg.hidden]
+        return sum(linear(a, b) for a, b in zip(sizes, sizes[1:])) + linear(sizes[-1], classes)
+    if name == "cnn":
+        c_in = shape[0] if len(shape) == 3 else 1
+        n = 0
+        for c in cfg.channels:
+            n += c_in * c * 9 + c  # 3x3 conv
+            c_in = c
+        return n + linear(c_in, cfg.hidden) + linear(cfg.hidden, classes)
+    if name == "transformer":
+        d = cfg.d_model
+        block = 2 * 2 * d + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d)
+        return classes * d + cfg.context * d + cfg.n_layers * block + 2 * d + d * classes
+    raise UsageError(f"unknown model {name!r}; allowed: {', '.join(MODELS.names())}")
+
+
+def check_model(name: str, options: dict[str, Any] | None, *, allow_code: AllowCode = ()) -> Any:
+    """Refuse what this machine will not build, without importing or building anything:
+    a ``module:callable`` its operator did not allow (:class:`CodeNotAllowed`), or a
+    built-in model's bad or out-of-range options. Returns the config (None for code)."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        if not module or not attr:
+            raise UsageError(f"user model {name!r} must look like package.module:callable")
+        if not code_allowed(name, allow_code):
+            allowed = ", ".join(allow_code) if not isinstance(allow_code, bool) else ""
+            raise CodeNotAllowed(
+                f"model {name!r} is code (module:callable), and this machine's operator allows "
+                f"{'only modules under ' + allowed if allowed else 'no code'} (--allow-code PREFIX); "
+                f"use one of the built-in models: {', '.join(MODELS.names())}"
+            )
+        return None
+    return model_config(name, options)
+
+
+def build_model(
+    name: str, spec: DataSpec, options: dict[str, Any] | None = None, *, allow_code: AllowCode = ()
+) -> nn.Module:
     """Build model ``name`` for data described by ``spec``.
 
-    ``name`` is a registry name or ``package.module:callable``; a user callable gets the
-    options as keyword arguments, plus ``spec`` when its signature takes it."""
-    if ":" in name:
+    ``name`` is a registry name or ``package.module:callable`` (imported only if
+    ``allow_code`` allows it); a user callable gets the options as keyword arguments, plus
+    ``spec`` when its signature takes it. A built-in model's parameters are counted first:
+    past :data:`MAX_PARAMS` it is refused before any tensor is allocated."""
+    cfg = check_model(name, options, allow_code=allow_code)
+    if cfg is None:
         return _build_user_model(name, spec, options or {})
-    cls = MODELS.get(name)
-    return cls(model_config(name, options), spec)
+    n = count_params(name, cfg, spec)
+    if n > MAX_PARAMS:
+        raise UsageError(
+            f"model {name!r} with these options has {n:,} parameters for this data; at most {MAX_PARAMS:,} are allowed"
+        )
+    return MODELS.get(name)(cfg, spec)
 
 
 def _build_user_model(name: str, spec: DataSpec, options: dict[str, Any]) -> nn.Module:

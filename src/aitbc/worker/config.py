@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from aitbc.training.allow_code import check_prefixes
 from aitbc.units import parse_price
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -36,12 +37,19 @@ class WorkerSettings(BaseSettings):
     log_level: LogLevel = "info"
     step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)
     attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
+    # module prefixes whose module:callable models this worker may import (none by default)
+    allow_code: list[str] = []
 
     @field_validator("price", "max_bond")
     @classmethod
     def _ait(cls, value: str) -> str:
         parse_price(value, field="amount")  # a UnitError is a ValueError: one line naming the source
         return value
+
+    @field_validator("allow_code")
+    @classmethod
+    def _code_prefixes(cls, prefixes: list[str]) -> list[str]:
+        return check_prefixes(prefixes)
 
     @field_validator("log_level", mode="before")
     @classmethod

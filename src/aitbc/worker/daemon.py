@@ -20,7 +20,7 @@ from typing import Any
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import AitbcError
+from aitbc.errors import AitbcError, UsageError
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.market.gpus import detect_device
 from aitbc.storage.blobstore import BlobCache
@@ -32,6 +32,10 @@ from aitbc.training.models import build_model
 from aitbc.worker.config import WorkerSettings
 
 log = logging.getLogger("aitbc.worker")
+
+
+class ModelRefused(AitbcError):
+    """A job's model this worker will not build (see :meth:`Worker._decline`)."""
 
 
 @dataclass
@@ -48,14 +52,15 @@ class JobState:
 
 
 class Worker:
-    def __init__(self, cfg: WorkerSettings, *, coordinator: str, home: Path) -> None:
+    def __init__(self, cfg: WorkerSettings, *, coordinator: str, home: Path, ca_cert: Path | None = None) -> None:
         self.cfg, self.coordinator = cfg, coordinator
         self.wallet = ensure_wallet(home, cfg.wallet)
-        self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30)
+        self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
         self.cache = BlobCache(home / "worker-cache" / self.wallet.name, max_bytes=cfg.cache_bytes)
         self.device = detect_device()
         self.stop = threading.Event()
         self.job: JobState | None = None
+        self.refused: set[str] = set()  # jobs whose model this machine will not build
         self.registered = threading.Event()
         self.attack = None
         if cfg.attack:
@@ -95,9 +100,14 @@ class Worker:
                     log.info("job %s released", self.job.job_id)
                     self.job = None
                 continue
+            if job["job_id"] in self.refused:
+                self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
+                continue
             if job["action"] == "train":
                 try:
                     self.train_round(job)
+                except ModelRefused as e:
+                    self._decline(job, e)
                 except ApiError as e:
                     self._refused(job, e)
                 except Unreachable as e:  # fetching the model or shard: ask again after a pause
@@ -151,6 +161,14 @@ class Worker:
                 self.stop.wait(delay)
                 delay = min(delay * 2, self.cfg.max_backoff_seconds)
         return None
+
+    def _decline(self, job: dict[str, Any], e: ModelRefused) -> None:
+        """A job whose model this machine will not build (code its operator did not allow,
+        a model past the bounds): nothing imported, nothing trained; the owner sees it in
+        the job's status, and the round goes on without this worker (no update is no fault)."""
+        log.error("job %s of %s refused: %s", job["job_id"], job["training_id"], e)
+        self.refused.add(job["job_id"])
+        self._progress(job, 0.0, None, 0.0, "refused: model not allowed")
 
     def _refused(self, job: dict[str, Any], e: ApiError) -> None:
         if e.code in ("round_closed", "wrong_round", "not_accepting", "duplicate_update"):
@@ -259,8 +277,11 @@ class Worker:
             return self.job
         spec_d = job["data_spec"]
         spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
+        try:  # before any download: code this operator did not allow is never imported
+            model = build_model(job["model_type"], spec, job["model_options"], allow_code=self.cfg.allow_code)
+        except UsageError as e:
+            raise ModelRefused(str(e)) from None
         x, y = self._labels(load_shard(self._blob(job["shard_cid"])), job)
-        model = build_model(job["model_type"], spec, job["model_options"])
         cfg = LocalConfig(
             steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"]
         )
