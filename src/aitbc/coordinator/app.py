@@ -27,7 +27,7 @@ from aitbc.coordinator.context import build_context
 from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
 from aitbc.errors import AitbcError
-from aitbc.ledger.signing import SignatureError
+from aitbc.ledger.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, SignatureError
 from aitbc.units import UnitError
 
 log = logging.getLogger("aitbc.coordinator")
@@ -141,13 +141,27 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
 # --- the OpenAPI document -----------------------------------------------------------------
 
 
+_SIGNED = (
+    "The four X-Aitbc-* headers sign the request with the sender's Ed25519 wallet key: the signature "
+    "covers AITBC-REQUEST-1, the method, the raw path and query, the body's sha256 (UNSIGNED-PAYLOAD for "
+    "a blob upload), the timestamp and the nonce, one per line (see aitbc.ledger.signing)."
+)
+SIGNATURE_HEADERS = {
+    "AitbcKey": (HEADER_KEY, "the sender's Ed25519 public key, hex; its address is the signer. " + _SIGNED),
+    "AitbcTimestamp": (HEADER_TIMESTAMP, "unix seconds; refused when far from the coordinator's clock"),
+    "AitbcNonce": (HEADER_NONCE, "32 hex digits, new for every request (a replay is refused)"),
+    "AitbcSignature": (HEADER_SIGNATURE, "the Ed25519 signature of the canonical request, hex"),
+}
+
+
 def _uses(dependant: Dependant, *calls: Any) -> bool:
     return any(d.call in calls or _uses(d, *calls) for d in dependant.dependencies)
 
 
 def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
     """FastAPI's document, made to say what the app really sends: every error is an
-    ``ErrorBody``; a signed route declares 401 and a route with a JSON body 400
+    ``ErrorBody``; a signed route declares its signature headers (security schemes) and
+    401, and a route with a JSON body 400
     (malformed JSON) and 422 (invalid fields), from the route itself, so no route can
     forget them; FastAPI's own 422 shape (``HTTPValidationError``), which this app never
     sends, is dropped (routes whose parameters can be invalid declare our 422)."""
@@ -161,7 +175,8 @@ def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
         if not isinstance(route, APIRoute) or not route.include_in_schema:
             continue
         implied: list[int] = []
-        if _uses(route.dependant, signed, signed_stream):
+        is_signed = _uses(route.dependant, signed, signed_stream)
+        if is_signed:
             implied.append(401)
         if route.body_field is not None:
             implied += [400, 422]
@@ -179,7 +194,14 @@ def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
                     {"description": spec["description"], "content": {"application/json": {"schema": error_ref}}},
                 )
             op["responses"] = dict(sorted(responses.items()))
-    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            if is_signed:
+                op["security"] = [{name: [] for name in SIGNATURE_HEADERS}]
+    components = doc.setdefault("components", {})
+    components["securitySchemes"] = {
+        name: {"type": "apiKey", "in": "header", "name": header, "description": why}
+        for name, (header, why) in SIGNATURE_HEADERS.items()
+    }
+    schemas = components.setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     schemas.setdefault("ErrorBody", ErrorBody.model_json_schema())
