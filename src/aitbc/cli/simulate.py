@@ -34,7 +34,12 @@ from aitbc.core.options import parse_kv
 
 
 def simulate(
-    model: Annotated[str, typer.Option(help="mlp, cnn, transformer, or package.module:callable.")] = "mlp",
+    model: Annotated[
+        str,
+        typer.Option(
+            help="mlp, cnn, transformer, or package.module:callable (your own code: simulate runs on your machine)."
+        ),
+    ] = "mlp",
     dataset: Annotated[str, typer.Option(help="digits, stdlib, text:PATH or npz:PATH.")] = "digits",
     workers: Annotated[int, typer.Option(help="Number of virtual workers.")] = 8,
     rounds: Rounds = defaults.ROUNDS,

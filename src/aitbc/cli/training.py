@@ -152,7 +152,13 @@ def init(
         str, typer.Option("--wallet", help="The owner's wallet (created if it does not exist).", show_default=False)
     ],
     model_type: Annotated[
-        str, typer.Option("--model-type", help="mlp, cnn, transformer, or package.module:callable.", show_default=False)
+        str,
+        typer.Option(
+            "--model-type",
+            help="mlp, cnn, transformer (options bounded: see the README's trust model); a package.module:callable "
+            "only where the coordinator's and the workers' operators allowed it (--allow-code).",
+            show_default=False,
+        ),
     ],
     dataset_size: Annotated[
         str,
