@@ -67,7 +67,7 @@ class SimConfig:
     mode: str = run_defaults.MODE
     deadline: float | None = None  # sync: virtual seconds a round waits at most
     quorum: int = 1  # sync: updates a round waits for even past the deadline
-    norm_clip: float = 10.0  # updates over this x the round's median norm are scaled down (aitbc.core.norms)
+    norm_clip: float = 3.0  # updates over this x the round's median norm are scaled down (aitbc.core.norms)
     norm_reject: float = 1000.0  # ... over this x are rejected
     max_staleness: int = 4  # async: older updates are dropped
     staleness: str = "polynomial"  # async: down-weighting rule spec
