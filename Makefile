@@ -29,7 +29,8 @@ run: $(STAMP)
 
 # The unit, API and end-to-end tests (2 processes), then the API conformance suite on its
 # own, so it prints its case counts (schemathesis against a live coordinator, ~2 min).
-test: $(STAMP)
+# The lint tools are installed too: the SDK's stub tests run ruff and mypy as a user would.
+test: $(LINT_STAMP)
 	$(PY) -m pytest -q -n 2 -m "not schemathesis"
 	$(MAKE) --no-print-directory test-api
 
