@@ -40,6 +40,7 @@ SERVE_FLAGS = {
     "score_samples": "--score-samples",
     "network": "--network",
     "manual_idle_seconds": "--manual-idle",
+    "stuck_seconds": "--stuck",
     "log_level": "--log-level",
     "settle_delay": "--settle-delay",
     "keep_checkpoints": "--keep-checkpoints",
@@ -144,6 +145,13 @@ def serve(
             "an update or a progress report before it is failed."
         ),
     ] = None,
+    stuck: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds an automatic run may go with no active worker and no offer to replace them "
+            "before it is failed (escrow refunded, bonds returned)."
+        ),
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     settle_delay: Annotated[
         float | None, typer.Option(hidden=True, help="Testing: seconds between two settlements.")
@@ -201,6 +209,7 @@ def serve(
         "score_samples": score_samples,
         "network": network,
         "manual_idle_seconds": manual_idle,
+        "stuck_seconds": stuck,
         "log_level": log_level,
         "settle_delay": settle_delay,
         "keep_checkpoints": keep_checkpoints,

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     manual_idle_seconds: float = Field(
         3600.0, gt=0
     )  # a manual run with no owner call, update or progress this long fails
+    stuck_seconds: float = Field(
+        300.0, gt=0
+    )  # an automatic run with no active worker and no offer to hire this long fails
     log_level: LogLevel = "info"
     settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
     # A round's aggregate is not committed if non-finite, or if its validation loss (on the first

@@ -76,6 +76,10 @@ class RoundDriver:
             for run in s.scalars(select(Run).where(Run.status == RunStatus.TRAINING, automatic)).all():
                 changed |= workforce.fill_shards(ctx, s, run, now=now)
             changed |= self._fail_idle_manual_runs(s, now)
+            stuck = workforce.fail_stuck_runs(ctx, s, now=now)  # after fill_shards: nobody could be hired
+            if stuck:
+                log.warning("round driver: failed runs that could not proceed (no workers, no offers)")
+            changed |= stuck
             if changed:
                 s.commit()
                 ctx.notifier.bump()

@@ -280,6 +280,43 @@ def fill_shards(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     return changed
 
 
+def fail_stuck_runs(ctx: Context, s: Session, *, now: float) -> bool:
+    """An automatic run in ``training`` with no active job (every worker failed, was
+    slashed or left) and nobody to hire in its place (:func:`fill_shards` found no spare and
+    no free live offer that can bond) cannot proceed: once that has lasted ``stuck_seconds``,
+    counted from its last job ending (or its last change, or this coordinator's start), it
+    fails with the reason; the driver then settles its closed rounds, returns the bonds of
+    providers not slashed and refunds the escrow. Returns whether any run failed."""
+    wait = ctx.settings.stuck_seconds
+    runs = s.scalars(
+        select(Run).where(
+            Run.control == Control.AUTOMATIC, Run.status == RunStatus.TRAINING, Run.updated_at < now - wait
+        )
+    ).all()
+    changed = False
+    for run in runs:
+        if s.scalar(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).limit(1)):
+            continue
+        last_job = s.scalar(select(func.max(Job.updated_at)).where(Job.run_id == run.id)) or 0.0
+        if now - max(run.updated_at, last_job, ctx.started_at) < wait:
+            continue
+        lock_run(s, run)
+        if run.status != RunStatus.TRAINING:
+            continue
+        end_run(
+            s,
+            run,
+            RunStatus.FAILED,
+            now=now,
+            reason=(
+                f"stuck: no active worker and no offer to replace them for {wait:g} s "
+                f"(round {run.round}; escrow refunded, bonds of providers not slashed returned)"
+            ),
+        )
+        changed = True
+    return changed
+
+
 def drop_slowest(s: Session, run: Run, active: Sequence[Job], ups: Sequence[tuple[Update, int]], *, now: float) -> None:
     """Over the run's target (workers joined mid-run): release the slowest worker of the
     round, by the time from when it could start (the round's opening, or its joining)
