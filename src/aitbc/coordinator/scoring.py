@@ -11,21 +11,23 @@ Shape letters: ``n`` accepted updates, ``d`` parameters, ``B`` batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from sqlalchemy import func, select
-from torch import Tensor
+from torch import Tensor, nn
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import row
 from aitbc.coordinator.runtime import RunRuntime, runtime
 from aitbc.coordinator.states import ScoreStatus, UpdateStatus
+from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, set_flat_params
-from aitbc.training.local import evaluate
 
 SCORING = ScoringConfig()
 
@@ -126,8 +128,7 @@ def _finite(x: float) -> float | None:
 def _judge(
     ctx: Context, run: Run, rt: RunRuntime, before_cid: str, accepted: Sequence[tuple[Update, Job]], r: int
 ) -> list[UpdateScore]:
-    """The three signals for each accepted update, then :func:`score_round`."""
-    B = ctx.settings.score_samples
+    """Load what :func:`judge` needs for the round's accepted updates, then judge them."""
     load_checkpoint(rt.model, ctx.store.get_bytes(before_cid))
     before = flat_params(rt.model)  # (d,)
     U = torch.stack(
@@ -136,39 +137,111 @@ def _judge(
     trained = [
         u.shard_index if u.shard_index is not None else j.shard_index for u, j in accepted
     ]  # the shard each trained on
-    shards = {k: load_shard(ctx.store.get_bytes(run.data_manifest["shards"][k]["cid"])) for k in set(trained)}
     all_shards = [load_shard(ctx.store.get_bytes(e["cid"])) for e in run.data_manifest["shards"]]
     split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
-    vx, vy = rt.val_x[:B], rt.val_y[:B]
-    g = torch.Generator().manual_seed(run.seed * 1_000_003 + r)
-
-    def loss(params: Tensor, x: Tensor, y: Tensor) -> float:
-        set_flat_params(rt.model, params)
-        return evaluate(rt.model, x, y)[0]
-
     w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
+    return judge(
+        rt.model,
+        before,
+        U,
+        trained,
+        all_shards,
+        split,
+        (rt.val_x, rt.val_y),
+        kept_shares(rt.aggregator, U, w, r),
+        samples=ctx.settings.score_samples,
+        seed=run.seed * 1_000_003 + r,
+    )
+
+
+def kept_shares(aggregator: Aggregator, U: Tensor, w: Tensor, r: int) -> list[float]:
+    """The share of each update ``U`` ``(n, d)`` the run's rule kept (1.0 each when the
+    rule keeps everything or has too few updates to judge)."""
     try:
-        _, info = rt.aggregator.with_info(U, w, round_index=r)
-        if info.kept_fraction is not None:
-            kept = [float(k) for k in info.kept_fraction]
-        elif info.selected is not None:
-            chosen = {int(i) for i in info.selected}
-            kept = [1.0 if i in chosen else 0.0 for i in range(U.shape[0])]
-        else:
-            kept = [1.0] * U.shape[0]
+        _, info = aggregator.with_info(U, w, round_index=r)
     except Exception:  # noqa: BLE001 - too few updates for the rule: no verdict, not an outlier
-        kept = [1.0] * U.shape[0]
-    base_val = loss(before, vx, vy)
-    gains, own, other = [], [], []
+        return [1.0] * U.shape[0]
+    if info.kept_fraction is not None:
+        return [float(k) for k in info.kept_fraction]
+    if info.selected is not None:
+        chosen = {int(i) for i in info.selected}
+        return [1.0 if i in chosen else 0.0 for i in range(U.shape[0])]
+    return [1.0] * U.shape[0]
+
+
+def judge(
+    model: nn.Module,
+    before: Tensor,
+    U: Tensor,
+    trained: Sequence[int],
+    shards: Sequence[tuple[Tensor, Tensor]],
+    split: Sequence[bool],
+    val: tuple[Tensor, Tensor],
+    kept: list[float],
+    *,
+    samples: int,
+    seed: int,
+    cfg: ScoringConfig = SCORING,
+) -> list[UpdateScore]:
+    """The signals for each update ``U[i]`` (trained on shard ``trained[i]``) applied
+    alone to ``before`` ``(d,)``, each with the standard error measured from its own batch,
+    then :func:`score_round`. ``samples``: batch size ``B`` of each measurement. Pure (no
+    database): the live coordinator and bench/honest_runs.py run exactly this."""
+    g = torch.Generator().manual_seed(seed)
+    vx, vy = val[0][:samples], val[1][:samples]
+    base_val = _losses(model, before, vx, vy)  # (B,)
+    gains, gain_se, own, own_se, other, other_se = [], [], [], [], [], []
     for i, k in enumerate(trained):
         after = before - U[i]  # (d,) this update alone applied
-        gains.append(relative_gain(base_val, loss(after, vx, vy)))
+        m, e = _gain(base_val, _losses(model, after, vx, vy))
+        gains.append(m)
+        gain_se.append(e)
         ox, oy = shards[k]
-        pick = torch.randperm(ox.shape[0], generator=g)[:B]
-        own.append(relative_gain(loss(before, ox[pick], oy[pick]), loss(after, ox[pick], oy[pick])))
-        rest = [sh for m, sh in enumerate(all_shards) if m != k and not split[m]] or [all_shards[k]]
+        pick = torch.randperm(ox.shape[0], generator=g)[:samples]
+        m, e = _gain(_losses(model, before, ox[pick], oy[pick]), _losses(model, after, ox[pick], oy[pick]))
+        own.append(m)
+        own_se.append(e)
+        rest = [sh for m_, sh in enumerate(shards) if m_ != k and not split[m_]] or [shards[k]]
         rx = torch.cat([sh[0] for sh in rest])
         ry = torch.cat([sh[1] for sh in rest])
-        pick = torch.randperm(rx.shape[0], generator=g)[:B]
-        other.append(relative_gain(loss(before, rx[pick], ry[pick]), loss(after, rx[pick], ry[pick])))
-    return score_round(gains, own, other, kept, copies(U, cosine=SCORING.copy_cosine), SCORING, alignments(U))
+        pick = torch.randperm(rx.shape[0], generator=g)[:samples]
+        m, e = _gain(_losses(model, before, rx[pick], ry[pick]), _losses(model, after, rx[pick], ry[pick]))
+        other.append(m)
+        other_se.append(e)
+    return score_round(
+        gains,
+        own,
+        other,
+        kept,
+        copies(U, cosine=cfg.copy_cosine),
+        cfg,
+        alignments(U),
+        gain_se=gain_se,
+        own_se=own_se,
+        other_se=other_se,
+    )
+
+
+@torch.no_grad()
+def _losses(model: nn.Module, params: Tensor, x: Tensor, y: Tensor, *, batch_size: int = 256) -> Tensor:
+    """Per-sample loss ``(B,)`` of ``model`` with ``params`` (a sequence's: its mean over tokens)."""
+    set_flat_params(model, params)
+    model.eval()
+    out = []
+    for i in range(0, x.shape[0], batch_size):
+        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        logits = model(xb)
+        per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1).long(), reduction="none")
+        out.append(per.reshape(yb.shape[0], -1).mean(dim=1).to(torch.float64))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _gain(before: Tensor, after: Tensor) -> tuple[float, float]:
+    """Relative gain ``(mean before - mean after) / mean before`` of paired per-sample
+    losses ``(B,)``, and its standard error (0 with fewer than 2 samples)."""
+    base = float(before.mean()) if before.numel() else 0.0
+    gain = relative_gain(base, float(after.mean()) if after.numel() else 0.0)
+    if before.numel() < 2 or not (base > 0 and math.isfinite(gain)):
+        return gain, 0.0
+    diff = before - after  # (B,)
+    return gain, float(diff.std() / math.sqrt(diff.numel()) / base)

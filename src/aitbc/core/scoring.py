@@ -12,16 +12,42 @@ model; this module only judges):
   shard clearly less than others' data (``own < (1 - unassigned_slack) * other - 0.02``,
   or not at all while others gain) was copied from someone else or not trained on its shard.
 - **aggregator verdict**: the share of coordinates the robust rule kept of the update
-  (Krum-style selection keeps 0 or 1; trimming keeps a fraction). Under half is an outlier.
+  (Krum-style selection keeps 0 or 1; trimming keeps a fraction). Under half is an outlier
+  only if the update also earns no credit or does not point the round's way (alignment
+  <= 0): a robust rule drops or trims honest updates too (multi-krum always leaves ``f``
+  out, trimming cuts about ``2 beta`` of every update's coordinates), so its verdict alone
+  is no evidence.
 
 Plus a **copy** check over the round: an update equal (cosine > 0.9999) to an earlier
-one of the same round is a replay. ``quality`` in ``[0, 1]`` is 0 for any flag and otherwise
-rises with gain to 1 at ``full_credit`` times the round's median positive gain, so honest
-workers of a round earn full pay and a free-rider (gain ~ 0) earns nothing. ``harmful``
-(the update alone makes held-out loss worse by more than ``harm_threshold`` *and* points
-against the round's other updates: near convergence an honest update alone may cost a
-little, but it still points the way the others do; a reversed one points back) and ``copy`` are
-*provable*: anyone holding the update and the data can re-check them, and they slash.
+one of the same round is a replay.
+
+**Noise.** Each gain is a mean over a batch of per-sample loss differences, so the
+coordinator also measures its standard error from the same batch (``gain_se``,
+``own_se``, ``other_se``: the spread of the paired per-sample differences over the square
+root of the batch size). Near convergence a round's true gains are about 0 and what is left
+is this noise; the old rules (``own <= 0 < other`` unassigned, ``gain <= 0`` unpaid) then
+fired on honest workers about half the time. So:
+
+- a *flag* counts only when the signal clears ``flag_z`` standard errors beyond its
+  threshold (``unassigned``: the shortfall of own against others' gain; ``harmful``: the
+  loss increase past ``harm_threshold``); at 4 standard errors an honest update is flagged
+  by noise in well under 1 in 10,000 rounds (measured: bench/honest_runs.py);
+- *pay* is judged on ``credit = gain + credit_z * gain_se``, the gain up to the noise of its
+  own measurement: an honest update whose measured gain is slightly negative only because
+  the round is converged still earns full pay, while a zero update (a free-rider) has no
+  noise (every per-sample difference is 0) and earns nothing, and a tiny one earns a tiny
+  share of the round's reference;
+- ``quality`` in ``[0, 1]`` is 0 for any flag and otherwise rises with credit to 1 at
+  ``full_credit`` times the round's reference: its median positive gain, or in a round
+  where no gain is above 0, its median positive credit.
+
+Without standard errors (the defaults, 0) every rule reduces to its plain threshold.
+``harmful`` (the update alone makes held-out loss significantly worse by more than
+``harm_threshold`` *and* points against the round's other updates: near convergence an
+honest update alone may cost a little, but it still points the way the others do; a
+reversed one points back) and ``copy`` are *provable*: anyone holding the update and the
+data can re-check them, and they slash. ``unassigned`` and ``outlier`` only zero the
+round's pay.
 
 Shapes: ``n`` updates, ``d`` parameters.
 """
@@ -49,8 +75,14 @@ class ScoringConfig:
     outlier_kept: float = 0.5  # kept share below this is an outlier
     copy_cosine: float = 0.9999  # closer than this to an earlier update is a copy
     unassigned_slack: float = 0.5  # own-shard gain may fall this share below others' (noise)
+    flag_z: float = 4.0  # a flag's signal must clear its threshold by this many standard errors
+    credit_z: float = 2.0  # pay judges gain + this many standard errors of its measurement
 
     def __post_init__(self) -> None:
+        for name in ("flag_z", "credit_z"):
+            v = getattr(self, name)
+            if not (0 <= v <= 10):
+                raise ValueError(f"{name} must be in [0, 10], got {v}")
         for name in (
             "full_credit",
             "harm_threshold",
@@ -72,6 +104,7 @@ class UpdateScore:
     kept: float  # share the robust rule kept (1.0 when the rule keeps everything)
     flags: tuple[str, ...]
     quality: float  # [0, 1]
+    gain_se: float = 0.0  # standard error of gain (measured from the same batch)
 
     @property
     def provable(self) -> bool:
@@ -130,30 +163,43 @@ def score_round(
     copied: list[int | None],
     cfg: ScoringConfig | None = None,
     alignment: list[float] | None = None,
+    *,
+    gain_se: list[float] | None = None,
+    own_se: list[float] | None = None,
+    other_se: list[float] | None = None,
 ) -> list[UpdateScore]:
-    """Judge the round's ``n`` accepted updates (all lists have length ``n``)."""
+    """Judge the round's ``n`` accepted updates (all lists have length ``n``); the
+    ``*_se`` lists are the standard errors of the gains (None: not measured, 0)."""
     cfg = cfg or ScoringConfig()
     n = len(gains)
     alignment = [1.0] * n if alignment is None else alignment
-    if not (len(own_gains) == len(other_gains) == len(kept) == len(copied) == len(alignment) == n):
+    gain_se, own_se, other_se = ([0.0] * n if x is None else x for x in (gain_se, own_se, other_se))
+    lists = (own_gains, other_gains, kept, copied, alignment, gain_se, own_se, other_se)
+    if any(len(x) != n for x in lists):
         raise ValueError("score_round needs one value per update in every list")
-    positive = sorted(g for g in gains if g > 0)
-    median = positive[len(positive) // 2] if positive else 0.0
+    credits = [g + cfg.credit_z * _finite_se(e) for g, e in zip(gains, gain_se)]  # gain up to its noise
+    # The round's reference: its median positive gain; in a converged round (no gain above
+    # 0), its median positive credit, so a tiny update still earns only a tiny share.
+    positive = sorted(g for g in gains if g > 0) or sorted(c for c in credits if c > 0)
+    reference = positive[len(positive) // 2] if positive else 0.0
     scores = []
     for i in range(n):
         flags = []
-        if gains[i] < -cfg.harm_threshold and alignment[i] < -cfg.harm_alignment:
+        se = _finite_se(gain_se[i])
+        if gains[i] + cfg.flag_z * se < -cfg.harm_threshold and alignment[i] < -cfg.harm_alignment:
             flags.append(HARMFUL)
         if copied[i] is not None:
             flags.append(COPY)
-        if unassigned(own_gains[i], other_gains[i], cfg):
+        noise = math.hypot(_finite_se(own_se[i]), _finite_se(other_se[i]))
+        if unassigned(own_gains[i], other_gains[i], cfg, noise=noise):
             flags.append(UNASSIGNED)
-        if kept[i] < cfg.outlier_kept:
+        credit = credits[i]
+        if kept[i] < cfg.outlier_kept and (credit <= 0 or alignment[i] <= 0):
             flags.append(OUTLIER)
-        if flags or gains[i] <= 0:
+        if flags or not credit > 0:
             quality = 0.0
         else:
-            quality = min(1.0, gains[i] / (cfg.full_credit * median)) if median > 0 else 1.0
+            quality = min(1.0, credit / (cfg.full_credit * reference))
         scores.append(
             UpdateScore(
                 gain=gains[i],
@@ -162,16 +208,23 @@ def score_round(
                 kept=kept[i],
                 flags=tuple(flags),
                 quality=quality,
+                gain_se=se,
             )
         )
     return scores
 
 
-def unassigned(own: float, other: float, cfg: ScoringConfig) -> bool:
-    """The update helps its own shard clearly less than other workers' data."""
-    if other > 0 and own <= 0:
+def _finite_se(x: float) -> float:
+    return x if x >= 0 and math.isfinite(x) else 0.0
+
+
+def unassigned(own: float, other: float, cfg: ScoringConfig, *, noise: float = 0.0) -> bool:
+    """The update helps its own shard clearly less than other workers' data: by more than
+    the slack and ``cfg.flag_z`` times ``noise`` (the standard error of ``own - other``)."""
+    margin = cfg.flag_z * noise
+    if other > 0 and own <= 0 and other - own > margin:
         return True
-    return own < (1 - cfg.unassigned_slack) * other - 0.02
+    return own < (1 - cfg.unassigned_slack) * other - 0.02 - margin
 
 
 def reputation_update(reputation: float, quality: float, *, alpha: float = 0.3) -> float:

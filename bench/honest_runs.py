@@ -1,0 +1,241 @@
+"""Benchmark: false accusations in long honest runs, and cheaters still caught.
+
+Each run plays synchronous rounds of the simulator's workers (the live run defaults: MLP on
+digits, the same local trainer workers use, the run's aggregator and outer step) and
+judges every round with exactly the coordinator's scoring (``coordinator.scoring.judge``:
+held-out gain of each update alone, own shard vs others' data, kept share, copies,
+alignments, each with its measured noise; then ``core.scoring.score_round``), pays
+``price x quality`` as settlement does and moves reputation as settlement does (from 4.9).
+
+Honest runs: 40+ rounds (to convergence), IID and Dirichlet non-IID shards, small shards
+(16 workers: ~70 samples each). Targets: 0 flags per honest worker, >= 95% of the agreed
+price paid to honest workers. Cheater runs (the last worker cheats): a free-rider (zero
+update), a copier (sends worker 0's update), a label-flipper, and a wrong-shard trainer
+(trains on worker 0's shard, non-IID): each must still be caught (flagged or unpaid).
+
+Usage: python bench/honest_runs.py [--quick] [--rounds 40] [--seeds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _common import print_table, write_json
+from _sims import machine
+from aitbc.coordinator.scoring import SCORING, judge, kept_shares
+from aitbc.core.compression import decode as decode_update
+from aitbc.core.scoring import reputation_update
+from aitbc.sim.runner import SimConfig, Simulation
+from aitbc.training.checkpoint import load_shard
+
+START_REPUTATION = 4.9
+SCORE_SAMPLES = 512  # the coordinator's default score_samples
+
+
+@dataclass
+class Tally:
+    flags: dict[str, int] = field(default_factory=dict)  # flag -> rounds it fired
+    flagged_rounds: int = 0
+    quality: float = 0.0  # sum over rounds
+    rounds: int = 0
+    reputation: float = START_REPUTATION
+
+    def add(self, flags: tuple[str, ...], quality: float) -> None:
+        for f in flags:
+            self.flags[f] = self.flags.get(f, 0) + 1
+        self.flagged_rounds += bool(flags)
+        self.quality += quality
+        self.rounds += 1
+        self.reputation = reputation_update(self.reputation, quality)
+
+
+def play(
+    *, workers: int, rounds: int, alpha: float | None, seed: int, cheat: str | None, aggregator: str = "mean"
+) -> dict[str, Any]:
+    """One run; the last worker plays ``cheat`` (None: everyone honest)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = SimConfig(
+            workers=workers, rounds=rounds, alpha=alpha, seed=seed, eval_samples=SCORE_SAMPLES, aggregator=aggregator
+        )
+        sim = Simulation(cfg, home=Path(tmp) / "home", out_dir=Path(tmp) / "run")
+        manifest = json.loads(sim.store.get_bytes(sim.manifest_cid))
+        shards = [load_shard(sim.store.get_bytes(e["cid"])) for e in manifest["shards"]]  # the true labels
+        cheater = workers - 1 if cheat else None
+        if cheat == "label-flip":
+            t = sim.trainers[workers - 1]
+            t.y = int(shards[0][1].max()) - t.y  # trains on flipped labels
+        elif cheat == "wrong-shard":
+            t = sim.trainers[workers - 1]
+            t.x, t.y = shards[0]  # trains on worker 0's shard instead of its own
+        tallies = [Tally() for _ in range(workers)]
+        ids = list(range(workers))
+        t0 = time.perf_counter()
+        for r in range(1, rounds + 1):
+            sent = sim.work(ids, dict.fromkeys(ids, sim.params), 0, count_bytes=False)
+            updates = [decode_update(s.blob).to(torch.float32) for s in sent]
+            if cheat == "free-rider":
+                updates[workers - 1] = torch.zeros_like(updates[0])
+            elif cheat == "copier":
+                updates[workers - 1] = updates[0].clone()
+            U = torch.stack(updates)  # (n, d)
+            w = sim.samples.clone()
+            judged = judge(
+                sim.model,
+                sim.params,
+                U,
+                ids,
+                shards,
+                [False] * workers,
+                (sim.val_x, sim.val_y),
+                kept_shares(sim.aggregator, U, w, r),
+                samples=SCORE_SAMPLES,
+                seed=seed * 1_000_003 + r,
+            )
+            for i, sc in enumerate(judged):
+                tallies[i].add(sc.flags, sc.quality)
+            ejected = any(sc.provable for sc in judged)  # a slash ejects: settlement would end its job
+            sim.apply(
+                [u for i, u in enumerate(updates) if not judged[i].provable],
+                [float(w[i]) for i in range(len(updates)) if not judged[i].provable],
+            )
+            sim.round = r
+            if ejected:
+                break  # the honest rest of such a run is what the honest runs measure
+        loss, acc = sim.evaluate(sim.params)
+        honest = [t for i, t in enumerate(tallies) if i != cheater]
+        return {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "final_val_loss": round(loss, 4),
+            "final_val_acc": acc,
+            "honest_flags_max": max(t.flagged_rounds for t in honest),
+            "honest_flags_total": sum(t.flagged_rounds for t in honest),
+            "honest_flag_kinds": _merge(t.flags for t in honest),
+            "honest_pay_share_min": min(t.quality / t.rounds for t in honest),
+            "honest_pay_share_mean": sum(t.quality / t.rounds for t in honest) / len(honest),
+            "honest_reputation_min": min(t.reputation for t in honest),
+            "honest_rounds": min(t.rounds for t in honest),
+            "cheater": None
+            if cheater is None
+            else {
+                "flagged_rounds": tallies[cheater].flagged_rounds,
+                "flags": tallies[cheater].flags,
+                "rounds": tallies[cheater].rounds,
+                "pay_share": tallies[cheater].quality / tallies[cheater].rounds,
+                "reputation": tallies[cheater].reputation,
+            },
+        }
+
+
+def _merge(dicts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and seeds")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (small models: 1 is fastest)")
+    args = ap.parse_args()
+    rounds, seeds = (12, 1) if args.quick else (args.rounds, args.seeds)
+    torch.set_num_threads(args.threads)
+    honest_cases = [  # (name, workers, Dirichlet alpha or None for IID, aggregator)
+        ("2 workers, IID (the local stack)", 2, None, "mean"),
+        ("4 workers, IID", 4, None, "mean"),
+        ("4 workers, Dirichlet a=0.3", 4, 0.3, "mean"),
+        ("4 workers, IID, trimmed-mean:beta=0.25", 4, None, "trimmed-mean:beta=0.25"),
+        ("4 workers, IID, multi-krum:m=3", 4, None, "multi-krum:m=3"),
+        ("16 workers (small shards), IID", 16, None, "mean"),
+        ("16 workers (small shards), Dirichlet a=0.5", 16, 0.5, "mean"),
+    ]
+    cheat_cases = [
+        ("free-rider", 4, None),
+        ("copier", 4, None),
+        ("label-flip", 4, None),
+        ("wrong-shard", 4, 0.3),
+    ]
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "rounds": rounds,
+        "seeds": seeds,
+        "scoring": {k: getattr(SCORING, k) for k in SCORING.__dataclass_fields__},
+        "honest": [],
+        "cheaters": [],
+    }
+    rows = []
+    for name, n, alpha, agg in honest_cases:
+        for seed in range(seeds):
+            res = play(workers=n, rounds=rounds, alpha=alpha, seed=seed, cheat=None, aggregator=agg)
+            print(f"{name}, seed {seed}: {res['seconds']} s", flush=True)
+            results["honest"].append(
+                {"case": name, "workers": n, "alpha": alpha, "aggregator": agg, "seed": seed, **res}
+            )
+            rows.append(
+                (
+                    f"{name}, seed {seed}",
+                    rounds,
+                    res["final_val_loss"],
+                    res["final_val_acc"],
+                    res["honest_flags_max"],
+                    f"{100 * res['honest_pay_share_min']:.1f}%",
+                    f"{100 * res['honest_pay_share_mean']:.1f}%",
+                    f"{res['honest_reputation_min']:.2f}",
+                    res["seconds"],
+                )
+            )
+    print_table(
+        f"Honest runs: flags per honest worker (target 0) and share of the agreed price paid (target >= 95%), "
+        f"{rounds} rounds",
+        ["run", "rounds", "val loss", "val acc", "flags/worker (max)", "pay min", "pay mean", "rep min", "s"],
+        rows,
+    )
+    rows = []
+    for cheat, n, alpha in cheat_cases:
+        res = play(workers=n, rounds=rounds, alpha=alpha, seed=0, cheat=cheat)
+        print(f"{cheat}: {res['seconds']} s", flush=True)
+        results["cheaters"].append({"case": cheat, "workers": n, "alpha": alpha, **res})
+        c = res["cheater"]
+        rows.append(
+            (
+                f"{cheat} ({n} workers, {'IID' if alpha is None else f'Dirichlet a={alpha}'})",
+                ", ".join(f"{k} x{v}" for k, v in sorted(c["flags"].items())) or "none",
+                f"{c['flagged_rounds']}/{c['rounds']}",
+                f"{100 * c['pay_share']:.1f}%",
+                f"{c['reputation']:.2f}",
+                res["honest_flags_max"],
+                f"{100 * res['honest_pay_share_min']:.1f}%",
+            )
+        )
+    print_table(
+        "Cheaters are still caught (the last worker cheats; a provable flag ejects it)",
+        ["cheater", "its flags", "flagged rounds", "its pay", "its rep", "honest flags (max)", "honest pay min"],
+        rows,
+    )
+    honest = results["honest"]
+    results["summary"] = {
+        "honest_flags_max": max(h["honest_flags_max"] for h in honest),
+        "honest_pay_share_min": min(h["honest_pay_share_min"] for h in honest),
+        "honest_worker_rounds": sum(h["workers"] * h["honest_rounds"] for h in honest),
+    }
+    print(
+        f"honest: max flags per worker {results['summary']['honest_flags_max']} (target 0), "
+        f"min pay share {100 * results['summary']['honest_pay_share_min']:.1f}% (target >= 95%) "
+        f"over {results['summary']['honest_worker_rounds']} worker-rounds"
+    )
+    write_json("honest_runs", results)
+
+
+if __name__ == "__main__":
+    main()
