@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,11 +51,52 @@ def coordinator_url(explicit: str | None, home: Path | None = None) -> str:
     return DEFAULT_COORDINATOR
 
 
+def ca_cert_path(explicit: str | Path | None, home: Path | None = None) -> Path | None:
+    """The CA certificate that an ``https://`` coordinator's certificate must chain to:
+    ``--ca-cert``, else ``AITBC_CA_CERT``, else the local stack's (``aitbc up --tls`` writes
+    it into ``HOME/stack.json``), else None (the system's trusted CAs)."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get("AITBC_CA_CERT")
+    if env:
+        return Path(env).expanduser()
+    if home is not None:
+        try:
+            ca = json.loads((home / "stack.json").read_text()).get("ca_cert")
+        except (OSError, ValueError, AttributeError):
+            ca = None
+        if isinstance(ca, str) and ca:
+            return Path(ca)
+    return None
+
+
+def tls_verify(ca_cert: Path | None) -> ssl.SSLContext | bool:
+    """What httpx's ``verify=`` takes: a context trusting only ``ca_cert``, or True (the
+    system's CAs). A CA file that cannot be read is one clear line."""
+    if ca_cert is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca_cert))
+    except FileNotFoundError:
+        raise AitbcError(f"CA certificate {ca_cert} not found (--ca-cert / AITBC_CA_CERT)") from None
+    except (OSError, ssl.SSLError) as e:
+        raise AitbcError(f"CA certificate {ca_cert} is not a readable PEM certificate: {e}") from None
+
+
 class CoordinatorClient:
-    def __init__(self, base_url: str, wallet: Wallet | None = None, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        wallet: Wallet | None = None,
+        *,
+        timeout: float = 30.0,
+        ca_cert: str | Path | None = None,
+    ) -> None:
+        """``ca_cert``: the CA an ``https://`` coordinator's certificate must chain to
+        (default: ``AITBC_CA_CERT``, else the system's CAs)."""
         self.base_url = base_url.rstrip("/")
         self.wallet = wallet
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=tls_verify(ca_cert_path(ca_cert)))
 
     def close(self) -> None:
         self.http.close()
@@ -122,7 +165,7 @@ class CoordinatorClient:
         try:
             r = self.http.put(target, content=content, headers=headers)
         except httpx.TransportError as e:
-            raise Unreachable(f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e})") from None
+            raise Unreachable(unreachable_detail(self.base_url, e)) from None
         return _result(r)
 
     def get_blob(self, cid: str) -> bytes:
@@ -132,7 +175,7 @@ class CoordinatorClient:
         try:
             r = self.http.get(f"/v1/blobs/{cid}")
         except httpx.TransportError as e:
-            raise Unreachable(f"coordinator at {self.base_url} is unreachable ({type(e).__name__}: {e})") from None
+            raise Unreachable(unreachable_detail(self.base_url, e)) from None
         if r.status_code != 200:
             _result(r)
         data = r.content
@@ -151,6 +194,14 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
 
 def unreachable_detail(url: str, e: Exception) -> str:
     """What a client says when the coordinator does not answer (the SDK says the same)."""
+    if "CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e):
+        reason = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(e).rpartition("certificate verify failed:")[2]).strip()
+        return (
+            f"TLS certificate of coordinator {url} could not be verified ({reason}); "
+            "give the CA that signed it with --ca-cert FILE or AITBC_CA_CERT"
+        )
+    if isinstance(e, httpx.RemoteProtocolError) and url.startswith("http://"):
+        return f"coordinator at {url} did not answer plain HTTP ({e}); does it serve HTTPS? (use https://)"
     return f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)"
 
 

@@ -70,6 +70,7 @@ class StackConfig:
     # own setting (AITBC_LEASE_SECONDS, else its default)
     lease: float | None = None
     ready_timeout: float = 60.0  # s to wait for the coordinator and every offer
+    tls: bool = False  # serve HTTPS with a local CA's certificate (HOME/tls, see aitbc.tls)
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -118,12 +119,14 @@ class Stack:
     coordinator: str
     processes: list[Proc]
     started_at: float
+    ca_cert: str | None = None  # the local CA clients trust (aitbc up --tls)
     _popen: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "coordinator": self.coordinator,
             "started_at": self.started_at,
+            **({"ca_cert": self.ca_cert} if self.ca_cert else {}),
             "processes": [asdict(p) for p in self.processes],
         }
 
@@ -152,6 +155,7 @@ def load(home: Path) -> Stack | None:
             home=home,
             coordinator=raw["coordinator"],
             started_at=float(raw["started_at"]),
+            ca_cert=raw.get("ca_cert"),
             processes=[Proc(**{**p, "start_time": float(p["start_time"])}) for p in raw["processes"]],
         )
     except FileNotFoundError:
@@ -282,10 +286,18 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
         )
     for d in ("logs", "pids", "coordinator", "workers"):
         (home / d).mkdir(parents=True, exist_ok=True)
-    url = f"http://{cfg.host}:{port}"
+    tls_args: list[str] = []
+    ca: str | None = None
+    if cfg.tls:  # a local CA (kept across restarts) and a new server certificate for this host
+        from aitbc.tls import local_tls  # cryptography's x509: only for `up --tls`
+
+        certs = local_tls(home / "tls", [cfg.host])
+        tls_args = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
+        ca = str(certs.ca_cert)
+    url = f"{'https' if cfg.tls else 'http'}://{cfg.host}:{port}"
     if on_start is not None:
         on_start(url)
-    stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time())
+    stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time(), ca_cert=ca)
     env = _child_env()
     try:
         _spawn(
@@ -304,6 +316,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
                 str(port),
                 "--lease",
                 f"{cfg.lease:g}",
+                *tls_args,
             ],
         )
         for k in range(1, cfg.workers + 1):
@@ -339,6 +352,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
                     f"{cfg.heartbeat:g}",
                     "--max-bond",
                     STACK_MAX_BOND,
+                    *(["--ca-cert", ca] if ca else []),
                 ],
             )
         _write(stack)
@@ -360,7 +374,7 @@ def _wait_ready(stack: Stack, timeout: float) -> None:
     coordinator = stack.processes[0]
     since: float | None = None  # the coordinator's clock when it first answered
     heard: set[str | None] = set()
-    with CoordinatorClient(stack.coordinator, timeout=2.0) as c:
+    with CoordinatorClient(stack.coordinator, timeout=2.0, ca_cert=stack.ca_cert) as c:
         while True:
             for p in stack.processes:
                 code = stack._popen[p.pid].poll()
@@ -489,7 +503,7 @@ def status(home: Path) -> dict[str, Any] | None:
     offers: int | None = None
     error: str | None = None
     try:
-        with CoordinatorClient(stack.coordinator, timeout=2.0) as c:
+        with CoordinatorClient(stack.coordinator, timeout=2.0, ca_cert=stack.ca_cert) as c:
             health = c.get("/health")
             offers = c.get("/market/offers")["count"]
     except AitbcError as e:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from aitbc.client import unreachable_detail
+from aitbc.client import tls_verify, unreachable_detail
 from aitbc.errors import AitbcError
 from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import money as _money  # noqa: F401 - registers its operations
@@ -68,6 +68,13 @@ class _Core:
             )
         return target, body, headers
 
+    def _verify(self) -> Any:
+        """httpx's ``verify=``: the configured CA only, or the system's CAs."""
+        try:
+            return tls_verify(self.config.resolved_ca_cert)
+        except AitbcError as e:
+            raise InvalidArgument("bad_ca_cert", str(e)) from None
+
     def _unreachable(self, e: Exception) -> CoordinatorUnreachable:
         return CoordinatorUnreachable("unreachable", unreachable_detail(self.config.resolved_coordinator_url, e))
 
@@ -80,7 +87,9 @@ class Agent(_Core, AgentMethods):
 
     def _client(self) -> httpx.Client:
         if self._http is None:
-            self._http = httpx.Client(base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout)
+            self._http = httpx.Client(
+                base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout, verify=self._verify()
+            )
         return self._http
 
     def _do(self, req: Any) -> Any:
@@ -131,7 +140,9 @@ class AsyncAgent(_Core, AsyncAgentMethods):
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout)
+            self._http = httpx.AsyncClient(
+                base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout, verify=self._verify()
+            )
         return self._http
 
     async def _do(self, req: Any) -> Any:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aitbc.client import coordinator_url
+from aitbc.client import ca_cert_path, coordinator_url
 from aitbc.ledger.chain import NETWORKS
 from aitbc_agent_sdk.errors import InvalidArgument
 
@@ -23,7 +23,9 @@ class AgentConfig:
     ``local`` (this build settles on the local ledger only); ``coordinator_url``: default
     ``AITBC_COORDINATOR``, else the local stack's (``HOME/stack.json``), else
     ``http://127.0.0.1:8700``; ``home``: default ``AITBC_HOME`` or ``~/.aitbc``;
-    ``timeout``: seconds per HTTP request."""
+    ``timeout``: seconds per HTTP request; ``ca_cert``: the CA an ``https://``
+    coordinator's certificate must chain to (default ``AITBC_CA_CERT``, else the local
+    stack's from ``aitbc up --tls``, else the system's CAs)."""
 
     name: str
     blockchain_network: str = "local"
@@ -31,8 +33,10 @@ class AgentConfig:
     coordinator_url: str | None = None
     home: str | Path | None = None
     timeout: float = 30.0
+    ca_cert: str | Path | None = None
     _resolved_home: Path = field(init=False, repr=False)
     _resolved_url: str = field(init=False, repr=False)
+    _resolved_ca: Path | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.blockchain_network not in SUPPORTED_NETWORKS:
@@ -48,6 +52,7 @@ class AgentConfig:
         home = self.home if self.home is not None else os.environ.get("AITBC_HOME") or "~/.aitbc"
         self._resolved_home = Path(home).expanduser()
         self._resolved_url = coordinator_url(self.coordinator_url, self._resolved_home)
+        self._resolved_ca = ca_cert_path(self.ca_cert, self._resolved_home)
 
     @property
     def resolved_home(self) -> Path:
@@ -56,3 +61,7 @@ class AgentConfig:
     @property
     def resolved_coordinator_url(self) -> str:
         return self._resolved_url
+
+    @property
+    def resolved_ca_cert(self) -> Path | None:
+        return self._resolved_ca

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -37,8 +38,15 @@ def _version(value: bool) -> None:
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    ca_cert: str | None = typer.Option(
+        None,
+        "--ca-cert",
+        help="CA certificate an https:// coordinator's certificate must chain to (sets AITBC_CA_CERT).",
+    ),
 ) -> None:
     _state["debug"] = debug
+    if ca_cert:  # every client (the SDK's agents, the worker's) reads it from there
+        os.environ["AITBC_CA_CERT"] = ca_cert
 
 
 def _register() -> None:

@@ -63,14 +63,22 @@ def up(
     timeout: Annotated[
         float, typer.Option(help="Seconds to wait for the coordinator and every worker's offer.")
     ] = 60.0,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls", help="Serve HTTPS with a local CA made under HOME/tls (the CLI and SDK trust it from HOME)."
+        ),
+    ] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Start a local coordinator and N workers in the background (stop them with `aitbc down`)."""
     home = resolve_home(home).absolute()
-    cfg = stk.StackConfig(home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout)
+    cfg = stk.StackConfig(home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout, tls=tls)
     t0 = time.monotonic()
     st = stk.up(cfg, on_start=lambda url: err.print(_starting(cfg, url), highlight=False))
     _print_up(st, time.monotonic() - t0)
+    if st.ca_cert:
+        out.print(f"TLS: other machines' clients trust it with --ca-cert {st.ca_cert}", highlight=False)
     out.print(f"Stop it with: aitbc down --home {home}", highlight=False)
 
 

@@ -7,6 +7,7 @@ market; its private key (``HOME/wallets/NAME/key.json``, mode 0600) is never pri
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -26,7 +27,8 @@ from aitbc.cli.common import (
     resolve_home,
 )
 from aitbc.errors import UsageError
-from aitbc.ledger.wallet import create_wallet, list_wallets, load_wallet, wallet_path, wallets_dir
+from aitbc.ledger.sealed import PASSPHRASE_ENV
+from aitbc.ledger.wallet import create_wallet, list_wallets, load_wallet, wallet_info, wallet_path, wallets_dir
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
@@ -47,16 +49,36 @@ def _print_json(obj: object) -> None:
 
 
 @app.command()
-def create(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+def create(
+    name: NameArgument,
+    home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOption = False,
+    encrypt: Annotated[
+        bool,
+        typer.Option(
+            "--encrypt",
+            help="Encrypt the key with a passphrase (asked twice, or AITBC_WALLET_PASSPHRASE); "
+            "every later use needs it (workers: AITBC_WALLET_PASSPHRASE).",
+        ),
+    ] = False,
+) -> None:
     """Create a new wallet (a fresh Ed25519 key pair) and print its address."""
     home = resolve_home(home)
-    wallet = create_wallet(home, name)
+    passphrase = None
+    if encrypt:
+        passphrase = os.environ.get(PASSPHRASE_ENV) or typer.prompt(
+            f"Passphrase for wallet '{name}'", hide_input=True, confirmation_prompt=True
+        )
+    wallet = create_wallet(home, name, passphrase=passphrase)
     if json_out:
         _print_json(wallet.info().to_dict())
         return
     typer.echo(f"Wallet created: {wallet.name}")
     typer.echo(f"Address: {wallet.address}")
-    err.print(f"private key saved to {wallet_path(home, name)} (keep it private)", highlight=False, markup=False)
+    sealed = " encrypted with your passphrase" if encrypt else ""
+    err.print(
+        f"private key saved{sealed} to {wallet_path(home, name)} (keep it private)", highlight=False, markup=False
+    )
 
 
 @app.command("list")
@@ -84,7 +106,7 @@ def list_(home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None
 def show(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
     """Show a wallet's name, address, public key, creation time and key file."""
     home = resolve_home(home)
-    info = load_wallet(home, name).info()
+    info = wallet_info(home, name)
     path = wallet_path(home, name)
     if json_out:
         _print_json({**info.to_dict(), "path": str(path)})
@@ -168,7 +190,7 @@ def send(
 ) -> None:
     """Send AMOUNT AIT from wallet NAME to TO (signed by NAME)."""
     home = resolve_home(home)
-    address = to if to.startswith("ait1") else load_wallet(home, to).address
+    address = to if to.startswith("ait1") else wallet_info(home, to).address  # no key needed
     with _money_agent(home, coordinator, name, network) as a, naming_wallet(name):
         res = a.transfer_funds(address, amount)
     if json_out:

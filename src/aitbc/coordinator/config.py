@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aitbc.ledger.chain import LedgerError, check_network
@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
     tls_cert: Path | None = None  # PEM certificate (chain): serve HTTPS with it and tls_key
-    tls_key: Path | None = None  # its PEM private key
+    tls_key: Path | None = Field(None, validate_default=True)  # its PEM private key
     # module prefixes whose module:callable models this coordinator may import (none by default)
     allow_code: list[str] = []
 
@@ -86,14 +86,14 @@ class Settings(BaseSettings):
     def _code_prefixes(cls, prefixes: list[str]) -> list[str]:
         return check_prefixes(prefixes)
 
-    @model_validator(mode="after")
-    def _tls_pair(self) -> Settings:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key go together: give both (--tls-cert and --tls-key) or neither")
-        for path in (self.tls_cert, self.tls_key):
-            if path is not None and not path.is_file():
-                raise ValueError(f"TLS file {path} not found")
-        return self
+    @field_validator("tls_cert", "tls_key")
+    @classmethod
+    def _tls_file(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        if path is not None and not path.expanduser().is_file():
+            raise ValueError(f"no such file: {path}")
+        if info.field_name == "tls_key" and (path is None) != (info.data.get("tls_cert") is None):
+            raise ValueError("give both --tls-cert and --tls-key (AITBC_TLS_CERT, AITBC_TLS_KEY) or neither")
+        return None if path is None else path.expanduser()
 
     @field_validator("log_level", mode="before")
     @classmethod

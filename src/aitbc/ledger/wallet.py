@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.ledger.keys import key_problem, signature_problem
+from aitbc.ledger.sealed import passphrase_for, seal, unseal
 
 WALLET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """Allowed wallet names (use ``fullmatch``): 1-64 letters, digits, '.', '_', '-', first a
@@ -239,8 +240,9 @@ def _write_exclusive(dest: Path, data: bytes) -> bool:
     return True
 
 
-def create_wallet(home: Path, name: str) -> Wallet:
-    """Generate a wallet and save it as ``HOME/wallets/NAME/key.json``.
+def create_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wallet:
+    """Generate a wallet and save it as ``HOME/wallets/NAME/key.json``; with a
+    ``passphrase``, its key is stored encrypted (:mod:`aitbc.ledger.sealed`).
 
     ``UsageError`` for a bad name; ``WalletExistsError`` (an ``AitbcError``) if the
     wallet exists already, which is never overwritten."""
@@ -249,13 +251,16 @@ def create_wallet(home: Path, name: str) -> Wallet:
     if path.exists():
         raise WalletExistsError(f"wallet '{name}' already exists ({path.parent})")
     wallet = Wallet.generate(name)
-    record = {
+    record: dict[str, Any] = {
         "name": wallet.name,
         "address": wallet.address,
         "public_key": wallet.public_key,
         "private_key": wallet._seed_hex(),
         "created": wallet.created,
     }
+    if passphrase is not None:  # the seed is stored sealed: no plaintext key in the file
+        del record["private_key"]
+        record["encrypted_key"] = seal(bytes.fromhex(wallet._seed_hex()), passphrase, _aad(record))
     data = (json.dumps(record, indent=2) + "\n").encode()
     try:
         _mkdir_private(wallets_dir(home))
@@ -268,8 +273,10 @@ def create_wallet(home: Path, name: str) -> Wallet:
     return wallet
 
 
-def load_wallet(home: Path, name: str) -> Wallet:
-    """Load ``HOME/wallets/NAME/key.json`` and check it.
+def load_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wallet:
+    """Load ``HOME/wallets/NAME/key.json`` and check it. An encrypted key is opened with
+    ``passphrase``, else ``AITBC_WALLET_PASSPHRASE``, else a prompt on a terminal
+    (``WrongPassphrase`` if it does not open).
 
     ``NotFoundError`` if there is no such wallet; ``IntegrityError`` if the file is not
     the JSON object described above or its public key or address is not the one its
@@ -284,10 +291,15 @@ def load_wallet(home: Path, name: str) -> Wallet:
         ) from None
     except OSError as e:
         raise AitbcError(f"cannot read wallet '{name}' ({path}): {e.strerror or e}") from None
-    return _parse_key_file(name, path, text)
+    return _parse_key_file(name, path, text, passphrase)
 
 
-def _parse_key_file(name: str, path: Path, text: bytes) -> Wallet:
+def _aad(record: dict[str, Any]) -> bytes:
+    """What an encrypted key is bound to: the wallet's name, address and public key."""
+    return f"aitbc-wallet\n{record['name']}\n{record['address']}\n{record['public_key']}".encode()
+
+
+def _parse_key_file(name: str, path: Path, text: bytes, passphrase: str | None = None) -> Wallet:
     def corrupt(why: str) -> IntegrityError:
         return IntegrityError(f"wallet '{name}' is corrupt ({path}): {why}")
 
@@ -297,6 +309,11 @@ def _parse_key_file(name: str, path: Path, text: bytes) -> Wallet:
         raise corrupt("not valid JSON") from None
     if not isinstance(record, dict):
         raise corrupt("not a JSON object")
+    if "encrypted_key" in record and "private_key" not in record:
+        if not all(isinstance(record.get(f), str) for f in ("name", "address", "public_key")):
+            raise corrupt("missing or non-string name, address or public_key")
+        opened = unseal(name, record["encrypted_key"], passphrase_for(name, passphrase), _aad(record))
+        record = {**record, "private_key": opened.hex()}
     for field in _FIELDS:
         if not isinstance(record.get(field), str):
             raise corrupt(f"missing or non-string field '{field}'")
@@ -309,6 +326,22 @@ def _parse_key_file(name: str, path: Path, text: bytes) -> Wallet:
     if record["address"] != wallet.address:
         raise corrupt("its address does not match its private key")
     return wallet
+
+
+def wallet_info(home: Path, name: str) -> WalletInfo:
+    """A wallet's public facts; an encrypted one is not opened (its stored public key and
+    address are checked against each other instead)."""
+    path = wallet_path(Path(home), name)
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        record = None
+    if not (isinstance(record, dict) and "encrypted_key" in record and "private_key" not in record):
+        return load_wallet(home, name).info()
+    address, public, created = (str(record.get(f, "")) for f in ("address", "public_key", "created"))
+    if _hex32(public) is None or address_of(public) != address:
+        raise IntegrityError(f"wallet '{name}' is corrupt ({path}): its address does not match its public key")
+    return WalletInfo(name, address, public.lower(), created)
 
 
 def ensure_wallet(home: Path, name: str) -> Wallet:
@@ -338,5 +371,5 @@ def list_wallets(home: Path) -> list[WalletInfo]:
     for entry in entries:
         if WALLET_NAME_RE.fullmatch(entry) is None or not (root / entry / KEY_FILE).is_file():
             continue
-        infos.append(load_wallet(home, entry).info())
+        infos.append(wallet_info(home, entry))
     return infos
