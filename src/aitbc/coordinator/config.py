@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     guard_samples: int = Field(128, ge=1)
     # Update norms against the round's median (aitbc.core.norms): over norm_clip x scaled down,
     # over norm_reject x rejected and slashed.
-    norm_clip: float = Field(10.0, ge=1)
+    norm_clip: float = Field(3.0, ge=1)
     norm_reject: float = Field(1000.0, ge=1)
     keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted

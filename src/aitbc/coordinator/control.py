@@ -196,6 +196,8 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
         )
     ctx.notifier.bump()
     ctx.notifier.poke_driver()  # scoring of the round
+    if res.diverged is not None:  # recorded: the run failed, nobody is blamed for it
+        raise conflict("diverged", f"run {run.id} failed: {res.diverged}; nothing of round {r} was committed")
     return {
         "training_id": run.id,
         "round": r,

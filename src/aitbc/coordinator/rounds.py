@@ -4,8 +4,12 @@
    checkpoint; round 1 opens.
 2. :func:`round_due`: every active job answered, or the deadline passed with the quorum.
 3. :func:`close_round` (``training`` -> ``aggregating`` -> ``training`` | ``complete``):
-   :func:`aggregate_round` (robust rule + outer step + checkpoint, no database writes),
-   then :func:`commit_round` records it and opens the next round in one transaction.
+   :func:`aggregate_round` (norm bound, robust rule + outer step, divergence check,
+   checkpoint; no database writes), then :func:`commit_round` records it and opens the next
+   round in one transaction -- or, if the aggregate diverged (non-finite, or a validation
+   loss past ``divergence_factor`` x the previous round's), records nothing and fails the
+   run ``diverged``: the coordinator's own aggregate is never blamed on a provider, and no
+   model a provider receives is one the coordinator did not check.
    Manual control (:mod:`.control`) calls the same two with the owner's choice of updates.
 4. :func:`evaluate_round`: the validation loss of a round's model, after the next round
    is open (so workers never wait for it); :func:`pending_evaluations` finds the ones a
@@ -17,23 +21,25 @@ Shape letters: ``n`` accepted updates, ``d`` parameters.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 from torch import Tensor
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.models import Flag, Job, RoundRecord, Run, Update
+from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import lock_run
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime
 from aitbc.coordinator.states import ENDED, JobStatus, RunStatus, UpdateStatus, transition
 from aitbc.coordinator.workforce import drop_slowest, end_run
 from aitbc.core.compression import decode as decode_update
+from aitbc.core.norms import apply_verdict, judge_norms, update_norms
 from aitbc.core.outer import build_outer
 from aitbc.errors import AitbcError
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, tensors_to_bytes
@@ -87,6 +93,9 @@ class RoundResult:
     val_loss: float | None  # None: evaluated later
     val_accuracy: float | None
     skipped: bool  # too few updates for the rule (or none): the model is unchanged
+    diverged: str | None = None  # why the aggregate must not be committed (the run fails)
+    rejected: tuple[tuple[int, str], ...] = ()  # (update id, reason): past the norm bound, provable
+    clipped: tuple[int, ...] = ()  # update ids scaled down to the norm bound (not punished)
 
 
 # --- closing a round -------------------------------------------------------------------
@@ -164,15 +173,23 @@ def aggregate_round(
     params = rt.params
     if params is None:
         raise RuntimeError(f"run {run.id}'s runtime holds no model: call RunRuntime.load first")
+    before = params
     outer_cid = run.outer_state_cid
     skipped = False
+    rejected: list[tuple[int, str]] = []
+    clipped: list[int] = []
     if accepted:
         U = torch.stack(
             [decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted]
         )  # (n, d)
         if weights is None:  # the samples each update was trained on (a shard split since does not change them)
             weights = [float(u.samples) for u, _ in accepted]
-        w = torch.tensor(weights, dtype=torch.float32)  # (n,)
+        # The norm bound (aitbc.core.norms), against the whole round: grossly large -> rejected, large -> clipped.
+        verdict = judge_norms(update_norms(U), rt.norm_bound, [_expected_scale(run, u) for u, _ in accepted])
+        rejected = [(accepted[i][0].id, verdict.reasons[i] or "") for i in verdict.rejected]
+        clipped = [accepted[i][0].id for i in verdict.clipped]
+        U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d)
+        w = torch.tensor([weights[i] for i in keep], dtype=torch.float32)  # (k,)
         try:
             rt.aggregator.check(U.shape[0])
         except AitbcError:
@@ -188,13 +205,56 @@ def aggregate_round(
                 outer_cid = ctx.store.put_bytes(tensors_to_bytes(state, {"format": OUTER_FORMAT, "round": str(r)}))
     else:
         skipped = True
+    diverged, guard = _divergence(run, rt, before, params, r)
     loss = acc = None
-    if evaluate_now:
+    if evaluate_now and diverged is None:
         loss, acc = rt.evaluate(params)
     cid, size = rt.checkpoint(ctx, run, params, r)
+    if guard is not None:
+        rt.guard_cache = (cid, guard)  # the next round's check compares with it
     return RoundResult(
-        params=params, cid=cid, size=size, outer_cid=outer_cid, val_loss=loss, val_accuracy=acc, skipped=skipped
+        params=params,
+        cid=cid,
+        size=size,
+        outer_cid=outer_cid,
+        val_loss=loss,
+        val_accuracy=acc,
+        skipped=skipped,
+        diverged=diverged,
+        rejected=tuple(rejected),
+        clipped=tuple(clipped),
     )
+
+
+def _expected_scale(run: Run, u: Update) -> float:
+    """How large ``u`` may be relative to the run's config: its job's own lr and steps (an
+    owner's per-job override) over the run's. A provider is judged by the config it got."""
+    s = object_session(u)
+    job = s.get(Job, u.job_id) if s is not None else None
+    cfg, own = run.cfg, (job.config or {}) if job is not None else {}
+    return (float(own.get("lr") or cfg.lr) / cfg.lr) * (
+        float(own.get("local_steps") or cfg.local_steps) / cfg.local_steps
+    )
+
+
+def _divergence(run: Run, rt: RunRuntime, before: Tensor, after: Tensor, r: int) -> tuple[str | None, float | None]:
+    """Why round ``r``'s new model ``after`` must not be committed (or None), and its guard
+    loss if measured. Not committed: non-finite
+    parameters, or a loss on the guard samples past ``divergence_factor`` x the larger of
+    the previous model's and the initial model's (near convergence a small loss may double
+    by noise; a diverged model's is many times chance)."""
+    if not torch.isfinite(before).all():  # a model committed before this check existed
+        return f"the global model before round {r} has non-finite parameters", None
+    if not torch.isfinite(after).all():
+        return f"round {r}'s aggregate has non-finite parameters", None
+    if after is before:
+        return None, None  # skipped: the model is unchanged
+    new = rt.guard_loss(after)
+    old = max(rt.guard_loss(before, rt.params_cid), run.initial_val_loss or 0.0)
+    if not math.isfinite(new) or new > rt.divergence_factor * old:
+        why = f"round {r}'s validation loss {new:.4g} is more than {rt.divergence_factor:g} x the previous round's {old:.4g}"
+        return why, None
+    return None, new
 
 
 def commit_round(
@@ -219,6 +279,12 @@ def commit_round(
         return False
     now = time.time()
     r = run.round
+    if res.diverged is not None:  # nothing of this round is recorded, scored, paid or slashed
+        end_run(s, run, RunStatus.FAILED, reason=f"diverged: {res.diverged}", now=now)
+        s.commit()
+        return True
+    if res.rejected:
+        accepted = _reject(s, run, ups, accepted, dict(res.rejected), r, now=now)
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answered = {u.job_id for u, _ in ups}
     stragglers = sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
@@ -274,6 +340,37 @@ def commit_round(
         rt.outer_state = bytes_to_tensors(ctx.store.get_bytes(res.outer_cid)) if res.outer_cid else {}
         rt.outer_cid = res.outer_cid
     return True
+
+
+def _reject(
+    s: Session,
+    run: Run,
+    ups: Sequence[tuple[Update, int]],
+    accepted: Sequence[tuple[Update, int]],
+    reasons: dict[int, str],
+    r: int,
+    *,
+    now: float,
+) -> list[tuple[Update, int]]:
+    """Updates the norm bound refused at aggregation: recorded as rejected (scoring then
+    treats them as any rejected update: provable, slashed) and flagged."""
+    for u, _ in ups:
+        if u.id in reasons:
+            u.status, u.reason = UpdateStatus.REJECTED, reasons[u.id]
+            s.add(
+                Flag(
+                    worker_id=u.worker_id,
+                    run_id=run.id,
+                    round=r,
+                    kind="rejected_update",
+                    reason=reasons[u.id],
+                    created_at=now,
+                )
+            )
+            offer = s.get(Offer, u.worker_id)
+            if offer is not None:
+                offer.flags += 1
+    return [(u, shard) for u, shard in accepted if u.id not in reasons]
 
 
 # --- evaluation --------------------------------------------------------------------------

@@ -4,9 +4,9 @@ service functions, which know the run."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 class Body(BaseModel):
@@ -38,12 +38,42 @@ class Discover(Body):
     max_price: str | float | None = None
 
 
+# The bounds of a training config (documented in README "Trust model"): an owner cannot pick
+# a config that makes honest providers' updates look like misbehaviour. (lo, hi), inclusive;
+# each out-of-range value is a 422 naming the option and its range. The outer optimizer's
+# options are bounded by its own config (aitbc.core.outer: lr in (0, 10], momentum in [0, 0.99]).
+CONFIG_RANGES: dict[str, tuple[float, float]] = {
+    "rounds": (1, 100_000),
+    "local_steps": (1, 100_000),
+    "batch_size": (1, 65_536),
+    "lr": (1e-8, 1.0),  # the inner optimizer's learning rate
+    "deadline": (0.1, 86_400),  # seconds a round waits at most
+    "quorum": (1, 10_000),
+    "min_workers": (1, 10_000),
+    "max_workers": (1, 10_000),
+    "eval_every": (1, 100_000),
+}
+
+
+def _in_range(name: str) -> Any:
+    """A field's bounds: in the OpenAPI document (minimum/maximum) and checked with one
+    message naming the option and its whole range."""
+    lo, hi = CONFIG_RANGES[name]
+
+    def check(v: Any) -> Any:
+        if v is not None and not (lo <= v <= hi):
+            raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {v:g}")
+        return v
+
+    return AfterValidator(check), Field(json_schema_extra={"minimum": lo, "maximum": hi})
+
+
 class Distribute(Body):
     strategy: Literal["data-parallel"] = "data-parallel"
-    rounds: int = Field(10, ge=1, le=1_000_000)
-    local_steps: int = Field(20, ge=1, le=1_000_000)
-    batch_size: int = Field(32, ge=1, le=65_536)
-    lr: float = Field(1e-3, gt=0, le=10)
+    rounds: Annotated[int, *_in_range("rounds")] = 10
+    local_steps: Annotated[int, *_in_range("local_steps")] = 20
+    batch_size: Annotated[int, *_in_range("batch_size")] = 32
+    lr: Annotated[float, Field(allow_inf_nan=False), *_in_range("lr")] = 1e-3
     inner_opt: str = "adamw"
     outer: str = "fedavg"
     outer_options: dict[str, Any] = Field(default_factory=dict)
@@ -51,11 +81,13 @@ class Distribute(Body):
     compression: str = "none"
     error_feedback: bool = False
     mode: Literal["sync"] = "sync"
-    deadline: float | None = Field(None, gt=0, le=86_400)  # seconds a round waits at most
-    quorum: int | None = Field(None, ge=1)  # accepted updates a round needs to close at its deadline
-    min_workers: int | None = Field(None, ge=1)
-    max_workers: int | None = Field(None, ge=1)
-    eval_every: int = Field(1, ge=1)
+    # seconds a round waits at most
+    deadline: Annotated[float | None, Field(allow_inf_nan=False), *_in_range("deadline")] = None
+    # accepted updates a round needs to close at its deadline
+    quorum: Annotated[int | None, *_in_range("quorum")] = None
+    min_workers: Annotated[int | None, *_in_range("min_workers")] = None
+    max_workers: Annotated[int | None, *_in_range("max_workers")] = None
+    eval_every: Annotated[int, *_in_range("eval_every")] = 1
     max_cost: str | float | None = None  # AIT the owner lets distribute escrow (runs without a budget)
 
 
@@ -109,9 +141,9 @@ class PaymentCreate(Body):
 class JobConfig(Body):
     """The owner's per-job overrides of the run's training config."""
 
-    local_steps: int | None = Field(None, ge=1, le=1_000_000)
-    batch_size: int | None = Field(None, ge=1, le=65_536)
-    lr: float | None = Field(None, gt=0, le=10)
+    local_steps: Annotated[int | None, *_in_range("local_steps")] = None
+    batch_size: Annotated[int | None, *_in_range("batch_size")] = None
+    lr: Annotated[float | None, Field(allow_inf_nan=False), *_in_range("lr")] = None
 
 
 class JobCreate(Body):

@@ -2,8 +2,9 @@
 
 :func:`settle` pays each contract of a round ``price x quality`` from the run's escrow in
 its own transaction, keyed ``settle:<contract>:<round>`` (a restart redoes only contracts
-without a settlement row); reputations move; :func:`slash` takes a provable cheater's bond
-into the escrow and ejects it. :func:`pending` lists what the driver still has to settle
+without a settlement row); reputations move; :func:`slash` burns a provable cheater's bond
+(``burn:<network>``, never the owner's escrow: an owner can make honest work look bad, so
+it must not gain from a slash; nor other providers, who could frame a rival) and ejects it. :func:`pending` lists what the driver still has to settle
 and finalize.
 """
 
@@ -21,7 +22,7 @@ from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus
 from aitbc.coordinator.workforce import assign_worker, end_job
 from aitbc.core.scoring import reputation_update
-from aitbc.ledger.chain import bond_account, escrow_account, wallet_account
+from aitbc.ledger.chain import bond_account, burn_account, escrow_account, wallet_account
 from aitbc.units import MICRO
 
 log = logging.getLogger("aitbc.coordinator")
@@ -91,15 +92,16 @@ def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:
 
 
 def slash(ctx: Context, s: Session, run: Run, contract: Contract, *, reason: str) -> None:
-    """Provable misbehaviour: the bond goes to the run's escrow, and the worker is ejected
-    (its job ends; its shard goes to someone else)."""
+    """Provable misbehaviour: the bond is burned (``burn:<network>``: no party that could
+    trigger a slash gains from it), and the worker is ejected (its job ends; its shard goes
+    to someone else)."""
     held = ctx.ledger.balance(s, bond_account(contract.id))
     if held > 0:
         ctx.ledger.post(
             s,
             kind="slash",
             debit=bond_account(contract.id),
-            credit=escrow_account(run.id),
+            credit=burn_account(ctx.ledger.network),
             amount=held,
             memo={"run": run.id, "contract": contract.id, "reason": reason},
             key=f"slash:{contract.id}",

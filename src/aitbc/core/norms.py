@@ -7,12 +7,13 @@ median of the round's norms (each divided by the update's expected scale, see be
 With an honest majority the lower median is an honest norm, whatever order updates
 arrived in and whatever the attackers sent.
 
-- ``norm <= clip x reference``: kept as sent.
+- ``norm <= clip x reference`` (clip 3: honest updates measured within 1.6x of the
+  median on digits, IID and Dirichlet(0.1), 8 and 24 workers, 30 rounds): kept as sent.
 - ``clip x reference < norm <= reject x reference``: scaled down to ``clip x reference``
   (an honest worker with an unusual shard may land here; it is not punished).
 - ``norm > reject x reference``, or a non-finite norm: rejected. No honest worker training
   the run's config from the model it was given sends that (measured honest spread: well
-  under 10x the median), so it is provable misbehaviour and slashes the bond.
+  under 2x the median), so it is provable misbehaviour and slashes the bond.
 
 The whole round is judged at once (at aggregation, when every norm is known), not update
 by update as they arrive: a first arrival could otherwise set the reference. A round of
@@ -43,7 +44,7 @@ class NormBound:
     """``clip`` and ``reject``: multiples of the round's reference norm (``1 <= clip <= reject``;
     ``clip == reject`` means no clipping zone: everything over it is rejected)."""
 
-    clip: float = 10.0
+    clip: float = 3.0
     reject: float = 1000.0
 
     def __post_init__(self) -> None:

@@ -158,6 +158,8 @@ class Ledger:
             raise LedgerError("bad_amount", f"amount must be a positive whole number of micro-AIT, got {amount!r}")
         if debit == credit:
             raise LedgerError("bad_amount", f"cannot move money from {debit} to itself")
+        if debit.startswith("burn:"):
+            raise LedgerError("unauthorised", f"{debit} holds burned money; it never moves again")
         # The head row first: from here on this transaction holds the ledger's write lock.
         locked = s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
         assert isinstance(locked, CursorResult)  # an UPDATE's result counts its rows
