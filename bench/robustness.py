@@ -5,7 +5,13 @@ a compressing codec (int8 by default). One clean run per aggregator gives the re
 the target is that for every attack the best aggregator keeps >= 95% of the clean
 run's accuracy, while ``mean`` collapses under at least sign-flip and gaussian.
 
-Usage: python bench/robustness.py [--quick] [--compression int8]
+The scaled-update provider (``scale:factor=F``: its honest update times F, a correctly
+shaped update of huge but finite values) runs at 1e3, 1e10 and 3e38 under every rule,
+``mean`` included: the norm bound (``aitbc.core.norms``, before any rule) clips or
+rejects it, so each rule keeps its clean accuracy. ``--scaled`` runs only those (and the
+clean reference) under every rule.
+
+Usage: python bench/robustness.py [--quick] [--scaled] [--compression int8]
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from _sims import machine, simulate
 from aitbc.errors import UsageError
 
 ATTACKS = ["sign-flip", "gaussian", "label-flip", "alie", "ipm", "free-rider"]
+SCALED = ["scale:factor=1e3", "scale:factor=1e10", "scale:factor=3e38"]  # times an honest update
 AGGREGATORS = [
     "mean",
     "median",
@@ -36,13 +43,15 @@ AGGREGATORS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds, aggregators and attacks")
+    ap.add_argument("--scaled", action="store_true", help="only the scaled-update provider, under every rule")
     ap.add_argument("--compression", default="int8")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--byzantine", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
-    aggregators = AGGREGATORS[:4] if args.quick else AGGREGATORS
-    attacks = ATTACKS[:2] if args.quick else ATTACKS
+    aggregators = AGGREGATORS[:4] if args.quick and not args.scaled else AGGREGATORS
+    attacks = [] if args.scaled else ATTACKS[:2] if args.quick else ATTACKS
+    attacks = [*attacks, *SCALED]
     rounds = 5 if args.quick else args.rounds
     shared = dict(
         model="mlp",
@@ -110,7 +119,13 @@ def main() -> None:
         if attack in attacks and "mean" in results:
             acc = results["mean"][attack]
             print(f"mean under {attack}: {acc:.3f} ({'collapses' if acc < 0.5 else 'does NOT collapse'})")
-    write_json("robustness", {"machine": machine(), "args": vars(args), "accuracy": results, "verdicts": verdicts})
+    for attack in SCALED:
+        if "mean" in results and isinstance(results["mean"]["clean"], float):
+            hit = results["mean"][attack]
+            kept = hit / results["mean"]["clean"] if isinstance(hit, float) else 0.0
+            print(f"mean under {attack}: {hit if isinstance(hit, str) else f'{hit:.3f}'} ({kept:.1%} of clean)")
+    name = "robustness_scaled" if args.scaled else "robustness"
+    write_json(name, {"machine": machine(), "args": vars(args), "accuracy": results, "verdicts": verdicts})
 
 
 if __name__ == "__main__":
