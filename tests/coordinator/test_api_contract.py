@@ -9,11 +9,13 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
 import httpx
 import torch
 import uvicorn
 
+from aitbc.coordinator import repository, views
 from aitbc.coordinator.app import INTERNAL_DETAIL, create_app
 from aitbc.coordinator.config import Settings
 
@@ -104,3 +106,36 @@ def test_numbers_the_database_or_json_cannot_hold_are_refused(new_coordinator, a
             api.assert_error(r, 422, "invalid_request", "compute_seconds")
         assert coord.snapshot() == before
         assert h.get(f"/v1/jobs/{job}").json()["epoch"] == 0.0
+
+
+def _shape(x: Any) -> Any:
+    """The keys of every object, in order (a list by its first item): the JSON's shape."""
+    if isinstance(x, dict):
+        return [(k, _shape(v)) for k, v in x.items()]
+    if isinstance(x, list):
+        return [_shape(x[0])] if x else []
+    return None
+
+
+def test_replies_keep_the_views_keys_in_order(new_coordinator, api) -> None:
+    """The response models only describe: each reply has exactly its view's keys, in the
+    view's order (clients read the JSON, which the models must not change)."""
+    t = api.start_training_run(new_coordinator(), 2)
+    (w, job), coord = t.take(), t.coord
+    w.post(f"/jobs/{job}/updates", api.update_body(1, api.put_update(w, torch.zeros(t.d))))
+    with coord.ctx.session() as s, coord.http() as h:
+        run = repository.get_run(s, t.run_id)
+        expected = {
+            f"/v1/runs/{t.run_id}": views.run_detail(coord.ctx, s, run),
+            f"/v1/runs/{t.run_id}/results": views.results(coord.ctx, s, run),
+            f"/v1/runs/{t.run_id}/payments": views.payments_view(coord.ctx, s, run),
+            f"/v1/runs/{t.run_id}/rounds": {"data": views.rounds_view(s, run), "count": 1},
+            f"/v1/runs/{t.run_id}/shards": {"data": views.shards_view(s, run), "count": 2},
+            f"/v1/jobs/{job}": views.job_detail(coord.ctx, s, job),
+            f"/v1/jobs/{job}/updates": {"data": views.updates_of(s, job), "count": 1},
+            f"/v1/workers/{w.wallet.address}/jobs": {"data": views.jobs_of(coord.ctx, s, w.wallet.address), "count": 1},
+            "/v1/market/offers?all=true": {"data": views.market(coord.ctx, s, live_only=False), "count": 2},
+            "/v1/runs": {"data": [views.run_summary(run)], "count": 1},
+        }
+        for path, view in expected.items():
+            assert _shape(h.get(path).json()) == _shape(view), path

@@ -41,7 +41,8 @@ _WHY = {
     403: "The signer may not do this (not the owner of the run, job or worker)",
     404: "No such run, job, worker, contract or blob",
     409: "Refused in the current state (run ended, wrong phase, a conflict with what exists)",
-    413: "The blob is larger than this coordinator takes",
+    413: "The body is larger than this coordinator takes (blob_too_large: max_blob_bytes; body_too_large: a JSON body over max_json_bytes)",
+    429: "Too many blob uploads in flight at once (too_many_uploads, max_uploads); try again later",
     422: "A field is missing, of the wrong type, out of range, or not allowed here",
 }
 
@@ -138,7 +139,7 @@ class WorkerScore(Reply):
     score_flags: list[str]
 
 
-class RunWorker(JobView, WorkerScore):
+class RunWorker(WorkerScore, JobView):  # bases in reverse: the job's fields come first, as in the view
     pass
 
 
@@ -209,10 +210,14 @@ class Checkpoint(Reply):
     cid: str
 
 
-class ResultWorker(WorkerScore):
+class ContractRef(Reply):
     worker_id: str
     contract_id: str
     status: ContractStatus
+
+
+class ResultWorker(WorkerScore, ContractRef):
+    pass
 
 
 class Results(Reply):
@@ -257,7 +262,7 @@ class WorkerPay(Reply):
     reputation: float | None
 
 
-class Payments(Page[WorkerPay]):
+class Payments(Reply):
     training_id: str
     network: str
     control: Control
@@ -266,6 +271,8 @@ class Payments(Page[WorkerPay]):
     settled_round: int
     rounds_closed: int
     finalized: bool
+    data: list[WorkerPay]
+    count: int
 
 
 class ManualPayment(Reply):
