@@ -1,0 +1,136 @@
+"""Issue 12 parts 2 and 4 on a real coordinator (uvicorn, SQLite, the round driver), with
+signed clients as workers, so each test decides exactly which update each one sends:
+
+- a NaN update from a finite global model is still rejected and slashed;
+- the norm bound at aggregation: a grossly large finite update is rejected and slashed, a
+  moderately large one is scaled down and not punished;
+- an aggregate that diverges is not committed: the run fails ``diverged``, nobody is
+  flagged or slashed;
+- a manual run's ``distributing`` phase refuses an out-of-range config like ``distribute``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from aitbc.client import ApiError
+
+
+def _wait(cond, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+def _submit(api, t, w, job: str, update: torch.Tensor, r: int = 1) -> None:
+    cid = api.put_update(w, update)
+    w.post(f"/jobs/{job}/updates", api.update_body(r, cid))
+
+
+def _payments(t) -> dict[str, dict]:
+    return {row["worker_id"]: row for row in t.owner.get(f"/runs/{t.run_id}/payments")["data"]}
+
+
+def _settled(t, r: int) -> None:
+    settled = "SELECT settled_round FROM runs WHERE id = :r"
+    _wait(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= r, what=f"round {r} settled")
+
+
+def test_nan_update_from_a_finite_model_is_still_rejected_and_slashed(api, new_coordinator):
+    t = api.start_training_run(new_coordinator(), 3)
+    g = torch.Generator().manual_seed(0)
+    (a, ja), (b, jb), (c, jc) = ((w, t.jobs[w.wallet.address]) for w in t.workers)
+    _submit(api, t, a, ja, 1e-3 * torch.randn(t.d, generator=g))
+    _submit(api, t, b, jb, 1e-3 * torch.randn(t.d, generator=g))
+    bad = torch.zeros(t.d)
+    bad[3] = float("nan")
+    try:
+        _submit(api, t, c, jc, bad)
+        raise AssertionError("a NaN update was accepted")
+    except ApiError as e:
+        assert e.status == 422 and e.code == "update_rejected" and "NaN or Inf" in e.detail
+    _settled(t, 1)
+    pay = _payments(t)
+    assert pay[c.wallet.address]["status"] == "slashed"
+    assert pay[a.wallet.address]["status"] != "slashed" and pay[b.wallet.address]["status"] != "slashed"
+
+
+def test_norm_bound_rejects_a_gross_update_and_clips_a_large_one(api, new_coordinator):
+    t = api.start_training_run(new_coordinator(), 4)
+    g = torch.Generator().manual_seed(1)
+    (a, ja), (b, jb), (c, jc), (x, jx) = ((w, t.jobs[w.wallet.address]) for w in t.workers)
+    base = 1e-3 * torch.randn(t.d, generator=g)  # (d,)
+    _submit(api, t, a, ja, base + 1e-4 * torch.randn(t.d, generator=g))
+    _submit(api, t, b, jb, base + 1e-4 * torch.randn(t.d, generator=g))
+    _submit(api, t, c, jc, 5 * base)  # 5x the median: scaled down to 3x, not punished
+    _submit(api, t, x, jx, torch.full((t.d,), 3e38))  # finite, correctly shaped, 1e40 x the median
+    _settled(t, 1)
+    rows = {
+        r["worker_id"]: r
+        for r in t.coord.rows("SELECT worker_id, status, reason FROM updates WHERE run_id = :r", r=t.run_id)
+    }
+    assert rows[x.wallet.address]["status"] == "rejected" and "median" in rows[x.wallet.address]["reason"]
+    assert rows[c.wallet.address]["status"] == "accepted"
+    rec = t.owner.get(f"/runs/{t.run_id}/rounds")["data"][1]
+    assert (rec["accepted"], rec["rejected"], rec["skipped"]) == (3, 1, False)
+    pay = _payments(t)
+    assert pay[x.wallet.address]["status"] == "slashed"
+    assert pay[c.wallet.address]["status"] != "slashed"
+    flags = t.coord.rows("SELECT worker_id, kind FROM flags WHERE run_id = :r", r=t.run_id)
+    assert {f["worker_id"] for f in flags if f["kind"] in ("rejected_update", "slashed")} == {x.wallet.address}
+
+
+def test_diverged_aggregate_is_not_committed_and_nobody_is_slashed(api, new_coordinator):
+    t = api.start_training_run(new_coordinator(), 3)
+    for w in t.workers:  # all alike (no outlier to blame), together far past any sane model
+        _submit(api, t, w, t.jobs[w.wallet.address], torch.full((t.d,), -50.0))
+    run = _wait(lambda: (r := t.owner.get(f"/runs/{t.run_id}"))["status"] == "failed" and r, what="the run failing")
+    assert run["error"].startswith("diverged: round 1's validation loss"), run["error"]
+    assert [r["round"] for r in t.owner.get(f"/runs/{t.run_id}/rounds")["data"]] == [0]
+    _wait(lambda: t.owner.get(f"/runs/{t.run_id}/payments")["finalized"], what="finalized")
+    assert all(row["status"] != "slashed" for row in _payments(t).values())
+    assert t.coord.rows("SELECT kind FROM flags WHERE run_id = :r", r=t.run_id) == []
+    bal = t.owner.get("/ledger/balances")["data"]
+    assert bal.get(f"escrow:{t.run_id}", 0) == 0 and bal.get("burn:local", 0) == 0
+    assert bal[f"wallet:{t.owner.wallet.address}"] == 1000_000_000  # the whole budget came back
+
+
+def test_manual_distributing_phase_refuses_an_out_of_range_config(api, new_coordinator):
+    coord = new_coordinator()
+    owner = coord.client("manual-owner")
+    owner.post("/wallets/fund", {"amount": "1000"})
+    run = owner.post(
+        "/runs",
+        {
+            "model_type": "mlp",
+            "model_options": api.MODEL_OPTIONS,
+            "dataset_size": "1GB",
+            "target_workers": 2,
+            "budget": "10",
+            "control": "manual",
+        },
+    )
+    run_id = run["training_id"]
+    api.upload_digits(owner, run_id, 2)
+    for i in range(2):
+        api.register_worker(coord, f"m{i}")
+    assert owner.post(f"/runs/{run_id}/discover", {"required_workers": 2, "min_gpu": "RTX4090"})["count"] == 2
+    before = coord.snapshot()
+    for config, message in [
+        ({"outer_options": {"lr": 1e30}}, "lr must be in (0, 10]"),
+        ({"lr": 2.0}, "lr must be in [1e-08, 1]"),
+        ({"batch_size": 100_000}, "batch_size must be in [1, 65536]"),
+        ({"quorum": 20_000}, "quorum must be in [1, 10000]"),
+    ]:
+        try:
+            owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": {"rounds": 2, **config}})
+            raise AssertionError(f"{config} was accepted")
+        except ApiError as e:
+            assert e.status == 422 and message in e.detail, (config, e.detail)
+    assert coord.snapshot() == before
