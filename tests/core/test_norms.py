@@ -49,10 +49,17 @@ def test_single_update_and_zero_reference_judge_nothing():
 
 
 def test_scales_judge_each_update_by_the_config_it_was_given():
-    # The owner gave job 2 a learning rate 2000 x the run's: its 2000 x larger update is honest.
+    # The owner gave job 2 a learning rate 2000 x the run's: its 2000 x larger update is no fault
+    # (clipped, as any large update, but not rejected).
     v = judge_norms([1.0, 1.1, 2000.0], NormBound(), scales=[1.0, 1.0, 2000.0])
-    assert v.actions == (KEEP,) * 3
+    assert v.actions == (KEEP, KEEP, CLIP)
     assert judge_norms([1.0, 1.1, 2000.0], NormBound()).actions[2] == REJECT
+    # The owner cannot frame job 2 by giving the others a tiny lr (their tiny updates are expected).
+    v = judge_norms([1e-5, 1.1e-5, 1.0], NormBound(), scales=[1e-5, 1e-5, 1.0])
+    assert REJECT not in v.actions
+    # Nor shield an attacker: 3e38 per coordinate is gross as sent and as scaled.
+    v = judge_norms([1.0, 1.1, 1e40], NormBound(), scales=[1.0, 1.0, 1e5])
+    assert v.actions[2] == REJECT
 
 
 def test_apply_verdict_drops_rejected_rows_and_scales_clipped_ones():

@@ -21,8 +21,11 @@ one update has only itself to compare with and is always kept; a reference of ze
 updates empty) judges nothing.
 
 ``scales`` (default all 1) is each update's expected size relative to the run's config,
-e.g. ``lr_job / lr_run x steps_job / steps_run`` when its owner gave one job a larger
-learning rate or more steps: a provider is judged against the config it was given.
+e.g. ``lr_job / lr_run x steps_job / steps_run`` when its owner gave one job its own
+learning rate or steps. Rejection (which punishes) needs the update to be gross both as
+sent and divided by its scale, each against its round's lower median: an owner can neither
+frame a provider (other jobs given a tiny lr make the raw median tiny, not the scaled one)
+nor shield one. Clipping (which does not punish) looks at the norms as sent.
 
 Shapes: ``n`` updates, ``d`` parameters; ``updates`` ``(n, d)``, norms ``(n,)``.
 """
@@ -86,42 +89,53 @@ def judge_norms(norms: Sequence[float], bound: NormBound, scales: Sequence[float
     if len(sc) != n or not all(x > 0 and math.isfinite(x) for x in sc):
         raise ValueError(f"scales must be {n} positive finite numbers, got {list(sc)}")
     rel = [norm / s for norm, s in zip(norms, sc)]  # each norm as if trained with the run's config
-    # The lower median: with an honest majority, an honest norm (non-finite ones count as large).
-    ordered = sorted(x if math.isfinite(x) else math.inf for x in rel)
-    reference = ordered[(n - 1) // 2] if n and math.isfinite(ordered[(n - 1) // 2]) else None
+    ref, rel_ref = _lower_median(list(norms)), _lower_median(rel)
     actions: list[str] = []
     factors: list[float] = []
     reasons: list[str | None] = []
-    for x in rel:
-        if not math.isfinite(x):
+    for x, y in zip(norms, rel):
+        if not (math.isfinite(x) and math.isfinite(y)):
             actions.append(REJECT)
             factors.append(0.0)
             reasons.append("update norm is not finite")
-        elif reference is None or reference <= 0 or x <= bound.clip * reference:
+        elif ref is None or ref <= 0:
             actions.append(KEEP)
             factors.append(1.0)
             reasons.append(None)
-        elif x > bound.reject * reference:
+        elif x > bound.reject * ref and rel_ref is not None and rel_ref > 0 and y > bound.reject * rel_ref:
             actions.append(REJECT)
             factors.append(0.0)
             reasons.append(
-                f"update norm {x:.3g} is {x / reference:.3g} x the round's median {reference:.3g} "
+                f"update norm {x:.3g} is {x / ref:.3g} x the round's median {ref:.3g} "
                 f"(more than {bound.reject:g} x is refused)"
             )
-        else:
+        elif x > bound.clip * ref:
             actions.append(CLIP)
-            factors.append(bound.clip * reference / x)
+            factors.append(bound.clip * ref / x)
             reasons.append(
-                f"update norm {x:.3g} is {x / reference:.3g} x the round's median {reference:.3g}; "
-                f"scaled down to {bound.clip:g} x"
+                f"update norm {x:.3g} is {x / ref:.3g} x the round's median {ref:.3g}; scaled down to {bound.clip:g} x"
             )
+        else:
+            actions.append(KEEP)
+            factors.append(1.0)
+            reasons.append(None)
     return NormVerdict(
         norms=tuple(float(x) for x in norms),
-        reference=reference if reference is not None and reference > 0 else None,
+        reference=ref if ref is not None and ref > 0 else None,
         actions=tuple(actions),
         factors=tuple(factors),
         reasons=tuple(reasons),
     )
+
+
+def _lower_median(values: list[float]) -> float | None:
+    """With an honest majority, an honest value (non-finite ones count as large)."""
+    n = len(values)
+    if n == 0:
+        return None
+    ordered = sorted(v if math.isfinite(v) else math.inf for v in values)
+    m = ordered[(n - 1) // 2]
+    return m if math.isfinite(m) else None
 
 
 def apply_verdict(updates: Tensor, verdict: NormVerdict) -> tuple[Tensor, list[int]]:
