@@ -129,7 +129,7 @@ def test_text_folder_and_npz_datasets_run_end_to_end(aitbc, tmp_path):
         (["--model-opt", "depth=3"], 2, "unknown model 'mlp' option 'depth'; allowed: hidden"),
         (["--speeds", "1,1"], 2, "--speeds gives 2 values for 8 workers"),
         (["--alpha", "0"], 2, "--alpha must be > 0"),
-        (["--outer", "diloco", "--outer-momentum", "1.5"], 2, "momentum must be in [0, 1)"),
+        (["--outer", "diloco", "--outer-momentum", "1.5"], 2, "momentum must be in [0, 0.99]"),
         (["--dataset", "text:/no/such/corpus"], 1, "no such file or directory: /no/such/corpus"),
         (["--model", "no_such_pkg.models:build"], 2, "cannot load user model"),
         (["--workers", "two"], 2, "Invalid value for '--workers'"),
