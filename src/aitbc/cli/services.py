@@ -32,6 +32,8 @@ SERVE_FLAGS = {
     "port": "--port",
     "db_url": "--db",
     "max_blob_bytes": "--max-blob-mb",
+    "max_json_bytes": "--max-json-kb",
+    "max_uploads": "--max-uploads",
     "lease_seconds": "--lease",
     "max_skew_seconds": "--max-skew",
     "tick_seconds": "--tick",
@@ -73,6 +75,7 @@ WORKER_FLAGS = {
 }
 _SHOWN: dict[str, Callable[[Any], str]] = {
     "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
+    "max_json_bytes": lambda b: f"{b / 1024:g} KiB",
     "cache_bytes": lambda b: f"{b / MIB:g} MiB",
 }
 
@@ -127,6 +130,12 @@ def serve(
         str | None, typer.Option("--db", help="SQLAlchemy URL (none: SQLite in WAL mode at HOME/coordinator.db).")
     ] = None,
     max_blob_mb: Annotated[float | None, typer.Option(help="Largest blob an upload may store, in MiB.")] = None,
+    max_json_kb: Annotated[
+        float | None, typer.Option(help="Largest JSON request body, in KiB (refused 413 while it is read).")
+    ] = None,
+    max_uploads: Annotated[
+        int | None, typer.Option(help="Blob uploads in flight at once; more are refused 429.")
+    ] = None,
     lease: Annotated[float | None, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = None,
     max_skew: Annotated[
         float | None, typer.Option(help="Seconds a signed request's timestamp may be off before it is refused.")
@@ -201,6 +210,8 @@ def serve(
         "port": port,
         "db_url": db,
         "max_blob_bytes": None if max_blob_mb is None else round(max_blob_mb * MIB),
+        "max_json_bytes": None if max_json_kb is None else round(max_json_kb * 1024),
+        "max_uploads": max_uploads,
         "lease_seconds": lease,
         "max_skew_seconds": max_skew,
         "tick_seconds": tick,
@@ -223,7 +234,7 @@ def serve(
         "norm_reject": norm_reject,
         "allow_code": allow_code or None,
     }
-    names = {**SERVE_FLAGS, "max_blob_bytes": "--max-blob-mb (in bytes)"}
+    names = {**SERVE_FLAGS, "max_blob_bytes": "--max-blob-mb (in bytes)", "max_json_bytes": "--max-json-kb (in bytes)"}
     settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=names)
     _logging(settings.log_level)
 

@@ -5,6 +5,8 @@ stopped with the app."""
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aitbc import __version__
@@ -23,11 +27,18 @@ from aitbc.coordinator.api.deps import signed, signed_stream
 from aitbc.coordinator.api.responses import ErrorBody, errors
 from aitbc.coordinator.api.routes import blobs, control, health, ledger, runs, workers
 from aitbc.coordinator.config import Settings
-from aitbc.coordinator.context import build_context
+from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
 from aitbc.errors import AitbcError
-from aitbc.ledger.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, SignatureError
+from aitbc.ledger.signing import (
+    HEADER_KEY,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    SignatureError,
+    precheck_headers,
+)
 from aitbc.units import UnitError
 
 log = logging.getLogger("aitbc.coordinator")
@@ -62,10 +73,100 @@ class InternalErrors:
         try:
             await self.app(scope, receive, watch)
         except Exception:
-            log.exception("internal error on %s %s", scope["method"], scope["path"])
+            request_id = uuid.uuid4().hex
+            log.exception("internal error on %s %s (request id %s)", scope["method"], scope["path"], request_id)
             if started:  # too late for a reply: the server drops the connection
                 raise
-            await _error(500, "internal_error", INTERNAL_DETAIL)(scope, receive, send)
+            reply = _error(500, "internal_error", f"{INTERNAL_DETAIL} (request id {request_id})")
+            reply.headers["X-Request-Id"] = request_id
+            await reply(scope, receive, send)
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised from ``receive`` once a JSON body passes ``max_json_bytes``: an
+    ``HTTPException``, so FastAPI's body parsing lets it through as it is (413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body is over this coordinator's limit of {limit} bytes for JSON")
+
+
+class Limits:
+    """Bounds on a request before its body is parsed (or read at all):
+
+    - a signed route's X-Aitbc-* headers are checked for presence, form and a current
+      timestamp before one body byte is read (401; the signature itself is checked by the
+      route once the body is in, see ``api.deps``);
+    - a JSON body is refused 413 ``body_too_large`` when its Content-Length declares more than
+      ``max_json_bytes``, or, as it is read, as soon as the bytes received pass it (a chunked
+      body declares nothing), so no more than the limit is ever held;
+    - at most ``max_uploads`` blob uploads are in flight at once (429 ``too_many_uploads``);
+      a blob's own size limit is the upload route's (``max_blob_bytes``)."""
+
+    def __init__(self, app: ASGIApp, ctx: Context, routes: list[BaseRoute]) -> None:
+        self.app = app
+        self.ctx = ctx
+        self.routes = routes
+        self.uploads = 0  # one event loop: a plain counter
+        self.kinds: dict[int, tuple[bool, bool]] = {}
+
+    def _kind(self, scope: Scope) -> tuple[bool, bool]:
+        """(signed, streamed) for the route this request goes to."""
+        path = scope["path"]
+        if not path.startswith(PREFIX + "/"):
+            return False, False
+        inner = {**scope, "path": path[len(PREFIX) :], "root_path": ""}  # the routers' own paths
+        for route in self.routes:
+            if isinstance(route, APIRoute) and route.matches(inner)[0] is Match.FULL:
+                kind = self.kinds.get(id(route))
+                if kind is None:
+                    streamed = _uses(route.dependant, signed_stream)
+                    kind = self.kinds[id(route)] = (streamed or _uses(route.dependant, signed), streamed)
+                return kind
+        return False, False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        is_signed, streamed = self._kind(scope)
+        headers = Headers(scope=scope)
+        limit = self.ctx.settings.max_json_bytes
+        declared = headers.get("content-length")
+        if not streamed and declared is not None and declared.isdigit() and int(declared) > limit:
+            await _error(413, "body_too_large", str(BodyTooLarge(limit).detail))(scope, receive, send)
+            return
+        if is_signed:
+            settings = self.ctx.settings
+            try:
+                precheck_headers(
+                    headers, now=time.time(), max_skew=settings.max_skew_seconds, not_before=self.ctx.started_at
+                )
+            except SignatureError as e:
+                await _error(401, e.code, e.detail)(scope, receive, send)
+                return
+        if streamed:
+            if self.uploads >= self.ctx.settings.max_uploads:
+                detail = f"{self.uploads} uploads are in flight, the most this coordinator takes; try again later"
+                await _error(429, "too_many_uploads", detail)(scope, receive, send)
+                return
+            self.uploads += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.uploads -= 1
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def _validation_detail(exc: RequestValidationError) -> tuple[str, str]:
@@ -119,7 +220,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status_code, "http_error")
         return _error(e.status_code, code, str(e.detail))
 
     @app.exception_handler(AitbcError)
@@ -130,10 +231,11 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     async def _unit(_: Request, e: UnitError) -> JSONResponse:
         return _error(422, e.code, e.detail)
 
-    app.add_middleware(InternalErrors)
     routers = (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router)
     for r in routers:
         app.include_router(r, prefix=PREFIX)
+    app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
+    app.add_middleware(InternalErrors)  # the outermost: a bug in Limits is a 500 too
     app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]
     return app
 
@@ -180,6 +282,10 @@ def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
             implied.append(401)
         if route.body_field is not None:
             implied += [400, 422]
+        if route.body_field is not None or is_signed:  # the body is read: bounded (Limits)
+            implied.append(413)
+        if _uses(route.dependant, signed_stream):
+            implied.append(429)
         for method in route.methods or ():
             op = doc["paths"][PREFIX + route.path_format].get(method.lower())
             if op is None:

@@ -4,15 +4,38 @@ service functions, which know the run."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
 class Body(BaseModel):
     # strict: JSON types are taken as sent. Lax mode would read ``true`` as 1 (a price of
     # 1 AIT, one worker) and "3" or 3.0 as the integer 3. Integers are still floats.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # allow_inf_nan=False: NaN and +-Infinity (which Python's JSON parser accepts) are refused
+    # in every float field; _finite refuses them anywhere else too (free-form options).
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        where = _non_finite(data, ())
+        if where is not None:
+            raise ValueError(f"{where or 'body'}: NaN and Infinity are not numbers this API takes")
+        return data
+
+
+def _non_finite(v: Any, path: tuple[str, ...]) -> str | None:
+    """The dotted path of the first non-finite float in a parsed JSON value, or None."""
+    if isinstance(v, float):
+        return None if math.isfinite(v) else ".".join(path)
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        where = _non_finite(x, (*path, str(k)))
+        if where is not None:
+            return where
+    return None
 
 
 class RunCreate(Body):

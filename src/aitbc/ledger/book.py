@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Float, Integer, String, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 # LedgerError and the networks live in the pure chain module (no SQLAlchemy): the CLI checks
@@ -94,6 +97,24 @@ class Head(LedgerBase):
     hash: Mapped[str] = mapped_column(String(64), default=GENESIS)
 
 
+def _create_head(s: Session) -> None:
+    """Insert the head row unless it exists. Concurrent first writes each try: on PostgreSQL
+    and SQLite ``ON CONFLICT DO NOTHING`` makes the losers wait for the winner's commit and
+    then do nothing (a plain INSERT failed them on the duplicate key: a 500)."""
+    values = {"id": 1, "seq": 0, "hash": GENESIS}
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        s.execute(pg_insert(Head).values(**values).on_conflict_do_nothing(index_elements=["id"]))
+    elif dialect == "sqlite":
+        s.execute(sqlite_insert(Head).values(**values).on_conflict_do_nothing(index_elements=["id"]))
+    else:  # other databases: a savepoint, so a lost race leaves this transaction usable
+        try:
+            with s.begin_nested():
+                s.add(Head(**values))
+        except IntegrityError:
+            pass
+
+
 @dataclass(frozen=True, slots=True)
 class RequestAuth:
     """A wallet owner's signed HTTP request, kept as the authorisation of an entry."""
@@ -163,9 +184,9 @@ class Ledger:
         # The head row first: from here on this transaction holds the ledger's write lock.
         locked = s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
         assert isinstance(locked, CursorResult)  # an UPDATE's result counts its rows
-        if locked.rowcount == 0:
-            s.add(Head(id=1, seq=0, hash=GENESIS))
-            s.flush()
+        if locked.rowcount == 0:  # the first write: create the head row, then lock it
+            _create_head(s)
+            s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
         head = s.get(Head, 1)
         assert head is not None  # written just above if it was not there
         s.refresh(head)

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from aitbc.ledger.keys import key_problem, signature_problem
 from aitbc.ledger.wallet import Wallet, public_key_from_hex
@@ -172,30 +173,17 @@ def _get_headers(headers: Mapping[str, str]) -> tuple[str, str, str, str]:
     return key, timestamp, nonce, signature
 
 
-def verify_request(
-    headers: Mapping[str, str],
-    method: str,
-    path: str,
-    digest: str,
-    *,
-    now: float,
-    max_skew: float,
-    nonces: NonceCache,
-    not_before: float = 0.0,
-) -> str:
-    """Check a signed request and return the signer's public key (lower-case hex).
+def precheck_headers(headers: Mapping[str, str], *, now: float, max_skew: float, not_before: float = 0.0) -> None:
+    """The checks of :func:`verify_request` that need neither the body nor the nonce cache:
+    the four headers are present and well formed and the timestamp is current. Run before
+    a request's body is read, so an unsigned or stale request costs no body bytes.
+    Raises ``SignatureError`` as :func:`verify_request` would."""
+    _checked_headers(headers, now=now, max_skew=max_skew, not_before=not_before)
 
-    ``path`` is the raw path plus ``?query`` as received, ``digest`` the sha256 hex of
-    the body received (or ``UNSIGNED_PAYLOAD``). Raises ``SignatureError``:
-    ``missing_signature`` if a header is missing; ``bad_signature`` if one is malformed,
-    the signature is not canonical or does not match, or the key is not a canonical
-    prime-order point (``ledger.keys``); ``expired_signature`` if the timestamp is more than
-    ``max_skew`` seconds from ``now`` or before ``not_before`` (the server's start, so
-    requests signed for an earlier run cannot be replayed after a restart);
-    ``replayed_nonce`` if the nonce was used before. The nonce is recorded only once the
-    signature has been checked."""
-    if nonces.window < max_skew:
-        raise ValueError(f"NonceCache window {nonces.window:g}s is shorter than max_skew {max_skew:g}s")
+
+def _checked_headers(
+    headers: Mapping[str, str], *, now: float, max_skew: float, not_before: float
+) -> tuple[str, str, str, str, Ed25519PublicKey, bytes]:
     key, timestamp, nonce, signature = _get_headers(headers)
 
     if _TIMESTAMP_RE.fullmatch(timestamp) is None:
@@ -232,6 +220,37 @@ def verify_request(
             f"sign again with the current time (at most {max_skew:g}s of clock skew is allowed)",
         )
 
+    return key, timestamp, nonce, signature, public_key, raw_signature
+
+
+def verify_request(
+    headers: Mapping[str, str],
+    method: str,
+    path: str,
+    digest: str,
+    *,
+    now: float,
+    max_skew: float,
+    nonces: NonceCache,
+    not_before: float = 0.0,
+) -> str:
+    """Check a signed request and return the signer's public key (lower-case hex).
+
+    ``path`` is the raw path plus ``?query`` as received, ``digest`` the sha256 hex of
+    the body received (or ``UNSIGNED_PAYLOAD``). Raises ``SignatureError``:
+    ``missing_signature`` if a header is missing; ``bad_signature`` if one is malformed,
+    the signature is not canonical or does not match, or the key is not a canonical
+    prime-order point (``ledger.keys``); ``expired_signature`` if the timestamp is more than
+    ``max_skew`` seconds from ``now`` or before ``not_before`` (the server's start, so
+    requests signed for an earlier run cannot be replayed after a restart);
+    ``replayed_nonce`` if the nonce was used before. The nonce is recorded only once the
+    signature has been checked."""
+    if nonces.window < max_skew:
+        raise ValueError(f"NonceCache window {nonces.window:g}s is shorter than max_skew {max_skew:g}s")
+    key, timestamp, nonce, signature, public_key, raw_signature = _checked_headers(
+        headers, now=now, max_skew=max_skew, not_before=not_before
+    )
+
     why = signature_problem(raw_signature)
     if why is not None:
         raise SignatureError(BAD_SIGNATURE, f"bad signature: not a canonical Ed25519 signature ({why})")
@@ -249,6 +268,6 @@ def verify_request(
             f"bad signature: {HEADER_KEY} is {why}; only canonical prime-order Ed25519 keys are accepted",
         )
 
-    if not nonces.check_and_add(nonce.lower(), ts, now):
+    if not nonces.check_and_add(nonce.lower(), float(timestamp), now):
         raise SignatureError(REPLAYED_NONCE, f"replayed request: nonce {nonce} was already used")
     return key.lower()
