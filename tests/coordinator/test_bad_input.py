@@ -522,7 +522,7 @@ def test_progress(api, training):
     with coord.http() as h:
         raw = json.dumps({"progress": 5.0, "loss": float("inf"), "status": "training"}).encode()
         r = api.signed_post(h, w.wallet, f"/v1/jobs/{job}/progress", raw=raw)
-    api.assert_error(r, 422, "bad_progress", "finite")
+    api.assert_error(r, 422, "invalid_request", "loss: must be a finite number")
     assert coord.snapshot() == before
     assert w.post(f"/jobs/{job}/progress", {"progress": 42.5, "loss": 1.25, "epoch": 0.5, "status": "training"}) == {
         "ok": True

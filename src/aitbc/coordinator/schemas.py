@@ -22,7 +22,7 @@ class Body(BaseModel):
     def _finite(cls, data: Any) -> Any:
         where = _non_finite(data, ())
         if where is not None:
-            raise ValueError(f"{where or 'body'}: NaN and Infinity are not numbers this API takes")
+            raise ValueError(f"{where or 'body'}: must be a finite number (NaN and Infinity are refused)")
         return data
 
 
