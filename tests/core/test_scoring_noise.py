@@ -26,9 +26,11 @@ def test_converged_honest_round_is_paid_in_full_and_unflagged():
 
 
 def test_free_rider_has_no_noise_to_hide_behind():
-    # A zero update changes no sample's loss: gain 0 and standard error 0, so no credit.
+    # A zero update changes no sample's loss: gain 0 and standard error 0 everywhere, so no
+    # credit; in a converged round honest updates are paid on their own shard's gain.
     se = [0.002, 0.002, 0.0]
-    sc = score_round([0.001, -0.001, 0.0], [0.0] * 3, [0.0] * 3, [1.0] * 3, [None] * 3, gain_se=se)
+    own = [0.004, 0.003, 0.0]
+    sc = score_round([0.001, -0.001, 0.0], own, [0.0] * 3, [1.0] * 3, [None] * 3, gain_se=se, own_se=se)
     assert sc[2].quality == 0.0 and sc[0].quality == sc[1].quality == 1.0
     # A tiny update earns a tiny share of the round's reference.
     sc = score_round([0.02, 0.02, 1e-5], [0.0] * 3, [0.0] * 3, [1.0] * 3, [None] * 3, gain_se=[0.002, 0.002, 1e-6])
@@ -63,6 +65,18 @@ def test_a_flag_must_clear_its_threshold_by_flag_z_standard_errors():
     assert HARMFUL not in sc[3].flags and not sc[3].provable
 
 
+def test_non_iid_honest_updates_are_paid_on_their_own_shard():
+    # Each update alone fits its own classes: held-out gain slightly negative beyond noise,
+    # own-shard gain clearly positive. A free-rider gains nowhere.
+    gains = [-0.03, -0.02, -0.04, 0.0]
+    own = [0.2, 0.15, 0.25, 0.0]
+    other = [-0.05, -0.04, -0.06, 0.0]
+    se = [0.005, 0.005, 0.005, 0.0]
+    sc = score_round(gains, own, other, [1.0] * 4, [None] * 4, gain_se=se, own_se=se, other_se=se)
+    assert [s.quality for s in sc] == [1.0, 1.0, 1.0, 0.0]
+    assert all(s.flags == () for s in sc)
+
+
 def test_measured_gain_and_its_standard_error():
     before = torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     after = torch.tensor([0.9, 1.1, 0.8, 1.2], dtype=torch.float64)
@@ -86,7 +100,8 @@ def test_a_robust_rule_leaving_an_honest_update_out_is_no_flag():
     # multi-krum always leaves some out and trimming cuts honest coordinates too: an update
     # the rule dropped but which helps and points the round's way is not an outlier.
     gains, align = [0.05, 0.04, 0.05, -0.02], [0.8, 0.7, 0.8, -0.6]
-    sc = score_round(gains, [0.05] * 4, [0.05] * 4, [1.0, 0.0, 0.4, 0.0], [None] * 4, alignment=align)
+    own = [0.05, 0.04, 0.05, -0.02]
+    sc = score_round(gains, own, [0.05] * 4, [1.0, 0.0, 0.4, 0.0], [None] * 4, alignment=align)
     assert sc[1].flags == () and sc[1].quality == 1.0
     assert sc[2].flags == () and sc[2].quality == 1.0
     assert OUTLIER in sc[3].flags and sc[3].quality == 0.0  # dropped, unhelpful and against the round

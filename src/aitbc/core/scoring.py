@@ -13,7 +13,7 @@ model; this module only judges):
   or not at all while others gain) was copied from someone else or not trained on its shard.
 - **aggregator verdict**: the share of coordinates the robust rule kept of the update
   (Krum-style selection keeps 0 or 1; trimming keeps a fraction). Under half is an outlier
-  only if the update also earns no credit or does not point the round's way (alignment
+  only if the update also earns no credit and does not point the round's way (alignment
   <= 0): a robust rule drops or trims honest updates too (multi-krum always leaves ``f``
   out, trimming cuts about ``2 beta`` of every update's coordinates), so its verdict alone
   is no evidence.
@@ -32,14 +32,19 @@ fired on honest workers about half the time. So:
   threshold (``unassigned``: the shortfall of own against others' gain; ``harmful``: the
   loss increase past ``harm_threshold``); at 4 standard errors an honest update is flagged
   by noise in well under 1 in 10,000 rounds (measured: bench/honest_runs.py);
-- *pay* is judged on ``credit = gain + credit_z * gain_se``, the gain up to the noise of its
-  own measurement: an honest update whose measured gain is slightly negative only because
-  the round is converged still earns full pay, while a zero update (a free-rider) has no
-  noise (every per-sample difference is 0) and earns nothing, and a tiny one earns a tiny
-  share of the round's reference;
+- *pay* is judged on a credit, a gain up to ``credit_z`` standard errors of its own
+  measurement. When every update of the round visibly helps held-out data (``gain +
+  credit_z * gain_se > 0`` for all), the held-out gain pays. Otherwise -- a converged round,
+  where held-out gains are noise around 0; non-IID shards, where an honest update alone
+  fits its own classes and may cost held-out loss; or a cheater in the round -- each update
+  is paid on its gain on the shard it was given (``own_gain``), which honest training
+  reduces even at convergence. An update that raises held-out loss past
+  ``harm_threshold`` beyond its noise and beyond the round's median update earns nothing
+  either way. A zero update (a free-rider) has no noise (every per-sample
+  difference is 0) and no gain anywhere: it earns nothing; a tiny one earns a tiny share;
 - ``quality`` in ``[0, 1]`` is 0 for any flag and otherwise rises with credit to 1 at
-  ``full_credit`` times the round's reference: its median positive gain, or in a round
-  where no gain is above 0, its median positive credit.
+  ``full_credit`` times the round's reference: the median positive gain of the signal
+  paid on, or, if none is above 0, the median positive credit.
 
 Without standard errors (the defaults, 0) every rule reduces to its plain threshold.
 ``harmful`` (the update alone makes held-out loss significantly worse by more than
@@ -177,11 +182,21 @@ def score_round(
     lists = (own_gains, other_gains, kept, copied, alignment, gain_se, own_se, other_se)
     if any(len(x) != n for x in lists):
         raise ValueError("score_round needs one value per update in every list")
-    credits = [g + cfg.credit_z * _finite_se(e) for g, e in zip(gains, gain_se)]  # gain up to its noise
-    # The round's reference: its median positive gain; in a converged round (no gain above
-    # 0), its median positive credit, so a tiny update still earns only a tiny share.
-    positive = sorted(g for g in gains if g > 0) or sorted(c for c in credits if c > 0)
+    held_out = [g + cfg.credit_z * _finite_se(e) for g, e in zip(gains, gain_se)]  # gain up to its noise
+    if all(c > 0 for c in held_out):
+        # Every update visibly helps data no worker saw: pay on that, the stronger evidence.
+        credits, measured = held_out, gains
+    else:
+        # A converged round (held-out gains are noise around 0), non-IID shards (an update
+        # alone fits its own classes and may cost held-out loss) or a cheater in the round:
+        # each is paid on the gain on the shard it was given, which honest training reduces.
+        credits = [o + cfg.credit_z * _finite_se(e) for o, e in zip(own_gains, own_se)]
+        measured = list(own_gains)
+    # The round's reference: the median positive measured gain, else the median positive
+    # credit, so a tiny update still earns only a tiny share.
+    positive = sorted(g for g in measured if g > 0) or sorted(c for c in credits if c > 0)
     reference = positive[len(positive) // 2] if positive else 0.0
+    typical = sorted(gains)[n // 2] if n else 0.0  # the round's median held-out gain
     scores = []
     for i in range(n):
         flags = []
@@ -193,8 +208,11 @@ def score_round(
         noise = math.hypot(_finite_se(own_se[i]), _finite_se(other_se[i]))
         if unassigned(own_gains[i], other_gains[i], cfg, noise=noise):
             flags.append(UNASSIGNED)
-        credit = credits[i]
-        if kept[i] < cfg.outlier_kept and (credit <= 0 or alignment[i] <= 0):
+        # Costs held-out loss beyond doubt, and far more than the round's typical update (on
+        # non-IID shards every honest update alone may cost some; a poisoned one costs more).
+        harms = gains[i] + cfg.flag_z * se < min(0.0, typical) - cfg.harm_threshold
+        credit = 0.0 if harms else credits[i]
+        if kept[i] < cfg.outlier_kept and credit <= 0 and alignment[i] <= 0:
             flags.append(OUTLIER)
         if flags or not credit > 0:
             quality = 0.0
