@@ -39,8 +39,8 @@ fired on honest workers about half the time. So:
   fits its own classes and may cost held-out loss; or a cheater in the round -- each update
   is paid on its gain on the shard it was given (``own_gain``), which honest training
   reduces even at convergence. An update that raises held-out loss past
-  ``harm_threshold`` beyond its noise and beyond the round's median update earns nothing
-  either way. A zero update (a free-rider) has no noise (every per-sample
+  ``harm_threshold`` beyond its noise and beyond the round's median update (by more than
+  ``flag_z`` times the round's robust spread) earns nothing either way. A zero update (a free-rider) has no noise (every per-sample
   difference is 0) and no gain anywhere: it earns nothing; a tiny one earns a tiny share;
 - ``quality`` in ``[0, 1]`` is 0 for any flag and otherwise rises with credit to 1 at
   ``full_credit`` times the round's reference: the median positive gain of the signal
@@ -197,6 +197,9 @@ def score_round(
     positive = sorted(g for g in measured if g > 0) or sorted(c for c in credits if c > 0)
     reference = positive[len(positive) // 2] if positive else 0.0
     typical = sorted(gains)[n // 2] if n else 0.0  # the round's median held-out gain
+    # ... and its spread (1.4826 x the median absolute deviation: a standard deviation that
+    # one outlier cannot move): small shards of few classes spread widely, honestly
+    spread = 1.4826 * sorted(abs(g - typical) for g in gains)[n // 2] if n else 0.0
     scores = []
     for i in range(n):
         flags = []
@@ -210,7 +213,7 @@ def score_round(
             flags.append(UNASSIGNED)
         # Costs held-out loss beyond doubt, and far more than the round's typical update (on
         # non-IID shards every honest update alone may cost some; a poisoned one costs more).
-        harms = gains[i] + cfg.flag_z * se < min(0.0, typical) - cfg.harm_threshold
+        harms = gains[i] + cfg.flag_z * se < min(0.0, typical) - cfg.harm_threshold - cfg.flag_z * spread
         credit = 0.0 if harms else credits[i]
         if kept[i] < cfg.outlier_kept and credit <= 0 and alignment[i] <= 0:
             flags.append(OUTLIER)
