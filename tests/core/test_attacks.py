@@ -19,7 +19,8 @@ def _view(own=None, honest=None, previous=None, n=4, f=1, seed=0):
 
 
 def test_registry_has_every_attack_of_the_issue():
-    assert set(ATTACKS.names()) == {"sign-flip", "gaussian", "label-flip", "alie", "ipm", "free-rider"}
+    # the issue's six, and the scaled update of the trust work (issue 12)
+    assert set(ATTACKS.names()) == {"sign-flip", "gaussian", "label-flip", "alie", "ipm", "free-rider", "scale"}
 
 
 def test_sign_flip_reverses_and_scales_the_own_update():
