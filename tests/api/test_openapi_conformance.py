@@ -7,8 +7,8 @@ Signed cases carry a real signature by the suite's wallet (computed on the bytes
 sent), so generated bodies reach the handlers; path and body fields that name things
 (run, job, worker, CID, ...) are often swapped for ids that exist on the coordinator
 (see ``conftest.World``), so the handlers go past "no such run". Unsigned cases of every
-signed operation must be refused with a documented 401 (or 400 for a malformed body,
-which is rejected before anything else).
+signed operation must be refused with a documented 401, before the body is read (so even
+a malformed body gets the 401).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def test_unsigned_cases_are_refused(api_schema: Any, world: Any, record_counts: 
     def unsigned(case: Any) -> None:
         _name_real_things(case, world.pools)
         response = case.call_and_validate(checks=CHECKS, timeout=30)
-        assert response.status_code in (400, 401), (case.operation.label, response.status_code, response.text)
+        assert response.status_code == 401, (case.operation.label, response.status_code, response.text)
         _record("unsigned", case, response.status_code, record_counts)
 
     failures = _each_operation(api_schema, _signed_operation, unsigned)
