@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 BENCH_STAMP := $(VENV)/.bench-installed
 LINT_STAMP  := $(VENV)/.lint-installed
 
-.PHONY: run test lint test-api install bench clean
+.PHONY: run test lint test-api test-long install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,13 @@ run: $(STAMP)
 # own, so it prints its case counts (schemathesis against a live coordinator, ~2 min).
 # The lint tools are installed too: the SDK's stub tests run ruff and mypy as a user would.
 test: $(LINT_STAMP)
-	$(PY) -m pytest -q -n 2 -m "not schemathesis"
+	$(PY) -m pytest -q -n 2 -m "not schemathesis and not long"
 	$(MAKE) --no-print-directory test-api
+
+# The trust-boundary end-to-end suites (real coordinators and workers, minutes each):
+# kept out of the default run so it stays within its time budget; CI runs them too.
+test-long: $(LINT_STAMP)
+	$(PY) -m pytest -q -n 2 -m long
 
 test-api: $(STAMP)
 	$(PY) -m pytest -q -m schemathesis tests/api

@@ -16,7 +16,7 @@ import pytest
 from aitbc.client import ApiError, CoordinatorClient
 from aitbc.ledger.wallet import Wallet
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MODULE = "aitbc_e2e_sentinel_model"
 

@@ -16,6 +16,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
 KEEP = 2
 ROUNDS = 7
 CACHE_CAP = 150_000  # bytes: more than a shard and a model, less than a run's models

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STUCK = 4.0
 

@@ -16,8 +16,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from aitbc.tls import local_tls
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PASSPHRASE = "correct horse battery staple"
 

@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, text
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.errors import Unprocessable
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 BOND = 2_000_000  # micro-AIT each provider locks (--bond 2)
 FUNDS = 10_000_000  # each provider's wallet (funds 10)
