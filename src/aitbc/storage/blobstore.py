@@ -244,13 +244,9 @@ class BlobCache:
     def get(self, cid: str, fetch: Callable[[str], bytes]) -> bytes:
         """The verified content of ``cid``: from the cache, else ``fetch(cid)`` (checked
         against ``cid`` and stored)."""
-        if self.store.touch(cid):
-            try:
-                return self.store.get_bytes(cid)
-            except IntegrityError:
-                self.store.delete(cid)  # a damaged copy: fetch it again
-            except NotFoundError:
-                pass  # evicted by another process between the touch and the read
+        cached = self._read(cid)
+        if cached is not None:
+            return cached
         data = fetch(cid)
         stored = self.store.put_bytes(data)
         if stored != cid:
@@ -258,6 +254,20 @@ class BlobCache:
             raise IntegrityError(f"blob {cid} is corrupt: its content hashes to {stored}")
         self.evict(keep=cid)
         return data
+
+    def _read(self, cid: str) -> bytes | None:
+        """The cached, verified content of ``cid`` (its recency renewed), or None when it
+        must be fetched: not cached, evicted by another process between the touch and
+        the read, or damaged (the damaged copy is deleted)."""
+        if not self.store.touch(cid):
+            return None
+        try:
+            return self.store.get_bytes(cid)
+        except NotFoundError:
+            return None
+        except IntegrityError:
+            self.store.delete(cid)
+            return None
 
     def size(self) -> int:
         return sum(b.size for b in self.store.list())
