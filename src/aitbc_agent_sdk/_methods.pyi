@@ -2,6 +2,7 @@
 # do not edit. Agent and AsyncAgent (aitbc_agent_sdk.clients) inherit these classes when type
 # checked; at run time each method is the operation driven by the client.
 
+from aitbc_agent_sdk.results import Liveness, Outcome, Validity
 from pathlib import Path
 from typing import Any, Literal
 
@@ -9,28 +10,35 @@ class AgentMethods:
     """The blocking methods of the agent, one per operation."""
 
     def add_worker(
-        self, training_id: str, worker_id: str | None = None, price: int | float | str | None = None
+        self, worker_id: str | None = None, training_id: str | None = None, price: int | float | str | None = None
     ) -> dict[str, Any]:
-        """Hire one more worker (``worker_id``, or the best free one) at ``price`` (default:
-        its asking price). In a manual run that is training, it also gets a job on the shard
-        with the fewest workers. An automatic run keeps it as a spare the coordinator uses
-        for replacements and joins up to ``max_workers``. Returns ``{contract, job}``.
+        """Hire one more worker for the run (default: the agent's current run): ``worker_id``
+        (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
+        (default: its asking price). In an owner-driven run that is training, it also gets a
+        job on the shard with the fewest workers. An automatic run keeps it as a spare the
+        coordinator uses for replacements and joins up to ``max_workers``. Returns
+        ``{contract, job, worker_id}``.
         """
 
     def collect_checkpoint(self, worker_id: str, job_id: str) -> dict[str, Any]:
-        """The worker's update for the run's open (or just closed) round: ``{checkpoint_id,
-        cid, training_id, job_id, worker_id, round, samples, train_loss, size, status}``.
-        Not sent yet: :class:`NotFound` (``no_checkpoint``).
+        """The worker's result: its update for the run's open (or just closed) round,
+        ``{checkpoint_id, cid, training_id, job_id, worker_id, round, samples, train_loss,
+        size, status}``, to hand to :meth:`federated_average`. Not sent yet:
+        :class:`NotFound` (``no_checkpoint``).
         """
 
     def create_data_shards(
-        self, training_id: str, num_shards: int | None = None, data_path: str = "digits"
+        self, training_id: str | None = None, num_shards: int | None = None, data_path: str | None = None
     ) -> list[dict[str, Any]]:
-        """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-        an ``.npz``) into shards, upload shards, validation split and manifest, and attach
-        them to the run. Returns ``[{shard_id (CID), samples}]``. An automatic run has one
-        shard per target worker (``num_shards`` must be that or None); a manual run takes any
-        ``num_shards`` (default: ``target_workers``) and the agent sends each shard's job.
+        """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
+        initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
+        folder, an ``.npz``) into ``num_shards`` shards (default: one per target worker) and a
+        validation split, upload them with their manifest and attach it to the run, in phase
+        ``initializing`` or ``distributing``. A folder of text files is the text corpus
+        (byte-level, for the transformer). Returns ``[{shard_id (CID), samples,
+        shard_index}]``; when the run already has that many shards of that dataset they are
+        returned as they are. An automatic run has one shard per target worker; a manual
+        (owner-driven) run takes any ``num_shards``, and the agent sends each shard's job.
         :meth:`upload_data` does the same with more options and returns more.
         """
 
@@ -53,7 +61,9 @@ class AgentMethods:
         offer is returned with ``hired`` (the hired ones carry ``contract_id``).
         """
 
-    def download_model(self, training_id: str, path: str | Path, round: int | None = None) -> dict[str, Any]:
+    def download_model(
+        self, training_id: str | None = None, path: str | Path | None = None, round: int | None = None
+    ) -> dict[str, Any]:
         """Write the run's model (``round``: that round's checkpoint; default the latest) to
         the file ``path`` as a safetensors checkpoint, verified against its CID first; the
         file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
@@ -67,17 +77,20 @@ class AgentMethods:
         of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
         FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
         counts). The new global model is stored as the round's checkpoint and evaluated:
-        returns ``{model_id, model (its CID), loss (validation), accuracy, round, training_id,
-        updates, weights, skipped}``. Updates not listed are recorded as excluded. No
-        checkpoints (with ``training_id``): the round is recorded as skipped, the model
-        unchanged (the way on when no update of the round was accepted).
+        returns ``{model_id (its CID), model, loss (validation), accuracy, round,
+        training_id, updates, weights, skipped}``; ``model`` is the model's state dict
+        (tensors by name, read back from the checkpoint and checked against its CID), which
+        :meth:`upload_to_ipfs` (``data=``) stores. Updates not listed are recorded as
+        excluded. No checkpoints (with ``training_id``): the round is recorded as skipped,
+        the model unchanged (the way on when no update of the round was accepted).
         """
 
     def find_replacement_worker(
         self, gpu_type: str | None = None, exclude: list[str] | None = None
     ) -> dict[str, Any] | None:
         """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
-        None when nobody is free. ``exclude``: worker ids not to pick.
+        None when nobody is free. ``exclude``: worker ids not to pick. Prices as numbers
+        (``price``, with the exact ``price_micro``).
         """
 
     def fund_wallet(self, amount: int | float | str) -> dict[str, Any]:
@@ -85,22 +98,33 @@ class AgentMethods:
         Returns ``{address, amount, entry, balance}``.
         """
 
-    def get_active_workers(self, training_id: str) -> list[dict[str, Any]]:
-        """The run's jobs still working (not failed, released or replaced)."""
-
-    def get_all_checkpoints(self, training_id: str) -> list[dict[str, Any]]:
-        """``[{round, checkpoint_cid, val_loss, val_accuracy}]``, round 0 being the initial model."""
-
-    def get_all_workers(self, training_id: str) -> list[dict[str, Any]]:
-        """Every job of the run (one per worker, replacements included) with progress, loss,
-        epoch, status, score and heartbeat age.
+    def get_active_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The run's jobs still working (not failed, released or replaced), as in
+        :meth:`get_all_workers`.
         """
 
-    def get_available_workers(self, include_offline: bool = False) -> list[dict[str, Any]]:
-        """The live offers on the market (``GET /v1/market/offers``): ``[{worker_id,
-        gpu_type, device, price, price_micro, reputation, availability, status, live, busy,
-        last_heartbeat, last_heartbeat_age}]``. ``include_offline``: also offers that are not
-        live (failed, silent), with their status.
+    def get_all_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The latest checkpoint of each of the run's workers (default: the agent's current
+        run): the newest update each job of :meth:`get_all_workers` sent, as
+        :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
+        training_id, round, samples, train_loss, size, status, ...}``. Workers that sent
+        nothing yet are left out. Check one with :meth:`verify_checkpoint`; the global
+        model's checkpoints (one per round) are :meth:`get_round_checkpoints`.
+        """
+
+    def get_all_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The run's workers (default: the agent's current run), one job each: the working
+        ones and any failed one not replaced yet (once the run ended, each job as it ended).
+        Each has ``worker_id, job_id, job_status, status, progress, loss, epoch, speed,
+        gpu_type, score, last_heartbeat_age, ...``; :meth:`get_worker_progress` tells more.
+        """
+
+    def get_available_workers(self, training_id: str | None = None, min_gpu: str | None = None) -> list[dict[str, Any]]:
+        """The workers the run (default: the agent's current run, if any) could add now: live
+        offers no run holds and the run has no contract with, best first by the marketplace
+        score (``min_gpu``: the weakest GPU class accepted). Each is the market's view of the
+        offer (``worker_id, gpu_type, price, price_micro, reputation, availability, ...``)
+        plus ``score``. Hire one with :meth:`add_worker` (``worker_id=``).
         """
 
     def get_balance(self) -> dict[str, Any]:
@@ -121,24 +145,39 @@ class AgentMethods:
         hash) and the entries stored.
         """
 
-    def get_payments(self, training_id: str) -> dict[str, Any]:
-        """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
-
-    def get_results(self, training_id: str) -> dict[str, Any]:
-        """Final metrics, the model's CID, every checkpoint and the workers' scores."""
-
-    def get_shards(self, training_id: str) -> list[dict[str, Any]]:
-        """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
-
-    def get_training_progress(self, training_id: str) -> dict[str, Any]:
-        """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}``: speed
-        is rounds completed per second since training started; target_speed is 1/deadline
-        (rounds per second a round deadline allows), or None without a deadline.
+    def get_market_offers(self, include_offline: bool = False) -> list[dict[str, Any]]:
+        """Every live offer on the market, busy or free (``GET /v1/market/offers``):
+        ``[{worker_id, gpu_type, device, price, price_micro, reputation, availability,
+        status, live, busy, last_heartbeat, last_heartbeat_age}]``. ``include_offline``:
+        also offers that are not live (failed, silent), with their status.
         """
 
-    def get_training_status(self, training_id: str) -> dict[str, Any]:
-        """The run's detail (``GET /v1/runs/{id}``) plus ``phase`` (its status:
-        initializing, distributing, training, aggregating, paused, complete, failed).
+    def get_payments(self, training_id: str | None = None) -> dict[str, Any]:
+        """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+
+    def get_results(self, training_id: str | None = None) -> dict[str, Any]:
+        """Final metrics, the model's CID, every checkpoint and the workers' scores."""
+
+    def get_round_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The global model's checkpoints, one per round, round 0 being the initial model:
+        ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
+        (``checkpoint_id`` is the CID).
+        """
+
+    def get_shards(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
+
+    def get_training_progress(self, training_id: str | None = None) -> dict[str, Any]:
+        """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}`` of the
+        run (default: the agent's current run): ``speed`` is rounds completed per second
+        since training started; ``target_speed`` the rounds per second its plan asks for
+        (1/deadline; without a deadline, as the coordinator derives it from the plan).
+        """
+
+    def get_training_status(self, training_id: str | None = None) -> dict[str, Any]:
+        """The run's detail (``GET /v1/runs/{id}``; default: the agent's current run) plus
+        ``phase`` (its status: initializing, distributing, training, aggregating, paused,
+        complete, failed, stopped).
         """
 
     def get_wallet_history(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -150,20 +189,26 @@ class AgentMethods:
     def get_worker_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
 
-    def get_worker_job(self, worker_id: str) -> dict[str, Any] | None:
-        """The worker's current (active) job, or its most recent one, or None if it never had one."""
+    def get_worker_job(self, worker_id: str, training_id: str | None = None) -> dict[str, Any] | None:
+        """The worker's current (active) job, else its most recent one (in ``training_id``
+        if given), or None if it never had one: ``{job_id, worker_id, training_id, gpu_type,
+        shard_index, job_status, progress, ...}``.
+        """
 
     def get_worker_progress(self, job_id: str) -> dict[str, Any]:
-        """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``), plus
-        ``job_id, worker_id, training_id, rounds_done, job_status`` (active, failed,
-        released), ``round`` (the run's open round) and ``round_update`` (``accepted`` or
-        ``rejected`` once the worker sent that round's update, else None).
+        """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``):
+        ``progress`` is the percentage of the job's work done, ``status`` becomes
+        ``complete`` once the job's update is in, ``loss`` is its latest training loss (a
+        number: before its first step, the validation loss of the model it starts from).
+        Plus ``job_id, worker_id, training_id, gpu_type, speed, rounds_done, job_status``
+        (active, failed, released), ``round`` (the run's open round) and ``round_update``
+        (``accepted`` or ``rejected`` once the worker sent that round's update, else None).
         """
 
     def hire_workers(
         self,
-        training_id: str,
-        required_workers: int,
+        training_id: str | None = None,
+        required_workers: int = 1,
         min_gpu: str | None = None,
         max_price: int | float | str | None = None,
     ) -> dict[str, Any]:
@@ -204,28 +249,38 @@ class AgentMethods:
         round, rounds, val_loss, target_workers, owner, created_at, ...}]``.
         """
 
-    def mark_worker_failed(self, worker_id: str, reason: str | None = None) -> dict[str, Any]:
-        """End the worker's active job as ``failed`` (it is flagged and leaves the market
-        until it heartbeats again). A manual run's agent then reassigns the shard
-        (:meth:`reassign_job`); an automatic run's coordinator does at its next tick.
-        Returns the ended job.
+    def mark_worker_failed(
+        self, worker_id: str, reason: str | None = None, training_id: str | None = None
+    ) -> dict[str, Any]:
+        """End the worker's active job (in ``training_id``, default: the agent's current run)
+        as ``failed``: the worker is flagged and leaves the market until it heartbeats again.
+        An owner-driven run's agent then reassigns the shard (:meth:`reassign_job`); an
+        automatic run's coordinator does at its next tick. Returns the ended job. A job that
+        already failed (the coordinator saw the lease expire) is returned as it is, with
+        ``already_failed: True``; a worker with neither: :class:`NotFound`.
         """
 
-    def negotiate_worker_contract(self, worker_id: str, training_id: str, price: int | float | str) -> dict[str, Any]:
-        """Hire one provider for the run at ``price`` AIT per round: accepted when it is at
-        least the provider's asking price (else ``Conflict`` with code ``price_rejected``).
-        Returns ``{contract_id, price, worker_id, training_id, status}``.
+    def negotiate_worker_contract(
+        self, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
+    ) -> dict[str, Any]:
+        """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
+        per round (default: its asking price): accepted when it is at least the provider's
+        asking price (else ``Conflict`` with code ``price_rejected``). Returns
+        ``{contract_id, price (a number of AIT), price_micro (exact), worker_id,
+        training_id, status}``: pay it with :meth:`process_payment` (``amount=contract["price"]``).
         """
 
-    def pause_training(self, training_id: str) -> dict[str, Any]:
+    def pause_training(self, training_id: str | None = None) -> dict[str, Any]:
         """Hold an automatic run after its current round's updates (``paused``); returns the
         run's detail. :meth:`resume_training` continues it.
         """
 
-    def ping_worker(self, worker_id: str, max_age: float | None = None) -> dict[str, Any]:
-        """``{worker_id, alive, last_heartbeat_age, status, gpu_type, busy}`` from the
-        market's view of the worker. alive: online and heard from within ``max_age`` seconds
-        (default: the coordinator's lease; workers heartbeat several times per lease).
+    def ping_worker(self, worker_id: str, max_age: float | None = None) -> Liveness:
+        """Whether the worker answers: truthy exactly when it is ``alive`` (online and heard
+        from within ``max_age`` seconds; default: the coordinator's lease, within which
+        workers heartbeat several times), so ``if not agent.ping_worker(w)`` reads as said.
+        A :class:`~aitbc_agent_sdk.results.Liveness` dict: ``{worker_id, alive,
+        last_heartbeat_age, status, gpu_type, busy}``. An unknown worker: :class:`NotFound`.
         """
 
     def process_payment(
@@ -240,52 +295,76 @@ class AgentMethods:
     def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> dict[str, Any]:
         """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
         hired now at its asking price), or to the best free worker if None. The old job may
-        have failed already; an active one is released. Returns the new job.
+        have failed already; an active one is released. Returns the new job (whose
+        ``replaces`` is ``job_id``).
         """
 
-    def reassign_partial_work(self, worker_id: str, to_worker_id: str | None = None) -> dict[str, Any]:
+    def reassign_partial_work(
+        self, worker_id: str, to_worker_id: str | None = None, training_id: str | None = None
+    ) -> Outcome:
         """Split a slow worker's shard in two: it keeps the first half (from its next round)
         and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
-        job on the second. Returns ``{job, new_job}``.
+        job on the second. An :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was
+        ``done``: ``{done, worker_id, job, new_job, detail}``. Nothing to do (nobody free,
+        a shard too small to split, the worker has no active job) is ``done: False`` with
+        the reason, not an error.
         """
 
     def reduce_worker_workload(
-        self, worker_id: str, factor: float = 0.5, local_steps: int | None = None
-    ) -> dict[str, Any]:
+        self, worker_id: str, factor: float = 0.5, local_steps: int | None = None, training_id: str | None = None
+    ) -> Outcome:
         """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
-        else its current steps x ``factor`` (at least 1). Returns the job with its ``config``.
+        else its current steps x ``factor`` (at least 1). An
+        :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was ``done``: ``{done,
+        worker_id, job_id, local_steps, job, detail}``; a worker with no active job (it
+        failed meanwhile) is ``done: False`` with the reason, not an error.
         """
 
-    def refund_payments(self, training_id: str) -> dict[str, Any]:
+    def refund_payments(self, training_id: str | None = None) -> dict[str, Any]:
         """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
         returns the payments view. A run still going: :class:`Conflict` (``bad_state``).
         """
 
-    def remove_worker(self, training_id: str, worker_id: str) -> dict[str, Any]:
-        """Release the worker's job in the run (its contract ends; it is not flagged). A
-        manual run's shard then waits for a job the agent sends; an automatic run's
-        coordinator refills up to ``max_workers`` from spares and the market.
+    def remove_worker(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
+        """Release the worker's job in the run (default: the agent's current run; its
+        contract ends; it is not flagged). An owner-driven run's shard then waits for a job
+        the agent sends; an automatic run's coordinator refills up to ``max_workers`` from
+        spares and the market. Returns the ended job.
         """
 
-    def request_checkpoint_resend(self, worker_id: str) -> dict[str, Any]:
+    def request_checkpoint_resend(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
         """Drop the worker's update of the open round (e.g. it failed verification) so the
         worker trains and sends that round again. Returns ``{job_id, round, dropped}``.
         """
 
-    def resume_training(self, training_id: str) -> dict[str, Any]:
+    def resume_training(self, training_id: str | None = None) -> dict[str, Any]:
         """Continue a paused run; returns the run's detail."""
 
-    def save_training_results(self, training_id: str, model: dict[str, Any] | str) -> dict[str, Any]:
-        """Keep ``model`` (what :meth:`federated_average` returned, or a checkpoint CID of
-        one of the run's rounds) as the manual run's model; returns the run's results.
+    def save_training_results(
+        self,
+        training_id: str | None = None,
+        model_cid: str | dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Keep ``model_cid`` as the owner-driven run's model (default run: the agent's
+        current run), with the owner's ``metrics`` (flat names to numbers or text, e.g.
+        ``{"final_loss": 0.9, "workers": 10}``): a CID from :meth:`upload_to_ipfs`, a
+        checkpoint CID of one of the run's rounds, or what :meth:`federated_average`
+        returned. Returns the run's results.
         """
 
     def send_training_job(
-        self, worker_id: str, training_id: str, shard_id: str, config: dict[str, Any] | None = None
+        self,
+        worker_id: str,
+        training_id: str | None = None,
+        shard_id: str | None = None,
+        config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
-        of a manual run from the open round on. ``config``: the job's own ``local_steps``,
-        ``batch_size``, ``lr`` (default: the run's). Returns the job with ``job_id``.
+        of an owner-driven run (default: the agent's current run) from the open round on.
+        ``config``: the job's own ``batch_size``, ``learning_rate`` (or ``lr``), ``epochs``
+        (passes over the shard per round) or ``local_steps`` (default: the run's). Returns
+        the job with ``job_id``.
         """
 
     def start(self) -> dict[str, Any]:
@@ -296,7 +375,7 @@ class AgentMethods:
 
     def start_training(
         self,
-        training_id: str,
+        training_id: str | None = None,
         rounds: int = 10,
         local_steps: int = 20,
         *,
@@ -331,9 +410,9 @@ class AgentMethods:
     def stop(self) -> dict[str, Any]:
         """Release the agent's connections (runs keep going on the coordinator)."""
 
-    def stop_training(self, training_id: str) -> dict[str, Any]:
-        """End the run now (it ends as ``failed``: stopped by the owner; its workers are
-        released). Returns the run's detail.
+    def stop_training(self, training_id: str | None = None) -> dict[str, Any]:
+        """End the run now (it ends as ``stopped``; its workers are released, closed rounds
+        settled and the rest of the escrow refunded). Returns the run's summary.
         """
 
     def transfer_funds(self, to: str, amount: int | float | str) -> dict[str, Any]:
@@ -342,8 +421,13 @@ class AgentMethods:
         enough money: :class:`Conflict` (``insufficient_funds``).
         """
 
-    def update_training_phase(self, training_id: str, phase: str, **config: Any) -> dict[str, Any]:
-        """Move a manual run to ``phase`` (``POST /v1/runs/{id}/phase``):
+    def update_training_phase(
+        self, training_id: str | None = None, phase: str | None = None, **config: Any
+    ) -> dict[str, Any]:
+        """Move the run (default: the agent's current run) to ``phase`` (``POST
+        /v1/runs/{id}/phase``). A run is automatic until its owner first calls this; from
+        then on the owner drives its phases (a run created with ``control="manual"`` is
+        owner-driven from the start):
 
         * ``distributing``: from initializing (data attached, workers hired), with the
           training ``config`` (rounds, local_steps, batch_size, lr, aggregator, compression,
@@ -359,69 +443,93 @@ class AgentMethods:
 
     def upload_data(
         self,
-        training_id: str,
-        data_path: str = "digits",
+        training_id: str | None = None,
+        data_path: str | None = None,
         num_shards: int | None = None,
         *,
         alpha: float | None = None,
         max_bytes: int | None = None,
     ) -> dict[str, Any]:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-        an ``.npz``) into shards and a validation split, upload them and the manifest that
-        names them, and attach the manifest to the run. ``num_shards``: as in
-        :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of the shards (IID if
-        None); ``max_bytes``: text corpora, bytes read at most (default 4 MiB). Returns
-        ``{training_id, manifest_cid, shards (CIDs), shard_samples, val_cid, samples,
-        val_samples, data_bytes (measured), dataset_size (declared), dataset, task}``.
+        an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
+        shards and a validation split, upload them and the manifest that names them, and
+        attach the manifest to the run (initializing; or distributing, before any job).
+        ``num_shards``: as in :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of
+        the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
+        :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
+        shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
+        dataset_size (declared), dataset, task}``.
         """
 
-    def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = None, pin: bool = True) -> str:
-        """Store a file (``path``) or ``data`` on the coordinator as one content-addressed blob
-        and return its CID (CIDv1, as ``ipfs add --cid-version=1`` prints it). ``pin`` is
-        accepted for the documentation's sake: the coordinator keeps every blob. A folder is
-        refused (pack it first, or use :meth:`create_data_shards` for datasets).
+    def upload_to_ipfs(
+        self, path: str | Path | None = None, data: Any = None, pin: bool = True, training_id: str | None = None
+    ) -> str:
+        """Store a file or a folder (``path``) or ``data`` on the coordinator, content
+        addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
+        raw leaves, 256 KiB chunks), and return the root CID. ``data``: bytes, or a model
+        (``torch.nn.Module``) or state dict, stored as a safetensors checkpoint (what
+        :meth:`federated_average` returns as ``model`` is accepted). ``pin``: keep the blobs
+        through the coordinator's retention (unpinned ones may be collected once unused).
+
+        A folder or file uploaded while the agent's current run (``training_id``, default:
+        the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
+        dataset: it is cut into the run's shards (one per target worker; see
+        :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
         """
 
-    def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> dict[str, Any]:
-        """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
-        the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
-        the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
-        is re-hashed and decoded. Returns ``{valid, cid, round, detail}``, with ``pruned: True``
-        for a recorded round whose bytes the coordinator's blob retention deleted; never raises
-        for a bad checkpoint, only for an unreachable coordinator.
+    def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> Validity:
+        """Download a checkpoint through the coordinator and re-hash it against its CID: a
+        worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
+        as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
+        loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+        ``if not agent.verify_checkpoint(c)`` reads as said: a
+        :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
+        (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
+        coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
+        unreachable coordinator.
         """
 
-    def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: float = 1.0) -> dict[str, Any]:
+    def wait_for_completion(
+        self, training_id: str | None = None, timeout: float = 600.0, poll: float = 1.0
+    ) -> dict[str, Any]:
         """Poll the run until it ends; returns its detail when ``complete``. Raises
-        :class:`TrainingFailed` if it fails and :class:`WaitTimeout` after ``timeout`` s.
+        :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
+        ``timeout`` s.
         """
 
 class AsyncAgentMethods:
     """The awaitable methods of the agent, one per operation."""
 
     async def add_worker(
-        self, training_id: str, worker_id: str | None = None, price: int | float | str | None = None
+        self, worker_id: str | None = None, training_id: str | None = None, price: int | float | str | None = None
     ) -> dict[str, Any]:
-        """Hire one more worker (``worker_id``, or the best free one) at ``price`` (default:
-        its asking price). In a manual run that is training, it also gets a job on the shard
-        with the fewest workers. An automatic run keeps it as a spare the coordinator uses
-        for replacements and joins up to ``max_workers``. Returns ``{contract, job}``.
+        """Hire one more worker for the run (default: the agent's current run): ``worker_id``
+        (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
+        (default: its asking price). In an owner-driven run that is training, it also gets a
+        job on the shard with the fewest workers. An automatic run keeps it as a spare the
+        coordinator uses for replacements and joins up to ``max_workers``. Returns
+        ``{contract, job, worker_id}``.
         """
 
     async def collect_checkpoint(self, worker_id: str, job_id: str) -> dict[str, Any]:
-        """The worker's update for the run's open (or just closed) round: ``{checkpoint_id,
-        cid, training_id, job_id, worker_id, round, samples, train_loss, size, status}``.
-        Not sent yet: :class:`NotFound` (``no_checkpoint``).
+        """The worker's result: its update for the run's open (or just closed) round,
+        ``{checkpoint_id, cid, training_id, job_id, worker_id, round, samples, train_loss,
+        size, status}``, to hand to :meth:`federated_average`. Not sent yet:
+        :class:`NotFound` (``no_checkpoint``).
         """
 
     async def create_data_shards(
-        self, training_id: str, num_shards: int | None = None, data_path: str = "digits"
+        self, training_id: str | None = None, num_shards: int | None = None, data_path: str | None = None
     ) -> list[dict[str, Any]]:
-        """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-        an ``.npz``) into shards, upload shards, validation split and manifest, and attach
-        them to the run. Returns ``[{shard_id (CID), samples}]``. An automatic run has one
-        shard per target worker (``num_shards`` must be that or None); a manual run takes any
-        ``num_shards`` (default: ``target_workers``) and the agent sends each shard's job.
+        """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
+        initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
+        folder, an ``.npz``) into ``num_shards`` shards (default: one per target worker) and a
+        validation split, upload them with their manifest and attach it to the run, in phase
+        ``initializing`` or ``distributing``. A folder of text files is the text corpus
+        (byte-level, for the transformer). Returns ``[{shard_id (CID), samples,
+        shard_index}]``; when the run already has that many shards of that dataset they are
+        returned as they are. An automatic run has one shard per target worker; a manual
+        (owner-driven) run takes any ``num_shards``, and the agent sends each shard's job.
         :meth:`upload_data` does the same with more options and returns more.
         """
 
@@ -444,7 +552,9 @@ class AsyncAgentMethods:
         offer is returned with ``hired`` (the hired ones carry ``contract_id``).
         """
 
-    async def download_model(self, training_id: str, path: str | Path, round: int | None = None) -> dict[str, Any]:
+    async def download_model(
+        self, training_id: str | None = None, path: str | Path | None = None, round: int | None = None
+    ) -> dict[str, Any]:
         """Write the run's model (``round``: that round's checkpoint; default the latest) to
         the file ``path`` as a safetensors checkpoint, verified against its CID first; the
         file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
@@ -458,17 +568,20 @@ class AsyncAgentMethods:
         of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
         FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
         counts). The new global model is stored as the round's checkpoint and evaluated:
-        returns ``{model_id, model (its CID), loss (validation), accuracy, round, training_id,
-        updates, weights, skipped}``. Updates not listed are recorded as excluded. No
-        checkpoints (with ``training_id``): the round is recorded as skipped, the model
-        unchanged (the way on when no update of the round was accepted).
+        returns ``{model_id (its CID), model, loss (validation), accuracy, round,
+        training_id, updates, weights, skipped}``; ``model`` is the model's state dict
+        (tensors by name, read back from the checkpoint and checked against its CID), which
+        :meth:`upload_to_ipfs` (``data=``) stores. Updates not listed are recorded as
+        excluded. No checkpoints (with ``training_id``): the round is recorded as skipped,
+        the model unchanged (the way on when no update of the round was accepted).
         """
 
     async def find_replacement_worker(
         self, gpu_type: str | None = None, exclude: list[str] | None = None
     ) -> dict[str, Any] | None:
         """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
-        None when nobody is free. ``exclude``: worker ids not to pick.
+        None when nobody is free. ``exclude``: worker ids not to pick. Prices as numbers
+        (``price``, with the exact ``price_micro``).
         """
 
     async def fund_wallet(self, amount: int | float | str) -> dict[str, Any]:
@@ -476,22 +589,35 @@ class AsyncAgentMethods:
         Returns ``{address, amount, entry, balance}``.
         """
 
-    async def get_active_workers(self, training_id: str) -> list[dict[str, Any]]:
-        """The run's jobs still working (not failed, released or replaced)."""
-
-    async def get_all_checkpoints(self, training_id: str) -> list[dict[str, Any]]:
-        """``[{round, checkpoint_cid, val_loss, val_accuracy}]``, round 0 being the initial model."""
-
-    async def get_all_workers(self, training_id: str) -> list[dict[str, Any]]:
-        """Every job of the run (one per worker, replacements included) with progress, loss,
-        epoch, status, score and heartbeat age.
+    async def get_active_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The run's jobs still working (not failed, released or replaced), as in
+        :meth:`get_all_workers`.
         """
 
-    async def get_available_workers(self, include_offline: bool = False) -> list[dict[str, Any]]:
-        """The live offers on the market (``GET /v1/market/offers``): ``[{worker_id,
-        gpu_type, device, price, price_micro, reputation, availability, status, live, busy,
-        last_heartbeat, last_heartbeat_age}]``. ``include_offline``: also offers that are not
-        live (failed, silent), with their status.
+    async def get_all_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The latest checkpoint of each of the run's workers (default: the agent's current
+        run): the newest update each job of :meth:`get_all_workers` sent, as
+        :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
+        training_id, round, samples, train_loss, size, status, ...}``. Workers that sent
+        nothing yet are left out. Check one with :meth:`verify_checkpoint`; the global
+        model's checkpoints (one per round) are :meth:`get_round_checkpoints`.
+        """
+
+    async def get_all_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The run's workers (default: the agent's current run), one job each: the working
+        ones and any failed one not replaced yet (once the run ended, each job as it ended).
+        Each has ``worker_id, job_id, job_status, status, progress, loss, epoch, speed,
+        gpu_type, score, last_heartbeat_age, ...``; :meth:`get_worker_progress` tells more.
+        """
+
+    async def get_available_workers(
+        self, training_id: str | None = None, min_gpu: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The workers the run (default: the agent's current run, if any) could add now: live
+        offers no run holds and the run has no contract with, best first by the marketplace
+        score (``min_gpu``: the weakest GPU class accepted). Each is the market's view of the
+        offer (``worker_id, gpu_type, price, price_micro, reputation, availability, ...``)
+        plus ``score``. Hire one with :meth:`add_worker` (``worker_id=``).
         """
 
     async def get_balance(self) -> dict[str, Any]:
@@ -512,24 +638,39 @@ class AsyncAgentMethods:
         hash) and the entries stored.
         """
 
-    async def get_payments(self, training_id: str) -> dict[str, Any]:
-        """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
-
-    async def get_results(self, training_id: str) -> dict[str, Any]:
-        """Final metrics, the model's CID, every checkpoint and the workers' scores."""
-
-    async def get_shards(self, training_id: str) -> list[dict[str, Any]]:
-        """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
-
-    async def get_training_progress(self, training_id: str) -> dict[str, Any]:
-        """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}``: speed
-        is rounds completed per second since training started; target_speed is 1/deadline
-        (rounds per second a round deadline allows), or None without a deadline.
+    async def get_market_offers(self, include_offline: bool = False) -> list[dict[str, Any]]:
+        """Every live offer on the market, busy or free (``GET /v1/market/offers``):
+        ``[{worker_id, gpu_type, device, price, price_micro, reputation, availability,
+        status, live, busy, last_heartbeat, last_heartbeat_age}]``. ``include_offline``:
+        also offers that are not live (failed, silent), with their status.
         """
 
-    async def get_training_status(self, training_id: str) -> dict[str, Any]:
-        """The run's detail (``GET /v1/runs/{id}``) plus ``phase`` (its status:
-        initializing, distributing, training, aggregating, paused, complete, failed).
+    async def get_payments(self, training_id: str | None = None) -> dict[str, Any]:
+        """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+
+    async def get_results(self, training_id: str | None = None) -> dict[str, Any]:
+        """Final metrics, the model's CID, every checkpoint and the workers' scores."""
+
+    async def get_round_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The global model's checkpoints, one per round, round 0 being the initial model:
+        ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
+        (``checkpoint_id`` is the CID).
+        """
+
+    async def get_shards(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
+
+    async def get_training_progress(self, training_id: str | None = None) -> dict[str, Any]:
+        """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}`` of the
+        run (default: the agent's current run): ``speed`` is rounds completed per second
+        since training started; ``target_speed`` the rounds per second its plan asks for
+        (1/deadline; without a deadline, as the coordinator derives it from the plan).
+        """
+
+    async def get_training_status(self, training_id: str | None = None) -> dict[str, Any]:
+        """The run's detail (``GET /v1/runs/{id}``; default: the agent's current run) plus
+        ``phase`` (its status: initializing, distributing, training, aggregating, paused,
+        complete, failed, stopped).
         """
 
     async def get_wallet_history(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -541,20 +682,26 @@ class AsyncAgentMethods:
     async def get_worker_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
 
-    async def get_worker_job(self, worker_id: str) -> dict[str, Any] | None:
-        """The worker's current (active) job, or its most recent one, or None if it never had one."""
+    async def get_worker_job(self, worker_id: str, training_id: str | None = None) -> dict[str, Any] | None:
+        """The worker's current (active) job, else its most recent one (in ``training_id``
+        if given), or None if it never had one: ``{job_id, worker_id, training_id, gpu_type,
+        shard_index, job_status, progress, ...}``.
+        """
 
     async def get_worker_progress(self, job_id: str) -> dict[str, Any]:
-        """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``), plus
-        ``job_id, worker_id, training_id, rounds_done, job_status`` (active, failed,
-        released), ``round`` (the run's open round) and ``round_update`` (``accepted`` or
-        ``rejected`` once the worker sent that round's update, else None).
+        """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``):
+        ``progress`` is the percentage of the job's work done, ``status`` becomes
+        ``complete`` once the job's update is in, ``loss`` is its latest training loss (a
+        number: before its first step, the validation loss of the model it starts from).
+        Plus ``job_id, worker_id, training_id, gpu_type, speed, rounds_done, job_status``
+        (active, failed, released), ``round`` (the run's open round) and ``round_update``
+        (``accepted`` or ``rejected`` once the worker sent that round's update, else None).
         """
 
     async def hire_workers(
         self,
-        training_id: str,
-        required_workers: int,
+        training_id: str | None = None,
+        required_workers: int = 1,
         min_gpu: str | None = None,
         max_price: int | float | str | None = None,
     ) -> dict[str, Any]:
@@ -595,30 +742,38 @@ class AsyncAgentMethods:
         round, rounds, val_loss, target_workers, owner, created_at, ...}]``.
         """
 
-    async def mark_worker_failed(self, worker_id: str, reason: str | None = None) -> dict[str, Any]:
-        """End the worker's active job as ``failed`` (it is flagged and leaves the market
-        until it heartbeats again). A manual run's agent then reassigns the shard
-        (:meth:`reassign_job`); an automatic run's coordinator does at its next tick.
-        Returns the ended job.
+    async def mark_worker_failed(
+        self, worker_id: str, reason: str | None = None, training_id: str | None = None
+    ) -> dict[str, Any]:
+        """End the worker's active job (in ``training_id``, default: the agent's current run)
+        as ``failed``: the worker is flagged and leaves the market until it heartbeats again.
+        An owner-driven run's agent then reassigns the shard (:meth:`reassign_job`); an
+        automatic run's coordinator does at its next tick. Returns the ended job. A job that
+        already failed (the coordinator saw the lease expire) is returned as it is, with
+        ``already_failed: True``; a worker with neither: :class:`NotFound`.
         """
 
     async def negotiate_worker_contract(
-        self, worker_id: str, training_id: str, price: int | float | str
+        self, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
     ) -> dict[str, Any]:
-        """Hire one provider for the run at ``price`` AIT per round: accepted when it is at
-        least the provider's asking price (else ``Conflict`` with code ``price_rejected``).
-        Returns ``{contract_id, price, worker_id, training_id, status}``.
+        """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
+        per round (default: its asking price): accepted when it is at least the provider's
+        asking price (else ``Conflict`` with code ``price_rejected``). Returns
+        ``{contract_id, price (a number of AIT), price_micro (exact), worker_id,
+        training_id, status}``: pay it with :meth:`process_payment` (``amount=contract["price"]``).
         """
 
-    async def pause_training(self, training_id: str) -> dict[str, Any]:
+    async def pause_training(self, training_id: str | None = None) -> dict[str, Any]:
         """Hold an automatic run after its current round's updates (``paused``); returns the
         run's detail. :meth:`resume_training` continues it.
         """
 
-    async def ping_worker(self, worker_id: str, max_age: float | None = None) -> dict[str, Any]:
-        """``{worker_id, alive, last_heartbeat_age, status, gpu_type, busy}`` from the
-        market's view of the worker. alive: online and heard from within ``max_age`` seconds
-        (default: the coordinator's lease; workers heartbeat several times per lease).
+    async def ping_worker(self, worker_id: str, max_age: float | None = None) -> Liveness:
+        """Whether the worker answers: truthy exactly when it is ``alive`` (online and heard
+        from within ``max_age`` seconds; default: the coordinator's lease, within which
+        workers heartbeat several times), so ``if not agent.ping_worker(w)`` reads as said.
+        A :class:`~aitbc_agent_sdk.results.Liveness` dict: ``{worker_id, alive,
+        last_heartbeat_age, status, gpu_type, busy}``. An unknown worker: :class:`NotFound`.
         """
 
     async def process_payment(
@@ -633,52 +788,76 @@ class AsyncAgentMethods:
     async def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> dict[str, Any]:
         """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
         hired now at its asking price), or to the best free worker if None. The old job may
-        have failed already; an active one is released. Returns the new job.
+        have failed already; an active one is released. Returns the new job (whose
+        ``replaces`` is ``job_id``).
         """
 
-    async def reassign_partial_work(self, worker_id: str, to_worker_id: str | None = None) -> dict[str, Any]:
+    async def reassign_partial_work(
+        self, worker_id: str, to_worker_id: str | None = None, training_id: str | None = None
+    ) -> Outcome:
         """Split a slow worker's shard in two: it keeps the first half (from its next round)
         and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
-        job on the second. Returns ``{job, new_job}``.
+        job on the second. An :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was
+        ``done``: ``{done, worker_id, job, new_job, detail}``. Nothing to do (nobody free,
+        a shard too small to split, the worker has no active job) is ``done: False`` with
+        the reason, not an error.
         """
 
     async def reduce_worker_workload(
-        self, worker_id: str, factor: float = 0.5, local_steps: int | None = None
-    ) -> dict[str, Any]:
+        self, worker_id: str, factor: float = 0.5, local_steps: int | None = None, training_id: str | None = None
+    ) -> Outcome:
         """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
-        else its current steps x ``factor`` (at least 1). Returns the job with its ``config``.
+        else its current steps x ``factor`` (at least 1). An
+        :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was ``done``: ``{done,
+        worker_id, job_id, local_steps, job, detail}``; a worker with no active job (it
+        failed meanwhile) is ``done: False`` with the reason, not an error.
         """
 
-    async def refund_payments(self, training_id: str) -> dict[str, Any]:
+    async def refund_payments(self, training_id: str | None = None) -> dict[str, Any]:
         """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
         returns the payments view. A run still going: :class:`Conflict` (``bad_state``).
         """
 
-    async def remove_worker(self, training_id: str, worker_id: str) -> dict[str, Any]:
-        """Release the worker's job in the run (its contract ends; it is not flagged). A
-        manual run's shard then waits for a job the agent sends; an automatic run's
-        coordinator refills up to ``max_workers`` from spares and the market.
+    async def remove_worker(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
+        """Release the worker's job in the run (default: the agent's current run; its
+        contract ends; it is not flagged). An owner-driven run's shard then waits for a job
+        the agent sends; an automatic run's coordinator refills up to ``max_workers`` from
+        spares and the market. Returns the ended job.
         """
 
-    async def request_checkpoint_resend(self, worker_id: str) -> dict[str, Any]:
+    async def request_checkpoint_resend(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
         """Drop the worker's update of the open round (e.g. it failed verification) so the
         worker trains and sends that round again. Returns ``{job_id, round, dropped}``.
         """
 
-    async def resume_training(self, training_id: str) -> dict[str, Any]:
+    async def resume_training(self, training_id: str | None = None) -> dict[str, Any]:
         """Continue a paused run; returns the run's detail."""
 
-    async def save_training_results(self, training_id: str, model: dict[str, Any] | str) -> dict[str, Any]:
-        """Keep ``model`` (what :meth:`federated_average` returned, or a checkpoint CID of
-        one of the run's rounds) as the manual run's model; returns the run's results.
+    async def save_training_results(
+        self,
+        training_id: str | None = None,
+        model_cid: str | dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Keep ``model_cid`` as the owner-driven run's model (default run: the agent's
+        current run), with the owner's ``metrics`` (flat names to numbers or text, e.g.
+        ``{"final_loss": 0.9, "workers": 10}``): a CID from :meth:`upload_to_ipfs`, a
+        checkpoint CID of one of the run's rounds, or what :meth:`federated_average`
+        returned. Returns the run's results.
         """
 
     async def send_training_job(
-        self, worker_id: str, training_id: str, shard_id: str, config: dict[str, Any] | None = None
+        self,
+        worker_id: str,
+        training_id: str | None = None,
+        shard_id: str | None = None,
+        config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
-        of a manual run from the open round on. ``config``: the job's own ``local_steps``,
-        ``batch_size``, ``lr`` (default: the run's). Returns the job with ``job_id``.
+        of an owner-driven run (default: the agent's current run) from the open round on.
+        ``config``: the job's own ``batch_size``, ``learning_rate`` (or ``lr``), ``epochs``
+        (passes over the shard per round) or ``local_steps`` (default: the run's). Returns
+        the job with ``job_id``.
         """
 
     async def start(self) -> dict[str, Any]:
@@ -689,7 +868,7 @@ class AsyncAgentMethods:
 
     async def start_training(
         self,
-        training_id: str,
+        training_id: str | None = None,
         rounds: int = 10,
         local_steps: int = 20,
         *,
@@ -724,9 +903,9 @@ class AsyncAgentMethods:
     async def stop(self) -> dict[str, Any]:
         """Release the agent's connections (runs keep going on the coordinator)."""
 
-    async def stop_training(self, training_id: str) -> dict[str, Any]:
-        """End the run now (it ends as ``failed``: stopped by the owner; its workers are
-        released). Returns the run's detail.
+    async def stop_training(self, training_id: str | None = None) -> dict[str, Any]:
+        """End the run now (it ends as ``stopped``; its workers are released, closed rounds
+        settled and the rest of the escrow refunded). Returns the run's summary.
         """
 
     async def transfer_funds(self, to: str, amount: int | float | str) -> dict[str, Any]:
@@ -735,8 +914,13 @@ class AsyncAgentMethods:
         enough money: :class:`Conflict` (``insufficient_funds``).
         """
 
-    async def update_training_phase(self, training_id: str, phase: str, **config: Any) -> dict[str, Any]:
-        """Move a manual run to ``phase`` (``POST /v1/runs/{id}/phase``):
+    async def update_training_phase(
+        self, training_id: str | None = None, phase: str | None = None, **config: Any
+    ) -> dict[str, Any]:
+        """Move the run (default: the agent's current run) to ``phase`` (``POST
+        /v1/runs/{id}/phase``). A run is automatic until its owner first calls this; from
+        then on the owner drives its phases (a run created with ``control="manual"`` is
+        owner-driven from the start):
 
         * ``distributing``: from initializing (data attached, workers hired), with the
           training ``config`` (rounds, local_steps, batch_size, lr, aggregator, compression,
@@ -752,39 +936,56 @@ class AsyncAgentMethods:
 
     async def upload_data(
         self,
-        training_id: str,
-        data_path: str = "digits",
+        training_id: str | None = None,
+        data_path: str | None = None,
         num_shards: int | None = None,
         *,
         alpha: float | None = None,
         max_bytes: int | None = None,
     ) -> dict[str, Any]:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-        an ``.npz``) into shards and a validation split, upload them and the manifest that
-        names them, and attach the manifest to the run. ``num_shards``: as in
-        :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of the shards (IID if
-        None); ``max_bytes``: text corpora, bytes read at most (default 4 MiB). Returns
-        ``{training_id, manifest_cid, shards (CIDs), shard_samples, val_cid, samples,
-        val_samples, data_bytes (measured), dataset_size (declared), dataset, task}``.
+        an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
+        shards and a validation split, upload them and the manifest that names them, and
+        attach the manifest to the run (initializing; or distributing, before any job).
+        ``num_shards``: as in :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of
+        the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
+        :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
+        shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
+        dataset_size (declared), dataset, task}``.
         """
 
-    async def upload_to_ipfs(self, path: str | Path | None = None, data: bytes | None = None, pin: bool = True) -> str:
-        """Store a file (``path``) or ``data`` on the coordinator as one content-addressed blob
-        and return its CID (CIDv1, as ``ipfs add --cid-version=1`` prints it). ``pin`` is
-        accepted for the documentation's sake: the coordinator keeps every blob. A folder is
-        refused (pack it first, or use :meth:`create_data_shards` for datasets).
+    async def upload_to_ipfs(
+        self, path: str | Path | None = None, data: Any = None, pin: bool = True, training_id: str | None = None
+    ) -> str:
+        """Store a file or a folder (``path``) or ``data`` on the coordinator, content
+        addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
+        raw leaves, 256 KiB chunks), and return the root CID. ``data``: bytes, or a model
+        (``torch.nn.Module``) or state dict, stored as a safetensors checkpoint (what
+        :meth:`federated_average` returns as ``model`` is accepted). ``pin``: keep the blobs
+        through the coordinator's retention (unpinned ones may be collected once unused).
+
+        A folder or file uploaded while the agent's current run (``training_id``, default:
+        the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
+        dataset: it is cut into the run's shards (one per target worker; see
+        :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
         """
 
-    async def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> dict[str, Any]:
-        """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
-        the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
-        the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
-        is re-hashed and decoded. Returns ``{valid, cid, round, detail}``, with ``pruned: True``
-        for a recorded round whose bytes the coordinator's blob retention deleted; never raises
-        for a bad checkpoint, only for an unreachable coordinator.
+    async def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> Validity:
+        """Download a checkpoint through the coordinator and re-hash it against its CID: a
+        worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
+        as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
+        loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+        ``if not agent.verify_checkpoint(c)`` reads as said: a
+        :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
+        (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
+        coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
+        unreachable coordinator.
         """
 
-    async def wait_for_completion(self, training_id: str, timeout: float = 600.0, poll: float = 1.0) -> dict[str, Any]:
+    async def wait_for_completion(
+        self, training_id: str | None = None, timeout: float = 600.0, poll: float = 1.0
+    ) -> dict[str, Any]:
         """Poll the run until it ends; returns its detail when ``complete``. Raises
-        :class:`TrainingFailed` if it fails and :class:`WaitTimeout` after ``timeout`` s.
+        :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
+        ``timeout`` s.
         """

@@ -14,6 +14,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -42,6 +43,14 @@ class _Core:
         self.config = config
         self._wallet: Any = None
         self._http: Any = None
+        self._training_id: str | None = None
+        self._datasets: dict[str, Path] = {}
+
+    @property
+    def training_id(self) -> str | None:
+        """The agent's current run: the one it initialized or last named, else (once a
+        method needed one) the only active run its wallet owns; None until then."""
+        return self._training_id
 
     @property
     def address(self) -> str | None:

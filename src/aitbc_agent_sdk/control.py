@@ -9,9 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from aitbc import run_defaults
-from aitbc_agent_sdk.errors import InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import _amount, _max_cost, operation, rank_free
-from aitbc_agent_sdk.protocol import AgentState, Http, Op
+from aitbc_agent_sdk.errors import Conflict, InvalidArgument, NotFound
+from aitbc_agent_sdk.operations import (
+    _amount,
+    _asking_price,
+    _download,
+    _max_cost,
+    operation,
+    rank_free,
+    resolve_run,
+    with_prices,
+)
+from aitbc_agent_sdk.protocol import AgentState, Http, Offload, Op
+from aitbc_agent_sdk.results import Outcome
 
 PHASES = ("distributing", "training", "aggregating", "complete")
 
@@ -20,8 +30,13 @@ PHASES = ("distributing", "training", "aggregating", "complete")
 
 
 @operation
-def update_training_phase(self: AgentState, training_id: str, phase: str, **config: Any) -> Op[dict[str, Any]]:
-    """Move a manual run to ``phase`` (``POST /v1/runs/{id}/phase``):
+def update_training_phase(
+    self: AgentState, training_id: str | None = None, phase: str | None = None, **config: Any
+) -> Op[dict[str, Any]]:
+    """Move the run (default: the agent's current run) to ``phase`` (``POST
+    /v1/runs/{id}/phase``). A run is automatic until its owner first calls this; from
+    then on the owner drives its phases (a run created with ``control="manual"`` is
+    owner-driven from the start):
 
     * ``distributing``: from initializing (data attached, workers hired), with the
       training ``config`` (rounds, local_steps, batch_size, lr, aggregator, compression,
@@ -33,6 +48,7 @@ def update_training_phase(self: AgentState, training_id: str, phase: str, **conf
     * ``complete``: from aggregating, once the round is aggregated.
 
     Returns the run's detail with ``phase``. A move the run cannot make: :class:`Conflict`."""
+    training_id = yield from resolve_run(self, training_id)
     if phase not in PHASES:
         raise InvalidArgument("bad_phase", f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     body: dict[str, Any] = {"phase": phase}
@@ -51,20 +67,30 @@ def update_training_phase(self: AgentState, training_id: str, phase: str, **conf
 
 @operation
 def send_training_job(
-    self: AgentState, worker_id: str, training_id: str, shard_id: str, config: dict[str, Any] | None = None
+    self: AgentState,
+    worker_id: str,
+    training_id: str | None = None,
+    shard_id: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Op[dict[str, Any]]:
     """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
-    of a manual run from the open round on. ``config``: the job's own ``local_steps``,
-    ``batch_size``, ``lr`` (default: the run's). Returns the job with ``job_id``."""
+    of an owner-driven run (default: the agent's current run) from the open round on.
+    ``config``: the job's own ``batch_size``, ``learning_rate`` (or ``lr``), ``epochs``
+    (passes over the shard per round) or ``local_steps`` (default: the run's). Returns
+    the job with ``job_id``."""
+    training_id = yield from resolve_run(self, training_id)
+    if not shard_id:
+        raise InvalidArgument("bad_argument", "send_training_job needs shard_id= (from create_data_shards)")
     body = {"worker_id": worker_id, "shard_id": shard_id, "config": dict(config or {})}
     return (yield Http("POST", f"/runs/{training_id}/jobs", body))
 
 
 @operation
 def collect_checkpoint(self: AgentState, worker_id: str, job_id: str) -> Op[dict[str, Any]]:
-    """The worker's update for the run's open (or just closed) round: ``{checkpoint_id,
-    cid, training_id, job_id, worker_id, round, samples, train_loss, size, status}``.
-    Not sent yet: :class:`NotFound` (``no_checkpoint``)."""
+    """The worker's result: its update for the run's open (or just closed) round,
+    ``{checkpoint_id, cid, training_id, job_id, worker_id, round, samples, train_loss,
+    size, status}``, to hand to :meth:`federated_average`. Not sent yet:
+    :class:`NotFound` (``no_checkpoint``)."""
     job = yield Http("GET", f"/jobs/{job_id}")
     if job["worker_id"] != worker_id:
         raise InvalidArgument("bad_argument", f"job {job_id} is worker {job['worker_id']}'s, not {worker_id}'s")
@@ -88,10 +114,12 @@ def federated_average(
     of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
     FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
     counts). The new global model is stored as the round's checkpoint and evaluated:
-    returns ``{model_id, model (its CID), loss (validation), accuracy, round, training_id,
-    updates, weights, skipped}``. Updates not listed are recorded as excluded. No
-    checkpoints (with ``training_id``): the round is recorded as skipped, the model
-    unchanged (the way on when no update of the round was accepted)."""
+    returns ``{model_id (its CID), model, loss (validation), accuracy, round,
+    training_id, updates, weights, skipped}``; ``model`` is the model's state dict
+    (tensors by name, read back from the checkpoint and checked against its CID), which
+    :meth:`upload_to_ipfs` (``data=``) stores. Updates not listed are recorded as
+    excluded. No checkpoints (with ``training_id``): the round is recorded as skipped,
+    the model unchanged (the way on when no update of the round was accepted)."""
     if not isinstance(checkpoints, list) or not all(
         isinstance(c, dict) and c.get("cid") and c.get("training_id") for c in checkpoints
     ):
@@ -109,44 +137,82 @@ def federated_average(
     if weights is not None:
         body["weights"] = [float(w) for w in weights]
     res = yield Http("POST", f"/runs/{runs.pop()}/aggregate", body)
-    return {**res, "model": res["model_cid"]}
+    from aitbc.training.checkpoint import bytes_to_tensors  # torch: imported on use
+
+    blob = yield from _download(res["model_cid"])
+    model = yield Offload(bytes_to_tensors, (blob,))
+    return {**res, "model": model}
 
 
 @operation
-def save_training_results(self: AgentState, training_id: str, model: dict[str, Any] | str) -> Op[dict[str, Any]]:
-    """Keep ``model`` (what :meth:`federated_average` returned, or a checkpoint CID of
-    one of the run's rounds) as the manual run's model; returns the run's results."""
-    cid = model.get("model_id") or model.get("model_cid") if isinstance(model, dict) else model
+def save_training_results(
+    self: AgentState,
+    training_id: str | None = None,
+    model_cid: str | dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> Op[dict[str, Any]]:
+    """Keep ``model_cid`` as the owner-driven run's model (default run: the agent's
+    current run), with the owner's ``metrics`` (flat names to numbers or text, e.g.
+    ``{"final_loss": 0.9, "workers": 10}``): a CID from :meth:`upload_to_ipfs`, a
+    checkpoint CID of one of the run's rounds, or what :meth:`federated_average`
+    returned. Returns the run's results."""
+    training_id = yield from resolve_run(self, training_id)
+    model = model_cid
+    cid = (model.get("model_id") or model.get("model_cid")) if isinstance(model, dict) else model
     if not isinstance(cid, str) or not cid:
         raise InvalidArgument(
-            "bad_argument", f"model must be a federated_average result or a checkpoint CID, got {model!r}"
+            "bad_argument", f"model_cid must be a CID (from upload_to_ipfs or federated_average), got {model!r}"
         )
-    return (yield Http("POST", f"/runs/{training_id}/result", {"model_cid": cid}))
+    body: dict[str, Any] = {"model_cid": cid}
+    if metrics:
+        body["metrics"] = dict(metrics)
+    return (yield Http("POST", f"/runs/{training_id}/result", body))
 
 
 # --- fault tolerance (any run the agent owns) ---------------------------------------------------
 
 
-def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
+def _jobs_of(worker_id: str, training_id: str | None) -> Op[list[dict[str, Any]]]:
+    """The worker's jobs (in ``training_id`` if given), newest first."""
     res = yield Http("GET", f"/workers/{worker_id}/jobs")
-    for j in res["data"]:
-        if j["job_status"] == "active" and training_id in (None, j["training_id"]):
+    return [j for j in res["data"] if training_id in (None, j["training_id"])]
+
+
+def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
+    for j in (yield from _jobs_of(worker_id, training_id)):
+        if j["job_status"] == "active":
             return j
     where = f" in run {training_id}" if training_id else ""
     raise NotFound("no_active_job", f"worker {worker_id} has no active job{where}")
 
 
+def _run_hint(self: AgentState, training_id: str | None) -> str | None:
+    """The run a worker's job is looked up in: ``training_id``, else the agent's current
+    run if it has one, else any (a worker holds one active job at a time)."""
+    return training_id if training_id is not None else self._training_id
+
+
 @operation
-def mark_worker_failed(self: AgentState, worker_id: str, reason: str | None = None) -> Op[dict[str, Any]]:
-    """End the worker's active job as ``failed`` (it is flagged and leaves the market
-    until it heartbeats again). A manual run's agent then reassigns the shard
-    (:meth:`reassign_job`); an automatic run's coordinator does at its next tick.
-    Returns the ended job."""
-    job = yield from _active_job(worker_id)
-    body: dict[str, Any] = {"status": "failed"}
-    if reason:
-        body["reason"] = reason
-    return (yield Http("POST", f"/jobs/{job['job_id']}/end", body))
+def mark_worker_failed(
+    self: AgentState, worker_id: str, reason: str | None = None, training_id: str | None = None
+) -> Op[dict[str, Any]]:
+    """End the worker's active job (in ``training_id``, default: the agent's current run)
+    as ``failed``: the worker is flagged and leaves the market until it heartbeats again.
+    An owner-driven run's agent then reassigns the shard (:meth:`reassign_job`); an
+    automatic run's coordinator does at its next tick. Returns the ended job. A job that
+    already failed (the coordinator saw the lease expire) is returned as it is, with
+    ``already_failed: True``; a worker with neither: :class:`NotFound`."""
+    hint = _run_hint(self, training_id)
+    jobs = yield from _jobs_of(worker_id, hint)
+    active = [j for j in jobs if j["job_status"] == "active"]
+    if not active:
+        if jobs and jobs[0]["job_status"] == "failed":
+            return {**jobs[0], "already_failed": True}
+        where = f" in run {hint}" if hint else ""
+        raise NotFound("no_active_job", f"worker {worker_id} has no active job{where}")
+    body: dict[str, Any] = {"status": "failed", "reason": reason or "marked failed by the owner"}
+    job = yield Http("POST", f"/jobs/{active[0]['job_id']}/end", body)
+    return {**job, "already_failed": False}
 
 
 @operation
@@ -154,7 +220,8 @@ def find_replacement_worker(
     self: AgentState, gpu_type: str | None = None, exclude: list[str] | None = None
 ) -> Op[dict[str, Any] | None]:
     """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
-    None when nobody is free. ``exclude``: worker ids not to pick."""
+    None when nobody is free. ``exclude``: worker ids not to pick. Prices as numbers
+    (``price``, with the exact ``price_micro``)."""
     from aitbc.market.gpus import normalize_gpu
 
     res = yield Http("GET", "/market/offers")
@@ -167,38 +234,41 @@ def find_replacement_worker(
 def reassign_job(self: AgentState, job_id: str, new_worker_id: str | None = None) -> Op[dict[str, Any]]:
     """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
     hired now at its asking price), or to the best free worker if None. The old job may
-    have failed already; an active one is released. Returns the new job."""
+    have failed already; an active one is released. Returns the new job (whose
+    ``replaces`` is ``job_id``)."""
     body = {} if new_worker_id is None else {"worker_id": new_worker_id}
     return (yield Http("POST", f"/jobs/{job_id}/reassign", body))
 
 
 @operation
-def request_checkpoint_resend(self: AgentState, worker_id: str) -> Op[dict[str, Any]]:
+def request_checkpoint_resend(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
     """Drop the worker's update of the open round (e.g. it failed verification) so the
     worker trains and sends that round again. Returns ``{job_id, round, dropped}``."""
-    job = yield from _active_job(worker_id)
+    job = yield from _active_job(worker_id, _run_hint(self, training_id))
     return (yield Http("POST", f"/jobs/{job['job_id']}/resend"))
 
 
 @operation
 def add_worker(
-    self: AgentState, training_id: str, worker_id: str | None = None, price: int | float | str | None = None
+    self: AgentState,
+    worker_id: str | None = None,
+    training_id: str | None = None,
+    price: int | float | str | None = None,
 ) -> Op[dict[str, Any]]:
-    """Hire one more worker (``worker_id``, or the best free one) at ``price`` (default:
-    its asking price). In a manual run that is training, it also gets a job on the shard
-    with the fewest workers. An automatic run keeps it as a spare the coordinator uses
-    for replacements and joins up to ``max_workers``. Returns ``{contract, job}``."""
+    """Hire one more worker for the run (default: the agent's current run): ``worker_id``
+    (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
+    (default: its asking price). In an owner-driven run that is training, it also gets a
+    job on the shard with the fewest workers. An automatic run keeps it as a spare the
+    coordinator uses for replacements and joins up to ``max_workers``. Returns
+    ``{contract, job, worker_id}``."""
+    training_id = yield from resolve_run(self, training_id)
     if worker_id is None:
         best = yield from find_replacement_worker(self)
         if best is None:
             raise NotFound("no_free_worker", "no live, free offer on the market")
         worker_id = best["worker_id"]
     if price is None:
-        offers = yield Http("GET", "/market/offers", params={"all": "true"})
-        mine = [o for o in offers["data"] if o["worker_id"] == worker_id]
-        if not mine:
-            raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
-        price = mine[0]["price"]
+        price = yield from _asking_price(worker_id)
     contract = yield Http(
         "POST", f"/runs/{training_id}/contracts", {"worker_id": worker_id, "price": _amount(price, "price")}
     )
@@ -209,47 +279,92 @@ def add_worker(
         open_shards = [sh for sh in shards["data"] if not sh["split_into"]]
         target = min(open_shards, key=lambda sh: (len(sh["jobs"]), sh["shard_index"]))
         job = yield Http("POST", f"/runs/{training_id}/jobs", {"worker_id": worker_id, "shard_id": target["shard_id"]})
-    return {"contract": contract, "job": job, "worker_id": worker_id}
+    return {"contract": with_prices(contract), "job": job, "worker_id": worker_id}
 
 
 @operation
-def remove_worker(self: AgentState, training_id: str, worker_id: str) -> Op[dict[str, Any]]:
-    """Release the worker's job in the run (its contract ends; it is not flagged). A
-    manual run's shard then waits for a job the agent sends; an automatic run's
-    coordinator refills up to ``max_workers`` from spares and the market."""
+def remove_worker(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
+    """Release the worker's job in the run (default: the agent's current run; its
+    contract ends; it is not flagged). An owner-driven run's shard then waits for a job
+    the agent sends; an automatic run's coordinator refills up to ``max_workers`` from
+    spares and the market. Returns the ended job."""
+    training_id = yield from resolve_run(self, training_id)
     job = yield from _active_job(worker_id, training_id)
     return (yield Http("POST", f"/jobs/{job['job_id']}/end", {"status": "released", "reason": "removed by the owner"}))
 
 
 @operation
 def reduce_worker_workload(
-    self: AgentState, worker_id: str, factor: float = 0.5, local_steps: int | None = None
-) -> Op[dict[str, Any]]:
+    self: AgentState,
+    worker_id: str,
+    factor: float = 0.5,
+    local_steps: int | None = None,
+    training_id: str | None = None,
+) -> Op[Outcome]:
     """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
-    else its current steps x ``factor`` (at least 1). Returns the job with its ``config``."""
+    else its current steps x ``factor`` (at least 1). An
+    :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was ``done``: ``{done,
+    worker_id, job_id, local_steps, job, detail}``; a worker with no active job (it
+    failed meanwhile) is ``done: False`` with the reason, not an error."""
     if local_steps is None and not (isinstance(factor, (int, float)) and 0 < factor <= 1):
         raise InvalidArgument("bad_argument", f"factor must be in (0, 1], got {factor!r}")
-    job = yield from _active_job(worker_id)
+    try:
+        job = yield from _active_job(worker_id, _run_hint(self, training_id))
+    except NotFound as e:
+        return Outcome(done=False, worker_id=worker_id, job_id=None, local_steps=None, job=None, detail=e.detail)
     if local_steps is None:
         run = yield Http("GET", f"/runs/{job['training_id']}")
         current = (job.get("config") or {}).get("local_steps") or (run.get("config") or {}).get("local_steps") or 1
         local_steps = max(1, int(current * factor))
-    return (yield Http("POST", f"/jobs/{job['job_id']}/config", {"local_steps": local_steps}))
+    new = yield Http("POST", f"/jobs/{job['job_id']}/config", {"local_steps": local_steps})
+    return Outcome(
+        done=True,
+        worker_id=worker_id,
+        job_id=job["job_id"],
+        local_steps=local_steps,
+        job=new,
+        detail=f"{local_steps} local steps per round from the next round",
+    )
+
+
+#: Why a split may find nothing to do: not an error of the caller's.
+_NO_SPLIT = ("no_free_worker", "shard_too_small", "shard_split")
 
 
 @operation
-def reassign_partial_work(self: AgentState, worker_id: str, to_worker_id: str | None = None) -> Op[dict[str, Any]]:
+def reassign_partial_work(
+    self: AgentState, worker_id: str, to_worker_id: str | None = None, training_id: str | None = None
+) -> Op[Outcome]:
     """Split a slow worker's shard in two: it keeps the first half (from its next round)
     and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
-    job on the second. Returns ``{job, new_job}``."""
-    job = yield from _active_job(worker_id)
+    job on the second. An :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was
+    ``done``: ``{done, worker_id, job, new_job, detail}``. Nothing to do (nobody free,
+    a shard too small to split, the worker has no active job) is ``done: False`` with
+    the reason, not an error."""
+    try:
+        job = yield from _active_job(worker_id, _run_hint(self, training_id))
+    except NotFound as e:
+        return Outcome(done=False, worker_id=worker_id, job=None, new_job=None, detail=e.detail)
     body = {} if to_worker_id is None else {"worker_id": to_worker_id}
-    return (yield Http("POST", f"/jobs/{job['job_id']}/split", body))
+    try:
+        res = yield Http("POST", f"/jobs/{job['job_id']}/split", body)
+    except Conflict as e:
+        if e.code not in _NO_SPLIT:
+            raise
+        return Outcome(done=False, worker_id=worker_id, job=job, new_job=None, detail=e.detail)
+    return Outcome(
+        done=True,
+        worker_id=worker_id,
+        job=res["job"],
+        new_job=res["new_job"],
+        detail=f"half of the shard went to {res['new_job']['worker_id']}",
+    )
 
 
 @operation
-def get_shards(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
+def get_shards(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
     """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
+    training_id = yield from resolve_run(self, training_id)
     res = yield Http("GET", f"/runs/{training_id}/shards")
     return res["data"]
 

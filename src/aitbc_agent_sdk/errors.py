@@ -93,3 +93,13 @@ _BY_STATUS: dict[int, type[AgentError]] = {
 def error_for(status: int, code: str, detail: str) -> AgentError:
     """The exception for an error reply of the coordinator."""
     return _BY_STATUS.get(status, AgentError)(code, detail, status)
+
+
+class AmbiguousRun(InvalidArgument):
+    """A method that acts on a run was called without ``training_id`` and the agent has no
+    current run: its wallet owns no active run, or several (``candidates``). Pass
+    ``training_id=``."""
+
+    def __init__(self, code: str, detail: str, candidates: list[str] | None = None) -> None:
+        super().__init__(code, detail)
+        self.candidates = list(candidates or [])

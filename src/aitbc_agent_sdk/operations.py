@@ -18,6 +18,7 @@ from aitbc.market.ranking import Offer, rank_offers
 from aitbc.units import format_price, parse_price
 from aitbc_agent_sdk.errors import (
     AgentError,
+    AmbiguousRun,
     Conflict,
     IntegrityFailure,
     InvalidArgument,
@@ -26,10 +27,11 @@ from aitbc_agent_sdk.errors import (
     WaitTimeout,
 )
 from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Sleep
+from aitbc_agent_sdk.results import Liveness, Validity
 
 OPERATIONS: dict[str, Callable[..., Op[Any]]] = {}
 
-ENDED = ("complete", "failed")
+ENDED = ("complete", "failed", "stopped")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -99,6 +101,60 @@ def _wallet(self: AgentState) -> Op[Any]:
     return self._wallet
 
 
+# --- the agent's current run -----------------------------------------------------------------
+
+
+def resolve_run(self: AgentState, training_id: str | None) -> Op[str]:
+    """The run a method acts on: ``training_id`` if given (it becomes the agent's current
+    run), else the current run (the one the agent initialized or last named), else the
+    only active run (not complete, failed or stopped) its wallet owns, which becomes
+    current. None or several: :class:`AmbiguousRun`, naming the candidates."""
+    if training_id is not None:
+        if not isinstance(training_id, str) or not training_id:
+            raise InvalidArgument("bad_argument", f"training_id must be a run id (training_...), got {training_id!r}")
+        self._training_id = training_id
+        return training_id
+    if self._training_id is not None:
+        return self._training_id
+    if self.config.wallet_name is None:
+        raise AmbiguousRun(
+            "no_current_run", "this read-only agent has no current run and no wallet to find one; pass training_id=", []
+        )
+    candidates = yield from _active_runs(self)
+    if len(candidates) == 1:
+        self._training_id = candidates[0]
+        return candidates[0]
+    wallet = yield from _wallet(self)
+    who = f"wallet {self.config.wallet_name!r} ({wallet.address})"
+    if not candidates:
+        raise AmbiguousRun(
+            "no_current_run",
+            f"this agent has no current run and {who} owns no active run; create one "
+            f"(initialize_distributed_training) or pass training_id=",
+            [],
+        )
+    raise AmbiguousRun(
+        "ambiguous_run",
+        f"this agent has no current run and {who} owns {len(candidates)} active runs "
+        f"({', '.join(candidates)}); pass training_id= to choose one",
+        candidates,
+    )
+
+
+def _active_runs(self: AgentState) -> Op[list[str]]:
+    wallet = yield from _wallet(self)
+    res = yield Http("GET", "/runs", params={"owner": wallet.address})
+    return [r["training_id"] for r in res["data"] if r["status"] not in ENDED]
+
+
+def _soft_run(self: AgentState, training_id: str | None) -> Op[str | None]:
+    """:func:`resolve_run`, or None where it would raise (for methods that work without a run)."""
+    try:
+        return (yield from resolve_run(self, training_id))
+    except AmbiguousRun:
+        return None
+
+
 # --- a run --------------------------------------------------------------------------------
 
 
@@ -148,75 +204,107 @@ def initialize_distributed_training(
     if bond is not None:
         body["bond"] = _amount(bond, "bond")
     run = yield Http("POST", "/runs", body)
+    self._training_id = run["training_id"]
     return {**run, "phase": run["status"]}
 
 
 @operation
 def upload_to_ipfs(
-    self: AgentState, path: str | Path | None = None, data: bytes | None = None, pin: bool = True
+    self: AgentState,
+    path: str | Path | None = None,
+    data: Any = None,
+    pin: bool = True,
+    training_id: str | None = None,
 ) -> Op[str]:
-    """Store a file (``path``) or ``data`` on the coordinator as one content-addressed blob
-    and return its CID (CIDv1, as ``ipfs add --cid-version=1`` prints it). ``pin`` is
-    accepted for the documentation's sake: the coordinator keeps every blob. A folder is
-    refused (pack it first, or use :meth:`create_data_shards` for datasets)."""
+    """Store a file or a folder (``path``) or ``data`` on the coordinator, content
+    addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
+    raw leaves, 256 KiB chunks), and return the root CID. ``data``: bytes, or a model
+    (``torch.nn.Module``) or state dict, stored as a safetensors checkpoint (what
+    :meth:`federated_average` returns as ``model`` is accepted). ``pin``: keep the blobs
+    through the coordinator's retention (unpinned ones may be collected once unused).
+
+    A folder or file uploaded while the agent's current run (``training_id``, default:
+    the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
+    dataset: it is cut into the run's shards (one per target worker; see
+    :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``."""
     if (path is None) == (data is None):
         raise InvalidArgument("bad_argument", "upload_to_ipfs takes exactly one of path= or data=")
-    if path is not None:
+    from aitbc_agent_sdk import uploads  # torch and the UnixFS builder: imported on use
+
+    if path is None:
+        blocks = yield Offload(uploads.data_blocks, (data,))
+    else:
         p = Path(path).expanduser()
-        if p.is_dir():
-            raise InvalidArgument(
-                "bad_argument",
-                f"{p} is a folder; upload_to_ipfs stores one file "
-                f"(pack the folder, or use create_data_shards for a dataset)",
-            )
-        if not p.is_file():
-            raise NotFound("not_found", f"no such file: {p}")
-        data = yield Offload(p.read_bytes)
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidArgument("bad_argument", f"data must be bytes, got {type(data).__name__}")
-    data = bytes(data)
-    from aitbc.storage.cid import cid_of_bytes
-
-    cid = yield Offload(cid_of_bytes, (data,))
-    yield Http("PUT", f"/blobs/{cid}", content=data)
-    return cid
+        if not p.exists():
+            raise NotFound("not_found", f"no such file or folder: {p}")
+        blocks = yield Offload(uploads.path_blocks, (p,))
+    for cid, blob in blocks.blocks:
+        yield Http("PUT", f"/blobs/{cid}", content=blob, params={"pin": "true"} if pin else None)
+    if path is not None:
+        tid = yield from _soft_run(self, training_id)
+        if tid is not None:
+            yield from _adopt_dataset(self, tid, blocks.root, Path(path).expanduser())
+    return blocks.root
 
 
-@operation
-def upload_data(
+DATA_PHASES = ("initializing", "distributing")
+
+
+def _adopt_dataset(self: AgentState, training_id: str, cid: str, path: Path) -> Op[None]:
+    """An upload made while the run is initializing or distributing becomes its dataset."""
+    run = yield Http("GET", f"/runs/{training_id}")
+    if run["status"] not in DATA_PHASES:
+        return None
+    self._datasets[cid] = path
+    if run.get("data_source") != f"ipfs://{cid}":
+        yield from _cut(self, run, str(path), run["target_workers"], source=f"ipfs://{cid}")
+    return None
+
+
+def _dataset_path(self: AgentState, run: dict[str, Any]) -> Op[tuple[str, str]]:
+    """``(path to cut, source to record)`` of the run's dataset: the folder or file
+    uploaded for it (from this agent's upload, else fetched back from the coordinator
+    by its CID), or what the CLI's ``upload-data`` named."""
+    source = run.get("data_source")
+    if not source:
+        raise Conflict(
+            "no_data",
+            f"run {run['training_id']} has no dataset yet: upload one with upload_to_ipfs(path=FOLDER) while it "
+            f"is initializing, or name it with data_path=",
+        )
+    if not source.startswith("ipfs://"):
+        return source, source
+    cid = source.removeprefix("ipfs://")
+    local = self._datasets.get(cid)
+    if local is None or not local.exists():
+        from aitbc_agent_sdk import uploads
+
+        local = yield Offload(
+            uploads.fetch_tree, (self.config.resolved_coordinator_url, self.config.resolved_ca_cert, cid)
+        )
+        self._datasets[cid] = local
+    return str(local), source
+
+
+def _cut(
     self: AgentState,
-    training_id: str,
-    data_path: str = "digits",
-    num_shards: int | None = None,
+    run: dict[str, Any],
+    data_path: str,
+    k: int,
     *,
+    source: str,
     alpha: float | None = None,
     max_bytes: int | None = None,
 ) -> Op[dict[str, Any]]:
-    """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-    an ``.npz``) into shards and a validation split, upload them and the manifest that
-    names them, and attach the manifest to the run. ``num_shards``: as in
-    :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of the shards (IID if
-    None); ``max_bytes``: text corpora, bytes read at most (default 4 MiB). Returns
-    ``{training_id, manifest_cid, shards (CIDs), shard_samples, val_cid, samples,
-    val_samples, data_bytes (measured), dataset_size (declared), dataset, task}``."""
-    run = yield Http("GET", f"/runs/{training_id}")
-    k = run["target_workers"] if num_shards is None else num_shards
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InvalidArgument("bad_shards", f"num_shards must be an integer >= 1, got {num_shards!r}")
-    if run.get("control") != "manual" and k != run["target_workers"]:
-        raise InvalidArgument(
-            "bad_shards",
-            f"num_shards={num_shards}: run {training_id} (automatic control) plans one "
-            f"shard per target worker, so num_shards must be {run['target_workers']} (or None)",
-        )
-    if max_bytes is not None and max_bytes <= 0:
-        raise InvalidArgument("bad_argument", f"max_bytes must be > 0, got {max_bytes}")
+    """Cut the dataset at ``data_path`` into ``k`` shards and a validation split, upload
+    them and their manifest and attach it to the run (``source``: what it records)."""
     from aitbc.run_data import prepare_run_data  # torch: imported on use
 
+    training_id = run["training_id"]
     rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k, alpha=alpha, max_bytes=max_bytes))
     for cid, blob in rd.blobs():
         yield Http("PUT", f"/blobs/{cid}", content=blob)
-    detail = yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": data_path})
+    detail = yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": source})
     return {
         "training_id": training_id,
         "manifest_cid": rd.manifest_cid,
@@ -232,24 +320,91 @@ def upload_data(
     }
 
 
+def _shard_count(run: dict[str, Any], num_shards: int | None) -> int:
+    k = run["target_workers"] if num_shards is None else num_shards
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidArgument("bad_shards", f"num_shards must be an integer >= 1, got {num_shards!r}")
+    if run.get("control") == "automatic" and k != run["target_workers"]:
+        raise InvalidArgument(
+            "bad_shards",
+            f"num_shards={num_shards}: run {run['training_id']} (automatic control) plans one "
+            f"shard per target worker, so num_shards must be {run['target_workers']} (or None)",
+        )
+    return k
+
+
+@operation
+def upload_data(
+    self: AgentState,
+    training_id: str | None = None,
+    data_path: str | None = None,
+    num_shards: int | None = None,
+    *,
+    alpha: float | None = None,
+    max_bytes: int | None = None,
+) -> Op[dict[str, Any]]:
+    """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
+    an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
+    shards and a validation split, upload them and the manifest that names them, and
+    attach the manifest to the run (initializing; or distributing, before any job).
+    ``num_shards``: as in :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of
+    the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
+    :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
+    shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
+    dataset_size (declared), dataset, task}``."""
+    tid = yield from resolve_run(self, training_id)
+    run = yield Http("GET", f"/runs/{tid}")
+    k = _shard_count(run, num_shards)
+    if max_bytes is not None and max_bytes <= 0:
+        raise InvalidArgument("bad_argument", f"max_bytes must be > 0, got {max_bytes}")
+    if data_path is None:
+        path, source = yield from _dataset_path(self, run)
+    else:
+        path = source = data_path
+    return (yield from _cut(self, run, path, k, source=source, alpha=alpha, max_bytes=max_bytes))
+
+
 @operation
 def create_data_shards(
-    self: AgentState, training_id: str, num_shards: int | None = None, data_path: str = "digits"
+    self: AgentState, training_id: str | None = None, num_shards: int | None = None, data_path: str | None = None
 ) -> Op[list[dict[str, Any]]]:
-    """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-    an ``.npz``) into shards, upload shards, validation split and manifest, and attach
-    them to the run. Returns ``[{shard_id (CID), samples}]``. An automatic run has one
-    shard per target worker (``num_shards`` must be that or None); a manual run takes any
-    ``num_shards`` (default: ``target_workers``) and the agent sends each shard's job.
+    """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
+    initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
+    folder, an ``.npz``) into ``num_shards`` shards (default: one per target worker) and a
+    validation split, upload them with their manifest and attach it to the run, in phase
+    ``initializing`` or ``distributing``. A folder of text files is the text corpus
+    (byte-level, for the transformer). Returns ``[{shard_id (CID), samples,
+    shard_index}]``; when the run already has that many shards of that dataset they are
+    returned as they are. An automatic run has one shard per target worker; a manual
+    (owner-driven) run takes any ``num_shards``, and the agent sends each shard's job.
     :meth:`upload_data` does the same with more options and returns more."""
-    up = yield from upload_data(self, training_id, data_path, num_shards)
-    return [{"shard_id": c, "samples": n} for c, n in zip(up["shards"], up["shard_samples"])]
+    tid = yield from resolve_run(self, training_id)
+    run = yield Http("GET", f"/runs/{tid}")
+    if run["status"] not in DATA_PHASES:
+        raise Conflict(
+            "bad_state", f"run {tid} is {run['status']}; its dataset is cut while it is initializing or distributing"
+        )
+    k = _shard_count(run, num_shards)
+    same = data_path is None or data_path == run.get("data_source")
+    if run.get("manifest_cid") and run.get("shards") == k and same:
+        shards = yield Http("GET", f"/runs/{tid}/shards")
+        return [
+            {"shard_id": sh["shard_id"], "samples": sh["samples"], "shard_index": sh["shard_index"]}
+            for sh in shards["data"]
+        ]
+    up = yield from upload_data(self, tid, data_path, k)
+    return [
+        {"shard_id": c, "samples": n, "shard_index": i}
+        for i, (c, n) in enumerate(zip(up["shards"], up["shard_samples"]))
+    ]
 
 
 @operation
-def get_training_status(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
-    """The run's detail (``GET /v1/runs/{id}``) plus ``phase`` (its status:
-    initializing, distributing, training, aggregating, paused, complete, failed)."""
+def get_training_status(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+    """The run's detail (``GET /v1/runs/{id}``; default: the agent's current run) plus
+    ``phase`` (its status: initializing, distributing, training, aggregating, paused,
+    complete, failed, stopped)."""
+    training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     return {**run, "phase": run["status"]}
 
@@ -309,8 +464,8 @@ def _check_workers(required_workers: int) -> None:
 @operation
 def hire_workers(
     self: AgentState,
-    training_id: str,
-    required_workers: int,
+    training_id: str | None = None,
+    required_workers: int = 1,
     min_gpu: str | None = None,
     max_price: int | float | str | None = None,
 ) -> Op[dict[str, Any]]:
@@ -320,6 +475,7 @@ def hire_workers(
     hired}], contracts: [{contract_id, worker_id, price, ...}], count (hired)}``. Too few
     match: :class:`Conflict` (``not_enough_workers``) and nobody is hired."""
     _check_workers(required_workers)
+    training_id = yield from resolve_run(self, training_id)
     body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
     if max_price is not None:
         body["max_price"] = _amount(max_price, "max_price")
@@ -357,13 +513,13 @@ def rank_free(
         now=0.0,
         max_age=float("inf"),
     )
-    return [{**free[r.offer.worker_id], "score": r.score} for r in ranked]
+    return [{**with_prices(free[r.offer.worker_id]), "score": r.score} for r in ranked]
 
 
 @operation
 def start_training(
     self: AgentState,
-    training_id: str,
+    training_id: str | None = None,
     rounds: int = run_defaults.ROUNDS,
     local_steps: int = run_defaults.LOCAL_STEPS,
     *,
@@ -393,6 +549,7 @@ def start_training(
     workers); the model is evaluated every ``eval_every`` rounds. A run without a budget
     escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
     price x rounds. Returns the run detail with ``phase``."""
+    training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     body: dict[str, Any] = {
         "rounds": rounds,
@@ -418,58 +575,86 @@ def start_training(
 
 
 @operation
-def stop_training(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
-    """End the run now (it ends as ``failed``: stopped by the owner; its workers are
-    released). Returns the run's detail."""
+def stop_training(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+    """End the run now (it ends as ``stopped``; its workers are released, closed rounds
+    settled and the rest of the escrow refunded). Returns the run's summary."""
+    training_id = yield from resolve_run(self, training_id)
     return (yield Http("POST", f"/runs/{training_id}/stop"))
 
 
 @operation
-def pause_training(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+def pause_training(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
     """Hold an automatic run after its current round's updates (``paused``); returns the
     run's detail. :meth:`resume_training` continues it."""
+    training_id = yield from resolve_run(self, training_id)
     return (yield Http("POST", f"/runs/{training_id}/pause"))
 
 
 @operation
-def resume_training(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+def resume_training(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
     """Continue a paused run; returns the run's detail."""
+    training_id = yield from resolve_run(self, training_id)
     return (yield Http("POST", f"/runs/{training_id}/resume"))
 
 
 # --- workers --------------------------------------------------------------------------------
 
 
+def current_jobs(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's workers as its detail lists them (one job each), less the jobs another
+    replaced: while the run is live, the working ones and the failed ones nobody
+    replaced yet; once it ended, every job as it ended."""
+    replaced = {w["replaces"] for w in run["workers"] if w.get("replaces")}
+    jobs = [w for w in run["workers"] if w["job_id"] not in replaced]
+    if run["status"] in ENDED:
+        return jobs
+    return [w for w in jobs if w["job_status"] in ("active", "failed")]
+
+
 @operation
-def get_all_workers(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
-    """Every job of the run (one per worker, replacements included) with progress, loss,
-    epoch, status, score and heartbeat age."""
+def get_all_workers(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """The run's workers (default: the agent's current run), one job each: the working
+    ones and any failed one not replaced yet (once the run ended, each job as it ended).
+    Each has ``worker_id, job_id, job_status, status, progress, loss, epoch, speed,
+    gpu_type, score, last_heartbeat_age, ...``; :meth:`get_worker_progress` tells more."""
+    training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
-    return run["workers"]
+    return current_jobs(run)
 
 
 @operation
-def get_active_workers(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
-    """The run's jobs still working (not failed, released or replaced)."""
+def get_active_workers(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """The run's jobs still working (not failed, released or replaced), as in
+    :meth:`get_all_workers`."""
+    training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     return [w for w in run["workers"] if w["job_status"] == "active"]
 
 
 @operation
 def get_worker_progress(self: AgentState, job_id: str) -> Op[dict[str, Any]]:
-    """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``), plus
-    ``job_id, worker_id, training_id, rounds_done, job_status`` (active, failed,
-    released), ``round`` (the run's open round) and ``round_update`` (``accepted`` or
-    ``rejected`` once the worker sent that round's update, else None)."""
+    """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``):
+    ``progress`` is the percentage of the job's work done, ``status`` becomes
+    ``complete`` once the job's update is in, ``loss`` is its latest training loss (a
+    number: before its first step, the validation loss of the model it starts from).
+    Plus ``job_id, worker_id, training_id, gpu_type, speed, rounds_done, job_status``
+    (active, failed, released), ``round`` (the run's open round) and ``round_update``
+    (``accepted`` or ``rejected`` once the worker sent that round's update, else None)."""
     j = yield Http("GET", f"/jobs/{job_id}")
+    loss = j["loss"]
+    if loss is None:  # not started yet: the loss of the model it starts from
+        run = yield Http("GET", f"/runs/{j['training_id']}")
+        loss = next((v for v in (run["val_loss"], run["initial_val_loss"]) if v is not None), float("nan"))
     return {
         "job_id": j["job_id"],
         "worker_id": j["worker_id"],
         "training_id": j["training_id"],
+        "gpu_type": j.get("gpu_type"),
         "progress": j["progress"],
-        "loss": j["loss"],
+        "loss": loss,
         "epoch": j["epoch"],
         "status": j["status"],
+        "speed": j.get("speed"),
         "rounds_done": j["rounds_done"],
         "round": j["round"],
         "round_update": j["this_round"],
@@ -478,59 +663,107 @@ def get_worker_progress(self: AgentState, job_id: str) -> Op[dict[str, Any]]:
 
 
 @operation
-def get_worker_job(self: AgentState, worker_id: str) -> Op[dict[str, Any] | None]:
-    """The worker's current (active) job, or its most recent one, or None if it never had one."""
+def get_worker_job(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[dict[str, Any] | None]:
+    """The worker's current (active) job, else its most recent one (in ``training_id``
+    if given), or None if it never had one: ``{job_id, worker_id, training_id, gpu_type,
+    shard_index, job_status, progress, ...}``."""
     res = yield Http("GET", f"/workers/{worker_id}/jobs")
-    active = [j for j in res["data"] if j["job_status"] == "active"]
-    return (active or res["data"] or [None])[0]
+    jobs = [j for j in res["data"] if training_id in (None, j["training_id"])]
+    active = [j for j in jobs if j["job_status"] == "active"]
+    job = (active or jobs or [None])[0]
+    if job is not None and job.get("gpu_type") is None:  # the GPU class the worker offers
+        offers = yield Http("GET", "/market/offers", params={"all": "true"})
+        job = {**job, "gpu_type": next((o["gpu_type"] for o in offers["data"] if o["worker_id"] == worker_id), None)}
+    return job
+
+
+def with_prices(d: dict[str, Any]) -> dict[str, Any]:
+    """``price`` as a number of AIT (from the exact ``price_micro``, which stays beside it)."""
+    if d.get("price_micro") is not None:
+        return {**d, "price": d["price_micro"] / 1_000_000}
+    return d
 
 
 @operation
 def negotiate_worker_contract(
-    self: AgentState, worker_id: str, training_id: str, price: int | float | str
+    self: AgentState, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
 ) -> Op[dict[str, Any]]:
-    """Hire one provider for the run at ``price`` AIT per round: accepted when it is at
-    least the provider's asking price (else ``Conflict`` with code ``price_rejected``).
-    Returns ``{contract_id, price, worker_id, training_id, status}``."""
+    """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
+    per round (default: its asking price): accepted when it is at least the provider's
+    asking price (else ``Conflict`` with code ``price_rejected``). Returns
+    ``{contract_id, price (a number of AIT), price_micro (exact), worker_id,
+    training_id, status}``: pay it with :meth:`process_payment` (``amount=contract["price"]``)."""
+    training_id = yield from resolve_run(self, training_id)
+    if price is None:
+        price = yield from _asking_price(worker_id)
     c = yield Http(
         "POST", f"/runs/{training_id}/contracts", json={"worker_id": worker_id, "price": _amount(price, "price")}
     )
     return {
         "contract_id": c["contract_id"],
-        "price": c["price"],
+        "price": c["price_micro"] / 1_000_000,
+        "price_micro": c["price_micro"],
         "worker_id": c["worker_id"],
         "training_id": c["training_id"],
         "status": c["status"],
     }
 
 
+def _asking_price(worker_id: str) -> Op[str]:
+    offers = yield Http("GET", "/market/offers", params={"all": "true"})
+    mine = [o for o in offers["data"] if o["worker_id"] == worker_id]
+    if not mine:
+        raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
+    return format_price(mine[0]["price_micro"])
+
+
 @operation
-def get_available_workers(self: AgentState, include_offline: bool = False) -> Op[list[dict[str, Any]]]:
-    """The live offers on the market (``GET /v1/market/offers``): ``[{worker_id,
-    gpu_type, device, price, price_micro, reputation, availability, status, live, busy,
-    last_heartbeat, last_heartbeat_age}]``. ``include_offline``: also offers that are not
-    live (failed, silent), with their status."""
+def get_market_offers(self: AgentState, include_offline: bool = False) -> Op[list[dict[str, Any]]]:
+    """Every live offer on the market, busy or free (``GET /v1/market/offers``):
+    ``[{worker_id, gpu_type, device, price, price_micro, reputation, availability,
+    status, live, busy, last_heartbeat, last_heartbeat_age}]``. ``include_offline``:
+    also offers that are not live (failed, silent), with their status."""
     res = yield Http("GET", "/market/offers", params={"all": "true" if include_offline else None})
-    return res["data"]
+    return [with_prices(o) for o in res["data"]]
 
 
 @operation
-def ping_worker(self: AgentState, worker_id: str, max_age: float | None = None) -> Op[dict[str, Any]]:
-    """``{worker_id, alive, last_heartbeat_age, status, gpu_type, busy}`` from the
-    market's view of the worker. alive: online and heard from within ``max_age`` seconds
-    (default: the coordinator's lease; workers heartbeat several times per lease)."""
+def get_available_workers(
+    self: AgentState, training_id: str | None = None, min_gpu: str | None = None
+) -> Op[list[dict[str, Any]]]:
+    """The workers the run (default: the agent's current run, if any) could add now: live
+    offers no run holds and the run has no contract with, best first by the marketplace
+    score (``min_gpu``: the weakest GPU class accepted). Each is the market's view of the
+    offer (``worker_id, gpu_type, price, price_micro, reputation, availability, ...``)
+    plus ``score``. Hire one with :meth:`add_worker` (``worker_id=``)."""
+    training_id = yield from _soft_run(self, training_id)
+    res = yield Http("GET", "/market/offers")
+    taken: set[str] = set()
+    if training_id is not None:
+        run = yield Http("GET", f"/runs/{training_id}")
+        taken = {c["worker_id"] for c in run["contracts"]}
+    return rank_free(res["data"], min_gpu=min_gpu, exclude=taken)
+
+
+@operation
+def ping_worker(self: AgentState, worker_id: str, max_age: float | None = None) -> Op[Liveness]:
+    """Whether the worker answers: truthy exactly when it is ``alive`` (online and heard
+    from within ``max_age`` seconds; default: the coordinator's lease, within which
+    workers heartbeat several times), so ``if not agent.ping_worker(w)`` reads as said.
+    A :class:`~aitbc_agent_sdk.results.Liveness` dict: ``{worker_id, alive,
+    last_heartbeat_age, status, gpu_type, busy}``. An unknown worker: :class:`NotFound`."""
     res = yield Http("GET", "/market/offers", params={"all": "true"})
     for o in res["data"]:
         if o["worker_id"] == worker_id:
             fresh = o["live"] if max_age is None else o["last_heartbeat_age"] <= max_age
-            return {
-                "worker_id": worker_id,
-                "alive": bool(fresh and o["status"] == "online"),
-                "last_heartbeat_age": o["last_heartbeat_age"],
-                "status": o["status"],
-                "gpu_type": o["gpu_type"],
-                "busy": o.get("busy", False),
-            }
+            return Liveness(
+                worker_id=worker_id,
+                alive=bool(fresh and o["status"] == "online"),
+                last_heartbeat_age=o["last_heartbeat_age"],
+                status=o["status"],
+                gpu_type=o["gpu_type"],
+                busy=o.get("busy", False),
+            )
     raise NotFound("unknown_worker", f"worker {worker_id} has no offer on this coordinator")
 
 
@@ -538,12 +771,34 @@ def ping_worker(self: AgentState, worker_id: str, max_age: float | None = None) 
 
 
 @operation
-def get_all_checkpoints(self: AgentState, training_id: str) -> Op[list[dict[str, Any]]]:
-    """``[{round, checkpoint_cid, val_loss, val_accuracy}]``, round 0 being the initial model."""
+def get_all_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """The latest checkpoint of each of the run's workers (default: the agent's current
+    run): the newest update each job of :meth:`get_all_workers` sent, as
+    :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
+    training_id, round, samples, train_loss, size, status, ...}``. Workers that sent
+    nothing yet are left out. Check one with :meth:`verify_checkpoint`; the global
+    model's checkpoints (one per round) are :meth:`get_round_checkpoints`."""
+    training_id = yield from resolve_run(self, training_id)
+    run = yield Http("GET", f"/runs/{training_id}")
+    out = []
+    for w in current_jobs(run):
+        ups = yield Http("GET", f"/jobs/{w['job_id']}/updates")
+        if ups["data"]:
+            out.append(ups["data"][0])
+    return out
+
+
+@operation
+def get_round_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """The global model's checkpoints, one per round, round 0 being the initial model:
+    ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
+    (``checkpoint_id`` is the CID)."""
+    training_id = yield from resolve_run(self, training_id)
     res = yield Http("GET", f"/runs/{training_id}/rounds")
     return [
         {
             "round": r["round"],
+            "checkpoint_id": r["checkpoint_cid"],
             "checkpoint_cid": r["checkpoint_cid"],
             "val_loss": r["val_loss"],
             "val_accuracy": r["val_accuracy"],
@@ -553,13 +808,20 @@ def get_all_checkpoints(self: AgentState, training_id: str) -> Op[list[dict[str,
 
 
 @operation
-def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[dict[str, Any]]:
-    """Download a checkpoint (a dict from :meth:`get_all_checkpoints`, or a CID) through
-    the coordinator, re-hash it against its CID and check it is a loadable checkpoint (of
-    the round claimed, if given). A worker's update (a dict from :meth:`collect_checkpoint`)
-    is re-hashed and decoded. Returns ``{valid, cid, round, detail}``, with ``pruned: True``
-    for a recorded round whose bytes the coordinator's blob retention deleted; never raises
-    for a bad checkpoint, only for an unreachable coordinator."""
+def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[Validity]:
+    """Download a checkpoint through the coordinator and re-hash it against its CID: a
+    worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
+    as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
+    loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+    ``if not agent.verify_checkpoint(c)`` reads as said: a
+    :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
+    (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
+    coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
+    unreachable coordinator."""
+    return Validity((yield from _verify(checkpoint)))
+
+
+def _verify(checkpoint: dict[str, Any] | str) -> Op[dict[str, Any]]:
     from aitbc.errors import AitbcError
     from aitbc.storage.cid import cid_of_bytes
 
@@ -634,10 +896,12 @@ def _verify_update(update: dict[str, Any]) -> Op[dict[str, Any]]:
 
 
 @operation
-def get_training_progress(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
-    """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}``: speed
-    is rounds completed per second since training started; target_speed is 1/deadline
-    (rounds per second a round deadline allows), or None without a deadline."""
+def get_training_progress(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+    """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}`` of the
+    run (default: the agent's current run): ``speed`` is rounds completed per second
+    since training started; ``target_speed`` the rounds per second its plan asks for
+    (1/deadline; without a deadline, as the coordinator derives it from the plan)."""
+    training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     started, now = run.get("started_at"), run.get("finished_at") or run.get("time") or time.time()
     speed = run["rounds_completed"] / (now - started) if started and now > started else 0.0
@@ -646,8 +910,8 @@ def get_training_progress(self: AgentState, training_id: str) -> Op[dict[str, An
         "round": run["round"],
         "rounds": run["rounds"],
         "rounds_completed": run["rounds_completed"],
-        "speed": speed,
-        "target_speed": (1.0 / deadline) if deadline else None,
+        "speed": run.get("speed", speed),
+        "target_speed": (1.0 / deadline) if deadline else run.get("target_speed"),
         "val_loss": run["val_loss"],
         "phase": run["status"],
     }
@@ -655,10 +919,12 @@ def get_training_progress(self: AgentState, training_id: str) -> Op[dict[str, An
 
 @operation
 def wait_for_completion(
-    self: AgentState, training_id: str, timeout: float = 600.0, poll: float = 1.0
+    self: AgentState, training_id: str | None = None, timeout: float = 600.0, poll: float = 1.0
 ) -> Op[dict[str, Any]]:
     """Poll the run until it ends; returns its detail when ``complete``. Raises
-    :class:`TrainingFailed` if it fails and :class:`WaitTimeout` after ``timeout`` s."""
+    :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
+    ``timeout`` s."""
+    training_id = yield from resolve_run(self, training_id)
     t0 = time.monotonic()
     while True:
         run = yield Http("GET", f"/runs/{training_id}")
@@ -666,6 +932,8 @@ def wait_for_completion(
             return {**run, "phase": run["status"]}
         if run["status"] == "failed":
             raise TrainingFailed("run_failed", f"run {training_id} failed: {run.get('error') or 'no reason recorded'}")
+        if run["status"] == "stopped":
+            raise TrainingFailed("run_stopped", f"run {training_id} was stopped by its owner")
         left = timeout - (time.monotonic() - t0)
         if left <= 0:
             raise WaitTimeout(
@@ -677,19 +945,23 @@ def wait_for_completion(
 
 
 @operation
-def get_results(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+def get_results(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
     """Final metrics, the model's CID, every checkpoint and the workers' scores."""
+    training_id = yield from resolve_run(self, training_id)
     return (yield Http("GET", f"/runs/{training_id}/results"))
 
 
 @operation
 def download_model(
-    self: AgentState, training_id: str, path: str | Path, round: int | None = None
+    self: AgentState, training_id: str | None = None, path: str | Path | None = None, round: int | None = None
 ) -> Op[dict[str, Any]]:
     """Write the run's model (``round``: that round's checkpoint; default the latest) to
     the file ``path`` as a safetensors checkpoint, verified against its CID first; the
     file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
     :class:`Conflict` (``no_model``); no such round: :class:`NotFound`."""
+    if path is None:
+        raise InvalidArgument("bad_argument", "download_model needs path=, the file to write")
+    training_id = yield from resolve_run(self, training_id)
     out = Path(path).expanduser()
     if out.is_dir():
         raise InvalidArgument("bad_argument", f"{out} is a directory; give the file to write")
@@ -733,8 +1005,9 @@ def _write_whole(path: Path, data: bytes) -> None:
 
 
 @operation
-def get_payments(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+def get_payments(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
     """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    training_id = yield from resolve_run(self, training_id)
     return (yield Http("GET", f"/runs/{training_id}/payments"))
 
 
@@ -775,7 +1048,8 @@ def _run_of_contract(self: AgentState, contract_id: str, *, worker_id: str) -> O
 
 
 @operation
-def refund_payments(self: AgentState, training_id: str) -> Op[dict[str, Any]]:
+def refund_payments(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
     """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
     returns the payments view. A run still going: :class:`Conflict` (``bad_state``)."""
+    training_id = yield from resolve_run(self, training_id)
     return (yield Http("POST", f"/runs/{training_id}/refund"))

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json as _json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from aitbc.client import error_fields
+from aitbc.client import NotACoordinator, error_fields, not_a_coordinator
 from aitbc.errors import IntegrityError, NotFoundError, UsageError
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import AgentError, IntegrityFailure, InvalidArgument, NotFound, error_for
@@ -21,10 +22,12 @@ T = TypeVar("T")
 
 class AgentState(Protocol):
     """What an operation may read of the agent it runs for (its ``self``): the config and
-    the wallet, loaded on first use (``None`` until then)."""
+    the wallet, loaded on first use (``None`` until then), and the current run."""
 
     config: AgentConfig
     _wallet: Any
+    _training_id: str | None  # the agent's current run (see operations.resolve_run)
+    _datasets: dict[str, Path]  # dataset folder CID -> the local folder this agent uploaded
 
     @property
     def address(self) -> str | None: ...
@@ -88,6 +91,9 @@ def parse_response(r: httpx.Response, req: Http) -> Any:
     if r.status_code < 400:
         if req.raw:
             return r.content
+        other = not_a_coordinator(r)
+        if other is not None:
+            raise AgentError(NotACoordinator.code, other, r.status_code)
         return r.json() if r.content else None
     raise error_for(r.status_code, *error_fields(r))
 

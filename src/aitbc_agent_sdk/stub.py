@@ -23,7 +23,14 @@ from aitbc_agent_sdk.operations import OPERATIONS
 
 STUB = Path(__file__).with_name("_methods.pyi")
 # Names an annotation may use besides builtins: the stub imports exactly these.
-IMPORTS = {"Any": "typing", "Literal": "typing", "Path": "pathlib"}
+IMPORTS = {
+    "Any": "typing",
+    "Literal": "typing",
+    "Path": "pathlib",
+    "Liveness": "aitbc_agent_sdk.results",
+    "Validity": "aitbc_agent_sdk.results",
+    "Outcome": "aitbc_agent_sdk.results",
+}
 _RETURN = re.compile(r"^Op\[(?P<t>.+)\]$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _STRING = re.compile(r"\"[^\"]*\"|'[^']*'")

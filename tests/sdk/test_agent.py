@@ -72,7 +72,7 @@ def test_async_agent(stack):
             offers = await agent.get_available_workers()
             runs_ck = []
             run = await agent.initialize_distributed_training("mlp", 1, 2)
-            runs_ck = await agent.get_all_checkpoints(run["training_id"])
+            runs_ck = await agent.get_round_checkpoints(run["training_id"])
             ping = await agent.ping_worker(offers[0]["worker_id"])
             bad = await agent.verify_checkpoint("bafkreiam6cjmeb3qr6dnv7uht4rolsd73yzmltu35ot6tezvnnjac4wrp5")
             with pytest.raises(NotFound) as e:

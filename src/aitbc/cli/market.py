@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, out, page, resolve_home
+from aitbc.units import format_price
 
 app = typer.Typer(help="The marketplace of provider offers.", no_args_is_help=True)
 
@@ -27,7 +28,7 @@ def offers(
 
     home = resolve_home(home)
     with agent(home, coordinator) as a:
-        offers = a.get_available_workers(include_offline=all_offers)
+        offers = a.get_market_offers(include_offline=all_offers)
     if json_out:
         sys.stdout.write(json.dumps(page(offers), sort_keys=True) + "\n")
         return
@@ -43,7 +44,7 @@ def offers(
             o["worker_id"],
             o["gpu_type"],
             str(o["device"].get("name", "?")),
-            o["price"],
+            format_price(o["price_micro"]),
             f"{o['reputation']:.2f}",
             f"{o['availability']:.2f}",
             f"{score:.3f}",
