@@ -2,7 +2,8 @@
 
 A CID is a hash of the content (see :mod:`aitbc.storage.cid`), so a store never has to be
 trusted: whatever a backend returns is hashed again and refused if it does not match the
-CID that was asked for. ``BlobStore`` is the interface every backend implements (this
+CID that was asked for. A blob is a whole file under its file CID, or a folder's
+directory node under the node's CID (:mod:`aitbc.storage.unixfs`). ``BlobStore`` is the interface every backend implements (this
 module's local directory; later the coordinator's HTTP blob endpoint).
 """
 
@@ -17,6 +18,7 @@ from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.cid import CidHasher, cid_of_bytes, parse_cid
+from aitbc.storage.unixfs import BlobHasher
 
 _COPY_SIZE = 1 << 20
 _TEMP_PREFIX = ".tmp-"
@@ -114,6 +116,14 @@ class LocalBlobStore:
         _commit(temp, self.dir / cid)
         return cid
 
+    def put_blob(self, cid: str, data: bytes) -> str:
+        """Store ``data`` under a CID claimed for it: a file's bytes, or a folder's
+        directory node (:class:`~aitbc.storage.unixfs.BlobHasher`); a mismatch is an
+        ``IntegrityError`` and stores nothing."""
+        with self.writer(cid) as w:
+            w.write(data)
+            return w.commit()
+
     def writer(self, cid: str) -> BlobWriter:
         """An incremental write of a blob whose CID is claimed up front (an upload): feed
         chunks as they arrive; :meth:`BlobWriter.commit` stores it only if the bytes hash
@@ -130,7 +140,7 @@ class LocalBlobStore:
             data = path.read_bytes()
         except FileNotFoundError:
             raise self._missing(cid) from None
-        hasher = CidHasher()
+        hasher = BlobHasher()
         hasher.update(data)
         _verify(cid, hasher)
         return data
@@ -143,7 +153,7 @@ class LocalBlobStore:
         except FileNotFoundError:
             raise self._missing(cid) from None
         try:
-            hasher = CidHasher()
+            hasher = BlobHasher()
             while block := stream.read(_COPY_SIZE):
                 hasher.update(block)
             _verify(cid, hasher)
@@ -164,7 +174,7 @@ class LocalBlobStore:
         if not dest.parent.is_dir():
             source.close()
             raise NotFoundError(f"no such directory: {dest.parent}")
-        hasher = CidHasher()
+        hasher = BlobHasher()
         with source:
             try:
                 temp = _write_temp(dest.parent, _copier(source, hasher))
@@ -301,7 +311,7 @@ class BlobWriter:
 
     def __init__(self, store: LocalBlobStore, cid: str) -> None:
         self.store, self.cid = store, cid
-        self.hasher = CidHasher()
+        self.hasher = BlobHasher()
         fd, self.temp = _new_temp(store.dir)
         self.file = os.fdopen(fd, "wb")
         self.done = False
@@ -342,11 +352,10 @@ class BlobWriter:
             self.abort()
 
 
-def _verify(cid: str, hasher: CidHasher) -> None:
-    actual = str(hasher.cid())
-    if actual != cid:
+def _verify(cid: str, hasher: BlobHasher) -> None:
+    if not hasher.matches(cid):
         raise IntegrityError(
-            f"blob {cid} is corrupt: its content hashes to {actual}; delete it and add or fetch the blob again"
+            f"blob {cid} is corrupt: its content hashes to {hasher.found()}; delete it and add or fetch the blob again"
         )
 
 
@@ -378,7 +387,7 @@ def _write_temp(directory: Path, write: Callable[[BinaryIO], object]) -> Path:
 
 
 def _copier(
-    source: BinaryIO, hasher: CidHasher, limit: Callable[[int], None] | None = None
+    source: BinaryIO, hasher: CidHasher | BlobHasher, limit: Callable[[int], None] | None = None
 ) -> Callable[[BinaryIO], None]:
     """A ``write`` for :func:`_write_temp` that copies ``source`` and hashes what it copies.
 

@@ -228,6 +228,7 @@ class CidHasher:
         self._leaves = 0
         self._levels: list[list[_Link]] = [[]]  # links waiting for a parent, per level
         self._result: Cid | None = None
+        self._root: _Link | None = None
         self.size = 0  # bytes seen so far
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
@@ -256,6 +257,14 @@ class CidHasher:
             self._result = self._finish_levels()
         return self._result
 
+    @property
+    def tsize(self) -> int:
+        """Encoded bytes of the whole DAG (a directory's dag-pb ``Tsize`` of this file),
+        known once :meth:`cid` has been called."""
+        self.cid()
+        assert self._root is not None
+        return self._root.tsize
+
     def _add_leaf(self, chunk: bytes | bytearray | memoryview) -> None:
         self._leaves += 1
         self._push(0, _leaf(chunk))
@@ -280,6 +289,7 @@ class CidHasher:
             pending = self._levels[level]
             is_top = not any(self._levels[level + 1 :])
             if is_top and len(pending) == 1:
+                self._root = pending[0]
                 return pending[0].cid
             if pending:
                 self._levels[level] = []
