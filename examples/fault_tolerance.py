@@ -64,7 +64,7 @@ class Monitor:
     async def monitor_worker_health(self) -> None:
         for w in await self.agent.get_active_workers(self.training_id):
             health = await self.agent.ping_worker(w["worker_id"])
-            if health["alive"]:
+            if health:  # truthy exactly when the worker is alive
                 continue
             await self.agent.mark_worker_failed(
                 w["worker_id"], reason=f"no heartbeat for {health['last_heartbeat_age']:.1f} s"
@@ -98,18 +98,20 @@ class Monitor:
         if first is None or (now - first < STRAGGLER_AFTER and not slow):
             return
         for w in active:
-            if w["this_round"] or not (await self.agent.ping_worker(w["worker_id"]))["alive"]:
+            if w["this_round"] or not await self.agent.ping_worker(w["worker_id"]):
                 continue  # answered, or dead (the health loop's business)
             if w["worker_id"] not in self.reduced:
-                job = await self.agent.reduce_worker_workload(w["worker_id"], factor=0.5)
+                reduced = await self.agent.reduce_worker_workload(w["worker_id"], factor=0.5)
                 self.reduced[w["worker_id"]] = rnd
-                self.record(
-                    "workload_reduced", worker=w["worker_id"], round=rnd, local_steps=job["config"]["local_steps"]
-                )
+                if reduced:
+                    self.record(
+                        "workload_reduced", worker=w["worker_id"], round=rnd, local_steps=reduced["local_steps"]
+                    )
             elif self.reduced[w["worker_id"]] < rnd:
                 split = await self.agent.reassign_partial_work(w["worker_id"])
                 self.reduced[w["worker_id"]] = rnd
-                self.record("work_split", worker=w["worker_id"], round=rnd, helper=split["new_job"]["worker_id"])
+                if split:  # falsy when nobody was free to take half
+                    self.record("work_split", worker=w["worker_id"], round=rnd, helper=split["new_job"]["worker_id"])
 
     async def verify_checkpoints(self) -> None:
         for w in await self.agent.get_active_workers(self.training_id):
@@ -122,7 +124,7 @@ class Monitor:
             if update["cid"] in self.verified:
                 continue
             check = await self.agent.verify_checkpoint(update)
-            if check["valid"]:
+            if check:  # truthy exactly when valid
                 self.verified.add(update["cid"])
             else:
                 await self.agent.request_checkpoint_resend(w["worker_id"])
@@ -134,7 +136,7 @@ class Monitor:
             return
         active = [w for w in status["workers"] if w["job_status"] == "active"]
         if len(active) < self.target and await self.agent.find_replacement_worker() is not None:
-            added = await self.agent.add_worker(self.training_id)
+            added = await self.agent.add_worker(training_id=self.training_id)
             self.record("scaled_up", worker=added["worker_id"], job=added["job"] and added["job"]["job_id"])
 
 
@@ -158,9 +160,9 @@ async def main(workers: int = WORKERS) -> dict[str, Any]:
         finally:
             monitor.done.set()
             await asyncio.gather(*loops, return_exceptions=True)
-        checkpoints = await agent.get_all_checkpoints(training_id)
+        checkpoints = await agent.get_round_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))
-        print(f"Training {final['phase']}: checkpoints verified {sum(v['valid'] for v in verified)}/{len(verified)}")
+        print(f"Training {final['phase']}: checkpoints verified {sum(map(bool, verified))}/{len(verified)}")
         payments = await pay(agent, training_id)
         await agent.stop()
     return {

@@ -2,7 +2,7 @@
 the run through its phases (manual control), with the asyncio client.
 
     aitbc up --workers 2          # a coordinator and two workers on this machine
-    python examples/phase_driven.py
+    python examples/phase_driven.py [--wallet NAME] [--rounds N] [--workers N]
 
 Each pass of the loop looks at the run's phase and does that phase's work: hire and
 shard (initializing), send the jobs (distributing), wait for every worker's update
@@ -14,6 +14,7 @@ the documentation polls every 30. The coordinator comes from the environment onl
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -108,7 +109,8 @@ async def _step(
         if everyone or late:
             await agent.update_training_phase(training_id, "aggregating")
     elif phase == "aggregating":
-        model_id = status["global_model_cid"]
+        model_cid = status["global_model_cid"]  # aggregated already (this loop restarted): keep that checkpoint
+        metrics: dict = {}
         if status["rounds_completed"] < status["round"]:  # this round is not aggregated yet
             active = await agent.get_active_workers(training_id)
             collected = await asyncio.gather(
@@ -118,21 +120,30 @@ async def _step(
                     if w["this_round"] == "accepted"
                 )
             )
-            checkpoints = [c for c in collected if (await agent.verify_checkpoint(c))["valid"]]
+            checkpoints = [c for c in collected if await agent.verify_checkpoint(c)]  # truthy when valid
             model = await agent.federated_average(
                 checkpoints, weights=[c["samples"] for c in checkpoints], training_id=training_id
             )
-            model_id = model["model_id"]
-            log.append({"round": model["round"], "model": model_id, "loss": model["loss"], "updates": model["updates"]})
+            log.append(
+                {
+                    "round": model["round"],
+                    "model": model["model_id"],
+                    "loss": model["loss"],
+                    "updates": model["updates"],
+                }
+            )
             print(
                 f"Round {model['round']}/{status['rounds']}: {model['updates']} updates averaged"
                 f"{' (none: round skipped)' if model['skipped'] else ''}, validation loss {model['loss']:.4f}"
             )
+            if status["round"] >= status["rounds"]:  # the last round: keep the model itself, as documented
+                model_cid = await agent.upload_to_ipfs(data=model["model"], pin=True)
+                metrics = {"final_loss": model["loss"], "workers": workers, "rounds": status["rounds"]}
         if status["round"] >= status["rounds"]:
-            await agent.save_training_results(training_id, model_id)
-            await agent.update_training_phase(training_id, "complete")
+            await agent.save_training_results(training_id=training_id, model_cid=model_cid, metrics=metrics)
+            await agent.update_training_phase(training_id=training_id, phase="complete")
         else:
-            await agent.update_training_phase(training_id, "training")
+            await agent.update_training_phase(training_id=training_id, phase="training")
 
 
 async def pay(agent: AsyncAgent, training_id: str, timeout: float = 120.0) -> dict:
@@ -155,7 +166,7 @@ async def open_run(agent: AsyncAgent, workers: int, *, budget: int, note: str = 
     """Start the agent, fund its wallet, and create a manual run with ``budget`` AIT in escrow."""
     info = await agent.start()
     print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
-    await agent.fund_wallet(100)
+    await agent.fund_wallet(max(100, budget))
     training = await agent.initialize_distributed_training(
         model_type="mlp", dataset_size=1, target_workers=workers, control="manual", budget=budget
     )
@@ -163,18 +174,19 @@ async def open_run(agent: AsyncAgent, workers: int, *, budget: int, note: str = 
     return training["training_id"]
 
 
-async def main(workers: int = 2) -> dict[str, Any]:
-    config = AgentConfig(name="phase-driven", blockchain_network="local", wallet_name="coordinator-wallet")
+async def main(workers: int = 2, rounds_n: int = ROUNDS, wallet: str = "coordinator-wallet") -> dict[str, Any]:
+    config = AgentConfig(name="phase-driven", blockchain_network="local", wallet_name=wallet)
     async with AsyncAgent(config) as agent:
-        training_id = await open_run(agent, workers, budget=20)
+        # at most 2.50 AIT per worker and round on the local stack
+        training_id = await open_run(agent, workers, budget=max(20, int(2.5 * workers * rounds_n) + 1))
         rounds: list[dict] = []
-        final = await coordinate(agent, training_id, workers, log=rounds)
+        final = await coordinate(agent, training_id, workers, config={**CONFIG, "rounds": rounds_n}, log=rounds)
         results = await agent.get_results(training_id)
-        checkpoints = await agent.get_all_checkpoints(training_id)
+        checkpoints = await agent.get_round_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))
         print(
             f"Training {final['phase']}: model {results['model_cid']}; "
-            f"checkpoints verified {sum(v['valid'] for v in verified)}/{len(verified)}"
+            f"checkpoints verified {sum(map(bool, verified))}/{len(verified)}"
         )
         payments = await pay(agent, training_id)
         print(f"Escrow left after refund: {payments['escrow_balance']} AIT")
@@ -190,8 +202,13 @@ async def main(workers: int = 2) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--wallet", default="coordinator-wallet", help="the owner's wallet (created and funded)")
+    cli.add_argument("--rounds", type=int, default=ROUNDS)
+    cli.add_argument("--workers", type=int, default=2)
+    args = cli.parse_args()
     try:
-        print(json.dumps(asyncio.run(main())))
+        print(json.dumps(asyncio.run(main(args.workers, args.rounds, args.wallet))))
     except AgentError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

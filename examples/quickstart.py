@@ -27,7 +27,7 @@ def main() -> int:
         print(f"Balance: {agent.get_balance()['balance']} AIT")
 
         training = agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=2)
-        training_id = training["training_id"]
+        training_id = training["training_id"]  # the agent's current run: later calls may leave it out
         print(f"Distributed training: {training_id}")
 
         shards = agent.create_data_shards(training_id, num_shards=2, data_path="digits")
@@ -39,26 +39,26 @@ def main() -> int:
                 f"Worker {w['worker_id']} ({w['gpu_type']}, {w['price']} AIT/round): {'hired' if w['hired'] else 'not hired'}"
             )
 
-        agent.start_training(training_id, rounds=ROUNDS, local_steps=10)
-        run = agent.wait_for_completion(training_id, timeout=300)
-        results = agent.get_results(training_id)
+        agent.start_training(rounds=ROUNDS, local_steps=10)
+        run = agent.wait_for_completion(timeout=300)
+        results = agent.get_results()
         print(
             f"Training {run['phase']}: val loss {results['initial_val_loss']:.4f} -> {results['final_val_loss']:.4f}, "
             f"model {results['model_cid']}"
         )
 
-        checkpoints = agent.get_all_checkpoints(training_id)
+        checkpoints = agent.get_round_checkpoints()
         verified = [agent.verify_checkpoint(ck) for ck in checkpoints]
-        print(f"Checkpoints verified: {sum(v['valid'] for v in verified)}/{len(verified)}")
+        print(f"Checkpoints verified: {sum(map(bool, verified))}/{len(verified)}")
 
-        payments = agent.get_payments(training_id)
+        payments = agent.get_payments()
         deadline = time.monotonic() + 60
         while not payments["finalized"] and time.monotonic() < deadline:  # the last settlement follows completion
             time.sleep(0.5)
-            payments = agent.get_payments(training_id)
+            payments = agent.get_payments()
         for p in payments["data"]:
             print(f"Paid {p['paid']} AIT to {p['worker_id']} for {p['rounds_accepted']} rounds")
-        refund = agent.refund_payments(training_id)
+        refund = agent.refund_payments()
         print(f"Escrow left after refund: {refund['escrow_balance']} AIT")
         agent.stop()
     print(
