@@ -35,6 +35,12 @@ class Unreachable(AitbcError):
     """No answer from the coordinator (not running, wrong URL, network down)."""
 
 
+class NotACoordinator(AitbcError):
+    """Something answered, but not an aitbc coordinator (a web page, another service)."""
+
+    code = "not_a_coordinator"
+
+
 def coordinator_url(explicit: str | None, home: Path | None = None) -> str:
     """``--coordinator``, else ``AITBC_COORDINATOR``, else the local stack's (``aitbc up``
     writes ``HOME/stack.json``), else ``http://127.0.0.1:8700``."""
@@ -205,8 +211,29 @@ def unreachable_detail(url: str, e: Exception) -> str:
     return f"coordinator at {url} is unreachable ({type(e).__name__}: {e}); is it running? (aitbc up / aitbc coordinator serve)"
 
 
+def not_a_coordinator(r: httpx.Response) -> str | None:
+    """What answered, when the reply is not the coordinator's JSON API (every reply of it,
+    errors included, is ``application/json``; a blob is asked for as raw bytes): None for
+    the API, else one line naming the server, its status and content type. Every client of
+    the API (this one, the SDK's) passes each reply through here, so no command prints a
+    web page's HTML or fails parsing it."""
+    ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json" or (not r.content and r.status_code < 400):
+        return None
+    url = r.request.url
+    origin = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+    return (
+        f"{origin} answered {r.status_code} {ctype or 'without a content type'} to {r.request.method} {url.path}, "
+        f"not an aitbc coordinator (no JSON API at {origin}/v1/health); check --coordinator or AITBC_COORDINATOR"
+    )
+
+
 def error_fields(r: httpx.Response) -> tuple[str, str]:
-    """``(code, detail)`` of an error reply: the API's JSON body, or its first line of text."""
+    """``(code, detail)`` of an error reply: the API's JSON body, what answered when it is
+    not the coordinator (:func:`not_a_coordinator`), or the reply's first line of text."""
+    other = not_a_coordinator(r)
+    if other is not None:
+        return NotACoordinator.code, other
     try:
         body = r.json()
         return str(body.get("error", "error")), str(body.get("detail", r.text))
@@ -216,5 +243,8 @@ def error_fields(r: httpx.Response) -> tuple[str, str]:
 
 def _result(r: httpx.Response) -> Any:
     if r.status_code < 400:
+        other = not_a_coordinator(r)
+        if other is not None:
+            raise NotACoordinator(other)
         return r.json() if r.content else None
     raise ApiError(r.status_code, *error_fields(r))

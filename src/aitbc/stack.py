@@ -108,6 +108,7 @@ class Proc:
     cmd: list[str]
     start_time: float  # psutil's create_time() of ``pid``: tells our process from a reused pid
     address: str | None = None  # a worker's wallet address (its id in the marketplace)
+    wallet: str | None = None  # a worker's wallet name (provider-K, under HOME/workers/wK)
     gpu: str | None = None
     price: str | None = None
     availability: float | None = None
@@ -179,6 +180,24 @@ def _forget(stack: Stack) -> None:
     for p in stack.processes:
         _pid_file(stack.home, p.name).unlink(missing_ok=True)
     stack_file(stack.home).unlink(missing_ok=True)
+
+
+def provider_address(home: Path, name: str) -> str | None:
+    """The address of the local stack's provider ``name`` (``provider-K``, or its process
+    ``worker-K``): its wallet lives under the worker's own home, not HOME/wallets, so
+    ``aitbc wallet send OWNER provider-1 5`` finds it here. None if HOME's stack has none."""
+    stack = load(home)
+    for p in stack.workers if stack is not None else []:
+        wallet = p.wallet or p.name.replace("worker-", "provider-")  # a stack.json from before `wallet`
+        if name in (wallet, p.name):
+            return p.address
+    return None
+
+
+def provider_names(home: Path) -> list[str]:
+    """The local stack's provider wallets, for a message naming what exists."""
+    stack = load(home)
+    return [p.wallet or p.name.replace("worker-", "provider-") for p in stack.workers] if stack is not None else []
 
 
 # --- processes -------------------------------------------------------------------------
@@ -330,6 +349,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
                 role="worker",
                 env=env,
                 address=wallet.address,
+                wallet=wallet.name,
                 gpu=gpu,
                 price=price,
                 availability=availability,

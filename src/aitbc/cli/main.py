@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -22,8 +24,27 @@ app = typer.Typer(
     help="Train one model across many untrusted GPU providers.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
 )
+
+
+def _flags_without_placeholder() -> None:
+    """typer's rich help shows every option's type, a flag's too (``--json <bool>``): a flag
+    takes no value, so it shows none."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_aitbc", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag and not self.count and self.metavar is None else shown(self, ctx)
+
+    display_type_rich._aitbc = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_placeholder()
 
 _state = {"debug": False}
 
@@ -70,24 +91,27 @@ _register()
 
 def main() -> None:
     """Run the CLI. Every user error ends as one line on stderr and a non-zero exit:
-    our own errors (``AitbcError``) and the parser's (unknown option, bad number)."""
+    our own errors (``AitbcError``) and the parser's (unknown option, bad number). With
+    ``--json`` the error is also one JSON object on stdout, ``{"error": code, "detail":
+    text}`` (the API's error shape), so a script reading stdout sees it."""
     try:
         rv = app(standalone_mode=False)
     except AitbcError as e:  # the SDK's errors too (AgentError is one)
         if _state["debug"]:
             raise
-        _fail(_message(e), e.exit_code)
+        # The coordinator's 422 (a value it refuses) is a usage error, as the CLI's own are.
+        _fail(_message(e), 2 if getattr(e, "status", None) == 422 else e.exit_code, _code(e))
     except typer.Abort:
-        _fail("aborted", 1)
+        _fail("aborted", 1, "aborted")
     except ParserError as e:  # the parser's usage errors
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError":
             err.print(e.format_message(), markup=False, highlight=False)
             sys.exit(e.exit_code)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        _fail(e.format_message() + hint, e.exit_code)
+        _fail(e.format_message() + hint, e.exit_code, "usage")
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        _fail("interrupted", 130, "interrupted")
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -98,7 +122,29 @@ def _message(e: AitbcError) -> str:
     return e.detail if isinstance(e, AgentError) else str(e)
 
 
-def _fail(message: str, code: int) -> None:
+def _code(e: AitbcError) -> str:
+    """The error's stable code: the coordinator's (``unknown_run``), a unit's (``bad_amount``),
+    else one named after its kind (``usage``, ``not_found``, ``integrity``, ``error``)."""
+    from aitbc.errors import IntegrityError, NotFoundError, UsageError
+
+    code = getattr(e, "code", None)
+    if isinstance(code, str) and code:
+        return code
+    for kind, name in ((UsageError, "usage"), (NotFoundError, "not_found"), (IntegrityError, "integrity")):
+        if isinstance(e, kind):
+            return name
+    return "error"
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among the command's options (not after ``--``)."""
+    return "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+
+
+def _fail(message: str, code: int, error: str = "error") -> None:
+    if _wants_json(sys.argv[1:]):
+        sys.stdout.write(json.dumps({"error": error, "detail": message}) + "\n")
+        sys.stdout.flush()
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     sys.exit(code)
 

@@ -24,14 +24,20 @@ from rich.table import Table
 
 from aitbc import run_defaults as defaults
 from aitbc import stack as stk
+from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, agent, err, out, resolve_home
 from aitbc.cli.options import LocalSteps, Rounds
-from aitbc.errors import AitbcError, UsageError
+from aitbc.errors import AitbcError
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _emit(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def _processes_table(st: stk.Stack, alive: dict[str, bool] | None = None) -> Table:
@@ -70,12 +76,16 @@ def up(
         ),
     ] = False,
     home: HomeOption = DEFAULT_HOME,
+    json_out: JsonOpt = False,
 ) -> None:
     """Start a local coordinator and N workers in the background (stop them with `aitbc down`)."""
     home = resolve_home(home).absolute()
     cfg = stk.StackConfig(home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout, tls=tls)
     t0 = time.monotonic()
     st = stk.up(cfg, on_start=lambda url: err.print(_starting(cfg, url), highlight=False))
+    if json_out:
+        _emit({"home": str(home), "running": True, "seconds": round(time.monotonic() - t0, 3), **st.to_json()})
+        return
     _print_up(st, time.monotonic() - t0)
     if st.ca_cert:
         out.print(f"TLS: other machines' clients trust it with --ca-cert {st.ca_cert}", highlight=False)
@@ -98,10 +108,13 @@ def _print_up(st: stk.Stack, seconds: float) -> None:
     out.print(_processes_table(st))
 
 
-def down(home: HomeOption = DEFAULT_HOME) -> None:
+def down(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
     """Stop the stack `aitbc up` started in HOME (only the processes it started)."""
     home = resolve_home(home).absolute()
     res = stk.down(home)
+    if json_out:  # each process: stopped, killed, or not running
+        _emit({"home": str(home), "stopped": {} if res is None else res[1]})
+        return
     if res is None:
         out.print(f"no stack running in {home}", highlight=False)
         return
@@ -124,10 +137,7 @@ def status(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
     home = resolve_home(home).absolute()
     s = stk.status(home)
     if json_out:
-        sys.stdout.write(
-            json.dumps(s if s is not None else {"home": str(home), "running": False, "processes": []}, sort_keys=True)
-            + "\n"
-        )
+        _emit(s if s is not None else {"home": str(home), "running": False, "processes": []})
         return
     if s is None:
         out.print(f"no stack running in {home}", highlight=False)
@@ -197,19 +207,28 @@ def demo(
     timeout: Annotated[float, typer.Option(help="Seconds the training may take before the demo gives up.")] = 120.0,
     keep_stack: Annotated[bool, typer.Option("--keep-stack", help="Leave a stack the demo started running.")] = False,
     home: HomeOption = DEFAULT_HOME,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="The steps on stderr; stdout is one JSON object, the summary.")
+    ] = False,
 ) -> None:
     """The whole owner workflow on a local stack (started and stopped around it if none runs).
 
     init, upload-data, discover-workers, distribute, monitor, download-model, then a summary."""
     home = resolve_home(home).absolute()
-    if rounds < 1 or local_steps < 1:
-        raise UsageError(f"--rounds and --local-steps must be >= 1, got {rounds} and {local_steps}")
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be > 0 s, got {timeout:g}")
+    checks.at_least(rounds, 1, "--rounds")
+    checks.at_least(local_steps, 1, "--local-steps")
+    checks.more_than(timeout, 0, "--timeout")
+    checks.model(model, {}, option="--model")
+    checks.dataset(dataset, option="--dataset")
+    checks.aggregator(aggregator)
+    checks.codec(compression)
+    if min_gpu is not None:
+        checks.gpu_class(min_gpu)
     cfg = stk.StackConfig(home=home, workers=workers)
     t0 = time.monotonic()
     started: stk.Stack | None = None
-    with _interrupt_on_sigterm():
+    summary: dict[str, Any] = {}
+    with _interrupt_on_sigterm(), _human_output_on_stderr(json_out):
         try:
             _step(1, 7, "local stack")
             st = stk.running(home)
@@ -236,6 +255,7 @@ def demo(
                 min_gpu=min_gpu,
                 timeout=timeout,
                 t0=t0,
+                summary=summary,
             )
         finally:
             if started is not None and not keep_stack:
@@ -248,6 +268,22 @@ def demo(
                 )
             elif started is not None:
                 err.print(f"The stack keeps running; stop it with: aitbc down --home {home}", highlight=False)
+    if json_out:
+        _emit(summary)
+
+
+@contextmanager
+def _human_output_on_stderr(on: bool) -> Iterator[None]:
+    """``demo --json``: every step's lines go to stderr, so stdout holds only the JSON."""
+    if not on:
+        yield
+        return
+    saved = out.file
+    out.file = sys.stderr
+    try:
+        yield
+    finally:
+        out.file = saved
 
 
 def _owner_workflow(
@@ -264,6 +300,7 @@ def _owner_workflow(
     min_gpu: str | None,
     timeout: float,
     t0: float,
+    summary: dict[str, Any],
 ) -> None:
     from aitbc.cli import training
     from aitbc.cli.ledger import audit_coordinator
@@ -319,7 +356,7 @@ def _owner_workflow(
 
     _step(7, 7, "results")
     with agent(home, url, owner) as a:
-        if failure is not None and a.get_training_status(run_id)["status"] not in ("complete", "failed"):
+        if failure is not None and a.get_training_status(run_id)["status"] not in ("complete", "failed", "stopped"):
             a.stop_training(run_id)  # release the workers of a stack that outlives the demo
         res = a.get_results(run_id)
         detail = a.get_training_status(run_id)
@@ -327,6 +364,18 @@ def _owner_workflow(
     if failure is None and res["model_cid"]:
         training.download_model(training_id=run_id, output=model_file, **common)
     _summary(st, res, detail, wall=time.monotonic() - t0, model_file=model_file if failure is None else None)
+    summary.update(
+        training_id=run_id,
+        coordinator=url,
+        status=res["status"],
+        rounds_completed=res["rounds_completed"],
+        initial_val_loss=res["initial_val_loss"],
+        final_val_loss=res["final_val_loss"],
+        final_val_accuracy=res["final_val_accuracy"],
+        model_cid=res["model_cid"],
+        model_file=str(model_file) if failure is None and res["model_cid"] else None,
+        wall_seconds=round(time.monotonic() - t0, 3),
+    )
     if failure is not None:
         raise failure
     with agent(home, url, owner) as a:
@@ -338,6 +387,7 @@ def _owner_workflow(
         )
     result = audit_coordinator(url)  # the whole ledger, fetched and re-checked: what `aitbc ledger verify` does
     out.print(f"aitbc ledger verify: {result.describe()}", highlight=False)
+    summary.update(escrowed=pay["escrowed"], escrow_balance=pay["escrow_balance"], ledger_ok=result.ok)
     if not result.ok:
         raise AitbcError(f"ledger verification failed: {result.describe()}")
 

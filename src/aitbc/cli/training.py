@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from aitbc import run_defaults as defaults
+from aitbc.cli import checks
 from aitbc.cli.common import (
     DEFAULT_HOME,
     CoordinatorOption,
@@ -192,19 +193,29 @@ def init(
     from aitbc.ledger.wallet import create_wallet, load_wallet
 
     home = resolve_home(home)
-    if target_workers < 1:
-        raise UsageError(f"--target-workers must be >= 1, got {target_workers}")
+    checks.at_least(target_workers, 1, "--target-workers")
     try:
         check_network(network)
     except LedgerError as e:
-        raise UsageError(e.detail) from None
-    model_options = parse_kv(model_opt or [], what="model option")
+        raise UsageError(f"--network: {e.detail}") from None
+    model_options = parse_kv(model_opt or [], what="--model-opt")
+    checks.size(dataset_size)
+    checks.model(model_type, model_options)
+    if budget is not None:
+        checks.amount(budget, option="--budget")
+    checks.price(bond, option="--bond")
     try:
         load_wallet(home, wallet)
     except NotFoundError:
         w = create_wallet(home, wallet)
         err.print(f"created wallet {wallet} ({w.address})", highlight=False)
-    with agent(home, coordinator, wallet, network) as a, naming_wallet(wallet):
+    with (
+        agent(home, coordinator, wallet, network) as a,
+        naming_wallet(wallet),
+        checks.naming_flags(
+            "model_type", "dataset_size", "target_workers", "seed", "budget", "bond", model_options="--model-opt"
+        ),
+    ):
         run = a.initialize_distributed_training(
             model_type, dataset_size, target_workers, model_options=model_options, seed=seed, budget=budget, bond=bond
         )
@@ -242,9 +253,13 @@ def upload_data(
 ) -> None:
     """Split the dataset into one shard per target worker and upload shards and manifest."""
     home = resolve_home(home)
-    if max_bytes <= 0:
-        raise UsageError(f"--max-bytes must be > 0, got {max_bytes}")
-    with _agent(home, coordinator, training_id, wallet, need_wallet=True) as a:
+    checks.at_least(max_bytes, 1, "--max-bytes")
+    checks.more_than(alpha, 0, "--alpha")
+    checks.dataset(data_path)
+    with (
+        _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
+        checks.naming_flags("alpha", "max_bytes", data_path="--data-path"),
+    ):
         up = a.upload_data(training_id, data_path, alpha=alpha, max_bytes=max_bytes)
     if json_out:
         keys = ("training_id", "manifest_cid", "shards", "val_cid", "samples", "data_bytes", "dataset")
@@ -278,9 +293,15 @@ def discover_workers(
 ) -> None:
     """Rank live offers (GPU, price, reputation, availability) and hire the best."""
     home = resolve_home(home)
-    if required_workers < 1:
-        raise UsageError(f"--required-workers must be >= 1, got {required_workers}")
-    with _agent(home, coordinator, training_id, wallet, need_wallet=True) as a:
+    checks.at_least(required_workers, 1, "--required-workers")
+    if min_gpu is not None:
+        checks.gpu_class(min_gpu)
+    if max_price is not None:
+        checks.price(max_price, option="--max-price")
+    with (
+        _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
+        checks.naming_flags("required_workers", "min_gpu", "max_price"),
+    ):
         res = a.hire_workers(training_id, required_workers, min_gpu=min_gpu, max_price=max_price)
     if json_out:
         _emit_json(res)
@@ -304,6 +325,23 @@ def discover_workers(
 
 
 # --- distribute ----------------------------------------------------------------------
+
+
+DISTRIBUTE_FIELDS = (
+    "rounds",
+    "local_steps",
+    "batch_size",
+    "lr",
+    "outer",
+    "aggregator",
+    "compression",
+    "error_feedback",
+    "deadline",
+    "quorum",
+    "min_workers",
+    "max_workers",
+    "eval_every",
+)
 
 
 @app.command()
@@ -339,9 +377,13 @@ def distribute(
         raise UsageError(
             f"--mode {mode!r}: live runs support sync (with --deadline/--quorum); async and gossip run in `aitbc simulate`"
         )
+    checks.outer(outer)
+    checks.aggregator(aggregator)
+    checks.codec(compression)
     with (
         _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
         naming_wallet(wallet or _recall(home, training_id).get("wallet")),
+        checks.naming_flags(*DISTRIBUTE_FIELDS),
     ):
         # A run without a budget escrows its contracts' cost now; the SDK signs the most
         # it may be (price x rounds) as max_cost.
@@ -460,7 +502,7 @@ def monitor(
                     _emit_json(run)
                 else:
                     out.print(_run_view(run))
-                if once or run["status"] in ("complete", "failed"):
+                if once or run["status"] in ("complete", "failed", "stopped"):
                     break
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
@@ -469,7 +511,7 @@ def monitor(
                 _finished(run)
             return
         with Live(_run_view(run), console=out, refresh_per_second=4, transient=False) as live:
-            while run["status"] not in ("complete", "failed"):
+            while run["status"] not in ("complete", "failed", "stopped"):
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
                 run = _api_view(a.get_training_status(training_id))
@@ -673,7 +715,7 @@ def verify(
     home = resolve_home(home)
     rows = []
     with _agent(home, coordinator, training_id) as a:
-        for ck in a.get_all_checkpoints(training_id):
+        for ck in a.get_round_checkpoints(training_id):
             v = a.verify_checkpoint(ck)
             rows.append(
                 {
@@ -751,7 +793,7 @@ def _payments_table(res: dict[str, Any]) -> Table:
     for r in res["data"]:
         t.add_row(
             _short(r["worker_id"]),
-            r["price"],
+            format_price(r["price_micro"]),
             str(r["rounds_accepted"]),
             _fmt(r["score"], ".3f"),
             r["paid"],

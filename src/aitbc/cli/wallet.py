@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from aitbc.cli import checks
 from aitbc.cli.common import (
     DEFAULT_HOME,
     CoordinatorOption,
@@ -26,7 +27,7 @@ from aitbc.cli.common import (
     page,
     resolve_home,
 )
-from aitbc.errors import UsageError
+from aitbc.errors import NotFoundError, UsageError
 from aitbc.ledger.sealed import PASSPHRASE_ENV
 from aitbc.ledger.wallet import create_wallet, list_wallets, load_wallet, wallet_info, wallet_path, wallets_dir
 
@@ -127,6 +128,8 @@ NetworkOption = Annotated[
     str, typer.Option("--network", help="Ledger network: local (mainnet and testnet are not available in this build).")
 ]
 AmountArgument = Annotated[str, typer.Argument(help="AIT, up to 6 decimals, e.g. 12.5.", show_default=False)]
+# A negative AMOUNT ("-5") is a value to refuse with its own message, not an unknown option.
+AMOUNT_CONTEXT = {"ignore_unknown_options": True}
 
 
 def _money_agent(home: Path, coordinator: str | None, name: str, network: str) -> Agent:
@@ -141,7 +144,7 @@ def _money_agent(home: Path, coordinator: str | None, name: str, network: str) -
     return agent(home, coordinator, name, network)
 
 
-@app.command()
+@app.command(context_settings=AMOUNT_CONTEXT)
 def fund(
     name: NameArgument,
     amount: AmountArgument,
@@ -152,6 +155,7 @@ def fund(
 ) -> None:
     """The local faucet: mint AMOUNT AIT into wallet NAME (a recorded, signed mint)."""
     home = resolve_home(home)
+    checks.amount(amount)
     with _money_agent(home, coordinator, name, network) as a:
         res = a.fund_wallet(amount)
     if json_out:
@@ -178,10 +182,16 @@ def balance(
     typer.echo(f"{name} ({res['address']}): {res['balance']} AIT on {res['network']}")
 
 
-@app.command()
+@app.command(context_settings=AMOUNT_CONTEXT)
 def send(
     name: NameArgument,
-    to: Annotated[str, typer.Argument(help="A wallet name under HOME, or an address (ait1...).", show_default=False)],
+    to: Annotated[
+        str,
+        typer.Argument(
+            help="A wallet name under HOME, a provider of the local stack (provider-1, ...), or an address (ait1...).",
+            show_default=False,
+        ),
+    ],
     amount: AmountArgument,
     network: NetworkOption = "local",
     coordinator: CoordinatorOption = None,
@@ -190,7 +200,8 @@ def send(
 ) -> None:
     """Send AMOUNT AIT from wallet NAME to TO (signed by NAME)."""
     home = resolve_home(home)
-    address = to if to.startswith("ait1") else wallet_info(home, to).address  # no key needed
+    checks.amount(amount)
+    address = to if to.startswith("ait1") else _recipient(home, to)  # no key needed: an address is enough
     with _money_agent(home, coordinator, name, network) as a, naming_wallet(name):
         res = a.transfer_funds(address, amount)
     if json_out:
@@ -199,6 +210,24 @@ def send(
     typer.echo(
         f"Sent {res['amount']} AIT from {name} to {address} (ledger entry {res['entry']}); balance {res['balance']} AIT"
     )
+
+
+def _recipient(home: Path, name: str) -> str:
+    """The address of wallet ``name`` under HOME, else of the local stack's provider so
+    named (its wallet lives under its worker's home)."""
+    from aitbc import stack
+
+    try:
+        return wallet_info(home, name).address
+    except NotFoundError:
+        address = stack.provider_address(home, name)
+        if address is not None:
+            return address
+        providers = stack.provider_names(home)
+        known = f", nor a provider of the local stack ({', '.join(providers)})" if providers else ""
+        raise NotFoundError(
+            f"no wallet {name!r} in {wallets_dir(home)}{known}; give a wallet name or an address (ait1...)"
+        ) from None
 
 
 @app.command()

@@ -1,0 +1,177 @@
+"""Option values checked on this machine before any request, each refusal naming its flag.
+
+The README promises exit 2 for every usage error. The coordinator refuses a bad name or
+value too (a 422), but it only knows its request's fields (``rounds``, ``local_steps``),
+not the flags a user typed. So the commands check here, with the same registries the
+coordinator builds from (one rule, two callers), before anything is sent; and
+:func:`naming_flags` turns the coordinator's own 422 fields back into flags for what
+only it can check (ranges, a rule's condition on the hired workers).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from aitbc.errors import AitbcError, UsageError
+
+T = TypeVar("T")
+
+
+class OptionError(UsageError):
+    """A bad option value; ``code`` as the API would name it (``bad_config``, ...)."""
+
+    def __init__(self, message: str, code: str = "usage") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def flag(field: str) -> str:
+    """``local_steps`` -> ``--local-steps``."""
+    return "--" + field.replace("_", "-")
+
+
+def _checked(option: str, check: Callable[[], T]) -> T:
+    """``check()``'s result, or its refusal as one line that starts with ``option``."""
+    try:
+        return check()
+    except AitbcError as e:
+        raise OptionError(_naming(option, _text(e)), getattr(e, "code", "usage")) from None
+    except (ValueError, TypeError) as e:  # a config class's __post_init__
+        raise OptionError(_naming(option, str(e))) from None
+
+
+def _naming(option: str, message: str) -> str:
+    return message if message.startswith(option) else f"{option}: {message}"
+
+
+def _text(e: AitbcError) -> str:
+    return str(getattr(e, "detail", None) or e)
+
+
+def amount(value: str, *, option: str = "amount") -> int:
+    """AIT more than 0, as micro-AIT."""
+    from aitbc.units import parse_amount
+
+    return _checked(option, lambda: parse_amount(value, field=option))
+
+
+def price(value: str, *, option: str) -> int:
+    """AIT from 0, as micro-AIT."""
+    from aitbc.units import parse_price
+
+    return _checked(option, lambda: parse_price(value, field=option))
+
+
+def size(value: str, *, option: str = "--dataset-size") -> int:
+    from aitbc.units import parse_size
+
+    return _checked(option, lambda: parse_size(value))
+
+
+def gpu_class(value: str, *, option: str = "--min-gpu") -> str:
+    from aitbc.market.gpus import check_gpu_class
+
+    return _checked(option, lambda: check_gpu_class(value))
+
+
+def model(name: str, options: dict[str, Any], *, option: str = "--model-type") -> None:
+    """A built-in model and its options, within their bounds. A ``module:callable`` is
+    for the coordinator's operator to allow (``--allow-code``): only its shape is checked."""
+    from aitbc.training.models import check_model
+
+    _checked(option if not options else f"{option} / --model-opt", lambda: check_model(name, options, allow_code=True))
+
+
+def dataset(data_path: str, *, option: str = "--data-path") -> str:
+    """A dataset name (``digits``, ``stdlib``, ``text:PATH``, ``npz:PATH``) or an existing
+    file or folder; returns the dataset spec."""
+    from aitbc.training.datasets import DATASETS
+    from aitbc.training.packaging import resolve_source
+
+    def check() -> str:
+        spec = resolve_source(data_path)
+        DATASETS.get(spec.partition(":")[0])
+        return spec
+
+    try:
+        return check()
+    except AitbcError as e:  # "no such file or folder, and not a dataset name": a bad value
+        msg = _text(e).removeprefix("--data-path")  # resolve_source names upload-data's flag
+        raise OptionError(_naming(option, option + msg if msg != _text(e) else msg)) from None
+
+
+def aggregator(spec: str, *, option: str = "--aggregator") -> None:
+    """Names and options of every stage; a rule's condition on the number of workers is
+    the coordinator's to check once it knows them."""
+    from aitbc.core.aggregation import parse_aggregator
+
+    _checked(option, lambda: parse_aggregator(spec, default_f=0))
+
+
+def codec(spec: str, *, option: str = "--compression") -> None:
+    from aitbc.core.compression import CODECS
+    from aitbc.core.options import build_config, parse_spec
+
+    def check() -> None:
+        name, opts = parse_spec(spec, what="codec")
+        opts.pop("error_feedback", None)
+        build_config(CODECS.get(name).Config, opts, what=f"codec {name!r}")
+
+    _checked(option, check)
+
+
+def outer(name: str, options: dict[str, Any] | None = None, *, option: str = "--outer") -> None:
+    from aitbc.core.outer import build_outer
+
+    _checked(option, lambda: build_outer(name, options))
+
+
+def at_least(value: int | float | None, low: int | float, option: str) -> None:
+    if value is not None and not value >= low:
+        raise OptionError(f"{option} must be at least {low}; got {value}")
+
+
+def more_than(value: float | None, low: float, option: str) -> None:
+    if value is not None and not value > low:
+        raise OptionError(f"{option} must be more than {low:g}; got {value:g}")
+
+
+# --- the coordinator's 422s, in flags ------------------------------------------------------
+
+_PYDANTIC = re.compile(r"^(\w+): (?:Value error, )?")
+
+
+def flagged(detail: str, fields: tuple[str, ...], renamed: dict[str, str] | None = None) -> str:
+    """A 422's detail with the request's field names as the flags that set them:
+    ``rounds: Value error, rounds must be in [1, 100000], got 0`` ->
+    ``--rounds must be in [1, 100000], got 0``."""
+    m = _PYDANTIC.match(detail)
+    if m and m.group(1) in fields:
+        rest = detail[m.end() :]
+        detail = rest if rest.startswith(m.group(1)) else f"{m.group(1)}: {rest}"
+    if not fields:
+        return detail
+    names = "|".join(sorted(map(re.escape, fields), key=len, reverse=True))
+    # A field as the subject of a refusal: "rounds must", "min_workers (3)", "aggregator 'x'",
+    # "quorum:"; not the same word in a sentence ("3 rounds").
+    pattern = re.compile(rf"(?<![\w-])({names})(?=( must| is| \(| '|:|$))")
+    flags = renamed or {}
+    return pattern.sub(lambda mm: flags.get(mm.group(1)) or flag(mm.group(1)), detail)
+
+
+@contextmanager
+def naming_flags(*fields: str, **renamed: str) -> Iterator[None]:
+    """A coordinator's 422 for this command's options as a usage error (exit 2) naming
+    the flags (``fields``: the request's fields, each set by the flag :func:`flag` names;
+    ``renamed``: a field whose flag is another, ``model_options="--model-opt"``)."""
+    from aitbc_agent_sdk.errors import AgentError
+
+    try:
+        yield
+    except AgentError as e:
+        if e.status != 422:
+            raise
+        raise OptionError(flagged(e.detail, (*fields, *renamed), renamed), e.code) from None
