@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 BENCH_STAMP := $(VENV)/.bench-installed
 LINT_STAMP  := $(VENV)/.lint-installed
 
-.PHONY: run test lint test-api test-long install bench clean
+.PHONY: run test lint test-api test-long test-pg install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ test: $(LINT_STAMP)
 # kept out of the default run so it stays within its time budget; CI runs them too.
 test-long: $(LINT_STAMP)
 	$(PY) -m pytest -q -n 2 -m long
+
+# The coordinator, ledger, money and end-to-end payment suites again, each coordinator and
+# ledger on a database of its own on a real PostgreSQL server (AITBC_TEST_PG_URL names the
+# server's maintenance database; `.ci/postgres start DIR` starts a throwaway one and prints
+# it). .ci/run starts the server and runs this after make test.
+PG_SUITES := tests/coordinator tests/ledger tests/e2e/test_payments.py tests/e2e/test_trust_money.py \
+	tests/e2e/test_stuck_runs.py tests/e2e/test_fault_tolerance.py tests/e2e/test_retention.py
+test-pg: $(LINT_STAMP)
+	@test -n "$$AITBC_TEST_PG_URL" || { echo "error: make test-pg needs AITBC_TEST_PG_URL (eval \"\$$(.ci/postgres start DIR)\")" >&2; exit 2; }
+	AITBC_TEST_DB=postgresql $(PY) -m pytest -q -n 2 -m "not schemathesis" $(PG_SUITES)
 
 test-api: $(STAMP)
 	$(PY) -m pytest -q -m schemathesis tests/api

@@ -1,5 +1,6 @@
-"""Fixtures for the coordinator's API tests: a real coordinator (uvicorn, SQLite, the round
-driver) on a free loopback port in a background thread, signed clients, and helpers to
+"""Fixtures for the coordinator's API tests: a real coordinator (uvicorn, the round driver, a
+database of the backend under test: SQLite, or PostgreSQL where ``AITBC_TEST_DB=postgresql``)
+on a free loopback port in a background thread, signed clients, and helpers to
 drive a run to ``training`` through the API and to check that a refusal changed nothing.
 
 ``server`` is one coordinator per test module (fast); ``fresh_server`` is one per test, for
@@ -122,28 +123,47 @@ def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callabl
     return coord, stop
 
 
+def start_on(databases: Any, home: Path, **settings: Any) -> tuple[Coordinator, Callable[[], None]]:
+    """``start_coordinator`` on a new database of the backend under test (``databases``: the
+    session fixture of tests/conftest.py), dropped when the coordinator stops."""
+    url = databases.new(home)
+    try:
+        coord, stop = start_coordinator(home, db_url=url, **settings)
+    except BaseException:
+        databases.drop(url)
+        raise
+
+    def stop_and_drop() -> None:
+        try:
+            stop()
+        finally:
+            databases.drop(url)
+
+    return coord, stop_and_drop
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[Coordinator]:
-    coord, stop = start_coordinator(tmp_path_factory.mktemp("coord"))
+def server(tmp_path_factory, databases) -> Iterator[Coordinator]:
+    coord, stop = start_on(databases, tmp_path_factory.mktemp("coord"))
     yield coord
     stop()
 
 
 @pytest.fixture
-def fresh_server(tmp_path) -> Iterator[Coordinator]:
-    coord, stop = start_coordinator(tmp_path / "coord")
+def fresh_server(tmp_path, databases) -> Iterator[Coordinator]:
+    coord, stop = start_on(databases, tmp_path / "coord")
     yield coord
     stop()
 
 
 @pytest.fixture(scope="module")
-def new_coordinator(tmp_path_factory) -> Iterator[Callable[..., Coordinator]]:
+def new_coordinator(tmp_path_factory, databases) -> Iterator[Callable[..., Coordinator]]:
     """Start more coordinators (settings as keywords) that live until the module ends:
     a training run gets its own, so nobody else's offers are in its marketplace."""
     stops = []
 
     def make(**settings: Any) -> Coordinator:
-        coord, stop = start_coordinator(tmp_path_factory.mktemp("coord"), **settings)
+        coord, stop = start_on(databases, tmp_path_factory.mktemp("coord"), **settings)
         stops.append(stop)
         return coord
 

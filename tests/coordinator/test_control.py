@@ -1051,15 +1051,15 @@ def test_an_update_names_the_shard_it_was_trained_on_across_a_split(coord, api):
     t.owner.post(f"/runs/{t.run_id}/stop")
 
 
-def test_a_manual_run_survives_a_coordinator_restart(tmp_path, api):
-    coord, stop = api.start_coordinator(tmp_path, heartbeat_flush_seconds=0.05)
+def test_a_manual_run_survives_a_coordinator_restart(tmp_path, api, db_url):
+    coord, stop = api.start_coordinator(tmp_path, db_url=db_url, heartbeat_flush_seconds=0.05)
     try:
         t = manual_training(coord, api, 2, prefix="rs", config={**CONFIG, "rounds": 2})
         cids = [submit(api, w, j, 1, small_update(t.d, 80 + i)) for i, (w, j) in enumerate(zip(t.workers, t.jobs))]
         t.owner.post(f"/runs/{t.run_id}/phase", {"phase": "aggregating"})
     finally:
         stop()  # the coordinator goes away mid-round, with the round closed but not aggregated
-    coord2, stop2 = api.start_coordinator(tmp_path, heartbeat_flush_seconds=0.05)
+    coord2, stop2 = api.start_coordinator(tmp_path, db_url=db_url, heartbeat_flush_seconds=0.05)
     try:
         owner = coord2.client(wallet=t.owner.wallet)
         workers = [coord2.client(wallet=w.wallet) for w in t.workers]

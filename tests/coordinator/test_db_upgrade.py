@@ -13,8 +13,6 @@ starts one: ``.ci/postgres``), on PostgreSQL too, each in a database of its own.
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 import sqlite3
 import subprocess
@@ -44,28 +42,14 @@ TABLES = (
     "runs", "offers", "contracts", "jobs", "updates", "rounds", "flags", "scores", "settlements",
     "ledger_entries", "ledger_accounts", "ledger_head",
 )  # fmt: skip
-PG_URL = os.environ.get("AITBC_TEST_PG_URL")  # a PostgreSQL server's maintenance database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path) -> Iterator[str]:
+def url(request, tmp_path, databases) -> Iterator[str]:
     """The URL of a new, empty database (SQLite: a file beside the test's home)."""
-    if request.param == "sqlite":
-        (tmp_path / "coord").mkdir(exist_ok=True)
-        yield f"sqlite:///{tmp_path / 'coord' / 'coordinator.db'}"
-        return
-    if not PG_URL:
-        pytest.skip("AITBC_TEST_PG_URL is not set (.ci/run starts a PostgreSQL server and sets it)")
-    name = f"aitbc_test_{secrets.token_hex(6)}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    url = databases.new(tmp_path / "coord", backend=request.param)
+    yield url
+    databases.drop(url)
 
 
 @pytest.fixture

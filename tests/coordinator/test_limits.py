@@ -290,28 +290,16 @@ def test_non_finite_numbers_are_refused(coord: Proc, path: str, body: dict) -> N
 
 # --- PostgreSQL: concurrent first writes, NaN ---------------------------------------------------
 
-PG_URL = os.environ.get("AITBC_TEST_PG_URL")  # a PostgreSQL server's maintenance database (.ci/postgres)
-
 
 @pytest.fixture
-def pg_coord(tmp_path: Path) -> Iterator[Proc]:
-    if not PG_URL:
-        pytest.skip("AITBC_TEST_PG_URL is not set (.ci/postgres start DIR prints it)")
-    from sqlalchemy import create_engine, make_url, text
-
-    name = f"aitbc_test_{os.urandom(6).hex()}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+def pg_coord(tmp_path: Path, databases) -> Iterator[Proc]:
+    url = databases.new(tmp_path / "db", backend="postgresql")
     c = Proc(tmp_path, "--db", url)
     try:
         yield c
     finally:
         c.close()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+        databases.drop(url)
 
 
 def test_concurrent_first_writes_on_postgresql(pg_coord: Proc) -> None:

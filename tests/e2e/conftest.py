@@ -1,5 +1,7 @@
 """A real local deployment for end-to-end tests: one coordinator process and worker
-processes on 127.0.0.1 (ports picked free at run time), the owner's CLI as subprocesses."""
+processes on 127.0.0.1 (ports picked free at run time), the owner's CLI as subprocesses.
+The coordinator's database is of the backend under test: SQLite in its home, or a
+PostgreSQL database of its own where ``AITBC_TEST_DB=postgresql`` (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 AITBC = Path(sys.executable).parent / "aitbc"
 
@@ -27,8 +32,9 @@ def free_port() -> int:
 
 
 class Stack:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, db_url: str) -> None:
         self.root = root
+        self.db_url = db_url  # the coordinator's database (it keeps it across restarts)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -54,6 +60,8 @@ class Stack:
                 str(self.root / "coordinator"),
                 "--port",
                 str(self.port),
+                "--db",
+                self.db_url,
                 "--lease",
                 str(lease),
                 "--log-level",
@@ -198,6 +206,20 @@ class Stack:
             time.sleep(0.1)
         raise AssertionError(f"run {run_id}: {what} not reached in {timeout} s; last: {json.dumps(run)[:2000]}")
 
+    def engine(self) -> Engine:
+        """An engine on the coordinator's database, to read (or change) what it holds; the
+        caller disposes of it."""
+        return create_engine(self.db_url, poolclass=NullPool)
+
+    def rows(self, sql: str, **params: Any) -> list[tuple]:
+        """The rows ``sql`` selects from the coordinator's database, as tuples."""
+        engine = self.engine()
+        try:
+            with engine.connect() as conn:
+                return [tuple(r) for r in conn.execute(text(sql), params).all()]
+        finally:
+            engine.dispose()
+
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
@@ -211,7 +233,9 @@ class Stack:
 
 
 @pytest.fixture
-def stack(tmp_path):
-    s = Stack(tmp_path)
+def stack(tmp_path, databases):
+    url = databases.new(tmp_path / "coordinator")
+    s = Stack(tmp_path, url)
     yield s
     s.close()
+    databases.drop(url)

@@ -4,19 +4,12 @@ workers joining mid-run with the slowest dropped when over the target."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
 
 
 def _flags(stack, run_id: str) -> list[tuple[str, str, int]]:
-    eng = create_engine(f"sqlite:///{stack.root / 'coordinator' / 'coordinator.db'}")
-    with eng.connect() as c:
-        rows = c.execute(
-            text("SELECT worker_id, kind, round FROM flags WHERE run_id = :r ORDER BY id"), {"r": run_id}
-        ).all()
-    eng.dispose()
-    return [tuple(r) for r in rows]
+    return stack.rows("SELECT worker_id, kind, round FROM flags WHERE run_id = :r ORDER BY id", r=run_id)
 
 
 def test_deadline_closes_rounds_with_a_quorum_and_records_stragglers(stack):

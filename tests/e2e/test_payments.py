@@ -9,21 +9,8 @@ import signal
 import time
 
 import pytest
-from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
-
-
-def _db(stack):
-    return create_engine(f"sqlite:///{stack.root / 'coordinator' / 'coordinator.db'}")
-
-
-def _rows(stack, sql: str, **params) -> list[tuple]:
-    eng = _db(stack)
-    with eng.connect() as c:
-        rows = [tuple(r) for r in c.execute(text(sql), params).all()]
-    eng.dispose()
-    return rows
 
 
 def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
@@ -64,11 +51,10 @@ def test_byzantine_worker_is_slashed_and_honest_workers_are_paid(stack):
     for honest in rows.values():
         assert honest["status"] == "released" and honest["slashed_micro"] == 0
         assert honest["reputation"] > byz["reputation"]
-        price = int(round(float(honest["price"]) * 1_000_000))
+        price = honest["price_micro"]
         assert honest["paid_micro"] >= 0.7 * price * honest["rounds_accepted"], honest
     # Honest rounds of full quality were paid exactly the agreed price.
-    settled = _rows(
-        stack,
+    settled = stack.rows(
         "SELECT s.worker_id, s.quality, s.paid, c.price FROM settlements s "
         "JOIN contracts c ON c.id = s.contract_id WHERE s.run_id = :r",
         r=run_id,
@@ -111,7 +97,7 @@ def test_settlement_is_exactly_once_across_a_coordinator_kill(stack):
     stack.start_run(run_id, workers=3, rounds=3, local_steps=20)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        n = _rows(stack, "SELECT count(*) FROM settlements WHERE run_id = :r", r=run_id)[0][0]
+        n = stack.rows("SELECT count(*) FROM settlements WHERE run_id = :r", r=run_id)[0][0]
         if n >= 1:
             break
         time.sleep(0.05)
@@ -122,9 +108,9 @@ def test_settlement_is_exactly_once_across_a_coordinator_kill(stack):
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
     assert run["status"] == "complete", run["error"]
     _finalized(stack, run_id)
-    settled = _rows(stack, "SELECT contract_id, round, paid, entry_seq FROM settlements WHERE run_id = :r", r=run_id)
+    settled = stack.rows("SELECT contract_id, round, paid, entry_seq FROM settlements WHERE run_id = :r", r=run_id)
     assert len(settled) == 9 and len({(c, r) for c, r, _, _ in settled}) == 9
-    entries = _rows(stack, "SELECT key, amount FROM ledger_entries WHERE kind = 'settle'")
+    entries = stack.rows("SELECT key, amount FROM ledger_entries WHERE kind = 'settle'")
     assert len(entries) == sum(1 for *_, paid, seq in settled if paid > 0)
     assert len({k for k, _ in entries}) == len(entries)
     assert sum(a for _, a in entries) == sum(paid for *_, paid, _ in settled)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
@@ -25,25 +24,22 @@ ROUNDS = 7
 CACHE_CAP = 150_000  # bytes: more than a shard and a model, less than a run's models
 
 
-def _db(stack) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{stack.root / 'coordinator' / 'coordinator.db'}?mode=ro", uri=True)
-
-
 def _held(stack) -> set[str]:
     return {p.name for p in (stack.root / "coordinator" / "blobs").iterdir() if not p.name.startswith(".")}
 
 
 def _gc(stack, *extra: str) -> dict:
-    r = stack.cli("coordinator", "gc", "--home", str(stack.root / "coordinator"), "--gc-grace", "0", "--json", *extra)
+    home = str(stack.root / "coordinator")
+    r = stack.cli("coordinator", "gc", "--home", home, "--db", stack.db_url, "--gc-grace", "0", "--json", *extra)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def _checkpoints(db: sqlite3.Connection, run_id: str) -> list[tuple[int, str, str | None, float | None]]:
-    return db.execute(
-        "SELECT round, checkpoint_cid, outer_state_cid, val_loss FROM rounds WHERE run_id = ? ORDER BY round",
-        (run_id,),
-    ).fetchall()
+def _checkpoints(stack, run_id: str) -> list[tuple[int, str, str | None, float | None]]:
+    return stack.rows(
+        "SELECT round, checkpoint_cid, outer_state_cid, val_loss FROM rounds WHERE run_id = :r ORDER BY round",
+        r=run_id,
+    )
 
 
 def test_gc_keeps_what_the_run_needs_and_deletes_the_rest(stack):
@@ -60,10 +56,9 @@ def test_gc_keeps_what_the_run_needs_and_deletes_the_rest(stack):
     # Stop the coordinator while an update of an unsettled round is stored.
     deadline = time.monotonic() + 60
     while True:
-        with _db(stack) as db:
-            (unsettled,) = db.execute(
-                "SELECT count(*) FROM updates u JOIN runs r ON r.id = u.run_id WHERE u.round > r.settled_round"
-            ).fetchone()
+        ((unsettled,),) = stack.rows(
+            "SELECT count(*) FROM updates u JOIN runs r ON r.id = u.run_id WHERE u.round > r.settled_round"
+        )
         if unsettled or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -77,14 +72,14 @@ def test_gc_keeps_what_the_run_needs_and_deletes_the_rest(stack):
     assert report["deleted"] == dry["deleted"] and report["freed_bytes"] == dry["freed_bytes"] > 0
     held = _held(stack)
     assert len(held) == len(held_before) - report["deleted"]
-    with _db(stack) as db:
-        settled, global_cid, manifest = db.execute(
-            "SELECT settled_round, global_cid, manifest FROM runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        updates = db.execute("SELECT round, cid FROM updates WHERE run_id = ?", (run_id,)).fetchall()
-        ckpts = _checkpoints(db, run_id)
-        shards = {c for (c,) in db.execute("SELECT shard_cid FROM jobs WHERE run_id = ?", (run_id,))}
-    data = {e["cid"] for e in json.loads(manifest)["shards"]} | {json.loads(manifest)["val"]["cid"]} | shards
+    ((settled, global_cid, manifest),) = stack.rows(
+        "SELECT settled_round, global_cid, manifest FROM runs WHERE id = :r", r=run_id
+    )
+    manifest = manifest if isinstance(manifest, dict) else json.loads(manifest)  # PostgreSQL's JSON reads as a dict
+    updates = stack.rows("SELECT round, cid FROM updates WHERE run_id = :r", r=run_id)
+    ckpts = _checkpoints(stack, run_id)
+    shards = {c for (c,) in stack.rows("SELECT shard_cid FROM jobs WHERE run_id = :r", r=run_id)}
+    data = {e["cid"] for e in manifest["shards"]} | {manifest["val"]["cid"]} | shards
     assert data <= held  # the run's data stays while it is live
     assert global_cid in held
     for r, cid in updates:  # updates stay until their round is settled
@@ -105,9 +100,8 @@ def test_gc_keeps_what_the_run_needs_and_deletes_the_rest(stack):
         time.sleep(0.2)
 
     _gc(stack)
-    with _db(stack) as db:
-        ckpts = _checkpoints(db, run_id)
-        (result,) = db.execute("SELECT coalesce(result_cid, global_cid) FROM runs WHERE id = ?", (run_id,)).fetchone()
+    ckpts = _checkpoints(stack, run_id)
+    ((result,),) = stack.rows("SELECT coalesce(result_cid, global_cid) FROM runs WHERE id = :r", r=run_id)
     assert len(ckpts) == ROUNDS + 1  # every round's CID stays recorded
     kept = {c for _, ckpt, outer, _ in ckpts[-KEEP:] for c in (ckpt, outer) if c}
     assert _held(stack) == kept | {result}  # K checkpoints (the final one among them); no data, no updates

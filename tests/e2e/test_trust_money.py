@@ -21,7 +21,6 @@ import re
 import time
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.errors import Unprocessable
@@ -31,14 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 BOND = 2_000_000  # micro-AIT each provider locks (--bond 2)
 FUNDS = 10_000_000  # each provider's wallet (funds 10)
 OWNER = 1000_000_000  # the owner's wallet after init (fund_owner)
-
-
-def _rows(stack, sql: str, **params) -> list[tuple]:
-    eng = create_engine(f"sqlite:///{stack.root / 'coordinator' / 'coordinator.db'}")
-    with eng.connect() as c:
-        rows = [tuple(r) for r in c.execute(text(sql), params).all()]
-    eng.dispose()
-    return rows
 
 
 def _verify(stack) -> dict:
@@ -164,9 +155,7 @@ def test_scaled_update_under_mean_is_rejected_and_slashed_and_training_improves(
     rows = {r["worker_id"]: r for r in pay["data"]}
     byz = rows.pop(byz_id)
     assert byz["status"] == "slashed" and byz["slashed_micro"] == BOND and byz["paid_micro"] == 0
-    updates = _rows(
-        stack, "SELECT status, reason FROM updates WHERE run_id = :r AND worker_id = :w", r=run_id, w=byz_id
-    )
+    updates = stack.rows("SELECT status, reason FROM updates WHERE run_id = :r AND worker_id = :w", r=run_id, w=byz_id)
     assert updates and all(st == "rejected" and "median" in why for st, why in updates), updates
     for honest in rows.values():
         assert honest["slashed_micro"] == 0 and honest["paid_micro"] > 0

@@ -1,4 +1,4 @@
-"""``Ledger.post`` against a real SQLite file: what it refuses (and that a refusal writes
+"""``Ledger.post`` against a real database (SQLite, or PostgreSQL with ``AITBC_TEST_DB``): what it refuses (and that a refusal writes
 nothing), the networks, exactly-once keys, conservation over many random postings, and
 concurrent posters never forking the chain."""
 
@@ -47,8 +47,9 @@ def alice() -> Wallet:
 
 
 @pytest.fixture
-def engine(tmp_path):
-    e = create_engine(f"sqlite:///{tmp_path / 'ledger.db'}", connect_args={"timeout": 30})
+def engine(db_url):
+    """A new database of the backend under test holding the ledger's tables."""
+    e = create_engine(db_url, **({"connect_args": {"timeout": 30}} if db_url.startswith("sqlite") else {}))
     LedgerBase.metadata.create_all(e)
     yield e
     e.dispose()

@@ -1,5 +1,5 @@
 """The audit (:func:`aitbc.ledger.chain.audit`) over a real ledger: entries written by
-``Ledger.post`` into a SQLite file, owners' entries authorised by really signed requests,
+``Ledger.post`` into a real database (SQLite, or PostgreSQL with ``AITBC_TEST_DB``), owners' entries authorised by really signed requests,
 then tampered with by raw SQL as someone with the database file would. Each tamper must
 fail the audit naming the entry it touched."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -49,10 +50,11 @@ def signed(
 
 
 class Book:
-    """A ledger in a SQLite file, posting each entry in its own committed transaction."""
+    """A ledger in a new database of the backend under test, posting each entry in its own
+    committed transaction."""
 
-    def __init__(self, path, system: Wallet) -> None:
-        self.engine = create_engine(f"sqlite:///{path}")
+    def __init__(self, url: str, system: Wallet) -> None:
+        self.engine = create_engine(url)
         LedgerBase.metadata.create_all(self.engine)
         self.system = system
         self.ledger = Ledger(system)
@@ -139,9 +141,9 @@ def people():
 
 
 @pytest.fixture
-def book(tmp_path, people) -> Book:
+def book(db_url, people) -> Iterator[Book]:
     """Seven entries of every authorisation: mints, transfers, an escrow, a settlement, a refund."""
-    b = Book(tmp_path / "ledger.db", people["coordinator"])
+    b = Book(db_url, people["coordinator"])
     alice, bob = people["alice"], people["bob"]
     A, B = wallet_account(alice.address), wallet_account(bob.address)
     b.post(kind="mint", debit=MINT, credit=A, amount=100 * AIT, memo={"faucet": True})  # 1
@@ -186,7 +188,8 @@ def book(tmp_path, people) -> Book:
         key="refund:run1",  # 7
         memo={"run": "run1"},
     )
-    return b
+    yield b
+    b.engine.dispose()
 
 
 def assert_fails_at(result, seq: int | None, *words: str) -> None:

@@ -1,7 +1,8 @@
 """Money through the real console script against a real coordinator process: ``aitbc
 wallet fund/balance/send/history``, ``aitbc ledger entries`` and ``aitbc ledger verify``
-(through the API, and offline on the database file), then the database tampered with by
-hand and the audit failing on the entry touched. Bad input is one ``error:`` line, a
+(through the API, and offline on the database), then the database tampered with by hand
+and the audit failing on the entry touched. The coordinator's database is of the backend
+under test (SQLite, or PostgreSQL with ``AITBC_TEST_DB=postgresql``). Bad input is one ``error:`` line, a
 non-zero exit, and no ledger entry."""
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -31,8 +31,8 @@ def free_port() -> int:
 class CoordinatorProcess:
     """``aitbc coordinator serve`` on a free port, in its own process group."""
 
-    def __init__(self, home: Path) -> None:
-        self.home, self.proc, self.url = home, None, None
+    def __init__(self, home: Path, db_url: str) -> None:
+        self.home, self.db_url, self.proc, self.url = home, db_url, None, None
 
     def start(self) -> str:
         port = free_port()
@@ -47,6 +47,8 @@ class CoordinatorProcess:
                 str(self.home),
                 "--port",
                 str(port),
+                "--db",
+                self.db_url,
                 "--log-level",
                 "warning",
             ],
@@ -82,11 +84,13 @@ class CoordinatorProcess:
 
 
 @pytest.fixture
-def coordinator(tmp_path, monkeypatch):
-    c = CoordinatorProcess(tmp_path / "coord")
+def coordinator(tmp_path, monkeypatch, databases):
+    url = databases.new(tmp_path / "coord")
+    c = CoordinatorProcess(tmp_path / "coord", url)
     monkeypatch.setenv("AITBC_COORDINATOR", c.start())
     yield c
     c.stop()
+    databases.drop(url)
 
 
 def ok(result) -> str:
@@ -108,23 +112,6 @@ def address(aitbc, name: str) -> str:
     return json.loads((aitbc.home / "wallets" / name / "key.json").read_text())["address"]
 
 
-def copy_db(src: Path, dest: Path) -> Path:
-    """A consistent copy of a SQLite database (WAL included), by SQLite's backup."""
-    with sqlite3.connect(src) as a, sqlite3.connect(dest) as b:
-        a.backup(b)
-    a.close()
-    b.close()
-    return dest
-
-
-def tamper(db: Path, *statements: str) -> None:
-    conn = sqlite3.connect(db)
-    with conn:
-        for sql in statements:
-            conn.execute(sql)
-    conn.close()
-
-
 SWAP_2_3 = (
     "UPDATE ledger_entries SET seq = -1 WHERE seq = 2",
     "UPDATE ledger_entries SET seq = 2 WHERE seq = 3",
@@ -132,7 +119,7 @@ SWAP_2_3 = (
 )
 
 
-def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path):
+def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path, databases):
     for name in ("alice", "bob"):
         ok(aitbc("wallet", "create", name))
     out = ok(aitbc("wallet", "fund", "alice", "100"))
@@ -165,10 +152,9 @@ def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path):
     system_key = result["system_key"]
     one_line_error(aitbc("ledger", "verify", "--system-key", "ab" * 32), 1, "not the --system-key")
 
-    # Offline, on the database file: the key comes from the coordinator's home (or --system-key).
+    # Offline, on the database: the key comes from the coordinator's home (or --system-key).
     coordinator.stop()
-    db = coordinator.home / "coordinator.db"
-    url = f"sqlite:///{db}"
+    url = coordinator.db_url
     assert ok(aitbc("ledger", "verify", "--db", url, "--home", str(coordinator.home))).startswith(
         "ledger OK: 5 entries"
     )
@@ -198,25 +184,26 @@ def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path):
             "",
         ),
     }
+    copies = {}
     for name, (statements, start, words) in cases.items():
-        copy = copy_db(db, tmp_path / f"{name}.db")
-        tamper(copy, *statements)
-        r = aitbc("ledger", "verify", "--db", f"sqlite:///{copy}", "--home", str(coordinator.home))
+        copies[name] = databases.copy(url, tmp_path / name)
+        databases.sql(copies[name], *statements)
+        r = aitbc("ledger", "verify", "--db", copies[name], "--home", str(coordinator.home))
         line = one_line_error(r, 1, words)
         assert line.startswith(start), (name, line)
         assert r.stdout == ""
-    r = aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/swap.db", "--system-key", system_key, "--json")
+    r = aitbc("ledger", "verify", "--db", copies["swap"], "--system-key", system_key, "--json")
     assert r.returncode == 1
     as_json = json.loads(r.stdout)
     assert (as_json["ok"], as_json["bad_seq"], as_json["system_key_from"]) == (False, 2, "--system-key")
     assert "does not link" in as_json["problem"] and as_json["description"].startswith("entry 2 (")
 
-    # Through the API: the tampered file served by a restarted coordinator.
-    tamper(db, "UPDATE ledger_entries SET amount = amount + 1 WHERE seq = 2")
+    # Through the API: the tampered database served by a restarted coordinator.
+    databases.sql(coordinator.db_url, "UPDATE ledger_entries SET amount = amount + 1 WHERE seq = 2")
     url = coordinator.start()
     one_line_error(aitbc("ledger", "verify", "--coordinator", url), 1, "entry 2 (", "hash does not match")
     # ... and tampered while it runs: the edit undone, two entries swapped under it.
-    tamper(db, "UPDATE ledger_entries SET amount = amount - 1 WHERE seq = 2", *SWAP_2_3)
+    databases.sql(coordinator.db_url, "UPDATE ledger_entries SET amount = amount - 1 WHERE seq = 2", *SWAP_2_3)
     one_line_error(aitbc("ledger", "verify", "--coordinator", url), 1, "entry 2 (", "does not link")
 
 
@@ -260,7 +247,7 @@ def test_bad_money_input_is_one_line_and_writes_nothing(aitbc, coordinator):
     assert ok(aitbc("ledger", "verify")).startswith(f"ledger OK: {before} entries")
 
 
-def test_offline_verify_of_what_is_not_a_ledger(aitbc, tmp_path):
+def test_offline_verify_of_what_is_not_a_ledger(aitbc, tmp_path, databases):
     key = "ab" * 32
     (tmp_path / "garbage.db").write_text("not a database")
     one_line_error(
@@ -269,13 +256,10 @@ def test_offline_verify_of_what_is_not_a_ledger(aitbc, tmp_path):
         "cannot read the ledger",
         "file is not a database",
     )
-    with sqlite3.connect(tmp_path / "other.db") as conn:
-        conn.execute("CREATE TABLE t (a)")
-    conn.close()
-    one_line_error(
-        aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/other.db", "--system-key", key), 1, "no such table"
-    )
+    other = databases.new(tmp_path / "other")  # a database of the backend under test, with no ledger in it
+    databases.sql(other, "CREATE TABLE t (a INTEGER)")
+    missing = "no such table" if databases.backend == "sqlite" else "does not exist"
+    one_line_error(aitbc("ledger", "verify", "--db", other, "--system-key", key), 1, "cannot read the ledger", missing)
     one_line_error(aitbc("ledger", "verify", "--db", "not a url", "--system-key", key), 2, "not a database URL")
-    one_line_error(
-        aitbc("ledger", "verify", "--db", f"sqlite:///{tmp_path}/other.db", "--system-key", "zz"), 2, "not a public key"
-    )
+    one_line_error(aitbc("ledger", "verify", "--db", other, "--system-key", "zz"), 2, "not a public key")
+    databases.drop(other)

@@ -27,7 +27,7 @@ from aitbc.ledger.chain import wallet_account
 from aitbc.units import format_price
 
 router = APIRouter(tags=["ledger"])
-MAX_SEQ = 2**63 - 1  # the largest sequence number a database integer holds
+MAX_SEQ = 2**31 - 1  # the largest sequence number the column holds on every backend (INTEGER on PostgreSQL)
 
 
 @router.post("/wallets/fund", status_code=201, response_model=Funded, responses=errors(422))
