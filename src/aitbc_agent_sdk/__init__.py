@@ -12,6 +12,7 @@ from aitbc_agent_sdk.clients import Agent, AsyncAgent
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import (
     AgentError,
+    AmbiguousRun,
     BadRequest,
     Conflict,
     CoordinatorUnreachable,
@@ -40,6 +41,7 @@ __all__ = [
     "Unprocessable",
     "CoordinatorUnreachable",
     "InvalidArgument",
+    "AmbiguousRun",
     "TrainingFailed",
     "WaitTimeout",
     "IntegrityFailure",

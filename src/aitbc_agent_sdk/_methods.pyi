@@ -2,9 +2,10 @@
 # do not edit. Agent and AsyncAgent (aitbc_agent_sdk.clients) inherit these classes when type
 # checked; at run time each method is the operation driven by the client.
 
-from aitbc_agent_sdk.results import Liveness, Outcome, Validity
 from pathlib import Path
 from typing import Any, Literal
+
+from aitbc_agent_sdk.results import Liveness, Outcome, Validity
 
 class AgentMethods:
     """The blocking methods of the agent, one per operation."""

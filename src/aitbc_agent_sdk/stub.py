@@ -107,7 +107,9 @@ def _source() -> str:
         "# do not edit. Agent and AsyncAgent (aitbc_agent_sdk.clients) inherit these classes when type",
         "# checked; at run time each method is the operation driven by the client.",
         "",
-        *(f"from {m} import {', '.join(ns)}" for m, ns in sorted(by_module.items())),
+        *(f"from {m} import {', '.join(ns)}" for m, ns in sorted(by_module.items()) if not m.startswith("aitbc")),
+        "",
+        *(f"from {m} import {', '.join(ns)}" for m, ns in sorted(by_module.items()) if m.startswith("aitbc")),
         "",
     ]
     for cls, asynchronous in (("AgentMethods", False), ("AsyncAgentMethods", True)):
