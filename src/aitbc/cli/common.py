@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
@@ -69,3 +71,68 @@ def naming_wallet(wallet: str | None) -> Iterator[None]:
 
 def resolve_home(home: Path) -> Path:
     return home.expanduser()
+
+
+def fit(table: Table, *, whole: Sequence[str] = (), drop: Sequence[str] = (), console: Console | None = None) -> Table:
+    """``table`` made readable at the console's width (``COLUMNS=80`` too): the columns
+    named in ``whole`` (ids, CIDs, addresses: copied, so never cut or folded) keep each
+    value on one line at full length; every other column wraps; and while the table still
+    cannot fit, its outer border goes, then the columns named in ``drop``, in that order
+    (the least useful first). Columns are named by their header."""
+    console = console or out
+    for column in table.columns:
+        column.overflow = "fold"
+        if column.header in whole:
+            column.no_wrap = True
+            column.min_width = max(len(line) for c in [column.header, *column.cells] for line in _lines(c))
+
+    if not fits(table, console):
+        table.show_edge = False
+    for header in drop:
+        if fits(table, console):
+            break
+        table.columns[:] = [c for c in table.columns if c.header != header]
+    _widths(table, console.width)
+    return table
+
+
+def _widths(table: Table, width: int) -> None:
+    """Column widths that fit ``width`` when the natural ones do not: the widest column
+    that may wrap gives up one character at a time, never below its longest word (rich's
+    own squeeze would cut words, and ids, short)."""
+    cols = table.columns
+    natural = [max(len(line) for c in [col.header, *col.cells] for line in _lines(c)) for col in cols]
+    floor = [
+        n if col.no_wrap else max([len(w) for c in [col.header, *col.cells] for w in _plain(c).split()] + [1])
+        for col, n in zip(cols, natural, strict=True)
+    ]
+    room = width - 2 * len(cols) - ((len(cols) + 1) if table.show_edge else max(len(cols) - 1, 0))
+    widths = list(natural)
+    while sum(widths) > room:
+        i = max(range(len(cols)), key=lambda k: (widths[k] - floor[k] > 0, widths[k]))
+        if widths[i] <= floor[i]:
+            return  # cannot fit without breaking words: leave it to rich
+        widths[i] -= 1
+    if widths != natural:
+        for col, w in zip(cols, widths, strict=True):
+            col.width = w
+
+
+def fits(table: Table, console: Console | None = None) -> bool:
+    """Whether ``table`` fits the console's width with no word, id or CID broken."""
+    console = console or out
+    words = [
+        max([len(w) for c in [column.header, *column.cells] for w in _plain(c).split()] + [1])
+        for column in table.columns
+    ]
+    edges = (len(words) + 1) if table.show_edge else max(len(words) - 1, 0)
+    return sum(words) + 2 * len(words) + edges <= console.width
+
+
+def _plain(cell: Any) -> str:
+    """A cell's text as shown (markup such as ``[red]`` taken out)."""
+    return cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+
+
+def _lines(cell: Any) -> list[str]:
+    return _plain(cell).splitlines() or [""]

@@ -32,7 +32,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, fit, fits, out, resolve_home
 from aitbc.errors import AitbcError, UsageError
 from aitbc.units import format_price
 
@@ -260,6 +260,29 @@ def verify(
     err.print(f"audited {source.where}; coordinator key {key[:16]}... from {key_from}", highlight=False, markup=False)
 
 
+def _entries_table(data: list[dict[str, Any]]) -> Table:
+    """Accounts and amounts whole (they are copied); key and memo wrap, then go, at a
+    narrow width; narrower still, each entry's two accounts share a column, one per line."""
+    stacked = False
+    while True:
+        accounts = ("debit / credit",) if stacked else ("debit", "credit")
+        table = Table("seq", "kind", *accounts, "amount AIT", "key", "memo")
+        for e in data:
+            moved = (Text(f"{e['debit']}\n{e['credit']}"),) if stacked else (Text(e["debit"]), Text(e["credit"]))
+            table.add_row(
+                str(e["seq"]),
+                Text(e["kind"]),
+                *moved,
+                e.get("amount_ait") or format_price(e["amount"]),
+                Text(e["key"] or ""),
+                Text(json.dumps(e["memo"], sort_keys=True)),
+            )
+        fit(table, whole=("seq", *accounts, "amount AIT"), drop=("memo", "key", "kind"))
+        if stacked or fits(table):
+            return table
+        stacked = True
+
+
 @app.command()
 def entries(
     after: Annotated[int, typer.Option("--after", help="List entries after this sequence number.")] = 0,
@@ -282,22 +305,7 @@ def entries(
     if not res["data"]:
         err.print(f"no ledger entries after {after}", highlight=False, markup=False)
         return
-    table = Table("seq", "kind", "debit", "credit", "amount AIT", "key", "memo")
-    for column in table.columns:  # wrap in a narrow terminal; never cut a value short
-        column.overflow = "fold"
-    for i in (0, 2, 3, 4):  # seq, accounts and amounts whole on their line; key and memo wrap first
-        table.columns[i].no_wrap = True
-    for e in res["data"]:
-        table.add_row(
-            str(e["seq"]),
-            Text(e["kind"]),
-            Text(e["debit"]),
-            Text(e["credit"]),
-            e.get("amount_ait") or format_price(e["amount"]),
-            Text(e["key"] or ""),
-            Text(json.dumps(e["memo"], sort_keys=True)),
-        )
-    out.print(table, highlight=False)
+    out.print(_entries_table(res["data"]), highlight=False)
     if res.get("next") is not None:
         err.print(
             f"more after entry {res['next']}: aitbc ledger entries --after {res['next']}", highlight=False, markup=False

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, out, page, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, fit, out, page, resolve_home
 from aitbc.units import format_price
 
 app = typer.Typer(help="The marketplace of provider offers.", no_args_is_help=True)
@@ -51,4 +51,4 @@ def offers(
             o["status"],
             f"{o['last_heartbeat_age']:.1f}s ago",
         )
-    out.print(t)
+    out.print(fit(t, whole=("worker",), drop=("device", "heartbeat", "availability", "reputation", "score", "status")))

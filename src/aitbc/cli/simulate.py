@@ -193,6 +193,7 @@ def simulate(
         rows.append(("model spread (gossip)", f"{result.spread:.4g}"))
     for k, v in rows:
         table.add_row(k, v)
+    table.columns[1].min_width = len(result.final_model_cid)  # a CID is copied whole; paths may fold
     out.print(table)
 
 

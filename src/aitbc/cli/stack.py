@@ -356,7 +356,7 @@ def _owner_workflow(
 
     _step(7, 7, "results")
     with agent(home, url, owner) as a:
-        if failure is not None and a.get_training_status(run_id)["status"] not in ("complete", "failed", "stopped"):
+        if failure is not None and a.get_training_status(run_id)["status"] not in training.ENDED:
             a.stop_training(run_id)  # release the workers of a stack that outlives the demo
         res = a.get_results(run_id)
         detail = a.get_training_status(run_id)
@@ -405,7 +405,7 @@ def _wait_settled(a: Agent, run_id: str, *, timeout: float) -> dict[str, Any]:
 def _summary(
     st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None
 ) -> None:
-    from aitbc.cli.training import _fmt, _human_bytes, _short
+    from aitbc.cli.training import _fmt, _human_bytes
 
     names = {p.address: p for p in st.workers}
     up_b, down_b = res["bytes_up"] or 0, res["bytes_down"] or 0
@@ -425,7 +425,7 @@ def _summary(
         rows.append(("model file", str(model_file)))
     for w in detail["workers"]:
         p = names.get(w["worker_id"])
-        who = f"{p.name} ({p.gpu}, {p.price} AIT)" if p else _short(w["worker_id"])
+        who = f"{p.name} ({p.gpu}, {p.price} AIT)" if p else w["worker_id"]
         rows.append((f"rounds done by {who}", f"{w['rounds_done']} (shard {w['shard_index']}, {w['status']})"))
     if res.get("error"):
         rows.append(("error", res["error"]))

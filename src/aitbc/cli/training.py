@@ -30,6 +30,7 @@ from aitbc.cli.common import (
     HomeOption,
     agent,
     err,
+    fit,
     naming_wallet,
     out,
     page,
@@ -138,10 +139,6 @@ def _human_bytes(n: int | None) -> str:
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec)
-
-
-def _short(addr: str) -> str:
-    return addr if len(addr) <= 16 else f"{addr[:10]}…{addr[-4:]}"
 
 
 # --- init ---------------------------------------------------------------------------
@@ -312,7 +309,7 @@ def discover_workers(
     for i, r in enumerate(res["ranked"], 1):
         t.add_row(
             str(i),
-            _short(r["worker_id"]),
+            r["worker_id"],
             r["gpu_type"],
             f"{r['price']:.2f}",
             f"{r['reputation']:.2f}",
@@ -320,7 +317,7 @@ def discover_workers(
             f"{r['score']:.3f}",
             "yes" if r["hired"] else "",
         )
-    out.print(t)
+    out.print(fit(t, whole=("worker",), drop=("availability", "reputation", "#", "score")))
     out.print(f"Contracted {res['count']} worker{'s' if res['count'] != 1 else ''} for {training_id}", highlight=False)
 
 
@@ -423,6 +420,10 @@ def distribute(
 # --- monitor, status, list ------------------------------------------------------------
 
 
+# At a narrow width, the worker table drops these first (the id, progress and status stay).
+RUN_VIEW_DROPS = ("heartbeat", "epoch", "this round", "shard", "flags", "rounds", "score", "loss")
+
+
 def _run_view(run: dict[str, Any]) -> Group:
     cfg = run.get("config") or {}
     head = Table.grid(padding=(0, 2))
@@ -456,7 +457,7 @@ def _run_view(run: dict[str, Any]) -> Group:
     for w in run["workers"]:
         hb = w["last_heartbeat_age"]
         t.add_row(
-            _short(w["worker_id"]),
+            w["worker_id"],
             str(w["shard_index"]),
             f"{w['progress']:.1f}",
             _fmt(w["loss"]),
@@ -468,15 +469,70 @@ def _run_view(run: dict[str, Any]) -> Group:
             ", ".join(w.get("score_flags") or []),
             "-" if hb is None else f"{hb:.1f}s ago",
         )
+    fit(t, whole=("worker",), drop=RUN_VIEW_DROPS)
     parts: list[Any] = [head, t]
     if run.get("error"):
         parts.append(f"[red]{run['error']}[/red]")
     return Group(*parts)
 
 
+ENDED = ("complete", "failed", "stopped")  # a run in one of these changes no more
+
+
 def _finished(run: dict[str, Any]) -> None:
+    """A failed run is an error (exit 1); a complete one, or one its owner stopped, is not."""
     if run["status"] == "failed":
         raise AitbcError(f"run {run['training_id']} failed: {run.get('error') or 'no reason recorded'}")
+
+
+def _ended_line(run: dict[str, Any]) -> str:
+    loss = f"val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}"
+    if run["status"] == "stopped":
+        done = f"{run['rounds_completed']}/{(run.get('config') or {}).get('rounds', '-')} rounds"
+        return f"Run {run['training_id']} stopped by its owner after {done}: {loss}, model {run['global_model_cid'] or '-'}"
+    return f"Run {run['training_id']} complete: {loss}, model {run['global_model_cid']}"
+
+
+def _changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
+    """What changed between two snapshots of a run, one line each: the run's status, a
+    round closed (with its evaluation), a worker's state, a worker joining. For a log:
+    ``monitor`` writes these when its output is not a terminal."""
+    cfg = run.get("config") or {}
+    rounds = cfg.get("rounds", "-")
+    if before is None:
+        return [
+            f"{run['training_id']}: {run['status']}, round {run['round']}/{rounds}, "
+            f"{len(run['workers'])} worker{'s' if len(run['workers']) != 1 else ''}, "
+            f"val loss {_fmt(run['val_loss'])}"
+        ]
+    lines = []
+    if run["rounds_completed"] > before["rounds_completed"]:
+        evaluated = run["val_loss"] != before["val_loss"] or run["val_accuracy"] != before["val_accuracy"]
+        lines.append(
+            f"round {run['rounds_completed']}/{rounds} closed"
+            + (f": val loss {_fmt(run['val_loss'])}, val acc {_fmt(run['val_accuracy'], '.3f')}" if evaluated else "")
+        )
+    elif run["val_loss"] != before["val_loss"]:
+        lines.append(f"evaluation: val loss {_fmt(run['val_loss'])}, val acc {_fmt(run['val_accuracy'], '.3f')}")
+    seen = {w["worker_id"]: w for w in before["workers"]}
+    for w in run["workers"]:
+        old = seen.get(w["worker_id"])
+        if old is None:
+            lines.append(f"worker {w['worker_id']} joined: shard {w['shard_index']}, {w['status']}")
+        elif old["status"] != w["status"]:
+            loss = "" if w["loss"] is None else f", loss {_fmt(w['loss'])}"
+            lines.append(f"worker {w['worker_id']}: {old['status']} -> {w['status']} (round {run['round']}{loss})")
+    if run["status"] != before["status"]:
+        lines.append(f"run {before['status']} -> {run['status']}" + (f": {run['error']}" if run.get("error") else ""))
+    return lines
+
+
+def _log(lines: list[str]) -> None:
+    """Each line as it happens: written and flushed at once (a pipe or a file buffers)."""
+    stamp = time.strftime("%H:%M:%S")
+    for line in lines:
+        out.file.write(f"{stamp} {line}\n")
+    out.file.flush()
 
 
 @app.command()
@@ -489,10 +545,11 @@ def monitor(
     json_out: Annotated[bool, typer.Option("--json", help="JSON snapshots (one line each).")] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Watch a run live (one row per worker) until it completes or fails."""
+    """Watch a run until it completes, fails (exit 1) or is stopped by its owner (exit 0):
+    a live table in a terminal; elsewhere (a pipe, a log file) one line per change
+    (round closed, evaluation, a worker's state, the run's status), written as it happens."""
     home = resolve_home(home)
-    if interval <= 0:
-        raise UsageError(f"--interval must be > 0, got {interval}")
+    checks.more_than(interval, 0, "--interval")
     t0 = time.monotonic()
     with _agent(home, coordinator, training_id) as a:
         run = _api_view(a.get_training_status(training_id))
@@ -502,7 +559,7 @@ def monitor(
                     _emit_json(run)
                 else:
                     out.print(_run_view(run))
-                if once or run["status"] in ("complete", "failed", "stopped"):
+                if once or run["status"] in ENDED:
                     break
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
@@ -510,20 +567,23 @@ def monitor(
             if not once:
                 _finished(run)
             return
-        with Live(_run_view(run), console=out, refresh_per_second=4, transient=False) as live:
-            while run["status"] not in ("complete", "failed", "stopped"):
+        if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
+            _log(_changes(None, run))
+            while run["status"] not in ENDED:
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
-                run = _api_view(a.get_training_status(training_id))
-                live.update(_run_view(run))
-        if not out.is_terminal:
-            out.line()  # Live leaves the cursor after the table's last border
+                before, run = run, _api_view(a.get_training_status(training_id))
+                _log(_changes(before, run))
+        else:
+            with Live(_run_view(run), console=out, refresh_per_second=4, transient=False) as live:
+                while run["status"] not in ENDED:
+                    _check_timeout(t0, timeout, training_id)
+                    time.sleep(interval)
+                    run = _api_view(a.get_training_status(training_id))
+                    live.update(_run_view(run))
     _finished(run)
-    out.print(
-        f"Run {training_id} complete: val loss {_fmt(run['initial_val_loss'])} -> {_fmt(run['val_loss'])}, "
-        f"model {run['global_model_cid']}",
-        highlight=False,
-    )
+    out.print(_ended_line(run), highlight=False)
+    out.file.flush()
 
 
 def _check_timeout(t0: float, timeout: float | None, run_id: str) -> None:
@@ -578,7 +638,7 @@ def list_runs(
             str(r["target_workers"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
         )
-    out.print(t)
+    out.print(fit(t, whole=("training id",), drop=("created", "workers", "model")))
 
 
 # --- control and results ----------------------------------------------------------------
@@ -648,8 +708,8 @@ def results(
         _emit_json(res)
         return
     t = Table(title=f"Results of {training_id}", show_header=False)
-    t.add_column("", style="bold")
-    t.add_column("")
+    t.add_column("key", style="bold")
+    t.add_column("value")
     rows = [
         ("status", res["status"]),
         ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
@@ -664,7 +724,7 @@ def results(
         rows.append(("error", res["error"]))
     for k, v in rows:
         t.add_row(k, str(v))
-    out.print(t)
+    out.print(fit(t, whole=("value",) if not res.get("error") else ()))  # the CID whole; an error wraps
     if res.get("workers"):
         w = Table(title="Contribution scores (mean quality of scored rounds, 0-1)")
         for col in ("worker", "contract", "score", "last round", "flags"):
@@ -677,7 +737,7 @@ def results(
                 _fmt(r["last_quality"], ".3f"),
                 ", ".join(r["score_flags"]),
             )
-        out.print(w)
+        out.print(fit(w, whole=("worker",), drop=("last round", "flags", "contract")))
 
 
 @app.command("download-model")
@@ -740,7 +800,7 @@ def verify(
         for row in rows:
             shown = "OK" if row["ok"] else "pruned" if row["pruned"] else f"[red]FAILED: {row['detail']}[/red]"
             t.add_row(str(row["round"]), row["cid"], shown)
-        out.print(t)
+        out.print(fit(t, whole=("CID",)))
     if not rows:
         raise AitbcError(f"run {training_id} has no checkpoints yet")
     if bad:
@@ -792,7 +852,7 @@ def _payments_table(res: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col in ("worker", "flags", "contract") else "right")
     for r in res["data"]:
         t.add_row(
-            _short(r["worker_id"]),
+            r["worker_id"],
             format_price(r["price_micro"]),
             str(r["rounds_accepted"]),
             _fmt(r["score"], ".3f"),
@@ -803,4 +863,8 @@ def _payments_table(res: dict[str, Any]) -> Table:
             ", ".join(r["flags"]),
             r["status"],
         )
-    return t
+    return fit(
+        t,
+        whole=("worker",),
+        drop=("reputation", "flags", "contract", "rounds accepted", "bond", "score", "price/round"),
+    )

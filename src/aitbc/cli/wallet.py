@@ -22,6 +22,7 @@ from aitbc.cli.common import (
     HomeOption,
     agent,
     err,
+    fit,
     naming_wallet,
     out,
     page,
@@ -94,13 +95,9 @@ def list_(home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None
         err.print(f"no wallets in {wallets_dir(home)}", highlight=False, markup=False)
         return
     table = Table("name", "address", "created")
-    for column in table.columns:  # in a narrow terminal, wrap; never cut a value short
-        column.overflow = "fold"
-    table.columns[1].no_wrap = True
-    table.columns[1].min_width = len(infos[0].address)  # an address is copied whole
     for info in infos:
         table.add_row(Text(info.name), Text(info.address), Text(info.created))
-    out.print(table, highlight=False)
+    out.print(fit(table, whole=("address",), drop=("created",)), highlight=False)  # an address is copied whole
 
 
 @app.command()
@@ -267,4 +264,4 @@ def history(
             other,
             json.dumps(e["memo"], sort_keys=True),
         )
-    out.print(table)
+    out.print(fit(table, whole=("counterparty",), drop=("memo", "kind", "#", "time")))
