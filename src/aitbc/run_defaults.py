@@ -23,4 +23,7 @@ COMPRESSION = "none"  # update codec spec
 ERROR_FEEDBACK = False
 MODE = "sync"
 EVAL_EVERY = 1  # evaluate every N rounds (and after the last)
-MAX_CORPUS_BYTES = 4 << 20  # text datasets: bytes read at most
+# text:PATH datasets: bytes read at most (a longer corpus is cut, with a warning). 128 MiB:
+# large enough for most folders, and one shard of it (x and y: 2 x 90%) still fits the
+# coordinator's default largest blob (256 MiB). The stdlib corpus is a 4 MiB sample.
+MAX_CORPUS_BYTES = 128 << 20

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 import typer
@@ -87,6 +88,19 @@ def _register() -> None:
 
 
 _register()
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """Our own warnings (a corpus cut to ``--max-bytes``) as one ``warning:`` line on stderr;
+    other packages' as Python shows them."""
+    if category.__module__.startswith("aitbc"):
+        err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
+    else:
+        _show_warning(message, category, *args, **kwargs)
+
+
+_show_warning = warnings.showwarning
+warnings.showwarning = _warning_line
 
 
 def main() -> None:

@@ -42,4 +42,10 @@ Seed = Annotated[int, typer.Option(help="Seed of the data split, the initial mod
 ModelOpt = Annotated[
     list[str] | None, typer.Option("--model-opt", help="Model option KEY=VALUE (repeatable), e.g. context=64.")
 ]
-MaxBytes = Annotated[int, typer.Option(help="Text corpora: bytes to read at most.")]
+MaxBytes = Annotated[
+    int,
+    typer.Option(
+        help="text:PATH corpora: bytes to read at most; a longer corpus is cut, with a warning on stderr "
+        "(stdlib is a 4 MiB sample)."
+    ),
+]

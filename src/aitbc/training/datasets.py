@@ -13,6 +13,7 @@ Everything is local or shipped with installed packages: nothing is downloaded.
 from __future__ import annotations
 
 import sysconfig
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aitbc import run_defaults
 from aitbc.core.registry import Registry
 from aitbc.errors import NotFoundError, UsageError
 from aitbc.training.data_spec import DataSpec
 
 VAL_FRACTION = 0.2  # classification hold-out
 TEXT_VAL_FRACTION = 0.1
+STDLIB_BYTES = 4 << 20  # the stdlib corpus: the first 4 MiB of the standard library's sources (a sample)
+
+
+class CorpusTruncated(UserWarning):
+    """A text corpus was longer than ``max_bytes`` and was read only up to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +55,7 @@ class Dataset:
 class DataOptions:
     seed: int = 0
     seq_len: int = 128  # language data: bytes per sample
-    max_bytes: int = 4 << 20  # language data: corpus cap
+    max_bytes: int = run_defaults.MAX_CORPUS_BYTES  # language data: corpus cap (text:PATH)
 
 
 Loader = Callable[[str | None, DataOptions], Dataset]
@@ -174,6 +181,15 @@ def _text(arg: str | None, opts: DataOptions) -> Dataset:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     if not files:
         raise UsageError(f"folder {path} holds no files")
+    total = sum(f.stat().st_size for f in files)
+    if total > opts.max_bytes:  # said, never silent: the rest of the corpus is not trained on
+        warnings.warn(
+            CorpusTruncated(
+                f"text corpus {arg} holds {total:,} bytes; only the first {opts.max_bytes:,} "
+                f"({opts.max_bytes / total:.1%}) are used (raise the cap with --max-bytes, or max_bytes=)"
+            ),
+            stacklevel=2,
+        )
     return _language(_read_corpus(files, opts.max_bytes), f"text:{arg}", opts)
 
 
@@ -181,11 +197,12 @@ def _text(arg: str | None, opts: DataOptions) -> Dataset:
 def _stdlib(arg: str | None, opts: DataOptions) -> Dataset:
     """The running Python's own standard-library ``.py`` sources: a real, offline corpus.
 
-    Files are taken in sorted path order (site-packages excluded) up to ``max_bytes``."""
+    Files are taken in sorted path order (site-packages excluded): the first
+    :data:`STDLIB_BYTES` (4 MiB), or ``max_bytes`` if smaller."""
     _no_arg("stdlib", arg)
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "__pycache__" not in p.parts)
-    return _language(_read_corpus(files, opts.max_bytes), "stdlib", opts)
+    return _language(_read_corpus(files, min(opts.max_bytes, STDLIB_BYTES)), "stdlib", opts)
 
 
 __all__ = ["DATASETS", "DataOptions", "Dataset", "load_dataset"]
