@@ -27,7 +27,7 @@ def training(new_coordinator, api):
 def ended(new_coordinator, api):
     """A run that was training (round 1 open, jobs assigned), then stopped by its owner."""
     t = api.start_training_run(new_coordinator(), 2)
-    assert t.owner.post(f"/runs/{t.run_id}/stop")["status"] == "failed"
+    assert t.owner.post(f"/runs/{t.run_id}/stop")["status"] == "stopped"
     return t
 
 
@@ -123,11 +123,11 @@ def test_bad_worker_registration(server, api, body, code):
 
 def test_prices_are_exact_integers(server, api):
     for price, micro, shown in [
-        ("1.20", 1_200_000, "1.2"),
-        (0.3, 300_000, "0.3"),
-        (2, 2_000_000, "2"),
-        ("0.000001", 1, "0.000001"),
-        ("0", 0, "0"),
+        ("1.20", 1_200_000, 1.2),
+        (0.3, 300_000, 0.3),
+        (2, 2_000_000, 2.0),
+        ("0.000001", 1, 0.000001),
+        ("0", 0, 0.0),
     ]:
         w = server.client("p")
         offer = w.post("/workers", {"gpu": "RTX3090", "price": price})
@@ -351,7 +351,7 @@ def test_requests_after_the_run_ended(api, ended):
     ]:
         with pytest.raises(api.ApiError) as e:
             owner.post(f"/runs/{run_id}/{action}", body)
-        api.assert_api_error(e, 409, "run_ended", run_id, "failed")
+        api.assert_api_error(e, 409, "run_ended", run_id, "stopped")
     w = ended.workers[0]
     job = ended.jobs[w.wallet.address]
     cid = api.put_update(w, torch.zeros(ended.d))
@@ -365,7 +365,7 @@ def test_requests_after_the_run_ended(api, ended):
     assert coord.snapshot() == before
     assert w.get(f"/workers/{w.wallet.address}/job", sign=True)["job"] is None
     run = owner.get(f"/runs/{run_id}")
-    assert (run["status"], run["error"]) == ("failed", "stopped by the owner")
+    assert (run["status"], run["error"]) == ("stopped", "stopped by the owner")
     assert {j["job_status"] for j in run["workers"]} == {"released"}
     assert {c["status"] for c in run["contracts"]} == {"released"}
 
@@ -565,7 +565,9 @@ def test_paused_run_takes_no_updates(new_coordinator, api):
     before = t.coord.snapshot()
     with pytest.raises(api.ApiError) as e:
         t.owner.post(f"/runs/{t.run_id}/pause")
-    api.assert_api_error(e, 409, "bad_state", "paused")
+    api.assert_api_error(
+        e, 409, "already_paused", f"resume it with `aitbc distributed-training resume --training-id {t.run_id}`"
+    )
     with pytest.raises(api.ApiError) as e:
         w.post(f"/jobs/{job}/updates", api.update_body(1, cid))
     api.assert_api_error(e, 409, "not_accepting", "paused")

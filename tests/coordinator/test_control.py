@@ -92,7 +92,7 @@ def settled(coord, timeout: float = 20) -> None:
     while coord.rows(
         "SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
         "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
-        "OR (r.status IN ('complete', 'failed') AND NOT r.bonds_returned))"
+        "OR (r.status IN ('complete', 'failed', 'stopped') AND NOT r.bonds_returned))"
     ):
         assert time.monotonic() < deadline, "the driver never scored the aggregated rounds"
         time.sleep(0.02)
@@ -101,7 +101,8 @@ def settled(coord, timeout: float = 20) -> None:
 def run_state(client, run_id: str) -> dict:
     """What the API shows of a run and its jobs, less what moves with the clock."""
     run = client.get(f"/runs/{run_id}")
-    run.pop("time")
+    for moving in ("time", "speed", "target_speed"):  # rounds per second: the clock moves them
+        run.pop(moving)
     for j in run["workers"]:
         j.pop("last_heartbeat_age")
     return {"run": run, "shards": shards(client, run_id), "rounds": client.get(f"/runs/{run_id}/rounds")["data"]}
@@ -389,7 +390,7 @@ def test_phase_job_and_aggregation_refusals_change_nothing(coord, api):
         refused(coord, api, who, path, body, status, code, *detail, run_id=run_id)
 
     # initializing, no data, nobody hired
-    no(f"{p}/phase", {"phase": "distributing"}, 422, "no_config", "needs the training config")
+    no(f"{p}/phase", {"phase": "distributing"}, 409, "no_data", run_id)  # no config: the defaults
     no(f"{p}/phase", dist, 409, "no_data", run_id)
     no(f"{p}/phase", {"phase": "training", "config": CONFIG}, 422, "bad_config", "distributing only")
     no(f"{p}/phase", {"phase": "complete", "config": CONFIG}, 422, "bad_config")
@@ -439,7 +440,33 @@ def test_phase_job_and_aggregation_refusals_change_nothing(coord, api):
         "invalid_request",
         "local_steps",
     )
-    no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[0], "config": {"epochs": 2}}, 422, "invalid_request")
+    for bad, named in [
+        ({"epochs": 0}, "epochs must be in [1, 1000], got 0"),
+        ({"epochs": 1001}, "epochs must be in [1, 1000], got 1001"),
+        ({"epochs": 2.5}, "epochs"),
+        ({"learning_rate": 5.0}, "learning_rate must be in [1e-08, 1], got 5"),
+        ({"learning_rate": 0.0}, "learning_rate must be in"),
+        ({"batch_size": 0}, "batch_size must be in [1, 65536], got 0"),
+        ({"lr": 0.1, "learning_rate": 0.1}, "not both"),
+        ({"local_steps": 5, "epochs": 2}, "not both"),
+        ({"momentum": 0.9}, "momentum"),
+    ]:
+        no(
+            f"{p}/jobs",
+            {"worker_id": a.wallet.address, "shard_id": sh[0], "config": bad},
+            422,
+            "invalid_request",
+            named,
+        )
+    # epochs whose steps pass the local_steps bound (shards of ~900 samples at batch 1)
+    no(
+        f"{p}/jobs",
+        {"worker_id": a.wallet.address, "shard_id": sh[0], "config": {"epochs": 1000, "batch_size": 1}},
+        422,
+        "bad_config",
+        "epochs 1000",
+        "at most 100000",
+    )
     job = posted(coord, api, owner, f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[0]}, 201)
     no(f"{p}/jobs", {"worker_id": a.wallet.address, "shard_id": sh[1]}, 409, "worker_busy", job["job_id"])
 
@@ -470,7 +497,7 @@ def test_phase_job_and_aggregation_refusals_change_nothing(coord, api):
     with pytest.raises(ApiError) as e:
         owner.post("/runs/training_nope/aggregate", {"updates": [u]})
     api.assert_api_error(e, 404, "unknown_run")
-    no(f"{p}/result", {"model_cid": u}, 422, "unknown_model", "not an aggregated checkpoint")
+    no(f"{p}/result", {"model_cid": u}, 422, "not_a_model", "not a checkpoint of run")  # an update blob
     agg = owner.post(f"{p}/aggregate", {"updates": [u]})
     no(f"{p}/aggregate", {"updates": [u]}, 409, "already_aggregated")
     no(f"{p}/phase", {"phase": "training"}, 409, "rounds_done", "set phase complete")
@@ -487,7 +514,10 @@ def test_phase_job_and_aggregation_refusals_change_nothing(coord, api):
     no(f"/jobs/{job['job_id']}/end", {"status": "released"}, 409, "run_ended")
 
 
-def test_an_automatic_run_refuses_manual_moves(coord, api):
+def test_an_automatic_run_is_taken_over_by_its_first_phase_move(coord, api):
+    """Automatic until its owner first sets the phase: jobs, aggregation and the result
+    are refused before that (they say how to take over); a phase move the run cannot make
+    takes nothing over; the first one that it can makes the run manual, recorded, for good."""
     w = api.register_worker(coord, "auto")
     owner = coord.client("owner")
     owner.post("/wallets/fund", {"amount": "1000"})
@@ -498,23 +528,21 @@ def test_an_automatic_run_refuses_manual_moves(coord, api):
     hire(owner, run_id, w)
     shard = shards(owner, run_id)[0]["shard_id"]
     for path, body in [
-        ("phase", {"phase": "distributing", "config": CONFIG}),
-        ("phase", {"phase": "training"}),
         ("jobs", {"worker_id": w.wallet.address, "shard_id": shard}),
         ("aggregate", {"updates": [cid_of_bytes(b"u")]}),
         ("result", {"model_cid": cid_of_bytes(b"m")}),
     ]:
         refused(
-            coord,
-            api,
-            owner,
-            f"/runs/{run_id}/{path}",
-            body,
-            409,
-            "automatic_control",
-            'control "manual"',
-            run_id=run_id,
+            coord, api, owner, f"/runs/{run_id}/{path}", body, 409, "automatic_control", "take it over", run_id=run_id
         )
+    # a move the run cannot make from initializing: refused, and the run is still automatic
+    refused(coord, api, owner, f"/runs/{run_id}/phase", {"phase": "training"}, 409, "bad_state", run_id=run_id)
+    assert owner.get(f"/runs/{run_id}")["control"] == "automatic"
+    run = owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": CONFIG})
+    assert (run["status"], run["control"], run["manual_from_round"]) == ("distributing", "manual", 1)
+    assert run["manual_since"] >= auto["created_at"]
+    # one way: nothing makes it automatic again (distribute is the automatic path)
+    refused(coord, api, owner, f"/runs/{run_id}/distribute", CONFIG, 409, "manual_control", run_id=run_id)
     # and a manual run is not distributed by the coordinator
     _, manual_id = manual_run(coord, owner)
     refused(
@@ -530,7 +558,7 @@ def test_hiring_in_a_live_manual_run_and_a_job_for_the_new_hire(coord, api):
     late = api.register_worker(coord, "late")
     owner, p = t.owner, f"/runs/{t.run_id}"
     c = posted(coord, api, owner, f"{p}/contracts", {"worker_id": late.wallet.address, "price": "1.25"}, 201)
-    assert (c["worker_id"], c["price"], c["status"]) == (late.wallet.address, "1.25", "hired")
+    assert (c["worker_id"], c["price"], c["status"]) == (late.wallet.address, 1.25, "hired")
     assert job_payload(late) is None  # hired, no job yet: a manual run's owner sends it one
     time.sleep(IDLE)
     assert job_payload(late) is None  # the driver does not use it to fill a shard either
@@ -707,7 +735,7 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     best2 = posted(coord, api, owner, f"/jobs/{moved['job_id']}/reassign", {}, 201)
     assert (best2["worker_id"], best2["shard_index"]) == (f_.wallet.address, 0)
     contract = {k["worker_id"]: k for k in owner.get(f"/runs/{run_id}")["contracts"]}[f_.wallet.address]
-    assert (contract["price"], contract["status"]) == ("0.5", "working")
+    assert (contract["price"], contract["status"]) == (0.5, "working")
     # nobody free is left
     refused(coord, api, owner, f"/jobs/{jb}/split", {}, 409, "no_free_worker", run_id=run_id)
     owner.post(f"/jobs/{best2['job_id']}/end", {"status": "released"})
@@ -1071,6 +1099,6 @@ def test_a_manual_run_survives_a_coordinator_restart(tmp_path, api, db_url):
         for w in workers:  # the workers' next poll: train round 2
             assert job_payload(w)["round"] == 2 and job_payload(w)["action"] == "train"
         stop_run = owner.post(f"/runs/{t.run_id}/stop")
-        assert stop_run["status"] == "failed"
+        assert stop_run["status"] == "stopped"
     finally:
         stop2()

@@ -18,12 +18,12 @@ INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING = (
     RunStatus.TRAINING,
     RunStatus.AGGREGATING,
 )
-COMPLETE, FAILED, PAUSED = RunStatus.COMPLETE, RunStatus.FAILED, RunStatus.PAUSED
+COMPLETE, FAILED, PAUSED, STOPPED = RunStatus.COMPLETE, RunStatus.FAILED, RunStatus.PAUSED, RunStatus.STOPPED
 STATES = tuple(RunStatus)
 
 # Written from the design (DESIGN.md and the module docstring), not copied from the table:
 #   initializing -> distributing -> training <-> aggregating -> complete
-#   any live state -> failed;  training/initializing -> paused -> (where it was)
+#   any live state -> failed | stopped;  training/initializing -> paused -> (where it was)
 ALLOWED = {
     (INITIALIZING, DISTRIBUTING),
     (DISTRIBUTING, TRAINING),
@@ -34,7 +34,7 @@ ALLOWED = {
     (TRAINING, PAUSED),
     (PAUSED, INITIALIZING),
     (PAUSED, TRAINING),
-    *((s, FAILED) for s in (INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING, PAUSED)),
+    *((s, end) for s in (INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING, PAUSED) for end in (FAILED, STOPPED)),
 }
 
 
@@ -58,7 +58,7 @@ def test_the_table_is_the_design():
     table = {(a, b) for a, tos in states.TRANSITIONS.items() for b in tos}
     assert table == ALLOWED
     assert set(states.TRANSITIONS) == set(STATES)
-    assert {COMPLETE, FAILED} == ENDED
+    assert {COMPLETE, FAILED, STOPPED} == ENDED
 
 
 @pytest.mark.parametrize(("src", "dst"), sorted(ALLOWED - {(PAUSED, INITIALIZING), (PAUSED, TRAINING)}))

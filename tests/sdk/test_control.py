@@ -264,7 +264,7 @@ def test_add_remove_and_reassign(agent):
     assert {w["shard_index"] for w in agent.get_active_workers(tid)} == {0, 1}
 
     stopped = agent.stop_training(tid)
-    assert stopped["status"] == "failed"
+    assert stopped["status"] == "stopped"
     assert not agent.get_active_workers(tid)
 
 

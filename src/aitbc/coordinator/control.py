@@ -11,6 +11,7 @@ its shard, change its config, ask for a resend.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -26,7 +27,17 @@ from aitbc.coordinator.repository import get_run, owned_job, shard_index
 from aitbc.coordinator.rounds import aggregate_round, commit_round, start_training
 from aitbc.coordinator.runs import configure
 from aitbc.coordinator.runtime import drop_runtime, runtime
-from aitbc.coordinator.schemas import Aggregate, JobConfig, JobCreate, JobEnd, JobMove, PhaseSet, ResultSave
+from aitbc.coordinator.schemas import (
+    CONFIG_RANGES,
+    Aggregate,
+    Distribute,
+    JobConfig,
+    JobCreate,
+    JobEnd,
+    JobMove,
+    PhaseSet,
+    ResultSave,
+)
 from aitbc.coordinator.states import (
     ENDED,
     ContractStatus,
@@ -41,9 +52,13 @@ from aitbc.coordinator.states import (
 )
 from aitbc.coordinator.views import results
 from aitbc.coordinator.workforce import assign_worker, end_run, hire_offer, new_job, require_free
+from aitbc.errors import AitbcError
 from aitbc.ledger.book import RequestAuth
-from aitbc.storage.cid import cid_of_bytes
-from aitbc.training.checkpoint import load_shard, shard_bytes
+from aitbc.storage.cid import cid_of_bytes, is_cid
+from aitbc.training.checkpoint import load_shard, shard_bytes, tensor_shapes
+from aitbc.training.local import epoch_steps
+
+log = logging.getLogger("aitbc.coordinator")
 
 
 def require_manual(run: Run, action: str) -> None:
@@ -51,24 +66,47 @@ def require_manual(run: Run, action: str) -> None:
         raise conflict(
             "automatic_control",
             f"cannot {action}: run {run.id} is under automatic control (the coordinator "
-            f'moves its phases); create the run with control "manual" to drive it yourself',
+            f"moves its phases); take it over by setting its phase (POST /v1/runs/{run.id}/phase), "
+            f'or create the run with control "manual"',
         )
 
 
+def take_over(run: Run, *, now: float) -> None:
+    """An automatic run's owner drives it from now on (its first phase move): one way,
+    recorded (``manual_since``, and ``manual_from_round``: rounds before it were the
+    driver's and are settled and paid as such). Refused (409) where the driver is in the
+    middle of a step: writing the initial model, or aggregating a round. Called with the
+    run locked, in the transaction of the phase move, so a refused move takes nothing over."""
+    if run.control == Control.MANUAL:
+        return
+    if run.status in ENDED:
+        raise conflict("run_ended", f"run {run.id} has ended ({run.status}); there is nothing to drive")
+    if run.status == RunStatus.DISTRIBUTING:
+        raise conflict(
+            "driver_busy",
+            f"run {run.id} is writing its initial model (the coordinator opens round 1 in a few "
+            f"seconds); set its phase once it is training",
+        )
+    if run.status == RunStatus.AGGREGATING:
+        raise conflict(
+            "driver_busy",
+            f"run {run.id} is aggregating round {run.round} under the coordinator; set its phase "
+            f"once the round is committed and the next one open (a few seconds)",
+        )
+    run.control, run.manual_since, run.manual_from_round = Control.MANUAL, now, max(run.round, 1)
+    log.info("run %s: its owner drives it from round %d on", run.id, run.manual_from_round)
+
+
 def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: RequestAuth) -> Run:
-    require_manual(run, "set the phase")
+    """Move an owner-driven run to ``body.phase``. The first call on an automatic run
+    takes it over (:func:`take_over`) in the same transaction as the move."""
     to = RunStatus(body.phase)
     if body.config is not None and to != RunStatus.DISTRIBUTING:
         raise unprocessable("bad_config", f"config goes with phase distributing only, not {to}")
     now = time.time()
+    take_over(run, now=now)
     if to == RunStatus.DISTRIBUTING:
-        if body.config is None:
-            raise unprocessable(
-                "no_config",
-                "phase distributing needs the training config, e.g. "
-                '{"phase": "distributing", "config": {"rounds": 5, "local_steps": 20}}',
-            )
-        configure(ctx, s, run, body.config, request, cost_field="config.max_cost")
+        configure(ctx, s, run, body.config or Distribute(), request, cost_field="config.max_cost")
         transition(run, RunStatus.DISTRIBUTING, now=now)
     elif to == RunStatus.TRAINING and run.status == RunStatus.DISTRIBUTING:
         _require_jobs(s, run)
@@ -102,6 +140,7 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
     if run.status in ENDED:
         drop_runtime(ctx, run.id)
     ctx.notifier.bump()
+    ctx.notifier.poke_driver()  # an ended run is settled and finalized
     return run
 
 
@@ -133,10 +172,29 @@ def create_job(ctx: Context, s: Session, run: Run, body: JobCreate) -> Job:
     require_free(s, body.worker_id)
     if c.status != ContractStatus.HIRED:
         raise conflict("contract_ended", f"worker {body.worker_id}'s contract with run {run.id} is {c.status}")
-    job = new_job(s, run, c, shard, now=time.time(), config=body.config.model_dump(exclude_none=True))
+    config = body.config.overrides()
+    _check_steps(run, shard, config)
+    job = new_job(s, run, c, shard, now=time.time(), config=config)
     s.commit()
     ctx.notifier.bump()
     return job
+
+
+def _check_steps(run: Run, shard: int, config: dict[str, Any]) -> None:
+    """``epochs`` over this shard may not ask for more steps a round than ``local_steps``
+    may (the worker would compute them): 422 naming epochs and the bound."""
+    epochs = config.get("epochs")
+    if not epochs:
+        return
+    samples = int(run.data_manifest["shards"][shard]["samples"])
+    batch = int(config.get("batch_size") or run.cfg.batch_size)
+    steps, most = epoch_steps(int(epochs), samples, batch), int(CONFIG_RANGES["local_steps"][1])
+    if steps > most:
+        raise unprocessable(
+            "bad_config",
+            f"epochs {epochs} over a shard of {samples} samples at batch_size {batch} is {steps} steps a round; "
+            f"at most {most}: lower epochs or raise batch_size",
+        )
 
 
 # --- aggregation and the result ----------------------------------------------------------------
@@ -212,23 +270,57 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
 
 
 def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[str, Any]:
+    """Keep ``model_cid`` as the run's model, with the owner's ``metrics``: a checkpoint of
+    one of the run's aggregated rounds, or a blob the owner uploaded (the SDK's
+    ``save_training_results`` stores the aggregated model it holds). The blob must be on
+    this coordinator; it is touched, so blob retention keeps it while this commits."""
     require_manual(run, "choose the result")
+    if not is_cid(body.model_cid):
+        raise unprocessable("bad_cid", f"{body.model_cid!r} is not a CID")
     rec = s.scalar(
         select(RoundRecord)
         .where(RoundRecord.run_id == run.id, RoundRecord.round > 0, RoundRecord.checkpoint_cid == body.model_cid)
         .limit(1)
     )
-    if rec is None:
+    if not ctx.store.touch(body.model_cid):
+        if rec is not None:
+            raise unprocessable("pruned_model", f"{body.model_cid} (round {rec.round}) was pruned by blob retention")
         raise unprocessable(
             "unknown_model",
-            f"{body.model_cid} is not an aggregated checkpoint of run {run.id} "
-            f"(GET /v1/runs/{run.id}/rounds lists them)",
+            f"{body.model_cid} is neither an aggregated checkpoint of run {run.id} (GET /v1/runs/{run.id}/rounds) "
+            f"nor a blob on this coordinator; upload it first (PUT /v1/blobs/{body.model_cid})",
         )
-    if not ctx.store.touch(body.model_cid):  # touched: blob retention keeps it while this commits
-        raise unprocessable("pruned_model", f"{body.model_cid} (round {rec.round}) was pruned by blob retention")
-    run.result_cid, run.updated_at = body.model_cid, time.time()
+    if rec is None:
+        initial = s.get(RoundRecord, (run.id, 0))
+        if initial is not None and initial.checkpoint_cid == body.model_cid:
+            raise unprocessable(
+                "unknown_model", f"{body.model_cid} is run {run.id}'s initial model (round 0), untrained"
+            )
+        _require_model_of(ctx, run, body.model_cid)
+    run.result_cid, run.result_metrics, run.updated_at = body.model_cid, dict(body.metrics), time.time()
     s.commit()
-    return {**results(ctx, s, run), "round": rec.round}
+    return {**results(ctx, s, run), "round": None if rec is None else rec.round}
+
+
+def _require_model_of(ctx: Context, run: Run, cid: str) -> None:
+    """422 unless the blob is a safetensors checkpoint of the run's model: the same tensor
+    names and shapes (read from its header; nothing is loaded)."""
+    if not run.configured:
+        raise conflict("not_configured", f"run {run.id} has no training config yet; it has no model to keep")
+    try:
+        shapes = tensor_shapes(ctx.store.get_bytes(cid))
+    except AitbcError as e:
+        raise unprocessable("not_a_model", f"{cid} is not a checkpoint of run {run.id}'s model: {e}") from None
+    rt = runtime(ctx, run)
+    with rt.lock:
+        want = {k: tuple(v.shape) for k, v in rt.model.state_dict().items()}
+    if shapes != want:
+        diff = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
+        raise unprocessable(
+            "not_a_model",
+            f"{cid} is not a checkpoint of run {run.id}'s model ({run.model_type}): "
+            f"{len(shapes)} tensors, {len(want)} expected; first difference: {diff[0]}",
+        )
 
 
 # --- job controls (any run the signer owns) --------------------------------------------------------
@@ -353,11 +445,17 @@ def _take_on(
 
 def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConfig) -> Job:
     """The job's own local_steps / batch_size / lr, from the next round it starts."""
-    job, _ = owned_job(s, job_id, signer, action="change the job's config")
-    changes = body.model_dump(exclude_none=True)
+    job, run = owned_job(s, job_id, signer, action="change the job's config")
+    changes = body.overrides()
     if not changes:
-        raise unprocessable("bad_config", "give at least one of local_steps, batch_size, lr")
-    job.config, job.updated_at = {**(job.config or {}), **changes}, time.time()
+        raise unprocessable("bad_config", "give at least one of local_steps, epochs, batch_size, lr (learning_rate)")
+    config = {**(job.config or {}), **changes}
+    if "local_steps" in changes:  # the one given wins over the other way of setting the steps
+        config.pop("epochs", None)
+    elif "epochs" in changes:
+        config.pop("local_steps", None)
+    _check_steps(run, job.shard_index, config)
+    job.config, job.updated_at = config, time.time()
     s.commit()
     ctx.notifier.bump()
     return job

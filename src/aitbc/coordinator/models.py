@@ -36,6 +36,11 @@ class Run(Base):
     # automatic: the round driver moves the phases; manual: the owner's agent does
     control: Mapped[str] = mapped_column(String(16), default="automatic")
     result_cid: Mapped[str | None] = mapped_column(String(100), default=None)  # the model the owner saved
+    result_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # the owner's, with it
+    # An automatic run its owner took over (its first phase move): when, and the first round
+    # the owner drives (rounds before it were the driver's: settled and paid automatically).
+    manual_since: Mapped[float | None] = mapped_column(Float, default=None)
+    manual_from_round: Mapped[int | None] = mapped_column(Integer, default=None)
     paused_from: Mapped[str | None] = mapped_column(String(16), default=None)
     model_type: Mapped[str] = mapped_column(String(200))
     model_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -163,6 +168,10 @@ class Job(Base):
     loss: Mapped[float | None] = mapped_column(Float, default=None)
     epoch: Mapped[float] = mapped_column(Float, default=0.0)
     worker_status: Mapped[str] = mapped_column(String(32), default="assigned")
+    progress_round: Mapped[int | None] = mapped_column(Integer, default=None)  # the round it reported on
+    step: Mapped[int | None] = mapped_column(Integer, default=None)  # local steps done in that round
+    progress_at: Mapped[float | None] = mapped_column(Float, default=None)  # when (coordinator's clock)
+    speed: Mapped[float | None] = mapped_column(Float, default=None)  # samples/s measured between reports
     rounds_done: Mapped[int] = mapped_column(Integer, default=0)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # reported, summed
     end_reason: Mapped[str | None] = mapped_column(Text, default=None)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Base, Job, Run
 from aitbc.coordinator.states import RUNNING, JobStatus, require_status
+from aitbc.training.local import epoch_steps
 
 R = TypeVar("R", bound=Base)
 
@@ -80,6 +81,20 @@ def shard_index(run: Run, shard_id: str) -> int:
         f"{shard_id!r} is not a shard of run {run.id} "
         f"({len(run.data_manifest['shards'])} shards; GET /v1/runs/{run.id}/shards lists them)",
     )
+
+
+def job_settings(run: Run, job: Job) -> dict[str, Any]:
+    """What a job trains with each round: the owner's overrides over the run's config.
+    ``epochs`` (passes over its shard) sets ``local_steps`` from the shard's samples
+    (:func:`~aitbc.training.local.epoch_steps`, the worker's own rule); None otherwise."""
+    cfg, own = run.cfg, job.config or {}
+    batch = int(own.get("batch_size") or cfg.batch_size)
+    epochs = own.get("epochs")
+    if epochs:
+        steps = epoch_steps(int(epochs), int(run.data_manifest["shards"][job.shard_index]["samples"]), batch)
+    else:
+        steps = int(own.get("local_steps") or cfg.local_steps)
+    return {"local_steps": steps, "batch_size": batch, "lr": float(own.get("lr") or cfg.lr), "epochs": epochs}
 
 
 def row(s: Session, model: type[R], key: Any) -> R:

@@ -33,10 +33,10 @@ from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import lock_run
+from aitbc.coordinator.repository import job_settings, lock_run
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime
-from aitbc.coordinator.states import ENDED, JobStatus, RunStatus, UpdateStatus, transition
+from aitbc.coordinator.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
 from aitbc.coordinator.workforce import drop_slowest, end_run
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.norms import apply_verdict, judge_norms, update_norms
@@ -126,11 +126,14 @@ def close_round(ctx: Context, run_id: str) -> None:
             return
         if run.status == RunStatus.TRAINING:
             lock_run(s, run)  # no update commits between this check and the transition
+            if run.control != Control.AUTOMATIC:  # its owner took it over meanwhile: theirs to close
+                s.rollback()
+                return
             if run.status == RunStatus.TRAINING:
                 transition(run, RunStatus.AGGREGATING)
             s.commit()
             ctx.notifier.bump()
-        if run.status != RunStatus.AGGREGATING:
+        if run.status != RunStatus.AGGREGATING or run.control != Control.AUTOMATIC:
             return
         r = run.round
         ups = s.execute(
@@ -231,10 +234,10 @@ def _expected_scale(run: Run, u: Update) -> float:
     owner's per-job override) over the run's. A provider is judged by the config it got."""
     s = object_session(u)
     job = s.get(Job, u.job_id) if s is not None else None
-    cfg, own = run.cfg, (job.config or {}) if job is not None else {}
-    return (float(own.get("lr") or cfg.lr) / cfg.lr) * (
-        float(own.get("local_steps") or cfg.local_steps) / cfg.local_steps
-    )
+    if job is None:
+        return 1.0
+    cfg, own = run.cfg, job_settings(run, job)  # epochs: the steps its shard gives
+    return (own["lr"] / cfg.lr) * (own["local_steps"] / cfg.local_steps)
 
 
 def _divergence(run: Run, rt: RunRuntime, before: Tensor, after: Tensor, r: int) -> tuple[str | None, float | None]:

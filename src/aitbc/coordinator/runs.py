@@ -26,7 +26,7 @@ from aitbc.coordinator.escrow import (
     post_bond,
     require_network,
 )
-from aitbc.coordinator.models import Contract, Offer, RoundRecord, Run, new_id
+from aitbc.coordinator.models import Contract, Job, Offer, RoundRecord, Run, new_id
 from aitbc.coordinator.repository import row
 from aitbc.coordinator.runtime import build_run_config, drop_runtime
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
@@ -98,9 +98,24 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
 
 def attach_data(ctx: Context, s: Session, run: Run, body: DataAttach) -> Run:
     """Record the dataset manifest (a blob already uploaded), checking every shard it names
-    is present; the real data size is measured from the stored blobs."""
-    require_status(run, RunStatus.INITIALIZING, action="upload data")
+    is present; the real data size is measured from the stored blobs.
+
+    While ``initializing``; or while an owner-driven run is ``distributing`` and has no job
+    yet (the documented flow cuts the shards after that phase move), if the data is of the
+    same kind (the manifest's ``spec``), so the checked config still holds."""
+    recut = run.status == RunStatus.DISTRIBUTING and run.control == Control.MANUAL
+    if not recut:
+        require_status(run, RunStatus.INITIALIZING, action="upload data")
     manifest = load_manifest(ctx, body.manifest_cid)
+    if recut:
+        if s.scalar(select(Job.id).where(Job.run_id == run.id).limit(1)) is not None:
+            raise conflict("jobs_sent", f"run {run.id} has jobs on its shards already; its data can no longer change")
+        if run.manifest is not None and manifest["spec"] != run.data_manifest["spec"]:
+            raise unprocessable(
+                "bad_manifest",
+                f"run {run.id} was configured for data {run.data_manifest['spec']}; this manifest is "
+                f"{manifest['spec']}",
+            )
     total = 0
     for entry in [*manifest["shards"], manifest["val"]]:
         if not ctx.store.has(entry["cid"]):
@@ -113,6 +128,8 @@ def attach_data(ctx: Context, s: Session, run: Run, body: DataAttach) -> Run:
     run.data_source = body.source
     run.updated_at = time.time()
     s.commit()
+    if recut:
+        drop_runtime(ctx, run.id)  # its validation data is rebuilt from the new manifest
     return run
 
 
@@ -294,20 +311,47 @@ def configure(
 
 
 def stop(ctx: Context, s: Session, run: Run) -> Run:
+    """The owner ends the run now: ``stopped`` (not a failure). Its jobs and contracts are
+    released; the driver then settles its closed rounds, returns honest bonds and refunds
+    the escrow, as for every other end."""
     if run.status in ENDED:
         raise conflict("run_ended", f"run {run.id} has already ended ({run.status})")
-    end_run(s, run, RunStatus.FAILED, reason="stopped by the owner")
+    end_run(s, run, RunStatus.STOPPED, reason="stopped by the owner")
     s.commit()
     drop_runtime(ctx, run.id)
     ctx.notifier.bump()
+    ctx.notifier.poke_driver()  # settle, return bonds, refund
     return run
 
 
 def pause(ctx: Context, s: Session, run: Run) -> Run:
+    _require_pausable(run)
     transition(run, RunStatus.PAUSED)
     s.commit()
     ctx.notifier.bump()
     return run
+
+
+def _require_pausable(run: Run) -> None:
+    """409 in the user's words (what they can do instead) where a run cannot pause now."""
+    rid, manual = run.id, run.control == Control.MANUAL
+    if run.status in ENDED:
+        raise conflict("run_ended", f"run {rid} has ended ({run.status}); there is nothing to pause")
+    if run.status == RunStatus.PAUSED:
+        raise conflict(
+            "already_paused",
+            f"run {rid} is already paused; resume it with `aitbc distributed-training resume --training-id {rid}`",
+        )
+    if run.status == RunStatus.AGGREGATING:
+        then = (
+            "once you have aggregated it and opened the next round (phase training)"
+            if manual
+            else "once the round is committed (a few seconds)"
+        )
+        raise conflict("round_aggregating", f"run {rid} is aggregating round {run.round}; pause it {then}")
+    if run.status == RunStatus.DISTRIBUTING:
+        then = "once training has started (phase training)" if manual else "once round 1 is open (a few seconds)"
+        raise conflict("distributing", f"run {rid} is writing its initial model; pause it {then}")
 
 
 def resume(ctx: Context, s: Session, run: Run) -> Run:

@@ -75,6 +75,8 @@ CONFIG_RANGES: dict[str, tuple[float, float]] = {
     "min_workers": (1, 10_000),
     "max_workers": (1, 10_000),
     "eval_every": (1, 100_000),
+    "learning_rate": (1e-8, 1.0),  # a job's lr, by its documented name
+    "epochs": (1, 1_000),  # a job's passes over its shard per round (the worker computes the steps)
 }
 
 
@@ -123,10 +125,12 @@ class WorkerRegister(Body):
 
 
 class Progress(Body):
-    progress: float = Field(ge=0, le=100)
+    progress: float = Field(ge=0, le=100)  # percent of the job's work in this round
     loss: float | None = None
     epoch: float = Field(0.0, ge=0, allow_inf_nan=False)  # stored and shown: finite
     status: str = Field(min_length=1, max_length=32)
+    round: int | None = Field(None, ge=1, le=10_000_000)  # the round reported on (older workers: none)
+    step: int | None = Field(None, ge=0, le=10_000_000)  # local steps done in it (the speed is measured from them)
 
 
 class UpdateSubmit(Body):
@@ -162,11 +166,32 @@ class PaymentCreate(Body):
 
 
 class JobConfig(Body):
-    """The owner's per-job overrides of the run's training config."""
+    """The owner's per-job overrides of the run's training config. ``learning_rate`` is
+    the documented name of ``lr``; ``epochs`` (passes over the job's shard per round)
+    takes the place of ``local_steps``: the worker computes the steps from its shard's
+    size (:func:`aitbc.training.local.epoch_steps`: ``epochs x (samples // batch_size)``),
+    and the coordinator refuses a job whose steps would pass the ``local_steps`` bound."""
 
     local_steps: Annotated[int | None, *_in_range("local_steps")] = None
     batch_size: Annotated[int | None, *_in_range("batch_size")] = None
     lr: Annotated[float | None, Field(allow_inf_nan=False), *_in_range("lr")] = None
+    learning_rate: Annotated[float | None, Field(allow_inf_nan=False), *_in_range("learning_rate")] = None
+    epochs: Annotated[int | None, *_in_range("epochs")] = None
+
+    @model_validator(mode="after")
+    def _one_name_each(self) -> JobConfig:
+        if self.lr is not None and self.learning_rate is not None:
+            raise ValueError("give lr or learning_rate (the same setting), not both")
+        if self.local_steps is not None and self.epochs is not None:
+            raise ValueError("give local_steps or epochs (epochs sets the steps from the shard's size), not both")
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """What the job stores: ``lr`` under one name; ``epochs`` replaces ``local_steps``."""
+        out = self.model_dump(exclude_none=True, exclude={"learning_rate"})
+        if self.learning_rate is not None:
+            out["lr"] = self.learning_rate
+        return out
 
 
 class JobCreate(Body):
@@ -177,7 +202,8 @@ class JobCreate(Body):
 
 class PhaseSet(Body):
     phase: Literal["distributing", "training", "aggregating", "complete"]
-    config: Distribute | None = None  # the training config (with -> distributing only)
+    # the training config (with -> distributing only; none: every default)
+    config: Distribute | None = None
 
 
 class Aggregate(Body):
@@ -185,8 +211,15 @@ class Aggregate(Body):
     weights: list[float] | None = None  # one per update; default: the shards' sample counts
 
 
+MetricKey = Annotated[str, Field(min_length=1, max_length=64)]
+MetricValue = float | int | bool | Annotated[str, Field(max_length=500)] | None
+
+
 class ResultSave(Body):
+    # a checkpoint of one of the run's rounds, or any blob the owner uploaded (its model)
     model_cid: str = Field(min_length=1, max_length=100)
+    # the owner's own figures kept with it (final loss, workers, epochs): flat, at most 64
+    metrics: dict[MetricKey, MetricValue] = Field(default_factory=dict, max_length=64)
 
 
 class JobEnd(Body):

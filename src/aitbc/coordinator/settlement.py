@@ -50,15 +50,19 @@ def settle(ctx: Context, run_id: str, r: int) -> None:
         s.commit()
 
 
+def driver_pays(run: Run, r: int) -> bool:
+    """Whether round ``r`` is paid from escrow by the coordinator: every round of an
+    automatic run, and the rounds a run's driver closed before its owner took it over."""
+    return run.control == Control.AUTOMATIC or (run.manual_from_round is not None and r < run.manual_from_round)
+
+
 def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:
     run = lock_run(s, row(s, Run, sc.run_id))
     contract = row(s, Contract, sc.contract_id)
     quality_ppm = round(sc.quality * 1_000_000)
     due = contract.price * quality_ppm // MICRO  # integer micro-AIT, rounded down
     paid, seq = 0, None
-    if (
-        due > 0 and run.control == Control.AUTOMATIC
-    ):  # a manual run's owner pays (process_payment); due is what the scores say
+    if due > 0 and driver_pays(run, r):  # a manual run's owner pays (process_payment); due is what the scores say
         paid = min(due, ctx.ledger.balance(s, escrow_account(run.id)))
         if paid > 0:
             entry = ctx.ledger.post(

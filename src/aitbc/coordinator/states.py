@@ -4,13 +4,15 @@ and the training run's state machine.
 ::
 
     initializing -> distributing -> training <-> aggregating -> complete
-          any live state -> failed;  training/initializing -> paused -> (where it was)
+          any live state -> failed | stopped;  training/initializing -> paused -> (where it was)
 
 ``initializing``: created; data uploaded and workers hired while here.
 ``distributing``: shards being assigned and the initial model written.
 ``training``: a round is open; workers train and send updates.
 ``aggregating``: the round is closed; the coordinator is aggregating (a restart in this
 state redoes the aggregation from the round's accepted updates, which are persisted).
+``complete``, ``failed``, ``stopped`` (ended by its owner's stop): the ends; each is
+finalized the same way (closed rounds settled, honest bonds returned, escrow refunded).
 
 Each transition is made by :func:`transition` inside the caller's transaction, so the
 status and everything that goes with it are committed together or not at all.
@@ -38,6 +40,7 @@ class RunStatus(StrEnum):
     AGGREGATING = "aggregating"
     COMPLETE = "complete"
     FAILED = "failed"
+    STOPPED = "stopped"  # ended by its owner (``stop``): not a failure
     PAUSED = "paused"
 
 
@@ -81,7 +84,7 @@ class ScoreStatus(StrEnum):
 
 # --- state groups (each defined here only) ------------------------------------------------
 
-ENDED = frozenset({RunStatus.COMPLETE, RunStatus.FAILED})
+ENDED = frozenset({RunStatus.COMPLETE, RunStatus.FAILED, RunStatus.STOPPED})
 # Not ended: a run that still holds its contracts.
 LIVE = (RunStatus.INITIALIZING, RunStatus.DISTRIBUTING, RunStatus.TRAINING, RunStatus.AGGREGATING, RunStatus.PAUSED)
 # Distributed and not ended: jobs exist and may be controlled.
@@ -93,14 +96,17 @@ ACTIVE = (RunStatus.INITIALIZING, RunStatus.DISTRIBUTING, RunStatus.TRAINING, Ru
 # Contracts that still bind their worker to the run.
 ENGAGED = (ContractStatus.HIRED, ContractStatus.WORKING)
 
+# An owner may stop a run in any live state; only the machine's own moves differ per state.
+_ENDS = frozenset({RunStatus.FAILED, RunStatus.STOPPED})
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.INITIALIZING: frozenset({RunStatus.DISTRIBUTING, RunStatus.PAUSED, RunStatus.FAILED}),
-    RunStatus.DISTRIBUTING: frozenset({RunStatus.TRAINING, RunStatus.FAILED}),
-    RunStatus.TRAINING: frozenset({RunStatus.AGGREGATING, RunStatus.PAUSED, RunStatus.FAILED}),
-    RunStatus.AGGREGATING: frozenset({RunStatus.TRAINING, RunStatus.COMPLETE, RunStatus.FAILED}),
-    RunStatus.PAUSED: frozenset({RunStatus.INITIALIZING, RunStatus.TRAINING, RunStatus.FAILED}),
+    RunStatus.INITIALIZING: frozenset({RunStatus.DISTRIBUTING, RunStatus.PAUSED}) | _ENDS,
+    RunStatus.DISTRIBUTING: frozenset({RunStatus.TRAINING}) | _ENDS,
+    RunStatus.TRAINING: frozenset({RunStatus.AGGREGATING, RunStatus.PAUSED}) | _ENDS,
+    RunStatus.AGGREGATING: frozenset({RunStatus.TRAINING, RunStatus.COMPLETE}) | _ENDS,
+    RunStatus.PAUSED: frozenset({RunStatus.INITIALIZING, RunStatus.TRAINING}) | _ENDS,
     RunStatus.COMPLETE: frozenset(),
     RunStatus.FAILED: frozenset(),
+    RunStatus.STOPPED: frozenset(),
 }
 
 
@@ -119,7 +125,7 @@ def transition(run: Run, to: RunStatus, *, now: float | None = None) -> None:
     if to == RunStatus.PAUSED:
         run.paused_from = run.status
     elif run.status == RunStatus.PAUSED:
-        if to != RunStatus.FAILED and to != run.paused_from:
+        if to not in _ENDS and to != run.paused_from:
             raise conflict("bad_state", f"run {run.id} was paused while {run.paused_from}; it resumes there")
         run.paused_from = None
     if to in ENDED:

@@ -1,6 +1,8 @@
 """Read-only views: what the API returns about runs, rounds, jobs, offers, money and
 updates, as plain dicts of JSON types. Nothing here writes; money is shown both as AIT
-text (``format_price``) and, where clients compute with it, as integer micro-AIT.
+text (``format_price``) and, where clients compute with it, as integer micro-AIT. Prices
+(AIT per round) are numbers, ``micro / 1e6``, with the exact ``price_micro`` beside them:
+the documented SDK examples compute with them (``1 / (worker['price'] + 1)``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
-from aitbc.coordinator.repository import row
+from aitbc.coordinator.repository import job_settings, row
 from aitbc.coordinator.states import JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
 from aitbc.coordinator.workforce import busy_workers
 from aitbc.ledger.book import Entry
 from aitbc.ledger.chain import escrow_account
 from aitbc.market.ranking import RankedOffer
-from aitbc.units import format_price
+from aitbc.units import MICRO, format_price
 
 # --- runs ---------------------------------------------------------------------------------
 
@@ -60,6 +62,8 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     flags = s.scalar(select(func.count()).select_from(Flag).where(Flag.run_id == run.id)) or 0
     deadline = run.cfg.deadline if run.configured else None
     deadline_at = run.round_started_at + deadline if deadline and run.round_started_at else None
+    gpus = gpu_types(s, [j.worker_id for j in jobs])
+    speed, target_speed = run_speeds(run, [j for j in jobs if j.status == JobStatus.ACTIVE], rounds_closed, now=now)
     return {
         **run_summary(run),
         "model_options": run.model_options,
@@ -87,12 +91,54 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "paused_from": run.paused_from,
+        "manual_since": run.manual_since,
+        "manual_from_round": run.manual_from_round,
+        "speed": speed,
+        "target_speed": target_speed,
         "contracts": [contract_view(c) for c in contracts],
         "workers": [
-            {**job_view(ctx, j, submitted.get(j.id), now=now), **scores.get(j.contract_id, _NO_SCORE)} for j in jobs
+            {
+                **job_view(ctx, j, run, submitted.get(j.id), gpu=gpus.get(j.worker_id), now=now),
+                **scores.get(j.contract_id, _NO_SCORE),
+            }
+            for j in jobs
         ],
         "time": now,
     }
+
+
+def run_speeds(run: Run, active: list[Job], rounds_closed: int, *, now: float) -> tuple[float, float]:
+    """``(speed, target_speed)`` in rounds per second.
+
+    speed: rounds closed since training started over the seconds since (to the end, once
+    ended); 0.0 before. target_speed: with a round deadline, ``1 / deadline``; without,
+    what the run's plan allows at the workers' measured speeds: a round is every active
+    job's steps (``local_steps``, or ``epochs`` over its shard) of ``batch_size`` samples,
+    so it takes ``max over jobs of steps x batch / speed`` seconds (the slowest job), and
+    target_speed is one over that. Before any worker's speed is measured it equals speed
+    (neither ahead nor behind)."""
+    started = run.started_at
+    end = run.finished_at or now
+    speed = rounds_closed / (end - started) if started and end > started else 0.0
+    if not run.configured:
+        return speed, speed
+    if run.cfg.deadline:
+        return speed, 1.0 / run.cfg.deadline
+    round_seconds = []
+    for j in active:
+        if j.speed:
+            own = job_settings(run, j)
+            samples = int(run.data_manifest["shards"][j.shard_index]["samples"])
+            round_seconds.append(own["local_steps"] * min(own["batch_size"], samples) / j.speed)
+    return speed, (1.0 / max(round_seconds)) if round_seconds else speed
+
+
+def gpu_types(s: Session, worker_ids: list[str]) -> dict[str, str]:
+    """The advertised GPU class of each worker (its offer's)."""
+    if not worker_ids:
+        return {}
+    rows = s.execute(select(Offer.id, Offer.gpu).where(Offer.id.in_(set(worker_ids)))).all()
+    return {r.id: r.gpu for r in rows}
 
 
 _NO_SCORE: dict[str, Any] = {"score": None, "last_quality": None, "score_flags": []}
@@ -115,19 +161,37 @@ def contract_scores(s: Session, run_id: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def job_view(ctx: Context, j: Job, this_round: str | None, *, now: float) -> dict[str, Any]:
+def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str | None, now: float) -> dict[str, Any]:
+    """A job as its owner sees it. ``progress`` is the percentage of this job's work in
+    the run's current round (its steps: ``local_steps``, or ``epochs`` over its shard);
+    ``status`` is ``complete`` (progress 100) once its update for that round is in and
+    accepted (``rejected`` if refused), else the worker's last report (``training``, ...)
+    or, before one for this round, ``waiting``; an ended job shows ``failed``/``released``.
+    ``loss``: the worker's last reported training loss (mean over its steps so far);
+    before its first report, the validation loss of the model it starts from (the run's);
+    None only before training has started. ``speed``: samples per second, measured by the
+    coordinator between the worker's progress reports (0.0 until measured)."""
     seen = ctx.liveness.last_seen(j.worker_id)
+    progress, status = j.progress, j.worker_status
+    if j.status != JobStatus.ACTIVE:
+        status = j.status
+    elif this_round is not None:
+        progress, status = 100.0, "rejected" if this_round == UpdateStatus.REJECTED else "complete"
+    elif j.progress_round is not None and j.progress_round != run.round:
+        progress, status = 0.0, "waiting"  # its last report was of an earlier round
     return {
         "job_id": j.id,
         "worker_id": j.worker_id,
         "contract_id": j.contract_id,
+        "gpu_type": gpu,
         "shard_index": j.shard_index,
         "shard_cid": j.shard_cid,
         "job_status": j.status,
-        "status": j.worker_status if j.status == JobStatus.ACTIVE else j.status,
-        "progress": j.progress,
-        "loss": j.loss,
+        "status": status,
+        "progress": progress,
+        "loss": j.loss if j.loss is not None else run.val_loss,
         "epoch": j.epoch,
+        "speed": j.speed or 0.0,
         "rounds_done": j.rounds_done,
         "this_round": this_round,
         "joined_round": j.joined_round,
@@ -169,6 +233,7 @@ def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "status": run.status,
         "error": run.error,
         "model_cid": run.result_cid or run.global_cid,
+        "metrics": run.result_metrics or {},
         "rounds_completed": len(done),
         "rounds": run.cfg.rounds if run.configured else None,
         "initial_val_loss": run.initial_val_loss,
@@ -225,6 +290,7 @@ def ranked_view(r: RankedOffer, *, hired: bool) -> dict[str, Any]:
         "worker_id": o.worker_id,
         "gpu_type": o.gpu,
         "price": o.price,
+        "price_micro": round(o.price * MICRO),
         "reputation": o.reputation,
         "availability": o.availability,
         "score": round(r.score, 6),
@@ -237,7 +303,7 @@ def contract_view(c: Contract) -> dict[str, Any]:
         "contract_id": c.id,
         "worker_id": c.worker_id,
         "training_id": c.run_id,
-        "price": format_price(c.price),
+        "price": c.price / MICRO,
         "price_micro": c.price,
         "status": c.status,
         "score": round(c.score, 6),
@@ -249,7 +315,7 @@ def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
     return {
         "worker_id": o.id,
         "gpu_type": o.gpu,
-        "price": format_price(o.price),
+        "price": o.price / MICRO,
         "price_micro": o.price,
         "reputation": o.reputation,
         "availability": o.availability,
@@ -281,7 +347,7 @@ def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
     run = row(s, Run, job.run_id)
     this_round = s.scalar(select(Update.status).where(Update.job_id == job.id, Update.round == run.round))
     return {
-        **job_view(ctx, job, this_round, now=time.time()),
+        **job_view(ctx, job, run, this_round, gpu=gpu_types(s, [job.worker_id]).get(job.worker_id), now=time.time()),
         "training_id": job.run_id,
         "round": run.round,
         "run_status": run.status,
@@ -290,8 +356,20 @@ def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
 
 def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:
     now = time.time()
-    jobs = s.scalars(select(Job).where(Job.worker_id == worker_id).order_by(Job.created_at.desc())).all()
-    return [{**job_view(ctx, j, None, now=now), "training_id": j.run_id} for j in jobs]
+    rows = s.execute(
+        select(Job, Run)
+        .join(Run, Run.id == Job.run_id)
+        .where(Job.worker_id == worker_id)
+        .order_by(Job.created_at.desc())
+    ).all()
+    answered = s.execute(
+        select(Update.job_id, Update.status)
+        .join(Run, Run.id == Update.run_id)
+        .where(Update.worker_id == worker_id, Update.round == Run.round)
+    ).all()
+    done = {r.job_id: r.status for r in answered}
+    gpu = gpu_types(s, [worker_id]).get(worker_id)
+    return [{**job_view(ctx, j, run, done.get(j.id), gpu=gpu, now=now), "training_id": j.run_id} for j, run in rows]
 
 
 def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
@@ -300,24 +378,40 @@ def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
     if job is None:
         raise not_found("unknown_job", f"no job {job_id!r}")
     rows = s.scalars(select(Update).where(Update.job_id == job_id).order_by(Update.round.desc())).all()
-    return [
-        {
-            "checkpoint_id": u.cid,
-            "cid": u.cid,
-            "training_id": u.run_id,
-            "job_id": u.job_id,
-            "worker_id": u.worker_id,
-            "round": u.round,
-            "samples": u.samples,
-            "shard_index": u.shard_index,
-            "train_loss": u.train_loss,
-            "size": u.size,
-            "status": u.status,
-            "reason": u.reason,
-            "created_at": u.created_at,
-        }
-        for u in rows
-    ]
+    return [update_view(u) for u in rows]
+
+
+def run_updates(s: Session, run: Run, *, round: int | None = None, latest: bool = False) -> list[dict[str, Any]]:
+    """The run's updates (the workers' checkpoints), newest round first: of one ``round``,
+    or with ``latest`` each job's most recent one."""
+    q = select(Update).where(Update.run_id == run.id)
+    if round is not None:
+        q = q.where(Update.round == round)
+    rows = s.scalars(q.order_by(Update.round.desc(), Update.id)).all()
+    if latest:
+        newest: dict[str, Update] = {}
+        for u in rows:
+            newest.setdefault(u.job_id, u)
+        rows = list(newest.values())
+    return [update_view(u) for u in rows]
+
+
+def update_view(u: Update) -> dict[str, Any]:
+    return {
+        "checkpoint_id": u.cid,
+        "cid": u.cid,
+        "training_id": u.run_id,
+        "job_id": u.job_id,
+        "worker_id": u.worker_id,
+        "round": u.round,
+        "samples": u.samples,
+        "shard_index": u.shard_index,
+        "train_loss": u.train_loss,
+        "size": u.size,
+        "status": u.status,
+        "reason": u.reason,
+        "created_at": u.created_at,
+    }
 
 
 # --- money ------------------------------------------------------------------------------
@@ -339,7 +433,8 @@ def payments_view(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
             {
                 "worker_id": c.worker_id,
                 "contract_id": c.id,
-                "price": format_price(c.price),
+                "price": c.price / MICRO,
+                "price_micro": c.price,
                 "status": c.status,
                 "rounds_accepted": sum(x.status == ScoreStatus.ACCEPTED for x in sc),
                 "rounds_scored": len(sc),

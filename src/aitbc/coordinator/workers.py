@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
-from aitbc.coordinator.repository import lock_run, row
+from aitbc.coordinator.repository import job_settings, lock_run, row
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.core.compression import decode as decode_update
@@ -105,7 +105,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "model_type": run.model_type,
             "model_options": run.model_options,
             "data_spec": (run.manifest or {}).get("spec"),
-            **{k: (job.config or {}).get(k) or getattr(cfg, k) for k in ("local_steps", "batch_size", "lr")},
+            **job_settings(run, job),  # local_steps, batch_size, lr, epochs (None: local_steps as given)
             "inner_opt": cfg.inner_opt,
             "compression": cfg.compression,
             "error_feedback": cfg.error_feedback,
@@ -131,11 +131,31 @@ def _own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
 
 
 def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Progress) -> None:
-    job, _ = _own_job(s, job_id, signer)
+    """The worker's report on its round. With ``round`` and ``step``, the job's speed
+    (samples per second) is measured here, on the coordinator's clock: the samples of the
+    steps done since its previous report of the same round over the seconds between the
+    two reports, averaged with what was measured before (half and half). A report without
+    a loss keeps the last one (a new round's first report has none yet)."""
+    job, run = _own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
-    job.progress, job.loss, job.epoch, job.worker_status = body.progress, body.loss, body.epoch, body.status
-    job.updated_at = time.time()
+    now = time.time()
+    if body.round is not None and body.step is not None:
+        same_round = job.progress_round == body.round and job.step is not None and job.progress_at is not None
+        if same_round and body.step > (job.step or 0) and now > (job.progress_at or now):
+            own = job_settings(run, job)
+            samples = int(run.data_manifest["shards"][job.shard_index]["samples"])
+            measured = (
+                (body.step - (job.step or 0)) * min(own["batch_size"], samples) / (now - (job.progress_at or now))
+            )
+            job.speed = measured if job.speed is None else (job.speed + measured) / 2
+        job.step, job.progress_at = body.step, now
+    if body.round is not None:
+        job.progress_round = body.round
+    job.progress, job.epoch, job.worker_status = body.progress, body.epoch, body.status
+    if body.loss is not None:
+        job.loss = body.loss
+    job.updated_at = now
     s.commit()
 
 

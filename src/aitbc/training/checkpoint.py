@@ -60,6 +60,20 @@ def read_metadata(data: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in meta.items()}
 
 
+def tensor_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape from a safetensors blob's header alone (nothing is loaded)."""
+    if len(data) < 8:
+        raise IntegrityError("not a valid safetensors blob: shorter than its 8-byte header length")
+    (n,) = struct.unpack_from("<Q", data)
+    if 8 + n > len(data):
+        raise IntegrityError(f"not a valid safetensors blob: header length {n} exceeds blob size {len(data)}")
+    try:
+        header = json.loads(data[8 : 8 + n])
+        return {str(k): tuple(int(x) for x in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+
+
 def checkpoint_bytes(model: nn.Module, *, model_name: str, model_options: dict, round: int) -> bytes:
     meta = {
         "format": "aitbc.checkpoint/1",

@@ -61,6 +61,14 @@ class LocalResult:
     epoch: float  # passes over the shard so far
 
 
+def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:
+    """Local steps for ``epochs`` passes over a shard of ``samples``: ``epochs x (samples //
+    batch)``, one step at least per pass, with the batch capped at the shard (a pass is
+    every full batch of one reshuffled order, as :meth:`LocalTrainer._next_batch` draws
+    them). The worker trains this many steps; the coordinator bounds it the same way."""
+    return epochs * max(1, samples // max(1, min(batch_size, samples)))
+
+
 def loss_fn(logits: Tensor, y: Tensor) -> Tensor:
     """Cross-entropy for both tasks: (B, C) vs (B,) or (B, T, V) vs (B, T)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1).long())

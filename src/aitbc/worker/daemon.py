@@ -27,7 +27,7 @@ from aitbc.storage.blobstore import BlobCache
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
 from aitbc.training.data_spec import DataSpec
-from aitbc.training.local import LocalConfig, LocalTrainer
+from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
 from aitbc.training.models import build_model
 from aitbc.worker.config import WorkerSettings
 
@@ -184,31 +184,26 @@ class Worker:
     def train_round(self, job: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         state = self._job_state(job)
+        steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
         model_blob = self._blob(job["global_model_cid"])
         load_checkpoint(state.trainer.model, model_blob)
         start = flat_params(state.trainer.model)  # (d,)
-        every = max(1, min(self.cfg.progress_every, job["local_steps"] // 4 or 1))
+        every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
         rounds = job["rounds"] or 1
 
         reporting = 0.0  # seconds spent reporting progress inside the loop: not compute
 
         def report(step: int, loss: float) -> None:
+            # The first step is reported too: the loss is the job's own from then on.
             nonlocal reporting
             if self.cfg.step_delay:
                 time.sleep(self.cfg.step_delay)
-            if step % every == 0 and step < job["local_steps"]:
+            if (step % every == 0 or step == 1) and step < steps:
                 t = time.perf_counter()
-                pct = 100.0 * ((job["round"] - 1) + step / job["local_steps"]) / rounds
-                self._progress(job, pct, loss, state.trainer.samples_seen / state.trainer.x.shape[0], "training")
+                self._progress(job, 100.0 * step / steps, loss, self._epoch(state), "training", step=step)
                 reporting += time.perf_counter() - t
 
-        self._progress(
-            job,
-            100.0 * (job["round"] - 1) / rounds,
-            None,
-            state.trainer.samples_seen / state.trainer.x.shape[0],
-            "training",
-        )
+        self._progress(job, 0.0, None, self._epoch(state), "training", step=0)
         t_compute = time.perf_counter()
         res = state.trainer.train_round(start, on_step=report)
         blob = state.codec.encode(res.delta if self.attack is None else self._craft(res.delta))
@@ -230,17 +225,29 @@ class Worker:
             )
         )
         state.done.add(job["round"])
-        self._progress(job, 100.0 * job["round"] / rounds, res.loss, res.epoch, "uploaded")
+        self._progress(job, 100.0, res.loss, res.epoch, "uploaded", step=res.steps)
         log.info(
-            "round %d/%d of %s: loss %.4f, update %d bytes, %.2f s (%.2f s computing)",
+            "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing)",
             job["round"],
             rounds,
             job["training_id"],
+            res.steps,
             res.loss,
             len(blob),
             time.perf_counter() - t0,
             compute,
         )
+
+    @staticmethod
+    def _epoch(state: JobState) -> float:
+        return state.trainer.samples_seen / state.trainer.x.shape[0]
+
+    @staticmethod
+    def _steps(job: dict[str, Any], samples: int) -> int:
+        """The round's local steps: ``epochs`` passes over this shard if the owner set
+        them (the shard's own size decides the steps), else ``local_steps``."""
+        epochs = job.get("epochs")
+        return epoch_steps(int(epochs), samples, int(job["batch_size"])) if epochs else int(job["local_steps"])
 
     def _craft(self, own):
         """Testing only (``--attack``): what a Byzantine worker sends instead of its update."""
@@ -252,12 +259,17 @@ class Worker:
         )
         return self.attack.craft(view)
 
-    def _progress(self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str) -> None:
+    def _progress(
+        self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str, *, step: int | None = None
+    ) -> None:
+        """Report on this round: ``pct`` of its steps done (this job's work, not the run's)."""
+        body: dict[str, Any] = {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status}
+        if job.get("round"):
+            body["round"] = job["round"]
+        if step is not None:
+            body["step"] = step
         try:
-            self.client.post(
-                f"/jobs/{job['job_id']}/progress",
-                {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status},
-            )
+            self.client.post(f"/jobs/{job['job_id']}/progress", body)
         except ApiError as e:
             log.info("progress refused: %s", e.detail)
         except Unreachable as e:  # progress is advisory: not retried; the update itself is
@@ -271,8 +283,9 @@ class Worker:
                 data = self._labels(load_shard(self._blob(job["shard_cid"])), job)
                 self.job.shard_cid = job["shard_cid"]
                 log.info("job %s: now on shard %d (%d samples)", job["job_id"], job["shard_index"], data[0].shape[0])
+            samples = int((data[0] if data is not None else self.job.trainer.x).shape[0])
             self.job.trainer.reconfigure(
-                steps=job["local_steps"], batch_size=job["batch_size"], lr=job["lr"], data=data
+                steps=self._steps(job, samples), batch_size=job["batch_size"], lr=job["lr"], data=data
             )
             return self.job
         spec_d = job["data_spec"]
@@ -283,7 +296,10 @@ class Worker:
             raise ModelRefused(str(e)) from None
         x, y = self._labels(load_shard(self._blob(job["shard_cid"])), job)
         cfg = LocalConfig(
-            steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"]
+            steps=self._steps(job, int(x.shape[0])),
+            batch_size=job["batch_size"],
+            optimizer=job["inner_opt"],
+            lr=job["lr"],
         )
         trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])
         name, opts = parse_spec(job["compression"], what="codec")

@@ -7,7 +7,8 @@ the model lacks fails loudly in the tests (a 500) instead of the key being dropp
 the reply without anyone noticing. Lists are ``{data, count}`` (:class:`Page`).
 
 Money is shown as AIT text (``"1.5"``) and, where clients compute with it, as integer
-micro-AIT in a ``*_micro`` field. Times are unix seconds.
+micro-AIT in a ``*_micro`` field; prices (AIT per round) are numbers (``1.5``) with the
+exact ``price_micro`` beside them. Times are unix seconds.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ class ContractView(Reply):
     contract_id: str
     worker_id: str
     training_id: str
-    price: str
-    price_micro: int
+    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
+    price_micro: int = Field(description="the exact price in micro-AIT")
     status: ContractStatus
     score: float
 
@@ -116,13 +117,22 @@ class JobView(Reply):
     job_id: str
     worker_id: str
     contract_id: str
+    gpu_type: str | None = Field(description="the worker's advertised GPU class")
     shard_index: int
     shard_cid: str
     job_status: JobStatus
-    status: str = Field(description="the worker's last reported status while the job is active, else the job's")
-    progress: float
-    loss: float | None
-    epoch: float
+    status: str = Field(
+        description="complete once its update for the run's current round is in (rejected if refused); "
+        "before that the worker's last report for this round (training, ...) or waiting; "
+        "failed/released once the job ended"
+    )
+    progress: float = Field(description="percent of this job's work in the current round (its steps), 0-100")
+    loss: float | None = Field(
+        description="the worker's last reported training loss; before its first report the validation "
+        "loss of the model it starts from; null only before training started"
+    )
+    epoch: float = Field(description="passes over its shard so far")
+    speed: float = Field(description="samples per second, measured between its progress reports; 0 until measured")
     rounds_done: int
     this_round: UpdateStatus | None = Field(description="its update of the open round, if sent")
     joined_round: int
@@ -169,6 +179,13 @@ class RunDetail(RunSummary):
     started_at: float | None
     finished_at: float | None
     paused_from: RunStatus | None
+    manual_since: float | None = Field(description="when its owner took over an automatic run (first phase move)")
+    manual_from_round: int | None = Field(description="the first round its owner drove (earlier: the driver's)")
+    speed: float = Field(description="rounds closed per second since training started; 0 before")
+    target_speed: float = Field(
+        description="rounds per second: 1/deadline; without a deadline 1 / (the slowest active job's "
+        "steps x batch_size / its measured speed); equal to speed until a speed is measured"
+    )
     contracts: list[ContractView]
     workers: list[RunWorker]
     time: float
@@ -177,7 +194,8 @@ class RunDetail(RunSummary):
 class RankedOffer(Reply):
     worker_id: str
     gpu_type: str
-    price: float = Field(description="AIT per round")
+    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
+    price_micro: int = Field(description="the exact price in micro-AIT")
     reputation: float
     availability: float
     score: float
@@ -225,6 +243,7 @@ class Results(Reply):
     status: RunStatus
     error: str | None
     model_cid: str | None
+    metrics: dict[str, Any] = Field(description="what its owner saved with the result (save_training_results)")
     rounds_completed: int
     rounds: int | None
     initial_val_loss: float | None
@@ -240,13 +259,14 @@ class Results(Reply):
 
 
 class SavedResult(Results):
-    round: int = Field(description="the round whose checkpoint was kept")
+    round: int | None = Field(description="the round whose checkpoint was kept; null for an uploaded model")
 
 
 class WorkerPay(Reply):
     worker_id: str
     contract_id: str
-    price: str
+    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
+    price_micro: int = Field(description="the exact price in micro-AIT")
     status: ContractStatus
     rounds_accepted: int
     rounds_scored: int
@@ -353,8 +373,8 @@ class ResendRequested(Reply):
 class OfferView(Reply):
     worker_id: str
     gpu_type: str
-    price: str
-    price_micro: int
+    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
+    price_micro: int = Field(description="the exact price in micro-AIT")
     reputation: float
     availability: float
     status: OfferStatus
@@ -395,6 +415,9 @@ class JobOrder(Reply):
     local_steps: int | None
     batch_size: int | None
     lr: float | None
+    epochs: int | None = Field(
+        description="passes over its shard a round, if the owner set them (local_steps is their steps)"
+    )
     inner_opt: str | None
     compression: str | None
     error_feedback: bool | None

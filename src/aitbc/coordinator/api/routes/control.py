@@ -4,7 +4,7 @@ See :mod:`aitbc.coordinator.control`."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import control, repository, views
@@ -35,9 +35,11 @@ def _job(ctx: Context, s: Session, job: Job) -> dict:
 
 @router.post("/runs/{run_id}/phase", response_model=RunDetail, responses=OWNED)
 def set_phase(run_id: str, body: PhaseSet, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
-    """Manual runs: move to ``distributing`` (with the training config), ``training``
-    (open round 1, or the next round once this one is aggregated), ``aggregating`` (close
-    the open round to updates) or ``complete``."""
+    """Move the run to ``distributing`` (with the training config; none: the defaults),
+    ``training`` (open round 1, or the next round once this one is aggregated),
+    ``aggregating`` (close the open round to updates) or ``complete``. The first call on
+    an automatic run takes it over: its owner drives it from then on (409 while the
+    coordinator is writing its initial model or aggregating a round)."""
     run = control.set_phase(ctx, s, repository.owned_run(s, run_id, signer.address), body, signer.auth())
     return views.run_detail(ctx, s, run)
 
@@ -62,8 +64,21 @@ def aggregate(run_id: str, body: Aggregate, ctx: CtxDep, s: SessionDep, signer: 
 
 @router.post("/runs/{run_id}/result", response_model=SavedResult, responses=OWNED)
 def save_result(run_id: str, body: ResultSave, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
-    """Manual runs: the aggregated checkpoint kept as the run's model."""
+    """Owner-driven runs: the run's model (an aggregated checkpoint, or a model blob the
+    owner uploaded) and the owner's metrics, kept as its result."""
     return control.save_result(ctx, s, repository.owned_run(s, run_id, signer.address), body)
+
+
+@router.get("/runs/{run_id}/updates", response_model=Page[UpdateView], responses=errors(404, 422))
+def run_updates(
+    run_id: str,
+    s: SessionDep,
+    round: int | None = Query(None, ge=1, le=10_000_000, description="only this round's"),
+    latest: bool = Query(False, description="only each job's most recent update"),
+) -> dict:
+    """The workers' updates (checkpoints) of the run, newest round first."""
+    data = views.run_updates(s, repository.get_run(s, run_id), round=round, latest=latest)
+    return {"data": data, "count": len(data)}
 
 
 @router.get("/jobs/{job_id}/updates", response_model=Page[UpdateView], responses=errors(404))
