@@ -122,7 +122,7 @@ def test_add_directory_exits_2(home, tmp_path):
     result = ipfs(home, "add", str(tmp_path))
 
     stderr = _assert_one_line_error(result, 2)
-    assert "is a directory; aitbc ipfs add takes one file" in stderr
+    assert f"{tmp_path} is a folder; add it with -r (aitbc ipfs add -r {tmp_path})" in stderr
 
 
 def test_cat_missing_blob_exits_1(home):

@@ -231,7 +231,15 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     async def _unit(_: Request, e: UnitError) -> JSONResponse:
         return _error(422, e.code, e.detail)
 
-    routers = (health.router, blobs.router, runs.router, control.router, workers.router, ledger.router)
+    routers = (
+        health.router,
+        blobs.router,
+        blobs.pins_router,
+        runs.router,
+        control.router,
+        workers.router,
+        ledger.router,
+    )
     for r in routers:
         app.include_router(r, prefix=PREFIX)
     app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])

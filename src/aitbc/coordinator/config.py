@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
+    max_pinned_bytes: int = Field(1 << 30, ge=0)  # blob bytes one wallet may keep pinned (POST /v1/blobs/{cid}/pin)
     tls_cert: Path | None = None  # PEM certificate (chain): serve HTTPS with it and tls_key
     tls_key: Path | None = Field(None, validate_default=True)  # its PEM private key
     # module prefixes whose module:callable models this coordinator may import (none by default)

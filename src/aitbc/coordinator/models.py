@@ -272,3 +272,19 @@ class Settlement(Base):
     paid: Mapped[int] = mapped_column(BigInteger)  # what escrow could pay of it
     entry_seq: Mapped[int | None] = mapped_column(Integer, default=None)  # the ledger entry, if paid > 0
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class Pin(Base):
+    """A wallet's pin of a blob DAG (a file or a folder): blob retention keeps every blob
+    reachable from ``cid`` while the pin exists; ``bytes`` (every blob under it, each
+    once) counts against the wallet's ``max_pinned_bytes``."""
+
+    __tablename__ = "pins"
+    __table_args__ = (UniqueConstraint("owner", "cid"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)  # the signer's address
+    cid: Mapped[str] = mapped_column(String(100), index=True)  # the root
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    blobs: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)

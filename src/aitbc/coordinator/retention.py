@@ -10,7 +10,9 @@ is *live* (kept) when it is:
   (scoring judges updates against it) and any round whose evaluation is missing;
 - data of a run not yet finalized: its manifest, shards (split ones included), the
   validation split, and every job's shard;
-- an update of a round not yet scored and settled, in a run not yet finalized.
+- an update of a round not yet scored and settled, in a run not yet finalized;
+- under a pin (:mod:`aitbc.coordinator.pins`): every blob reachable from a pinned root
+  (a file, or a folder's directory nodes and files, :mod:`aitbc.storage.unixfs`).
 
 Everything else is deleted once older than ``gc_grace_seconds`` (by mtime). Race safety:
 the live set is read in one database snapshot; a blob written after that snapshot (a new
@@ -32,9 +34,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.models import Job, RoundRecord, Run, Update
-from aitbc.errors import NotFoundError
+from aitbc.coordinator.models import Job, Pin, RoundRecord, Run, Update
+from aitbc.errors import NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
+from aitbc.storage.unixfs import reachable
 
 log = logging.getLogger("aitbc.coordinator")
 
@@ -108,6 +111,26 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
     return live
 
 
+def pinned_blobs(store: LocalBlobStore, roots: set[str]) -> set[str]:
+    """Every blob reachable from the pinned ``roots`` (a blob already gone is skipped:
+    what is left of the DAG is still kept)."""
+
+    def read_node(cid: str) -> bytes | None:
+        try:
+            return store.peek_node(cid)
+        except NotFoundError:
+            return None
+
+    kept: set[str] = set()
+    for root in sorted(roots):
+        try:
+            kept |= reachable(read_node, root)
+        except UsageError as e:  # over the walk's bound: keep what the pin recorded at least
+            log.warning("gc: pin %s: %s", root, e)
+            kept.add(root)
+    return kept
+
+
 def collect(
     sessions: Callable[[], Session],
     store: LocalBlobStore,
@@ -121,6 +144,8 @@ def collect(
     ``grace_seconds``."""
     with sessions() as s:
         live = live_cids(s, keep_checkpoints)
+        roots = set(s.scalars(select(Pin.cid)).all())  # the same snapshot
+    live |= pinned_blobs(store, roots)
     now = time.time() if now is None else now
     report = GcReport(dry_run=dry_run)
     for info in store.list():

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
-from aitbc.storage.cid import CidHasher, cid_of_bytes, parse_cid
-from aitbc.storage.unixfs import BlobHasher
+from aitbc.storage.cid import CODEC_DAG_PB, CidHasher, cid_of_bytes, parse_cid
+from aitbc.storage.unixfs import MAX_NODE_BYTES, BlobHasher
 
 _COPY_SIZE = 1 << 20
 _TEMP_PREFIX = ".tmp-"
@@ -208,6 +208,26 @@ class LocalBlobStore:
     def delete(self, cid: str) -> None:
         try:
             self._path(cid).unlink()
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+
+    def size(self, cid: str) -> int:
+        """Bytes of the blob ``cid``; a ``NotFoundError`` if it is not held."""
+        try:
+            return self._path(cid).stat().st_size
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+
+    def peek_node(self, cid: str) -> bytes | None:
+        """The bytes of ``cid`` when it could be a folder's directory node (dag-pb, at
+        most ``MAX_NODE_BYTES``), else None; unverified (the caller checks what it
+        decodes, see :func:`aitbc.storage.unixfs.reachable`). A ``NotFoundError`` if not held."""
+        path = self._path(cid)
+        try:
+            size = path.stat().st_size
+            if parse_cid(cid).codec != CODEC_DAG_PB or size > MAX_NODE_BYTES:
+                return None
+            return path.read_bytes()
         except FileNotFoundError:
             raise self._missing(cid) from None
 

@@ -41,7 +41,7 @@ _WHY = {
     401: "Missing, wrong, expired or replayed request signature (X-Aitbc-* headers)",
     403: "The signer may not do this (not the owner of the run, job or worker)",
     404: "No such run, job, worker, contract or blob",
-    409: "Refused in the current state (run ended, wrong phase, a conflict with what exists)",
+    409: "Refused in the current state (run ended, wrong phase, a conflict with what exists; a pin over max_pinned_bytes or of an incomplete folder)",
     413: "The body is larger than this coordinator takes (blob_too_large: max_blob_bytes; body_too_large: a JSON body over max_json_bytes)",
     429: "Too many blob uploads in flight at once (too_many_uploads, max_uploads); try again later",
     422: "A field is missing, of the wrong type, out of range, or not allowed here",
@@ -83,6 +83,25 @@ class BlobStored(Reply):
     cid: str
     size: int
     stored: bool = Field(description="false: the coordinator already held this blob")
+
+
+class BlobsMissing(Reply):
+    missing: list[str] = Field(description="the CIDs asked about that this coordinator does not hold")
+
+
+class PinView(Reply):
+    cid: str = Field(description="the pinned root: a file's CID or a folder's")
+    owner: str
+    bytes: int = Field(description="bytes of every blob under the root, each once")
+    blobs: int
+    created_at: float
+
+
+class PinList(Reply):
+    data: list[PinView]
+    count: int
+    pinned_bytes: int
+    max_pinned_bytes: int = Field(description="what one wallet may keep pinned")
 
 
 # --- runs -------------------------------------------------------------------------------------

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator.api.deps import CtxDep, StreamSignerDep
-from aitbc.coordinator.api.responses import BlobStored, errors
+from aitbc.coordinator import pins
+from aitbc.coordinator.api.deps import CtxDep, SignerDep, StreamSignerDep
+from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, PinList, PinView, errors
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
 from aitbc.coordinator.workers import flag_blob
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.cid import is_cid
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
+pins_router = APIRouter(prefix="/pins", tags=["blobs"])
+MAX_ASKED = 10_000  # CIDs one POST /v1/blobs/missing may ask about
 _BLOCK = 1 << 20  # bytes buffered per write to disk
 BINARY: dict[str, Any] = {"schema": {"type": "string", "format": "binary"}}
 BLOB: dict[int | str, dict[str, Any]] = {
@@ -30,6 +34,46 @@ BLOB: dict[int | str, dict[str, Any]] = {
 def _check_cid(cid: str) -> None:
     if not is_cid(cid):
         raise bad_request("bad_cid", f"{cid!r} is not a CIDv1 (base32, starts with 'b')")
+
+
+class MissingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cids: list[str] = Field(max_length=MAX_ASKED, description="CIDs to look for")
+
+
+@router.post("/missing", response_model=BlobsMissing)
+async def missing_blobs(body: MissingRequest, ctx: CtxDep, signer: SignerDep) -> dict:
+    """Which of ``cids`` this coordinator lacks (upload those); the ones it holds have
+    their retention grace period renewed, as a PUT of a held blob does."""
+    for cid in body.cids:
+        _check_cid(cid)
+    return {"missing": await run_in_threadpool(pins.missing_blobs, ctx, body.cids)}
+
+
+@router.post("/{cid}/pin", response_model=PinView, status_code=201, responses=errors(400, 404, 409))
+def pin_blob(cid: str, ctx: CtxDep, signer: SignerDep, response: Response) -> dict:
+    """Pin the file or folder ``cid`` for the signer: blob retention keeps every blob under
+    it. Every blob must be here (409 ``incomplete_dag``); the pinned bytes count against the
+    signer's ``max_pinned_bytes`` (409 ``pin_quota_exceeded``). Pinning again answers 200."""
+    _check_cid(cid)
+    view, new = pins.pin(ctx, signer.address, cid)
+    if not new:
+        response.status_code = 200
+    return view
+
+
+@router.delete("/{cid}/pin", response_model=PinView, responses=errors(400, 404))
+def unpin_blob(cid: str, ctx: CtxDep, signer: SignerDep) -> dict:
+    """Remove the signer's pin of ``cid`` (404 ``unknown_pin`` if it has none); the blobs
+    go at retention's next collection unless something else keeps them."""
+    _check_cid(cid)
+    return pins.unpin(ctx, signer.address, cid)
+
+
+@pins_router.get("", response_model=PinList, responses=errors(422))
+def list_pins(ctx: CtxDep, owner: Annotated[str, Query(max_length=64, description="a wallet address")]) -> dict:
+    """A wallet's pins, the bytes they keep and the cap."""
+    return pins.pins_of(ctx, owner)
 
 
 @router.put(
