@@ -433,3 +433,28 @@ def test_pause_refusal_words(status, control, code, detail):
     with pytest.raises(ServerError) as e:
         _require_pausable(run)
     assert (e.value.status, e.value.code, e.value.detail) == (409, code, detail)
+
+
+# --- a provider's progress reports ----------------------------------------------------------------
+
+
+def test_progress_reports_a_worker_cannot_bend(new_coordinator, api):
+    """A report for a round not yet open, a step past the bound, or for another worker's job
+    is refused and changes nothing; a late report of a closed round measures no speed."""
+    coord = new_coordinator(heartbeat_flush_seconds=0.05)
+    t = api.start_training_run(coord, 2, rounds=3)
+    (w, job), other = t.take(), t.workers[-1]
+    base = {"progress": 10.0, "epoch": 0.1, "status": "training"}
+    refused(coord, api, w, f"/jobs/{job}/progress", {**base, "round": 2, "step": 1}, 409, "wrong_round", "open round")
+    refused(
+        coord, api, w, f"/jobs/{job}/progress", {**base, "round": 1, "step": 100_001}, 422, "invalid_request", "step"
+    )
+    refused(coord, api, w, f"/jobs/{job}/progress", {**base, "round": 0}, 422, "invalid_request", "round")
+    refused(coord, api, other, f"/jobs/{job}/progress", {**base, "round": 1, "step": 1}, 403, "forbidden")
+    w.post(f"/jobs/{job}/progress", {**base, "round": 1, "step": 0})
+    time.sleep(0.05)
+    w.post(f"/jobs/{job}/progress", {**base, "progress": 100.0, "round": 1, "step": 1})
+    speed = t.owner.get(f"/jobs/{job}")["speed"]
+    assert speed > 0
+    w.post(f"/jobs/{job}/progress", {**base, "round": 1, "step": 0})  # a step back: no new measurement
+    assert t.owner.get(f"/jobs/{job}")["speed"] == speed

@@ -130,7 +130,7 @@ class Progress(Body):
     epoch: float = Field(0.0, ge=0, allow_inf_nan=False)  # stored and shown: finite
     status: str = Field(min_length=1, max_length=32)
     round: int | None = Field(None, ge=1, le=10_000_000)  # the round reported on (older workers: none)
-    step: int | None = Field(None, ge=0, le=10_000_000)  # local steps done in it (the speed is measured from them)
+    step: int | None = Field(None, ge=0, le=100_000)  # local steps done in it (at most local_steps' bound)
 
 
 class UpdateSubmit(Body):

@@ -139,15 +139,21 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
     job, run = _own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
+    if body.round is not None and body.round > run.round:
+        raise conflict("wrong_round", f"progress for round {body.round}; the open round of {run.id} is {run.round}")
     now = time.time()
-    if body.round is not None and body.step is not None:
-        same_round = job.progress_round == body.round and job.step is not None and job.progress_at is not None
-        if same_round and body.step > (job.step or 0) and now > (job.progress_at or now):
-            own = job_settings(run, job)
+    if body.round == run.round and body.step is not None:  # a late report of a closed round measures nothing
+        last_step, last_at = job.step, job.progress_at
+        if (
+            job.progress_round == body.round
+            and last_step is not None
+            and last_at is not None
+            and body.step > last_step
+            and now > last_at
+        ):
+            batch = job_settings(run, job)["batch_size"]
             samples = int(run.data_manifest["shards"][job.shard_index]["samples"])
-            measured = (
-                (body.step - (job.step or 0)) * min(own["batch_size"], samples) / (now - (job.progress_at or now))
-            )
+            measured = (body.step - last_step) * min(batch, samples) / (now - last_at)
             job.speed = measured if job.speed is None else (job.speed + measured) / 2
         job.step, job.progress_at = body.step, now
     if body.round is not None:
