@@ -506,8 +506,9 @@ def _changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
             f"val loss {_fmt(run['val_loss'])}"
         ]
     lines = []
-    if run["rounds_completed"] > before["rounds_completed"]:
+    if run["rounds_completed"] > before["rounds_completed"]:  # each round, if several closed between two looks
         evaluated = run["val_loss"] != before["val_loss"] or run["val_accuracy"] != before["val_accuracy"]
+        lines += [f"round {k}/{rounds} closed" for k in range(before["rounds_completed"] + 1, run["rounds_completed"])]
         lines.append(
             f"round {run['rounds_completed']}/{rounds} closed"
             + (f": val loss {_fmt(run['val_loss'])}, val acc {_fmt(run['val_accuracy'], '.3f')}" if evaluated else "")
