@@ -63,8 +63,5 @@ def test_wallet_send_to_a_provider_of_the_local_stack_by_name(home_stack):
 
     down = aitbc("down", "--json", timeout=60)
     assert down.returncode == 0
-    assert json.loads(down.stdout)["stopped"] == {
-        "coordinator": "stopped",
-        "worker-1": "stopped",
-        "worker-2": "stopped",
-    }
+    outcome = json.loads(down.stdout)["stopped"]
+    assert set(outcome) == {"coordinator", "worker-1", "worker-2"} and set(outcome.values()) <= {"stopped", "killed"}
