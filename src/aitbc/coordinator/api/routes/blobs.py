@@ -50,7 +50,12 @@ async def missing_blobs(body: MissingRequest, ctx: CtxDep, signer: SignerDep) ->
     return {"missing": await run_in_threadpool(pins.missing_blobs, ctx, body.cids)}
 
 
-@router.post("/{cid}/pin", response_model=PinView, status_code=201, responses=errors(400, 404, 409))
+@router.post(
+    "/{cid}/pin",
+    response_model=PinView,
+    status_code=201,
+    responses={200: {"model": PinView, "description": "Pinned already by the signer"}, **errors(400, 404, 409)},
+)
 def pin_blob(cid: str, ctx: CtxDep, signer: SignerDep, response: Response) -> dict:
     """Pin the file or folder ``cid`` for the signer: blob retention keeps every blob under
     it. Every blob must be here (409 ``incomplete_dag``); the pinned bytes count against the
