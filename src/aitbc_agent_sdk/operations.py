@@ -601,11 +601,17 @@ def resume_training(self: AgentState, training_id: str | None = None) -> Op[dict
 
 
 def current_jobs(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """The run's workers as its detail lists them (one job each), less the jobs another
-    replaced: while the run is live, the working ones and the failed ones nobody
-    replaced yet; once it ended, every job as it ended."""
+    """The run's workers as its detail lists them (one job each), less the failed jobs
+    whose shard went to another job (named ``replaces``, or any later job on that shard)
+    and, while the run is live, the jobs that ended otherwise (released): the working
+    ones and the failed ones nobody replaced yet. Once the run ended, each job as it ended."""
     replaced = {w["replaces"] for w in run["workers"] if w.get("replaces")}
-    jobs = [w for w in run["workers"] if w["job_id"] not in replaced]
+    taken = {w["shard_index"] for w in run["workers"] if w["job_status"] != "failed"}
+    jobs = [
+        w
+        for w in run["workers"]
+        if w["job_id"] not in replaced and not (w["job_status"] == "failed" and w["shard_index"] in taken)
+    ]
     if run["status"] in ENDED:
         return jobs
     return [w for w in jobs if w["job_status"] in ("active", "failed")]

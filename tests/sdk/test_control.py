@@ -319,9 +319,10 @@ def test_find_replacement_and_ping(agent):
 
 def test_refusals(agent):
     auto = agent.initialize_distributed_training("mlp", 1, 1)["training_id"]
-    with pytest.raises(Conflict) as e:
+    with pytest.raises(Conflict) as e:  # an automatic run's owner may take it over, but not by a move it cannot make
         agent.update_training_phase(auto, "training")
-    assert (e.value.status, e.value.code) == (409, "automatic_control")
+    assert (e.value.status, e.value.code) == (409, "bad_state")
+    assert agent.get_training_status(auto)["control"] == "automatic"  # the refused move took nothing over
     with pytest.raises(Conflict) as e:
         agent.send_training_job(agent.get_available_workers()[0]["worker_id"], auto, "bafkreinope")
     assert e.value.code == "automatic_control"
@@ -359,7 +360,7 @@ def test_refusals(agent):
     unknown = agent.upload_to_ipfs(data=b"not a checkpoint of this run")
     with pytest.raises(Unprocessable) as e:
         agent.save_training_results(tid, unknown)
-    assert (e.value.status, e.value.code) == (422, "unknown_model")
+    assert (e.value.status, e.value.code) == (422, "not_a_model")
     initial = agent.get_round_checkpoints(tid)[0]
     assert initial["round"] == 0
     with pytest.raises(Unprocessable) as e:  # the initial model was never aggregated
@@ -375,7 +376,7 @@ def test_refusals(agent):
         agent.federated_average([{"cid": unknown, "training_id": tid}])
     assert e.value.code == "unknown_update"
     agent.stop_training(tid)
-    assert agent.get_training_status(tid)["phase"] == "failed"
+    assert agent.get_training_status(tid)["phase"] == "stopped"
 
 
 # --- regressions: default weights after a split; a failed offer and a stale heartbeat ---------------
