@@ -467,10 +467,11 @@ class AgentMethods:
     ) -> str:
         """Store a file or a folder (``path``) or ``data`` on the coordinator, content
         addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
-        raw leaves, 256 KiB chunks), and return the root CID. ``data``: bytes, or a model
-        (``torch.nn.Module``) or state dict, stored as a safetensors checkpoint (what
-        :meth:`federated_average` returns as ``model`` is accepted). ``pin``: keep the blobs
-        through the coordinator's retention (unpinned ones may be collected once unused).
+        raw leaves, 256 KiB chunks), and return the root CID; only the blobs the coordinator
+        lacks are sent. ``data``: bytes, or a model (``torch.nn.Module``) or state dict,
+        stored as a safetensors checkpoint (what :meth:`federated_average` returns as
+        ``model`` is accepted). ``pin``: pinned for the agent's wallet, so the coordinator's
+        blob retention keeps every blob of it (``POST /v1/blobs/{cid}/pin``).
 
         A folder or file uploaded while the agent's current run (``training_id``, default:
         the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
@@ -960,10 +961,11 @@ class AsyncAgentMethods:
     ) -> str:
         """Store a file or a folder (``path``) or ``data`` on the coordinator, content
         addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
-        raw leaves, 256 KiB chunks), and return the root CID. ``data``: bytes, or a model
-        (``torch.nn.Module``) or state dict, stored as a safetensors checkpoint (what
-        :meth:`federated_average` returns as ``model`` is accepted). ``pin``: keep the blobs
-        through the coordinator's retention (unpinned ones may be collected once unused).
+        raw leaves, 256 KiB chunks), and return the root CID; only the blobs the coordinator
+        lacks are sent. ``data``: bytes, or a model (``torch.nn.Module``) or state dict,
+        stored as a safetensors checkpoint (what :meth:`federated_average` returns as
+        ``model`` is accepted). ``pin``: pinned for the agent's wallet, so the coordinator's
+        blob retention keeps every blob of it (``POST /v1/blobs/{cid}/pin``).
 
         A folder or file uploaded while the agent's current run (``training_id``, default:
         the current run, if any) is ``initializing`` or ``distributing`` becomes that run's

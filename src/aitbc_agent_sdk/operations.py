@@ -218,10 +218,11 @@ def upload_to_ipfs(
 ) -> Op[str]:
     """Store a file or a folder (``path``) or ``data`` on the coordinator, content
     addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
-    raw leaves, 256 KiB chunks), and return the root CID. ``data``: bytes, or a model
-    (``torch.nn.Module``) or state dict, stored as a safetensors checkpoint (what
-    :meth:`federated_average` returns as ``model`` is accepted). ``pin``: keep the blobs
-    through the coordinator's retention (unpinned ones may be collected once unused).
+    raw leaves, 256 KiB chunks), and return the root CID; only the blobs the coordinator
+    lacks are sent. ``data``: bytes, or a model (``torch.nn.Module``) or state dict,
+    stored as a safetensors checkpoint (what :meth:`federated_average` returns as
+    ``model`` is accepted). ``pin``: pinned for the agent's wallet, so the coordinator's
+    blob retention keeps every blob of it (``POST /v1/blobs/{cid}/pin``).
 
     A folder or file uploaded while the agent's current run (``training_id``, default:
     the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
@@ -229,22 +230,18 @@ def upload_to_ipfs(
     :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``."""
     if (path is None) == (data is None):
         raise InvalidArgument("bad_argument", "upload_to_ipfs takes exactly one of path= or data=")
-    from aitbc_agent_sdk import uploads  # torch and the UnixFS builder: imported on use
+    from aitbc_agent_sdk import ipfs
 
     if path is None:
-        blocks = yield Offload(uploads.data_blocks, (data,))
-    else:
-        p = Path(path).expanduser()
-        if not p.exists():
-            raise NotFound("not_found", f"no such file or folder: {p}")
-        blocks = yield Offload(uploads.path_blocks, (p,))
-    for cid, blob in blocks.blocks:
-        yield Http("PUT", f"/blobs/{cid}", content=blob, params={"pin": "true"} if pin else None)
-    if path is not None:
-        tid = yield from _soft_run(self, training_id)
-        if tid is not None:
-            yield from _adopt_dataset(self, tid, blocks.root, Path(path).expanduser())
-    return blocks.root
+        return (yield from ipfs.store_data(self, data, pin))
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise NotFound("not_found", f"no such file or folder: {p}")
+    cid = yield from ipfs.store_path(self, p, pin)
+    tid = yield from _soft_run(self, training_id)
+    if tid is not None:
+        yield from _adopt_dataset(self, tid, cid, p)
+    return cid
 
 
 DATA_PHASES = ("initializing", "distributing")

@@ -1,65 +1,17 @@
-"""What :meth:`~aitbc_agent_sdk.Agent.upload_to_ipfs` stores, as blocks to PUT: a file
-or folder as its UnixFS DAG (:func:`aitbc.storage.unixfs.add_path`, the root CID ``ipfs
-add -r --cid-version=1`` prints), or in-memory data (bytes; a model or state dict as a
-safetensors checkpoint). Pure local work, run off the event loop by the clients
-(``Offload``); the operation does the HTTP. Also :func:`fetch_tree`, which writes a
-stored folder back to a local one (a dataset another process uploaded)."""
+"""A dataset folder stored on the coordinator (``upload_to_ipfs``, see
+:mod:`aitbc_agent_sdk.ipfs`), read back into a local folder: :func:`fetch_tree`, for an
+agent that cuts a run's dataset it did not upload itself (``create_data_shards`` in
+another process). Blocking local work, run off the event loop by the clients (``Offload``)."""
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from aitbc.client import tls_verify
-from aitbc.errors import IntegrityError, UsageError
-
-
-@dataclass(frozen=True, slots=True)
-class Blocks:
-    """``root``: the CID to return; ``blocks``: ``(cid, bytes)`` to store, each once."""
-
-    root: str
-    blocks: list[tuple[str, bytes]]
-
-
-def path_blocks(path: Path) -> Blocks:
-    """A file or folder as its UnixFS DAG (a folder's files each whole under its CID)."""
-    from aitbc.storage.unixfs import add_path
-
-    added = add_path(path)
-    return Blocks(added.root, list(added.blocks.items()))
-
-
-def data_bytes(data: Any) -> bytes:
-    """``data`` as the bytes to store: bytes as they are; a ``torch.nn.Module`` or a state
-    dict (tensors by name) as a safetensors checkpoint."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)
-    import torch  # imported on use: bytes need no torch
-
-    from aitbc.training.checkpoint import tensors_to_bytes
-
-    if isinstance(data, torch.nn.Module):
-        data = data.state_dict()
-    if isinstance(data, Mapping) and data and all(isinstance(v, torch.Tensor) for v in data.values()):
-        if not all(isinstance(k, str) for k in data):
-            raise UsageError("a state dict's keys must be parameter names (str)")
-        return tensors_to_bytes({k: v.detach().cpu().contiguous() for k, v in data.items()})
-    raise UsageError(f"data must be bytes, a torch.nn.Module or a state dict of tensors, got {type(data).__name__}")
-
-
-def data_blocks(data: Any) -> Blocks:
-    """``data`` (see :func:`data_bytes`) as one file: its CID and its bytes."""
-    from aitbc.storage.cid import cid_of_bytes
-
-    blob = data_bytes(data)
-    cid = cid_of_bytes(blob)
-    return Blocks(cid, [(cid, blob)])
+from aitbc.errors import IntegrityError
 
 
 def fetch_tree(coordinator: str, ca_cert: Path | None, cid: str) -> Path:

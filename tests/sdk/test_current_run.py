@@ -14,7 +14,7 @@ import torch
 
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.storage.unixfs import add_path
-from aitbc.training.checkpoint import bytes_to_tensors, tensors_to_bytes
+from aitbc.training.checkpoint import bytes_to_tensors
 from aitbc_agent_sdk import (
     Agent,
     AgentConfig,
@@ -24,6 +24,7 @@ from aitbc_agent_sdk import (
     InvalidArgument,
     NotFound,
 )
+from aitbc_agent_sdk.ipfs import to_bytes
 from aitbc_agent_sdk.results import Liveness, Outcome, Validity
 
 
@@ -175,7 +176,7 @@ def test_upload_data_takes_bytes_models_and_state_dicts(stack):
         assert from_model == from_state  # the same safetensors checkpoint
         stored = bytes_to_tensors(_blob(reader, from_model))
         assert set(stored) == {"weight", "bias"} and torch.equal(stored["weight"], model.weight.detach())
-        assert from_model == cid_of_bytes(tensors_to_bytes({k: v.detach() for k, v in model.state_dict().items()}))
+        assert from_model == cid_of_bytes(to_bytes(model))  # a safetensors checkpoint of the state dict
 
 
 def _blob(agent: Agent, cid: str) -> bytes:
