@@ -219,7 +219,8 @@ def test_usage_error_with_json_prints_the_error_object_on_stdout(aitbc, web_page
         (("wallet", "show", "nobody", "--json"), 1, "not_found"),
         (("wallet", "fund", "nobody", "0", "--json"), 2, "bad_amount"),
         (("wallet", "show", "nobody", "--json", "--bogus"), 2, "usage"),  # the parser's error
-        (("ipfs", "cat", "bafkreinotacid", "--json"), 2, "usage"),
+        (("ipfs", "ls", "bafkreinotacid", "--json"), 2, "usage"),
+        (("ipfs", "get", "bafkreinotacid", "--json"), 2, "usage"),
         (("down", "--json", "--workers", "3"), 2, "usage"),
     ],
 )

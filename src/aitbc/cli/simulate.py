@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -92,10 +94,25 @@ def simulate(
         Path | None, typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="CPU threads for torch (default: the physical cores this process may run on; "
+            "waiting threads sleep, so a busy machine does not slow it down 10x)."
+        ),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Run a whole training with N virtual workers in one process (same seed, same numbers)."""
+    if threads is not None and threads < 1:
+        from aitbc.errors import UsageError
+
+        raise UsageError(f"--threads must be at least 1; got {threads}")
+    # Before torch loads: its OpenMP threads must sleep, not spin, while they wait for work.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from aitbc.sim.runner import SimConfig, Simulation  # torch import is slow; keep --help fast
+
+    _use_threads(threads if threads is not None else torch_threads())
 
     outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
     cfg = SimConfig(
@@ -195,6 +212,33 @@ def simulate(
         table.add_row(k, v)
     table.columns[1].min_width = len(result.final_model_cid)  # a CID is copied whole; paths may fold
     out.print(table)
+
+
+def torch_threads() -> int:
+    """Threads for one torch process: the physical cores of this machine that this process
+    may run on (affinity, a container's CPU set), at least 1. Not the logical CPUs
+    (hyper-threads share a core's arithmetic units) and not the load of the moment (the
+    same command on the same machine keeps the same numbers).
+
+    torch's own default spins its OpenMP threads while they wait for work; when another
+    process holds a core, every parallel op then waits for a descheduled spinner, and
+    ``simulate`` measured ~10x slower (bench/simulate_contention.py). ``simulate`` sets
+    ``OMP_WAIT_POLICY=PASSIVE`` (unless set) so waiting threads sleep instead."""
+    import psutil
+
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        allowed = os.cpu_count() or 1
+    return max(1, min(psutil.cpu_count(logical=False) or allowed, allowed))
+
+
+def _use_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # set once per process, before any inter-op work
+        torch.set_num_interop_threads(1)  # the simulator runs one op at a time
 
 
 def _mib(n: int) -> str:
