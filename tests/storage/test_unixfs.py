@@ -243,3 +243,23 @@ def test_an_oversized_node_is_refused(tmp_path):
 
     with pytest.raises(IntegrityError):
         LocalBlobStore(tmp_path).put_blob(cid, block)
+
+
+def test_put_many_stores_a_folder_at_once_or_nothing(tmp_path):
+    store = LocalBlobStore(tmp_path / "store")
+    root = tmp_path / "d"
+    (root / "sub").mkdir(parents=True)
+    for i in range(5):
+        (root / "sub" / f"{i}.txt").write_bytes(b"x" * i)
+    added = add_path(root)
+    (root / "sub" / "4.txt").write_bytes(b"changed")
+
+    with pytest.raises(IntegrityError, match="changed while it was being stored"):
+        store.put_many([*added.nodes.items(), *added.files.items()])
+    assert store.list() == [] and not any(store.dir.iterdir())  # no temporary file left either
+
+    (root / "sub" / "4.txt").write_bytes(b"x" * 4)
+    stored = store.put_many([*added.nodes.items(), *added.files.items()])
+    assert set(stored) == set(added.sizes)
+    assert store.put_many([*added.nodes.items(), *added.files.items()]) == []  # all held
+    assert dict(read_tree(store.get_bytes, added.root)) == {f"sub/{i}.txt": b"x" * i for i in range(5)}

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, err, resolve_home
-from aitbc.errors import AitbcError, NotFoundError, UsageError
+from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import parse_cid
 from aitbc.storage.unixfs import add_path, is_dir_block, list_dir, resolve, split_path, walk
@@ -100,12 +100,11 @@ def add(
     if not path.exists() and not path.is_symlink():
         raise NotFoundError(f"no such file: {path}")
     added = add_path(path, hidden=hidden)
-    store = _store(home)
-    for cid, node in added.nodes.items():
-        store.put_blob(cid, node)
-    for cid, source in added.files.items():
-        if store.put_file(source) != cid:
-            raise AitbcError(f"{source} changed while it was being added; add it again")
+    blobs: list[tuple[str, bytes | Path]] = [*added.nodes.items(), *added.files.items()]
+    try:
+        _store(home).put_many(blobs)
+    except IntegrityError as e:
+        raise AitbcError(f"{e}; add it again") from None
     if json_out:
         entries = [{"path": p, "cid": c} for p, c in added.entries]
         typer.echo(json.dumps({"cid": added.root, "bytes": added.size, "blobs": len(added.sizes), "entries": entries}))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
@@ -123,6 +123,44 @@ class LocalBlobStore:
         with self.writer(cid) as w:
             w.write(data)
             return w.commit()
+
+    def put_many(self, blobs: Iterable[tuple[str, bytes | Path]]) -> list[str]:
+        """Store many blobs (a folder's nodes and files: bytes, or a file to copy) under the
+        CIDs claimed for them, skipping those held; returns the CIDs stored. Each is
+        written to a temporary file and checked against its CID; then one ``os.sync``
+        makes them all durable before they are renamed into place (one fsync per blob
+        made adding a folder of small files ten times slower). A mismatch (a file changed
+        since it was hashed) stores none of them."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        pending: list[tuple[Path, str]] = []
+        try:
+            for cid, source in blobs:
+                if self.has(cid) or any(c == cid for _, c in pending):
+                    continue
+                hasher = BlobHasher()
+                fd, temp = _new_temp(self.dir)
+                pending.append((temp, cid))
+                with os.fdopen(fd, "wb") as f:
+                    if isinstance(source, Path):
+                        with source.open("rb") as src:
+                            _copier(src, hasher, self._check_size)(f)
+                    else:
+                        self._check_size(len(source))
+                        hasher.update(source)
+                        f.write(source)
+                if not hasher.matches(cid):
+                    what = source if isinstance(source, Path) else "a blob"
+                    raise IntegrityError(f"{what} changed while it was being stored: it no longer hashes to {cid}")
+            if pending:
+                os.sync()
+                for temp, cid in pending:
+                    os.replace(temp, self.dir / cid)
+                _fsync_dir(self.dir)
+        except BaseException:
+            for temp, _ in pending:
+                temp.unlink(missing_ok=True)
+            raise
+        return [cid for _, cid in pending]
 
     def writer(self, cid: str) -> BlobWriter:
         """An incremental write of a blob whose CID is claimed up front (an upload): feed
@@ -431,7 +469,11 @@ def _commit(temp: Path, dest: Path) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(dest.parent, os.O_RDONLY)
+    _fsync_dir(dest.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
