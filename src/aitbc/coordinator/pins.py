@@ -40,6 +40,10 @@ def dag_blobs(store: LocalBlobStore, root: str) -> dict[str, int]:
 def pin(ctx: Context, owner: str, cid: str) -> tuple[dict[str, Any], bool]:
     """Pin ``cid`` for ``owner``; returns (the pin, whether it is new)."""
     store = ctx.store
+    with ctx.session() as s:  # pinned already: answered without walking the DAG again
+        held = s.scalar(select(Pin).where(Pin.owner == owner, Pin.cid == cid))
+        if held is not None:
+            return pin_view(held), False
     if not store.has(cid):
         raise not_found("unknown_blob", f"no blob {cid} on this coordinator; upload it first")
     try:
