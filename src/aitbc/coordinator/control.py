@@ -311,9 +311,13 @@ def _require_model_of(ctx: Context, run: Run, cid: str) -> None:
         shapes = tensor_shapes(ctx.store.get_bytes(cid))
     except AitbcError as e:
         raise unprocessable("not_a_model", f"{cid} is not a checkpoint of run {run.id}'s model: {e}") from None
-    rt = runtime(ctx, run)
-    with rt.lock:
-        want = {k: tuple(v.shape) for k, v in rt.model.state_dict().items()}
+    if run.global_cid is not None and ctx.store.has(run.global_cid):
+        # the current checkpoint's header: no wait for rt.lock, which scoring holds for long
+        want = tensor_shapes(ctx.store.get_bytes(run.global_cid))
+    else:
+        rt = runtime(ctx, run)
+        with rt.lock:
+            want = {k: tuple(v.shape) for k, v in rt.model.state_dict().items()}
     if shapes != want:
         diff = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
         raise unprocessable(
