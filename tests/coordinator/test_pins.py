@@ -59,7 +59,12 @@ def upload(h: httpx.Client, wallet: Wallet, added: Added) -> None:
 @pytest.fixture
 def pinning(tmp_path, databases, api):
     coord, stop = api.start_on(
-        databases, tmp_path / "coord", max_pinned_bytes=4000, gc_grace_seconds=0, max_blob_bytes=1 << 20
+        databases,
+        tmp_path / "coord",
+        max_pinned_bytes=4000,
+        max_pinned_bytes_total=6000,
+        gc_grace_seconds=0,
+        max_blob_bytes=1 << 20,
     )
     yield coord
     stop()
@@ -160,6 +165,14 @@ def test_pins_keep_a_folder_through_retention_within_the_cap(pinning, tmp_path, 
         assert coord.rows("SELECT * FROM pins") == pins_before
         # Another wallet has its own cap; it cannot unpin the owner's pin.
         assert signed(h, other, "POST", f"/v1/blobs/{big.root}/pin").status_code == 201
+        # Every wallet together is capped too (6000 bytes): a third wallet past it is refused.
+        third = Wallet.generate("third")
+        extra_root = tmp_path / "extra"
+        extra_root.mkdir()
+        (extra_root / "e.txt").write_bytes(b"e" * 3500)
+        extra = add_path(extra_root)
+        upload(h, third, extra)
+        api.assert_error(signed(h, third, "POST", f"/v1/blobs/{extra.root}/pin"), 409, "pins_full", "6000")
         api.assert_error(signed(h, other, "DELETE", f"/v1/blobs/{added.root}/pin"), 404, "unknown_pin")
 
         listed = h.get("/v1/pins", params={"owner": owner.address}).json()

@@ -48,6 +48,8 @@ SERVE_FLAGS = {
     "keep_checkpoints": "--keep-checkpoints",
     "gc_grace_seconds": "--gc-grace",
     "gc_interval_seconds": "--gc-interval",
+    "max_pinned_bytes": "--max-pinned-mb",
+    "max_pinned_bytes_total": "--max-pinned-total-mb",
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
     "divergence_factor": "--divergence-factor",
@@ -172,6 +174,12 @@ def serve(
         float | None, typer.Option(help="Seconds an unreferenced blob is kept before blob retention deletes it.")
     ] = None,
     gc_interval: Annotated[float | None, typer.Option(help="Seconds between two runs of blob retention.")] = None,
+    max_pinned_mb: Annotated[
+        float | None, typer.Option(help="MiB of blobs one wallet may keep pinned (kept by blob retention).")
+    ] = None,
+    max_pinned_total_mb: Annotated[
+        float | None, typer.Option(help="MiB of blobs all wallets together may keep pinned.")
+    ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option(help="PEM certificate (chain): serve HTTPS (with --tls-key).")
     ] = None,
@@ -226,6 +234,8 @@ def serve(
         "keep_checkpoints": keep_checkpoints,
         "gc_grace_seconds": gc_grace,
         "gc_interval_seconds": gc_interval,
+        "max_pinned_bytes": None if max_pinned_mb is None else round(max_pinned_mb * MIB),
+        "max_pinned_bytes_total": None if max_pinned_total_mb is None else round(max_pinned_total_mb * MIB),
         "tls_cert": tls_cert,
         "tls_key": tls_key,
         "divergence_factor": divergence_factor,
@@ -234,7 +244,13 @@ def serve(
         "norm_reject": norm_reject,
         "allow_code": allow_code or None,
     }
-    names = {**SERVE_FLAGS, "max_blob_bytes": "--max-blob-mb (in bytes)", "max_json_bytes": "--max-json-kb (in bytes)"}
+    names = {
+        **SERVE_FLAGS,
+        "max_blob_bytes": "--max-blob-mb (in bytes)",
+        "max_json_bytes": "--max-json-kb (in bytes)",
+        "max_pinned_bytes": "--max-pinned-mb (in bytes)",
+        "max_pinned_bytes_total": "--max-pinned-total-mb (in bytes)",
+    }
     settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=names)
     _logging(settings.log_level)
 

@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
     max_pinned_bytes: int = Field(1 << 30, ge=0)  # blob bytes one wallet may keep pinned (POST /v1/blobs/{cid}/pin)
+    # all wallets together (wallets cost nothing to make, so the per-wallet cap alone bounds no disk)
+    max_pinned_bytes_total: int = Field(64 << 30, ge=0)
     tls_cert: Path | None = None  # PEM certificate (chain): serve HTTPS with it and tls_key
     tls_key: Path | None = Field(None, validate_default=True)  # its PEM private key
     # module prefixes whose module:callable models this coordinator may import (none by default)

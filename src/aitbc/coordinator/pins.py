@@ -3,7 +3,9 @@
 
 A pin names a root CID; every blob reachable from it must be on this coordinator when it
 is pinned (so retention never keeps half a folder), and its bytes (each blob once) count
-against the signer's cap. Pinning touches every blob under the root, so a collection whose
+against the signer's cap (``max_pinned_bytes``) and everyone's together
+(``max_pinned_bytes_total``: a wallet costs nothing to make, so only a total bounds the
+disk; past it, pins wait for unpins). Pinning touches every blob under the root, so a collection whose
 database snapshot predates the pin finds them inside the grace period. Unpinning is the
 same wallet's. ``missing_blobs`` is the upload's first step: which CIDs this coordinator
 lacks (the ones held are touched, for the same reason).
@@ -66,6 +68,13 @@ def pin(ctx: Context, owner: str, cid: str) -> tuple[dict[str, Any], bool]:
                 "pin_quota_exceeded",
                 f"pinning {cid} ({size} bytes) would make {used + size} bytes pinned by {owner}, over this "
                 f"coordinator's max_pinned_bytes of {cap}; unpin something first",
+            )
+        total = s.scalar(select(func.coalesce(func.sum(Pin.bytes), 0))) or 0
+        if total + size > ctx.settings.max_pinned_bytes_total:
+            raise conflict(
+                "pins_full",
+                f"pinning {cid} ({size} bytes) would make {total + size} bytes pinned on this coordinator, over its "
+                f"max_pinned_bytes_total of {ctx.settings.max_pinned_bytes_total}; the blobs stay until retention",
             )
         row = Pin(owner=owner, cid=cid, bytes=size, blobs=len(blobs), created_at=time.time())
         s.add(row)
