@@ -263,3 +263,17 @@ def test_put_many_stores_a_folder_at_once_or_nothing(tmp_path):
     assert set(stored) == set(added.sizes)
     assert store.put_many([*added.nodes.items(), *added.files.items()]) == []  # all held
     assert dict(read_tree(store.get_bytes, added.root)) == {f"sub/{i}.txt": b"x" * i for i in range(5)}
+
+
+def test_a_hamt_entry_outside_its_slot_is_refused():
+    from aitbc.storage.unixfs import _hamt_data, hamt_hash
+
+    leaf = cid_of_bytes(b"x")
+    name = "a.txt"
+    wrong = (hamt_hash(name.encode())[0] + 1) % 256
+    block = _encode_node([Link(f"{wrong:02X}{name}", _cid(leaf), 1)], _hamt_data(1 << wrong))
+    cid = str(Cid.of_block(CODEC_DAG_PB, block))
+    assert decode_dir(block).hamt  # well-formed on its own
+
+    with pytest.raises(IntegrityError, match="not under the slots"):
+        list(read_tree({cid: block, leaf: b"x"}.__getitem__, cid))

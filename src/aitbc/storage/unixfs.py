@@ -450,22 +450,38 @@ def _load(get: Get, cid: str) -> tuple[DirNode | None, bytes]:
     return None, data
 
 
-def _entries(get: Get, node: DirNode, depth: int = 0) -> Iterator[tuple[str, Cid]]:
+def _entries(get: Get, node: DirNode) -> list[tuple[str, Cid]]:
     """(name, CID) of a directory's entries, a HAMT's sub-shards followed, in link order."""
-    if not node.hamt:
-        for link in node.links:
-            yield link.name, link.cid
-        return
+    return [(link.name, link.cid) for link in dir_links(get, node)]
+
+
+def dir_links(get: Get, node: DirNode) -> list[Link]:
+    """A directory's entries as links named by the entry's own name: a basic node's
+    links, or a HAMT's leaves (sub-shards followed, each name checked to hash to the slots
+    it sits under, so a walk and :func:`resolve` agree). A name listed twice is refused."""
+    links = list(node.links) if not node.hamt else list(_hamt_leaves(get, node, b""))
+    names = [link.name for link in links]
+    if len(set(names)) != len(names):
+        raise IntegrityError("a folder lists one name twice")
+    return links
+
+
+def _hamt_leaves(get: Get, node: DirNode, slots: bytes) -> Iterator[Link]:
+    depth = len(slots)
     for link in node.links:
+        slot = int(link.name[:2], 16)
         if len(link.name) > 2:
-            yield link.name[2:], link.cid
+            name = link.name[2:]
+            if hamt_hash(name.encode())[: depth + 1] != slots + bytes([slot]):
+                raise IntegrityError(f"HAMT entry {name!r} is not under the slots its name hashes to")
+            yield Link(name, link.cid, link.tsize)
             continue
-        if depth >= 8:
+        if depth >= 7:
             raise IntegrityError("a HAMT deeper than its 64-bit hash")
         sub, _ = _load(get, str(link.cid))
         if sub is None or not sub.hamt:
             raise IntegrityError(f"HAMT link {link.name} to {link.cid} is not a sub-shard")
-        yield from _entries(get, sub, depth + 1)
+        yield from _hamt_leaves(get, sub, slots + bytes([slot]))
 
 
 def walk(get: Get, cid: str, *, max_entries: int = MAX_ENTRIES, read_files: bool = True) -> Iterator[Entry]:
@@ -561,20 +577,9 @@ def list_dir(get: Get, cid: str) -> list[tuple[str, str, int]]:
     if node is None:
         raise UsageError(f"{cid} is a file, not a folder")
     out = []
-    for link in _hamt_links(get, node) if node.hamt else node.links:
+    for link in dir_links(get, node):
         out.append((link.name, str(link.cid), link.tsize))
     return sorted(out, key=lambda e: e[0].encode())
-
-
-def _hamt_links(get: Get, node: DirNode, depth: int = 0) -> Iterator[Link]:
-    for link in node.links:
-        if len(link.name) > 2:
-            yield Link(link.name[2:], link.cid, link.tsize)
-            continue
-        sub, _ = _load(get, str(link.cid))
-        if sub is None or not sub.hamt or depth >= 8:
-            raise IntegrityError(f"HAMT link {link.name} to {link.cid} is not a sub-shard")
-        yield from _hamt_links(get, sub, depth + 1)
 
 
 def reachable(read_node: Callable[[str], bytes | None], root: str, *, max_entries: int = MAX_ENTRIES) -> set[str]:
