@@ -191,6 +191,7 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
         "progress": progress,
         "loss": j.loss if j.loss is not None else run.val_loss,
         "epoch": j.epoch,
+        "steps": job_settings(run, j)["local_steps"],
         "speed": j.speed or 0.0,
         "rounds_done": j.rounds_done,
         "this_round": this_round,

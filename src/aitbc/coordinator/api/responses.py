@@ -151,6 +151,7 @@ class JobView(Reply):
         "loss of the model it starts from; null only before training started"
     )
     epoch: float = Field(description="passes over its shard so far")
+    steps: int = Field(description="its local steps a round: its own, epochs over its shard, or the run's")
     speed: float = Field(description="samples per second, measured between its progress reports; 0 until measured")
     rounds_done: int
     this_round: UpdateStatus | None = Field(description="its update of the open round, if sent")
