@@ -350,8 +350,14 @@ def _require_pausable(run: Run) -> None:
         )
         raise conflict("round_aggregating", f"run {rid} is aggregating round {run.round}; pause it {then}")
     if run.status == RunStatus.DISTRIBUTING:
-        then = "once training has started (phase training)" if manual else "once round 1 is open (a few seconds)"
-        raise conflict("distributing", f"run {rid} is writing its initial model; pause it {then}")
+        if manual:
+            raise conflict(
+                "distributing",
+                f"run {rid} is distributing: send its jobs and set phase training; pause it once training has started",
+            )
+        raise conflict(
+            "distributing", f"run {rid} is writing its initial model; pause it once round 1 is open (a few seconds)"
+        )
 
 
 def resume(ctx: Context, s: Session, run: Run) -> Run:
