@@ -783,12 +783,9 @@ def get_all_checkpoints(self: AgentState, training_id: str | None = None) -> Op[
     model's checkpoints (one per round) are :meth:`get_round_checkpoints`."""
     training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
-    out = []
-    for w in current_jobs(run):
-        ups = yield Http("GET", f"/jobs/{w['job_id']}/updates")
-        if ups["data"]:
-            out.append(ups["data"][0])
-    return out
+    latest = yield Http("GET", f"/runs/{training_id}/updates", params={"latest": "true"})
+    by_job = {u["job_id"]: u for u in latest["data"]}
+    return [by_job[w["job_id"]] for w in current_jobs(run) if w["job_id"] in by_job]
 
 
 @operation

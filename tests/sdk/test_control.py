@@ -165,6 +165,11 @@ def test_straggler_controls(agent):
     ck3, avg3 = _aggregate(agent, tid, [kept, j1, new])
     assert [c["samples"] for c in ck3] == [first["samples"], data[1]["samples"], second["samples"]]
     assert [c["worker_id"] for c in ck3] == [w0, w1, helper]
+    # the workers' latest checkpoints, as example 3 reads them: one per current worker, this round's
+    latest = agent.get_all_checkpoints()  # the current run: the one last named
+    assert sorted(c["worker_id"] for c in latest) == sorted([w0, w1, helper])
+    assert all(c["round"] == 3 and c["checkpoint_id"] == c["cid"] for c in latest)
+    assert all(agent.verify_checkpoint(c) for c in latest)
     assert (avg3["round"], avg3["updates"]) == (3, 3)
     assert avg3["weights"] == [float(c["samples"]) for c in ck3]
     assert avg3["loss"] is not None and set(avg3["model"]) and all(t.dim() >= 1 for t in avg3["model"].values())

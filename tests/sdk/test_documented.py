@@ -234,6 +234,7 @@ def test_example2_trains_completes_and_pays(stack, dataset, tmp_path):
         owner.start()
         owner.fund_wallet(1000)
         before = owner.get_ledger_balances()
+        me = f"wallet:{owner.address}"
     text = edit("example2_coordinator.py", dataset=dataset, iterations=300)
     check_only_allowed_edits("example2_coordinator.py", text, dataset)
     script = tmp_path / "example2.py"
@@ -274,7 +275,10 @@ def test_example2_trains_completes_and_pays(stack, dataset, tmp_path):
     assert set(rows) == set(paid)
     for w in paid:
         assert rows[w]["paid_micro"] == rows[w]["price_micro"] > 0, rows[w]
-        assert after.get(w, 0) - before.get(w, 0) >= rows[w]["price_micro"]
+        assert after.get(f"wallet:{w}", 0) - before.get(f"wallet:{w}", 0) == rows[w]["price_micro"]
+    # what left the owner's wallet is what was paid plus what the escrow still holds (refund_payments returns it)
+    paid_total = sum(rows[w]["paid_micro"] for w in paid)
+    assert before[me] - after[me] == paid_total + after[f"escrow:{tid}"]
     _verify_ledger(env, home)
 
 
