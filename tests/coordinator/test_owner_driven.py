@@ -458,3 +458,31 @@ def test_progress_reports_a_worker_cannot_bend(new_coordinator, api):
     assert speed > 0
     w.post(f"/jobs/{job}/progress", {**base, "round": 1, "step": 0})  # a step back: no new measurement
     assert t.owner.get(f"/jobs/{job}")["speed"] == speed
+
+
+def test_result_metrics_are_bounded(coord, api):
+    """An owner's metrics are data the API keeps: flat, finite, bounded; anything else is a
+    422 that changes nothing."""
+    owner = coord.client("metrics-owner")
+    run_id = automatic_run(coord, owner)
+    cid = cid_of_bytes(b"model")
+    for metrics, words in [
+        ({f"k{i}": i for i in range(65)}, "metrics"),
+        ({"nested": {"a": 1}}, "metrics.nested"),
+        ({"list": [1, 2]}, "metrics.list"),
+        ({"long": "x" * 501}, "metrics.long"),
+        ({"": 1}, "metrics"),
+        ({"k" * 65: 1}, "metrics"),
+        ({"loss": float("nan")}, "finite"),
+    ]:
+        refused(
+            coord,
+            api,
+            owner,
+            f"/runs/{run_id}/result",
+            {"model_cid": cid, "metrics": metrics},
+            422,
+            "invalid_request",
+            words,
+        )
+    refused(coord, api, owner, f"/runs/{run_id}/result", {"model_cid": "not-a-cid"}, 409, "automatic_control")
