@@ -486,3 +486,27 @@ def test_result_metrics_are_bounded(coord, api):
             words,
         )
     refused(coord, api, owner, f"/runs/{run_id}/result", {"model_cid": "not-a-cid"}, 409, "automatic_control")
+
+
+def test_an_owner_driven_run_escrows_every_hired_contract(coord, api):
+    """The owner may put every hired worker on a shard (after cutting the data again), so
+    its run escrows price x rounds for each of them, not one per shard of the first cut."""
+    workers = [api.register_worker(coord, f"esc-{i}") for i in range(3)]
+    owner = coord.client("esc-owner")
+    run_id = automatic_run(coord, owner)
+    api.upload_digits(owner, run_id, 2)
+    for w in workers:
+        owner.post(f"/runs/{run_id}/contracts", {"worker_id": w.wallet.address, "price": 1})
+    refused(
+        coord,
+        api,
+        owner,
+        f"/runs/{run_id}/phase",
+        {"phase": "distributing", "config": {"rounds": 2, "max_cost": "5"}},
+        409,
+        "over_max_cost",
+        "cost 6 AIT",
+    )
+    run = owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": {"rounds": 2, "max_cost": "6"}})
+    assert (run["escrowed"], run["shards"], len(run["contracts"])) == ("6", 2, 3)
+    ledger_ok(coord)

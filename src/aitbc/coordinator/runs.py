@@ -281,7 +281,10 @@ def configure(
     n_shards = len(run.data_manifest["shards"])
     cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
     if run.budget is None:  # no budget at init: escrow what the contracts will cost
-        cost = distribution_cost(cfg.rounds, list(hired[:n_shards]))
+        # An owner-driven run may put every hired worker on a shard (and cut the data again
+        # before its jobs): its escrow covers them all; the driver uses one per shard.
+        paid = list(hired) if run.control == Control.MANUAL else list(hired[:n_shards])
+        cost = distribution_cost(cfg.rounds, paid)
         if body.max_cost is None:
             raise unprocessable(
                 "no_budget",
@@ -301,7 +304,7 @@ def configure(
             run,
             cost,
             dataclasses.replace(request, field=cost_field),
-            why=f"{min(len(hired), n_shards)} workers x {cfg.rounds} rounds at their agreed prices",
+            why=f"{len(paid)} workers x {cfg.rounds} rounds at their agreed prices",
         )
     run.config = cfg.model_dump(mode="json")
     return list(hired)
