@@ -186,13 +186,18 @@ INIT = ("distributed-training", "init", "--wallet", "owner", "--target-workers",
         (("demo", "--aggregator", "avg"), "--aggregator: unknown aggregator 'avg'"),
         (("demo", "--min-gpu", "GTX1"), "--min-gpu: unknown GPU class 'GTX1'"),
         (("demo", "--dataset", "mnist"), "--dataset 'mnist': no such file or folder"),
+        (("simulate", "--aggregator", "avg"), "--aggregator: unknown aggregator 'avg'"),
+        (("simulate", "--compression", "int8:chunk=0"), "--compression: unknown codec 'int8' option 'chunk'"),
+        (("simulate", "--dataset", "imagenet"), "--dataset: unknown dataset 'imagenet'; allowed: digits, npz"),
+        (("simulate", "--threads", "0"), "--threads must be at least 1; got 0"),
         (("wallet", "fund", "owner", "-5"), "amount must be more than 0 AIT; got -5"),
         (("wallet", "fund", "owner", "0"), "amount must be more than 0 AIT; got 0"),
         (("wallet", "send", "owner", "provider-1", "-0.5"), "amount must be more than 0 AIT; got -0.5"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_flag_before_any_request(aitbc, web_page, args, expected):
-    proc = aitbc(*args, "--coordinator", web_page.url) if args[0] != "demo" else aitbc(*args)
+    local = args[0] in ("demo", "simulate")  # no coordinator to point elsewhere
+    proc = aitbc(*args) if local else aitbc(*args, "--coordinator", web_page.url)
 
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     line = _one_error_line(proc)

@@ -103,6 +103,13 @@ def dataset(data_path: str, *, option: str = "--data-path") -> str:
         raise OptionError(_naming(option, option + msg if msg != _text(e) else msg)) from None
 
 
+def dataset_name(spec: str, *, option: str = "--dataset") -> None:
+    """A dataset spec (``digits``, ``text:PATH``, ...): its name must be registered."""
+    from aitbc.training.datasets import DATASETS
+
+    _checked(option, lambda: DATASETS.get(spec.partition(":")[0]))
+
+
 def aggregator(spec: str, *, option: str = "--aggregator") -> None:
     """Names and options of every stage; a rule's condition on the number of workers is
     the coordinator's to check once it knows them."""

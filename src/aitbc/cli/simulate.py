@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from aitbc import run_defaults as defaults
+from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
 from aitbc.cli.options import (
     Aggregator,
@@ -115,9 +116,15 @@ def simulate(
     _use_threads(threads if threads is not None else torch_threads())
 
     outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
+    model_options = parse_kv(model_opt or [], what="model")
+    checks.model(model, model_options, option="--model")  # each refusal names its flag
+    checks.dataset_name(dataset)
+    checks.aggregator(aggregator)
+    checks.codec(compression)
+    checks.outer(outer, outer_options)
     cfg = SimConfig(
         model=model,
-        model_options=parse_kv(model_opt or [], what="model"),
+        model_options=model_options,
         dataset=dataset,
         workers=workers,
         rounds=rounds,
