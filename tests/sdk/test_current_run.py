@@ -233,3 +233,24 @@ def test_prices_are_numbers_beside_their_exact_micro_ait(stack):
         assert set(c) >= {"contract_id", "price", "price_micro"} and c["price"] == found[0]["price"]
         assert c["price_micro"] == found[0]["price_micro"]
         a.stop_training()
+
+
+def test_create_data_shards_recuts_while_distributing_until_jobs_are_sent(stack, folder):
+    with _agent(stack, "up-dist") as a:
+        a.fund_wallet(100)
+        a.initialize_distributed_training("transformer", "1MB", 3, model_options={"context": 32, "d_model": 32})
+        cid = a.upload_to_ipfs(path=folder)  # the run's dataset: 3 shards, one per target worker
+        hired = [
+            a.negotiate_worker_contract(worker_id=w["worker_id"], price=w["price"])
+            for w in a.discover_gpu_workers(required_workers=2)
+        ]
+        assert a.update_training_phase(phase="distributing")["control"] == "manual"  # the owner took it over
+        shards = a.create_data_shards(num_shards=2)  # cut again, now one per hired worker
+        assert len(shards) == 2 and a.get_training_status()["shards"] == 2
+        assert a.get_training_status()["data_source"] == f"ipfs://{cid}"
+        a.send_training_job(worker_id=hired[0]["worker_id"], shard_id=shards[0]["shard_id"])
+        with pytest.raises(Conflict) as e:  # a job trains on these shards now: they stay
+            a.create_data_shards(num_shards=3)
+        assert e.value.code == "jobs_sent"
+        assert a.get_training_status()["shards"] == 2
+        a.stop_training()
