@@ -637,9 +637,12 @@ def get_active_workers(self: AgentState, training_id: str | None = None) -> Op[l
 @operation
 def get_worker_progress(self: AgentState, job_id: str) -> Op[dict[str, Any]]:
     """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``):
-    ``progress`` is the percentage of the job's work done, ``status`` becomes
-    ``complete`` once the job's update is in, ``loss`` is its latest training loss (a
-    number: before its first step, the validation loss of the model it starts from).
+    ``progress`` is the percentage (0-100) of the job's work in the open round;
+    ``status`` is ``complete`` once its update for the round is in and accepted
+    (``rejected`` if refused), before that the worker's last report (``waiting``,
+    ``training``, ...), and ``failed``/``released`` once the job ended; ``loss`` is its
+    latest training loss, a number (before its first step, the validation loss of the
+    model it starts from); ``epoch``: passes over its shard so far.
     Plus ``job_id, worker_id, training_id, gpu_type, speed, rounds_done, job_status``
     (active, failed, released), ``round`` (the run's open round) and ``round_update``
     (``accepted`` or ``rejected`` once the worker sent that round's update, else None)."""
