@@ -96,9 +96,12 @@ def parse_price(value: str | int | float, *, field: str = "price") -> int:
 def parse_amount(value: str | int | float, *, field: str = "amount") -> int:
     """A price that must be more than 0 (a transfer, a faucet request, a payment)."""
     text = str(value).strip()
-    if not isinstance(value, bool) and _PRICE_RE.match(text) and Decimal(text) <= 0:
-        # before parse_price, whose range (from 0) is a price's, not an amount's
-        raise UnitError("bad_amount", f"{field} must be more than 0 AIT; got {text}")
+    # before parse_price, whose range (from 0) is a price's, not an amount's
+    if not isinstance(value, bool) and _PRICE_RE.match(text) and not 0 < Decimal(text) <= 10**6:
+        above = Decimal(text) > 0
+        raise UnitError(
+            "bad_amount", f"{field} must be more than 0{' and at most 1000000' if above else ''} AIT; got {text}"
+        )
     amount = parse_price(value, field=field)
     if amount <= 0:
         raise UnitError("bad_amount", f"{field} must be more than 0 AIT; got {value!r}")

@@ -219,11 +219,13 @@ def test_bad_money_input_is_one_line_and_writes_nothing(aitbc, coordinator):
             1,
             [f"wallet {alice} holds 5 AIT", "5.000001 AIT needed", "aitbc wallet fund alice 0.000001"],
         ),
-        (("wallet", "send", "alice", "bob", "0"), 1, ["more than 0"]),
-        (("wallet", "send", "alice", "bob", "--", "-1"), 1, ["between 0 and"]),
-        (("wallet", "send", "alice", "bob", "0.0000001"), 1, ["more than 6 decimals"]),
+        # amounts are usage errors, caught before any request (exit 2); 0 is never said to be allowed
+        (("wallet", "send", "alice", "bob", "0"), 2, ["amount must be more than 0 AIT; got 0"]),
+        (("wallet", "send", "alice", "bob", "-1"), 2, ["amount must be more than 0 AIT; got -1"]),
+        (("wallet", "send", "alice", "bob", "--", "-1"), 2, ["amount must be more than 0 AIT; got -1"]),
+        (("wallet", "send", "alice", "bob", "0.0000001"), 2, ["more than 6 decimals"]),
         (("wallet", "send", "alice", "carol", "1"), 1, ["no wallet 'carol'"]),
-        (("wallet", "send", "alice", "ait1" + "z" * 40, "1"), 1, ["is not a wallet address"]),
+        (("wallet", "send", "alice", "ait1" + "z" * 40, "1"), 2, ["is not a wallet address"]),  # the 422: usage
         (
             ("wallet", "send", "alice", "bob", "1", "--network", "mainnet"),
             2,
