@@ -186,7 +186,7 @@ def simulate(
     if byzantine:
         title += f", {byzantine} x {attack}"
     table = Table(title=title, show_header=False)
-    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     table.add_column(overflow="fold")
     acc = result.final_val_accuracy
     rows = [
@@ -217,7 +217,12 @@ def simulate(
         rows.append(("model spread (gossip)", f"{result.spread:.4g}"))
     for k, v in rows:
         table.add_row(k, v)
-    table.columns[1].min_width = len(result.final_model_cid)  # a CID is copied whole; paths may fold
+    # At a narrow width the names wrap at words and a path folds; the CID (copied) stays whole.
+    keys = max(len(w) for k, _ in rows for w in k.split())
+    room = out.width - 7  # borders and padding of two columns
+    if max(len(k) for k, _ in rows) + max(len(v) for _, v in rows) > room:
+        table.columns[1].width = max(len(result.final_model_cid), room - max(keys, room // 3))
+        table.columns[0].width = max(keys, room - table.columns[1].width)
     out.print(table)
 
 
