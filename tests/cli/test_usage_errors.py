@@ -296,3 +296,17 @@ def test_shell_completion_is_offered_and_completes(aitbc):
     env = dict(os.environ, _AITBC_COMPLETE="complete_bash", COMP_WORDS="aitbc distributed-training mon", COMP_CWORD="2")
     done = subprocess.run([str(AITBC)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0 and done.stdout.split() == ["monitor"]
+
+
+# --- tables at 80 columns (the live commands' tables: tests/e2e/test_readme_usage.py) -------------
+
+
+def test_simulate_table_at_80_columns_keeps_the_cid_whole(aitbc):
+    env = dict(os.environ, AITBC_HOME=str(aitbc.home), OMP_NUM_THREADS="1", COLUMNS="80")
+    args = ["simulate", "--workers", "2", "--rounds", "1", "--local-steps", "2"]
+    proc = subprocess.run([str(AITBC), *args], capture_output=True, text=True, env=env, timeout=300)
+    as_json = json.loads(aitbc(*args, "--json").stdout.splitlines()[-1])
+
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80, proc.stdout
+    assert as_json["final_model_cid"] in proc.stdout  # same seed, same CID: whole, on one line

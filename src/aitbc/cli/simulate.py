@@ -98,7 +98,7 @@ def simulate(
     threads: Annotated[
         int | None,
         typer.Option(
-            help="CPU threads for torch (default: the physical cores this process may run on; "
+            help="CPU threads for torch (default: OMP_NUM_THREADS, else the physical cores this process may run on; "
             "waiting threads sleep, so a busy machine does not slow it down 10x)."
         ),
     ] = None,
@@ -227,8 +227,8 @@ def simulate(
 
 
 def torch_threads() -> int:
-    """Threads for one torch process: the physical cores of this machine that this process
-    may run on (affinity, a container's CPU set), at least 1. Not the logical CPUs
+    """Threads for one torch process: ``OMP_NUM_THREADS`` if set, else the physical cores
+    of this machine that this process may run on (affinity, a container's CPU set), at least 1. Not the logical CPUs
     (hyper-threads share a core's arithmetic units) and not the load of the moment (the
     same command on the same machine keeps the same numbers).
 
@@ -238,6 +238,9 @@ def torch_threads() -> int:
     ``OMP_WAIT_POLICY=PASSIVE`` (unless set) so waiting threads sleep instead."""
     import psutil
 
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:  # the user's (or a launcher's) own choice
+        return int(given)
     try:
         allowed = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
