@@ -26,6 +26,7 @@ from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.models import build_model
+from aitbc.units import format_price
 
 MODEL_OPTIONS = {"hidden": [8]}
 RUN_BODY = {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 2}
@@ -1013,9 +1014,76 @@ def test_a_refund_waits_until_every_round_is_settled(new_coordinator, api):
         t.owner.post(f"{p}/refund")
     api.assert_api_error(e, 409, "unsettled", "settled up to 0 of 1")
     settled(coord)
+    owner_before = balance(t.owner)
     out = t.owner.post(f"{p}/refund")
     assert out["finalized"] and out["escrow_balance"] == "0" and out["settled_round"] == 1
-    assert all(r["due_micro"] > 0 and r["paid_micro"] == 0 for r in out["data"])  # a manual run's owner pays
+    # The owner paid nobody, so the refund first pays each contract what its score earned.
+    assert all(r["due_micro"] > 0 and r["paid_micro"] == r["due_micro"] for r in out["data"])
+    assert balance(t.owner) == owner_before + 100_000_000 - sum(r["due_micro"] for r in out["data"])
+    assert audit_ok(t.owner)
+
+
+def audit_ok(client) -> bool:
+    """The coordinator's ledger passes the offline audit (chain, signatures, conservation)."""
+    info = client.get("/ledger")
+    entries, after = [], 0
+    while after is not None:
+        page = client.get("/ledger/entries", params={"after": after})
+        entries += page["data"]
+        after = page["next"]
+    result = audit(entries, system_key=info["system_key"], head=(info["entries"], info["head"]))
+    assert result.ok, result.describe()
+    return True
+
+
+def manual_run_to_complete(coord, api, prefix: str) -> Manual:
+    """A budget-100 manual run whose one round (two workers) is aggregated and complete."""
+    t = manual_training(coord, api, 2, prefix=prefix, config={**CONFIG, "rounds": 1})
+    p = f"/runs/{t.run_id}"
+    cids = [submit(api, w, j, 1, small_update(t.d, 60 + i)) for i, (w, j) in enumerate(zip(t.workers, t.jobs))]
+    t.owner.post(f"{p}/phase", {"phase": "aggregating"})
+    t.owner.post(f"{p}/aggregate", {"updates": cids})
+    t.owner.post(f"{p}/phase", {"phase": "complete"})
+    settled(coord)
+    return t
+
+
+def test_an_owner_cannot_refund_what_the_scores_owe_its_providers(new_coordinator, api):
+    """An owner who pays part of a contract's due by hand, and more than the due of another,
+    then refunds: the first is topped up to its due, the second keeps what it was given,
+    and only the rest goes back to the owner."""
+    coord = new_coordinator(heartbeat_flush_seconds=0.05)
+    t = manual_run_to_complete(coord, api, "owe")
+    p = f"/runs/{t.run_id}"
+    rows = {r["contract_id"]: r for r in t.owner.get(f"{p}/payments")["data"]}
+    (c0, r0), (c1, r1) = sorted(rows.items(), key=lambda kv: kv[1]["worker_id"] != t.workers[0].wallet.address)
+    assert r0["due_micro"] > 2 and r1["due_micro"] > 0 and r0["paid_micro"] == r1["paid_micro"] == 0
+    w0, w1 = balance(t.workers[0]), balance(t.workers[1])
+    half, more = r0["due_micro"] // 2, r1["due_micro"] + 5
+    t.owner.post(f"{p}/payments", {"contract_id": c0, "amount": format_price(half)})
+    t.owner.post(f"{p}/payments", {"contract_id": c1, "amount": format_price(more)})
+    out = {r["contract_id"]: r for r in t.owner.post(f"{p}/refund")["data"]}
+    assert out[c0]["paid_micro"] == r0["due_micro"] and balance(t.workers[0]) == w0 + r0["due_micro"]
+    assert out[c1]["paid_micro"] == more and balance(t.workers[1]) == w1 + more
+    assert t.owner.get(f"{p}/payments")["escrow_balance"] == "0"
+    assert audit_ok(t.owner)
+
+
+def test_an_owner_who_never_pays_nor_refunds_still_pays_its_providers(new_coordinator, api):
+    """After owner_pay_seconds the coordinator pays each contract what is owed and refunds
+    the rest itself; an owner who walked away holds nobody's pay."""
+    coord = new_coordinator(owner_pay_seconds=1.0, heartbeat_flush_seconds=0.05)
+    t = manual_run_to_complete(coord, api, "gone")
+    p = f"/runs/{t.run_id}"
+    owner_before = balance(t.owner)
+    deadline = time.monotonic() + 20
+    while not (pay := t.owner.get(f"{p}/payments"))["finalized"]:
+        assert time.monotonic() < deadline, pay
+        time.sleep(0.1)
+    assert pay["escrow_balance"] == "0"
+    assert all(r["due_micro"] > 0 and r["paid_micro"] == r["due_micro"] for r in pay["data"])
+    assert balance(t.owner) == owner_before + 100_000_000 - sum(r["due_micro"] for r in pay["data"])
+    assert audit_ok(t.owner)
 
 
 def test_a_split_on_an_automatic_run_never_leaves_a_shard_without_a_worker(new_coordinator, api):

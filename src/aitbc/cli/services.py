@@ -42,6 +42,7 @@ SERVE_FLAGS = {
     "score_samples": "--score-samples",
     "network": "--network",
     "manual_idle_seconds": "--manual-idle",
+    "owner_pay_seconds": "--owner-pay",
     "stuck_seconds": "--stuck",
     "log_level": "--log-level",
     "settle_delay": "--settle-delay",
@@ -156,6 +157,13 @@ def serve(
             "an update or a progress report before it is failed."
         ),
     ] = None,
+    owner_pay: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds an ended manual-control run's owner has to pay its providers and refund; "
+            "then the coordinator pays each contract what its scores are owed and refunds the rest."
+        ),
+    ] = None,
     stuck: Annotated[
         float | None,
         typer.Option(
@@ -228,6 +236,7 @@ def serve(
         "score_samples": score_samples,
         "network": network,
         "manual_idle_seconds": manual_idle,
+        "owner_pay_seconds": owner_pay,
         "stuck_seconds": stuck,
         "log_level": log_level,
         "settle_delay": settle_delay,

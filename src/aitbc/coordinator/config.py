@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     manual_idle_seconds: float = Field(
         3600.0, gt=0
     )  # a manual run with no owner call, update or progress this long fails
+    owner_pay_seconds: float = Field(
+        3600.0, gt=0
+    )  # an ended manual run's owner has this long to pay and refund; then the coordinator pays what is owed
     stuck_seconds: float = Field(
         300.0, gt=0
     )  # an automatic run with no active worker and no offer to hire this long fails

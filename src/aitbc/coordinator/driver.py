@@ -96,7 +96,7 @@ class RoundDriver:
             self._advance(run_id)
         with ctx.session() as s:
             missing = rounds.pending_evaluations(s)
-            unsettled, ended = settlement.pending(s)
+            unsettled, ended = settlement.pending(ctx, s, now)
         for run_id, r in missing[:1]:  # one per tick: new rounds come first
             rounds.evaluate_round(ctx, run_id, r)
         for run_id, r in unsettled:  # score and pay the oldest closed round of each run

@@ -17,6 +17,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
+from aitbc.coordinator.escrow import owner_may_still_pay
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement
 from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus
@@ -128,8 +129,10 @@ def slash(ctx: Context, s: Session, run: Run, contract: Contract, *, reason: str
     log.info("run %s: slashed %s (%d micro-AIT): %s", run.id, contract.worker_id, held, reason)
 
 
-def pending(s: Session) -> tuple[list[tuple[str, int]], list[str]]:
-    """Rounds closed but not yet scored and settled (oldest first), and ended runs to finalize."""
+def pending(ctx: Context, s: Session, now: float) -> tuple[list[tuple[str, int]], list[str]]:
+    """Rounds closed but not yet scored and settled (oldest first), and ended runs to
+    finalize: those whose bonds are still out, and manual runs whose owner's time to pay
+    and refund is over."""
     todo, ready = [], []
     started_or_ended = or_(
         Run.config.is_not(None), Run.status.in_(tuple(ENDED))
@@ -138,6 +141,6 @@ def pending(s: Session) -> tuple[list[tuple[str, int]], list[str]]:
         closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
         if run.settled_round < closed:
             todo.append((run.id, run.settled_round + 1))
-        elif run.status in ENDED and not run.bonds_returned:  # a manual run's escrow waits for its owner
-            ready.append(run.id)
+        elif run.status in ENDED and (not run.bonds_returned or not owner_may_still_pay(ctx, run, now)):
+            ready.append(run.id)  # a manual run's escrow waits for its owner, for owner_pay_seconds
     return todo, ready
