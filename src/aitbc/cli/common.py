@@ -122,7 +122,9 @@ def fits(table: Table, console: Console | None = None) -> bool:
     """Whether ``table`` fits the console's width with no word, id or CID broken."""
     console = console or out
     words = [
-        max([len(w) for c in [column.header, *column.cells] for w in _plain(c).split()] + [1])
+        max(len(line) for c in [column.header, *column.cells] for line in _lines(c))
+        if column.no_wrap  # kept whole: its longest line
+        else max([len(w) for c in [column.header, *column.cells] for w in _plain(c).split()] + [1])
         for column in table.columns
     ]
     edges = (len(words) + 1) if table.show_edge else max(len(words) - 1, 0)
