@@ -51,6 +51,7 @@ SERVE_FLAGS = {
     "gc_interval_seconds": "--gc-interval",
     "max_pinned_bytes": "--max-pinned-mb",
     "max_pinned_bytes_total": "--max-pinned-total-mb",
+    "max_loose_bytes": "--max-loose-mb",
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
     "divergence_factor": "--divergence-factor",
@@ -188,6 +189,13 @@ def serve(
     max_pinned_total_mb: Annotated[
         float | None, typer.Option(help="MiB of blobs all wallets together may keep pinned.")
     ] = None,
+    max_loose_mb: Annotated[
+        float | None,
+        typer.Option(
+            help="MiB of unreferenced, unpinned blobs kept in their grace period; "
+            "past it blob retention deletes the least recently touched."
+        ),
+    ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option(help="PEM certificate (chain): serve HTTPS (with --tls-key).")
     ] = None,
@@ -245,6 +253,7 @@ def serve(
         "gc_interval_seconds": gc_interval,
         "max_pinned_bytes": None if max_pinned_mb is None else round(max_pinned_mb * MIB),
         "max_pinned_bytes_total": None if max_pinned_total_mb is None else round(max_pinned_total_mb * MIB),
+        "max_loose_bytes": None if max_loose_mb is None else round(max_loose_mb * MIB),
         "tls_cert": tls_cert,
         "tls_key": tls_key,
         "divergence_factor": divergence_factor,
@@ -259,6 +268,7 @@ def serve(
         "max_json_bytes": "--max-json-kb (in bytes)",
         "max_pinned_bytes": "--max-pinned-mb (in bytes)",
         "max_pinned_bytes_total": "--max-pinned-total-mb (in bytes)",
+        "max_loose_bytes": "--max-loose-mb (in bytes)",
     }
     settings = load_settings(Settings, {"home": resolve_home(home), **flags}, flag_names=names)
     _logging(settings.log_level)
@@ -410,6 +420,7 @@ def gc_blobs(
             LocalBlobStore(settings.home),
             keep_checkpoints=settings.keep_checkpoints,
             grace_seconds=settings.gc_grace_seconds,
+            max_loose_bytes=settings.max_loose_bytes,  # AITBC_MAX_LOOSE_BYTES, as the coordinator's
             dry_run=dry_run,
         )
     finally:
@@ -421,6 +432,7 @@ def gc_blobs(
     out.print(
         f"{verb} {len(report.deleted)} blobs ({report.freed / MIB:.1f} MiB); kept {report.kept} "
         f"({report.kept_bytes / MIB:.1f} MiB); {report.young} unreferenced younger than "
-        f"{settings.gc_grace_seconds:g} s left ({report.young_bytes / MIB:.1f} MiB)",
+        f"{settings.gc_grace_seconds:g} s left ({report.young_bytes / MIB:.1f} MiB)"
+        + (f"; {report.over_cap} of the deleted were younger, over the loose-blob cap" if report.over_cap else ""),
         highlight=False,
     )

@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
+    # unreferenced blobs in their grace period, all together: past it the least recently touched go
+    max_loose_bytes: int = Field(8 << 30, ge=0)
     max_pinned_bytes: int = Field(1 << 30, ge=0)  # blob bytes one wallet may keep pinned (POST /v1/blobs/{cid}/pin)
     # all wallets together (wallets cost nothing to make, so the per-wallet cap alone bounds no disk)
     max_pinned_bytes_total: int = Field(64 << 30, ge=0)

@@ -14,7 +14,13 @@ is *live* (kept) when it is:
 - under a pin (:mod:`aitbc.coordinator.pins`): every blob reachable from a pinned root
   (a file, or a folder's directory nodes and files, :mod:`aitbc.storage.unixfs`).
 
-Everything else is deleted once older than ``gc_grace_seconds`` (by mtime). Race safety:
+Everything else is deleted once older than ``gc_grace_seconds`` (by mtime), and, because
+anyone with a wallet (wallets are free) can upload blobs and keep touching them, the
+unreferenced blobs inside the grace period are capped too: past ``max_loose_bytes`` in
+all, the least recently touched go first. Disk is then bounded by what runs reference,
+the pins' total cap and this cap (plus what arrives between two collections). Under
+such a flood an upload not yet referenced may go before its owner names it; it is the
+oldest one that goes. Race safety:
 the live set is read in one database snapshot; a blob written after that snapshot (a new
 checkpoint, an upload not yet referenced) is younger than the grace period, and a PUT of a
 blob already held refreshes its mtime (:meth:`LocalBlobStore.touch`), so neither is
@@ -52,6 +58,7 @@ class GcReport:
     kept_bytes: int = 0
     young: int = 0  # not live but inside the grace period: left for a later collection
     young_bytes: int = 0
+    over_cap: int = 0  # of ``deleted``: inside the grace period, deleted as loose bytes were over the cap
     dry_run: bool = False
 
     def as_dict(self) -> dict[str, object]:
@@ -63,6 +70,7 @@ class GcReport:
             "kept_bytes": self.kept_bytes,
             "young": self.young,
             "young_bytes": self.young_bytes,
+            "over_cap": self.over_cap,
         }
 
 
@@ -137,17 +145,20 @@ def collect(
     *,
     keep_checkpoints: int,
     grace_seconds: float,
+    max_loose_bytes: int | None = None,
     dry_run: bool = False,
     now: float | None = None,
 ) -> GcReport:
     """Delete (or, ``dry_run``, only list) the blobs no rule keeps that are older than
-    ``grace_seconds``."""
+    ``grace_seconds``, then the least recently touched of the younger ones while they
+    hold more than ``max_loose_bytes``."""
     with sessions() as s:
         live = live_cids(s, keep_checkpoints)
         roots = set(s.scalars(select(Pin.cid)).all())  # the same snapshot
     live |= pinned_blobs(store, roots)
     now = time.time() if now is None else now
     report = GcReport(dry_run=dry_run)
+    young: list[tuple[float, str, int]] = []  # (mtime, cid, size) of unreferenced blobs in their grace period
     for info in store.list():
         if info.cid in live:
             report.kept += 1
@@ -158,24 +169,44 @@ def collect(
         except FileNotFoundError:
             continue  # deleted meanwhile (a concurrent collection)
         if now - mtime < grace_seconds:
-            report.young += 1
-            report.young_bytes += info.size
+            young.append((mtime, info.cid, info.size))
             continue
-        if not dry_run:
-            try:
-                store.delete(info.cid)
-            except NotFoundError:
-                continue  # deleted meanwhile
-        report.deleted.append(info.cid)
-        report.freed += info.size
+        _delete(store, report, info.cid, info.size)
+    young.sort()
+    loose = sum(size for _, _, size in young)
+    for _, cid, size in young:
+        if max_loose_bytes is not None and loose > max_loose_bytes:
+            loose -= size
+            if _delete(store, report, cid, size):
+                report.over_cap += 1
+            continue
+        report.young += 1
+        report.young_bytes += size
     if report.deleted and not dry_run:
         log.info("gc: deleted %d blobs, %d bytes freed; %d kept", len(report.deleted), report.freed, report.kept)
     return report
+
+
+def _delete(store: LocalBlobStore, report: GcReport, cid: str, size: int) -> bool:
+    """Delete one blob (a dry run only counts it); False if it was gone already."""
+    if not report.dry_run:
+        try:
+            store.delete(cid)
+        except NotFoundError:
+            return False  # deleted meanwhile (a concurrent collection)
+    report.deleted.append(cid)
+    report.freed += size
+    return True
 
 
 def run(ctx: Context, *, dry_run: bool = False) -> GcReport:
     """:func:`collect` with the coordinator's settings."""
     st = ctx.settings
     return collect(
-        ctx.session, ctx.store, keep_checkpoints=st.keep_checkpoints, grace_seconds=st.gc_grace_seconds, dry_run=dry_run
+        ctx.session,
+        ctx.store,
+        keep_checkpoints=st.keep_checkpoints,
+        grace_seconds=st.gc_grace_seconds,
+        max_loose_bytes=st.max_loose_bytes,
+        dry_run=dry_run,
     )
