@@ -477,8 +477,8 @@ class AgentMethods:
         blob retention keeps every blob of it (``POST /v1/blobs/{cid}/pin``).
 
         A folder or file uploaded while the agent's current run (``training_id``, default:
-        the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
-        dataset: it is cut into the run's shards (one per target worker; see
+        the current run, if any), a run its wallet owns, is ``initializing`` or
+        ``distributing`` becomes that run's dataset: it is cut into the run's shards (one per target worker; see
         :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
         """
 
@@ -974,8 +974,8 @@ class AsyncAgentMethods:
         blob retention keeps every blob of it (``POST /v1/blobs/{cid}/pin``).
 
         A folder or file uploaded while the agent's current run (``training_id``, default:
-        the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
-        dataset: it is cut into the run's shards (one per target worker; see
+        the current run, if any), a run its wallet owns, is ``initializing`` or
+        ``distributing`` becomes that run's dataset: it is cut into the run's shards (one per target worker; see
         :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
         """
 

@@ -225,8 +225,8 @@ def upload_to_ipfs(
     blob retention keeps every blob of it (``POST /v1/blobs/{cid}/pin``).
 
     A folder or file uploaded while the agent's current run (``training_id``, default:
-    the current run, if any) is ``initializing`` or ``distributing`` becomes that run's
-    dataset: it is cut into the run's shards (one per target worker; see
+    the current run, if any), a run its wallet owns, is ``initializing`` or
+    ``distributing`` becomes that run's dataset: it is cut into the run's shards (one per target worker; see
     :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``."""
     if (path is None) == (data is None):
         raise InvalidArgument("bad_argument", "upload_to_ipfs takes exactly one of path= or data=")
@@ -248,9 +248,10 @@ DATA_PHASES = ("initializing", "distributing")
 
 
 def _adopt_dataset(self: AgentState, training_id: str, cid: str, path: Path) -> Op[None]:
-    """An upload made while the run is initializing or distributing becomes its dataset."""
+    """An upload made while the run is initializing or distributing becomes its dataset
+    (a run of this agent's wallet only: reading another's run made it current, not ours)."""
     run = yield Http("GET", f"/runs/{training_id}")
-    if run["status"] not in DATA_PHASES:
+    if run["status"] not in DATA_PHASES or run["owner"] != self.address:
         return None
     self._datasets[cid] = path
     if run.get("data_source") != f"ipfs://{cid}":

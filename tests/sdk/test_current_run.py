@@ -21,6 +21,7 @@ from aitbc_agent_sdk import (
     AmbiguousRun,
     AsyncAgent,
     Conflict,
+    Forbidden,
     InvalidArgument,
     NotFound,
 )
@@ -254,3 +255,16 @@ def test_create_data_shards_recuts_while_distributing_until_jobs_are_sent(stack,
         assert e.value.code == "jobs_sent"
         assert a.get_training_status()["shards"] == 2
         a.stop_training()
+
+
+def test_an_upload_never_becomes_another_owners_dataset(stack, folder):
+    with _agent(stack, "up-owner") as owner, _agent(stack, "up-other") as other:
+        tid = owner.initialize_distributed_training("mlp", 1, 2)["training_id"]
+        other.get_training_status(tid)  # reading it makes it the other agent's current run
+        cid = other.upload_to_ipfs(path=folder)  # stored, and nothing else: not other's run
+        assert cid == add_path(folder).root
+        assert owner.get_training_status()["data_source"] is None
+        with pytest.raises(Forbidden):  # nor can it cut the owner's run
+            other.create_data_shards(data_path="digits", num_shards=2)
+        assert owner.get_training_status()["manifest_cid"] is None
+        owner.stop_training()
