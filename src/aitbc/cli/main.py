@@ -34,8 +34,8 @@ def _flags_without_placeholder() -> None:
     takes no value, so it shows none."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
-    if getattr(shown, "_aitbc", False):
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_aitbc", False):  # typer < 0.22 shows no types: nothing to do
         return
 
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
