@@ -256,6 +256,10 @@ def test_add_remove_and_reassign(agent):
     # A manual run's agent moves a failed worker's shard itself.
     failed = agent.mark_worker_failed(w1, reason="test: w1 failed")
     assert (failed["job_id"], failed["job_status"], failed["end_reason"]) == (j1["job_id"], "failed", "test: w1 failed")
+    again = agent.mark_worker_failed(w1)  # already failed: the job as it is, nothing ended twice
+    assert (
+        again["already_failed"] is True and again["job_id"] == j1["job_id"] and again["end_reason"] == "test: w1 failed"
+    )
     assert agent.get_shards(tid)[1]["jobs"] == []  # the coordinator leaves a manual run's shard alone
     time.sleep(0.5)
     assert agent.get_shards(tid)[1]["jobs"] == []
