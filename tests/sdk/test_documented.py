@@ -116,6 +116,15 @@ def check_only_allowed_edits(name: str, edited: str, dataset: Path | None) -> No
         assert names == ["reassign_failed_jobs", "refund_payments"] and len(tree.body) == 2, names
 
 
+SHARED = Path("/work/shared/reference/sdk-examples")  # where the documentation's texts came from
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared reference copy is not on this machine")
+def test_the_copies_are_verbatim():
+    for name in ("README.md", "example1_initialize.py", "example2_coordinator.py", "example3_fault_tolerant.py"):
+        assert (DOCS / name).read_bytes() == (SHARED / name).read_bytes(), name
+
+
 def test_the_edits_are_only_the_allowed_ones(tmp_path):
     """The checker refuses anything else: a renamed method, a changed key, a removed line."""
     data = tmp_path / "dataset"
