@@ -131,6 +131,13 @@ class AgentMethods:
     def get_balance(self) -> dict[str, Any]:
         """``{address, network, balance, balance_micro}`` of the agent's wallet."""
 
+    def get_from_ipfs(self, cid: str) -> bytes:
+        """The bytes of the blob ``cid`` on the coordinator: a whole file, or a folder's
+        directory node (see :mod:`aitbc.storage.unixfs` to walk one), checked against the CID
+        here, so a coordinator cannot hand back something else. Unknown: :class:`NotFound`
+        (``unknown_blob``); not a CID: :class:`InvalidArgument`.
+        """
+
     def get_ledger_balances(self) -> dict[str, int]:
         """Every account's balance in micro-AIT, as the coordinator's ledger holds it."""
 
@@ -627,6 +634,13 @@ class AsyncAgentMethods:
 
     async def get_balance(self) -> dict[str, Any]:
         """``{address, network, balance, balance_micro}`` of the agent's wallet."""
+
+    async def get_from_ipfs(self, cid: str) -> bytes:
+        """The bytes of the blob ``cid`` on the coordinator: a whole file, or a folder's
+        directory node (see :mod:`aitbc.storage.unixfs` to walk one), checked against the CID
+        here, so a coordinator cannot hand back something else. Unknown: :class:`NotFound`
+        (``unknown_blob``); not a CID: :class:`InvalidArgument`.
+        """
 
     async def get_ledger_balances(self) -> dict[str, int]:
         """Every account's balance in micro-AIT, as the coordinator's ledger holds it."""

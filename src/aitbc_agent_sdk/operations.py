@@ -244,6 +244,22 @@ def upload_to_ipfs(
     return cid
 
 
+@operation
+def get_from_ipfs(self: AgentState, cid: str) -> Op[bytes]:
+    """The bytes of the blob ``cid`` on the coordinator: a whole file, or a folder's
+    directory node (see :mod:`aitbc.storage.unixfs` to walk one), checked against the CID
+    here, so a coordinator cannot hand back something else. Unknown: :class:`NotFound`
+    (``unknown_blob``); not a CID: :class:`InvalidArgument`."""
+    from aitbc.storage.cid import is_cid
+    from aitbc.storage.unixfs import check_blob
+
+    if not isinstance(cid, str) or not is_cid(cid):
+        raise InvalidArgument("bad_cid", f"{cid!r} is not a CIDv1 (base32, starts with 'b')")
+    data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    yield Offload(check_blob, (cid, data))  # an IntegrityError reaches the caller as IntegrityFailure
+    return data
+
+
 DATA_PHASES = ("initializing", "distributing")
 
 

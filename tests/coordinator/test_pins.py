@@ -313,3 +313,21 @@ def test_ipfs_commands_fetch_what_the_local_store_lacks_from_the_coordinator(pin
     # No coordinator there: says where it looked.
     r = aitbc_ipfs(home, "cat", cid_of_bytes(b"never stored"), "--coordinator", "http://127.0.0.1:9")
     assert r.returncode == 1 and "no coordinator to ask" in r.stderr.decode()
+
+
+def test_sdk_reads_a_folder_back_blob_by_blob_checked_against_each_cid(pinning, tmp_path):
+    """get_from_ipfs: a directory node and a file come back as stored; a blob whose bytes
+    on the coordinator were changed is refused; a bad or unknown CID is a clear error."""
+    root, files = folder(tmp_path)
+    with agent_for(pinning, tmp_path / "home") as agent:
+        cid = agent.upload_to_ipfs(path=root, pin=False)
+        assert dict(read_tree(agent.get_from_ipfs, cid)) == files
+        readme = cid_of_bytes(files["readme.txt"])
+        assert agent.get_from_ipfs(readme) == files["readme.txt"]
+        (pinning.ctx.store.dir / readme).write_bytes(b"not the readme")  # the coordinator's disk, tampered
+        with pytest.raises(IntegrityFailure, match=readme):
+            agent.get_from_ipfs(readme)
+        with pytest.raises(InvalidArgument, match="not a CIDv1"):
+            agent.get_from_ipfs("not-a-cid")
+        with pytest.raises(NotFound):
+            agent.get_from_ipfs(cid_of_bytes(b"never uploaded"))

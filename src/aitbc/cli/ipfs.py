@@ -39,20 +39,15 @@ def _store(home: Path) -> LocalBlobStore:
 
 
 class Blobs:
-    """Blobs by CID: the local store first, else the coordinator (bytes unchecked here:
-    :mod:`aitbc.storage.unixfs` checks every blob it reads against its CID)."""
+    """Blobs by CID: the local store first, else the coordinator (the SDK's
+    ``get_from_ipfs``; :mod:`aitbc.storage.unixfs` checks every blob it reads against its
+    CID too)."""
 
     def __init__(self, home: Path, coordinator: str | None) -> None:
         self.home = resolve_home(home)
         self.store = LocalBlobStore(self.home)
         self.explicit = coordinator
-        self._http: Any = None
-
-    @property
-    def url(self) -> str:
-        from aitbc.client import coordinator_url
-
-        return coordinator_url(self.explicit, self.home)
+        self._agent: Any = None
 
     def get(self, cid: str) -> bytes:
         if self.store.has(cid):
@@ -60,29 +55,23 @@ class Blobs:
         return self._fetch(cid)
 
     def _fetch(self, cid: str) -> bytes:
-        import httpx
+        """From the coordinator, through the SDK (which checks the bytes against the CID)."""
+        from aitbc.cli.common import agent
+        from aitbc_agent_sdk.errors import CoordinatorUnreachable, NotFound
 
-        from aitbc.client import ca_cert_path, tls_verify, unreachable_detail
-
-        if self._http is None:
-            self._http = httpx.Client(base_url=self.url, timeout=60, verify=tls_verify(ca_cert_path(None, self.home)))
+        if self._agent is None:
+            self._agent = agent(self.home, self.explicit)
         try:
-            r = self._http.get(f"/v1/blobs/{cid}")
-        except httpx.TransportError as e:
-            raise NotFoundError(
-                f"no blob {cid} in {self.store.dir}, and no coordinator to ask: {unreachable_detail(self.url, e)}"
-            ) from None
-        if r.status_code == 404:
-            raise NotFoundError(f"no blob {cid} in {self.store.dir} or on the coordinator at {self.url}")
-        if r.status_code != 200 or r.headers.get("x-aitbc-cid") != cid:
-            raise AitbcError(
-                f"{self.url} answered HTTP {r.status_code} to GET /v1/blobs/{cid}, not a blob: is it an aitbc coordinator?"
-            )
-        return r.content
+            return self._agent.get_from_ipfs(cid)
+        except CoordinatorUnreachable as e:
+            raise NotFoundError(f"no blob {cid} in {self.store.dir}, and no coordinator to ask: {e.detail}") from None
+        except NotFound:
+            where = self._agent.config.resolved_coordinator_url
+            raise NotFoundError(f"no blob {cid} in {self.store.dir} or on the coordinator at {where}") from None
 
     def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
+        if self._agent is not None:
+            self._agent.stop()
 
 
 @app.command()

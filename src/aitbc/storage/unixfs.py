@@ -430,24 +430,31 @@ class Entry:
     data: bytes | None = None
 
 
-def _load(get: Get, cid: str) -> tuple[DirNode | None, bytes]:
-    """The blob ``cid`` checked against its name: (the node, b"") for a directory, else
-    (None, the file's bytes)."""
+def check_blob(cid: str, data: bytes) -> DirNode | None:
+    """``data`` is the blob ``cid`` (a whole file, or a folder's directory node): the node
+    decoded for a directory, None for a file; :class:`IntegrityError` if it is not."""
     name = parse_cid(cid)
-    data = get(cid)
     if name.codec == CODEC_RAW:
         if hashlib.sha256(data).digest() != name.digest:
             raise IntegrityError(f"blob {cid} is corrupt: its bytes do not hash to its CID")
-        return None, data
+        return None
     if is_dir_block(name, data):
-        return decode_dir(data), b""
+        return decode_dir(data)
     hasher = CidHasher()
     hasher.update(data)
     if str(hasher.cid()) != cid:
         if hashlib.sha256(data).digest() == name.digest:
             raise IntegrityError(f"blob {cid} is a dag-pb node of a kind this store does not read")
         raise IntegrityError(f"blob {cid} is corrupt: its bytes hash to {hasher.cid()}")
-    return None, data
+    return None
+
+
+def _load(get: Get, cid: str) -> tuple[DirNode | None, bytes]:
+    """The blob ``cid`` checked against its name: (the node, b"") for a directory, else
+    (None, the file's bytes)."""
+    data = get(cid)
+    node = check_blob(cid, data)
+    return (node, b"") if node is not None else (None, data)
 
 
 def _entries(get: Get, node: DirNode) -> list[tuple[str, Cid]]:
