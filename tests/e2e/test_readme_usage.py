@@ -155,9 +155,12 @@ def test_refusals_name_the_flag_and_stop_is_not_a_failure(stack, tmp_path):
         text=True,
         env=stack.env,
     )
+    first = mon.stdout.readline()  # monitor has seen the run training: the stop is a change it sees
+    assert f"{run_id}: training" in first, first
     r = stack.cli("distributed-training", "stop", "--training-id", run_id)
     assert r.returncode == 0, r.stderr
-    out, err = mon.communicate(timeout=60)
+    rest, err = mon.communicate(timeout=60)
+    out = first + rest
     assert mon.returncode == 0, err
     assert err == ""
     assert re.search(r"run \w+ -> stopped", out), out

@@ -166,17 +166,20 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
     the run's current round (its steps: ``local_steps``, or ``epochs`` over its shard);
     ``status`` is ``complete`` (progress 100) once its update for that round is in and
     accepted (``rejected`` if refused), else the worker's last report (``training``, ...)
-    or, before one for this round, ``waiting``; an ended job shows ``failed``/``released``.
+    or, before one for this round, ``waiting``; an ended job shows ``failed``/``released``
+    (and progress 100 if its update for the run's last round is in).
     ``loss``: the worker's last reported training loss (mean over its steps so far);
     before its first report, the validation loss of the model it starts from (the run's);
     None only before training has started. ``speed``: samples per second, measured by the
     coordinator between the worker's progress reports (0.0 until measured)."""
     seen = ctx.liveness.last_seen(j.worker_id)
     progress, status = j.progress, j.worker_status
+    if this_round is not None:  # its update for the round is in: its work there is done, ended or not
+        progress = 100.0
     if j.status != JobStatus.ACTIVE:
         status = j.status
     elif this_round is not None:
-        progress, status = 100.0, "rejected" if this_round == UpdateStatus.REJECTED else "complete"
+        status = "rejected" if this_round == UpdateStatus.REJECTED else "complete"
     elif j.progress_round is not None and j.progress_round != run.round:
         progress, status = 0.0, "waiting"  # its last report was of an earlier round
     return {
