@@ -45,7 +45,10 @@ def _checkpoints(stack, run_id: str) -> list[tuple[int, str, str | None, float |
 def test_gc_keeps_what_the_run_needs_and_deletes_the_rest(stack):
     stack.env["AITBC_KEEP_CHECKPOINTS"] = str(KEEP)
     stack.env["AITBC_WORKER_CACHE_BYTES"] = str(CACHE_CAP)
-    stack.start_coordinator()
+    # A pause after each settlement keeps a round unsettled for a while, so the kill below
+    # lands while an update of an unsettled round is stored (on a fast database the round
+    # could be settled between the look and the kill).
+    stack.start_coordinator(settle_delay=0.5)
     stack.start_worker("w0")
     stack.start_worker("w1", step_delay=0.05)  # the round stays open a while with w0's update in
     stack.wait_offers(2)
