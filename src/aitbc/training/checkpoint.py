@@ -42,15 +42,21 @@ def bytes_to_tensors(data: bytes) -> dict[str, Tensor]:
     return tensors
 
 
-def read_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors blob (8-byte LE header length, JSON header)."""
+def _header_bytes(data: bytes) -> bytes:
+    """The JSON header of a safetensors blob (after its 8-byte LE length), unparsed."""
     if len(data) < 8:
         raise IntegrityError("not a valid safetensors blob: shorter than its 8-byte header length")
     (n,) = struct.unpack_from("<Q", data)
     if 8 + n > len(data):
         raise IntegrityError(f"not a valid safetensors blob: header length {n} exceeds blob size {len(data)}")
+    return data[8 : 8 + n]
+
+
+def read_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (8-byte LE header length, JSON header)."""
+    raw_header = _header_bytes(data)
     try:
-        header = json.loads(data[8 : 8 + n])
+        header = json.loads(raw_header)
         raw = header.get("__metadata__", {}).get(META_KEY)
         meta = json.loads(raw) if raw is not None else {}
     except (ValueError, AttributeError) as e:
@@ -62,13 +68,9 @@ def read_metadata(data: bytes) -> dict[str, str]:
 
 def tensor_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape from a safetensors blob's header alone (nothing is loaded)."""
-    if len(data) < 8:
-        raise IntegrityError("not a valid safetensors blob: shorter than its 8-byte header length")
-    (n,) = struct.unpack_from("<Q", data)
-    if 8 + n > len(data):
-        raise IntegrityError(f"not a valid safetensors blob: header length {n} exceeds blob size {len(data)}")
+    raw_header = _header_bytes(data)
     try:
-        header = json.loads(data[8 : 8 + n])
+        header = json.loads(raw_header)
         return {str(k): tuple(int(x) for x in v["shape"]) for k, v in header.items() if k != "__metadata__"}
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise IntegrityError(f"not a valid safetensors blob: {e}") from None
