@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
@@ -30,6 +31,7 @@ from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
+from aitbc.coordinator.web import STATIC_DIR
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import (
     HEADER_KEY,
@@ -242,6 +244,8 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     )
     for r in routers:
         app.include_router(r, prefix=PREFIX)
+    # the browser pages' assets, from the package (no CDN): read-only files, outside /v1
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
     app.add_middleware(InternalErrors)  # the outermost: a bug in Limits is a 500 too
     app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]
