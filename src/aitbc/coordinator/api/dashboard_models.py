@@ -1,0 +1,100 @@
+"""What the dashboard's JSON routes answer (``/v1/dashboard/...``): the allow-list of
+:mod:`aitbc.coordinator.dashboard` as models that forbid every other key, so a field added
+to the view without being added here is a 500 in the tests, never a silent leak. No CID,
+data source, model option, key or request detail has a field here (see that module)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from aitbc.coordinator.api.responses import Reply
+from aitbc.coordinator.states import ContractStatus, Control, RunStatus
+
+
+class DashboardRun(Reply):
+    training_id: str
+    status: RunStatus
+    owner: str = Field(description="the owner's wallet address")
+    model_type: str
+    parameters: int | None = Field(description="the model's parameter count; null before distribute")
+    dataset_size: str = Field(description="as the owner declared it")
+    target_workers: int
+    round: int = Field(description="the open round (1-based); 0 before training")
+    rounds: int | None
+    control: Control
+    val_loss: float | None
+    val_accuracy: float | None
+    created_at: float
+    updated_at: float
+
+
+class DashboardRuns(Reply):
+    data: list[DashboardRun]
+    count: int
+
+
+class DashboardRound(Reply):
+    round: int = Field(description="0: the initial model")
+    val_loss: float | None
+    val_accuracy: float | None
+    train_loss: float | None = Field(description="the mean of the accepted updates' training losses")
+    accepted: int
+    rejected: int
+    skipped: bool
+    bytes_up: int | None = Field(description="the bytes of this round's updates; null for rounds before it was counted")
+    bytes_down: int | None
+    closed_at: float
+
+
+class DashboardWorker(Reply):
+    worker_id: str = Field(description="the provider's wallet address")
+    gpu_type: str | None
+    contract_status: ContractStatus
+    status: str | None = Field(description="its latest job's state in the current round; null before its first job")
+    progress: float | None = Field(description="percent of its work in the current round")
+    loss: float | None
+    speed: float | None = Field(description="samples per second, as the coordinator measured it")
+    rounds_done: int
+    end_reason: str | None = Field(description="why its job ended, if it did (plain text)")
+    last_heartbeat_age: float | None = Field(description="seconds since its last heartbeat")
+    score: float | None = Field(description="its mean quality over its scored rounds, 0..1")
+    rounds_accepted: int
+    rounds_scored: int
+    price: float = Field(description="AIT per round")
+    paid: str
+    paid_micro: int
+    slashed: str
+    slashed_micro: int
+    flags: list[str] = Field(description="its scores' flags and the coordinator's records (rejected_update, ...)")
+
+
+class DashboardPayments(Reply):
+    network: str
+    escrowed: str
+    escrow_balance: str
+    paid_micro: int = Field(description="paid to the providers so far, all together")
+    slashed_micro: int = Field(description="burned from bonds so far, all together")
+    settled_round: int
+    finalized: bool
+
+
+class DashboardLedger(Reply):
+    network: str
+    entries: int = Field(description="the head's sequence number")
+    head: str | None = Field(description="the head entry's hash; null before the first entry")
+
+
+class DashboardRunDetail(DashboardRun):
+    aggregator: str | None
+    initial_val_loss: float | None
+    rounds_completed: int
+    error: str | None = Field(description="why it failed (plain text)")
+    started_at: float | None
+    finished_at: float | None
+    bytes_up: int
+    bytes_down: int
+    curves: list[DashboardRound]
+    workers: list[DashboardWorker]
+    payments: DashboardPayments
+    ledger: DashboardLedger
+    time: float = Field(description="the coordinator's clock when this was read")

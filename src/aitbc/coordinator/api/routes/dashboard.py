@@ -1,0 +1,56 @@
+"""The dashboard: its page at ``/`` (and ``/runs/{id}``, the same page opened on one run)
+and the public read-only JSON it polls, ``/v1/dashboard/...`` (an allow-list: see
+:mod:`aitbc.coordinator.dashboard`). The page loads only the package's own files; its
+Content-Security-Policy lets no inline script, no other origin and no plugin run."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+from aitbc.coordinator import dashboard, repository
+from aitbc.coordinator.api.dashboard_models import DashboardRunDetail, DashboardRuns
+from aitbc.coordinator.api.deps import CtxDep, SessionDep
+from aitbc.coordinator.api.responses import errors
+from aitbc.coordinator.web import STATIC_DIR
+
+router = APIRouter(prefix="/dashboard", tags=["dashboard"])
+pages = APIRouter(include_in_schema=False)
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@router.get("/runs", response_model=DashboardRuns)
+def runs(s: SessionDep) -> dict:
+    """The newest runs, public facts only (no CID, data source or model options)."""
+    return dashboard.runs_list(s)
+
+
+@router.get("/runs/{run_id}", response_model=DashboardRunDetail, responses=errors(404))
+def run(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+    """One run's public facts: curves by round, workers, bytes, payments, the ledger's head."""
+    return dashboard.run_page(ctx, s, repository.get_run(s, run_id))
+
+
+def _page() -> HTMLResponse:
+    return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
+
+
+@pages.get("/")
+def index() -> HTMLResponse:
+    return _page()
+
+
+@pages.get("/runs/{run_id}")
+def run_view(run_id: str) -> HTMLResponse:
+    """The same page; its script reads the run's id from the address and asks the JSON route."""
+    return _page()

@@ -1,0 +1,285 @@
+// The aitbc dashboard: polls the coordinator's public read-only JSON
+// (/v1/dashboard/runs, /v1/dashboard/runs/{id}) and draws it. Everything shown is
+// put in the page as text (textContent, attribute values), never parsed as markup:
+// a worker id, a run's error or a job's end reason is data, whoever wrote it.
+"use strict";
+
+(() => {
+  const POLL_MS = 1500;
+  const API = "/v1/dashboard";
+  const $ = (id) => document.getElementById(id);
+
+  // --- DOM helpers: text only ----------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null) continue;
+      if (key === "class") node.className = value;
+      else if (key === "title") node.title = String(value);
+      else if (key === "href") node.href = value;
+      else node.setAttribute(key, String(value)); // data-*: an attribute value, not markup
+    }
+    for (const child of children) {
+      if (child === undefined || child === null) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function fill(dl, pairs) {
+    const items = [];
+    for (const [name, value, title] of pairs) {
+      items.push(el("div", {}, el("dt", {}, name), el("dd", { title }, value)));
+    }
+    dl.replaceChildren(...items);
+  }
+
+  // --- formats ---------------------------------------------------------------------------
+
+  const num = (x, digits = 4) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
+  const pct = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
+  const ait = (micro) => `${(micro / 1e6).toFixed(6).replace(/\.?0+$/, "")} AIT`;
+  const shortId = (id) => (id.length > 18 ? `${id.slice(0, 10)}…${id.slice(-6)}` : id);
+
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) {
+      n /= 1024;
+      i += 1;
+    }
+    return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+  }
+
+  function ago(seconds) {
+    if (seconds === null || seconds === undefined) return "–";
+    return seconds < 60 ? `${seconds.toFixed(1)} s ago` : `${Math.round(seconds / 60)} min ago`;
+  }
+
+  function duration(run) {
+    if (!run.started_at) return "–";
+    const end = run.finished_at || run.time;
+    return `${(end - run.started_at).toFixed(1)} s`;
+  }
+
+  // --- routing: / (the newest run) or /runs/{id} --------------------------------------------
+
+  function wantedRun() {
+    const m = window.location.pathname.match(/^\/runs\/([^/]+)\/?$/);
+    return m ? decodeURIComponent(m[1]) : null;
+  }
+
+  let selected = wantedRun();
+
+  function open(id) {
+    selected = id;
+    window.history.pushState({}, "", `/runs/${encodeURIComponent(id)}`);
+    tick();
+  }
+
+  window.addEventListener("popstate", () => {
+    selected = wantedRun();
+    tick();
+  });
+
+  // --- the runs list ---------------------------------------------------------------------------
+
+  function renderRuns(page, current) {
+    $("runs-count").textContent = `(${page.count})`;
+    $("runs-empty").hidden = page.count > 0;
+    const items = page.data.map((r) => {
+      const link = el(
+        "a",
+        { href: `/runs/${encodeURIComponent(r.training_id)}`, "data-run-id": r.training_id },
+        el("span", { class: "run-id" }, r.training_id),
+        el("span", { class: `badge ${r.status}` }, r.status),
+        el("span", { class: "muted" }, `round ${r.round}/${r.rounds ?? "–"} · ${r.model_type}`),
+      );
+      link.addEventListener("click", (event) => {
+        event.preventDefault();
+        open(r.training_id);
+      });
+      return el("li", { class: r.training_id === current ? "current" : "" }, link);
+    });
+    $("runs").replaceChildren(...items);
+  }
+
+  // --- charts (uPlot, vendored) --------------------------------------------------------------
+
+  const charts = {};
+  let chartsOf = null;
+
+  const COLORS = { val: "#2563eb", train: "#ea580c", acc: "#16a34a", up: "#9333ea", down: "#0891b2" };
+
+  function chartSpec(id) {
+    const line = (label, stroke, fmt) => ({ label, stroke, width: 2, spanGaps: true, points: { size: 5 }, value: fmt });
+    const round = { label: "round", value: (u, v) => (v === null ? "–" : v) };
+    if (id === "chart-loss") {
+      return [round, line("validation", COLORS.val, (u, v) => num(v)), line("training", COLORS.train, (u, v) => num(v))];
+    }
+    if (id === "chart-accuracy") return [round, line("validation", COLORS.acc, (u, v) => pct(v))];
+    return [round, line("up", COLORS.up, (u, v) => bytes(v)), line("down", COLORS.down, (u, v) => bytes(v))];
+  }
+
+  function chartData(id, curves) {
+    const x = curves.map((c) => c.round);
+    if (id === "chart-loss") return [x, curves.map((c) => c.val_loss), curves.map((c) => c.train_loss)];
+    if (id === "chart-accuracy") return [x, curves.map((c) => c.val_accuracy)];
+    return [x, curves.map((c) => c.bytes_up), curves.map((c) => c.bytes_down)];
+  }
+
+  function size(node) {
+    return { width: Math.max(200, node.clientWidth), height: 170 };
+  }
+
+  function drawCharts(run) {
+    if (chartsOf !== run.training_id) {
+      for (const u of Object.values(charts)) u.destroy();
+      for (const key of Object.keys(charts)) delete charts[key];
+      chartsOf = run.training_id;
+    }
+    for (const id of ["chart-loss", "chart-accuracy", "chart-bytes"]) {
+      const node = $(id);
+      const data = chartData(id, run.curves);
+      node.dataset.points = String(run.curves.length);
+      if (typeof window.uPlot !== "function") continue; // the library failed to load: the numbers still show
+      if (!charts[id]) {
+        const axes = [{}, { size: 56, values: id === "chart-bytes" ? (u, ticks) => ticks.map(bytes) : undefined }];
+        charts[id] = new window.uPlot(
+          { ...size(node), series: chartSpec(id), axes, scales: { x: { time: false } }, legend: { live: true } },
+          data,
+          node,
+        );
+      } else {
+        charts[id].setData(data);
+      }
+    }
+    $("points").textContent = String(run.curves.length);
+    $("bytes-total").textContent = `(total ${bytes(run.bytes_up)} up, ${bytes(run.bytes_down)} down)`;
+  }
+
+  window.addEventListener("resize", () => {
+    for (const [id, u] of Object.entries(charts)) u.setSize(size($(id)));
+  });
+
+  // --- one run ---------------------------------------------------------------------------------
+
+  function renderWorkers(workers) {
+    $("workers-count").textContent = `(${workers.length})`;
+    const rows = workers.map((w) => {
+      const status = el("td", {}, el("span", { class: `badge ${w.status || ""}` }, w.status || "–"));
+      if (w.contract_status !== "working") status.append(" ", el("span", { class: "muted" }, w.contract_status));
+      if (w.end_reason) status.append(el("div", { class: "reason" }, w.end_reason));
+      const progress = w.progress ?? 0;
+      const bar = el("div", { class: "bar" }, el("span", { "data-progress": Math.round(progress) }));
+      bar.firstChild.style.width = `${Math.min(100, Math.max(0, progress))}%`;
+      const flags = el("td", { class: "flags" });
+      for (const f of w.flags) flags.append(el("span", { class: "flag" }, f), " ");
+      return el(
+        "tr",
+        { "data-worker-id": w.worker_id, class: w.flags.length ? "flagged" : "" },
+        el("td", { class: "mono", title: w.worker_id }, shortId(w.worker_id)),
+        el("td", {}, w.gpu_type || "–"),
+        status,
+        el("td", { class: "progress" }, bar, el("span", {}, `${progress.toFixed(0)}%`)),
+        el("td", { class: "num" }, num(w.loss)),
+        el("td", { class: "num" }, w.score === null ? "–" : num(w.score, 2)),
+        el("td", { class: "num", title: `${w.rounds_accepted}/${w.rounds_scored} rounds accepted` }, ait(w.paid_micro)),
+        flags,
+        el("td", { class: "muted" }, ago(w.last_heartbeat_age)),
+      );
+    });
+    $("workers").tBodies[0].replaceChildren(...rows);
+  }
+
+  function renderRun(run) {
+    $("notice").hidden = true;
+    $("run").hidden = false;
+    $("run-title").textContent = run.training_id;
+    $("run-status").textContent = run.status;
+    $("run-status").className = `badge ${run.status}`;
+    $("run-round").textContent = `round ${run.round} of ${run.rounds ?? "–"} · ${run.rounds_completed} closed`;
+    $("run-error").hidden = !run.error;
+    $("run-error").textContent = run.error || "";
+    fill($("run-facts"), [
+      ["model", `${run.model_type}${run.parameters ? ` · ${run.parameters.toLocaleString("en")} parameters` : ""}`],
+      ["dataset", run.dataset_size],
+      ["workers", `${run.workers.length} hired / ${run.target_workers} wanted`],
+      ["aggregator", run.aggregator || "–"],
+      ["validation loss", `${num(run.initial_val_loss)} → ${num(run.val_loss)}`],
+      ["accuracy", pct(run.val_accuracy)],
+      ["time", duration(run)],
+      ["owner", shortId(run.owner), run.owner],
+    ]);
+    drawCharts(run);
+    renderWorkers(run.workers);
+    const p = run.payments;
+    fill($("payments"), [
+      ["escrowed", `${p.escrowed} AIT`],
+      ["in escrow", `${p.escrow_balance} AIT`],
+      ["paid", ait(p.paid_micro)],
+      ["slashed", ait(p.slashed_micro)],
+      ["settled", `round ${p.settled_round}${p.finalized ? " · finalized" : ""}`],
+    ]);
+    fill($("ledger"), [
+      ["network", run.ledger.network],
+      ["entries", String(run.ledger.entries)],
+      ["head", run.ledger.head || "–", run.ledger.head],
+    ]);
+  }
+
+  function notice(text) {
+    $("run").hidden = true;
+    $("notice").hidden = false;
+    $("notice").textContent = text;
+  }
+
+  // --- polling -------------------------------------------------------------------------------
+
+  async function getJson(path) {
+    const reply = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+    const body = await reply.json();
+    if (!reply.ok) throw Object.assign(new Error(body.detail || `HTTP ${reply.status}`), { status: reply.status });
+    return body;
+  }
+
+  let timer = null;
+  let busy = false;
+  let again = false;
+
+  async function tick() {
+    if (busy) {
+      again = true; // a click while a poll is in flight: poll again once it is done
+      return;
+    }
+    busy = true;
+    clearTimeout(timer);
+    try {
+      const page = await getJson(`${API}/runs`);
+      const id = selected || (page.data[0] && page.data[0].training_id);
+      renderRuns(page, id);
+      if (id) {
+        try {
+          renderRun(await getJson(`${API}/runs/${encodeURIComponent(id)}`));
+        } catch (e) {
+          if (e.status !== 404) throw e;
+          notice(e.message);
+        }
+      } else {
+        notice("No runs yet.");
+      }
+      $("live").textContent = `live · updated ${new Date().toLocaleTimeString("en-GB")}`;
+      $("live").className = "live ok";
+    } catch (e) {
+      $("live").textContent = `not updating: ${e.message}`;
+      $("live").className = "live down";
+    }
+    busy = false;
+    timer = setTimeout(tick, again ? 0 : POLL_MS);
+    again = false;
+  }
+
+  tick();
+})();
