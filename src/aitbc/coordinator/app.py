@@ -31,6 +31,7 @@ from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
+from aitbc.coordinator.metrics import install as install_metrics
 from aitbc.coordinator.web import STATIC_DIR
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import (
@@ -246,6 +247,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
         app.include_router(r, prefix=PREFIX)
     # the browser pages' assets, from the package (no CDN): read-only files, outside /v1
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits
     app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
     app.add_middleware(InternalErrors)  # the outermost: a bug in Limits is a 500 too
     app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]

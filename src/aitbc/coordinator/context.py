@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.db import make_engine, make_sessions
+from aitbc.coordinator.metrics import CoordinatorMetrics
 from aitbc.coordinator.models import Offer
 from aitbc.ledger.book import Ledger
 from aitbc.ledger.signing import NonceCache
@@ -50,6 +51,11 @@ class Liveness:
     def alive(self, worker_id: str, now: float, lease: float) -> bool:
         t = self._seen.get(worker_id)
         return t is not None and now - t <= lease
+
+    def count_alive(self, now: float, lease: float) -> int:
+        """Workers heard from within ``lease`` seconds (the metrics' ``aitbc_workers_alive``)."""
+        with self._lock:
+            return sum(1 for t in self._seen.values() if now - t <= lease)
 
     def take_dirty(self) -> dict[str, float]:
         with self._lock:
@@ -109,6 +115,8 @@ class Context:
     # Per live run, the driver's in-memory model, validation data and optimizer state
     # (coordinator.rounds.RunRuntime); rebuilt from the database after a restart.
     runtimes: dict[str, Any] = field(default_factory=dict)
+    # The process's own Prometheus counters and the app's registry (coordinator.metrics).
+    metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
 
     def session(self) -> Session:
         return self.sessions()

@@ -145,12 +145,14 @@ def close_round(ctx: Context, run_id: str) -> None:
         accepted = [(u, shard) for u, shard in ups if u.status == UpdateStatus.ACCEPTED]
         final = r >= run.cfg.rounds
         rt = runtime(ctx, run)
+        t0 = time.perf_counter()
         with rt.lock:
             rt.load(ctx, run)
             # The last round is evaluated before the run completes; the others after the
             # next round is open, so workers do not wait for an evaluation.
             result = aggregate_round(ctx, run, rt, accepted, r, evaluate_now=final)
-        commit_round(ctx, s, run, rt, result, ups, accepted, round=r)
+        if commit_round(ctx, s, run, rt, result, ups, accepted, round=r):
+            ctx.metrics.round_close.observe(time.perf_counter() - t0)  # aggregate + commit
         if run.status in ENDED:
             drop_runtime(ctx, run.id)
     ctx.notifier.bump()

@@ -49,6 +49,7 @@ async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
     workers.require_known(ctx, signer.address)
     now = time.time()
     ctx.liveness.touch(signer.address, now)
+    ctx.metrics.heartbeats.inc()
     return {"ok": True, "time": now, "version": ctx.notifier.version}
 
 

@@ -1,0 +1,319 @@
+"""Prometheus metrics of the coordinator, served at ``GET /metrics`` (outside ``/v1``, unsigned,
+read-only, in the Prometheus text format).
+
+Two kinds, each in the app's own :class:`CollectorRegistry` (never the process-wide default:
+several apps can live in one process, as in the tests):
+
+- **From the record** (:class:`RecordCollector`): counted in the database at scrape time by a
+  few aggregate queries (``COUNT``/``SUM ... GROUP BY``, one per family), so they equal what the
+  API reports and survive a restart: runs by status, closed rounds, updates by status and
+  rejected updates by reason, flags, workers and jobs by status, ledger entries by kind, the
+  training's bytes. A scrape costs those queries, whatever the size of the record.
+- **Of this process** (:class:`CoordinatorMetrics`): heartbeats (never written one by one to
+  the database), HTTP body bytes in and out, and the histogram of round-close time; they start
+  at zero when the process starts (Prometheus's ``rate()`` handles the reset).
+
+Every label takes values from a small fixed set: statuses are the enums of :mod:`.states`,
+ledger and flag kinds are written only by this code, and a rejected update's free-text reason
+is mapped to one of :data:`REASON_CODES` (:func:`reason_code`; in SQL, :func:`reason_case`).
+No run, worker, job or wallet id is ever a label: their number is unbounded (per-run and
+per-worker figures are in the ``/v1`` views and the dashboard).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+from sqlalchemy import ColumnElement, case, distinct, func, select
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
+from aitbc.coordinator.states import LIVE, JobStatus, OfferStatus, RunStatus, UpdateStatus
+from aitbc.ledger.book import Entry
+
+if TYPE_CHECKING:
+    from aitbc.coordinator.context import Context
+
+log = logging.getLogger("aitbc.coordinator.metrics")
+
+# --- why an update was rejected, as a bounded label ---------------------------------------
+
+# (code, the starts of the reasons the coordinator writes for it); the first match wins, so a
+# more specific start comes before a shorter one ("update norm is not finite" before "update norm ").
+REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("non_finite", ("update contains NaN or Inf", "update norm is not finite")),  # workers.py, core/norms.py
+    ("norm_bound", ("update norm ",)),  # core/norms.py: over the reject bound x the round's median norm
+    ("wrong_shape", ("update has shape",)),  # workers.py: not the model's (d,)
+    ("malformed", ("malformed update blob",)),  # workers.py: the codec refused the blob
+    ("bad_loss", ("reported training loss is",)),  # workers.py: a non-finite training loss
+)
+OTHER = "other"
+REASON_CODES: tuple[str, ...] = (*(code for code, _ in REASONS), OTHER)
+
+
+def reason_code(reason: str | None) -> str:
+    """The code of a rejected update's recorded reason: one of :data:`REASON_CODES`."""
+    for code, starts in REASONS:
+        if reason is not None and reason.startswith(starts):
+            return code
+    return OTHER
+
+
+def reason_case(column: Any) -> ColumnElement[str]:
+    """:func:`reason_code` in SQL, so the database groups by code (one row per code)."""
+    whens = [(column.startswith(start, autoescape=True), code) for code, starts in REASONS for start in starts]
+    return case(*whens, else_=OTHER)
+
+
+# --- counted by this process ---------------------------------------------------------------
+
+ROUND_CLOSE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+BYTE_KINDS = ("blob", "api", "web")  # a blob's bytes (PUT/GET /v1/blobs/{cid}), other /v1 JSON, pages/assets
+
+
+class CoordinatorMetrics:
+    """The process's own counters and the app's registry (the record's collector joins it in
+    :func:`install`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()  # no auto-describe: registering queries nothing
+        self.heartbeats = Counter(
+            "aitbc_heartbeats", "Worker heartbeats received by this process", registry=self.registry
+        )
+        self.http_bytes = Counter(
+            "aitbc_http_bytes",
+            "HTTP body bytes received (in) and sent (out) by this process, by kind: blob (PUT/GET of "
+            "/v1/blobs/{cid}), api (other /v1 requests), web (pages, assets, /metrics)",
+            ["direction", "kind"],
+            registry=self.registry,
+        )
+        for direction in ("in", "out"):
+            for kind in BYTE_KINDS:
+                self.http_bytes.labels(direction, kind)
+        self.round_close = Histogram(
+            "aitbc_round_close_seconds",
+            "Seconds the round driver takes to close a round: aggregate (norm bound, rule, outer step, "
+            "checkpoint) and commit",
+            buckets=ROUND_CLOSE_BUCKETS,
+            registry=self.registry,
+        )
+
+
+def byte_kind(method: str, path: str) -> str:
+    """Which of :data:`BYTE_KINDS` a request's bytes count under."""
+    if path.startswith("/v1/blobs/") and method in ("GET", "HEAD", "PUT"):
+        rest = path[len("/v1/blobs/") :]
+        if rest and "/" not in rest and rest != "missing":
+            return "blob"
+    return "api" if path.startswith("/v1/") else "web"
+
+
+class CountBytes:
+    """ASGI middleware: every request's body bytes in and response body bytes out, added to
+    ``aitbc_http_bytes_total`` once the request is over (one counter update per request)."""
+
+    def __init__(self, app: ASGIApp, metrics: CoordinatorMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        got = sent = 0
+
+        async def counted_receive() -> Message:
+            nonlocal got
+            message = await receive()
+            if message["type"] == "http.request":
+                got += len(message.get("body", b""))
+            return message
+
+        async def counted_send(message: Message) -> None:
+            nonlocal sent
+            if message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, counted_send)
+        finally:
+            kind = byte_kind(scope["method"], scope["path"])
+            if got:
+                self.metrics.http_bytes.labels("in", kind).inc(got)
+            if sent:
+                self.metrics.http_bytes.labels("out", kind).inc(sent)
+
+
+# --- counted in the record at scrape time --------------------------------------------------
+
+
+def _gauge(name: str, doc: str, label: str, values: tuple[str, ...], counts: dict[str, int]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=[label])
+    for v in values:
+        g.add_metric([v], counts.get(v, 0))
+    return g
+
+
+def _counter(name: str, doc: str, label: str, values: tuple[str, ...], counts: dict[str, int]) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=[label])
+    for v in values:
+        c.add_metric([v], counts.get(v, 0))
+    return c
+
+
+def _known(values: tuple[str, ...], rows: Any) -> dict[str, int]:
+    """``{value: count}`` from ``(value, count)`` rows; a value outside ``values`` (a row written
+    by an older or newer release) counts under ``other``, so the label set stays fixed."""
+    out: dict[str, int] = {}
+    for value, n in rows:
+        key = value if value in values else OTHER
+        out[key] = out.get(key, 0) + int(n or 0)
+    return out
+
+
+RUN_STATUSES = tuple(s.value for s in RunStatus)
+UPDATE_STATUSES = tuple(s.value for s in UpdateStatus)
+OFFER_STATUSES = tuple(s.value for s in OfferStatus)
+JOB_STATUSES = tuple(s.value for s in JobStatus)
+# Written only by this code (escrow, settlement, wallets; workers, workforce, rounds, control).
+LEDGER_KINDS = ("mint", "transfer", "escrow", "bond", "settle", "bond_return", "refund", "slash", "payment")
+FLAG_KINDS = (
+    "rejected_update",
+    "lease_expired",
+    "straggler",
+    "bad_blob",
+    "wrong_round",
+    "slashed",
+    "marked_failed",
+    "resend_requested",
+)
+
+
+class RecordCollector(Collector):
+    """The metrics the database holds, counted at each scrape (one aggregate query per family,
+    all in one read transaction); the number of live workers comes from the in-memory
+    heartbeats, as the lease judges them."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.perf_counter()
+        try:
+            families = list(self._families())
+        except SQLAlchemyError as e:  # the database is down: say so, not a 500 with no metrics
+            log.warning("metrics: the record could not be read: %s", e)
+            families, ok = [], 0
+        else:
+            ok = 1
+        yield from families
+        up = GaugeMetricFamily("aitbc_record_up", "1 if this scrape could read the database, else 0")
+        up.add_metric([], ok)
+        yield up
+        took = GaugeMetricFamily("aitbc_record_scrape_seconds", "Seconds this scrape's database queries took")
+        took.add_metric([], time.perf_counter() - t0)
+        yield took
+
+    def _families(self) -> Iterator[Metric]:
+        ctx = self.ctx
+        with ctx.session() as s:
+            runs = _known(RUN_STATUSES, s.execute(select(Run.status, func.count()).group_by(Run.status)).all())
+            yield _gauge("aitbc_runs", "Training runs on record, by status", "status", (*RUN_STATUSES, OTHER), runs)
+            active = GaugeMetricFamily("aitbc_runs_active", "Runs not ended (initializing to paused)")
+            active.add_metric([], sum(runs.get(st.value, 0) for st in LIVE))
+            yield active
+
+            skipped = s.execute(
+                select(RoundRecord.skipped, func.count()).where(RoundRecord.round > 0).group_by(RoundRecord.skipped)
+            ).all()
+            rounds = {("skipped" if sk else "aggregated"): int(n) for sk, n in skipped}
+            yield _counter(
+                "aitbc_rounds",
+                "Rounds closed and recorded, all runs (skipped: too few updates for the rule; the model kept)",
+                "outcome",
+                ("aggregated", "skipped"),
+                rounds,
+            )
+
+            code = reason_case(Update.reason)
+            rows = s.execute(select(Update.status, code, func.count()).group_by(Update.status, code)).all()
+            by_status = _known(UPDATE_STATUSES, [(st, n) for st, _, n in rows])
+            yield _counter(
+                "aitbc_updates",
+                "Updates on record, by status: accepted, rejected (provably bad), excluded (left out by the "
+                "owner); an update its owner asked to be resent leaves the record",
+                "status",
+                (*UPDATE_STATUSES, OTHER),
+                by_status,
+            )
+            by_reason = _known(REASON_CODES, [(c, n) for st, c, n in rows if st == UpdateStatus.REJECTED])
+            yield _counter(
+                "aitbc_updates_rejected",
+                "Rejected updates by reason: non_finite (NaN/Inf), norm_bound (norm over the reject bound), "
+                "wrong_shape, malformed (undecodable), bad_loss (non-finite reported loss), other",
+                "reason",
+                REASON_CODES,
+                by_reason,
+            )
+
+            flags = _known(FLAG_KINDS, s.execute(select(Flag.kind, func.count()).group_by(Flag.kind)).all())
+            yield _counter("aitbc_flags", "Flags raised against workers, by kind", "kind", (*FLAG_KINDS, OTHER), flags)
+
+            offers = _known(OFFER_STATUSES, s.execute(select(Offer.status, func.count()).group_by(Offer.status)).all())
+            yield _gauge(
+                "aitbc_workers", "Registered workers (offers), by status", "status", (*OFFER_STATUSES, OTHER), offers
+            )
+            jobs = _known(JOB_STATUSES, s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+            yield _gauge("aitbc_jobs", "Jobs on record, by status", "status", (*JOB_STATUSES, OTHER), jobs)
+            busy = s.scalar(select(func.count(distinct(Job.worker_id))).where(Job.status == JobStatus.ACTIVE)) or 0
+            g = GaugeMetricFamily("aitbc_workers_busy", "Workers with an active job")
+            g.add_metric([], busy)
+            yield g
+
+            kinds = _known(LEDGER_KINDS, s.execute(select(Entry.kind, func.count()).group_by(Entry.kind)).all())
+            yield _counter("aitbc_ledger_entries", "Ledger entries, by kind", "kind", (*LEDGER_KINDS, OTHER), kinds)
+
+            up, down = s.execute(select(func.sum(Run.bytes_up), func.sum(Run.bytes_down))).one()
+            moved = CounterMetricFamily(
+                "aitbc_training_bytes",
+                "Bytes of the runs' training traffic on record: up (update blobs workers sent), down (models "
+                "and shards sent to workers)",
+                labels=["direction"],
+            )
+            moved.add_metric(["up"], int(up or 0))
+            moved.add_metric(["down"], int(down or 0))
+            yield moved
+
+        alive = GaugeMetricFamily("aitbc_workers_alive", "Workers heard from within the lease (in-memory heartbeats)")
+        alive.add_metric([], ctx.liveness.count_alive(time.time(), ctx.settings.lease_seconds))
+        yield alive
+
+
+# --- the route -----------------------------------------------------------------------------
+
+
+def install(app: FastAPI, ctx: Context) -> None:
+    """``GET /metrics`` (not in the OpenAPI document), the record's collector and the byte
+    counter (innermost middleware: bytes of requests the app answers)."""
+    registry = ctx.metrics.registry
+    registry.register(RecordCollector(ctx))
+
+    def metrics(request: Request) -> Response:  # sync: the queries run in the thread pool, not the event loop
+        # The text format, or OpenMetrics when the scraper asks for it (prometheus-client's own choice).
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(registry), headers={"content-type": content_type})
+
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    app.add_middleware(CountBytes, metrics=ctx.metrics)
