@@ -155,6 +155,20 @@ LAYERS = {  # a module under the key may not import any module under the values
     "aitbc.coordinator": ("aitbc.worker", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
     "aitbc.worker": ("aitbc.coordinator", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
     "aitbc.units": ("aitbc.coordinator", "aitbc.cli", "aitbc_agent_sdk"),
+    # plain data in, files out: no HTTP, no service, no simulator
+    **dict.fromkeys(
+        ("aitbc.reports", "aitbc.trackers"),
+        (
+            "aitbc.coordinator",
+            "aitbc.worker",
+            "aitbc.cli",
+            "aitbc_agent_sdk",
+            "aitbc.client",
+            "aitbc.stack",
+            "aitbc.sim",
+            "httpx",
+        ),
+    ),
 }
 
 

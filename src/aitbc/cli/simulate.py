@@ -7,7 +7,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,6 +34,9 @@ from aitbc.cli.options import (
     Seed,
 )
 from aitbc.core.options import parse_kv
+
+if TYPE_CHECKING:
+    from aitbc.sim.runner import SimResult, Simulation
 
 
 def simulate(
@@ -93,6 +96,14 @@ def simulate(
     eval_samples: Annotated[int, typer.Option(help="Validation samples evaluated each round.")] = 1024,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")
+    ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write a report into this folder: PNG plots (loss, accuracy, a worker-by-round heatmap, "
+            "bytes) and a self-contained report.html.",
+        ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
     threads: Annotated[
@@ -160,6 +171,10 @@ def simulate(
     home = resolve_home(home)
     run_dir = out_dir or home / "sims" / time.strftime(f"%Y%m%d-%H%M%S-seed{seed}")
 
+    if report is not None:
+        from aitbc.reports import prepare_dir
+
+        prepare_dir(report)  # a folder we cannot write refuses before any training
     sim = Simulation(cfg, home=home, out_dir=run_dir)  # every option is checked here, before training
     with Progress(
         TextColumn("[bold]simulate"),
@@ -179,6 +194,9 @@ def simulate(
 
         result = sim.run(on_round)
 
+    if report is not None:
+        written = _write_report(sim, result, report)
+        err.print(f"report: {written}", highlight=False)
     if json_out:
         print(result.to_json())
         return
@@ -224,6 +242,18 @@ def simulate(
         table.columns[1].width = max(len(result.final_model_cid), room - max(keys, room // 3))
         table.columns[0].width = max(keys, room - table.columns[1].width)
     out.print(table)
+
+
+def _write_report(sim: Simulation, result: SimResult, folder: Path) -> Path:
+    """The simulation's report (``aitbc.reports``) from its metrics rows and update norms."""
+    import json
+    from dataclasses import asdict
+
+    from aitbc.reports import from_simulation, write_report
+
+    rows = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines() if line.strip()]
+    data = from_simulation(result=asdict(result), rows=rows, update_norms=sim.update_norms)
+    return write_report(data, folder)["html"]
 
 
 def torch_threads() -> int:

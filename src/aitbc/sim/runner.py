@@ -256,6 +256,10 @@ class Simulation:
         self.target: dict[str, Any] | None = None
         self._metrics: IO[str] | None = None
         self._progress: ProgressFn | None = None
+        # Per round, each worker's last update L2 norm (what the report's heatmap shows: the
+        # simulator does not score workers); filled by work, closed by record.
+        self.update_norms: list[dict[int, float]] = []
+        self._round_norms: dict[int, float] = {}
 
     def _codec(self, name: str, options: dict[str, Any], error_feedback: bool) -> Codec | ErrorFeedback:
         return build_codec(name, options, layout=self.layout, error_feedback=error_feedback)
@@ -308,6 +312,8 @@ class Simulation:
             blob = self.plain_codec.encode(crafted)
             sent[i] = Sent(i, crafted, blob, loss, self._seconds(i, down_bytes, len(blob)))
         out = [sent[i] for i in ids]
+        for s in out:
+            self._round_norms[s.worker] = float(s.update.norm())
         if count_bytes:
             for s in out:
                 self.bytes_up += len(s.blob)
@@ -398,6 +404,8 @@ class Simulation:
             "skipped": self.skipped,
             **(extra or {}),
         }
+        self.update_norms.append(self._round_norms)
+        self._round_norms = {}
         assert self._metrics is not None
         self._metrics.write(json.dumps(row) + "\n")
         if self._progress:
