@@ -172,6 +172,22 @@ class AgentMethods:
         (``checkpoint_id`` is the CID).
         """
 
+    def get_round_scores(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """Every worker's score in every scored round of the run (default: the agent's
+        current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
+        own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
+        the round's price the worker was paid.
+        """
+
+    def get_rounds(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """Every closed round of the run (default: the agent's current run) as the
+        coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
+        val_loss, val_accuracy, train_loss, accepted, rejected, stragglers, skipped,
+        bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
+        round's own (``None`` for rounds recorded before they were counted), ``val_loss``
+        ``None`` until the round is evaluated.
+        """
+
     def get_shards(self, training_id: str | None = None) -> list[dict[str, Any]]:
         """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
 
@@ -674,6 +690,22 @@ class AsyncAgentMethods:
         """The global model's checkpoints, one per round, round 0 being the initial model:
         ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
         (``checkpoint_id`` is the CID).
+        """
+
+    async def get_round_scores(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """Every worker's score in every scored round of the run (default: the agent's
+        current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
+        own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
+        the round's price the worker was paid.
+        """
+
+    async def get_rounds(self, training_id: str | None = None) -> list[dict[str, Any]]:
+        """Every closed round of the run (default: the agent's current run) as the
+        coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
+        val_loss, val_accuracy, train_loss, accepted, rejected, stragglers, skipped,
+        bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
+        round's own (``None`` for rounds recorded before they were counted), ``val_loss``
+        ``None`` until the round is evaluated.
         """
 
     async def get_shards(self, training_id: str | None = None) -> list[dict[str, Any]]:

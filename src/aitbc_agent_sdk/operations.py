@@ -828,6 +828,30 @@ def get_round_checkpoints(self: AgentState, training_id: str | None = None) -> O
 
 
 @operation
+def get_round_scores(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """Every worker's score in every scored round of the run (default: the agent's
+    current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
+    own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
+    the round's price the worker was paid."""
+    training_id = yield from resolve_run(self, training_id)
+    res = yield Http("GET", f"/runs/{training_id}/scores")
+    return list(res["data"])
+
+
+@operation
+def get_rounds(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """Every closed round of the run (default: the agent's current run) as the
+    coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
+    val_loss, val_accuracy, train_loss, accepted, rejected, stragglers, skipped,
+    bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
+    round's own (``None`` for rounds recorded before they were counted), ``val_loss``
+    ``None`` until the round is evaluated."""
+    training_id = yield from resolve_run(self, training_id)
+    res = yield Http("GET", f"/runs/{training_id}/rounds")
+    return list(res["data"])
+
+
+@operation
 def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[Validity]:
     """Download a checkpoint through the coordinator and re-hash it against its CID: a
     worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode

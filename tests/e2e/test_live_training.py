@@ -127,6 +127,21 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     assert res["status"] == "complete" and res["rounds_completed"] == 4
     assert res["final_val_loss"] < res["initial_val_loss"]
     assert res["updates_accepted"] == 12 and res["updates_rejected"] == 0
+    # Each round's bytes add up to the run's totals (round 0, the initial model, moved none).
+    rounds = stack.api(f"/runs/{run_id}/rounds")["data"]
+    run = stack.api(f"/runs/{run_id}")
+    assert rounds[0]["bytes_up"] is None and all(r["bytes_up"] > 0 and r["bytes_down"] > 0 for r in rounds[1:])
+    assert sum(r["bytes_up"] for r in rounds[1:]) == run["bytes_up"] == res["bytes_up"]
+    assert sum(r["bytes_down"] for r in rounds[1:]) == run["bytes_down"]
+    # Every worker's score in every round, once settled; their means are the results' scores.
+    stack.wait_run(run_id, lambda _: stack.api(f"/runs/{run_id}/payments")["settled_round"] == 4, what="settlement")
+    scores = stack.api(f"/runs/{run_id}/scores")["data"]
+    assert sorted((s["round"], s["worker_id"]) for s in scores) == sorted(
+        (r, w["worker_id"]) for r in range(1, 5) for w in res["workers"]
+    )
+    for w in res["workers"]:
+        mine = [s["quality"] for s in scores if s["worker_id"] == w["worker_id"]]
+        assert w["score"] == pytest.approx(sum(mine) / len(mine))
     snap = json.loads(stack.cli("distributed-training", "monitor", "--training-id", run_id, "--once", "--json").stdout)
     assert {w["rounds_done"] for w in snap["workers"]} == {4}
     assert all(w["progress"] == 100.0 and w["epoch"] > 0 and w["loss"] is not None for w in snap["workers"])

@@ -217,6 +217,8 @@ class RoundRecord(Base):
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     stragglers: Mapped[list[str]] = mapped_column(JSON, default=list)  # worker ids left out
     skipped: Mapped[bool] = mapped_column(default=False)  # too few updates for the rule
+    bytes_up: Mapped[int | None] = mapped_column(BigInteger, default=None)  # its updates' bytes (0004)
+    bytes_down: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the model, once per answer
     started_at: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float] = mapped_column(Float)
 

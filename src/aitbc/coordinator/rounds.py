@@ -319,6 +319,8 @@ def commit_round(
             rejected=sum(u.status == UpdateStatus.REJECTED for u, _ in ups),
             stragglers=stragglers,
             skipped=res.skipped,
+            bytes_up=sum(u.size for u, _ in ups),
+            bytes_down=prev_size * len(ups),
             started_at=run.round_started_at or now,
             closed_at=now,
         )

@@ -220,10 +220,34 @@ def rounds_view(s: Session, run: Run) -> list[dict[str, Any]]:
             "rejected": r.rejected,
             "stragglers": r.stragglers,
             "skipped": r.skipped,
+            "bytes_up": r.bytes_up,
+            "bytes_down": r.bytes_down,
             "started_at": r.started_at,
             "closed_at": r.closed_at,
         }
         for r in rows
+    ]
+
+
+def scores_view(s: Session, run: Run) -> list[dict[str, Any]]:
+    """Every scored (contract, round) of the run, by round then contract: the quality the
+    round paid on and the signals behind it (``core.scoring``)."""
+    rows = s.scalars(select(Score).where(Score.run_id == run.id).order_by(Score.round, Score.id)).all()
+    return [
+        {
+            "round": sc.round,
+            "worker_id": sc.worker_id,
+            "contract_id": sc.contract_id,
+            "status": sc.status,
+            "quality": sc.quality,
+            "gain": sc.gain,
+            "own_gain": sc.own_gain,
+            "other_gain": sc.other_gain,
+            "kept": sc.kept,
+            "flags": list(sc.flags),
+            "provable": sc.provable,
+        }
+        for sc in rows
     ]
 
 

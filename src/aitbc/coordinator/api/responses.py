@@ -17,7 +17,15 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from aitbc.coordinator.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus, UpdateStatus
+from aitbc.coordinator.states import (
+    ContractStatus,
+    Control,
+    JobStatus,
+    OfferStatus,
+    RunStatus,
+    ScoreStatus,
+    UpdateStatus,
+)
 
 T = TypeVar("T")
 
@@ -239,8 +247,26 @@ class RoundView(Reply):
     rejected: int
     stragglers: list[str]
     skipped: bool
+    bytes_up: int | None = Field(
+        description="the bytes of the updates this round received; null for rounds recorded before it was counted"
+    )
+    bytes_down: int | None = Field(description="the global model's bytes once per answering worker; null as bytes_up")
     started_at: float
     closed_at: float
+
+
+class ScoreView(Reply):
+    round: int
+    worker_id: str
+    contract_id: str
+    status: ScoreStatus
+    quality: float = Field(description="0..1: the share of the round's price this contract was paid for the round")
+    gain: float | None = Field(description="relative held-out loss reduction of its update alone")
+    own_gain: float | None = Field(description="the same on its own shard")
+    other_gain: float | None = Field(description="the same on the other workers' data")
+    kept: float | None = Field(description="the share of it the robust rule kept")
+    flags: list[str]
+    provable: bool = Field(description="true: misbehaviour anyone can re-check (it was slashed)")
 
 
 class Checkpoint(Reply):

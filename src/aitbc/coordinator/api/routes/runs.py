@@ -18,6 +18,7 @@ from aitbc.coordinator.api.responses import (
     RoundView,
     RunDetail,
     RunSummary,
+    ScoreView,
     errors,
 )
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, PaymentCreate, RunCreate
@@ -83,6 +84,12 @@ def resume(run_id: str, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
 @router.get("/{run_id}/rounds", response_model=Page[RoundView], responses=errors(404))
 def rounds(run_id: str, s: SessionDep) -> dict:
     data = views.rounds_view(s, repository.get_run(s, run_id))
+    return {"data": data, "count": len(data)}
+
+
+@router.get("/{run_id}/scores", response_model=Page[ScoreView], responses=errors(404))
+def scores(run_id: str, s: SessionDep) -> dict:
+    data = views.scores_view(s, repository.get_run(s, run_id))
     return {"data": data, "count": len(data)}
 
 

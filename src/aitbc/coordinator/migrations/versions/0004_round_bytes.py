@@ -1,0 +1,41 @@
+"""The bytes each round moved (issue 16: the dashboard's and the report's bytes per round).
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-01
+
+- ``rounds.bytes_up``: the bytes of the updates the round received (accepted or not);
+- ``rounds.bytes_down``: the global model's checkpoint once per answering worker (each
+  answer began with a download of the model), as ``runs.bytes_down`` counts it.
+
+Both nullable: rounds recorded before this revision did not count them (None: unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+ROUNDS: tuple[sa.Column[Any], ...] = (
+    sa.Column("bytes_up", sa.BigInteger(), nullable=True),
+    sa.Column("bytes_down", sa.BigInteger(), nullable=True),
+)
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("rounds") as b:
+        for c in ROUNDS:
+            b.add_column(c)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("rounds") as b:
+        for c in reversed(ROUNDS):
+            b.drop_column(c.name)
