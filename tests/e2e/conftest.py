@@ -92,6 +92,7 @@ class Stack:
         max_bond: str = "0",
         attack: str | None = None,
         funds: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         if funds is not None:  # the provider funds its own wallet first (its bond comes from it)
             r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
@@ -123,6 +124,7 @@ class Stack:
                 "--max-bond",
                 max_bond,
                 *(["--attack", attack] if attack else []),
+                *(["--metrics-port", str(metrics_port)] if metrics_port else []),
             ],
         )
 

@@ -76,6 +76,8 @@ WORKER_FLAGS = {
     "attack": "--attack",
     "cache_bytes": "--cache-mb",
     "allow_code": "--allow-code",
+    "metrics_port": "--metrics-port",
+    "metrics_host": "--metrics-host",
 }
 _SHOWN: dict[str, Callable[[Any], str]] = {
     "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
@@ -342,6 +344,12 @@ def start(
             "none by default: owners get the built-in mlp, cnn, transformer). Only for code you trust.",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve this worker's Prometheus metrics on this port (none: not served).")
+    ] = None,
+    metrics_host: Annotated[
+        str | None, typer.Option(help="Address the metrics server listens on (0.0.0.0: every interface).")
+    ] = None,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped.
 
@@ -367,14 +375,22 @@ def start(
         "attack": attack,
         "cache_bytes": None if cache_mb is None else round(cache_mb * MIB),
         "allow_code": allow_code or None,
+        "metrics_port": metrics_port,
+        "metrics_host": metrics_host,
     }
     settings = load_settings(WorkerSettings, flags, flag_names={**WORKER_FLAGS, "cache_bytes": "--cache-mb (in bytes)"})
     _logging(settings.log_level)
     home_dir = resolve_home(home)
 
     from aitbc.worker.daemon import Worker
+    from aitbc.worker.metrics import WorkerMetrics
 
-    worker = Worker(settings, coordinator=coordinator_url(coordinator, home_dir), home=home_dir, ca_cert=ca_cert)
+    metrics = WorkerMetrics()
+    if settings.metrics_port is not None:  # first: a port in use is an error before anything else
+        metrics.serve(settings.metrics_host, settings.metrics_port)
+    worker = Worker(
+        settings, coordinator=coordinator_url(coordinator, home_dir), home=home_dir, ca_cert=ca_cert, metrics=metrics
+    )
 
     def _terminate(*_: object) -> None:  # out of a long poll or a training step at once
         raise KeyboardInterrupt

@@ -30,6 +30,7 @@ from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
 from aitbc.training.models import build_model
 from aitbc.worker.config import WorkerSettings
+from aitbc.worker.metrics import WorkerMetrics
 
 log = logging.getLogger("aitbc.worker")
 
@@ -52,8 +53,17 @@ class JobState:
 
 
 class Worker:
-    def __init__(self, cfg: WorkerSettings, *, coordinator: str, home: Path, ca_cert: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: WorkerSettings,
+        *,
+        coordinator: str,
+        home: Path,
+        ca_cert: Path | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.cfg, self.coordinator = cfg, coordinator
+        self.metrics = metrics or WorkerMetrics()  # served on --metrics-port by the caller, if asked
         self.wallet = ensure_wallet(home, cfg.wallet)
         self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
         self.cache = BlobCache(home / "worker-cache" / self.wallet.name, max_bytes=cfg.cache_bytes)
@@ -99,6 +109,7 @@ class Worker:
                 if self.job is not None:
                     log.info("job %s released", self.job.job_id)
                     self.job = None
+                    self.metrics.clear_job()
                 continue
             if job["job_id"] in self.refused:
                 self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
@@ -171,11 +182,13 @@ class Worker:
         self._progress(job, 0.0, None, 0.0, "refused: model not allowed")
 
     def _refused(self, job: dict[str, Any], e: ApiError) -> None:
+        self.metrics.refusals.inc()
         if e.code in ("round_closed", "wrong_round", "not_accepting", "duplicate_update"):
             log.info("round %s of %s: %s", job["round"], job["training_id"], e.detail)
         elif e.code in ("job_not_active", "run_ended"):
             log.info("job %s over: %s", job["job_id"], e.detail)
             self.job = None
+            self.metrics.clear_job()
         else:
             log.error("update refused (%s): %s", e.code, e.detail)
 
@@ -183,6 +196,7 @@ class Worker:
 
     def train_round(self, job: dict[str, Any]) -> None:
         t0 = time.perf_counter()
+        self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
         state = self._job_state(job)
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
         model_blob = self._blob(job["global_model_cid"])
@@ -198,6 +212,8 @@ class Worker:
             nonlocal reporting
             if self.cfg.step_delay:
                 time.sleep(self.cfg.step_delay)
+            self.metrics.steps.inc()
+            self.metrics.steps_per_second.set(step / max(time.perf_counter() - t_compute, 1e-9))
             if (step % every == 0 or step == 1) and step < steps:
                 t = time.perf_counter()
                 self._progress(job, 100.0 * step / steps, loss, self._epoch(state), "training", step=step)
@@ -211,6 +227,7 @@ class Worker:
         cid = cid_of_bytes(blob)
         # The round's work is done: the upload is retried through an outage, never retrained.
         self._retry(lambda: self.client.put_blob(cid, blob))
+        self.metrics.bytes.labels("up").inc(len(blob))
         self._retry(
             lambda: self.client.post(
                 f"/jobs/{job['job_id']}/updates",
@@ -225,6 +242,8 @@ class Worker:
             )
         )
         state.done.add(job["round"])
+        self.metrics.rounds.inc()
+        self.metrics.steps_per_second.set(res.steps / max(compute, 1e-9))  # compute time only
         self._progress(job, 100.0, res.loss, res.epoch, "uploaded", step=res.steps)
         log.info(
             "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing)",
@@ -323,7 +342,12 @@ class Worker:
     def _blob(self, cid: str) -> bytes:
         """A blob by CID from the local cache (LRU, capped at ``cache_bytes``), else the
         coordinator (verified both ways)."""
-        return self.cache.get(cid, self.client.get_blob)
+        return self.cache.get(cid, self._download)
+
+    def _download(self, cid: str) -> bytes:
+        data = self.client.get_blob(cid)
+        self.metrics.bytes.labels("down").inc(len(data))
+        return data
 
 
 def _warm_up() -> None:
