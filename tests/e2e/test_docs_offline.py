@@ -24,6 +24,8 @@ import uvicorn
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
 
+pytestmark = pytest.mark.slow
+
 PAGES = ("/docs", "/redoc")
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 TYPES = {  # what each asset must be served as

@@ -26,7 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from aitbc import __version__
 from aitbc.coordinator.api.deps import signed, signed_stream
 from aitbc.coordinator.api.responses import ErrorBody, errors
-from aitbc.coordinator.api.routes import blobs, control, health, ledger, runs, workers
+from aitbc.coordinator.api.routes import blobs, control, dashboard, health, ledger, runs, workers
+from aitbc.coordinator.api.routes import docs as api_docs
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.driver import RoundDriver
@@ -204,6 +205,8 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Runs the rounds of distributed trainings across untrusted providers.",
+        docs_url=None,  # FastAPI's pages load from a CDN: api_docs serves them from the package
+        redoc_url=None,
     )
     app.state.ctx = ctx
     app.state.driver = driver
@@ -242,11 +245,14 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
         control.router,
         workers.router,
         ledger.router,
+        dashboard.router,
     )
     for r in routers:
         app.include_router(r, prefix=PREFIX)
     # the browser pages' assets, from the package (no CDN): read-only files, outside /v1
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.include_router(dashboard.pages)  # the dashboard page at / and /runs/{id} (outside /v1)
+    app.include_router(api_docs.router)  # /docs and /redoc, offline (outside /v1, not in the schema)
     install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits
     app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
     app.add_middleware(InternalErrors)  # the outermost: a bug in Limits is a 500 too
