@@ -26,12 +26,14 @@ from aitbc_agent_sdk.errors import (
     WaitTimeout,
 )
 from aitbc_agent_sdk.operations import OPERATIONS
+from aitbc_agent_sdk.protocol import Progress
 
 __all__ = [
     "Agent",
     "AsyncAgent",
     "AgentConfig",
     "OPERATIONS",
+    "Progress",
     "AgentError",
     "BadRequest",
     "Unauthorized",

@@ -5,6 +5,7 @@
 from pathlib import Path
 from typing import Any, Literal
 
+from aitbc_agent_sdk.protocol import Progress
 from aitbc_agent_sdk.results import Liveness, Outcome, Validity
 
 class AgentMethods:
@@ -29,7 +30,12 @@ class AgentMethods:
         """
 
     def create_data_shards(
-        self, training_id: str | None = None, num_shards: int | None = None, data_path: str | None = None
+        self,
+        training_id: str | None = None,
+        num_shards: int | None = None,
+        data_path: str | None = None,
+        *,
+        progress: Progress | None = None,
     ) -> list[dict[str, Any]]:
         """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
         initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
@@ -40,7 +46,8 @@ class AgentMethods:
         shard_index}]``; when the run already has that many shards of that dataset they are
         returned as they are. An automatic run has one shard per target worker; a manual
         (owner-driven) run takes any ``num_shards``, and the agent sends each shard's job.
-        :meth:`upload_data` does the same with more options and returns more.
+        :meth:`upload_data` does the same with more options and returns more (``progress``
+        as there).
         """
 
     def discover_gpu_workers(
@@ -63,12 +70,18 @@ class AgentMethods:
         """
 
     def download_model(
-        self, training_id: str | None = None, path: str | Path | None = None, round: int | None = None
+        self,
+        training_id: str | None = None,
+        path: str | Path | None = None,
+        round: int | None = None,
+        *,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Write the run's model (``round``: that round's checkpoint; default the latest) to
         the file ``path`` as a safetensors checkpoint, verified against its CID first; the
         file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
-        :class:`Conflict` (``no_model``); no such round: :class:`NotFound`.
+        :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
+        ``download`` (see :data:`aitbc_agent_sdk.Progress`).
         """
 
     def federated_average(
@@ -131,11 +144,12 @@ class AgentMethods:
     def get_balance(self) -> dict[str, Any]:
         """``{address, network, balance, balance_micro}`` of the agent's wallet."""
 
-    def get_from_ipfs(self, cid: str) -> bytes:
+    def get_from_ipfs(self, cid: str, *, progress: Progress | None = None) -> bytes:
         """The bytes of the blob ``cid`` on the coordinator: a whole file, or a folder's
         directory node (see :mod:`aitbc.storage.unixfs` to walk one), checked against the CID
         here, so a coordinator cannot hand back something else. Unknown: :class:`NotFound`
-        (``unknown_blob``); not a CID: :class:`InvalidArgument`.
+        (``unknown_blob``); not a CID: :class:`InvalidArgument`. ``progress``: stage
+        ``download`` (see :data:`aitbc_agent_sdk.Progress`).
         """
 
     def get_ledger_balances(self) -> dict[str, int]:
@@ -476,6 +490,7 @@ class AgentMethods:
         *,
         alpha: float | None = None,
         max_bytes: int | None = None,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
         an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
@@ -485,11 +500,19 @@ class AgentMethods:
         the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
         :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
         shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
-        dataset_size (declared), dataset, task}``.
+        dataset_size (declared), dataset, task}``. ``progress(stage, done, total)`` (see
+        :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
+        made, then their bytes), then ``upload`` (bytes sent).
         """
 
     def upload_to_ipfs(
-        self, path: str | Path | None = None, data: Any = None, pin: bool = True, training_id: str | None = None
+        self,
+        path: str | Path | None = None,
+        data: Any = None,
+        pin: bool = True,
+        training_id: str | None = None,
+        *,
+        progress: Progress | None = None,
     ) -> str:
         """Store a file or a folder (``path``) or ``data`` on the coordinator, content
         addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
@@ -503,6 +526,10 @@ class AgentMethods:
         the current run, if any), a run its wallet owns, is ``initializing`` or
         ``distributing`` becomes that run's dataset: it is cut into the run's shards (one per target worker; see
         :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
+
+        ``progress(stage, done, total)`` (see :data:`aitbc_agent_sdk.Progress`): bytes hashed
+        (``hash``, a path's files) and sent (``upload``); for a run's dataset then
+        ``package`` and ``upload`` again (its shards).
         """
 
     def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> Validity:
@@ -547,7 +574,12 @@ class AsyncAgentMethods:
         """
 
     async def create_data_shards(
-        self, training_id: str | None = None, num_shards: int | None = None, data_path: str | None = None
+        self,
+        training_id: str | None = None,
+        num_shards: int | None = None,
+        data_path: str | None = None,
+        *,
+        progress: Progress | None = None,
     ) -> list[dict[str, Any]]:
         """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
         initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
@@ -558,7 +590,8 @@ class AsyncAgentMethods:
         shard_index}]``; when the run already has that many shards of that dataset they are
         returned as they are. An automatic run has one shard per target worker; a manual
         (owner-driven) run takes any ``num_shards``, and the agent sends each shard's job.
-        :meth:`upload_data` does the same with more options and returns more.
+        :meth:`upload_data` does the same with more options and returns more (``progress``
+        as there).
         """
 
     async def discover_gpu_workers(
@@ -581,12 +614,18 @@ class AsyncAgentMethods:
         """
 
     async def download_model(
-        self, training_id: str | None = None, path: str | Path | None = None, round: int | None = None
+        self,
+        training_id: str | None = None,
+        path: str | Path | None = None,
+        round: int | None = None,
+        *,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Write the run's model (``round``: that round's checkpoint; default the latest) to
         the file ``path`` as a safetensors checkpoint, verified against its CID first; the
         file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
-        :class:`Conflict` (``no_model``); no such round: :class:`NotFound`.
+        :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
+        ``download`` (see :data:`aitbc_agent_sdk.Progress`).
         """
 
     async def federated_average(
@@ -651,11 +690,12 @@ class AsyncAgentMethods:
     async def get_balance(self) -> dict[str, Any]:
         """``{address, network, balance, balance_micro}`` of the agent's wallet."""
 
-    async def get_from_ipfs(self, cid: str) -> bytes:
+    async def get_from_ipfs(self, cid: str, *, progress: Progress | None = None) -> bytes:
         """The bytes of the blob ``cid`` on the coordinator: a whole file, or a folder's
         directory node (see :mod:`aitbc.storage.unixfs` to walk one), checked against the CID
         here, so a coordinator cannot hand back something else. Unknown: :class:`NotFound`
-        (``unknown_blob``); not a CID: :class:`InvalidArgument`.
+        (``unknown_blob``); not a CID: :class:`InvalidArgument`. ``progress``: stage
+        ``download`` (see :data:`aitbc_agent_sdk.Progress`).
         """
 
     async def get_ledger_balances(self) -> dict[str, int]:
@@ -996,6 +1036,7 @@ class AsyncAgentMethods:
         *,
         alpha: float | None = None,
         max_bytes: int | None = None,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
         an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
@@ -1005,11 +1046,19 @@ class AsyncAgentMethods:
         the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
         :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
         shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
-        dataset_size (declared), dataset, task}``.
+        dataset_size (declared), dataset, task}``. ``progress(stage, done, total)`` (see
+        :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
+        made, then their bytes), then ``upload`` (bytes sent).
         """
 
     async def upload_to_ipfs(
-        self, path: str | Path | None = None, data: Any = None, pin: bool = True, training_id: str | None = None
+        self,
+        path: str | Path | None = None,
+        data: Any = None,
+        pin: bool = True,
+        training_id: str | None = None,
+        *,
+        progress: Progress | None = None,
     ) -> str:
         """Store a file or a folder (``path``) or ``data`` on the coordinator, content
         addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
@@ -1023,6 +1072,10 @@ class AsyncAgentMethods:
         the current run, if any), a run its wallet owns, is ``initializing`` or
         ``distributing`` becomes that run's dataset: it is cut into the run's shards (one per target worker; see
         :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
+
+        ``progress(stage, done, total)`` (see :data:`aitbc_agent_sdk.Progress`): bytes hashed
+        (``hash``, a path's files) and sent (``upload``); for a run's dataset then
+        ``package`` and ``upload`` again (its shards).
         """
 
     async def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> Validity:

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +105,13 @@ class Agent(_Core, AgentMethods):
         if isinstance(req, Http):
             target, body, headers = self._signed(req)
             try:
-                r = self._client().request(req.method, target, content=body, headers=headers)
+                if req.streams_reply:
+                    return self._receive(req, target, body, headers)
+                if req.streams_upload:  # sent in pieces, each reported; the length declared
+                    headers["content-length"] = str(len(body))
+                    r = self._client().request(req.method, target, content=req.pieces(), headers=headers)
+                else:
+                    r = self._client().request(req.method, target, content=body, headers=headers)
             except httpx.TransportError as e:
                 raise self._unreachable(e) from None
             return parse_response(r, req)
@@ -120,6 +126,20 @@ class Agent(_Core, AgentMethods):
                 self._http = None
             return None
         raise TypeError(f"unknown request {req!r}")
+
+    def _receive(self, req: Http, target: str, body: bytes, headers: dict[str, str]) -> Any:
+        """A raw reply read in pieces, each reported (``req.progress``)."""
+        with self._client().stream(req.method, target, content=body, headers=headers) as r:
+            if r.status_code >= 400:
+                r.read()
+                return parse_response(r, req)
+            length, data = _length(r), bytearray()
+            for piece in r.iter_bytes():
+                data += piece
+                req.progress(r.num_bytes_downloaded, length)  # type: ignore[misc]
+            if not data:
+                req.progress(0, length)  # type: ignore[misc]
+            return bytes(data)
 
     def _run(self, gen: Generator) -> Any:
         try:
@@ -158,7 +178,13 @@ class AsyncAgent(_Core, AsyncAgentMethods):
         if isinstance(req, Http):
             target, body, headers = self._signed(req)
             try:
-                r = await self._client().request(req.method, target, content=body, headers=headers)
+                if req.streams_reply:
+                    return await self._receive(req, target, body, headers)
+                if req.streams_upload:  # sent in pieces, each reported; the length declared
+                    headers["content-length"] = str(len(body))
+                    r = await self._client().request(req.method, target, content=_pieces(req), headers=headers)
+                else:
+                    r = await self._client().request(req.method, target, content=body, headers=headers)
             except httpx.TransportError as e:
                 raise self._unreachable(e) from None
             return parse_response(r, req)
@@ -173,6 +199,20 @@ class AsyncAgent(_Core, AsyncAgentMethods):
                 self._http = None
             return None
         raise TypeError(f"unknown request {req!r}")
+
+    async def _receive(self, req: Http, target: str, body: bytes, headers: dict[str, str]) -> Any:
+        """A raw reply read in pieces, each reported (``req.progress``)."""
+        async with self._client().stream(req.method, target, content=body, headers=headers) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                return parse_response(r, req)
+            length, data = _length(r), bytearray()
+            async for piece in r.aiter_bytes():
+                data += piece
+                req.progress(r.num_bytes_downloaded, length)  # type: ignore[misc]
+            if not data:
+                req.progress(0, length)  # type: ignore[misc]
+            return bytes(data)
 
     async def _run(self, gen: Generator) -> Any:
         try:
@@ -194,6 +234,17 @@ class AsyncAgent(_Core, AsyncAgentMethods):
 
     async def __aexit__(self, *exc: object) -> None:
         await self._do(Close())
+
+
+def _length(r: httpx.Response) -> int | None:
+    """The reply body's declared length, in bytes on the wire (None: not declared)."""
+    declared = r.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else None
+
+
+async def _pieces(req: Http) -> AsyncIterator[bytes]:
+    for piece in req.pieces():
+        yield piece
 
 
 def _sync_method(op: Callable[..., Generator]) -> Callable[..., Any]:

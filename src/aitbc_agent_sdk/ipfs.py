@@ -10,40 +10,46 @@ stored as a safetensors checkpoint). Only the blobs the coordinator lacks are up
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aitbc.storage.unixfs import Added, add_path
 from aitbc_agent_sdk.errors import AgentError, IntegrityFailure, InvalidArgument
-from aitbc_agent_sdk.protocol import AgentState, Http, Offload, Op
+from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress
 
 ASK_BATCH = 10_000  # CIDs per POST /v1/blobs/missing (the coordinator's MAX_ASKED)
 STATE_DICT_FORMAT = "aitbc.state_dict/1"  # the metadata "format" of a stored model or state dict
 
 
-def store_path(self: AgentState, path: str | Path, pin: bool) -> Op[str]:
+def store_path(self: AgentState, path: str | Path, pin: bool, progress: Progress | None = None) -> Op[str]:
     """Store the file or folder at ``path`` (names starting with ``.`` left out, as ``ipfs
-    add -r`` does; symlinks and special files refused) and return its root CID."""
+    add -r`` does; symlinks and special files refused) and return its root CID.
+    ``progress``: stages ``hash`` (the files' bytes) and ``upload`` (the blobs sent)."""
     p = Path(path).expanduser()
-    added: Added = yield Offload(add_path, (p,))
-    yield from _upload(added)
+    hashing = Meter(progress, "hash", None)
+    added: Added = yield Offload(functools.partial(add_path, p, progress=hashing.local()))
+    yield from _upload(added, progress)
     if pin:
         yield Http("POST", f"/blobs/{added.root}/pin", {})
     return added.root
 
 
-def store_data(self: AgentState, data: Any, pin: bool) -> Op[str]:
+def store_data(self: AgentState, data: Any, pin: bool, progress: Progress | None = None) -> Op[str]:
     """Store ``data`` and return its CID: bytes as they are; a torch ``nn.Module`` (its
     state dict) or a state dict (names to tensors) as a safetensors checkpoint (metadata
-    ``format`` = ``aitbc.state_dict/1``; the same tensors give the same bytes, so the same CID)."""
+    ``format`` = ``aitbc.state_dict/1``; the same tensors give the same bytes, so the same CID).
+    ``progress``: stage ``upload`` (0 bytes when the coordinator has the blob)."""
     blob = data if isinstance(data, bytes) else (yield Offload(to_bytes, (data,)))
     from aitbc.storage.cid import cid_of_bytes
 
     cid = yield Offload(cid_of_bytes, (blob,))
     missing = yield Http("POST", "/blobs/missing", {"cids": [cid]})
+    sending = Meter(progress, "upload", len(blob) if missing["missing"] else 0)
     if missing["missing"]:
-        yield Http("PUT", f"/blobs/{cid}", content=blob)
+        yield Http("PUT", f"/blobs/{cid}", content=blob, progress=sending.request())
+    sending.end()
     if pin:
         yield Http("POST", f"/blobs/{cid}/pin", {})
     return cid
@@ -74,21 +80,23 @@ def to_bytes(data: Any) -> bytes:
     )
 
 
-def _upload(added: Added) -> Op[None]:
-    """PUT every blob of ``added`` the coordinator lacks."""
+def _upload(added: Added, progress: Progress | None = None) -> Op[None]:
+    """PUT every blob of ``added`` the coordinator lacks (``progress``: stage ``upload``,
+    their bytes)."""
     cids = list(added.nodes) + [c for c in added.files if c not in added.nodes]
     missing: list[str] = []
     for start in range(0, len(cids), ASK_BATCH):
         reply = yield Http("POST", "/blobs/missing", {"cids": cids[start : start + ASK_BATCH]})
         missing += reply["missing"]
+    sending = Meter(progress, "upload", sum(added.sizes[c] for c in missing))
     for cid in missing:
         if cid in added.nodes:
-            yield Http("PUT", f"/blobs/{cid}", content=added.nodes[cid])
+            yield Http("PUT", f"/blobs/{cid}", content=added.nodes[cid], progress=sending.request())
             continue
         source = added.files[cid]
         blob = yield Offload(source.read_bytes)
         try:
-            yield Http("PUT", f"/blobs/{cid}", content=blob)
+            yield Http("PUT", f"/blobs/{cid}", content=blob, progress=sending.request())
         except AgentError as e:
             if e.code == "cid_mismatch":
                 raise IntegrityFailure(
@@ -96,3 +104,4 @@ def _upload(added: Added) -> Op[None]:
                     f"{source} changed while it was being stored (it no longer hashes to {cid}); store it again",
                 ) from None
             raise
+    sending.end()

@@ -26,7 +26,7 @@ from aitbc_agent_sdk.errors import (
     TrainingFailed,
     WaitTimeout,
 )
-from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Sleep
+from aitbc_agent_sdk.protocol import AgentState, Close, Http, Meter, Offload, Op, Progress, Sleep
 from aitbc_agent_sdk.results import Liveness, Validity
 
 OPERATIONS: dict[str, Callable[..., Op[Any]]] = {}
@@ -215,6 +215,8 @@ def upload_to_ipfs(
     data: Any = None,
     pin: bool = True,
     training_id: str | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> Op[str]:
     """Store a file or a folder (``path``) or ``data`` on the coordinator, content
     addressed as ``ipfs add -r --cid-version=1`` would (a folder is a UnixFS directory:
@@ -227,35 +229,42 @@ def upload_to_ipfs(
     A folder or file uploaded while the agent's current run (``training_id``, default:
     the current run, if any), a run its wallet owns, is ``initializing`` or
     ``distributing`` becomes that run's dataset: it is cut into the run's shards (one per target worker; see
-    :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``."""
+    :meth:`create_data_shards`) and attached, with ``data_source`` ``ipfs://CID``.
+
+    ``progress(stage, done, total)`` (see :data:`aitbc_agent_sdk.Progress`): bytes hashed
+    (``hash``, a path's files) and sent (``upload``); for a run's dataset then
+    ``package`` and ``upload`` again (its shards)."""
     if (path is None) == (data is None):
         raise InvalidArgument("bad_argument", "upload_to_ipfs takes exactly one of path= or data=")
     from aitbc_agent_sdk import ipfs
 
     if path is None:
-        return (yield from ipfs.store_data(self, data, pin))
+        return (yield from ipfs.store_data(self, data, pin, progress))
     p = Path(path).expanduser()
     if not p.exists():
         raise NotFound("not_found", f"no such file or folder: {p}")
-    cid = yield from ipfs.store_path(self, p, pin)
+    cid = yield from ipfs.store_path(self, p, pin, progress)
     tid = yield from _soft_run(self, training_id)
     if tid is not None:
-        yield from _adopt_dataset(self, tid, cid, p)
+        yield from _adopt_dataset(self, tid, cid, p, progress)
     return cid
 
 
 @operation
-def get_from_ipfs(self: AgentState, cid: str) -> Op[bytes]:
+def get_from_ipfs(self: AgentState, cid: str, *, progress: Progress | None = None) -> Op[bytes]:
     """The bytes of the blob ``cid`` on the coordinator: a whole file, or a folder's
     directory node (see :mod:`aitbc.storage.unixfs` to walk one), checked against the CID
     here, so a coordinator cannot hand back something else. Unknown: :class:`NotFound`
-    (``unknown_blob``); not a CID: :class:`InvalidArgument`."""
+    (``unknown_blob``); not a CID: :class:`InvalidArgument`. ``progress``: stage
+    ``download`` (see :data:`aitbc_agent_sdk.Progress`)."""
     from aitbc.storage.cid import is_cid
     from aitbc.storage.unixfs import check_blob
 
     if not isinstance(cid, str) or not is_cid(cid):
         raise InvalidArgument("bad_cid", f"{cid!r} is not a CIDv1 (base32, starts with 'b')")
-    data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    receiving = Meter(progress, "download")
+    data = yield Http("GET", f"/blobs/{cid}", raw=True, progress=receiving.request())
+    receiving.end()
     yield Offload(check_blob, (cid, data))  # an IntegrityError reaches the caller as IntegrityFailure
     return data
 
@@ -263,7 +272,9 @@ def get_from_ipfs(self: AgentState, cid: str) -> Op[bytes]:
 DATA_PHASES = ("initializing", "distributing")
 
 
-def _adopt_dataset(self: AgentState, training_id: str, cid: str, path: Path) -> Op[None]:
+def _adopt_dataset(
+    self: AgentState, training_id: str, cid: str, path: Path, progress: Progress | None = None
+) -> Op[None]:
     """An upload made while the run is initializing or distributing becomes its dataset
     (a run of this agent's wallet only: reading another's run made it current, not ours)."""
     run = yield Http("GET", f"/runs/{training_id}")
@@ -271,7 +282,7 @@ def _adopt_dataset(self: AgentState, training_id: str, cid: str, path: Path) -> 
         return None
     self._datasets[cid] = path
     if run.get("data_source") != f"ipfs://{cid}":
-        yield from _cut(self, run, str(path), run["target_workers"], source=f"ipfs://{cid}")
+        yield from _cut(self, run, str(path), run["target_workers"], source=f"ipfs://{cid}", progress=progress)
     return None
 
 
@@ -309,15 +320,24 @@ def _cut(
     source: str,
     alpha: float | None = None,
     max_bytes: int | None = None,
+    progress: Progress | None = None,
 ) -> Op[dict[str, Any]]:
     """Cut the dataset at ``data_path`` into ``k`` shards and a validation split, upload
-    them and their manifest and attach it to the run (``source``: what it records)."""
+    them and their manifest and attach it to the run (``source``: what it records).
+    ``progress``: ``package`` (total 0 until the pieces are made, then their bytes) and
+    ``upload``."""
     from aitbc.run_data import prepare_run_data  # torch: imported on use
 
     training_id = run["training_id"]
+    packing = Meter(progress, "package")
     rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k, alpha=alpha, max_bytes=max_bytes))
-    for cid, blob in rd.blobs():
-        yield Http("PUT", f"/blobs/{cid}", content=blob)
+    blobs = rd.blobs()
+    size = sum(len(blob) for _, blob in blobs)
+    packing.update(size, size)
+    sending = Meter(progress, "upload", size)
+    for cid, blob in blobs:
+        yield Http("PUT", f"/blobs/{cid}", content=blob, progress=sending.request())
+    sending.end()
     detail = yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": source})
     return {
         "training_id": training_id,
@@ -356,6 +376,7 @@ def upload_data(
     *,
     alpha: float | None = None,
     max_bytes: int | None = None,
+    progress: Progress | None = None,
 ) -> Op[dict[str, Any]]:
     """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
     an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
@@ -365,7 +386,9 @@ def upload_data(
     the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
     :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
     shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
-    dataset_size (declared), dataset, task}``."""
+    dataset_size (declared), dataset, task}``. ``progress(stage, done, total)`` (see
+    :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
+    made, then their bytes), then ``upload`` (bytes sent)."""
     tid = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{tid}")
     k = _shard_count(run, num_shards)
@@ -375,12 +398,17 @@ def upload_data(
         path, source = yield from _dataset_path(self, run)
     else:
         path = source = data_path
-    return (yield from _cut(self, run, path, k, source=source, alpha=alpha, max_bytes=max_bytes))
+    return (yield from _cut(self, run, path, k, source=source, alpha=alpha, max_bytes=max_bytes, progress=progress))
 
 
 @operation
 def create_data_shards(
-    self: AgentState, training_id: str | None = None, num_shards: int | None = None, data_path: str | None = None
+    self: AgentState,
+    training_id: str | None = None,
+    num_shards: int | None = None,
+    data_path: str | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> Op[list[dict[str, Any]]]:
     """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
     initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
@@ -391,7 +419,8 @@ def create_data_shards(
     shard_index}]``; when the run already has that many shards of that dataset they are
     returned as they are. An automatic run has one shard per target worker; a manual
     (owner-driven) run takes any ``num_shards``, and the agent sends each shard's job.
-    :meth:`upload_data` does the same with more options and returns more."""
+    :meth:`upload_data` does the same with more options and returns more (``progress``
+    as there)."""
     tid = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{tid}")
     if run["status"] not in DATA_PHASES:
@@ -406,7 +435,7 @@ def create_data_shards(
             {"shard_id": sh["shard_id"], "samples": sh["samples"], "shard_index": sh["shard_index"]}
             for sh in shards["data"]
         ]
-    up = yield from upload_data(self, tid, data_path, k)
+    up = yield from upload_data(self, tid, data_path, k, progress=progress)
     return [
         {"shard_id": c, "samples": n, "shard_index": i}
         for i, (c, n) in enumerate(zip(up["shards"], up["shard_samples"]))
@@ -997,12 +1026,18 @@ def get_results(self: AgentState, training_id: str | None = None) -> Op[dict[str
 
 @operation
 def download_model(
-    self: AgentState, training_id: str | None = None, path: str | Path | None = None, round: int | None = None
+    self: AgentState,
+    training_id: str | None = None,
+    path: str | Path | None = None,
+    round: int | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> Op[dict[str, Any]]:
     """Write the run's model (``round``: that round's checkpoint; default the latest) to
     the file ``path`` as a safetensors checkpoint, verified against its CID first; the
     file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
-    :class:`Conflict` (``no_model``); no such round: :class:`NotFound`."""
+    :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
+    ``download`` (see :data:`aitbc_agent_sdk.Progress`)."""
     if path is None:
         raise InvalidArgument("bad_argument", "download_model needs path=, the file to write")
     training_id = yield from resolve_run(self, training_id)
@@ -1023,16 +1058,18 @@ def download_model(
         cid = match[0]
     if cid is None:
         raise Conflict("no_model", f"run {training_id} has no model yet (status {res['status']})")
-    data = yield from _download(cid)
+    data = yield from _download(cid, progress)
     yield Offload(_write_whole, (out, data))
     return {"training_id": training_id, "path": str(out), "cid": cid, "bytes": len(data)}
 
 
-def _download(cid: str) -> Op[bytes]:
+def _download(cid: str, progress: Progress | None = None) -> Op[bytes]:
     """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
     from aitbc.storage.cid import cid_of_bytes
 
-    data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    receiving = Meter(progress, "download")
+    data = yield Http("GET", f"/blobs/{cid}", raw=True, progress=receiving.request())
+    receiving.end()
     actual = yield Offload(cid_of_bytes, (data,))
     if actual != cid:
         raise IntegrityFailure("integrity", f"blob {cid} from the coordinator does not hash to its CID (got {actual})")

@@ -5,7 +5,7 @@ only differ in how they carry a request out (blocking vs ``await``)."""
 from __future__ import annotations
 
 import json as _json
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -18,6 +18,20 @@ from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import AgentError, IntegrityFailure, InvalidArgument, NotFound, error_for
 
 T = TypeVar("T")
+
+Progress = Callable[[str, int, int], None]
+# what Progress means (docs/SDK.md prints it: an alias has no docstring of its own)
+PROGRESS_DOC = """``progress(stage, done, total)``: how far an operation that moves bytes has come, in
+bytes. Stages follow one another (``hash``: files read and hashed into CIDs; ``package``: a
+dataset cut into shards, ``total`` 0 until it is done; ``upload``; ``download``); a call
+naming another stage than the last starts that stage, whose ``done`` rises from 0 to its
+``total``, the last call of each having ``done == total``. ``total`` is known from the
+stage's first call, except a download's (0 until the reply's length is in) and
+``package``'s. Called from the thread doing the work (``AsyncAgent``: a worker thread while
+hashing or packaging); it should return quickly, and an exception it raises ends the
+operation."""
+
+CHUNK = 256 << 10  # bytes per piece of an upload whose progress is reported
 
 
 class AgentState(Protocol):
@@ -45,6 +59,9 @@ class Http:
     content: bytes | None = None  # a raw body (blob upload: the payload is not signed)
     sign: bool = True
     raw: bool = False
+    # called as the body moves (the upload's bytes sent, or a raw reply's received) with
+    # (bytes so far, the body's length: None for a reply that does not declare it)
+    progress: Callable[[int, int | None], None] | None = field(default=None, compare=False)
 
     def target(self) -> str:
         t = "/v1" + self.path
@@ -62,6 +79,72 @@ class Http:
         if self.content is not None:
             return {"content-type": "application/octet-stream"}
         return {"content-type": "application/json"} if self.json is not None else {}
+
+    def pieces(self) -> Iterator[bytes]:
+        """The raw body in :data:`CHUNK` pieces, reporting each once it is taken (sent)."""
+        data = self.content or b""
+        total = len(data)
+        for start in range(0, total, CHUNK):
+            piece = data[start : start + CHUNK]
+            yield piece
+            if self.progress is not None:
+                self.progress(start + len(piece), total)
+        if not total and self.progress is not None:
+            self.progress(0, 0)
+
+    @property
+    def streams_upload(self) -> bool:
+        return self.progress is not None and self.content is not None
+
+    @property
+    def streams_reply(self) -> bool:
+        return self.progress is not None and self.raw
+
+
+class Meter:
+    """One stage of a :data:`Progress`: bytes done of ``total`` over one or more requests or
+    local steps; reports ``(stage, 0, total)`` when made (``total`` None: at its first
+    update instead). Reports nothing when ``progress`` is None."""
+
+    def __init__(self, progress: Progress | None, stage: str, total: int | None = 0) -> None:
+        self.progress, self.stage, self.total, self.done = progress, stage, total or 0, 0
+        if progress is not None and total is not None:  # None: the first update starts it
+            progress(stage, 0, total)
+
+    def add(self, n: int) -> None:
+        """``n`` more bytes done (a local step's)."""
+        self.update(self.done + n)
+
+    def update(self, done: int, total: int | None = None) -> None:
+        if self.progress is None:
+            return
+        if total is not None:
+            self.total = total
+        self.done = max(self.done, done)
+        self.total = max(self.total, self.done)
+        self.progress(self.stage, self.done, self.total)
+
+    def local(self) -> Callable[[int, int], None] | None:
+        """For a local step that reports ``(done, total)`` of its own: the stage's."""
+        return None if self.progress is None else self.update
+
+    def request(self) -> Callable[[int, int | None], None] | None:
+        """For one :class:`Http` whose body moves: its bytes add to the stage's from where it
+        stands (a download's declared length becomes the stage's total)."""
+        if self.progress is None:
+            return None
+        base = self.done
+
+        def moved(n: int, length: int | None) -> None:
+            self.update(base + n, None if length is None else max(self.total, base + length))
+
+        return moved
+
+    def end(self) -> None:
+        """The stage is over: ``done`` is its total (a reply that declared no length)."""
+        if self.progress is not None and self.done != self.total:
+            self.total = self.done
+            self.progress(self.stage, self.done, self.total)
 
 
 @dataclass(frozen=True)

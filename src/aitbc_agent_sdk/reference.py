@@ -11,6 +11,7 @@ from aitbc_agent_sdk import errors
 from aitbc_agent_sdk.clients import Agent
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.operations import OPERATIONS
+from aitbc_agent_sdk.protocol import PROGRESS_DOC
 from aitbc_agent_sdk.stub import parameters, returns
 
 
@@ -54,6 +55,16 @@ def render() -> str:
             _doc(getattr(Agent, name)),
             "",
         ]
+    out += [
+        "## Progress",
+        "",
+        "```python",
+        "Progress = Callable[[str, int, int], None]  # aitbc_agent_sdk.Progress",
+        "```",
+        "",
+        inspect.cleandoc(PROGRESS_DOC),
+        "",
+    ]
     out += ["## Errors", ""]
     for name, cls in sorted(vars(errors).items()):
         if isinstance(cls, type) and issubclass(cls, errors.AgentError):

@@ -30,6 +30,7 @@ IMPORTS = {
     "Liveness": "aitbc_agent_sdk.results",
     "Validity": "aitbc_agent_sdk.results",
     "Outcome": "aitbc_agent_sdk.results",
+    "Progress": "aitbc_agent_sdk.protocol",
 }
 _RETURN = re.compile(r"^Op\[(?P<t>.+)\]$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")

@@ -20,10 +20,11 @@ from typing import Annotated, Any
 import typer
 
 from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, err, resolve_home
+from aitbc.cli.progress import MIN_ADD_BYTES, at_terminal, bars
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import parse_cid
-from aitbc.storage.unixfs import add_path, is_dir_block, list_dir, resolve, split_path, walk
+from aitbc.storage.unixfs import add_path, input_bytes, is_dir_block, list_dir, resolve, split_path, walk
 
 app = typer.Typer(
     help="Files and folders named by their IPFS CIDv1 (as `ipfs add --cid-version=1`, `-r` for folders).",
@@ -83,17 +84,29 @@ def add(
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Store a file, or a folder with -r, and print its CID (kubo's for the same input;
-    like `ipfs add -r`, names starting with '.' are left out unless --hidden)."""
+    like `ipfs add -r`, names starting with '.' are left out unless --hidden). At a
+    terminal, an input of 8 MiB or more shows its hashing and storing on standard error."""
     if path.is_dir() and not path.is_symlink() and not recursive:
         raise UsageError(f"{path} is a folder; add it with -r (aitbc ipfs add -r {path})")
     if not path.exists() and not path.is_symlink():
         raise NotFoundError(f"no such file: {path}")
-    added = add_path(path, hidden=hidden)
-    blobs: list[tuple[str, bytes | Path]] = [*added.nodes.items(), *added.files.items()]
-    try:
-        _store(home).put_many(blobs)
-    except IntegrityError as e:
-        raise AitbcError(f"{e}; add it again") from None
+    large = at_terminal(json_out) and input_bytes(path, hidden=hidden) >= MIN_ADD_BYTES
+    with bars(json_out, show=large) as report:
+        hashed = None if report is None else (lambda done, total: report("hash", done, total))
+        added = add_path(path, hidden=hidden, progress=hashed)
+        blobs: list[tuple[str, bytes | Path]] = [*added.nodes.items(), *added.files.items()]
+        stored = 0
+
+        def written(n: int) -> None:
+            nonlocal stored
+            stored += n
+            if report is not None:
+                report("store", stored, max(stored, added.size))
+
+        try:
+            _store(home).put_many(blobs, progress=None if report is None else written)
+        except IntegrityError as e:
+            raise AitbcError(f"{e}; add it again") from None
     if json_out:
         entries = [{"path": p, "cid": c} for p, c in added.entries]
         typer.echo(json.dumps({"cid": added.root, "bytes": added.size, "blobs": len(added.sizes), "entries": entries}))

@@ -124,18 +124,23 @@ class LocalBlobStore:
             w.write(data)
             return w.commit()
 
-    def put_many(self, blobs: Iterable[tuple[str, bytes | Path]]) -> list[str]:
+    def put_many(
+        self, blobs: Iterable[tuple[str, bytes | Path]], *, progress: Callable[[int], None] | None = None
+    ) -> list[str]:
         """Store many blobs (a folder's nodes and files: bytes, or a file to copy) under the
         CIDs claimed for them, skipping those held; returns the CIDs stored. Each is
         written to a temporary file and checked against its CID; then one ``os.sync``
         makes them all durable before they are renamed into place (one fsync per blob
         made adding a folder of small files ten times slower). A mismatch (a file changed
-        since it was hashed) stores none of them."""
+        since it was hashed) stores none of them. ``progress(n)``: called with the bytes of
+        each piece written (a held blob's as it is skipped), so their sum is every blob's."""
         self.dir.mkdir(parents=True, exist_ok=True)
         pending: list[tuple[Path, str]] = []
         try:
             for cid, source in blobs:
                 if self.has(cid) or any(c == cid for _, c in pending):
+                    if progress is not None:
+                        progress(source.stat().st_size if isinstance(source, Path) else len(source))
                     continue
                 hasher = BlobHasher()
                 fd, temp = _new_temp(self.dir)
@@ -143,11 +148,13 @@ class LocalBlobStore:
                 with os.fdopen(fd, "wb") as f:
                     if isinstance(source, Path):
                         with source.open("rb") as src:
-                            _copier(src, hasher, self._check_size)(f)
+                            _copier(src, hasher, self._check_size, progress)(f)
                     else:
                         self._check_size(len(source))
                         hasher.update(source)
                         f.write(source)
+                        if progress is not None:
+                            progress(len(source))
                 if not hasher.matches(cid):
                     what = source if isinstance(source, Path) else "a blob"
                     raise IntegrityError(f"{what} changed while it was being stored: it no longer hashes to {cid}")
@@ -445,11 +452,15 @@ def _write_temp(directory: Path, write: Callable[[BinaryIO], object]) -> Path:
 
 
 def _copier(
-    source: BinaryIO, hasher: CidHasher | BlobHasher, limit: Callable[[int], None] | None = None
+    source: BinaryIO,
+    hasher: CidHasher | BlobHasher,
+    limit: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Callable[[BinaryIO], None]:
     """A ``write`` for :func:`_write_temp` that copies ``source`` and hashes what it copies.
 
-    ``limit`` is called with the running size and may raise to stop the copy.
+    ``limit`` is called with the running size and may raise to stop the copy; ``progress``
+    with each block's bytes once written.
     """
 
     def copy(f: BinaryIO) -> None:
@@ -458,6 +469,8 @@ def _copier(
             if limit is not None:
                 limit(hasher.size)
             f.write(block)
+            if progress is not None:
+                progress(len(block))
 
     return copy
 

@@ -307,9 +307,24 @@ def _refuse(path: Path, what: str) -> UsageError:
     return UsageError(f"{path} is {what}; only regular files and folders can be added")
 
 
-def add_path(path: str | Path, *, hidden: bool = False) -> Added:
-    """The DAG of the file or folder at ``path`` (see the module's docstring)."""
+def add_path(path: str | Path, *, hidden: bool = False, progress: Callable[[int, int], None] | None = None) -> Added:
+    """The DAG of the file or folder at ``path`` (see the module's docstring).
+
+    ``progress(done, total)``: called as the files are read, with the bytes hashed so far
+    and :func:`input_bytes` (counted first; raised to ``done`` should a file grow meanwhile),
+    from 0 up to the total."""
     path = Path(path)
+    on_read: Callable[[int], None] | None = None
+    if progress is not None:
+        total, done = input_bytes(path, hidden=hidden), 0
+        progress(0, total)
+
+        def on_read(n: int) -> None:
+            nonlocal done, total
+            done += n
+            total = max(total, done)
+            progress(done, total)
+
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -318,21 +333,49 @@ def add_path(path: str | Path, *, hidden: bool = False) -> Added:
     if stat.S_ISLNK(st.st_mode):
         raise _refuse(path, "a symlink")
     if stat.S_ISDIR(st.st_mode):
-        root = _add_dir(path, "", added, hidden, 0)
+        root = _add_dir(path, "", added, hidden, 0, on_read)
     elif stat.S_ISREG(st.st_mode):
-        root = _add_file(path, "", added)
+        root = _add_file(path, "", added, on_read)
     else:
         raise _refuse(path, "a special file (device, pipe or socket)")
     added.root = str(root.cid)
     return added
 
 
-def _add_file(path: Path, rel: str, added: Added) -> _Child:
+def input_bytes(path: str | Path, *, hidden: bool = False) -> int:
+    """Bytes of the files :func:`add_path` reads for ``path`` (names starting with ``.``
+    left out unless ``hidden``; what it would refuse counts 0): a look at sizes only."""
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if not stat.S_ISDIR(st.st_mode):
+        return 0
+    total = 0
+    for top, dirs, files in os.walk(path):
+        if not hidden:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if hidden or not name.startswith("."):
+                try:
+                    fst = os.lstat(os.path.join(top, name))
+                except OSError:
+                    continue
+                total += fst.st_size if stat.S_ISREG(fst.st_mode) else 0
+    return total
+
+
+def _add_file(path: Path, rel: str, added: Added, on_read: Callable[[int], None] | None = None) -> _Child:
     hasher = CidHasher()
     try:
         with path.open("rb") as f:
             while block := f.read(_READ_SIZE):
                 hasher.update(block)
+                if on_read is not None:
+                    on_read(len(block))
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
     cid = str(hasher.cid())
@@ -342,7 +385,9 @@ def _add_file(path: Path, rel: str, added: Added) -> _Child:
     return _Child(b"", hasher.cid(), hasher.tsize)
 
 
-def _add_dir(path: Path, rel: str, added: Added, hidden: bool, depth: int) -> _Child:
+def _add_dir(
+    path: Path, rel: str, added: Added, hidden: bool, depth: int, on_read: Callable[[int], None] | None = None
+) -> _Child:
     if depth >= MAX_DEPTH:
         raise UsageError(f"{path}: folders nested over {MAX_DEPTH} deep")
     children: list[_Child] = []
@@ -362,9 +407,9 @@ def _add_dir(path: Path, rel: str, added: Added, hidden: bool, depth: int) -> _C
         if entry.is_symlink():
             raise _refuse(child_path, "a symlink")
         if entry.is_dir(follow_symlinks=False):
-            child = _add_dir(child_path, sub, added, hidden, depth + 1)
+            child = _add_dir(child_path, sub, added, hidden, depth + 1, on_read)
         elif entry.is_file(follow_symlinks=False):
-            child = _add_file(child_path, sub, added)
+            child = _add_file(child_path, sub, added, on_read)
         else:
             raise _refuse(child_path, "a special file (device, pipe or socket)")
         children.append(_Child(name, child.cid, child.tsize))
