@@ -12,7 +12,7 @@ from aitbc.coordinator import dashboard, repository
 from aitbc.coordinator.api.dashboard_models import DashboardRunDetail, DashboardRuns
 from aitbc.coordinator.api.deps import CtxDep, SessionDep
 from aitbc.coordinator.api.responses import errors
-from aitbc.coordinator.web import STATIC_DIR
+from aitbc.coordinator.web import RUN_PAGE, STATIC_DIR
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"])
 pages = APIRouter(include_in_schema=False)
@@ -50,7 +50,7 @@ def index() -> HTMLResponse:
     return _page()
 
 
-@pages.get("/runs/{run_id}")
+@pages.get(RUN_PAGE)
 def run_view(run_id: str) -> HTMLResponse:
     """The same page; its script reads the run's id from the address and asks the JSON route."""
     return _page()

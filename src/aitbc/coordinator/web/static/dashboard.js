@@ -55,6 +55,7 @@
 
   function ago(seconds) {
     if (seconds === null || seconds === undefined) return "–";
+    seconds = Math.max(0, seconds); // a heartbeat the coordinator counted after it read its clock
     return seconds < 60 ? `${seconds.toFixed(1)} s ago` : `${Math.round(seconds / 60)} min ago`;
   }
 
@@ -146,9 +147,9 @@
       node.dataset.points = String(run.curves.length);
       if (typeof window.uPlot !== "function") continue; // the library failed to load: the numbers still show
       if (!charts[id]) {
-        const axes = [{}, { size: 56, values: id === "chart-bytes" ? (u, ticks) => ticks.map(bytes) : undefined }];
+        const y = id === "chart-bytes" ? { size: 74, values: (u, ticks) => ticks.map(bytes) } : { size: 48 };
         charts[id] = new window.uPlot(
-          { ...size(node), series: chartSpec(id), axes, scales: { x: { time: false } }, legend: { live: true } },
+          { ...size(node), series: chartSpec(id), axes: [{}, y], scales: { x: { time: false } }, legend: { live: false } },
           data,
           node,
         );
@@ -170,7 +171,9 @@
     $("workers-count").textContent = `(${workers.length})`;
     const rows = workers.map((w) => {
       const status = el("td", {}, el("span", { class: `badge ${w.status || ""}` }, w.status || "–"));
-      if (w.contract_status !== "working") status.append(" ", el("span", { class: "muted" }, w.contract_status));
+      if (!["working", w.status].includes(w.contract_status)) {
+        status.append(" ", el("span", { class: "muted" }, w.contract_status));
+      }
       if (w.end_reason) status.append(el("div", { class: "reason" }, w.end_reason));
       const progress = w.progress ?? 0;
       const bar = el("div", { class: "bar" }, el("span", { "data-progress": Math.round(progress) }));
@@ -188,7 +191,7 @@
         el("td", { class: "num" }, w.score === null ? "–" : num(w.score, 2)),
         el("td", { class: "num", title: `${w.rounds_accepted}/${w.rounds_scored} rounds accepted` }, ait(w.paid_micro)),
         flags,
-        el("td", { class: "muted" }, ago(w.last_heartbeat_age)),
+        el("td", { class: "muted seen" }, ago(w.last_heartbeat_age)),
       );
     });
     $("workers").tBodies[0].replaceChildren(...rows);

@@ -1,0 +1,145 @@
+"""The dashboard in a real browser: Debian's Chromium (driven by playwright) loads the page
+of a live run on a real coordinator with real workers, one of them Byzantine. The loss
+curve gains points as rounds close, the worker table shows every worker, the attacker's
+flag appears in its row, no CID of the run is on the page, and an owner's markup (a job's
+end reason) is shown as text, never run. Screenshots go to ``$AITBC_ARTIFACTS``
+(default ``test-artifacts/`` in the repository).
+
+Without chromium on PATH (or playwright) the test is skipped with the reason, unless
+``AITBC_REQUIRE_BROWSER=1`` (CI sets it) makes that a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from aitbc_agent_sdk import Agent, AgentConfig
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("AITBC_ARTIFACTS") or REPO / "test-artifacts")
+MARKUP = '<img src=x onerror="window.pwned=1"><script>window.pwned=1</script>'
+ROUNDS = 8
+
+
+def _browser_or_skip() -> str:
+    """Chromium's path; a skip (or, with AITBC_REQUIRE_BROWSER=1, a failure) without it."""
+    why = None
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        why = "no chromium on PATH (Debian: apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            why = "playwright is not installed (pip install -e '.[test]')"
+    if why is None:
+        return chromium
+    if os.environ.get("AITBC_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"AITBC_REQUIRE_BROWSER=1 but {why}")
+    pytest.skip(why)
+
+
+def _until(cond, what: str, timeout: float = 60):
+    """``cond()``'s first truthy value, polled every 0.1 s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not seen in {timeout} s")
+
+
+def _at_least(n: int, low: int) -> int | None:
+    return n if n >= low else None
+
+
+def _run_cids(stack, run_id: str) -> set[str]:
+    """Every CID the run's record names: the manifest, shards, checkpoints, the model, updates."""
+    (manifest_cid, global_cid) = stack.rows("SELECT manifest_cid, global_cid FROM runs WHERE id = :r", r=run_id)[0]
+    cids = {manifest_cid, global_cid}
+    cids |= {c for (c,) in stack.rows("SELECT shard_cid FROM jobs WHERE run_id = :r", r=run_id)}
+    cids |= {c for (c,) in stack.rows("SELECT checkpoint_cid FROM rounds WHERE run_id = :r", r=run_id)}
+    cids |= {c for (c,) in stack.rows("SELECT cid FROM updates WHERE run_id = :r", r=run_id)}
+    return {c for c in cids if c}
+
+
+def test_dashboard_follows_a_live_run_in_chromium(stack):
+    chromium = _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    out = ARTIFACTS / "dashboard"
+    out.mkdir(parents=True, exist_ok=True)
+    stack.start_coordinator()
+    for i in range(3):
+        stack.start_worker(f"honest{i}", price=f"1.{i}0", max_bond="5", funds="10", step_delay=0.04)
+    stack.start_worker("byz", price="0.50", max_bond="5", funds="10", attack="sign-flip", step_delay=0.04)
+    stack.wait_offers(4)
+    run_id = stack.init_run("--bond", "2", workers=4)
+    stack.start_run(run_id, workers=4, rounds=ROUNDS, local_steps=20, aggregator="trimmed-mean:beta=0.25")
+    workers = {stack.worker_id(n) for n in ("honest0", "honest1", "honest2", "byz")}
+    byz = stack.worker_id("byz")
+
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(f"{stack.url}/runs/{run_id}")
+            assert page.title() == "aitbc dashboard"
+
+            # The curve gains points as rounds close: read its count at two times. (Read from
+            # Python: the page's policy forbids the string evaluation of wait_for_function.)
+            chart = page.locator("#chart-loss")
+            first = _until(lambda: _at_least(int(chart.get_attribute("data-points")), 2), "round 1 on the curve")
+            assert page.locator("#points").inner_text() == str(first)
+            page.screenshot(path=str(out / "1-first-rounds.png"))
+            second = _until(lambda: _at_least(int(chart.get_attribute("data-points")), first + 1), "another round")
+            assert second > first and page.locator("#chart-loss canvas").count() == 1  # uPlot drew it
+            assert first < ROUNDS + 1, "the run had ended before the page first looked"
+
+            # Every worker has its row; the attacker's flag appears in its own.
+            rows = page.locator("#workers tbody tr")
+            _until(lambda: rows.count() == 4, "four rows in the worker table")
+            shown = {rows.nth(i).get_attribute("data-worker-id") for i in range(rows.count())}
+            assert shown == workers
+            flag = page.locator(f'#workers tr[data-worker-id="{byz}"] .flag', has_text="harmful")
+            flag.wait_for(timeout=60_000)
+            honest_flags = page.locator("#workers tr:not([data-worker-id='" + byz + "']) .flag", has_text="harmful")
+            assert honest_flags.count() == 0
+            head = page.locator("#ledger dd").nth(2)  # network, entries, head
+            assert len(head.inner_text()) == 64 and int(page.locator("#ledger dd").nth(1).inner_text()) > 0
+            page.screenshot(path=str(out / "2-live-run.png"))  # the README's picture (docs/dashboard.png)
+
+            # No CID of the run anywhere on the rendered page.
+            html = page.content()
+            cids = _run_cids(stack, run_id)
+            assert len(cids) >= 4 + 2 and not [c for c in cids if c in html]
+
+            # An owner's words are data: a job's end reason with markup shows as text and runs nothing.
+            honest = stack.worker_id("honest2")
+            owner = Agent(
+                AgentConfig(
+                    name="owner", wallet_name="my-agent-wallet", coordinator_url=stack.url, home=stack.root / "owner"
+                )
+            )
+            with owner:
+                owner.mark_worker_failed(honest, reason=MARKUP, training_id=run_id)
+            reason = page.locator(f'#workers tr[data-worker-id="{honest}"] .reason')
+            reason.wait_for(timeout=30_000)
+            assert reason.inner_text() == MARKUP
+            time.sleep(2)  # two more polls: anything the markup could run has had its chance
+            assert page.evaluate("window.pwned") is None
+            assert page.locator("#workers img, #workers script").count() == 0
+            page.screenshot(path=str(out / "3-markup-as-text.png"), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []  # no script error, no Content-Security-Policy refusal
