@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -52,6 +53,9 @@ def test_up_status_down_stops_exactly_the_stack(home_stack):
     assert up.returncode == 0, up.stderr
     assert "2 workers in the marketplace" in up.stdout
     recorded = json.loads((home / "stack.json").read_text())
+    assert f"Dashboard: {recorded['coordinator']}/\n" in up.stdout  # the page it serves
+    page = httpx.get(recorded["coordinator"] + "/", timeout=10)
+    assert page.status_code == 200 and "aitbc dashboard" in page.text
     procs = [stk.Proc(**p) for p in recorded["processes"]]
     assert [p.name for p in procs] == ["coordinator", "worker-1", "worker-2"]
     assert all(stk.is_ours(p) for p in procs)  # they outlive the `up` command
@@ -245,6 +249,9 @@ def test_demo_end_to_end(home_stack):
     start, end = map(float, summary["validation loss"].split(" -> "))
     assert end < start
     assert summary["model CID"].startswith("bafkrei") and summary["model CID"] in out.split("Demo summary")[0]
+    run_id = summary["training id"]
+    assert re.search(r"^Dashboard: http://127\.0\.0\.1:\d+/$", out, re.M)
+    assert re.search(rf"^Watch it live: http://127\.0\.0\.1:\d+/runs/{run_id}$", out, re.M)
     assert summary["rounds done by worker-1 (RTX4090, 1.60 AIT)"].startswith("2 ")
     assert summary["rounds done by worker-2 (RTX3090, 1.20 AIT)"].startswith("2 ")
     assert (home / "demo-model.safetensors").stat().st_size > 0

@@ -27,6 +27,7 @@ from aitbc import stack as stk
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, agent, err, out, resolve_home
 from aitbc.cli.options import LocalSteps, Rounds
+from aitbc.coordinator.web import dashboard_url
 from aitbc.errors import AitbcError
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ def _print_up(st: stk.Stack, seconds: float) -> None:
         highlight=False,
     )
     out.print(_processes_table(st))
+    out.print(f"Dashboard: {dashboard_url(st.coordinator)}", highlight=False)
 
 
 def down(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
@@ -241,6 +243,7 @@ def demo(
                     f"{len(st.workers)} workers",
                     highlight=False,
                 )
+                out.print(f"Dashboard: {dashboard_url(st.coordinator)}", highlight=False)
                 workers = len(st.workers)
             _owner_workflow(
                 st,
@@ -330,6 +333,7 @@ def _owner_workflow(
     out.print(
         f"Training ID: {run_id}  (model {model}, {workers} target workers, bond {DEMO_BOND} AIT each)", highlight=False
     )
+    out.print(f"Watch it live: {dashboard_url(url, run_id)}", highlight=False)
 
     _step(3, 7, f"upload-data: shard {dataset!r} into {workers} shards, content-addressed")
     training.upload_data(training_id=run_id, data_path=dataset, **common)
