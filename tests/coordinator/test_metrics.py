@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,20 @@ def test_two_apps_in_one_process_keep_their_own_counts(fresh_server, new_coordin
     with fresh_server.http() as a, other.http() as b:
         assert scrape(a)["aitbc_heartbeats_total"] == {(): 1.0}
         assert scrape(b)["aitbc_heartbeats_total"] == {(): 0.0}
+
+
+def test_a_flood_of_scrapes_shares_one_reading_of_the_record(fresh_server, api):
+    """/metrics is unsigned: scrapes within a second of each other reuse one reading of the
+    database (its queries grow with the tables); the process's own counters stay live."""
+    worker = api.register_worker(fresh_server, "w")
+    with fresh_server.http() as http:
+        first = scrape(http)
+        worker.post("/workers/heartbeat", {})
+        api.register_worker(fresh_server, "w2")
+        again = scrape(http)
+        assert again["aitbc_record_scrape_seconds"] == first["aitbc_record_scrape_seconds"]  # the same reading
+        assert by(again["aitbc_workers"], "status")["online"] == 1.0  # as read before the second worker came
+        assert again["aitbc_heartbeats_total"] == {(): 1.0}  # the process's counter is not cached
+        time.sleep(1.1)
+        later = scrape(http)
+    assert by(later["aitbc_workers"], "status")["online"] == 2.0

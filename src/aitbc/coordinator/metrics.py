@@ -23,6 +23,8 @@ per-worker figures are in the ``/v1`` views and the dashboard).
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -201,15 +203,34 @@ FLAG_KINDS = (
 )
 
 
+MIN_SCRAPE_INTERVAL = 1.0  # seconds: scrapes closer together than this share one reading of the record
+
+
 class RecordCollector(Collector):
     """The metrics the database holds, counted at each scrape (one aggregate query per family,
     all in one read transaction); the number of live workers comes from the in-memory
-    heartbeats, as the lease judges them."""
+    heartbeats, as the lease judges them.
 
-    def __init__(self, ctx: Context) -> None:
+    ``/metrics`` is unsigned and a reading costs queries that grow with the tables, so
+    readings are at least ``min_interval`` seconds apart: a flood of scrapes waits for the
+    one reading in progress and shares it, and the database sees at most one per interval."""
+
+    def __init__(self, ctx: Context, *, min_interval: float = MIN_SCRAPE_INTERVAL) -> None:
         self.ctx = ctx
+        self.min_interval = min_interval
+        self._lock = threading.Lock()
+        self._read_at = -math.inf
+        self._last: list[Metric] = []
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.min_interval:
+                self._last = self._read()
+                self._read_at = time.monotonic()
+            families = self._last
+        yield from families
+
+    def _read(self) -> list[Metric]:
         t0 = time.perf_counter()
         try:
             families = list(self._families())
@@ -218,13 +239,11 @@ class RecordCollector(Collector):
             families, ok = [], 0
         else:
             ok = 1
-        yield from families
         up = GaugeMetricFamily("aitbc_record_up", "1 if this scrape could read the database, else 0")
         up.add_metric([], ok)
-        yield up
-        took = GaugeMetricFamily("aitbc_record_scrape_seconds", "Seconds this scrape's database queries took")
+        took = GaugeMetricFamily("aitbc_record_scrape_seconds", "Seconds the last reading's database queries took")
         took.add_metric([], time.perf_counter() - t0)
-        yield took
+        return [*families, up, took]
 
     def _families(self) -> Iterator[Metric]:
         ctx = self.ctx
@@ -247,9 +266,13 @@ class RecordCollector(Collector):
                 rounds,
             )
 
-            code = reason_case(Update.reason)
-            rows = s.execute(select(Update.status, code, func.count()).group_by(Update.status, code)).all()
-            by_status = _known(UPDATE_STATUSES, [(st, n) for st, _, n in rows])
+            statuses = s.execute(select(Update.status, func.count()).group_by(Update.status)).all()
+            by_status = _known(UPDATE_STATUSES, statuses)
+            code = reason_case(Update.reason)  # only over the rejected rows: the CASE is the costly part
+            rejected = s.execute(
+                select(code, func.count()).where(Update.status == UpdateStatus.REJECTED).group_by(code)
+            ).all()
+            by_reason = _known(REASON_CODES, rejected)
             yield _counter(
                 "aitbc_updates",
                 "Updates on record, by status: accepted, rejected (provably bad), excluded (left out by the "
@@ -258,7 +281,6 @@ class RecordCollector(Collector):
                 (*UPDATE_STATUSES, OTHER),
                 by_status,
             )
-            by_reason = _known(REASON_CODES, [(c, n) for st, c, n in rows if st == UpdateStatus.REJECTED])
             yield _counter(
                 "aitbc_updates_rejected",
                 "Rejected updates by reason: non_finite (NaN/Inf), norm_bound (norm over the reject bound), "
