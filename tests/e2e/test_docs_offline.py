@@ -97,6 +97,9 @@ def test_pages_name_only_their_own_assets(coordinator: str) -> None:
                 assert asset.status_code == 200, (page, url, asset.status_code)
                 assert asset.headers["content-type"].startswith(_expected_type(url)), (url, asset.headers)
                 assert asset.content, url
+        # the prefix is the server's setting, never a client's header
+        forged = http.get("/docs", headers={"X-Forwarded-Prefix": "https://evil.example", "X-Script-Name": "/x"})
+        assert referenced(forged.text) == referenced(http.get("/docs").text)
         # the pages are for people, not part of the API's document
         paths = http.get("/openapi.json").json()["paths"]
         assert not [p for p in paths if not p.startswith("/v1/")], paths
