@@ -53,6 +53,7 @@ from aitbc.cli.options import (
     Rounds,
     Seed,
 )
+from aitbc.cli.progress import bars
 from aitbc.core.options import parse_kv
 from aitbc.errors import AitbcError, NotFoundError, UsageError
 from aitbc.units import format_price
@@ -256,8 +257,9 @@ def upload_data(
     with (
         _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
         checks.naming_flags("alpha", "max_bytes", data_path="--data-path"),
+        bars(json_out) as progress,  # packaging, uploading: on stderr, at a terminal only
     ):
-        up = a.upload_data(training_id, data_path, alpha=alpha, max_bytes=max_bytes)
+        up = a.upload_data(training_id, data_path, alpha=alpha, max_bytes=max_bytes, progress=progress)
     if json_out:
         keys = ("training_id", "manifest_cid", "shards", "val_cid", "samples", "data_bytes", "dataset")
         _emit_json({k: up[k] for k in keys})
@@ -754,8 +756,8 @@ def download_model(
 ) -> None:
     """Download the model (a safetensors checkpoint), verified against its CID."""
     home = resolve_home(home)
-    with _agent(home, coordinator, training_id) as a:
-        res = a.download_model(training_id, output, round=round)
+    with _agent(home, coordinator, training_id) as a, bars(json_out) as progress:
+        res = a.download_model(training_id, output, round=round, progress=progress)
     if json_out:
         _emit_json(res)
     else:
