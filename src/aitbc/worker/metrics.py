@@ -78,9 +78,3 @@ class WorkerMetrics:
         except OSError as e:
             why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
             raise AitbcError(f"--metrics-port {port}: cannot listen on {host}:{port}: {why}") from None
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
