@@ -11,9 +11,11 @@ coordinator a run belongs to in ``HOME/runs/<id>.json`` so the later commands ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -59,6 +61,7 @@ from aitbc.errors import AitbcError, NotFoundError, UsageError
 from aitbc.units import format_price
 
 if TYPE_CHECKING:
+    from aitbc.trackers import TensorBoardLog
     from aitbc_agent_sdk import Agent
 
 app = typer.Typer(
@@ -72,6 +75,15 @@ RunIdOpt = Annotated[
     str, typer.Option("--training-id", help="The run, as printed by init (training_...).", show_default=False)
 ]
 WalletOpt = Annotated[str | None, typer.Option("--wallet", help="Owner's wallet (default: the one init used).")]
+LogToOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-to",
+        help="Also write each closed round's metrics to an experiment tracker, from this machine as rounds "
+        "close: tensorboard:DIR (TensorBoard event files; needs the extra: pip install 'aitbc[tensorboard]').",
+        show_default=False,
+    ),
+]
 
 
 # --- plumbing -----------------------------------------------------------------------
@@ -363,12 +375,15 @@ def distribute(
         int | None, typer.Option(help="Most workers, joiners included (default: target workers).")
     ] = None,
     eval_every: EvalEvery = defaults.EVAL_EVERY,
+    log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Assign shards to the hired workers and start the rounds."""
+    """Assign shards to the hired workers and start the rounds. With ``--log-to``, stay
+    attached like ``monitor``: write each closed round's metrics to the tracker until the
+    run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on)."""
     home = resolve_home(home)
     if strategy != "data-parallel":
         raise UsageError(f"--strategy {strategy!r} is not available; this build runs: data-parallel")
@@ -379,7 +394,9 @@ def distribute(
     checks.outer(outer)
     checks.aggregator(aggregator)
     checks.codec(compression)
+    tracker = _open_tracker(log_to)  # refused (exit 2) before anything is distributed
     with (
+        _closing(tracker),
         _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
         naming_wallet(wallet or _recall(home, training_id).get("wallet")),
         checks.naming_flags(*DISTRIBUTE_FIELDS),
@@ -402,14 +419,20 @@ def distribute(
             max_workers=max_workers,
             eval_every=eval_every,
         )
-    if json_out:
-        _emit_json(_api_view(run))
-        return
+        if json_out:
+            _emit_json(_api_view(run))
+        else:
+            _say_distributed(run, strategy)
+        if tracker is not None:
+            _follow(a, training_id, tracker, log_to, quiet=json_out)
+
+
+def _say_distributed(run: dict[str, Any], strategy: str) -> None:
     cfg = run["config"]
     per_round = sum(ct["price_micro"] for ct in run["contracts"] if ct["status"] == "working")
     _say(
         "Training distributed",
-        f"Training ID: {training_id}",
+        f"Training ID: {run['training_id']}",
         f"Strategy: {strategy}",
         f"Workers: {len(run['workers'])} on {run['shards']} shards",
         f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
@@ -538,6 +561,80 @@ def _log(lines: list[str]) -> None:
     out.file.flush()
 
 
+def _open_tracker(log_to: str | None) -> TensorBoardLog | None:
+    """The ``--log-to`` tracker, opened (or refused, exit 2) before anything else happens."""
+    if log_to is None:
+        return None
+    from aitbc.trackers import open_log, parse_log_to
+
+    return open_log(parse_log_to(log_to))
+
+
+@contextlib.contextmanager
+def _closing(tracker: TensorBoardLog | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if tracker is not None:
+            tracker.close()
+
+
+def _track(a: Agent, training_id: str, tracker: TensorBoardLog | None) -> None:
+    """Write what the tracker does not hold yet: the closed rounds and their scores."""
+    if tracker is not None:
+        from aitbc.trackers import round_values
+
+        tracker.log(round_values(a.get_rounds(training_id), a.get_round_scores(training_id)))
+
+
+DRAIN_SECONDS = 20.0  # after the run ends, how long to wait for its last evaluation and scores
+
+
+def _drain(a: Agent, run: dict[str, Any], tracker: TensorBoardLog | None) -> None:
+    """After the run ended: the last round's evaluation and its workers' scores land a
+    moment later (the coordinator scores closed rounds in the background); write them
+    too, waiting at most ``DRAIN_SECONDS``."""
+    if tracker is None:
+        return
+    from aitbc.trackers import round_values
+
+    training_id = run["training_id"]
+    until = time.monotonic() + DRAIN_SECONDS
+    while True:
+        rounds = a.get_rounds(training_id)
+        scores = a.get_round_scores(training_id)
+        tracker.log(round_values(rounds, scores))
+        last = max(rounds, key=lambda r: r["round"], default=None)
+        if last is None or last["round"] == 0:
+            return
+        scored = any(s["round"] == last["round"] for s in scores) or not last.get("accepted")
+        if (scored and last.get("val_loss") is not None) or time.monotonic() > until:
+            return
+        time.sleep(0.5)
+
+
+def _follow(a: Agent, training_id: str, tracker: TensorBoardLog, log_to: str | None, *, quiet: bool) -> None:
+    """``distribute --log-to``: follow the run as ``monitor`` does for a log (one line per
+    change unless ``quiet``), writing the tracker, until the run ends; then as monitor:
+    exit 1 if it failed."""
+    if not quiet:
+        _say(f"Logging to {log_to}; following the run until it ends (Ctrl-C detaches, the run goes on)")
+    run = _api_view(a.get_training_status(training_id))
+    _track(a, training_id, tracker)
+    if not quiet:
+        _log(_changes(None, run))
+    while run["status"] not in ENDED:
+        time.sleep(1.0)
+        before, run = run, _api_view(a.get_training_status(training_id))
+        _track(a, training_id, tracker)
+        if not quiet:
+            _log(_changes(before, run))
+    _drain(a, run, tracker)
+    _finished(run)
+    if not quiet:
+        _say(_ended_line(run))
+
+
 @app.command()
 def monitor(
     training_id: RunIdOpt,
@@ -546,16 +643,26 @@ def monitor(
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds (exit 1).")] = None,
     coordinator: CoordinatorOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="JSON snapshots (one line each).")] = False,
+    log_to: LogToOpt = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Watch a run until it completes, fails (exit 1) or is stopped by its owner (exit 0):
     a live table in a terminal; elsewhere (a pipe, a log file) one line per change
-    (round closed, evaluation, a worker's state, the run's status), written as it happens."""
+    (round closed, evaluation, a worker's state, the run's status), written as it happens.
+    With ``--log-to``, also writes the closed rounds' metrics to a tracker (those already
+    closed first, none twice)."""
     home = resolve_home(home)
     checks.more_than(interval, 0, "--interval")
     t0 = time.monotonic()
-    with _agent(home, coordinator, training_id) as a:
-        run = _api_view(a.get_training_status(training_id))
+    tracker = _open_tracker(log_to)
+    with _agent(home, coordinator, training_id) as a, _closing(tracker):
+
+        def look() -> dict[str, Any]:
+            run = _api_view(a.get_training_status(training_id))
+            _track(a, training_id, tracker)
+            return run
+
+        run = look()
         if once or json_out:
             while True:
                 if json_out:
@@ -566,8 +673,9 @@ def monitor(
                     break
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
-                run = _api_view(a.get_training_status(training_id))
+                run = look()
             if not once:
+                _drain(a, run, tracker)
                 _finished(run)
             return
         if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
@@ -575,15 +683,16 @@ def monitor(
             while run["status"] not in ENDED:
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
-                before, run = run, _api_view(a.get_training_status(training_id))
+                before, run = run, look()
                 _log(_changes(before, run))
         else:
             with Live(_run_view(run), console=out, refresh_per_second=4, transient=False) as live:
                 while run["status"] not in ENDED:
                     _check_timeout(t0, timeout, training_id)
                     time.sleep(interval)
-                    run = _api_view(a.get_training_status(training_id))
+                    run = look()
                     live.update(_run_view(run))
+        _drain(a, run, tracker)
     _finished(run)
     out.print(_ended_line(run), highlight=False)
     out.file.flush()
@@ -871,3 +980,40 @@ def _payments_table(res: dict[str, Any]) -> Table:
         whole=("worker",),
         drop=("reputation", "flags", "contract", "rounds accepted", "bond", "score", "price/round"),
     )
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+@app.command()
+def report(
+    training_id: RunIdOpt,
+    output: Annotated[
+        Path,
+        typer.Option("-o", "--output", help="Folder to write the report into (made if missing).", show_default=False),
+    ],
+    coordinator: CoordinatorOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the written paths as JSON.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Write a report of the run into a folder: PNG plots (loss and accuracy by round, a
+    worker-by-round heatmap of scores, bytes per round) and a self-contained report.html
+    with the run's numbers. Of a running run: the report so far."""
+    from aitbc.reports import from_run, prepare_dir, write_report
+
+    home = resolve_home(home)
+    prepare_dir(output)  # a folder we cannot write refuses (exit 2) before anything is fetched
+    with _agent(home, coordinator, training_id) as a:
+        res = a.get_results(training_id)
+        data = from_run(
+            results=res,
+            rounds=a.get_rounds(training_id),
+            scores=a.get_round_scores(training_id),
+            payments=a.get_payments(training_id),
+        )
+    paths = write_report(data, output)
+    if json_out:
+        _emit_json({"training_id": training_id, **{k: str(v) for k, v in paths.items()}})
+        return
+    _say(f"Report of {training_id} ({res['status']}, {res['rounds_completed']} rounds) in {output}:")
+    _say(*(f"  {p}" for p in paths.values()))
