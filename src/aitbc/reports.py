@@ -280,6 +280,12 @@ def _figure(width: float = 7.0, height: float = 4.0) -> tuple[Any, Any]:
     return fig, fig.add_subplot()
 
 
+def _rounds_axis(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+
+
 def _png(fig: Any) -> bytes:
     import io
 
@@ -311,6 +317,7 @@ def _loss_png(points: Sequence[RoundPoint]) -> bytes:
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn = True
     ax.set(title="Loss by round", xlabel="round", ylabel="loss")
+    _rounds_axis(ax)
     if drawn:
         ax.legend()
         ax.grid(alpha=0.3)
@@ -323,6 +330,7 @@ def _accuracy_png(points: Sequence[RoundPoint]) -> bytes:
     fig, ax = _figure()
     xs, ys = _series(points, "val_accuracy")
     ax.set(title="Validation accuracy by round", xlabel="round", ylabel="accuracy")
+    _rounds_axis(ax)
     if xs:
         ax.plot(xs, ys, marker="o", markersize=3, color="tab:green")
         ax.set_ylim(0, 1)
@@ -333,15 +341,19 @@ def _accuracy_png(points: Sequence[RoundPoint]) -> bytes:
 
 
 def _bytes_png(points: Sequence[RoundPoint]) -> bytes:
+    from matplotlib.ticker import EngFormatter
+
     fig, ax = _figure()
     ax.set(title="Bytes per round", xlabel="round", ylabel="bytes")
+    _rounds_axis(ax)
+    ax.yaxis.set_major_formatter(EngFormatter(unit="B"))
     up_x, up = _series(points, "bytes_up")
     down_x, down = _series(points, "bytes_down")
     if up_x or down_x:
         w = 0.4
         ax.bar([x - w / 2 for x in up_x], up, width=w, label="up (updates)")
         ax.bar([x + w / 2 for x in down_x], down, width=w, label="down (models)")
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
         ax.grid(alpha=0.3, axis="y")
     else:
         _empty(ax, "no byte counts recorded")
