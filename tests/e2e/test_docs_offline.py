@@ -148,6 +148,16 @@ def test_pages_behind_a_path_prefix(prefixed: str) -> None:
                 assert asset.headers["content-type"].startswith(_expected_type(url)), (url, asset.headers)
 
 
+def test_request_limits_hold_behind_a_path_prefix(prefixed: str) -> None:
+    """The request bounds apply under a prefix too: a signed route's missing signature is
+    refused before one byte of its (chunked, over-limit) body is read, not after."""
+    limit = Settings.model_fields["max_json_bytes"].default
+    body = iter([b"x" * (limit + 1024)])  # a generator: sent chunked, nothing declared
+    with httpx.Client(base_url=prefixed, timeout=30) as http:
+        r = http.post("/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 401 and r.json()["error"].startswith("missing"), r.text
+
+
 # --- a real browser, offline --------------------------------------------------------------
 
 

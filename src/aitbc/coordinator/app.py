@@ -114,8 +114,12 @@ class Limits:
         self.kinds: dict[int, tuple[bool, bool]] = {}
 
     def _kind(self, scope: Scope) -> tuple[bool, bool]:
-        """(signed, streamed) for the route this request goes to."""
-        path = scope["path"]
+        """(signed, streamed) for the route this request goes to. Behind a path prefix
+        (the server's ``root_path``) the scope's path carries the prefix: it is dropped
+        first, as Starlette's routing does."""
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root + "/"):
+            path = path[len(root) :]
         if not path.startswith(PREFIX + "/"):
             return False, False
         inner = {**scope, "path": path[len(PREFIX) :], "root_path": ""}  # the routers' own paths
