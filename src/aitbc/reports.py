@@ -32,6 +32,7 @@ from aitbc.errors import UsageError
 
 PLOTS = ("loss", "accuracy", "scores", "bytes")
 HTML_NAME = "report.html"
+ANNOTATE_CELLS = 240  # a heatmap of at most this many cells has its values written in
 MAX_LABEL = 28  # a worker id longer than this is cut in a plot (whole in the HTML tables)
 _PNG_META = {"Software": None}  # no matplotlib version in the file: same input, same bytes
 _DPI = 100
@@ -388,6 +389,11 @@ def _heatmap_png(h: Heatmap) -> bytes:
     for label in ax.get_yticklabels():
         label.set_parse_math(False)  # a worker id is text, never TeX ("$" in it must not parse)
     ax.set_xlabel("round")
+    if grid.size <= ANNOTATE_CELLS:  # small enough to read: each value written in its cell
+        for i, j in zip(*np.nonzero(np.isfinite(grid)), strict=True):
+            v = grid[i, j]
+            shade = im.norm(v)
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="black" if shade > 0.5 else "white")
     fig.colorbar(im, ax=ax, label=h.label)
     return _png(fig)
 
