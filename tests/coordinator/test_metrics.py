@@ -7,6 +7,7 @@ unsigned and read-only. A live run's counters against its record: tests/e2e/test
 from __future__ import annotations
 
 import ast
+import asyncio
 import math
 import time
 from pathlib import Path
@@ -222,3 +223,35 @@ def test_a_flood_of_scrapes_shares_one_reading_of_the_record(fresh_server, api):
         time.sleep(1.1)
         later = scrape(http)
     assert by(later["aitbc_workers"], "status")["online"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("root", "path", "kind"),
+    [("", "/v1/blobs/bafy", "blob"), ("/aitbc", "/aitbc/v1/blobs/bafy", "blob"), ("/aitbc", "/aitbc/v1/runs", "api")],
+)
+def test_bytes_are_counted_by_kind_behind_a_path_prefix_too(root, path, kind):
+    """The middleware alone, around a plain ASGI app: a body of 100 bytes in, 10 out."""
+    m = metrics.CoordinatorMetrics()
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x" * 10})
+
+    bodies = [
+        {"type": "http.request", "body": b"a" * 60, "more_body": True},
+        {"type": "http.request", "body": b"b" * 40},
+    ]
+
+    async def receive():
+        return bodies.pop(0)
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "PUT", "path": path, "root_path": root, "headers": []}
+    asyncio.run(metrics.CountBytes(app, m)(scope, receive, send))
+    sample = m.registry.get_sample_value
+    assert sample("aitbc_http_bytes_total", {"direction": "in", "kind": kind}) == 100
+    assert sample("aitbc_http_bytes_total", {"direction": "out", "kind": kind}) == 10

@@ -151,7 +151,10 @@ class CountBytes:
         try:
             await self.app(scope, counted_receive, counted_send)
         finally:
-            kind = byte_kind(scope["method"], scope["path"])
+            path, root = scope["path"], scope.get("root_path", "")
+            if root and path.startswith(root + "/"):  # behind a path prefix: the app's own path
+                path = path[len(root) :]
+            kind = byte_kind(scope["method"], path)
             if got:
                 self.metrics.http_bytes.labels("in", kind).inc(got)
             if sent:
