@@ -14,6 +14,7 @@ import time
 import torch
 
 from aitbc.client import ApiError
+from aitbc.coordinator import dashboard, repository
 
 RUN_KEYS = {
     "training_id",
@@ -148,6 +149,10 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         assert reply.status_code == 200, reply.text
         run = reply.json()
         assert set(run) == DETAIL_KEYS
+        with t.coord.ctx.session() as s:  # the reply keeps the view's keys in its order
+            view = dashboard.run_page(t.coord.ctx, s, repository.get_run(s, t.run_id))
+        assert list(run) == list(view) and list(run["workers"][0]) == list(view["workers"][0])
+        assert list(run["curves"][0]) == list(view["curves"][0]) and list(run["payments"]) == list(view["payments"])
         assert run["parameters"] == t.d and run["rounds"] == 3 and run["rounds_completed"] >= 1
         assert [r["round"] for r in run["curves"]][:2] == [0, 1]
         assert all(set(r) == ROUND_KEYS for r in run["curves"])

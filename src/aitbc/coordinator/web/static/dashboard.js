@@ -131,6 +131,8 @@
     return [x, curves.map((c) => c.bytes_up), curves.map((c) => c.bytes_down)];
   }
 
+  const ROUND_AXIS = { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, ticks) => ticks.map(String) };
+
   function size(node) {
     return { width: Math.max(200, node.clientWidth), height: 170 };
   }
@@ -149,7 +151,7 @@
       if (!charts[id]) {
         const y = id === "chart-bytes" ? { size: 74, values: (u, ticks) => ticks.map(bytes) } : { size: 48 };
         charts[id] = new window.uPlot(
-          { ...size(node), series: chartSpec(id), axes: [{}, y], scales: { x: { time: false } }, legend: { live: false } },
+          { ...size(node), series: chartSpec(id), axes: [ROUND_AXIS, y], scales: { x: { time: false } }, legend: { live: false } },
           data,
           node,
         );
