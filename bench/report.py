@@ -19,6 +19,8 @@ BENCHES = [
     ("stragglers", "Stragglers", "python bench/stragglers.py"),
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
     ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
+    ("honest_runs", "Honest runs (false accusations)", "python bench/honest_runs.py"),
+    ("metrics_scrape", "Metrics scrape cost", "python bench/metrics_scrape.py"),
 ]
 
 
