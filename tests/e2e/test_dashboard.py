@@ -96,6 +96,7 @@ def test_dashboard_follows_a_live_run_in_chromium(stack):
             assert page.title() == "aitbc dashboard"
             page.locator("#run-status", has_text="initializing").wait_for(timeout=30_000)
             assert page.locator("#chart-loss").get_attribute("data-points") == "0"
+            assert page.locator(f'#runs li.current a[data-run-id="{run_id}"]').count() == 1  # the runs list
             stack.start_run(run_id, workers=4, rounds=ROUNDS, local_steps=20, aggregator="trimmed-mean:beta=0.25")
 
             # The curve gains points as rounds close: read its count at two times. (Read from
@@ -142,6 +143,10 @@ def test_dashboard_follows_a_live_run_in_chromium(stack):
             assert page.evaluate("window.pwned") is None
             assert page.locator("#workers img, #workers script").count() == 0
             page.screenshot(path=str(out / "3-markup-as-text.png"), full_page=True)
+
+            # The front page opens on the newest run.
+            page.goto(f"{stack.url}/")
+            page.locator("#run-title", has_text=run_id).wait_for(timeout=30_000)
         finally:
             browser.close()
     assert problems == []  # no script error, no Content-Security-Policy refusal
