@@ -221,3 +221,26 @@ def test_the_page_is_served_with_a_content_security_policy_and_no_inline_script(
             assert http.get(asset).status_code == 200
         assert "/" not in http.get("/openapi.json").json()["paths"]  # the page is not part of the API
         assert "/v1/dashboard/runs/{run_id}" in http.get("/openapi.json").json()["paths"]
+
+
+def test_only_the_dashboard_routes_import_its_view():
+    """The allow-list is the dashboard's alone: no other view or use-case builds on it (a
+    field added for another page would become public there)."""
+    import ast
+    from pathlib import Path
+
+    import aitbc
+
+    root = Path(aitbc.__file__).parent
+    users = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = {f"{node.module}.{a.name}" for a in node.names} | {node.module or ""}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names}
+            else:
+                continue
+            if "aitbc.coordinator.dashboard" in names:
+                users.add(path.relative_to(root).as_posix())
+    assert users == {"coordinator/api/routes/dashboard.py"}
