@@ -33,6 +33,7 @@ def test_wallet_send_to_a_provider_of_the_local_stack_by_name(home_stack):
     up = aitbc("up", "--workers", "2", "--json", timeout=180)
     assert up.returncode == 0, up.stderr
     stack = json.loads(up.stdout)
+    assert stack["dashboard"] == stack["coordinator"] + "/"
     providers = {p["wallet"]: p["address"] for p in stack["processes"] if p["role"] == "worker"}
     assert set(providers) == {"provider-1", "provider-2"}
     url = ("--coordinator", stack["coordinator"])

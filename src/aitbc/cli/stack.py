@@ -85,7 +85,16 @@ def up(
     t0 = time.monotonic()
     st = stk.up(cfg, on_start=lambda url: err.print(_starting(cfg, url), highlight=False))
     if json_out:
-        _emit({"home": str(home), "running": True, "seconds": round(time.monotonic() - t0, 3), **st.to_json()})
+        took = round(time.monotonic() - t0, 3)
+        _emit(
+            {
+                "home": str(home),
+                "running": True,
+                "seconds": took,
+                **st.to_json(),
+                "dashboard": dashboard_url(st.coordinator),
+            }
+        )
         return
     _print_up(st, time.monotonic() - t0)
     if st.ca_cert:
