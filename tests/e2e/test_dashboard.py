@@ -99,8 +99,8 @@ def test_dashboard_follows_a_live_run_in_chromium(stack):
             assert page.locator(f'#runs li.current a[data-run-id="{run_id}"]').count() == 1  # the runs list
             stack.start_run(run_id, workers=4, rounds=ROUNDS, local_steps=20, aggregator="trimmed-mean:beta=0.25")
 
-            # The curve gains points as rounds close: read its count at two times. (Read from
-            # Python: the page's policy forbids the string evaluation of wait_for_function.)
+            # The curve gains points as rounds close (0 before, then two later looks). Polled from
+            # Python: the page's policy forbids the string evaluation wait_for_function uses.
             chart = page.locator("#chart-loss")
             first = _until(lambda: _at_least(int(chart.get_attribute("data-points")), 2), "round 1 on the curve")
             read = "['#chart-loss', '#points'].map(s => document.querySelector(s))"
@@ -109,7 +109,6 @@ def test_dashboard_follows_a_live_run_in_chromium(stack):
             page.screenshot(path=str(out / "1-first-rounds.png"))
             second = _until(lambda: _at_least(int(chart.get_attribute("data-points")), first + 1), "another round")
             assert second > first and page.locator("#chart-loss canvas").count() == 1  # uPlot drew it
-            assert first < ROUNDS + 1, "the run had ended before the page looked again"
 
             # Every worker has its row; the attacker's flag appears in its own.
             rows = page.locator("#workers tbody tr")
