@@ -38,3 +38,24 @@ def test_the_environment_sets_the_port_and_the_flag_wins(aitbc, monkeypatch):
         monkeypatch.setenv("AITBC_WORKER_METRICS_PORT", "not-a-port")
         r = aitbc("worker", "start", "--coordinator", "http://127.0.0.1:9", "--metrics-port", str(port), timeout=60)
         assert r.returncode == 1 and f"--metrics-port {port}" in r.stderr, r.stderr
+
+
+def test_a_host_that_is_no_address_is_one_line_and_exit_1(aitbc):
+    # "a..b" is refused by the IDNA codec (a UnicodeError, not an OSError): it was a traceback
+    for host in ("a..b", "nonexistent.invalid"):
+        r = aitbc(
+            "worker",
+            "start",
+            "--coordinator",
+            "http://127.0.0.1:9",
+            "--metrics-port",
+            "9",
+            "--metrics-host",
+            host,
+            timeout=60,
+        )
+        assert r.returncode == 1, (host, r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: --metrics-port 9: cannot listen on {host}:9: "), lines
+        assert "Traceback" not in r.stderr
+    assert not (aitbc.home / "wallets").exists()  # nothing else was done

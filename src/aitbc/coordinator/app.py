@@ -17,7 +17,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
@@ -254,7 +253,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     for r in routers:
         app.include_router(r, prefix=PREFIX)
     # the browser pages' assets, from the package (no CDN): read-only files, outside /v1
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount("/static", api_docs.Assets(directory=STATIC_DIR), name="static")
     app.include_router(dashboard.pages)  # the dashboard page at / and /runs/{id} (outside /v1)
     app.include_router(api_docs.router)  # /docs and /redoc, offline (outside /v1, not in the schema)
     install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits

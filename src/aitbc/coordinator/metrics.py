@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -329,6 +329,16 @@ class RecordCollector(Collector):
 # --- the route -----------------------------------------------------------------------------
 
 
+def encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """The text format, or OpenMetrics when the scraper asks for it (prometheus-client's own
+    choice); an ``Accept`` it cannot read (``version=1.x`` raises in prometheus-client) gets
+    the text format, never a 500: the route is unsigned."""
+    try:
+        return choose_encoder(accept)
+    except (TypeError, ValueError):
+        return choose_encoder("")  # what a scraper that names no format gets
+
+
 def install(app: FastAPI, ctx: Context) -> None:
     """``GET /metrics`` (not in the OpenAPI document), the record's collector and the byte
     counter (innermost middleware: bytes of requests the app answers)."""
@@ -336,9 +346,8 @@ def install(app: FastAPI, ctx: Context) -> None:
     registry.register(RecordCollector(ctx))
 
     def metrics(request: Request) -> Response:  # sync: the queries run in the thread pool, not the event loop
-        # The text format, or OpenMetrics when the scraper asks for it (prometheus-client's own choice).
-        encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encode(registry), headers={"content-type": content_type})
+        encode, content_type = encoder(request.headers.get("accept", ""))
+        return Response(encode(registry), headers={"content-type": content_type, "x-content-type-options": "nosniff"})
 
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_middleware(CountBytes, metrics=ctx.metrics)

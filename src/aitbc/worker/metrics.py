@@ -75,6 +75,12 @@ class WorkerMetrics:
         error, before the worker does anything else."""
         try:
             self.server, _ = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as e:
-            why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        except (OSError, ValueError) as e:  # ValueError: a name IDNA cannot encode (``a..b``), a NUL
+            why = "already in use" if isinstance(e, OSError) and e.errno == errno.EADDRINUSE else _why(e)
             raise AitbcError(f"--metrics-port {port}: cannot listen on {host}:{port}: {why}") from None
+
+
+def _why(e: OSError | ValueError) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"not a usable address ({e})" if isinstance(e, ValueError) else str(e)

@@ -19,6 +19,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
+from starlette.types import Scope
+
+from aitbc.coordinator.api.routes.dashboard import CSP as DASHBOARD_CSP
 
 router = APIRouter(include_in_schema=False)
 
@@ -53,13 +58,30 @@ CSP = "; ".join(
         "connect-src 'self'",
         "base-uri 'self'",
         "form-action 'self'",
+        "frame-ancestors 'none'",
     )
 )
 
 
 def _same_origin(page: HTMLResponse) -> HTMLResponse:
     page.headers["Content-Security-Policy"] = CSP
+    page.headers["X-Content-Type-Options"] = "nosniff"
     return page
+
+
+class Assets(StaticFiles):
+    """The package's ``static/`` files at ``/static`` (Starlette's StaticFiles: no directory
+    listing, no path outside the folder, no symlink out of it), each sent with
+    ``X-Content-Type-Options: nosniff`` (a file is only ever its declared type: a README or
+    LICENSE is never run as a script or a page) and the dashboard's Content-Security-Policy,
+    so its ``index.html`` opened at ``/static/index.html`` is held to the same policy as at
+    ``/`` (no inline script, no framing)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Content-Security-Policy"] = DASHBOARD_CSP
+        return response
 
 
 def _root(request: Request) -> str:

@@ -1,0 +1,110 @@
+"""What an unauthenticated client can do to the coordinator's routes outside ``/v1`` (issue 16):
+``/static`` serves only the package's files, each as its own type with
+``X-Content-Type-Options: nosniff`` (the dashboard's page there is held to its policy as at
+``/``), never a directory listing or a path outside the folder however it is spelled;
+``/docs`` and ``/redoc`` cannot be framed or sniffed; ``/metrics`` answers an ``Accept``
+header prometheus-client cannot read with the text format, not a 500. Requests are sent on
+a raw socket where httpx would normalise the path before it leaves."""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from aitbc.coordinator.api.routes.dashboard import CSP as DASHBOARD_CSP
+from aitbc.coordinator.web import STATIC_DIR
+
+
+def raw_get(url: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    """``GET path`` exactly as written (no normalisation): status, headers, body."""
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+OUTSIDE = (
+    "/static/",  # a listing of the folder
+    "/static/vendor/",
+    "/static/vendor",
+    "/static/../app.py",
+    "/static/%2e%2e/__init__.py",
+    "/static/%2e%2e/%2e%2e/app.py",
+    "/static/..%2f__init__.py",
+    "/static/..%5c__init__.py",
+    "/static/%2fetc%2fpasswd",
+    "/static//etc/passwd",
+    "/static/%00",
+    "/static/index.html%00.js",
+)
+
+
+@pytest.mark.parametrize("path", OUTSIDE)
+def test_static_serves_nothing_outside_its_files(server, path):
+    status, headers, body = raw_get(server.url, path)
+    assert status == 404, (path, status, body[:200])
+    assert headers["content-type"] == "application/json" and b'"error":"not_found"' in body, (path, body[:200])
+
+
+def test_the_package_static_folder_holds_no_symlink():
+    # Starlette refuses a symlink out of the folder; the package ships none to follow
+    assert not [p for p in STATIC_DIR.rglob("*") if p.is_symlink()]
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/static/index.html", "text/html"),
+        ("/static/dashboard.js", "text/javascript"),
+        ("/static/dashboard.css", "text/css"),
+        ("/static/vendor/README.md", "text/markdown"),
+        ("/static/vendor/redoc/LICENSE", "application/octet-stream"),
+        ("/static/vendor/swagger-ui/favicon-32x32.png", "image/png"),
+    ],
+)
+def test_static_files_are_their_declared_type_only(server, path, kind):
+    with server.http() as h:
+        for method in ("GET", "HEAD"):
+            r = h.request(method, path)
+            assert r.status_code == 200, (method, path, r.text[:200])
+            assert r.headers["content-type"].split(";")[0] == kind, (path, r.headers["content-type"])
+            assert r.headers["x-content-type-options"] == "nosniff", (method, path, dict(r.headers))
+            # the dashboard's page opened at /static/index.html is held to its policy as at /
+            assert r.headers["content-security-policy"] == DASHBOARD_CSP, (method, path)
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc", "/docs/oauth2-redirect"])
+def test_docs_pages_cannot_be_framed_or_sniffed(server, page):
+    with server.http() as h:
+        r = h.get(page)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), r.text[:200]
+    assert r.headers["x-content-type-options"] == "nosniff"
+    policy = [d.strip() for d in r.headers["content-security-policy"].split(";")]
+    assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy, policy
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/openmetrics-text; version=1.x",  # prometheus-client raised TypeError: a 500
+        "application/openmetrics-text; version=<b>x</b>",
+        "application/openmetrics-text; version=a.b.c",
+    ],
+)
+def test_metrics_answers_an_unreadable_accept_in_the_text_format(server, accept):
+    with server.http() as h:
+        r = h.get("/metrics", headers={"accept": accept})
+    assert r.status_code == 200, r.text[:300]
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.headers["content-type"]
+    assert r.headers["x-content-type-options"] == "nosniff"
+    names = {f.name for f in text_string_to_metric_families(r.text)}
+    assert {"aitbc_runs", "aitbc_heartbeats", "aitbc_record_up"} <= names, names
