@@ -5,7 +5,9 @@
 (``simulate --report``) draw the same pictures: :func:`from_run` and
 :func:`from_simulation` build that data from what each one records. No HTTP here.
 
-Written into the report folder (the same names every time, overwritten):
+Written into the report folder (the same names every time, each replaced whole: written
+as a new file, then renamed over the old one, so a link planted there is never followed;
+other files in the folder are left alone):
 
 - ``loss.png``: validation loss and mean training loss by round;
 - ``accuracy.png``: validation accuracy by round (a note for a language model);
@@ -23,6 +25,8 @@ from __future__ import annotations
 import base64
 import html
 import math
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +40,8 @@ ANNOTATE_CELLS = 240  # a heatmap of at most this many cells has its values writ
 MAX_LABEL = 28  # a worker id longer than this is cut in a plot (whole in the HTML tables)
 _PNG_META = {"Software": None}  # no matplotlib version in the file: same input, same bytes
 _DPI = 100
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once, at import (there is no read-only way to ask)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -262,13 +268,28 @@ def write_report(data: ReportData, out_dir: Path) -> dict[str, Path]:
         "scores": _heatmap_png(data.heatmap),
         "bytes": _bytes_png(data.rounds),
     }
+    page = render_html(data, pngs).encode("utf-8")
     paths: dict[str, Path] = {}
     for name, png in pngs.items():
-        paths[name] = out_dir / f"{name}.png"
-        paths[name].write_bytes(png)
-    paths["html"] = out_dir / HTML_NAME
-    paths["html"].write_text(render_html(data, pngs), encoding="utf-8")
+        paths[name] = _replace(out_dir / f"{name}.png", png)
+    paths["html"] = _replace(out_dir / HTML_NAME, page)
     return paths
+
+
+def _replace(path: Path, content: bytes) -> Path:
+    """Write ``content`` as a new file and rename it over ``path``: a reader never sees
+    half a file, and a link planted at ``path`` (in a shared folder) is replaced, never
+    followed to overwrite what it points at."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # as a plain write would make it (mkstemp's is 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _figure(width: float = 7.0, height: float = 4.0) -> tuple[Any, Any]:

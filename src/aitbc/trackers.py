@@ -11,10 +11,17 @@ round order, and a value at or below the largest step that tag already holds in 
 folder (a second ``monitor --log-to`` on the same folder, say) is skipped, so re-attaching
 never writes a step twice. Values that arrive after their round closed (its evaluation,
 its workers' scores) are written when they arrive.
+
+One folder, one run, one writer: the folder records its run's id (``.aitbc-run``), and a
+folder that holds another run's steps is refused (its steps would hide this run's: every
+step at or below them skipped); while a writer has the folder open it holds a lock
+(``.aitbc-tracker.lock``), and a second one (two ``monitor --log-to`` on one folder) is
+refused instead of writing every step again in a second event file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +44,8 @@ ROUND_TAGS = {
     "updates/rejected": "rejected",
 }
 SCORE_TAG = "score/mean"  # the mean quality (0..1) of the round's scored workers
+RUN_FILE = ".aitbc-run"  # the id of the run whose steps the folder holds
+LOCK_FILE = ".aitbc-tracker.lock"  # held while a writer has the folder open
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +96,12 @@ def round_values(
 
 
 class TensorBoardLog:
-    """TensorBoard event files in ``folder`` (made if missing). Refuses (``UsageError``)
-    when TensorBoard is not installed or the folder cannot be written, so a caller can
-    open it before changing anything."""
+    """TensorBoard event files in ``folder`` (made if missing) for the run ``run_id``.
+    Refuses (``UsageError``) when TensorBoard is not installed, the folder cannot be
+    written, holds another run's steps or is being written by another process, so a
+    caller can open it before changing anything."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, run_id: str | None = None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -102,9 +112,15 @@ class TensorBoardLog:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(f"--log-to tensorboard:{folder}: cannot write there ({e.strerror or e})") from None
-        self.folder = folder
-        self.last = written_steps(folder)  # tag -> largest step already in the folder
-        self._writer = SummaryWriter(log_dir=str(folder))
+        self._lock = _lock(folder)
+        try:
+            _claim(folder, run_id)
+            self.folder = folder
+            self.last = written_steps(folder)  # tag -> largest step already in the folder
+            self._writer = SummaryWriter(log_dir=str(folder))
+        except BaseException:
+            self._lock.close()
+            raise
         self.written = 0
 
     def log(self, values: Sequence[tuple[str, int, float]]) -> int:
@@ -122,6 +138,43 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self._writer.close()
+        self._lock.close()  # releases the folder
+
+
+def _lock(folder: Path) -> Any:
+    """The folder's writer lock, held until the returned file is closed."""
+    where = f"--log-to tensorboard:{folder}"
+    try:
+        f = (folder / LOCK_FILE).open("a")
+    except OSError as e:
+        raise UsageError(f"{where}: cannot write there ({e.strerror or e})") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise UsageError(
+            f"{where}: another aitbc process is writing to this folder; stop it or choose another folder"
+        ) from None
+    return f
+
+
+def _claim(folder: Path, run_id: str | None) -> None:
+    """Record ``run_id`` as the folder's run, or refuse a folder that holds another's."""
+    if run_id is None:
+        return
+    marker = folder / RUN_FILE
+    try:
+        held = marker.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        held = ""
+    except OSError as e:
+        raise UsageError(f"--log-to tensorboard:{folder}: cannot read {RUN_FILE} ({e.strerror or e})") from None
+    if held and held != run_id:
+        raise UsageError(
+            f"--log-to tensorboard:{folder}: the folder holds run {held}'s metrics; choose another folder for {run_id}"
+        )
+    if not held:
+        marker.write_text(run_id + "\n", encoding="utf-8")
 
 
 def written_steps(folder: Path) -> dict[str, int]:
@@ -138,6 +191,7 @@ def written_steps(folder: Path) -> dict[str, int]:
     return {tag: max(e.step for e in acc.Scalars(tag)) for tag in acc.Tags()["scalars"]}
 
 
-def open_log(target: LogTarget) -> TensorBoardLog:
-    """The tracker a ``--log-to`` names (only ``tensorboard`` in this build)."""
-    return TensorBoardLog(Path(target.target).expanduser())
+def open_log(target: LogTarget, run_id: str | None = None) -> TensorBoardLog:
+    """The tracker a ``--log-to`` names (only ``tensorboard`` in this build), for the run
+    ``run_id``."""
+    return TensorBoardLog(Path(target.target).expanduser(), run_id)

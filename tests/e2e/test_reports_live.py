@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 
@@ -165,3 +166,47 @@ def test_tensorboard_log_report_and_refusals(stack, tmp_path):
         time.sleep(0.2)
     r = stack.cli("ledger", "verify", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ctrl_c_detaches_distribute_and_one_writer_per_folder(stack, tmp_path):
+    # Ctrl-C while `distribute --log-to` follows its run: the run goes on training, the
+    # CLI exits 130 with one line naming the command that re-attaches; a second writer
+    # into the folder meanwhile is refused (it would write every step again).
+    stack.start_coordinator()
+    stack.start_worker("w1", step_delay=0.3)
+    stack.wait_offers(1)
+    run_id = stack.init_run(workers=1)
+    for step in (["upload-data", "--data-path", "digits"], ["discover-workers", "--required-workers", "1"]):
+        r = stack.cli("distributed-training", step[0], "--training-id", run_id, *step[1:])
+        assert r.returncode == 0, r.stderr
+    tb = tmp_path / "tb"
+    proc = subprocess.Popen([str(AITBC), "distributed-training", "distribute", "--training-id", run_id, "--rounds",
+                             "50", "--local-steps", "5", "--log-to", f"tensorboard:{tb}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=stack.env)  # fmt: skip
+    try:
+        stack.wait_run(run_id, lambda run: run["rounds_completed"] >= 1, timeout=120, what="a round closed")
+        second = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--log-to", f"tensorboard:{tb}")
+        assert "another aitbc process is writing to this folder" in _one_line(second, 2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    again = f"aitbc distributed-training monitor --training-id {run_id} --log-to tensorboard:{tb}"
+    assert err.strip().splitlines()[-1] == f"error: interrupted: run {run_id} goes on training; re-attach with: {again}"
+    assert "Traceback" not in err
+    held = stack.api(f"/runs/{run_id}")["rounds_completed"]
+    run = stack.wait_run(run_id, lambda run: run["rounds_completed"] > held, timeout=120, what="training went on")
+    assert run["status"] in ("training", "aggregating")
+    # the folder is free again: a re-attached writer opens it (and is stopped by the test)
+    mon = subprocess.Popen([str(AITBC), *again.split()[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=stack.env)  # fmt: skip
+    try:
+        time.sleep(3)
+        assert mon.poll() is None, mon.communicate()
+    finally:
+        mon.kill()
+        mon.communicate()
+    r = stack.cli("distributed-training", "stop", "--training-id", run_id)
+    assert r.returncode == 0, r.stderr

@@ -154,3 +154,40 @@ def test_from_simulation_turns_running_totals_into_per_round_bytes():
     assert [(p.bytes_up, p.bytes_down) for p in d.rounds] == [(100, 1000), (150, 1000)]
     assert d.heatmap.cells == {("worker 0", 1): 1.0, ("worker 1 (byzantine)", 1): 9.0, ("worker 0", 2): 0.5}
     assert "does not score" in d.heatmap.title
+
+
+def test_a_link_planted_in_the_folder_is_replaced_never_followed(tmp_path):
+    # A shared folder (under /tmp, say) where someone else made report.html and loss.png
+    # links to a file of the user's: the report replaces the links, the file is untouched.
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("keep me")
+    (out / HTML_NAME).symlink_to(victim)
+    (out / "loss.png").symlink_to(victim)
+    (out / "notes.txt").write_text("mine")
+    paths = write_report(_data(), out)
+    assert victim.read_text() == "keep me"
+    assert not paths["html"].is_symlink() and "<h1>" in paths["html"].read_text()
+    assert not paths["loss"].is_symlink() and _png_size(paths["loss"].read_bytes())[0] >= 400
+    # a second report replaces the first's files whole and leaves other files alone
+    again = write_report(_data(1), out)
+    assert again["html"].read_text() != write_report(_data(), tmp_path / "b")["html"].read_text()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == sorted(["notes.txt", HTML_NAME, *(f"{n}.png" for n in PLOTS)])
+
+
+def test_one_round_and_a_diverged_runs_non_finite_values(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    points = [
+        RoundPoint(round=1, val_loss=2.0, train_loss=2.5, bytes_up=10, bytes_down=20),
+        RoundPoint(round=2, val_loss=nan, val_accuracy=nan, train_loss=inf, bytes_up=10, bytes_down=20),
+        RoundPoint(round=3, val_loss=1e300, val_accuracy=None, train_loss=-inf, bytes_up=None, bytes_down=None),
+    ]
+    cells = {("w", 1): 0.5, ("w", 2): nan, ("v", 3): inf}
+    for name, rounds in (("one", points[:1]), ("diverged", points)):
+        data = ReportData(title=name, rounds=rounds, heatmap=Heatmap(title="s", label="q", cells=cells, vmin=0, vmax=1))
+        paths = write_report(data, tmp_path / name)
+        for plot in PLOTS:
+            assert _png_size(paths[plot].read_bytes())[0] >= 400
+        page = paths["html"].read_text()
+        assert page.count("<tr><td") == len(rounds)

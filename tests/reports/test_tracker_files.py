@@ -61,3 +61,40 @@ def test_a_file_is_not_a_folder(tmp_path):
     f.write_text("x")
     with pytest.raises(UsageError, match="is a file"):
         TensorBoardLog(f)
+
+
+def test_one_writer_per_folder(tmp_path):
+    # Two `monitor --log-to` on one folder: the second is refused, instead of writing
+    # every step again into a second event file; once the first closes, it may open.
+    first = TensorBoardLog(tmp_path / "tb", "training_a")
+    with pytest.raises(UsageError, match="another aitbc process is writing to this folder"):
+        TensorBoardLog(tmp_path / "tb", "training_a")
+    first.log(round_values(ROUNDS[:2], SCORES))
+    first.close()
+    second = TensorBoardLog(tmp_path / "tb", "training_a")
+    assert second.log(round_values(ROUNDS[:2], SCORES)) == 0
+    second.close()
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_folder_of_another_run_is_refused(tmp_path):
+    # Its steps would hide this run's: every step at or below them skipped, nothing written.
+    log = TensorBoardLog(tmp_path / "tb", "training_a")
+    log.log(round_values(ROUNDS, SCORES))
+    log.close()
+    with pytest.raises(UsageError, match="holds run training_a's metrics; choose another folder for training_b"):
+        TensorBoardLog(tmp_path / "tb", "training_b")
+    assert set(_scalars(tmp_path / "tb")["val/loss"]) == {(1, 1.5)}
+
+
+def test_a_corrupt_or_foreign_event_file_is_read_past(tmp_path):
+    # Random bytes and a text file under an event file's name: no step is read from
+    # them (nothing to skip) and the run's steps are written next to them.
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    (folder / "events.out.tfevents.1.host.1.0").write_bytes(bytes(range(256)) * 3)
+    (folder / "events.out.tfevents.2.host.1.0").write_text("not an event file\n")
+    log = TensorBoardLog(folder, "training_a")
+    assert log.log(round_values(ROUNDS, SCORES)) == 13
+    log.close()
+    assert _scalars(folder)["val/loss"] == [(1, 1.5)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -394,7 +395,7 @@ def distribute(
     checks.outer(outer)
     checks.aggregator(aggregator)
     checks.codec(compression)
-    tracker = _open_tracker(log_to)  # refused (exit 2) before anything is distributed
+    tracker = _open_tracker(log_to, training_id)  # refused (exit 2) before anything is distributed
     with (
         _closing(tracker),
         _agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
@@ -561,13 +562,13 @@ def _log(lines: list[str]) -> None:
     out.file.flush()
 
 
-def _open_tracker(log_to: str | None) -> TensorBoardLog | None:
+def _open_tracker(log_to: str | None, training_id: str) -> TensorBoardLog | None:
     """The ``--log-to`` tracker, opened (or refused, exit 2) before anything else happens."""
     if log_to is None:
         return None
     from aitbc.trackers import open_log, parse_log_to
 
-    return open_log(parse_log_to(log_to))
+    return open_log(parse_log_to(log_to), training_id)
 
 
 @contextlib.contextmanager
@@ -585,6 +586,13 @@ def _track(a: Agent, training_id: str, tracker: TensorBoardLog | None) -> None:
         from aitbc.trackers import round_values
 
         tracker.log(round_values(a.get_rounds(training_id), a.get_round_scores(training_id)))
+
+
+class Detached(AitbcError):
+    """Ctrl-C while ``distribute --log-to`` follows its run: the run goes on; exit 130."""
+
+    exit_code = 130
+    code = "interrupted"
 
 
 DRAIN_SECONDS = 20.0  # after the run ends, how long to wait for its last evaluation and scores
@@ -619,17 +627,23 @@ def _follow(a: Agent, training_id: str, tracker: TensorBoardLog, log_to: str | N
     exit 1 if it failed."""
     if not quiet:
         _say(f"Logging to {log_to}; following the run until it ends (Ctrl-C detaches, the run goes on)")
-    run = _api_view(a.get_training_status(training_id))
-    _track(a, training_id, tracker)
-    if not quiet:
-        _log(_changes(None, run))
-    while run["status"] not in ENDED:
-        time.sleep(1.0)
-        before, run = run, _api_view(a.get_training_status(training_id))
+    try:
+        run = _api_view(a.get_training_status(training_id))
         _track(a, training_id, tracker)
         if not quiet:
-            _log(_changes(before, run))
-    _drain(a, run, tracker)
+            _log(_changes(None, run))
+        while run["status"] not in ENDED:
+            time.sleep(1.0)
+            before, run = run, _api_view(a.get_training_status(training_id))
+            _track(a, training_id, tracker)
+            if not quiet:
+                _log(_changes(before, run))
+        _drain(a, run, tracker)
+    except KeyboardInterrupt:
+        raise Detached(
+            f"interrupted: run {training_id} goes on training; re-attach with: aitbc distributed-training "
+            f"monitor --training-id {shlex.quote(training_id)} --log-to {shlex.quote(log_to or '')}"
+        ) from None
     _finished(run)
     if not quiet:
         _say(_ended_line(run))
@@ -654,7 +668,7 @@ def monitor(
     home = resolve_home(home)
     checks.more_than(interval, 0, "--interval")
     t0 = time.monotonic()
-    tracker = _open_tracker(log_to)
+    tracker = _open_tracker(log_to, training_id)
     with _agent(home, coordinator, training_id) as a, _closing(tracker):
 
         def look() -> dict[str, Any]:
