@@ -12,6 +12,7 @@ import re
 import time
 
 import torch
+from sqlalchemy import event
 
 from aitbc.client import ApiError
 from aitbc.coordinator import dashboard, repository
@@ -47,6 +48,7 @@ DETAIL_KEYS = RUN_KEYS | {
     "ledger",
     "time",
 }
+PAY_KEYS = ("score", "rounds_accepted", "rounds_scored", "price", "paid", "paid_micro", "slashed", "slashed_micro")
 ROUND_KEYS = {
     "round",
     "val_loss",
@@ -190,6 +192,28 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         for text in (listed.text, reply.text):
             assert "digits" not in text and "hidden" not in text  # the data source, the model's options
         assert not [k for k in _keys(run) | _keys(page) if "cid" in k or k in ("source", "data_source", "config")]
+
+        # Each worker's standing and pay are the payments view's numbers...
+        pay = {p["worker_id"]: p for p in http.get(f"/v1/runs/{t.run_id}/payments").json()["data"]}
+        for w in http.get(f"/v1/dashboard/runs/{t.run_id}").json()["workers"]:
+            p = pay[w["worker_id"]]
+            assert [w[k] for k in PAY_KEYS] == [p[k] for k in PAY_KEYS] and set(p["flags"]) <= set(w["flags"])
+    # ... read in a fixed number of queries through the run's indexes: one of the scores
+    # table (it read each contract's scores by contract_id, which no index covers: a scan
+    # of every run's scores per worker, per poll, per open page).
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    event.listen(t.coord.ctx.engine, "before_cursor_execute", seen)
+    try:
+        with t.coord.ctx.session() as s:
+            dashboard.run_page(t.coord.ctx, s, repository.get_run(s, t.run_id))
+    finally:
+        event.remove(t.coord.ctx.engine, "before_cursor_execute", seen)
+    from_scores = [q for q in statements if re.search(r"\bFROM scores\b", q)]
+    assert len(from_scores) == 1 and "scores.run_id" in from_scores[0], from_scores
 
 
 def test_unknown_run_is_a_json_404_and_the_routes_are_read_only(server):
