@@ -26,7 +26,16 @@ from aitbc_agent_sdk import money as _money  # noqa: F401 - registers its operat
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import CoordinatorUnreachable, InvalidArgument
 from aitbc_agent_sdk.operations import OPERATIONS
-from aitbc_agent_sdk.protocol import Close, Http, Offload, Sleep, ensure_error, parse_response
+from aitbc_agent_sdk.protocol import (
+    Close,
+    Http,
+    Offload,
+    Sleep,
+    ensure_error,
+    parse_response,
+    passed_on,
+    raised_by_caller,
+)
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk._methods import AgentMethods, AsyncAgentMethods
@@ -148,12 +157,14 @@ class Agent(_Core, AgentMethods):
                 try:
                     result = self._do(req)
                 except BaseException as e:  # noqa: BLE001 - handed to the operation to handle or re-raise
-                    req = gen.throw(ensure_error(e) if isinstance(e, Exception) else e)
+                    req = gen.throw(passed_on(e))
                 else:
                     req = gen.send(result)
         except StopIteration as stop:
             return stop.value
         except AitbcError as e:  # a local error of the aitbc package (bad dataset, ...) in the SDK's hierarchy
+            if raised_by_caller(e):
+                raise
             raise ensure_error(e) from None
 
     def __enter__(self) -> Agent:
@@ -221,12 +232,14 @@ class AsyncAgent(_Core, AsyncAgentMethods):
                 try:
                     result = await self._do(req)
                 except BaseException as e:  # noqa: BLE001 - cancellation is thrown in too
-                    req = gen.throw(ensure_error(e) if isinstance(e, Exception) else e)
+                    req = gen.throw(passed_on(e))
                 else:
                     req = gen.send(result)
         except StopIteration as stop:
             return stop.value
         except AitbcError as e:  # a local error of the aitbc package (bad dataset, ...) in the SDK's hierarchy
+            if raised_by_caller(e):
+                raise
             raise ensure_error(e) from None
 
     async def __aenter__(self) -> AsyncAgent:

@@ -28,8 +28,9 @@ naming another stage than the last starts that stage, whose ``done`` rises from 
 ``total``, the last call of each having ``done == total``. ``total`` is known from the
 stage's first call, except a download's (0 until the reply's length is in) and
 ``package``'s. Called from the thread doing the work (``AsyncAgent``: a worker thread while
-hashing or packaging); it should return quickly, and an exception it raises ends the
-operation."""
+hashing or packaging); it should return quickly. An exception it raises ends the
+operation and reaches the caller as itself (not as an ``AgentError``); what was sent so far
+stays stored, but a run's dataset is attached only once all its pieces are."""
 
 CHUNK = 256 << 10  # bytes per piece of an upload whose progress is reported
 
@@ -101,15 +102,33 @@ class Http:
         return self.progress is not None and self.raw
 
 
+CALLER_MARK = "_aitbc_raised_by_progress"
+
+
+def raised_by_caller(e: BaseException) -> bool:
+    """Whether ``e`` came from the caller's ``progress`` callback (ended the operation as itself)."""
+    return getattr(e, CALLER_MARK, False) is True
+
+
 class Meter:
     """One stage of a :data:`Progress`: bytes done of ``total`` over one or more requests or
     local steps; reports ``(stage, 0, total)`` when made (``total`` None: at its first
     update instead). Reports nothing when ``progress`` is None."""
 
     def __init__(self, progress: Progress | None, stage: str, total: int | None = 0) -> None:
-        self.progress, self.stage, self.total, self.done = progress, stage, total or 0, 0
+        self.user, self.stage, self.total, self.done = progress, stage, total or 0, 0
+        self.progress = None if progress is None else self._call
         if progress is not None and total is not None:  # None: the first update starts it
-            progress(stage, 0, total)
+            self._call(stage, 0, total)
+
+    def _call(self, stage: str, done: int, total: int) -> None:
+        """The caller's callback; what it raises is marked (:func:`raised_by_caller`) so it
+        reaches the caller as itself, not as an :class:`AgentError`."""
+        try:
+            self.user(stage, done, total)  # type: ignore[misc]
+        except Exception as e:
+            setattr(e, CALLER_MARK, True)
+            raise
 
     def add(self, n: int) -> None:
         """``n`` more bytes done (a local step's)."""
@@ -182,7 +201,8 @@ def parse_response(r: httpx.Response, req: Http) -> Any:
 
 
 def ensure_error(e: BaseException) -> AgentError:
-    """Local errors of the ``aitbc`` package as :class:`AgentError` (one hierarchy)."""
+    """Local errors of the ``aitbc`` package as :class:`AgentError` (one hierarchy); an
+    exception of the caller's ``progress`` callback is not one (see :func:`passed_on`)."""
     if isinstance(e, AgentError):
         return e
     if isinstance(e, IntegrityError):
@@ -192,3 +212,10 @@ def ensure_error(e: BaseException) -> AgentError:
     if isinstance(e, UsageError):
         return InvalidArgument(getattr(e, "code", "bad_argument"), str(e))
     return AgentError("error", str(e))
+
+
+def passed_on(e: BaseException) -> BaseException:
+    """What an operation sees of ``e``, raised while carrying out its request: the caller's
+    own exception (from its ``progress`` callback) or a cancellation as they are, anything
+    else as an :class:`AgentError`."""
+    return e if raised_by_caller(e) or not isinstance(e, Exception) else ensure_error(e)
