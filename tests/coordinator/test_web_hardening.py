@@ -9,6 +9,7 @@ a raw socket where httpx would normalise the path before it leaves."""
 from __future__ import annotations
 
 import socket
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -108,3 +109,32 @@ def test_metrics_answers_an_unreadable_accept_in_the_text_format(server, accept)
     assert r.headers["x-content-type-options"] == "nosniff"
     names = {f.name for f in text_string_to_metric_families(r.text)}
     assert {"aitbc_runs", "aitbc_heartbeats", "aitbc_record_up"} <= names, names
+
+
+def test_scrapes_during_a_slow_reading_get_the_last_one_at_once(fresh_server):
+    """A reading of the record in progress (held here: a large record takes seconds) makes
+    no scrape wait for it: each gets the last reading at once, so a flood of unsigned
+    scrapes cannot hold the thread pool that every sync /v1 route runs in."""
+    record = fresh_server.ctx.metrics.record
+    assert record is not None
+    with fresh_server.http() as h:
+        first = h.get("/metrics")
+        assert first.status_code == 200
+        time.sleep(record.min_interval + 0.1)  # the reading is due again
+        with record._lock:  # a reading in progress
+            t0 = time.monotonic()
+            again = [h.get("/metrics", timeout=5) for _ in range(3)]
+            took = time.monotonic() - t0
+            assert all(r.status_code == 200 for r in again), [r.status_code for r in again]
+            assert took < 3, took  # the last reading, not a wait for the one in progress
+        assert {scrape_seconds(r.text) for r in again} == {scrape_seconds(first.text)}
+        time.sleep(record.min_interval + 0.1)
+        assert scrape_seconds(h.get("/metrics").text) != scrape_seconds(first.text)  # a new reading
+
+
+def scrape_seconds(text: str) -> float:
+    return (
+        next(f for f in text_string_to_metric_families(text) if f.name == "aitbc_record_scrape_seconds")
+        .samples[0]
+        .value
+    )

@@ -90,6 +90,7 @@ class CoordinatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()  # no auto-describe: registering queries nothing
+        self.record: RecordCollector | None = None  # the record's collector, once installed
         self.heartbeats = Counter(
             "aitbc_heartbeats", "Worker heartbeats received by this process", registry=self.registry
         )
@@ -215,8 +216,9 @@ class RecordCollector(Collector):
     heartbeats, as the lease judges them.
 
     ``/metrics`` is unsigned and a reading costs queries that grow with the tables, so
-    readings are at least ``min_interval`` seconds apart: a flood of scrapes waits for the
-    one reading in progress and shares it, and the database sees at most one per interval."""
+    readings are at least ``min_interval`` seconds apart and one at a time: scrapes meanwhile
+    share the last reading (only the very first is waited for), and the database sees at
+    most one per interval."""
 
     def __init__(self, ctx: Context, *, min_interval: float = MIN_SCRAPE_INTERVAL) -> None:
         self.ctx = ctx
@@ -226,12 +228,17 @@ class RecordCollector(Collector):
         self._last: list[Metric] = []
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            if time.monotonic() - self._read_at >= self.min_interval:
-                self._last = self._read()
-                self._read_at = time.monotonic()
-            families = self._last
-        yield from families
+        # Only the first reading is waited for: while a reading is in progress, other scrapes
+        # get the last one at once, so a flood never holds the thread pool's threads (those
+        # of every sync /v1 route) waiting on a slow reading.
+        if time.monotonic() - self._read_at >= self.min_interval and self._lock.acquire(blocking=not self._last):
+            try:
+                if time.monotonic() - self._read_at >= self.min_interval:
+                    self._last = self._read()
+                    self._read_at = time.monotonic()
+            finally:
+                self._lock.release()
+        yield from self._last
 
     def _read(self) -> list[Metric]:
         t0 = time.perf_counter()
@@ -343,7 +350,8 @@ def install(app: FastAPI, ctx: Context) -> None:
     """``GET /metrics`` (not in the OpenAPI document), the record's collector and the byte
     counter (innermost middleware: bytes of requests the app answers)."""
     registry = ctx.metrics.registry
-    registry.register(RecordCollector(ctx))
+    ctx.metrics.record = RecordCollector(ctx)
+    registry.register(ctx.metrics.record)
 
     def metrics(request: Request) -> Response:  # sync: the queries run in the thread pool, not the event loop
         encode, content_type = encoder(request.headers.get("accept", ""))
