@@ -150,8 +150,8 @@ def test_an_empty_database_scrapes_every_family_at_zero(fresh_server):
     assert by(m["aitbc_runs"], "status") == dict.fromkeys(metrics.RUN_STATUSES + ("other",), 0.0)
     assert m["aitbc_runs_active"] == {(): 0.0}
     assert by(m["aitbc_rounds_total"], "outcome") == {"aggregated": 0.0, "skipped": 0.0}
-    assert by(m["aitbc_updates_total"], "status") == dict.fromkeys(metrics.UPDATE_STATUSES + ("other",), 0.0)
-    assert by(m["aitbc_updates_rejected_total"], "reason") == dict.fromkeys(REASON_CODES, 0.0)
+    assert by(m["aitbc_updates"], "status") == dict.fromkeys(metrics.UPDATE_STATUSES + ("other",), 0.0)
+    assert by(m["aitbc_updates_rejected"], "reason") == dict.fromkeys(REASON_CODES, 0.0)
     assert set(by(m["aitbc_flags_total"], "kind").values()) == {0.0}
     assert set(by(m["aitbc_workers"], "status").values()) == {0.0}
     assert set(by(m["aitbc_jobs"], "status").values()) == {0.0}

@@ -13,6 +13,7 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from aitbc.coordinator.api.routes.dashboard import CSP as DASHBOARD_CSP
@@ -138,3 +139,29 @@ def scrape_seconds(text: str) -> float:
         .samples[0]
         .value
     )
+
+
+def test_update_counts_that_can_fall_are_gauges(new_coordinator, api):
+    """An update's status changes after it is counted (accepted, then rejected by the norm
+    bound at its round's close or excluded by the owner) and a resend deletes it: the counts
+    by status fall, which Prometheus reads as a counter's reset (rate() and increase() then
+    add the whole count again), so they are gauges. Here an accepted update is dropped by
+    its owner's resend and ``accepted`` falls from 1 to 0."""
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 3, prefix="g")
+    worker, job = t.take()
+    res = worker.post(f"/jobs/{job}/updates", api.update_body(1, api.put_update(worker, torch.zeros(t.d))))
+    assert res["status"] == "accepted", res
+    with coord.http() as h:
+        before = record_families(h.get("/metrics").text)
+        t.owner.post(f"/jobs/{job}/resend")
+        time.sleep(coord.ctx.metrics.record.min_interval + 0.1)  # a new reading of the record
+        after = record_families(h.get("/metrics").text)
+    accepted = [{s.labels["status"]: s.value for s in m["aitbc_updates"].samples}["accepted"] for m in (before, after)]
+    assert accepted == [1.0, 0.0]
+    for name in ("aitbc_updates", "aitbc_updates_rejected"):  # a resend deletes a rejected update too
+        assert before[name].type == after[name].type == "gauge", name
+
+
+def record_families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}

@@ -105,10 +105,10 @@ def test_metrics_match_the_record_of_a_live_run(stack):
 
     # Updates: the results' accepted and rejected; the Byzantine ones under norm_bound.
     results = stack.api(f"/runs/{run_id}/results")
-    updates = by(m["aitbc_updates_total"], "status")
+    updates = by(m["aitbc_updates"], "status")
     assert updates["accepted"] == results["updates_accepted"] > 0
     assert updates["rejected"] == results["updates_rejected"] >= 1
-    reasons = by(m["aitbc_updates_rejected_total"], "reason")
+    reasons = by(m["aitbc_updates_rejected"], "reason")
     assert reasons["norm_bound"] == results["updates_rejected"], reasons
     assert sum(reasons.values()) == updates["rejected"]
 

@@ -283,7 +283,10 @@ class RecordCollector(Collector):
                 select(code, func.count()).where(Update.status == UpdateStatus.REJECTED).group_by(code)
             ).all()
             by_reason = _known(REASON_CODES, rejected)
-            yield _counter(
+            # Gauges, not counters: an update's status changes (accepted -> rejected by the norm
+            # bound at the round's close, -> excluded by the owner) and a resend deletes it, and
+            # a counter that falls reads as a reset to rate()/increase().
+            yield _gauge(
                 "aitbc_updates",
                 "Updates on record, by status: accepted, rejected (provably bad), excluded (left out by the "
                 "owner); an update its owner asked to be resent leaves the record",
@@ -291,7 +294,7 @@ class RecordCollector(Collector):
                 (*UPDATE_STATUSES, OTHER),
                 by_status,
             )
-            yield _counter(
+            yield _gauge(
                 "aitbc_updates_rejected",
                 "Rejected updates by reason: non_finite (NaN/Inf), norm_bound (norm over the reject bound), "
                 "wrong_shape, malformed (undecodable), bad_loss (non-finite reported loss), other",
