@@ -12,10 +12,11 @@ import re
 import time
 
 import torch
-from sqlalchemy import event
+from sqlalchemy import event, insert
 
 from aitbc.client import ApiError
 from aitbc.coordinator import dashboard, repository
+from aitbc.coordinator.models import RoundRecord
 
 RUN_KEYS = {
     "training_id",
@@ -43,6 +44,7 @@ DETAIL_KEYS = RUN_KEYS | {
     "bytes_up",
     "bytes_down",
     "curves",
+    "curve_every",
     "workers",
     "payments",
     "ledger",
@@ -156,7 +158,7 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         assert list(run) == list(view) and list(run["workers"][0]) == list(view["workers"][0])
         assert list(run["curves"][0]) == list(view["curves"][0]) and list(run["payments"]) == list(view["payments"])
         assert run["parameters"] == t.d and run["rounds"] == 3 and run["rounds_completed"] >= 1
-        assert [r["round"] for r in run["curves"]][:2] == [0, 1]
+        assert [r["round"] for r in run["curves"]][:2] == [0, 1] and run["curve_every"] == 1
         assert all(set(r) == ROUND_KEYS for r in run["curves"])
         closed = run["curves"][1]
         assert closed["accepted"] == 2 and closed["rejected"] == 1 and closed["val_loss"] is not None
@@ -214,6 +216,35 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         event.remove(t.coord.ctx.engine, "before_cursor_execute", seen)
     from_scores = [q for q in statements if re.search(r"\bFROM scores\b", q)]
     assert len(from_scores) == 1 and "scores.run_id" in from_scores[0], from_scores
+
+
+def test_a_long_runs_curves_are_thinned_to_a_bound(server, api):
+    """A run of thousands of rounds (up to 100,000 may be asked for): one poll holds at most
+    MAX_CURVE_POINTS rounds of curves (every n-th and the newest; it held them all, a
+    reply of megabytes every 1.5 s per open page) and says which."""
+    run_id = api.create_run(server.client("owner"))
+    closed = 2 * dashboard.MAX_CURVE_POINTS + 500
+    now = time.time()
+    with server.ctx.session() as s:
+        s.execute(
+            insert(RoundRecord),
+            [
+                dict(run_id=run_id, round=k, checkpoint_cid="x", val_loss=1 / (k + 1), started_at=now, closed_at=now)
+                for k in range(closed + 1)
+            ],
+        )
+        s.commit()
+    with server.http() as http:
+        reply = http.get(f"/v1/dashboard/runs/{run_id}")
+    assert reply.status_code == 200, reply.text
+    run = reply.json()
+    rounds = [r["round"] for r in run["curves"]]
+    every = run["curve_every"]
+    assert every == 3 and run["rounds_completed"] == closed
+    assert len(rounds) <= dashboard.MAX_CURVE_POINTS and rounds == sorted(rounds)
+    assert rounds[0] == 0 and rounds[-1] == closed and all(k % every == 0 for k in rounds[:-1])
+    assert len(rounds) == closed // every + 2  # 0, every n-th round up to the newest, the newest
+    assert len(reply.content) < 250_000
 
 
 def test_unknown_run_is_a_json_404_and_the_routes_are_read_only(server):

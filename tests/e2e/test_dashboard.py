@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -151,3 +152,41 @@ def test_dashboard_follows_a_live_run_in_chromium(stack):
         finally:
             browser.close()
     assert problems == []  # no script error, no Content-Security-Policy refusal
+
+
+def test_the_page_says_when_it_is_not_updating_and_recovers(stack):
+    """An unknown run's page says so; a coordinator that stops answering without closing
+    the connection (a hung process: SIGSTOP) turns the page's 'live' into 'not updating'
+    within the poll's reply timeout (it said 'live' forever); a restarted coordinator is
+    followed again without reloading the page."""
+    chromium = _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    stack.start_coordinator()
+    coordinator = stack.procs["coordinator"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{stack.url}/runs/training_nope")
+            page.locator("#notice", has_text="no training run 'training_nope'").wait_for(timeout=30_000)
+            assert page.locator("#run").is_hidden()
+            live = page.locator("#live")
+            page.locator("#live.ok").wait_for(timeout=10_000)
+
+            os.kill(coordinator.pid, signal.SIGSTOP)
+            try:
+                page.locator("#live.down", has_text="not updating: no reply in 10 s").wait_for(timeout=25_000)
+            finally:
+                os.kill(coordinator.pid, signal.SIGCONT)
+            page.locator("#live.ok").wait_for(timeout=15_000)
+
+            coordinator.terminate()
+            coordinator.wait(timeout=30)
+            page.locator("#live.down").wait_for(timeout=15_000)
+            stack.start_coordinator()
+            page.locator("#live.ok").wait_for(timeout=30_000)
+            assert live.inner_text().startswith("live · updated")
+            assert page.locator("#notice", has_text="training_nope").is_visible()
+        finally:
+            browser.close()

@@ -19,21 +19,23 @@ write) is data: the page renders it as text, never as markup."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import views
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.models import Contract, Flag, Job, Run, Score, Settlement
+from aitbc.coordinator.models import Contract, Flag, Job, RoundRecord, Run, Score, Settlement
 from aitbc.coordinator.states import ScoreStatus
 from aitbc.ledger.book import Head
 from aitbc.ledger.chain import escrow_account
 from aitbc.units import MICRO, format_price
 
 MAX_RUNS = 200  # the list shows the newest runs
+MAX_CURVE_POINTS = 1000  # a longer run's curves hold every n-th round (and the newest): one poll stays small
 
 
 def run_row(run: Run) -> dict[str, Any]:
@@ -67,33 +69,41 @@ def run_page(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     """One run as the dashboard shows it: the summary, curves by round, the workers,
     bytes, payments and the ledger's head."""
     now = time.time()
+    closed, last = s.execute(
+        select(func.count(), func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)
+    ).one()
+    every = max(1, math.ceil((closed + 1) / MAX_CURVE_POINTS))
+    picked = select(RoundRecord).where(RoundRecord.run_id == run.id)
+    if every > 1:  # a long run: every n-th round and the newest, in SQL (the record is not read whole)
+        picked = picked.where(or_(RoundRecord.round % every == 0, RoundRecord.round == last))
     rounds = [
         {
-            "round": r["round"],
-            "val_loss": r["val_loss"],
-            "val_accuracy": r["val_accuracy"],
-            "train_loss": r["train_loss"],
-            "accepted": r["accepted"],
-            "rejected": r["rejected"],
-            "skipped": r["skipped"],
-            "bytes_up": r["bytes_up"],
-            "bytes_down": r["bytes_down"],
-            "closed_at": r["closed_at"],
+            "round": r.round,
+            "val_loss": r.val_loss,
+            "val_accuracy": r.val_accuracy,
+            "train_loss": r.train_loss,
+            "accepted": r.accepted,
+            "rejected": r.rejected,
+            "skipped": r.skipped,
+            "bytes_up": r.bytes_up,
+            "bytes_down": r.bytes_down,
+            "closed_at": r.closed_at,
         }
-        for r in views.rounds_view(s, run)
+        for r in s.scalars(picked.order_by(RoundRecord.round))
     ]
     pay = _pay(ctx, s, run)
     return {
         **run_row(run),
         "aggregator": run.cfg.aggregator if run.configured else None,
         "initial_val_loss": run.initial_val_loss,
-        "rounds_completed": sum(r["round"] > 0 for r in rounds),
+        "rounds_completed": closed,
         "error": run.error,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "bytes_up": run.bytes_up,
         "bytes_down": run.bytes_down,
         "curves": rounds,
+        "curve_every": every,
         "workers": _workers(ctx, s, run, pay["data"], now=now),
         "payments": {
             "network": run.network,

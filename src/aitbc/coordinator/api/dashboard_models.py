@@ -94,6 +94,9 @@ class DashboardRunDetail(DashboardRun):
     bytes_up: int
     bytes_down: int
     curves: list[DashboardRound]
+    curve_every: int = Field(
+        description="the curves hold every n-th round (and the newest); 1: every round (a long run's are thinned)"
+    )
     workers: list[DashboardWorker]
     payments: DashboardPayments
     ledger: DashboardLedger

@@ -160,6 +160,9 @@
       }
     }
     $("points").textContent = String(run.curves.length);
+    // a long run's curves hold every n-th round (the coordinator bounds one poll's size)
+    $("thinned").textContent =
+      run.curve_every > 1 ? `: 1 in ${run.curve_every} of ${run.rounds_completed.toLocaleString("en")} closed` : "";
     $("bytes-total").textContent = `(total ${bytes(run.bytes_up)} up, ${bytes(run.bytes_down)} down)`;
   }
 
@@ -243,11 +246,32 @@
 
   // --- polling -------------------------------------------------------------------------------
 
+  // A coordinator that stops answering without closing the connection (a hung process, a
+  // proxy, a dropped network) would leave a poll waiting forever and the page still saying
+  // "live": each request gives up after REPLY_MS and the page says it is not updating.
+  const REPLY_MS = 10000;
+
   async function getJson(path) {
-    const reply = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
-    const body = await reply.json();
-    if (!reply.ok) throw Object.assign(new Error(body.detail || `HTTP ${reply.status}`), { status: reply.status });
-    return body;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), REPLY_MS);
+    try {
+      const reply = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store", signal: abort.signal });
+      let body = null;
+      try {
+        body = await reply.json();
+      } catch {
+        // not JSON (a proxy's error page): the status says enough
+      }
+      if (!reply.ok || body === null) {
+        throw Object.assign(new Error((body && body.detail) || `HTTP ${reply.status}`), { status: reply.status });
+      }
+      return body;
+    } catch (e) {
+      if (e.name === "AbortError") throw new Error(`no reply in ${REPLY_MS / 1000} s`);
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   let timer = null;
