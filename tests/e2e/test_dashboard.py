@@ -13,11 +13,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import uvicorn
 
+from aitbc.coordinator.app import create_app
+from aitbc.coordinator.config import Settings
 from aitbc_agent_sdk import Agent, AgentConfig
 
 pytestmark = pytest.mark.slow
@@ -190,3 +195,58 @@ def test_the_page_says_when_it_is_not_updating_and_recovers(stack):
             assert page.locator("#notice", has_text="training_nope").is_visible()
         finally:
             browser.close()
+
+
+def test_the_page_works_behind_a_path_prefix(tmp_path, databases):
+    """A coordinator a proxy serves under ``/aitbc`` (uvicorn's ``root_path``): the page
+    names its assets under the prefix and its script polls and links under it (it asked
+    ``/v1/...`` and ``/static/...`` at the proxy's root, a blank page there). The proxy here
+    is the browser's own request routing: it strips the prefix, as a proxy would."""
+    chromium = _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    db_url = databases.new(tmp_path)
+    app = create_app(Settings(home=tmp_path, db_url=db_url), run_driver=False)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(app, root_path="/aitbc", log_level="warning", access_log=False, lifespan="on", ws="none")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    real = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    _until(lambda: server.started, "the coordinator up", timeout=30)
+    proxy = "http://aitbc.test"
+    outside: list[str] = []
+    problems: list[str] = []
+
+    def forward(route):
+        url = route.request.url
+        if not url.startswith(f"{proxy}/aitbc/"):
+            outside.append(url)  # a request the proxy does not serve: outside the prefix
+            return route.fulfill(status=404, body="not under /aitbc")
+        return route.fulfill(response=route.fetch(url=real + url[len(f"{proxy}/aitbc") :]))
+
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+                page.route(f"{proxy}/**", forward)
+                page.goto(f"{proxy}/aitbc/")
+                page.locator("#live.ok").wait_for(timeout=30_000)
+                assert page.locator("#notice").inner_text() == "No runs yet."
+                assert page.locator("header h1 a").get_attribute("href") == "/aitbc/"
+                assert page.evaluate("typeof window.uPlot") == "function"  # the vendored library loaded
+                assert problems == []  # (the unknown run's page below logs its 404)
+                page.goto(f"{proxy}/aitbc/runs/training_nope")
+                page.locator("#notice", has_text="no training run 'training_nope'").wait_for(timeout=30_000)
+            finally:
+                browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        databases.drop(db_url)
+    assert outside == []

@@ -5,7 +5,9 @@ Content-Security-Policy lets no inline script, no other origin and no plugin run
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import html
+
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from aitbc.coordinator import dashboard, repository
@@ -41,16 +43,24 @@ def run(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
     return dashboard.run_page(ctx, s, repository.get_run(s, run_id))
 
 
-def _page() -> HTMLResponse:
-    return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"), headers=PAGE_HEADERS)
+def _page(request: Request) -> HTMLResponse:
+    """The page, every URL it names under the server's ``root_path`` (a coordinator behind a
+    proxy under a path prefix; the server's setting, never a client's header), which the
+    script reads from ``<html data-root>`` for the JSON it polls and the links it makes."""
+    root = str(request.scope.get("root_path", "")).rstrip("/")
+    text = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    text = text.replace('="/', f'="{html.escape(root)}/').replace(
+        "<html ", f'<html data-root="{html.escape(root)}" ', 1
+    )
+    return HTMLResponse(text, headers=PAGE_HEADERS)
 
 
 @pages.get("/")
-def index() -> HTMLResponse:
-    return _page()
+def index(request: Request) -> HTMLResponse:
+    return _page(request)
 
 
 @pages.get(RUN_PAGE)
-def run_view(run_id: str) -> HTMLResponse:
+def run_view(run_id: str, request: Request) -> HTMLResponse:
     """The same page; its script reads the run's id from the address and asks the JSON route."""
-    return _page()
+    return _page(request)

@@ -6,7 +6,10 @@
 
 (() => {
   const POLL_MS = 1500;
-  const API = "/v1/dashboard";
+  // The server's path prefix ("" or e.g. "/aitbc" behind a proxy), written by the server
+  // into <html data-root>: the JSON, the run pages and their links live under it.
+  const ROOT = document.documentElement.dataset.root || "";
+  const API = `${ROOT}/v1/dashboard`;
   const $ = (id) => document.getElementById(id);
 
   // --- DOM helpers: text only ----------------------------------------------------------
@@ -68,7 +71,8 @@
   // --- routing: / (the newest run) or /runs/{id} --------------------------------------------
 
   function wantedRun() {
-    const m = window.location.pathname.match(/^\/runs\/([^/]+)\/?$/);
+    const path = window.location.pathname;
+    const m = (path.startsWith(ROOT) ? path.slice(ROOT.length) : path).match(/^\/runs\/([^/]+)\/?$/);
     return m ? decodeURIComponent(m[1]) : null;
   }
 
@@ -76,7 +80,7 @@
 
   function open(id) {
     selected = id;
-    window.history.pushState({}, "", `/runs/${encodeURIComponent(id)}`);
+    window.history.pushState({}, "", `${ROOT}/runs/${encodeURIComponent(id)}`);
     tick();
   }
 
@@ -93,7 +97,7 @@
     const items = page.data.map((r) => {
       const link = el(
         "a",
-        { href: `/runs/${encodeURIComponent(r.training_id)}`, "data-run-id": r.training_id },
+        { href: `${ROOT}/runs/${encodeURIComponent(r.training_id)}`, "data-run-id": r.training_id },
         el("span", { class: "run-id" }, r.training_id),
         el("span", { class: `badge ${r.status}` }, r.status),
         el("span", { class: "muted" }, `round ${r.round}/${r.rounds ?? "–"} · ${r.model_type}`),
