@@ -305,7 +305,7 @@ def commit_round(
             )
         )
     train_losses = [u.train_loss for u, _ in accepted if u.train_loss is not None]
-    prev_size = len(ctx.store.get_bytes(run.global_cid)) if run.global_cid else 0
+    prev_size = ctx.store.size(run.global_cid) if run.global_cid else 0  # a stat: not a read and hash under the lock
     s.merge(
         RoundRecord(
             run_id=run.id,
