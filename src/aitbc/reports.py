@@ -99,6 +99,8 @@ def prepare_dir(path: Path) -> Path:
     line: called before fetching anything."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"-o {path}: is a file, not a folder")
+    if path.is_symlink() and not path.exists():  # mkdir would say only "File exists"
+        raise UsageError(f"-o {path}: is a link to {os.readlink(path)}, which does not exist")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".aitbc-report-probe"

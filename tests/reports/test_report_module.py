@@ -101,6 +101,11 @@ def test_refuses_a_file_or_a_folder_it_cannot_make(tmp_path):
         write_report(_data(), f)
     with pytest.raises(UsageError, match="cannot write there"):
         write_report(_data(), f / "below")  # a folder under a file cannot be made
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "gone")
+    with pytest.raises(UsageError, match="is a link to .*gone, which does not exist"):
+        write_report(_data(), dangling)
+    assert not (tmp_path / "gone").exists()
     assert f.read_text() == "x"
 
 
