@@ -168,8 +168,7 @@ def from_run(
             f"{results.get('updates_accepted', 0)} / {results.get('updates_rejected', 0)}",
         ),
         ("bytes up / down", f"{_bytes(results.get('bytes_up'))} / {_bytes(results.get('bytes_down'))}"),
-        ("model CID", str(results.get("model_cid") or "-")),
-    ]
+    ]  # no CID: a report is made to be shared, and a CID fetches the owner's model (as on the dashboard)
     if payments:
         summary.append(("escrowed / left (AIT)", f"{payments.get('escrowed')} / {payments.get('escrow_balance')}"))
     notes = [f"error: {results['error']}"] if results.get("error") else []

@@ -147,6 +147,7 @@ def test_from_run_uses_per_round_bytes_scores_and_payments():
     assert list(d.heatmap.workers) == ["w1", "w2"]
     assert [(w.worker_id, w.paid, w.flags) for w in d.workers] == [("w1", "1.6", ()), ("w2", "", ("replay",))]
     assert ("final validation loss", "0.5000") in d.summary
+    assert not [v for _, v in d.summary if "bafy" in v]  # a shared report names no CID of the owner's model
 
 
 def test_from_simulation_turns_running_totals_into_per_round_bytes():
