@@ -246,7 +246,7 @@ class Score(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
     round: Mapped[int] = mapped_column(Integer)
-    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"))
+    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"), index=True)  # pay views (0004)
     worker_id: Mapped[str] = mapped_column(String(64), index=True)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | missing
     gain: Mapped[float | None] = mapped_column(Float, default=None)

@@ -9,6 +9,9 @@ Create Date: 2026-12-01
   answer began with a download of the model), as ``runs.bytes_down`` counts it.
 
 Both nullable: rounds recorded before this revision did not count them (None: unknown).
+
+And ``ix_scores_contract_id``: the payment views read a contract's scores, which had no
+index leading with ``contract_id`` (one scan of every run's scores per contract).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ def upgrade() -> None:
     with op.batch_alter_table("rounds") as b:
         for c in ROUNDS:
             b.add_column(c)
+    op.create_index("ix_scores_contract_id", "scores", ["contract_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_scores_contract_id", table_name="scores")
     with op.batch_alter_table("rounds") as b:
         for c in reversed(ROUNDS):
             b.drop_column(c.name)
