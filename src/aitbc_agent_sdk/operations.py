@@ -863,8 +863,13 @@ def get_round_scores(self: AgentState, training_id: str | None = None) -> Op[lis
     own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
     the round's price the worker was paid."""
     training_id = yield from resolve_run(self, training_id)
-    res = yield Http("GET", f"/runs/{training_id}/scores")
-    return list(res["data"])
+    rows: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:  # the coordinator sends them in pages
+        res = yield Http("GET", f"/runs/{training_id}/scores", params={"after": after})
+        rows += res["data"]
+        after = res.get("next")
+    return sorted(rows, key=lambda r: r["round"])  # stable: as written within a round
 
 
 @operation

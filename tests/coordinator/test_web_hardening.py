@@ -165,3 +165,44 @@ def test_update_counts_that_can_fall_are_gauges(new_coordinator, api):
 
 def record_families(text: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_scores_come_in_bounded_pages_and_the_sdk_reads_them_all(new_coordinator, api, tmp_path):
+    """``GET /v1/runs/{id}/scores`` is unsigned and a long run holds rounds x workers rows (64k
+    were one 14 MB reply and ~4 s of the coordinator): at most MAX_SCORES rows a reply, paged
+    with ``next``; a larger ``limit`` is a 422. The SDK's get_round_scores reads every page."""
+    from aitbc.coordinator.api.routes.runs import MAX_SCORES
+    from aitbc.coordinator.models import Score
+    from aitbc_agent_sdk import Agent, AgentConfig
+
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 2, prefix="p")
+    contract = coord.rows("SELECT id, worker_id FROM contracts WHERE run_id = :r", r=t.run_id)[0]
+    n = MAX_SCORES + 7
+    with coord.ctx.session() as s:  # one contract's score in each of n rounds, written as the driver does
+        s.add_all(
+            Score(
+                run_id=t.run_id,
+                round=r,
+                contract_id=contract["id"],
+                worker_id=contract["worker_id"],
+                status="accepted",
+                quality=0.5,
+                flags=[],
+            )
+            for r in range(n, 0, -1)  # written newest first: the SDK still returns them by round
+        )
+        s.commit()
+    with coord.http() as h:
+        first = h.get(f"/v1/runs/{t.run_id}/scores").json()
+        assert first["count"] == len(first["data"]) == MAX_SCORES and first["next"] is not None
+        rest = h.get(f"/v1/runs/{t.run_id}/scores", params={"after": first["next"]}).json()
+        assert rest["count"] == 7 and rest["next"] is None
+        small = h.get(f"/v1/runs/{t.run_id}/scores", params={"limit": 2}).json()
+        assert small["count"] == 2 and small["next"] is not None
+        api.assert_error(h.get(f"/v1/runs/{t.run_id}/scores", params={"limit": MAX_SCORES + 1}), 422, "invalid_request")
+        api.assert_error(h.get(f"/v1/runs/{t.run_id}/scores", params={"after": -1}), 422, "invalid_request")
+    config = AgentConfig(name="reader", wallet_name=None, coordinator_url=coord.url, home=tmp_path / "reader")
+    with Agent(config) as reader:
+        rows = reader.get_round_scores(t.run_id)
+    assert [r["round"] for r in rows] == list(range(1, n + 1))

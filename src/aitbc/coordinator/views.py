@@ -229,11 +229,13 @@ def rounds_view(s: Session, run: Run) -> list[dict[str, Any]]:
     ]
 
 
-def scores_view(s: Session, run: Run) -> list[dict[str, Any]]:
-    """Every scored (contract, round) of the run, by round then contract: the quality the
-    round paid on and the signals behind it (``core.scoring``)."""
-    rows = s.scalars(select(Score).where(Score.run_id == run.id).order_by(Score.round, Score.id)).all()
-    return [
+def scores_view(s: Session, run: Run, *, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+    """The run's scored (contract, round) rows in the order they were written (round by
+    round), those after row ``after``, at most ``limit``: the quality the round paid on and
+    the signals behind it (``core.scoring``); ``next``: the ``after`` of the next page."""
+    query = select(Score).where(Score.run_id == run.id, Score.id > after).order_by(Score.id)
+    rows = s.scalars(query if limit is None else query.limit(limit)).all()
+    data = [
         {
             "round": sc.round,
             "worker_id": sc.worker_id,
@@ -249,6 +251,8 @@ def scores_view(s: Session, run: Run) -> list[dict[str, Any]]:
         }
         for sc in rows
     ]
+    full = limit is not None and len(rows) == limit
+    return {"data": data, "count": len(data), "next": rows[-1].id if full else None}
 
 
 def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:

@@ -269,6 +269,10 @@ class ScoreView(Reply):
     provable: bool = Field(description="true: misbehaviour anyone can re-check (it was slashed)")
 
 
+class ScorePage(Page[ScoreView]):
+    next: int | None = Field(description="pass as after= for the next page; null on the last")
+
+
 class Checkpoint(Reply):
     round: int
     cid: str

@@ -3,7 +3,7 @@ the views everyone may read (status, rounds, results)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from aitbc.coordinator import repository, runs, views
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
@@ -18,12 +18,14 @@ from aitbc.coordinator.api.responses import (
     RoundView,
     RunDetail,
     RunSummary,
-    ScoreView,
+    ScorePage,
     errors,
 )
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, PaymentCreate, RunCreate
 
 router = APIRouter(prefix="/runs", tags=["runs"])
+MAX_SCORES = 5000  # score rows per page (64k rows in one reply were 14 MB and ~4 s of the coordinator)
+MAX_ROW_ID = 2**31 - 1  # the largest row id the column holds on every backend
 
 
 @router.post("", status_code=201, response_model=RunSummary, responses=errors(409, 422))
@@ -87,10 +89,17 @@ def rounds(run_id: str, s: SessionDep) -> dict:
     return {"data": data, "count": len(data)}
 
 
-@router.get("/{run_id}/scores", response_model=Page[ScoreView], responses=errors(404))
-def scores(run_id: str, s: SessionDep) -> dict:
-    data = views.scores_view(s, repository.get_run(s, run_id))
-    return {"data": data, "count": len(data)}
+@router.get("/{run_id}/scores", response_model=ScorePage, responses=errors(404, 422))
+def scores(
+    run_id: str,
+    s: SessionDep,
+    after: int = Query(0, ge=0, le=MAX_ROW_ID),
+    limit: int = Query(MAX_SCORES, ge=1, le=MAX_SCORES),
+) -> dict:
+    """Every worker's score in every round, as written (round by round), in pages of at
+    most ``limit`` rows (an unsigned read: a long run has rounds x workers of them); page
+    with ``next``."""
+    return views.scores_view(s, repository.get_run(s, run_id), after=after, limit=limit)
 
 
 @router.get("/{run_id}/results", response_model=Results, responses=errors(404))
