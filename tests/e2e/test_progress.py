@@ -24,7 +24,7 @@ import pytest
 from aitbc.storage.unixfs import add_path
 from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long  # minutes: make test-long (CI runs it)
 
 AITBC = Path(sys.executable).parent / "aitbc"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

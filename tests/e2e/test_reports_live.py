@@ -21,7 +21,7 @@ from aitbc.reports import PLOTS
 
 from .conftest import AITBC
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long  # minutes: make test-long (CI runs it)
 
 ROUNDS = 4
 
