@@ -34,8 +34,9 @@ test: $(LINT_STAMP)
 	$(PY) -m pytest -q -n 2 -m "not schemathesis and not long"
 	$(MAKE) --no-print-directory test-api
 
-# The trust-boundary end-to-end suites (real coordinators and workers, minutes each):
-# kept out of the default run so it stays within its time budget; CI runs them too.
+# The trust-boundary end-to-end suites, the documented examples, the live report/tracker and
+# progress-bar suites (real coordinators and workers, minutes each): kept out of the default
+# run so it stays within its time budget; CI runs them too.
 test-long: $(LINT_STAMP)
 	$(PY) -m pytest -q -n 2 -m long
 
