@@ -102,6 +102,7 @@ def test_monitor_into_a_pipe_and_tables_at_80_columns(stack):
     _readable(_narrow(stack, "ledger", "entries", "--limit", "50"), f"wallet:{owner}", f"escrow:{run_id}", *workers)
 
 
+@pytest.mark.long  # ~30 CLI processes, each starting torch: minutes (make test-long)
 def test_refusals_name_the_flag_and_stop_is_not_a_failure(stack, tmp_path):
     stack.start_coordinator()
     for name in ("w1", "w2"):
