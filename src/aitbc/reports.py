@@ -10,7 +10,7 @@ as a new file, then renamed over the old one, so a link planted there is never f
 other files in the folder are left alone):
 
 - ``loss.png``: validation loss and mean training loss by round;
-- ``accuracy.png``: validation accuracy by round (a note for a language model);
+- ``accuracy.png``: validation and training accuracy by round (a note for a language model);
 - ``scores.png``: a worker-by-round heatmap (a live run: each worker's score, quality
   0..1; blank where a worker has no score for a round);
 - ``bytes.png``: bytes up (updates) and down (models) per round;
@@ -53,6 +53,7 @@ class RoundPoint:
     val_loss: float | None = None
     val_accuracy: float | None = None
     train_loss: float | None = None
+    train_accuracy: float | None = None
     bytes_up: int | None = None
     bytes_down: int | None = None
     accepted: int | None = None
@@ -130,6 +131,7 @@ def from_run(
             val_loss=r.get("val_loss"),
             val_accuracy=r.get("val_accuracy"),
             train_loss=r.get("train_loss"),
+            train_accuracy=r.get("train_accuracy"),
             bytes_up=r.get("bytes_up"),
             bytes_down=r.get("bytes_down"),
             accepted=r.get("accepted"),
@@ -209,6 +211,7 @@ def from_simulation(
                 val_loss=r.get("val_loss"),
                 val_accuracy=r.get("val_accuracy"),
                 train_loss=r.get("train_loss"),
+                train_accuracy=r.get("train_accuracy"),
                 bytes_up=up - up0,
                 bytes_down=down - down0,
                 accepted=r.get("accepted"),
@@ -351,12 +354,20 @@ def _loss_png(points: Sequence[RoundPoint]) -> bytes:
 
 def _accuracy_png(points: Sequence[RoundPoint]) -> bytes:
     fig, ax = _figure()
-    xs, ys = _series(points, "val_accuracy")
-    ax.set(title="Validation accuracy by round", xlabel="round", ylabel="accuracy")
+    ax.set(title="Accuracy by round", xlabel="round", ylabel="accuracy")
     _rounds_axis(ax)
-    if xs:
-        ax.plot(xs, ys, marker="o", markersize=3, color="tab:green")
+    drawn = False
+    for attr, label, color in (
+        ("val_accuracy", "validation accuracy", "tab:green"),
+        ("train_accuracy", "training accuracy (mean of workers, as reported)", "tab:orange"),
+    ):
+        xs, ys = _series(points, attr)
+        if xs:
+            ax.plot(xs, ys, marker="o", markersize=3, color=color, label=label)
+            drawn = True
+    if drawn:
         ax.set_ylim(0, 1)
+        ax.legend()
         ax.grid(alpha=0.3)
     else:
         _empty(ax, "no accuracy recorded (a language model, or no evaluated round yet)")

@@ -38,6 +38,7 @@ ROUND_TAGS = {
     "val/loss": "val_loss",
     "val/accuracy": "val_accuracy",
     "train/loss": "train_loss",
+    "train/accuracy": "train_accuracy",
     "bytes/up": "bytes_up",
     "bytes/down": "bytes_down",
     "updates/accepted": "accepted",

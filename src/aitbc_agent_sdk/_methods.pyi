@@ -196,7 +196,7 @@ class AgentMethods:
     def get_rounds(self, training_id: str | None = None) -> list[dict[str, Any]]:
         """Every closed round of the run (default: the agent's current run) as the
         coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
-        val_loss, val_accuracy, train_loss, accepted, rejected, stragglers, skipped,
+        val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
         bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
         round's own (``None`` for rounds recorded before they were counted), ``val_loss``
         ``None`` until the round is evaluated.
@@ -742,7 +742,7 @@ class AsyncAgentMethods:
     async def get_rounds(self, training_id: str | None = None) -> list[dict[str, Any]]:
         """Every closed round of the run (default: the agent's current run) as the
         coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
-        val_loss, val_accuracy, train_loss, accepted, rejected, stragglers, skipped,
+        val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
         bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
         round's own (``None`` for rounds recorded before they were counted), ``val_loss``
         ``None`` until the round is evaluated.

@@ -876,7 +876,7 @@ def get_round_scores(self: AgentState, training_id: str | None = None) -> Op[lis
 def get_rounds(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
     """Every closed round of the run (default: the agent's current run) as the
     coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
-    val_loss, val_accuracy, train_loss, accepted, rejected, stragglers, skipped,
+    val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
     bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
     round's own (``None`` for rounds recorded before they were counted), ``val_loss``
     ``None`` until the round is evaluated."""

@@ -56,6 +56,7 @@ ROUND_KEYS = {
     "val_loss",
     "val_accuracy",
     "train_loss",
+    "train_accuracy",
     "accepted",
     "rejected",
     "skipped",
@@ -126,9 +127,16 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
     t = api.start_training_run(new_coordinator(), 3)
     g = torch.Generator().manual_seed(0)
     (a, ja), (b, jb), (c, jc) = ((w, t.jobs[w.wallet.address]) for w in t.workers)
-    for w, job in ((a, ja), (b, jb)):
+    for (w, job), acc in (((a, ja), 0.25), ((b, jb), 0.75)):
         cid = api.put_update(w, 1e-3 * torch.randn(t.d, generator=g))
-        w.post(f"/jobs/{job}/updates", api.update_body(1, cid))
+        for wrong in (1.5, -0.1):  # a reported accuracy outside [0, 1]: refused, nothing stored
+            try:
+                w.post(f"/jobs/{job}/updates", api.update_body(1, cid, train_accuracy=wrong))
+                raise AssertionError(f"train_accuracy {wrong} was accepted")
+            except ApiError as e:
+                assert e.status == 422 and "train_accuracy" in e.detail, e.detail
+        assert not t.coord.rows("SELECT id FROM updates WHERE job_id = :j", j=job)
+        w.post(f"/jobs/{job}/updates", api.update_body(1, cid, train_accuracy=acc))
     bad = torch.zeros(t.d)
     bad[0] = float("nan")
     try:
@@ -163,6 +171,7 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         closed = run["curves"][1]
         assert closed["accepted"] == 2 and closed["rejected"] == 1 and closed["val_loss"] is not None
         assert closed["bytes_up"] and closed["bytes_down"]  # per-round bytes, from the rounds record
+        assert closed["train_accuracy"] == 0.5  # the accepted updates' reported accuracies, averaged
         assert run["bytes_up"] >= closed["bytes_up"]
         workers = {w["worker_id"]: w for w in run["workers"]}
         assert set(workers) == {w.wallet.address for w in t.workers}

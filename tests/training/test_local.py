@@ -213,3 +213,22 @@ def test_local_config_errors(options, message):
 def test_local_config_rejects_non_finite_numbers(options):
     with pytest.raises(UsageError):
         local_config(options)
+
+
+def test_a_round_reports_its_training_accuracy_and_a_language_round_none():
+    """A classifier's round reports the share of its own batches it predicted right (what a
+    worker sends as ``train_accuracy``); the seeded numbers do not change with it."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long()  # a separable rule: accuracy rises well above chance
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    t = LocalTrainer(model, x, y, LocalConfig(steps=40, batch_size=16, optimizer="sgd", lr=0.5), seed=1)
+    first = t.train_round(flat_params(model))
+    assert first.accuracy is not None and 0.5 < first.accuracy <= 1.0
+    later = t.train_round(flat_params(model))
+    assert later.accuracy >= first.accuracy
+
+    seq = torch.randint(0, 5, (8, 6))  # (B, T) labels: language data
+    lm = torch.nn.Sequential(torch.nn.Embedding(5, 5))
+    res = LocalTrainer(lm, seq, seq, LocalConfig(steps=2, batch_size=4, lr=0.1), seed=1).train_round(flat_params(lm))
+    assert res.accuracy is None and res.loss > 0

@@ -82,6 +82,7 @@ def run_page(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
             "val_loss": r.val_loss,
             "val_accuracy": r.val_accuracy,
             "train_loss": r.train_loss,
+            "train_accuracy": r.train_accuracy,
             "accepted": r.accepted,
             "rejected": r.rejected,
             "skipped": r.skipped,

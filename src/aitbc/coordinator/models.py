@@ -195,6 +195,7 @@ class Update(Base):
     samples: Mapped[int] = mapped_column(Integer)
     shard_index: Mapped[int | None] = mapped_column(Integer, default=None)  # the shard it was trained on
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # as the worker reports it (0004)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)
     reason: Mapped[str | None] = mapped_column(Text, default=None)
@@ -213,6 +214,7 @@ class RoundRecord(Base):
     val_loss: Mapped[float | None] = mapped_column(Float, default=None)
     val_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # mean of the accepted updates' (0004)
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     stragglers: Mapped[list[str]] = mapped_column(JSON, default=list)  # worker ids left out

@@ -305,6 +305,7 @@ def commit_round(
             )
         )
     train_losses = [u.train_loss for u, _ in accepted if u.train_loss is not None]
+    train_accs = [u.train_accuracy for u, _ in accepted if u.train_accuracy is not None]
     prev_size = ctx.store.size(run.global_cid) if run.global_cid else 0  # a stat: not a read and hash under the lock
     s.merge(
         RoundRecord(
@@ -315,6 +316,7 @@ def commit_round(
             val_loss=res.val_loss,
             val_accuracy=res.val_accuracy,
             train_loss=sum(train_losses) / len(train_losses) if train_losses else None,
+            train_accuracy=sum(train_accs) / len(train_accs) if train_accs else None,
             accepted=len(accepted),
             rejected=sum(u.status == UpdateStatus.REJECTED for u, _ in ups),
             stragglers=stragglers,

@@ -137,6 +137,8 @@ class UpdateSubmit(Body):
     round: int = Field(ge=1)
     cid: str = Field(min_length=1, max_length=100)
     train_loss: float | None = None
+    # the share of its round's training samples it predicted right, as it reports it (classifiers)
+    train_accuracy: float | None = Field(None, ge=0, le=1)
     steps: int = Field(ge=1)
     compute_seconds: float = Field(0.0, ge=0, le=366 * 86_400, allow_inf_nan=False)  # summed per job: finite
     shard_cid: str | None = Field(

@@ -216,6 +216,7 @@ def rounds_view(s: Session, run: Run) -> list[dict[str, Any]]:
             "val_loss": r.val_loss,
             "val_accuracy": r.val_accuracy,
             "train_loss": r.train_loss,
+            "train_accuracy": r.train_accuracy,
             "accepted": r.accepted,
             "rejected": r.rejected,
             "stragglers": r.stragglers,

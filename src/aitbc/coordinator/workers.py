@@ -202,6 +202,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         shard_index=trained,
         samples=int(run.data_manifest["shards"][trained]["samples"]),
         train_loss=body.train_loss if reason is None else None,
+        train_accuracy=body.train_accuracy if reason is None else None,
         compute_seconds=body.compute_seconds,
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,

@@ -59,6 +59,7 @@ class LocalResult:
     steps: int
     samples: int  # samples seen this round
     epoch: float  # passes over the shard so far
+    accuracy: float | None = None  # share of the round's training samples predicted right (None: language data)
 
 
 def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:
@@ -125,9 +126,15 @@ class LocalTrainer:
         set_flat_params(self.model, global_params)
         self.model.train()
         total, start_seen = 0.0, self.samples_seen
+        correct, seen = 0, 0
+        classify = self.y.dim() == 1  # labels (B,): a classifier; (B, T): language data, no accuracy
         for step in range(self.cfg.steps):
             xb, yb = self._next_batch()
-            loss = loss_fn(self.model(xb), yb)
+            logits = self.model(xb)
+            loss = loss_fn(logits, yb)
+            if classify:
+                correct += int((logits.detach().argmax(dim=-1) == yb).sum())
+                seen += yb.numel()
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.grad_clip > 0:
@@ -143,6 +150,7 @@ class LocalTrainer:
             steps=self.cfg.steps,
             samples=self.samples_seen - start_seen,
             epoch=self.samples_seen / self.x.shape[0],
+            accuracy=correct / seen if seen else None,
         )
 
 

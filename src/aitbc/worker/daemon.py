@@ -235,6 +235,7 @@ class Worker:
                     "round": job["round"],
                     "cid": cid,
                     "train_loss": res.loss,
+                    "train_accuracy": res.accuracy,
                     "steps": res.steps,
                     "compute_seconds": compute,
                     "shard_cid": state.shard_cid,

@@ -38,6 +38,9 @@ class DashboardRound(Reply):
     val_loss: float | None
     val_accuracy: float | None
     train_loss: float | None = Field(description="the mean of the accepted updates' training losses")
+    train_accuracy: float | None = Field(
+        description="the mean of the accepted updates' training accuracy, as workers report it (classifiers)"
+    )
     accepted: int
     rejected: int
     skipped: bool

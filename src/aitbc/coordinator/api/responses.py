@@ -243,6 +243,9 @@ class RoundView(Reply):
     val_loss: float | None
     val_accuracy: float | None
     train_loss: float | None
+    train_accuracy: float | None = Field(
+        description="the mean of the accepted updates' training accuracy as their workers report it (classifiers; null for language data and rounds recorded before it was kept)"
+    )
     accepted: int
     rejected: int
     stragglers: list[str]

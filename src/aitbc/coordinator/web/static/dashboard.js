@@ -124,14 +124,16 @@
     if (id === "chart-loss") {
       return [round, line("validation", COLORS.val, (u, v) => num(v)), line("training", COLORS.train, (u, v) => num(v))];
     }
-    if (id === "chart-accuracy") return [round, line("validation", COLORS.acc, (u, v) => pct(v))];
+    if (id === "chart-accuracy") {
+      return [round, line("validation", COLORS.acc, (u, v) => pct(v)), line("training", COLORS.train, (u, v) => pct(v))];
+    }
     return [round, line("up", COLORS.up, (u, v) => bytes(v)), line("down", COLORS.down, (u, v) => bytes(v))];
   }
 
   function chartData(id, curves) {
     const x = curves.map((c) => c.round);
     if (id === "chart-loss") return [x, curves.map((c) => c.val_loss), curves.map((c) => c.train_loss)];
-    if (id === "chart-accuracy") return [x, curves.map((c) => c.val_accuracy)];
+    if (id === "chart-accuracy") return [x, curves.map((c) => c.val_accuracy), curves.map((c) => c.train_accuracy)];
     return [x, curves.map((c) => c.bytes_up), curves.map((c) => c.bytes_down)];
   }
 
