@@ -119,6 +119,9 @@ def test_tensorboard_log_report_and_refusals(stack, tmp_path):
     assert got["train/loss"] == [(r["round"], pytest.approx(r["train_loss"], rel=1e-6)) for r in rounds]
     assert got["val/loss"] == [(r["round"], pytest.approx(r["val_loss"], rel=1e-6)) for r in rounds]
     assert got["val/accuracy"] == [(r["round"], pytest.approx(r["val_accuracy"], rel=1e-6)) for r in rounds]
+    # real workers on digits report their training accuracy: a share, and the tracker writes it
+    assert all(0 < r["train_accuracy"] <= 1 for r in rounds), rounds
+    assert got["train/accuracy"] == [(r["round"], pytest.approx(r["train_accuracy"], rel=1e-6)) for r in rounds]
     assert got["bytes/up"] == [(r["round"], pytest.approx(r["bytes_up"], rel=1e-6)) for r in rounds]
     assert got["bytes/down"] == [(r["round"], pytest.approx(r["bytes_down"], rel=1e-6)) for r in rounds]
     assert got["updates/accepted"] == [(r["round"], r["accepted"]) for r in rounds]
