@@ -63,11 +63,26 @@ def pinning(tmp_path, databases, api):
         tmp_path / "coord",
         max_pinned_bytes=4000,
         max_pinned_bytes_total=6000,
-        gc_grace_seconds=0,
+        # An hour's grace: the driver's own collection at start never takes a blob a test has
+        # just uploaded and not yet pinned (with grace 0 it once did, on PostgreSQL); the
+        # tests collect with no grace themselves (collect_now).
+        gc_grace_seconds=3600,
         max_blob_bytes=1 << 20,
     )
     yield coord
     stop()
+
+
+def collect_now(ctx):
+    """Blob retention with the coordinator's settings but no grace period."""
+    st = ctx.settings
+    return retention.collect(
+        ctx.session,
+        ctx.store,
+        keep_checkpoints=st.keep_checkpoints,
+        grace_seconds=0,
+        max_loose_bytes=st.max_loose_bytes,
+    )
 
 
 def test_a_folder_uploads_block_by_block_and_reads_back(server, tmp_path):
@@ -184,7 +199,7 @@ def test_pins_keep_a_folder_through_retention_within_the_cap(pinning, tmp_path, 
         (loose_root / "l.txt").write_bytes(b"loose")
         loose = add_path(loose_root)
         upload(h, owner, loose)
-        report = retention.run(coord.ctx)
+        report = collect_now(coord.ctx)
         assert set(loose.blocks) <= set(report.deleted)
         assert not set(added.blocks) & set(report.deleted)
         assert not set(big.blocks) & set(report.deleted)
@@ -197,7 +212,7 @@ def test_pins_keep_a_folder_through_retention_within_the_cap(pinning, tmp_path, 
         # Unpinned, the folder goes at the next collection.
         r = signed(h, owner, "DELETE", f"/v1/blobs/{added.root}/pin")
         assert r.status_code == 200 and r.json()["cid"] == added.root
-        report = retention.run(coord.ctx)
+        report = collect_now(coord.ctx)
         assert set(added.blocks) - set(big.blocks) <= set(report.deleted)
         assert h.get(f"/v1/blobs/{added.root}").status_code == 404
 
