@@ -334,44 +334,54 @@ def _empty(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, parse_math=False, color="0.4")
 
 
-def _loss_png(points: Sequence[RoundPoint]) -> bytes:
+def _curves_png(
+    points: Sequence[RoundPoint],
+    series: Sequence[tuple[str, str, str | None]],
+    *,
+    title: str,
+    ylabel: str,
+    empty: str,
+    unit_range: bool = False,
+) -> bytes:
+    """One line per ``(attribute, label, colour)`` of ``series`` over the rounds that have it;
+    ``empty``'s note when none has any; ``unit_range``: the y axis is 0..1."""
     fig, ax = _figure()
-    drawn = False
-    for attr, label in (("val_loss", "validation loss"), ("train_loss", "training loss (mean of workers)")):
-        xs, ys = _series(points, attr)
-        if xs:
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            drawn = True
-    ax.set(title="Loss by round", xlabel="round", ylabel="loss")
-    _rounds_axis(ax)
-    if drawn:
-        ax.legend()
-        ax.grid(alpha=0.3)
-    else:
-        _empty(ax, "no round closed yet")
-    return _png(fig)
-
-
-def _accuracy_png(points: Sequence[RoundPoint]) -> bytes:
-    fig, ax = _figure()
-    ax.set(title="Accuracy by round", xlabel="round", ylabel="accuracy")
+    ax.set(title=title, xlabel="round", ylabel=ylabel)
     _rounds_axis(ax)
     drawn = False
-    for attr, label, color in (
-        ("val_accuracy", "validation accuracy", "tab:green"),
-        ("train_accuracy", "training accuracy (mean of workers, as reported)", "tab:orange"),
-    ):
+    for attr, label, color in series:
         xs, ys = _series(points, attr)
         if xs:
             ax.plot(xs, ys, marker="o", markersize=3, color=color, label=label)
             drawn = True
     if drawn:
-        ax.set_ylim(0, 1)
+        if unit_range:
+            ax.set_ylim(0, 1)
         ax.legend()
         ax.grid(alpha=0.3)
     else:
-        _empty(ax, "no accuracy recorded (a language model, or no evaluated round yet)")
+        _empty(ax, empty)
     return _png(fig)
+
+
+def _loss_png(points: Sequence[RoundPoint]) -> bytes:
+    series = (("val_loss", "validation loss", None), ("train_loss", "training loss (mean of workers)", None))
+    return _curves_png(points, series, title="Loss by round", ylabel="loss", empty="no round closed yet")
+
+
+def _accuracy_png(points: Sequence[RoundPoint]) -> bytes:
+    series = (
+        ("val_accuracy", "validation accuracy", "tab:green"),
+        ("train_accuracy", "training accuracy (mean of workers, as reported)", "tab:orange"),
+    )
+    return _curves_png(
+        points,
+        series,
+        title="Accuracy by round",
+        ylabel="accuracy",
+        empty="no accuracy recorded (a language model, or no evaluated round yet)",
+        unit_range=True,
+    )
 
 
 def _bytes_png(points: Sequence[RoundPoint]) -> bytes:
