@@ -652,6 +652,7 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
         view[2]["shard_id"],
     )
     assert kept["shard_cid"] != original["shard_id"] and kept["job_status"] == "active"
+    assert (kept["moved_from"], new["moved_from"]) == (1, None)  # the kept half says where it came from
     assert (new["worker_id"], new["shard_index"], new["shard_cid"], new["job_status"]) == (
         c.wallet.address,
         3,

@@ -200,6 +200,7 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
         "this_round": this_round,
         "joined_round": j.joined_round,
         "replaces": j.replaces,
+        "moved_from": j.moved_from,
         "end_reason": j.end_reason,
         "compute_seconds": j.compute_seconds,
         "config": j.config or {},

@@ -165,6 +165,10 @@ class JobView(Reply):
     this_round: UpdateStatus | None = Field(description="its update of the open round, if sent")
     joined_round: int
     replaces: str | None
+    moved_from: int | None = Field(
+        description="the shard it trained before its latest move (a split of its shard, or the coordinator "
+        "moving it to a shard left without a worker); null if it never moved"
+    )
     end_reason: str | None
     compute_seconds: float
     config: dict[str, Any]
