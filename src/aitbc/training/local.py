@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 from aitbc.training.checkpoint import flat_params, set_flat_params
+from aitbc.training.proof import BatchOrder, Recorder, data_seed, step_seed
 
 # Constructors called as ``cls(params, lr=..., weight_decay=..., [momentum=...])``.
 INNER_OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("inner optimizer")
@@ -65,7 +66,7 @@ class LocalResult:
 def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:
     """Local steps for ``epochs`` passes over a shard of ``samples``: ``epochs x (samples //
     batch)``, one step at least per pass, with the batch capped at the shard (a pass is
-    every full batch of one reshuffled order, as :meth:`LocalTrainer._next_batch` draws
+    every full batch of one reshuffled order, as :class:`~aitbc.training.proof.BatchOrder` draws
     them). The worker trains this many steps; the coordinator bounds it the same way."""
     return epochs * max(1, samples // max(1, min(batch_size, samples)))
 
@@ -83,6 +84,31 @@ def build_inner_optimizer(cfg: LocalConfig, params: Iterable[nn.Parameter]) -> t
     return cls(params, **kw)
 
 
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, xb: Tensor, yb: Tensor, cfg: LocalConfig, seed: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """One inner step on a batch: ``(loss, logits)``. ``seed``: the step's own RNG seed
+    (dropout), so a verifier re-running it draws the same; None uses the global RNG."""
+    if seed is None:
+        return _step(model, opt, xb, yb, cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _step(model, opt, xb, yb, cfg)
+
+
+def _step(
+    model: nn.Module, opt: torch.optim.Optimizer, xb: Tensor, yb: Tensor, cfg: LocalConfig
+) -> tuple[Tensor, Tensor]:
+    logits = model(xb)
+    loss = loss_fn(logits, yb)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return loss.detach(), logits.detach()
+
+
 class LocalTrainer:
     """One worker's model, inner optimizer and batch order, kept across rounds."""
 
@@ -90,10 +116,10 @@ class LocalTrainer:
         if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
             raise ValueError(f"shard needs matching non-empty x and y, got {tuple(x.shape)} and {tuple(y.shape)}")
         self.model, self.x, self.y, self.cfg = model, x, y, cfg
+        self.seed = seed
         self.opt = build_inner_optimizer(cfg, model.parameters())
         self.gen = torch.Generator().manual_seed(seed)
-        self._order = torch.empty(0, dtype=torch.long)
-        self._pos = 0
+        self._walk = BatchOrder(x.shape[0], cfg.batch_size, generator=self.gen)  # across rounds (round=None)
         self.samples_seen = 0
 
     def reconfigure(self, *, steps: int, batch_size: int, lr: float, data: tuple[Tensor, Tensor] | None = None) -> None:
@@ -109,37 +135,46 @@ class LocalTrainer:
             if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
                 raise ValueError(f"shard needs matching non-empty x and y, got {tuple(x.shape)} and {tuple(y.shape)}")
             self.x, self.y = x, y
-            self._order, self._pos = torch.empty(0, dtype=torch.long), 0
+            self._walk = BatchOrder(x.shape[0], batch_size, generator=self.gen)
+        else:
+            self._walk.b = min(batch_size, self._walk.n)
 
-    def _next_batch(self) -> tuple[Tensor, Tensor]:
-        n, b = self.x.shape[0], min(self.cfg.batch_size, self.x.shape[0])
-        if self._pos + b > len(self._order):
-            self._order, self._pos = torch.randperm(n, generator=self.gen), 0
-        idx = self._order[self._pos : self._pos + b]
-        self._pos += b
-        self.samples_seen += b
-        return self.x[idx], self.y[idx]
-
-    def train_round(self, global_params: Tensor, on_step: Callable[[int, float], None] | None = None) -> LocalResult:
+    def train_round(
+        self,
+        global_params: Tensor,
+        on_step: Callable[[int, float], None] | None = None,
+        *,
+        round: int | None = None,
+        recorder: Recorder | None = None,
+    ) -> LocalResult:
         """Run H steps from ``global_params``. ``on_step(step, loss)`` (1-based), if given,
-        is called after each step (a worker reports progress through it)."""
+        is called after each step (a worker reports progress through it).
+
+        ``round``: the batches come from the round's own data seed (:func:`data_seed` of
+        the job's seed and the round) with a per-step RNG seed, so any stretch of the
+        round can be re-run by a verifier; None walks one batch order across rounds (the
+        simulator's default). ``recorder`` collects the states to commit to."""
         set_flat_params(self.model, global_params)
         self.model.train()
         total, start_seen = 0.0, self.samples_seen
         correct, seen = 0, 0
         classify = self.y.dim() == 1  # labels (B,): a classifier; (B, T): language data, no accuracy
+        seed = None if round is None else data_seed(self.seed, round)
+        walk = self._walk if seed is None else BatchOrder(self.x.shape[0], self.cfg.batch_size, seed)
+        if recorder is not None:
+            recorder.capture(0, self.model, self.opt)
         for step in range(self.cfg.steps):
-            xb, yb = self._next_batch()
-            logits = self.model(xb)
-            loss = loss_fn(logits, yb)
+            idx = walk.next()
+            xb, yb = self.x[idx], self.y[idx]
+            self.samples_seen += idx.numel()
+            loss, logits = train_step(
+                self.model, self.opt, xb, yb, self.cfg, None if seed is None else step_seed(seed, step)
+            )
             if classify:
-                correct += int((logits.detach().argmax(dim=-1) == yb).sum())
+                correct += int((logits.argmax(dim=-1) == yb).sum())
                 seen += yb.numel()
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.cfg.grad_clip > 0:
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            self.opt.step()
+            if recorder is not None:
+                recorder.capture(step + 1, self.model, self.opt)
             total += loss.item()
             if on_step is not None:
                 on_step(step + 1, total / (step + 1))

@@ -1,0 +1,450 @@
+"""Verifiable local training: what a worker commits to, and how anyone checks it.
+
+A round's local training (:meth:`LocalTrainer.train_round`) is a pure function of what the
+coordinator assigned: the start model (the round's global checkpoint), the optimizer state
+the job carried in, the shard, the job's settings and a data-order seed derived from the
+job's seed and the round (:func:`data_seed`). On CPU it is bit-exact, whatever the thread
+count, so another machine re-running any stretch of it gets the same bytes.
+
+**Commitments.** Every ``every`` steps (``boundaries``: steps 0, k, 2k, ..., H) the worker
+records its training state (the parameters and the inner optimizer's state) and commits
+to the digests of both (:class:`Commitment`, carried inside the signed update message),
+with the digests of its error-feedback residual before and after the round.
+
+**Spot checks** (:func:`check_interval`). A verifier picks intervals at random *after*
+the update is in; the worker reveals the states at the interval's two ends; the verifier
+checks them against the commitment and re-runs that interval's ``k`` steps. Skipping
+steps, training on other data, copying, noise, a stale model or a lazy update leave an
+interval that does not replay (or a first state that is not the round's model, which costs
+nothing to check: :func:`check_start`), so each checked interval catches a cheat with the
+probability that it lands on a faked one.
+
+**Consistency** (:func:`check_update`). The update blob must be exactly what the codec
+makes of ``start - final`` plus the committed residual: training honestly and then sending
+something else is caught whenever the last state is revealed.
+
+**Disputes** (:func:`first_divergence`). A verifier who re-ran a stretch of ``m``
+intervals and disagrees with the worker's final digest finds the first interval where they
+part by bisection over the committed digests, ``O(log m)`` comparisons; that one interval,
+from a state both agree on, is the evidence anyone can re-run to settle it.
+
+Tolerances: CPU replays are compared bit for bit first; a replay that differs is judged by
+the relative distance of the parameters, ``|replayed - revealed| / |revealed - start|``,
+against ``tolerance`` (GPU kernels are not bit-exact across devices). Nothing here touches
+a network: the coordinator and the simulator call these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from aitbc.errors import IntegrityError, UsageError
+from aitbc.training.checkpoint import bytes_to_tensors, read_metadata, tensors_to_bytes
+
+PROOF_FORMAT = "aitbc.proof/1"
+MAX_INTERVALS = 16  # a round commits at most this many intervals (17 boundaries)
+DEFAULT_TOLERANCE = 1e-4  # relative parameter distance a replay may differ by (0 on CPU in practice)
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def commit_every(steps: int, intervals: int = MAX_INTERVALS) -> int:
+    """Steps between committed states: at most ``intervals`` intervals per round."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return max(1, math.ceil(steps / intervals))
+
+
+def boundaries(steps: int, every: int) -> list[int]:
+    """The steps at which states are committed: ``0, k, 2k, ..., steps`` (the last
+    interval may be shorter)."""
+    return [*range(0, steps, every), steps]
+
+
+def data_seed(job_seed: int, round: int) -> int:
+    """The round's data-order seed: a job's batches in round ``round`` are a function of
+    its seed and the round only, so a verifier can replay any stretch of them."""
+    h = hashlib.sha256(struct.pack("<qq", int(job_seed) & (2**63 - 1), int(round))).digest()
+    return int.from_bytes(h[:8], "little") & (2**63 - 1)
+
+
+class BatchOrder:
+    """The batch walk of one round: reshuffled epochs of the shard from ``seed``
+    (``torch.randperm`` with a seeded generator), ``batch`` indices a step."""
+
+    def __init__(self, n: int, batch_size: int, seed: int | None = None, generator: torch.Generator | None = None):
+        if n < 1:
+            raise ValueError(f"a shard needs at least one sample, got {n}")
+        self.n, self.b = n, min(batch_size, n)
+        self.gen = generator if generator is not None else torch.Generator().manual_seed(int(seed or 0))
+        self.order = torch.empty(0, dtype=torch.long)
+        self.pos = 0
+
+    def next(self) -> Tensor:
+        """The next step's sample indices ``(b,)``."""
+        if self.pos + self.b > len(self.order):
+            self.order, self.pos = torch.randperm(self.n, generator=self.gen), 0
+        idx = self.order[self.pos : self.pos + self.b]
+        self.pos += self.b
+        return idx
+
+    def skip(self, steps: int) -> None:
+        for _ in range(steps):
+            self.next()
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The RNG seed of one step (dropout), from the round's data seed and the step."""
+    return (seed * 1_000_003 + step) & (2**63 - 1)
+
+
+# --- digests ---------------------------------------------------------------------------------
+
+
+def tensor_digest(t: Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and little-endian bytes (contiguous, on CPU)."""
+    t = t.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def tensors_digest(tensors: dict[str, Tensor]) -> str:
+    """One digest over named tensors, in name order."""
+    h = hashlib.sha256(b"aitbc.tensors/1")
+    for name in sorted(tensors):
+        h.update(f"|{name}|{tensor_digest(tensors[name])}".encode())
+    return h.hexdigest()
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """The inner optimizer's state as named tensors, ``"<param index>.<key>"`` (a fresh
+    optimizer: none). Numbers (SGD's momentum buffer is a tensor; Adam's step is a
+    tensor in torch 2) become 0-d float64 tensors."""
+    out: dict[str, Tensor] = {}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        for key, v in sorted(opt.state.get(p, {}).items()):
+            if v is None:
+                continue
+            t = v if isinstance(v, Tensor) else torch.tensor(float(v), dtype=torch.float64)
+            out[f"{i}.{key}"] = t.detach().clone()
+    return out
+
+
+def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
+    """Put :func:`optimizer_tensors`' output back into ``opt`` (shapes checked)."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    opt.state.clear()
+    for name, t in tensors.items():
+        i_s, _, key = name.partition(".")
+        if not i_s.isdigit() or not key or int(i_s) >= len(params):
+            raise IntegrityError(f"optimizer state names {name!r}, not '<param index>.<key>' of this model")
+        p = params[int(i_s)]
+        if key in ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq") and t.shape != p.shape:
+            raise IntegrityError(f"optimizer state {name!r} has shape {tuple(t.shape)}, its parameter {tuple(p.shape)}")
+        opt.state[p][key] = t.clone()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainState:
+    """Where training stood at a committed step: the flat parameters and the optimizer."""
+
+    step: int
+    params: Tensor  # (d,) float32
+    optim: dict[str, Tensor]
+
+    def digests(self) -> tuple[str, str]:
+        return tensor_digest(self.params), tensors_digest(self.optim)
+
+    def to_bytes(self) -> bytes:
+        """safetensors: ``params`` and ``optim.<name>``, the step in the metadata."""
+        tensors = {"params": self.params, **{f"optim.{k}": v for k, v in self.optim.items()}}
+        return tensors_to_bytes(tensors, {"format": PROOF_FORMAT, "step": str(self.step)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, numel: int) -> TrainState:
+        """A revealed state (from a worker: checked, never trusted)."""
+        meta = read_metadata(data)
+        if meta.get("format") != PROOF_FORMAT or not str(meta.get("step", "")).isdigit():
+            raise IntegrityError(f"not a {PROOF_FORMAT} state blob")
+        tensors = bytes_to_tensors(data)
+        params = tensors.pop("params", None)
+        if params is None or params.dtype != torch.float32 or tuple(params.shape) != (numel,):
+            raise IntegrityError(f"a state's params must be float32 of shape ({numel},)")
+        if any(not k.startswith("optim.") for k in tensors):
+            raise IntegrityError("a state holds only params and optim.* tensors")
+        return cls(int(meta["step"]), params, {k.removeprefix("optim."): v for k, v in tensors.items()})
+
+
+# --- the commitment --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Commitment:
+    """What a worker signs with its update: the digests of its state every ``every``
+    steps of ``steps``, and of its error-feedback residual before and after the round
+    (None without error feedback). ``params[0]`` must be the round's model."""
+
+    steps: int
+    every: int
+    params: tuple[str, ...]
+    optim: tuple[str, ...]
+    residual_in: str | None = None
+    residual_out: str | None = None
+
+    @property
+    def boundaries(self) -> list[int]:
+        return boundaries(self.steps, self.every)
+
+    @property
+    def intervals(self) -> int:
+        return len(self.params) - 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PROOF_FORMAT,
+            "steps": self.steps,
+            "every": self.every,
+            "params": list(self.params),
+            "optim": list(self.optim),
+            "residual_in": self.residual_in,
+            "residual_out": self.residual_out,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any, *, steps: int) -> Commitment:
+        """Parse a worker's commitment for a round of ``steps`` local steps; ``UsageError``
+        naming what is wrong (the API answers it as a 422)."""
+        if not isinstance(d, dict):
+            raise UsageError("proof must be an object")
+        if d.get("format") != PROOF_FORMAT:
+            raise UsageError(f"proof.format must be {PROOF_FORMAT!r}")
+        every = d.get("every")
+        if d.get("steps") != steps:
+            raise UsageError(f"proof.steps must be the round's {steps} local steps, got {d.get('steps')!r}")
+        if not isinstance(every, int) or isinstance(every, bool) or every != commit_every(steps):
+            raise UsageError(f"proof.every must be {commit_every(steps)} for {steps} steps, got {every!r}")
+        n = len(boundaries(steps, every))
+        out: dict[str, Any] = {}
+        for key in ("params", "optim"):
+            v = d.get(key)
+            if not isinstance(v, list) or len(v) != n or not all(isinstance(x, str) and _HEX64.match(x) for x in v):
+                raise UsageError(f"proof.{key} must be {n} sha256 hex digests (one per committed step)")
+            out[key] = tuple(v)
+        for key in ("residual_in", "residual_out"):
+            v = d.get(key)
+            if v is not None and not (isinstance(v, str) and _HEX64.match(v)):
+                raise UsageError(f"proof.{key} must be a sha256 hex digest or null")
+            out[key] = v
+        if (out["residual_in"] is None) != (out["residual_out"] is None):
+            raise UsageError("proof.residual_in and proof.residual_out are both given or both null")
+        return cls(steps, every, out["params"], out["optim"], out["residual_in"], out["residual_out"])
+
+
+class Recorder:
+    """Collects a round's committed states while :class:`LocalTrainer` trains (the worker
+    keeps them until the round's spot checks are answered)."""
+
+    def __init__(self, steps: int, every: int | None = None) -> None:
+        self.steps, self.every = steps, every or commit_every(steps)
+        self.at = set(boundaries(steps, self.every))
+        self.states: dict[int, TrainState] = {}
+
+    def capture(self, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if step in self.at:
+            params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+            self.states[step] = TrainState(step, params, optimizer_tensors(opt))
+
+    def commitment(self, residual_in: Tensor | None, residual_out: Tensor | None) -> Commitment:
+        steps = boundaries(self.steps, self.every)
+        missing = [s for s in steps if s not in self.states]
+        if missing:
+            raise RuntimeError(f"no state recorded at steps {missing}")
+        digests = [self.states[s].digests() for s in steps]
+        return Commitment(
+            self.steps,
+            self.every,
+            tuple(p for p, _ in digests),
+            tuple(o for _, o in digests),
+            None if residual_in is None else tensor_digest(residual_in),
+            None if residual_out is None else tensor_digest(residual_out),
+        )
+
+
+# --- checks ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One check's outcome: ``ok``; ``interval`` the committed interval it judged (None:
+    a whole-update check); ``error`` the relative parameter distance (0.0 bit-exact);
+    ``detail`` one line for people."""
+
+    ok: bool
+    check: str
+    interval: int | None
+    error: float | None
+    detail: str
+    steps_replayed: int = 0
+
+
+def check_start(c: Commitment, global_params: Tensor) -> Verdict:
+    """The first committed state must be the round's model (free: no replay)."""
+    ok = c.params[0] == tensor_digest(global_params)
+    detail = "started from the round's model" if ok else "its first committed state is not the round's model"
+    return Verdict(ok, "start", 0, None, detail)
+
+
+def check_revealed(c: Commitment, index: int, state: TrainState) -> Verdict | None:
+    """A revealed state matches the commitment at boundary ``index`` (None), else a
+    failed verdict: the worker revealed something it did not commit to."""
+    step = c.boundaries[index]
+    p, o = state.digests()
+    if state.step != step or p != c.params[index] or o != c.optim[index]:
+        return Verdict(False, "reveal", index, None, f"the state revealed for step {step} is not the one committed")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What re-running a stretch needs, beyond the states: the model, the job's local
+    config, its shard and the round's data seed."""
+
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    cfg: Any  # training.local.LocalConfig
+    seed: int  # data_seed(job seed, round)
+
+
+def replay(r: Replay, start: TrainState, steps: int) -> TrainState:
+    """Re-run ``steps`` steps from ``start`` exactly as :meth:`LocalTrainer.train_round`
+    does (the same step function, batch walk and per-step RNG)."""
+    from aitbc.training.checkpoint import set_flat_params
+    from aitbc.training.local import build_inner_optimizer, train_step
+
+    set_flat_params(r.model, start.params)
+    r.model.train()
+    opt = build_inner_optimizer(r.cfg, r.model.parameters())
+    load_optimizer_tensors(opt, start.optim)
+    order = BatchOrder(r.x.shape[0], r.cfg.batch_size, r.seed)
+    order.skip(start.step)
+    for s in range(start.step, start.step + steps):
+        idx = order.next()
+        train_step(r.model, opt, r.x[idx], r.y[idx], r.cfg, step_seed(r.seed, s))
+    params = torch.nn.utils.parameters_to_vector(r.model.parameters()).detach().clone()
+    return TrainState(start.step + steps, params, optimizer_tensors(opt))
+
+
+def relative_error(replayed: Tensor, revealed: Tensor, start: Tensor) -> float:
+    """``|replayed - revealed| / |revealed - start|``: 0.0 when bit-exact."""
+    if torch.equal(replayed, revealed):
+        return 0.0
+    moved = float(torch.linalg.vector_norm(revealed.double() - start.double()))
+    return float(torch.linalg.vector_norm(replayed.double() - revealed.double())) / max(moved, 1e-12)
+
+
+def check_interval(
+    c: Commitment,
+    index: int,
+    start: TrainState,
+    end: TrainState,
+    r: Replay,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> Verdict:
+    """Spot-check interval ``index`` (boundaries ``index`` to ``index + 1``): the revealed
+    ``start`` and ``end`` must be the committed ones, and re-running the interval from
+    ``start`` must land on ``end`` (bit-exact, or within ``tolerance``)."""
+    if not 0 <= index < c.intervals:
+        raise ValueError(f"interval {index} out of range 0..{c.intervals - 1}")
+    for i, s in ((index, start), (index + 1, end)):
+        bad = check_revealed(c, i, s)
+        if bad is not None:
+            return bad
+    steps = end.step - start.step
+    got = replay(r, start, steps)
+    err = relative_error(got.params, end.params, start.params)
+    exact = err == 0.0 and tensors_digest(got.optim) == c.optim[index + 1]
+    ok = exact or err <= tolerance
+    span = f"steps {start.step}-{end.step}"
+    if exact:
+        detail = f"{span} replay bit-exact"
+    elif ok:
+        detail = f"{span} replay within tolerance ({err:.2e} <= {tolerance:g})"
+    else:
+        detail = f"{span} do not replay: relative distance {err:.3g} > {tolerance:g}"
+    return Verdict(ok, "interval", index, err, detail, steps)
+
+
+def check_update(
+    c: Commitment,
+    blob: bytes,
+    start_params: Tensor,
+    final: TrainState,
+    residual_in: Tensor | None,
+    codec: Any,
+) -> Verdict:
+    """The update blob is the codec's encoding of ``start - final`` (plus the committed
+    residual under error feedback), byte for byte: the update is the work committed."""
+    last = c.intervals
+    bad = check_revealed(c, last, final)
+    if bad is not None:
+        return bad
+    if (residual_in is None) != (c.residual_in is None):
+        return Verdict(False, "update", None, None, "the residual revealed does not match the commitment")
+    if residual_in is not None and tensor_digest(residual_in) != c.residual_in:
+        return Verdict(False, "update", None, None, "the residual revealed is not the one committed")
+    delta = start_params - final.params  # (d,)
+    from aitbc.core.compression import ErrorFeedback
+
+    if isinstance(codec, ErrorFeedback):
+        codec.residual = None if residual_in is None else residual_in.clone()
+    expected = codec.encode(delta)
+    if expected != blob:
+        return Verdict(False, "update", None, None, "the update sent is not the codec's encoding of the work committed")
+    left = codec.residual if isinstance(codec, ErrorFeedback) else None
+    if c.residual_out is not None and (left is None or tensor_digest(left) != c.residual_out):
+        return Verdict(False, "update", None, None, "the residual committed after the round is not the one left")
+    return Verdict(True, "update", None, 0.0, "the update is the encoding of the committed work")
+
+
+def first_divergence(ours: Sequence[str], theirs: Callable[[int], str], lo: int, hi: int) -> int:
+    """Bisection for a dispute: two runs agree at boundary ``lo`` and disagree at ``hi``;
+    ``ours`` are the verifier's digests, ``theirs(i)`` the worker's committed digest at
+    boundary ``i``. Returns the first boundary where they differ (so the interval
+    ``result - 1 -> result`` is the one to re-run), after ``O(log(hi - lo))`` lookups.
+    Runs that part never meet again (a step is a function of the state before it)."""
+    if not (ours[lo] == theirs(lo) and ours[hi] != theirs(hi)):
+        raise ValueError("bisection needs agreement at lo and disagreement at hi")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ours[mid] == theirs(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def choose_intervals(intervals: int, rate: float, gen: torch.Generator) -> list[int]:
+    """The intervals to spot-check in one update at verification rate ``rate`` (the
+    expected share of its steps re-run): ``rate x intervals`` of them, rounded at random
+    so the expectation is exact, distinct, drawn from ``gen``."""
+    if not 0 <= rate <= 1:
+        raise ValueError(f"verification rate must be in [0, 1], got {rate}")
+    want = rate * intervals
+    k = int(want)
+    if torch.rand((), generator=gen).item() < want - k:
+        k += 1
+    if k == 0:
+        return []
+    return sorted(int(i) for i in torch.randperm(intervals, generator=gen)[:k])
