@@ -434,6 +434,7 @@ class AgentMethods:
         max_workers: int | None = None,
         eval_every: int = 1,
         max_cost: int | float | str | None = None,
+        verify_rate: float = 0.0,
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -445,7 +446,9 @@ class AgentMethods:
         ``min_workers``, default 1); ``max_workers``: joiners included (default: target
         workers); the model is evaluated every ``eval_every`` rounds. A run without a budget
         escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
-        price x rounds. Returns the run detail with ``phase``.
+        price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
+        update's local steps the coordinator re-runs (a verified update is paid in full; one
+        that fails is rejected and its worker slashed). Returns the run detail with ``phase``.
         """
 
     def stop(self) -> dict[str, Any]:
@@ -980,6 +983,7 @@ class AsyncAgentMethods:
         max_workers: int | None = None,
         eval_every: int = 1,
         max_cost: int | float | str | None = None,
+        verify_rate: float = 0.0,
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -991,7 +995,9 @@ class AsyncAgentMethods:
         ``min_workers``, default 1); ``max_workers``: joiners included (default: target
         workers); the model is evaluated every ``eval_every`` rounds. A run without a budget
         escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
-        price x rounds. Returns the run detail with ``phase``.
+        price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
+        update's local steps the coordinator re-runs (a verified update is paid in full; one
+        that fails is rejected and its worker slashed). Returns the run detail with ``phase``.
         """
 
     async def stop(self) -> dict[str, Any]:

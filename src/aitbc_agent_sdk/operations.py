@@ -580,6 +580,7 @@ def start_training(
     max_workers: int | None = None,
     eval_every: int = run_defaults.EVAL_EVERY,
     max_cost: int | float | str | None = None,
+    verify_rate: float = run_defaults.VERIFY_RATE,
 ) -> Op[dict[str, Any]]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -591,7 +592,9 @@ def start_training(
     ``min_workers``, default 1); ``max_workers``: joiners included (default: target
     workers); the model is evaluated every ``eval_every`` rounds. A run without a budget
     escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
-    price x rounds. Returns the run detail with ``phase``."""
+    price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
+    update's local steps the coordinator re-runs (a verified update is paid in full; one
+    that fails is rejected and its worker slashed). Returns the run detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     body: dict[str, Any] = {
@@ -610,6 +613,7 @@ def start_training(
         "max_workers": max_workers,
         "eval_every": eval_every,
         "max_cost": _max_cost(run, rounds, max_cost),
+        "verify_rate": verify_rate,
     }
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)

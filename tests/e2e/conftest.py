@@ -91,6 +91,7 @@ class Stack:
         step_delay: float = 0.0,
         max_bond: str = "0",
         attack: str | None = None,
+        cheat: str | None = None,
         funds: str | None = None,
         metrics_port: int | None = None,
     ) -> None:
@@ -124,6 +125,7 @@ class Stack:
                 "--max-bond",
                 max_bond,
                 *(["--attack", attack] if attack else []),
+                *(["--cheat", cheat] if cheat else []),
                 *(["--metrics-port", str(metrics_port)] if metrics_port else []),
             ],
         )

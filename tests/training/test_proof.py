@@ -13,12 +13,12 @@ import torch
 
 from aitbc.core.compression import build_codec
 from aitbc.errors import IntegrityError, UsageError
+from aitbc.training.batches import BatchOrder, data_seed
 from aitbc.training.checkpoint import flat_params
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
 from aitbc.training.proof import (
-    BatchOrder,
     Commitment,
     Recorder,
     Replay,
@@ -29,7 +29,6 @@ from aitbc.training.proof import (
     check_update,
     choose_intervals,
     commit_every,
-    data_seed,
     first_divergence,
 )
 

@@ -74,6 +74,7 @@ WORKER_FLAGS = {
     "log_level": "--log-level",
     "step_delay": "--step-delay",
     "attack": "--attack",
+    "cheat": "--cheat",
     "cache_bytes": "--cache-mb",
     "allow_code": "--allow-code",
     "metrics_port": "--metrics-port",
@@ -329,6 +330,9 @@ def start(
     attack: Annotated[
         str | None, typer.Option(hidden=True, help="Testing: act as a Byzantine worker, e.g. sign-flip.")
     ] = None,
+    cheat: Annotated[
+        str | None, typer.Option(hidden=True, help="Testing: skip-half: train half the steps and claim them all.")
+    ] = None,
     cache_mb: Annotated[
         float | None, typer.Option(help="Disk for cached models and shards, in MiB (least recently used go first).")
     ] = None,
@@ -373,6 +377,7 @@ def start(
         "log_level": log_level,
         "step_delay": step_delay,
         "attack": attack,
+        "cheat": cheat,
         "cache_bytes": None if cache_mb is None else round(cache_mb * MIB),
         "allow_code": allow_code or None,
         "metrics_port": metrics_port,

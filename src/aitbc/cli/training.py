@@ -353,6 +353,7 @@ DISTRIBUTE_FIELDS = (
     "min_workers",
     "max_workers",
     "eval_every",
+    "verify_rate",
 )
 
 
@@ -376,6 +377,15 @@ def distribute(
         int | None, typer.Option(help="Most workers, joiners included (default: target workers).")
     ] = None,
     eval_every: EvalEvery = defaults.EVAL_EVERY,
+    verify_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Spot checks: the expected share of each update's local steps the coordinator re-runs "
+            "(0: none). Verified updates are paid in full; one that fails is rejected and its worker slashed.",
+        ),
+    ] = defaults.VERIFY_RATE,
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -419,6 +429,7 @@ def distribute(
             min_workers=min_workers,
             max_workers=max_workers,
             eval_every=eval_every,
+            verify_rate=verify_rate,
         )
         if json_out:
             _emit_json(_api_view(run))
@@ -438,9 +449,17 @@ def _say_distributed(run: dict[str, Any], strategy: str) -> None:
         f"Workers: {len(run['workers'])} on {run['shards']} shards",
         f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
         f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}",
+        f"Verification: {_verification_line(cfg)}",
         f"Estimated cost: {format_price(per_round * cfg['rounds'])} AIT",
         f"Status: {run['status']}",
     )
+
+
+def _verification_line(cfg: dict[str, Any]) -> str:
+    rate = float(cfg.get("verify_rate") or 0.0)
+    if not rate:
+        return "none (updates are scored, not re-run; --verify-rate to spot-check them)"
+    return f"spot checks re-run {rate:.0%} of each update's steps (about {rate:.0%} extra compute on the coordinator)"
 
 
 # --- monitor, status, list ------------------------------------------------------------

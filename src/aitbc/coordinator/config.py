@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     # over norm_reject x rejected and slashed.
     norm_clip: float = Field(3.0, ge=1)
     norm_reject: float = Field(1000.0, ge=1)
+    # A worker whose update was spot-checked reveals the states asked for within this long, or
+    # its update is rejected unpaid and its job ends (coordinator/verification.py).
+    verify_timeout: float = Field(120.0, gt=0)
     keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy

@@ -50,6 +50,7 @@ from aitbc.coordinator.states import (
     require_status,
     transition,
 )
+from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.views import results
 from aitbc.coordinator.workforce import assign_worker, end_run, hire_offer, new_job, require_free
 from aitbc.errors import AitbcError
@@ -214,6 +215,12 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
         raise conflict(
             "already_aggregated",
             f"round {r} of run {run.id} is already aggregated; set phase training for round {r + 1}, or complete",
+        )
+    waiting = pending_in_round(s, run.id, r)
+    if waiting:
+        raise conflict(
+            "verification_pending",
+            f"{waiting} update(s) of round {r} are being spot-checked; aggregate once they are judged",
         )
     ups = s.execute(
         select(Update, Job.shard_index)

@@ -18,7 +18,7 @@ from functools import partial
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import retention, rounds, scoring, settlement, workforce
+from aitbc.coordinator import retention, rounds, scoring, settlement, verification, workforce
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.escrow import finalize
 from aitbc.coordinator.models import Job, Run
@@ -63,6 +63,7 @@ class RoundDriver:
 
     def tick(self) -> None:
         ctx, now = self.ctx, time.time()
+        verification.verify_pending(ctx)  # first: a round waits for its spot checks
         changed = False
         with ctx.session() as s:
             if now - self._last_flush >= ctx.settings.heartbeat_flush_seconds:
@@ -75,6 +76,7 @@ class RoundDriver:
             automatic = Run.control == Control.AUTOMATIC  # a manual run's phases are its owner's to move
             for run in s.scalars(select(Run).where(Run.status == RunStatus.TRAINING, automatic)).all():
                 changed |= workforce.fill_shards(ctx, s, run, now=now)
+            changed |= verification.expire_challenges(ctx, s, now=now)
             changed |= self._fail_idle_manual_runs(s, now)
             stuck = workforce.fail_stuck_runs(ctx, s, now=now)  # after fill_shards: nobody could be hired
             if stuck:

@@ -200,6 +200,14 @@ class Update(Base):
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)
     reason: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[float] = mapped_column(Float)
+    # Verification of work (0005; see coordinator/verification.py). None: the run does not verify.
+    proof: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # the worker's commitment
+    challenge: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # what it must reveal
+    revealed: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # boundary -> state blob CID
+    verification: Mapped[str | None] = mapped_column(String(16), default=None)
+    verify_detail: Mapped[str | None] = mapped_column(Text, default=None)
+    verify_steps: Mapped[int] = mapped_column(Integer, default=0)  # local steps the coordinator re-ran
+    verify_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class RoundRecord(Base):

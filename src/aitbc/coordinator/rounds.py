@@ -37,6 +37,7 @@ from aitbc.coordinator.repository import job_settings, lock_run
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime
 from aitbc.coordinator.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
+from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.workforce import drop_slowest, end_run
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.norms import apply_verdict, judge_norms, update_norms
@@ -110,6 +111,8 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     ).all()
     answered = {j for j, _ in answers}
     accepted = sum(st == UpdateStatus.ACCEPTED for _, st in answers)
+    if pending_in_round(s, run.id, run.round):
+        return False  # a spot check is under way: its update must not be aggregated unjudged
     if active and all(j in answered for j in active):
         return True  # nobody left to wait for (if none was accepted, the round is skipped)
     deadline = run.cfg.deadline

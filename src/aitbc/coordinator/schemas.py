@@ -77,6 +77,7 @@ CONFIG_RANGES: dict[str, tuple[float, float]] = {
     "eval_every": (1, 100_000),
     "learning_rate": (1e-8, 1.0),  # a job's lr, by its documented name
     "epochs": (1, 1_000),  # a job's passes over its shard per round (the worker computes the steps)
+    "verify_rate": (0.0, 1.0),  # the expected share of each update's steps the coordinator re-runs
 }
 
 
@@ -113,6 +114,9 @@ class Distribute(Body):
     min_workers: Annotated[int | None, *_in_range("min_workers")] = None
     max_workers: Annotated[int | None, *_in_range("max_workers")] = None
     eval_every: Annotated[int, *_in_range("eval_every")] = 1
+    # spot checks: the expected share of each update's local steps the coordinator re-runs
+    # (0: none; every update then keeps the heuristic score)
+    verify_rate: Annotated[float, Field(allow_inf_nan=False), *_in_range("verify_rate")] = 0.0
     max_cost: str | float | None = None  # AIT the owner lets distribute escrow (runs without a budget)
 
 
@@ -144,6 +148,21 @@ class UpdateSubmit(Body):
     shard_cid: str | None = Field(
         None, max_length=100
     )  # the shard trained on (its job's, or the one it was split from)
+    # what the worker commits to (aitbc.training.proof.Commitment as JSON): required when the
+    # run verifies work (verify_rate > 0), checked against the round's local steps
+    proof: dict[str, Any] | None = None
+
+
+class ProofReveal(Body):
+    """The states a spot check asked for, as uploaded blobs: ``states`` maps each
+    challenged boundary (its index, as a string) to the CID of that state's blob
+    (:meth:`aitbc.training.proof.TrainState.to_bytes`); ``residual``: the CID of the
+    error-feedback residual the round began with (safetensors ``residual``), when the
+    challenge includes the update's own check under error feedback."""
+
+    round: int = Field(ge=1)
+    states: dict[str, str] = Field(max_length=34)
+    residual: str | None = Field(None, max_length=100)
 
 
 class WalletFund(Body):

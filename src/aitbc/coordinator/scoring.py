@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,9 @@ def score(ctx: Context, run_id: str, r: int) -> None:
             with rt.lock:
                 judged = _judge(ctx, run, rt, rec_before.checkpoint_cid, accepted, r)
                 rt.params_cid = None  # the model was used for scoring: reload the run's params next time
-            for (_, j), sc in zip(accepted, judged):
+            for (u, j), sc in zip(accepted, judged):
+                if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
+                    sc = verified(sc)
                 rows.append(
                     Score(
                         run_id=run_id,
@@ -86,7 +89,10 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                     )
                 )
         for u, j in ups:
-            if u.status == UpdateStatus.REJECTED:  # malformed, wrong shape, NaN/Inf: provable from the blob itself
+            # malformed, wrong shape, NaN/Inf, or failed its spot check: provable from the blob or the
+            # replay; a spot check not answered in time is not (a crash is not proof): unpaid, not slashed
+            if u.status == UpdateStatus.REJECTED:
+                unanswered = u.verification == "unanswered"
                 rows.append(
                     Score(
                         run_id=run_id,
@@ -94,8 +100,12 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                         contract_id=j.contract_id,
                         worker_id=j.worker_id,
                         status=ScoreStatus.REJECTED,
-                        flags=["rejected"],
-                        provable=True,
+                        flags=[
+                            {"failed": "verification_failed", "unanswered": "challenge_unanswered"}.get(
+                                u.verification or "", "rejected"
+                            )
+                        ],
+                        provable=not unanswered,
                         quality=0.0,
                     )
                 )
@@ -119,6 +129,13 @@ def score(ctx: Context, run_id: str, r: int) -> None:
             seen.add(score_row.contract_id)
             s.add(score_row)
         s.commit()
+
+
+def verified(sc: UpdateScore) -> UpdateScore:
+    """A score whose update passed its spot check: quality 1 (the work was re-run and
+    matched), the heuristic's figures kept for the record, its flags replaced by
+    ``verified`` (a flag of the heuristic is not proof against a replay)."""
+    return replace(sc, quality=1.0, flags=("verified",))
 
 
 def _finite(x: float) -> float | None:

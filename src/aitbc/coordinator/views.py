@@ -18,6 +18,7 @@ from aitbc.coordinator.errors import not_found, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.repository import job_settings, row
 from aitbc.coordinator.states import JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
+from aitbc.coordinator.verification import summary as verification_summary
 from aitbc.coordinator.workforce import busy_workers
 from aitbc.ledger.book import Entry
 from aitbc.ledger.chain import escrow_account
@@ -86,6 +87,7 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "bytes_down": run.bytes_down,
         "error": run.error,
         "flags": flags,
+        "verification": verification_summary(s, run) if run.configured else None,
         "round_started_at": run.round_started_at,
         "deadline_at": deadline_at,
         "started_at": run.started_at,
@@ -445,6 +447,9 @@ def update_view(u: Update) -> dict[str, Any]:
         "status": u.status,
         "reason": u.reason,
         "created_at": u.created_at,
+        "verification": u.verification,
+        "verify_detail": u.verify_detail,
+        "verify_steps": u.verify_steps or 0,
     }
 
 

@@ -13,6 +13,7 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from aitbc.coordinator import verification
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
@@ -85,10 +86,11 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
         return {"job": None, "version": ctx.notifier.version}
     job, run = row
     cfg = run.cfg  # a job exists only once its run is configured
-    action = "wait"
+    action, challenge = "wait", None
     if run.status == RunStatus.TRAINING:
-        done = s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == run.round))
+        done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
         action = "wait" if done else "train"
+        challenge = None if done is None else verification.challenge_view(done)  # if its reply was lost
     deadline = cfg.deadline
     return {
         "job": {
@@ -111,6 +113,8 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "error_feedback": cfg.error_feedback,
             "d": cfg.d,
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
+            "verify_rate": cfg.verify_rate,
+            "challenge": challenge,
         },
         "version": ctx.notifier.version,
     }
@@ -181,6 +185,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     if not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
+    commitment = verification.parse_commitment(run, job, body.proof, body.steps)  # 422 before anything is written
     reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
     if body.train_loss is not None and not math.isfinite(body.train_loss):
         reason = reason or f"reported training loss is {body.train_loss}"
@@ -192,6 +197,10 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     _round_gate(s, job, run, body)
     now = time.time()
     trained = trained_shard(run, job, body.shard_cid)
+    checks: dict[str, Any] = {}
+    if commitment is not None and reason is None:
+        checks, failed = verification.on_submit(ctx, run, job, commitment, trained)
+        reason = failed
     upd = Update(
         run_id=run.id,
         job_id=job.id,
@@ -207,18 +216,26 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
+        **checks,
     )
     s.add(upd)
     run.bytes_up += len(blob)
     job.compute_seconds += body.compute_seconds
     job.updated_at = now
     if reason is not None:
-        _flag(s, job, run, "rejected_update", reason, now=now)
+        _flag(s, job, run, "verification_failed" if checks else "rejected_update", reason, now=now)
     s.commit()
     ctx.notifier.poke_driver()
     if reason is not None:
         raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
-    return {"status": UpdateStatus.ACCEPTED.value, "round": body.round, "cid": body.cid, "size": len(blob)}
+    return {
+        "status": UpdateStatus.ACCEPTED.value,
+        "round": body.round,
+        "cid": body.cid,
+        "size": len(blob),
+        "verification": upd.verification,
+        "challenge": verification.challenge_view(upd),
+    }
 
 
 def trained_shard(run: Run, job: Job, shard_cid: str | None) -> int:

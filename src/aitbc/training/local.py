@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +20,11 @@ from torch import Tensor, nn
 
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
+from aitbc.training.batches import BatchOrder, data_seed, step_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
-from aitbc.training.proof import BatchOrder, Recorder, data_seed, step_seed
+
+if TYPE_CHECKING:
+    from aitbc.training.proof import Recorder
 
 # Constructors called as ``cls(params, lr=..., weight_decay=..., [momentum=...])``.
 INNER_OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("inner optimizer")

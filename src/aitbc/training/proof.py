@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +47,9 @@ import torch
 from torch import Tensor, nn
 
 from aitbc.errors import IntegrityError, UsageError
-from aitbc.training.checkpoint import bytes_to_tensors, read_metadata, tensors_to_bytes
+from aitbc.training.batches import BatchOrder, step_seed
+from aitbc.training.checkpoint import bytes_to_tensors, read_metadata, set_flat_params, tensors_to_bytes
+from aitbc.training.local import build_inner_optimizer, train_step
 
 PROOF_FORMAT = "aitbc.proof/1"
 MAX_INTERVALS = 16  # a round commits at most this many intervals (17 boundaries)
@@ -67,43 +68,6 @@ def boundaries(steps: int, every: int) -> list[int]:
     """The steps at which states are committed: ``0, k, 2k, ..., steps`` (the last
     interval may be shorter)."""
     return [*range(0, steps, every), steps]
-
-
-def data_seed(job_seed: int, round: int) -> int:
-    """The round's data-order seed: a job's batches in round ``round`` are a function of
-    its seed and the round only, so a verifier can replay any stretch of them."""
-    h = hashlib.sha256(struct.pack("<qq", int(job_seed) & (2**63 - 1), int(round))).digest()
-    return int.from_bytes(h[:8], "little") & (2**63 - 1)
-
-
-class BatchOrder:
-    """The batch walk of one round: reshuffled epochs of the shard from ``seed``
-    (``torch.randperm`` with a seeded generator), ``batch`` indices a step."""
-
-    def __init__(self, n: int, batch_size: int, seed: int | None = None, generator: torch.Generator | None = None):
-        if n < 1:
-            raise ValueError(f"a shard needs at least one sample, got {n}")
-        self.n, self.b = n, min(batch_size, n)
-        self.gen = generator if generator is not None else torch.Generator().manual_seed(int(seed or 0))
-        self.order = torch.empty(0, dtype=torch.long)
-        self.pos = 0
-
-    def next(self) -> Tensor:
-        """The next step's sample indices ``(b,)``."""
-        if self.pos + self.b > len(self.order):
-            self.order, self.pos = torch.randperm(self.n, generator=self.gen), 0
-        idx = self.order[self.pos : self.pos + self.b]
-        self.pos += self.b
-        return idx
-
-    def skip(self, steps: int) -> None:
-        for _ in range(steps):
-            self.next()
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The RNG seed of one step (dropout), from the round's data seed and the step."""
-    return (seed * 1_000_003 + step) & (2**63 - 1)
 
 
 # --- digests ---------------------------------------------------------------------------------
@@ -297,9 +261,11 @@ class Verdict:
     steps_replayed: int = 0
 
 
-def check_start(c: Commitment, global_params: Tensor) -> Verdict:
-    """The first committed state must be the round's model (free: no replay)."""
-    ok = c.params[0] == tensor_digest(global_params)
+def check_start(c: Commitment, global_params: Tensor | str) -> Verdict:
+    """The first committed state must be the round's model (free: no replay).
+    ``global_params``: the model's flat parameters, or their :func:`tensor_digest`."""
+    digest = global_params if isinstance(global_params, str) else tensor_digest(global_params)
+    ok = c.params[0] == digest
     detail = "started from the round's model" if ok else "its first committed state is not the round's model"
     return Verdict(ok, "start", 0, None, detail)
 
@@ -329,9 +295,6 @@ class Replay:
 def replay(r: Replay, start: TrainState, steps: int) -> TrainState:
     """Re-run ``steps`` steps from ``start`` exactly as :meth:`LocalTrainer.train_round`
     does (the same step function, batch walk and per-step RNG)."""
-    from aitbc.training.checkpoint import set_flat_params
-    from aitbc.training.local import build_inner_optimizer, train_step
-
     set_flat_params(r.model, start.params)
     r.model.train()
     opt = build_inner_optimizer(r.cfg, r.model.parameters())

@@ -37,6 +37,7 @@ class WorkerSettings(BaseSettings):
     log_level: LogLevel = "info"
     step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)
     attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
+    cheat: Literal["skip-half"] | None = None  # testing: do half the local steps and claim all (worker/cheats.py)
     metrics_port: int | None = Field(None, ge=1, le=65535)  # serve Prometheus metrics here (none: not served)
     metrics_host: str = Field("127.0.0.1", min_length=1)  # the metrics server's address (0.0.0.0: every interface)
     # module prefixes whose module:callable models this worker may import (none by default)

@@ -17,18 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
-from aitbc.core.compression import build_codec
+from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, UsageError
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.market.gpus import detect_device
 from aitbc.storage.blobstore import BlobCache
 from aitbc.storage.cid import cid_of_bytes
-from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
+from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, tensors_to_bytes
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
 from aitbc.training.models import build_model
+from aitbc.training.proof import Recorder, boundaries
+from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.metrics import WorkerMetrics
 
@@ -50,6 +54,10 @@ class JobState:
     rounds: int | None
     shard_cid: str = ""
     done: set[int] = field(default_factory=set)
+    # the last round's committed states (runs that verify work), kept until its spot check
+    proof_round: int | None = None
+    recorder: Recorder | None = None
+    residual_in: Any = None
 
 
 class Worker:
@@ -114,6 +122,8 @@ class Worker:
             if job["job_id"] in self.refused:
                 self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
                 continue
+            if job["action"] == "wait" and job.get("challenge"):
+                self._answer(job, job["challenge"])  # its reply was lost: the job view repeats it
             if job["action"] == "train":
                 try:
                     self.train_round(job)
@@ -220,29 +230,44 @@ class Worker:
                 reporting += time.perf_counter() - t
 
         self._progress(job, 0.0, None, self._epoch(state), "training", step=0)
+        verify = float(job.get("verify_rate") or 0.0) > 0
         t_compute = time.perf_counter()
-        res = state.trainer.train_round(start, on_step=report)
+        recorder = Recorder(steps) if verify else None
+        if self.cfg.cheat == "skip-half":
+            res, recorder = skip_half(state.trainer, start, job["round"], report)
+        else:
+            res = state.trainer.train_round(start, on_step=report, round=job["round"], recorder=recorder)
+        feedback = isinstance(state.codec, ErrorFeedback)
+        residual_in = None
+        if feedback:
+            residual_in = (
+                state.codec.residual.clone() if state.codec.residual is not None else torch.zeros(start.numel())
+            )
         blob = state.codec.encode(res.delta if self.attack is None else self._craft(res.delta))
+        proof = None
+        if recorder is not None:
+            proof = recorder.commitment(residual_in, state.codec.residual if feedback else None).to_json()
+            state.proof_round, state.recorder, state.residual_in = job["round"], recorder, residual_in
         compute = time.perf_counter() - t_compute - reporting
         cid = cid_of_bytes(blob)
         # The round's work is done: the upload is retried through an outage, never retrained.
         self._retry(lambda: self.client.put_blob(cid, blob))
         self.metrics.bytes.labels("up").inc(len(blob))
-        self._retry(
-            lambda: self.client.post(
-                f"/jobs/{job['job_id']}/updates",
-                {
-                    "round": job["round"],
-                    "cid": cid,
-                    "train_loss": res.loss,
-                    "train_accuracy": res.accuracy,
-                    "steps": res.steps,
-                    "compute_seconds": compute,
-                    "shard_cid": state.shard_cid,
-                },
-            )
-        )
+        body = {
+            "round": job["round"],
+            "cid": cid,
+            "train_loss": res.loss,
+            "train_accuracy": res.accuracy,
+            "steps": res.steps,
+            "compute_seconds": compute,
+            "shard_cid": state.shard_cid,
+        }
+        if proof is not None:
+            body["proof"] = proof
+        reply = self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
         state.done.add(job["round"])
+        if reply and reply.get("challenge"):
+            self._answer(job, reply["challenge"])
         self.metrics.rounds.inc()
         self.metrics.steps_per_second.set(res.steps / max(compute, 1e-9))  # compute time only
         self._progress(job, 100.0, res.loss, res.epoch, "uploaded", step=res.steps)
@@ -257,6 +282,33 @@ class Worker:
             time.perf_counter() - t0,
             compute,
         )
+
+    def _answer(self, job: dict[str, Any], challenge: dict[str, Any]) -> None:
+        """Reveal the states the spot check of our update asks for: each uploaded as a blob,
+        then named to the coordinator, which re-runs the intervals between them."""
+        state = self.job
+        if state is None or state.job_id != job["job_id"] or state.proof_round != challenge["round"]:
+            log.warning("spot check of round %s: its states are no longer kept", challenge["round"])
+            return
+        assert state.recorder is not None
+        steps = boundaries(state.recorder.steps, state.recorder.every)
+        cids: dict[str, str] = {}
+        for b in challenge["boundaries"]:
+            data = state.recorder.states[steps[int(b)]].to_bytes()
+            cid = cid_of_bytes(data)
+            self._retry(lambda cid=cid, data=data: self.client.put_blob(cid, data))
+            cids[str(b)] = cid
+        body: dict[str, Any] = {"round": challenge["round"], "states": cids}
+        if challenge.get("residual"):
+            data = tensors_to_bytes({"residual": state.residual_in})
+            body["residual"] = cid_of_bytes(data)
+            self._retry(lambda: self.client.put_blob(body["residual"], data))
+        try:
+            self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/proofs", body))
+            log.info("round %s: revealed %d states for its spot check", challenge["round"], len(cids))
+        except ApiError as e:
+            log.warning("spot check of round %s: %s", challenge["round"], e.detail)
+        state.proof_round = state.recorder = None  # answered once: the states go
 
     @staticmethod
     def _epoch(state: JobState) -> float:

@@ -206,6 +206,7 @@ class RunDetail(RunSummary):
     bytes_down: int
     error: str | None
     flags: int
+    verification: VerificationSummary | None = Field(description="spot checks so far (runs with verify_rate > 0)")
     round_started_at: float | None
     deadline_at: float | None
     started_at: float | None
@@ -414,6 +415,11 @@ class UpdateView(Reply):
     status: UpdateStatus
     reason: str | None
     created_at: float
+    verification: str | None = Field(
+        description="unchecked, challenged, revealed, passed, failed or unanswered; null: not verified"
+    )
+    verify_detail: str | None
+    verify_steps: int = Field(description="local steps the coordinator re-ran to check it")
 
 
 class ResendRequested(Reply):
@@ -480,6 +486,8 @@ class JobOrder(Reply):
     error_feedback: bool | None
     d: int | None
     deadline_at: float | None
+    verify_rate: float = Field(description="the run spot-checks updates (> 0): each must carry its proof")
+    challenge: Challenge | None = Field(description="this round's spot check of its update, while unanswered")
 
 
 class JobPoll(Reply):
@@ -491,11 +499,42 @@ class Ok(Reply):
     ok: bool
 
 
+class Challenge(Reply):
+    round: int
+    boundaries: list[int] = Field(description="the committed states to reveal (indices into the proof's lists)")
+    residual: bool = Field(description="also reveal the error-feedback residual the round began with")
+    at: float = Field(description="when it was drawn; reveal within the coordinator's verify_timeout")
+
+
 class UpdateAccepted(Reply):
     status: Literal["accepted"]
     round: int
     cid: str
     size: int
+    verification: str | None = Field(
+        description="unchecked, or challenged (reveal the states named in challenge); null: the run does not verify"
+    )
+    challenge: Challenge | None
+
+
+class Revealed(Reply):
+    round: int
+    verification: str
+
+
+class VerificationSummary(Reply):
+    rate: float = Field(description="the expected share of each update's local steps re-run")
+    updates: int
+    checked: int
+    passed: int
+    failed: int
+    unanswered: int
+    pending: int
+    steps_replayed: int
+    steps_trained: int
+    extra_compute: float = Field(description="steps re-run over steps trained")
+    verify_seconds: float
+    extra_seconds: float | None = Field(description="seconds spent re-running over the workers' compute seconds")
 
 
 # --- money ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator import views, workers
+from aitbc.coordinator import verification, views, workers
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import (
     OWNED,
@@ -18,12 +18,13 @@ from aitbc.coordinator.api.responses import (
     OfferView,
     Ok,
     Page,
+    Revealed,
     UpdateAccepted,
     WorkerJob,
     errors,
 )
 from aitbc.coordinator.errors import forbidden
-from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.schemas import Progress, ProofReveal, UpdateSubmit, WorkerRegister
 
 router = APIRouter(tags=["workers"])
 
@@ -101,3 +102,10 @@ def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: Si
 @router.post("/jobs/{job_id}/updates", status_code=201, response_model=UpdateAccepted, responses=OWNED)
 def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     return workers.submit_update(ctx, s, job_id, signer.address, body)
+
+
+@router.post("/jobs/{job_id}/proofs", response_model=Revealed, responses=OWNED)
+def reveal_states(job_id: str, body: ProofReveal, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    """Answer the spot check of the job's update: the CIDs of the challenged states
+    (uploaded first with ``PUT /v1/blobs/{cid}``). The round driver re-runs them."""
+    return verification.reveal(ctx, s, job_id, signer.address, body)

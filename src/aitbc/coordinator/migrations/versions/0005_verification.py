@@ -1,0 +1,51 @@
+"""Verification of work (issue 15): each update's commitment, spot check and verdict.
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-01
+
+On ``updates`` (all nullable or defaulted; updates before this revision were never
+verified):
+
+- ``proof``: the worker's commitment (digests of its training state every k steps);
+- ``challenge``: the boundaries the coordinator asked it to reveal, drawn after the update
+  arrived;
+- ``revealed``: boundary -> the CID of the state blob the worker uploaded;
+- ``verification``: unchecked | challenged | revealed | passed | failed | unanswered
+  (None: the run does not verify);
+- ``verify_detail``, ``verify_steps`` (local steps re-run), ``verify_seconds``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+UPDATES: tuple[sa.Column[Any], ...] = (
+    sa.Column("proof", sa.JSON(), nullable=True),
+    sa.Column("challenge", sa.JSON(), nullable=True),
+    sa.Column("revealed", sa.JSON(), nullable=True),
+    sa.Column("verification", sa.String(16), nullable=True),
+    sa.Column("verify_detail", sa.Text(), nullable=True),
+    sa.Column("verify_steps", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("verify_seconds", sa.Float(), nullable=False, server_default="0"),
+)
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("updates") as b:
+        for c in UPDATES:
+            b.add_column(c)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("updates") as b:
+        for c in reversed(UPDATES):
+            b.drop_column(c.name)

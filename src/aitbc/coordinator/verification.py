@@ -1,0 +1,349 @@
+"""Verification of work: spot checks of the updates of runs that ask for them.
+
+A run with ``verify_rate`` r > 0 requires each update to carry the worker's commitment
+(:class:`aitbc.training.proof.Commitment`: digests of its training state every k steps).
+On arrival (:func:`on_submit`) the first committed state is checked against the round's
+model (free), and intervals to re-run are drawn with the OS's randomness, *after* the
+update is in: ``r x intervals`` of them in expectation. A challenged update also gets the
+check that its blob is the codec's encoding of the committed work. The worker reveals the
+states at the challenged boundaries (:func:`reveal`: blobs it uploads, named by CID); the
+round driver re-runs the intervals (:func:`verify_pending`) from those states on the
+update's own shard with the job's settings of that round (recorded with the challenge).
+
+Verdicts:
+
+- **passed**: the update is paid in full (quality 1) whatever its held-out gain
+  (:mod:`.scoring`);
+- **failed** (a state that is not the committed one, an interval that does not replay, an
+  update that is not the committed work, a first state that is not the round's model):
+  provable; the update is rejected and not aggregated, and settlement slashes the bond and
+  ejects the worker;
+- **unanswered** (no reveal within ``verify_timeout``): the update is rejected and unpaid,
+  the job ends failed and its shard goes to another worker; no slash (a crash is not proof).
+
+A round does not close while one of its updates waits for its check, so a failed update is
+never aggregated. What the checks cost is recorded per update (local steps re-run and
+seconds) and summed in the run's view (:func:`summary`).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+import torch
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
+from aitbc.coordinator.repository import job_settings, lock_run, row
+from aitbc.coordinator.runtime import build_initial_model
+from aitbc.coordinator.schemas import ProofReveal
+from aitbc.coordinator.states import JobStatus, UpdateStatus
+from aitbc.coordinator.workforce import end_job
+from aitbc.core.compression import build_codec
+from aitbc.core.options import parse_spec
+from aitbc.errors import AitbcError, UsageError
+from aitbc.storage.cid import is_cid
+from aitbc.training.batches import data_seed
+from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, load_shard
+from aitbc.training.local import LocalConfig
+from aitbc.training.proof import (
+    Commitment,
+    Replay,
+    TrainState,
+    Verdict,
+    check_interval,
+    check_start,
+    check_update,
+    choose_intervals,
+    tensor_digest,
+)
+
+log = logging.getLogger("aitbc.coordinator")
+
+PENDING = ("challenged", "revealed")  # a round waits for these
+_digests: dict[str, str] = {}  # checkpoint CID -> digest of its flat parameters
+_digests_lock = threading.Lock()
+
+
+def _start_digest(ctx: Context, run: Run) -> str:
+    """The digest of the round's model (the run's current checkpoint), computed once."""
+    cid = run.global_cid or ""
+    with _digests_lock:
+        if cid in _digests:
+            return _digests[cid]
+    model = build_initial_model(run, ctx.settings.allow_code)
+    load_checkpoint(model, ctx.store.get_bytes(cid))
+    digest = tensor_digest(flat_params(model))
+    with _digests_lock:
+        if len(_digests) > 256:
+            _digests.clear()
+        _digests[cid] = digest
+    return digest
+
+
+def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: int) -> Commitment | None:
+    """The update's commitment, for a run that verifies (None otherwise). A missing or
+    malformed one is a 422 (nothing recorded): the worker can send it again."""
+    if run.cfg.verify_rate <= 0:
+        return None
+    if proof is None:
+        raise unprocessable(
+            "proof_required",
+            f"run {run.id} verifies work (verify_rate {run.cfg.verify_rate:g}): the update must carry its proof",
+        )
+    want = job_settings(run, job)["local_steps"]
+    if steps != want:
+        raise unprocessable("bad_proof", f"the update reports {steps} local steps; this round's job trains {want}")
+    try:
+        return Commitment.from_json(proof, steps=want)
+    except UsageError as e:
+        raise unprocessable("bad_proof", str(e)) from None
+
+
+def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int) -> tuple[dict[str, Any], str | None]:
+    """The update's spot check, drawn now: ``(fields for the Update row, reason)`` where
+    ``reason`` is set when the free check already failed (the update is then rejected)."""
+    if not check_start(c, _start_digest(ctx, run)).ok:
+        detail = "its first committed state is not the round's model (trained from another model)"
+        return {
+            "proof": c.to_json(),
+            "verification": "failed",
+            "verify_detail": detail,
+        }, f"verification failed: {detail}"
+    gen = torch.Generator().manual_seed(secrets.randbits(63))  # drawn after the update is in
+    intervals = choose_intervals(c.intervals, run.cfg.verify_rate, gen)
+    if not intervals:
+        return {"proof": c.to_json(), "verification": "unchecked"}, None
+    last = c.intervals
+    wanted = sorted({b for i in intervals for b in (i, i + 1)} | {last})
+    settings = job_settings(run, job)
+    challenge = {
+        "intervals": intervals,
+        "boundaries": wanted,
+        "residual": run.cfg.error_feedback,
+        "at": time.time(),
+        # what the replay needs, as it was for this round (the owner may change the job later)
+        "steps": settings["local_steps"],
+        "batch_size": settings["batch_size"],
+        "lr": settings["lr"],
+        "optimizer": run.cfg.inner_opt,
+        "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
+        "shard_index": shard_index,
+        "start_cid": run.global_cid,
+    }
+    return {"proof": c.to_json(), "challenge": challenge, "verification": "challenged"}, None
+
+
+def challenge_view(upd: Update) -> dict[str, Any] | None:
+    """What the worker must reveal (in the update's reply and its job's view)."""
+    if upd.verification != "challenged" or not upd.challenge:
+        return None
+    ch = upd.challenge
+    return {"round": upd.round, "boundaries": ch["boundaries"], "residual": bool(ch["residual"]), "at": ch["at"]}
+
+
+def reveal(ctx: Context, s: Session, job_id: str, signer: str, body: ProofReveal) -> dict[str, Any]:
+    """The worker's answer to its spot check: the CIDs of the challenged states (uploaded
+    first). Checked for shape here; judged by the driver."""
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    if job.worker_id != signer:
+        raise forbidden(f"job {job_id} belongs to worker {job.worker_id}; {signer} may not answer for it")
+    upd = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == body.round))
+    if upd is None:
+        raise not_found("unknown_update", f"job {job_id} sent no update for round {body.round}")
+    if upd.verification != "challenged":
+        state = upd.verification or "not verified"
+        raise conflict("not_challenged", f"the update of round {body.round} is {state}; nothing to reveal")
+    ch = upd.challenge or {}
+    want = [str(b) for b in ch["boundaries"]]
+    if sorted(body.states, key=_int_or_str) != want:
+        raise unprocessable(
+            "bad_reveal", f"reveal exactly the challenged boundaries {', '.join(want)}; got {', '.join(body.states)}"
+        )
+    cids = [*body.states.values(), *([body.residual] if body.residual else [])]
+    if ch["residual"] and body.residual is None:
+        raise unprocessable("bad_reveal", "the run uses error feedback: reveal the residual the round began with")
+    if not ch["residual"] and body.residual is not None:
+        raise unprocessable("bad_reveal", "the run uses no error feedback: there is no residual to reveal")
+    for cid in cids:
+        if not is_cid(cid):
+            raise unprocessable("bad_cid", f"{cid[:100]!r} is not a CID")
+        if not ctx.store.has(cid):
+            raise unprocessable("missing_blob", f"state blob {cid} was not uploaded; PUT /v1/blobs/{cid} first")
+    run = row(s, Run, job.run_id)
+    lock_run(s, run)
+    s.refresh(upd)
+    if upd.verification != "challenged":
+        s.rollback()
+        raise conflict("not_challenged", f"the update of round {body.round} is {upd.verification}; nothing to reveal")
+    upd.revealed = {"states": dict(body.states), "residual": body.residual}
+    upd.verification = "revealed"
+    s.commit()
+    ctx.notifier.poke_driver()
+    return {"round": upd.round, "verification": upd.verification}
+
+
+def _int_or_str(k: str) -> tuple[int, str]:
+    return (int(k), "") if k.isdigit() else (1 << 30, k)
+
+
+# --- the driver's side -------------------------------------------------------------------------
+
+
+def verify_pending(ctx: Context, *, limit: int = 8) -> bool:
+    """Judge revealed updates (oldest first, ``limit`` per tick). Returns whether any was."""
+    with ctx.session() as s:
+        ids = s.scalars(
+            select(Update.id).where(Update.verification == "revealed").order_by(Update.id).limit(limit)
+        ).all()
+    for uid in ids:
+        t0 = time.perf_counter()
+        with ctx.session() as s:
+            upd = row(s, Update, uid)
+            run = row(s, Run, upd.run_id)
+            try:
+                verdicts = _judge(ctx, run, upd)
+            except AitbcError as e:  # a blob that is not a state: the worker revealed junk
+                verdicts = [Verdict(False, "reveal", None, None, f"a revealed blob is not a state: {e}")]
+            _record(ctx, s, upd, run, verdicts, time.perf_counter() - t0)
+    return bool(ids)
+
+
+def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
+    ch, rev = upd.challenge or {}, upd.revealed or {}
+    c = Commitment.from_json(upd.proof, steps=int(ch["steps"]))
+    model = build_initial_model(run, ctx.settings.allow_code)
+    d = sum(p.numel() for p in model.parameters())
+    states = {int(b): TrainState.from_bytes(ctx.store.get_bytes(cid), numel=d) for b, cid in rev["states"].items()}
+    x, y = load_shard(ctx.store.get_bytes(run.data_manifest["shards"][int(ch["shard_index"])]["cid"]))
+    cfg = LocalConfig(steps=int(ch["steps"]), batch_size=int(ch["batch_size"]), optimizer=ch["optimizer"], lr=ch["lr"])
+    replay = Replay(model, x, y, cfg, data_seed(int(ch["seed"]), upd.round))
+    verdicts = []
+    for i in ch["intervals"]:
+        v = check_interval(c, i, states[i], states[i + 1], replay)
+        verdicts.append(v)
+        if not v.ok:
+            return verdicts
+    start_model = build_initial_model(run, ctx.settings.allow_code)
+    load_checkpoint(start_model, ctx.store.get_bytes(ch["start_cid"]))
+    residual = None
+    if ch["residual"]:
+        residual = bytes_to_tensors(ctx.store.get_bytes(rev["residual"])).get("residual")
+        if residual is None or residual.shape != (d,) or residual.dtype != torch.float32:
+            return [*verdicts, Verdict(False, "update", None, None, f"the revealed residual is not float32 ({d},)")]
+    name, opts = parse_spec(run.cfg.compression, what="codec")
+    codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=ch["residual"])
+    verdicts.append(
+        check_update(c, ctx.store.get_bytes(upd.cid), flat_params(start_model), states[c.intervals], residual, codec)
+    )
+    return verdicts
+
+
+def _record(ctx: Context, s: Session, upd: Update, run: Run, verdicts: list[Verdict], seconds: float) -> None:
+    lock_run(s, run)
+    s.refresh(upd)
+    if upd.verification != "revealed":  # judged meanwhile (another coordinator process)
+        s.rollback()
+        return
+    failed = next((v for v in verdicts if not v.ok), None)
+    upd.verify_steps = sum(v.steps_replayed for v in verdicts)
+    upd.verify_seconds = seconds
+    if failed is None:
+        upd.verification = "passed"
+        upd.verify_detail = "; ".join(v.detail for v in verdicts)
+    else:
+        upd.verification, upd.verify_detail = "failed", failed.detail
+        if upd.status == UpdateStatus.ACCEPTED:
+            upd.status, upd.reason = UpdateStatus.REJECTED, f"verification failed: {failed.detail}"
+        _flag(s, upd, "verification_failed", f"round {upd.round}: {failed.detail}")
+    s.commit()
+    ctx.notifier.bump()
+    ctx.notifier.poke_driver()
+    log.info(
+        "run %s round %d: %s's update %s (%s)", run.id, upd.round, upd.worker_id, upd.verification, upd.verify_detail
+    )
+
+
+def expire_challenges(ctx: Context, s: Session, *, now: float) -> bool:
+    """Challenged updates whose worker did not reveal within ``verify_timeout``: rejected
+    (unpaid) and the job ended failed; not slashed (a crash is not proof). The caller commits."""
+    timeout = ctx.settings.verify_timeout
+    changed = False
+    for upd in s.scalars(select(Update).where(Update.verification == "challenged")).all():
+        if now - float((upd.challenge or {}).get("at", now)) < timeout:
+            continue
+        reason = f"did not reveal the states its spot check asked for within {timeout:g} s"
+        upd.verification, upd.verify_detail = "unanswered", reason
+        if upd.status == UpdateStatus.ACCEPTED:
+            upd.status, upd.reason = UpdateStatus.REJECTED, reason
+        _flag(s, upd, "challenge_unanswered", f"round {upd.round}: {reason}")
+        job = s.get(Job, upd.job_id)
+        if job is not None and job.status == JobStatus.ACTIVE:
+            end_job(s, job, JobStatus.FAILED, f"did not answer its spot check of round {upd.round}", now=now)
+        changed = True
+    return changed
+
+
+def pending_in_round(s: Session, run_id: str, r: int) -> int:
+    """Updates of round ``r`` still waiting for their check (the round waits for them)."""
+    q = select(func.count()).select_from(Update)
+    return s.scalar(q.where(Update.run_id == run_id, Update.round == r, Update.verification.in_(PENDING))) or 0
+
+
+def _flag(s: Session, upd: Update, kind: str, reason: str) -> None:
+    s.add(
+        Flag(
+            worker_id=upd.worker_id,
+            run_id=upd.run_id,
+            round=upd.round,
+            kind=kind,
+            reason=reason,
+            created_at=time.time(),
+        )
+    )
+    offer = s.get(Offer, upd.worker_id)
+    if offer is not None:
+        offer.flags += 1
+
+
+def summary(s: Session, run: Run) -> dict[str, Any] | None:
+    """The run's verification so far: how many updates were checked and how, and what the
+    checks cost (local steps re-run against steps trained, and seconds)."""
+    rate = run.cfg.verify_rate if run.config else 0.0
+    if not rate:
+        return None
+    rows = s.execute(
+        select(Update.verification, func.count(), func.sum(Update.verify_steps), func.sum(Update.verify_seconds))
+        .where(Update.run_id == run.id, Update.verification.is_not(None))
+        .group_by(Update.verification)
+    ).all()
+    counts = {v: int(n) for v, n, _, _ in rows}
+    replayed = sum(int(st or 0) for _, _, st, _ in rows)
+    seconds = sum(float(sec or 0.0) for _, _, _, sec in rows)
+    trained = 0
+    for proof in s.scalars(select(Update.proof).where(Update.run_id == run.id, Update.proof.is_not(None))).all():
+        trained += int(proof.get("steps", 0))
+    compute = s.scalar(select(func.sum(Update.compute_seconds)).where(Update.run_id == run.id)) or 0.0
+    return {
+        "rate": rate,
+        "updates": sum(counts.values()),
+        "checked": sum(counts.get(k, 0) for k in ("passed", "failed", "revealed", "challenged", "unanswered")),
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0),
+        "unanswered": counts.get("unanswered", 0),
+        "pending": sum(counts.get(k, 0) for k in PENDING),
+        "steps_replayed": replayed,
+        "steps_trained": trained,
+        "extra_compute": replayed / trained if trained else 0.0,
+        "verify_seconds": seconds,
+        "extra_seconds": seconds / compute if compute else None,
+    }

@@ -1,0 +1,89 @@
+"""End to end (issue 15): verification of work on a live run.
+
+A real coordinator process, three honest worker processes and one started with the hidden
+test flag ``--cheat skip-half`` (it trains half its local steps and claims them all, with a
+commitment that starts at the round's model and ends at the update it sends, so only a
+re-run can tell). The owner distributes with ``--verify-rate 0.25``:
+
+- the cheater's update fails its spot check (an interval does not replay) in its first
+  round: rejected, never aggregated, its bond burned and the worker ejected;
+- every honest update is checked and passes, so the honest workers are paid in full (the
+  agreed price for every round), whatever their updates' held-out gain;
+- the run's view reports what the checks cost; ``aitbc ledger verify`` passes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
+BOND = 2_000_000  # micro-AIT each provider locks (--bond 2)
+FUNDS = 10_000_000
+PRICE = 1_000_000  # each provider's asking price (1.00 AIT a round)
+ROUNDS = 4
+
+
+def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pay = stack.api(f"/runs/{run_id}/payments")
+        if pay["finalized"]:
+            return pay
+        time.sleep(0.2)
+    raise AssertionError(f"payments of {run_id} not finalized: {pay}")
+
+
+def test_a_worker_skipping_half_its_steps_is_caught_slashed_and_ejected(stack):
+    stack.start_coordinator()
+    honest = [f"honest{i}" for i in range(3)]
+    for name in honest:
+        stack.start_worker(name, max_bond="5", funds="10")
+    stack.start_worker("skipper", max_bond="5", funds="10", cheat="skip-half")
+    stack.wait_offers(4)
+    run_id = stack.init_run("--bond", "2", workers=4)
+    stack.start_run(run_id, workers=4, rounds=ROUNDS, local_steps=20, verify_rate=0.25)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    assert run["config"]["verify_rate"] == 0.25
+    pay = _finalized(stack, run_id)
+
+    cheat_id = stack.worker_id("skipper")
+    ups = {
+        (w, r): (st, v, why)
+        for w, r, st, v, why in stack.rows(
+            "SELECT worker_id, round, status, verification, verify_detail FROM updates WHERE run_id = :r", r=run_id
+        )
+    }
+    cheats = {k: v for k, v in ups.items() if k[0] == cheat_id}
+    # caught in its first round (every interval of its commitment is wrong), then ejected: no more updates
+    assert list(cheats) == [(cheat_id, 1)], cheats
+    status, verdict, detail = cheats[(cheat_id, 1)]
+    assert (status, verdict) == ("rejected", "failed") and "do not replay" in detail, detail
+
+    rows = {r["worker_id"]: r for r in pay["data"]}
+    assert rows[cheat_id]["status"] == "slashed" and rows[cheat_id]["slashed_micro"] == BOND
+    assert rows[cheat_id]["paid_micro"] == 0
+    jobs = {w["worker_id"]: w for w in run["workers"]}
+    assert jobs[cheat_id]["job_status"] == "failed" and "ejected" in jobs[cheat_id]["end_reason"]
+
+    for name in honest:
+        wid = stack.worker_id(name)
+        mine = {k: v for k, v in ups.items() if k[0] == wid}
+        assert len(mine) == ROUNDS and all(v[:2] == ("accepted", "passed") for v in mine.values()), mine
+        # paid in full: the agreed price for every round
+        assert rows[wid]["paid_micro"] == PRICE * ROUNDS and rows[wid]["slashed_micro"] == 0, rows[wid]
+
+    summary = run["verification"]
+    assert summary["passed"] == 3 * ROUNDS and summary["failed"] == 1 and summary["unanswered"] == 0
+    assert summary["steps_trained"] == 20 * (3 * ROUNDS + 1)
+    assert 0 < summary["steps_replayed"] <= summary["steps_trained"]
+
+    balances = stack.api("/ledger/balances")["data"]
+    assert balances["burn:local"] == BOND  # burned: not the owner's, not another provider's
+    assert balances[f"wallet:{cheat_id}"] == FUNDS - BOND
+    r = stack.cli("ledger", "verify", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout + r.stderr
