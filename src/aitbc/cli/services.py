@@ -58,6 +58,7 @@ SERVE_FLAGS = {
     "guard_samples": "--guard-samples",
     "norm_clip": "--norm-clip",
     "norm_reject": "--norm-reject",
+    "verify_timeout": "--verify-timeout",
     "allow_code": "--allow-code",
 }
 WORKER_FLAGS = {
@@ -216,6 +217,13 @@ def serve(
     norm_reject: Annotated[
         float | None, typer.Option(help="Updates over this x the round's median norm are rejected and slashed.")
     ] = None,
+    verify_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a spot-checked worker has to reveal its states; then its update is rejected unpaid "
+            "and its job ends (not slashed)."
+        ),
+    ] = None,
     allow_code: Annotated[
         list[str] | None,
         typer.Option(
@@ -263,6 +271,7 @@ def serve(
         "guard_samples": guard_samples,
         "norm_clip": norm_clip,
         "norm_reject": norm_reject,
+        "verify_timeout": verify_timeout,
         "allow_code": allow_code or None,
     }
     names = {

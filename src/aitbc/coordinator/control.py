@@ -466,7 +466,9 @@ def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConf
     elif "epochs" in changes:
         config.pop("local_steps", None)
     _check_steps(run, job.shard_index, config)
-    job.config, job.updated_at = config, time.time()
+    now = time.time()
+    job.previous_config, job.config_at = dict(job.config or {}), now
+    job.config, job.updated_at = config, now
     s.commit()
     ctx.notifier.bump()
     return job

@@ -162,6 +162,10 @@ class Job(Base):
         JSON, default=dict
     )  # the owner's overrides: local_steps, batch_size, lr
     seed: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the worker's batch-order seed
+    # the config before the owner's last change, and when it changed (0005): a round under way
+    # then may have been trained with either (verification replays what the worker used)
+    previous_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    config_at: Mapped[float | None] = mapped_column(Float, default=None)
     moved_from: Mapped[int | None] = mapped_column(Integer, default=None)  # its shard before a split or a move
     # the worker's last progress report
     progress: Mapped[float] = mapped_column(Float, default=0.0)
@@ -206,8 +210,8 @@ class Update(Base):
     revealed: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # boundary -> state blob CID
     verification: Mapped[str | None] = mapped_column(String(16), default=None)
     verify_detail: Mapped[str | None] = mapped_column(Text, default=None)
-    verify_steps: Mapped[int] = mapped_column(Integer, default=0)  # local steps the coordinator re-ran
-    verify_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    verify_steps: Mapped[int | None] = mapped_column(Integer, default=None)  # local steps the coordinator re-ran
+    verify_seconds: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class RoundRecord(Base):

@@ -83,15 +83,20 @@ def shard_index(run: Run, shard_id: str) -> int:
     )
 
 
-def job_settings(run: Run, job: Job) -> dict[str, Any]:
+def job_settings(
+    run: Run, job: Job, *, config: dict[str, Any] | None = None, shard: int | None = None
+) -> dict[str, Any]:
     """What a job trains with each round: the owner's overrides over the run's config.
     ``epochs`` (passes over its shard) sets ``local_steps`` from the shard's samples
-    (:func:`~aitbc.training.local.epoch_steps`, the worker's own rule); None otherwise."""
-    cfg, own = run.cfg, job.config or {}
+    (:func:`~aitbc.training.local.epoch_steps`, the worker's own rule); None otherwise.
+    ``config``/``shard``: another of its configs (the one before the owner's last change)
+    or shard (the one it trained a round on before a split) than its current one."""
+    cfg, own = run.cfg, (job.config if config is None else config) or {}
+    index = job.shard_index if shard is None else shard
     batch = int(own.get("batch_size") or cfg.batch_size)
     epochs = own.get("epochs")
     if epochs:
-        steps = epoch_steps(int(epochs), int(run.data_manifest["shards"][job.shard_index]["samples"]), batch)
+        steps = epoch_steps(int(epochs), int(run.data_manifest["shards"][index]["samples"]), batch)
     else:
         steps = int(own.get("local_steps") or cfg.local_steps)
     return {"local_steps": steps, "batch_size": batch, "lr": float(own.get("lr") or cfg.lr), "epochs": epochs}

@@ -88,9 +88,14 @@ def _start_digest(ctx: Context, run: Run) -> str:
     return digest
 
 
-def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: int) -> Commitment | None:
+def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: int, shard: int) -> Commitment | None:
     """The update's commitment, for a run that verifies (None otherwise). A missing or
-    malformed one is a 422 (nothing recorded): the worker can send it again."""
+    malformed one is a 422 (nothing recorded): the worker can send it again.
+
+    The settings it states it trained with (steps, batch size, lr) must be the job's for
+    the shard it trained (``shard``): its current ones, or, if the owner changed them
+    while the round was under way, the ones before (the worker started the round with
+    those). The replay then uses them."""
     if run.cfg.verify_rate <= 0:
         return None
     if proof is None:
@@ -98,13 +103,22 @@ def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: in
             "proof_required",
             f"run {run.id} verifies work (verify_rate {run.cfg.verify_rate:g}): the update must carry its proof",
         )
-    want = job_settings(run, job)["local_steps"]
-    if steps != want:
-        raise unprocessable("bad_proof", f"the update reports {steps} local steps; this round's job trains {want}")
+    allowed = [job_settings(run, job, shard=shard)]
+    started = run.round_started_at or 0.0
+    if job.config_at is not None and job.previous_config is not None and job.config_at >= started:
+        allowed.append(job_settings(run, job, config=job.previous_config, shard=shard))
     try:
-        return Commitment.from_json(proof, steps=want)
+        c = Commitment.from_json(proof, steps=steps)
     except UsageError as e:
         raise unprocessable("bad_proof", str(e)) from None
+    claimed = (c.steps, c.batch_size, c.lr)
+    if not any(claimed == (a["local_steps"], a["batch_size"], a["lr"]) for a in allowed):
+        said = ", ".join(f"{a['local_steps']} steps of batch {a['batch_size']} at lr {a['lr']:g}" for a in allowed)
+        raise unprocessable(
+            "bad_proof",
+            f"the proof states {c.steps} steps of batch {c.batch_size} at lr {c.lr}; this round's job trains {said}",
+        )
+    return c
 
 
 def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int) -> tuple[dict[str, Any], str | None]:
@@ -123,16 +137,15 @@ def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int)
         return {"proof": c.to_json(), "verification": "unchecked"}, None
     last = c.intervals
     wanted = sorted({b for i in intervals for b in (i, i + 1)} | {last})
-    settings = job_settings(run, job)
     challenge = {
         "intervals": intervals,
         "boundaries": wanted,
         "residual": run.cfg.error_feedback,
         "at": time.time(),
         # what the replay needs, as it was for this round (the owner may change the job later)
-        "steps": settings["local_steps"],
-        "batch_size": settings["batch_size"],
-        "lr": settings["lr"],
+        "steps": c.steps,
+        "batch_size": c.batch_size,
+        "lr": c.lr,
         "optimizer": run.cfg.inner_opt,
         "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
         "shard_index": shard_index,

@@ -185,7 +185,9 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     if not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
-    commitment = verification.parse_commitment(run, job, body.proof, body.steps)  # 422 before anything is written
+    commitment = verification.parse_commitment(  # 422 before anything is written
+        run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
+    )
     reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
     if body.train_loss is not None and not math.isfinite(body.train_loss):
         reason = reason or f"reported training loss is {body.train_loss}"

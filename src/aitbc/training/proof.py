@@ -164,6 +164,8 @@ class Commitment:
     optim: tuple[str, ...]
     residual_in: str | None = None
     residual_out: str | None = None
+    batch_size: int | None = None  # the settings it trained with (the replay uses them)
+    lr: float | None = None
 
     @property
     def boundaries(self) -> list[int]:
@@ -182,6 +184,8 @@ class Commitment:
             "optim": list(self.optim),
             "residual_in": self.residual_in,
             "residual_out": self.residual_out,
+            "batch_size": self.batch_size,
+            "lr": self.lr,
         }
 
     @classmethod
@@ -211,7 +215,21 @@ class Commitment:
             out[key] = v
         if (out["residual_in"] is None) != (out["residual_out"] is None):
             raise UsageError("proof.residual_in and proof.residual_out are both given or both null")
-        return cls(steps, every, out["params"], out["optim"], out["residual_in"], out["residual_out"])
+        batch, lr = d.get("batch_size"), d.get("lr")
+        if batch is not None and not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
+            raise UsageError(f"proof.batch_size must be an integer >= 1 or null, got {batch!r}")
+        if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < math.inf):
+            raise UsageError(f"proof.lr must be a positive number or null, got {lr!r}")
+        return cls(
+            steps,
+            every,
+            out["params"],
+            out["optim"],
+            out["residual_in"],
+            out["residual_out"],
+            batch,
+            None if lr is None else float(lr),
+        )
 
 
 class Recorder:
@@ -228,7 +246,14 @@ class Recorder:
             params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
             self.states[step] = TrainState(step, params, optimizer_tensors(opt))
 
-    def commitment(self, residual_in: Tensor | None, residual_out: Tensor | None) -> Commitment:
+    def commitment(
+        self,
+        residual_in: Tensor | None,
+        residual_out: Tensor | None,
+        *,
+        batch_size: int | None = None,
+        lr: float | None = None,
+    ) -> Commitment:
         steps = boundaries(self.steps, self.every)
         missing = [s for s in steps if s not in self.states]
         if missing:
@@ -241,6 +266,8 @@ class Recorder:
             tuple(o for _, o in digests),
             None if residual_in is None else tensor_digest(residual_in),
             None if residual_out is None else tensor_digest(residual_out),
+            batch_size,
+            lr,
         )
 
 

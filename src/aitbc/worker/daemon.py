@@ -246,7 +246,9 @@ class Worker:
         blob = state.codec.encode(res.delta if self.attack is None else self._craft(res.delta))
         proof = None
         if recorder is not None:
-            proof = recorder.commitment(residual_in, state.codec.residual if feedback else None).to_json()
+            cfg = state.trainer.cfg
+            after = state.codec.residual if feedback else None
+            proof = recorder.commitment(residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr).to_json()
             state.proof_round, state.recorder, state.residual_in = job["round"], recorder, residual_in
         compute = time.perf_counter() - t_compute - reporting
         cid = cid_of_bytes(blob)

@@ -14,6 +14,10 @@ verified):
 - ``verification``: unchecked | challenged | revealed | passed | failed | unanswered
   (None: the run does not verify);
 - ``verify_detail``, ``verify_steps`` (local steps re-run), ``verify_seconds``.
+
+On ``jobs``: ``previous_config`` and ``config_at``, the job's config before the owner's last
+change and when it changed (a round under way then was trained with either, and the check
+re-runs what the worker used).
 """
 
 from __future__ import annotations
@@ -34,8 +38,14 @@ UPDATES: tuple[sa.Column[Any], ...] = (
     sa.Column("revealed", sa.JSON(), nullable=True),
     sa.Column("verification", sa.String(16), nullable=True),
     sa.Column("verify_detail", sa.Text(), nullable=True),
-    sa.Column("verify_steps", sa.Integer(), nullable=False, server_default="0"),
-    sa.Column("verify_seconds", sa.Float(), nullable=False, server_default="0"),
+    sa.Column("verify_steps", sa.Integer(), nullable=True),
+    sa.Column("verify_seconds", sa.Float(), nullable=True),
+)
+
+
+JOBS: tuple[sa.Column[Any], ...] = (
+    sa.Column("previous_config", sa.JSON(), nullable=True),
+    sa.Column("config_at", sa.Float(), nullable=True),
 )
 
 
@@ -43,9 +53,15 @@ def upgrade() -> None:
     with op.batch_alter_table("updates") as b:
         for c in UPDATES:
             b.add_column(c)
+    with op.batch_alter_table("jobs") as b:
+        for c in JOBS:
+            b.add_column(c)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("jobs") as b:
+        for c in reversed(JOBS):
+            b.drop_column(c.name)
     with op.batch_alter_table("updates") as b:
         for c in reversed(UPDATES):
             b.drop_column(c.name)
