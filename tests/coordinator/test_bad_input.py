@@ -403,6 +403,8 @@ def test_duplicate_update(api, training):
         "round": 1,
         "cid": cid,
         "size": len(api.update_blob(torch.full((training.d,), 0.01))),
+        "verification": None,  # the run does not verify work
+        "challenge": None,
     }
     other = api.put_update(w, torch.full((training.d,), 0.02))
     before = coord.snapshot()

@@ -25,11 +25,13 @@ from aitbc.training.proof import (
     TrainState,
     boundaries,
     check_interval,
+    check_segment,
     check_start,
     check_update,
     choose_intervals,
     commit_every,
     first_divergence,
+    segments,
 )
 
 SPEC = DataSpec("classification", (8,), 4)
@@ -259,3 +261,28 @@ def test_batch_order_is_a_function_of_the_seed():
         a.next()
     assert torch.equal(a.next(), b.next())
     assert data_seed(1, 2) != data_seed(1, 3) != data_seed(2, 2)
+
+
+def test_segments_group_adjacent_intervals():
+    assert segments([]) == []
+    assert segments([3]) == [(3, 4)]
+    assert segments([5, 1, 2, 3, 7, 8]) == [(1, 4), (5, 6), (7, 9)]
+
+
+def test_a_segment_replays_in_one_go_and_a_bad_interval_inside_is_found_by_bisection():
+    tr, start, rec, *_ = trained(steps=8)  # every = 1: 8 intervals
+    c = rec.commitment(None, None)
+    r = replayer(tr, 2)
+    ok = check_segment(c, 1, 6, rec.states[1], rec.states[6], r)
+    assert ok.ok and ok.error == 0.0 and ok.steps_replayed == 5, ok
+    # the cheat: from step 4 on, every committed state is one step behind (step 4 was skipped)
+    for s in range(4, 9):
+        rec.states[s] = TrainState(s, rec.states[s - 1].params.clone(), rec.states[s - 1].optim)
+    c = rec.commitment(None, None)
+    bad = check_segment(c, 1, 7, rec.states[1], rec.states[7], r)
+    assert not bad.ok and bad.interval == 3, bad  # interval 3 (steps 3-4): the first that parts
+    assert "steps 3-4 do not replay" in bad.detail and "bisection" in bad.detail, bad.detail
+    assert bad.steps_replayed == 6
+    # the evidence is that one interval, re-run by anyone from the state both agree on
+    assert not check_interval(c, 3, rec.states[3], rec.states[4], r).ok
+    assert check_interval(c, 2, rec.states[2], rec.states[3], r).ok

@@ -376,6 +376,64 @@ def check_interval(
     return Verdict(ok, "interval", index, err, detail, steps)
 
 
+def segments(intervals: Sequence[int]) -> list[tuple[int, int]]:
+    """Chosen intervals grouped into runs of adjacent ones, as boundary pairs ``(first,
+    last)``: a run is re-run in one go from its first boundary's state, and only the two
+    ends are revealed."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(set(intervals)):
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def check_segment(
+    c: Commitment,
+    first: int,
+    last: int,
+    start: TrainState,
+    end: TrainState,
+    r: Replay,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> Verdict:
+    """Spot-check the intervals from boundary ``first`` to ``last`` in one re-run from the
+    revealed ``start``; only ``start`` and ``end`` are revealed. The re-run records its own
+    digest at every boundary on the way; if it does not land on ``end``, the first interval
+    where it parts from the commitment is found by bisection over the committed digests
+    (:func:`first_divergence`, ``O(log(last - first))`` comparisons), and that one interval
+    is the evidence: anyone re-runs it from a state both sides agree on."""
+    if not 0 <= first < last <= c.intervals:
+        raise ValueError(f"segment {first}..{last} out of range 0..{c.intervals}")
+    for i, s in ((first, start), (last, end)):
+        bad = check_revealed(c, i, s)
+        if bad is not None:
+            return bad
+    steps = c.boundaries
+    ours = {first: c.params[first]}
+    state = start
+    for i in range(first, last):
+        state = replay(r, state, steps[i + 1] - steps[i])
+        ours[i + 1] = tensor_digest(state.params)
+    replayed = steps[last] - steps[first]
+    span = f"steps {steps[first]}-{steps[last]}"
+    err = relative_error(state.params, end.params, start.params)
+    if err == 0.0 and tensors_digest(state.optim) == c.optim[last]:
+        return Verdict(True, "interval", first, 0.0, f"{span} replay bit-exact", replayed)
+    if err <= tolerance:
+        return Verdict(True, "interval", first, err, f"{span} replay within tolerance ({err:.2e})", replayed)
+    if ours[last] != c.params[last]:  # bit-exact re-runs: locate the first interval that parts
+        digests = [ours.get(i, "") for i in range(last + 1)]
+        j = first_divergence(digests, lambda i: c.params[i], first, last)
+        where = f"steps {steps[j - 1]}-{steps[j]} do not replay"
+        if last - first > 1:
+            where += f" (found by bisection over the {last - first + 1} committed states of {span})"
+        return Verdict(False, "interval", j - 1, err, f"{where}: relative distance {err:.3g} > {tolerance:g}", replayed)
+    return Verdict(False, "interval", first, err, f"{span} do not replay: relative distance {err:.3g}", replayed)
+
+
 def check_update(
     c: Commitment,
     blob: bytes,
