@@ -24,6 +24,8 @@ def test_demo_json_prints_one_summary_object(aitbc):
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["model_cid"].startswith("bafkrei") and summary["ledger_ok"] is True
     assert summary["escrow_balance"] == "0"
+    v = summary["verification"]  # the demo spot-checks 10% of each update's steps
+    assert v["rate"] == 0.1 and v["failed"] == 0 and v["unanswered"] == 0 and v["updates"] >= 2
     assert (aitbc.home / "demo-model.safetensors").stat().st_size > 0
     assert "[6/7] monitor" in proc.stderr and "Demo summary" in proc.stderr  # the steps, on stderr
     assert summary["training_id"] in proc.stderr

@@ -214,6 +214,10 @@ def demo(
     dataset: Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file or folder, or .npz.")] = "digits",
     aggregator: Annotated[str, typer.Option(help="Robust rule, e.g. mean, median, trimmed-mean:beta=0.2.")] = "mean",
     compression: Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.1.")] = "none",
+    verify_rate: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Spot checks: the share of each update's steps the coordinator re-runs."),
+    ] = 0.1,
     min_gpu: Annotated[str | None, typer.Option("--min-gpu", help="Weakest GPU class to hire, e.g. RTX3080.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds the training may take before the demo gives up.")] = 120.0,
     keep_stack: Annotated[bool, typer.Option("--keep-stack", help="Leave a stack the demo started running.")] = False,
@@ -264,6 +268,7 @@ def demo(
                 dataset=dataset,
                 aggregator=aggregator,
                 compression=compression,
+                verify_rate=verify_rate,
                 min_gpu=min_gpu,
                 timeout=timeout,
                 t0=t0,
@@ -309,6 +314,7 @@ def _owner_workflow(
     dataset: str,
     aggregator: str,
     compression: str,
+    verify_rate: float,
     min_gpu: str | None,
     timeout: float,
     t0: float,
@@ -357,6 +363,7 @@ def _owner_workflow(
         local_steps=local_steps,
         aggregator=aggregator,
         compression=compression,
+        verify_rate=verify_rate,
         **common,
     )
 
@@ -386,6 +393,7 @@ def _owner_workflow(
         final_val_loss=res["final_val_loss"],
         final_val_accuracy=res["final_val_accuracy"],
         model_cid=res["model_cid"],
+        verification=detail.get("verification"),
         model_file=str(model_file) if failure is None and res["model_cid"] else None,
         wall_seconds=round(time.monotonic() - t0, 3),
     )
@@ -415,6 +423,15 @@ def _wait_settled(a: Agent, run_id: str, *, timeout: float) -> dict[str, Any]:
         time.sleep(0.2)
 
 
+def _verified(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "off (--verify-rate to spot-check updates)"
+    return (
+        f"{v['passed']} passed, {v['failed']} failed, {v['unanswered']} unanswered of {v['updates']} updates; "
+        f"{v['steps_replayed']} of {v['steps_trained']} steps re-run ({v['extra_compute']:.1%})"
+    )
+
+
 def _summary(
     st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None
 ) -> None:
@@ -429,6 +446,7 @@ def _summary(
         ("validation loss", f"{_fmt(res['initial_val_loss'])} -> {_fmt(res['final_val_loss'])}"),
         ("validation accuracy", _fmt(res["final_val_accuracy"], ".4f")),
         ("updates accepted/rejected", f"{res['updates_accepted']} / {res['updates_rejected']}"),
+        ("verification", _verified(detail.get("verification"))),
         ("bytes moved", f"{_human_bytes(up_b + down_b)} ({_human_bytes(up_b)} up, {_human_bytes(down_b)} down)"),
         ("training time", "-" if res["wall_seconds"] is None else f"{res['wall_seconds']:.1f} s"),
         ("demo wall time", f"{wall:.1f} s"),

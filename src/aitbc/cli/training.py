@@ -484,6 +484,14 @@ def _run_view(run: dict[str, Any]) -> Group:
         f"bytes up {_human_bytes(run['bytes_up'])}",
         f"down {_human_bytes(run['bytes_down'])}",
     )
+    v = run.get("verification")
+    if v:
+        head.add_row(
+            f"verified {v['passed']}",
+            f"failed {v['failed']}",
+            f"unanswered {v['unanswered']}",
+            f"re-run {v['extra_compute']:.1%} of steps",
+        )
     t = Table()
     for col in (
         "worker",
