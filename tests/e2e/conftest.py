@@ -94,6 +94,7 @@ class Stack:
         cheat: str | None = None,
         funds: str | None = None,
         metrics_port: int | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         if funds is not None:  # the provider funds its own wallet first (its bond comes from it)
             r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
@@ -127,6 +128,7 @@ class Stack:
                 *(["--attack", attack] if attack else []),
                 *(["--cheat", cheat] if cheat else []),
                 *(["--metrics-port", str(metrics_port)] if metrics_port else []),
+                *extra,
             ],
         )
 

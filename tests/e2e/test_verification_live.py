@@ -40,8 +40,9 @@ def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
 def test_a_worker_skipping_half_its_steps_is_caught_slashed_and_ejected(stack):
     stack.start_coordinator()
     honest = [f"honest{i}" for i in range(3)]
-    for name in honest:
-        stack.start_worker(name, max_bond="5", funds="10")
+    for name in honest:  # honest0 keeps its committed states on disk, not in memory
+        extra = ("--proof-memory-mb", "0") if name == "honest0" else ()
+        stack.start_worker(name, max_bond="5", funds="10", extra=extra)
     stack.start_worker("skipper", max_bond="5", funds="10", cheat="skip-half")
     stack.wait_offers(4)
     run_id = stack.init_run("--bond", "2", workers=4)
@@ -81,6 +82,9 @@ def test_a_worker_skipping_half_its_steps_is_caught_slashed_and_ejected(stack):
     assert summary["passed"] == 3 * ROUNDS and summary["failed"] == 1 and summary["unanswered"] == 0
     assert summary["steps_trained"] == 20 * (3 * ROUNDS + 1)
     assert 0 < summary["steps_replayed"] <= summary["steps_trained"]
+
+    spilled = stack.root / "honest0" / "worker-proofs" / "honest0"
+    assert {p.name for p in spilled.iterdir()} == {f"{s}.safetensors" for s in range(0, 21, 2)}  # the last round's
 
     balances = stack.api("/ledger/balances")["data"]
     assert balances["burn:local"] == BOND  # burned: not the owner's, not another provider's

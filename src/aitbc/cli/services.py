@@ -77,6 +77,7 @@ WORKER_FLAGS = {
     "attack": "--attack",
     "cheat": "--cheat",
     "cache_bytes": "--cache-mb",
+    "proof_memory_bytes": "--proof-memory-mb",
     "allow_code": "--allow-code",
     "metrics_port": "--metrics-port",
     "metrics_host": "--metrics-host",
@@ -85,6 +86,7 @@ _SHOWN: dict[str, Callable[[Any], str]] = {
     "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
     "max_json_bytes": lambda b: f"{b / 1024:g} KiB",
     "cache_bytes": lambda b: f"{b / MIB:g} MiB",
+    "proof_memory_bytes": lambda b: f"{b / MIB:g} MiB",
 }
 
 
@@ -342,6 +344,13 @@ def start(
     cheat: Annotated[
         str | None, typer.Option(hidden=True, help="Testing: skip-half: train half the steps and claim them all.")
     ] = None,
+    proof_memory_mb: Annotated[
+        float | None,
+        typer.Option(
+            help="Memory for a verifying run's committed states of one round, in MiB; past it they go to disk "
+            "(HOME/worker-proofs) until the round's spot check is answered."
+        ),
+    ] = None,
     cache_mb: Annotated[
         float | None, typer.Option(help="Disk for cached models and shards, in MiB (least recently used go first).")
     ] = None,
@@ -388,6 +397,7 @@ def start(
         "attack": attack,
         "cheat": cheat,
         "cache_bytes": None if cache_mb is None else round(cache_mb * MIB),
+        "proof_memory_bytes": None if proof_memory_mb is None else round(proof_memory_mb * MIB),
         "allow_code": allow_code or None,
         "metrics_port": metrics_port,
         "metrics_host": metrics_host,

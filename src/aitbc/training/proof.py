@@ -234,17 +234,28 @@ class Commitment:
 
 class Recorder:
     """Collects a round's committed states while :class:`LocalTrainer` trains (the worker
-    keeps them until the round's spot checks are answered)."""
+    keeps them until the round's spot checks are answered). ``sink``: where each state goes
+    instead of memory (a worker with a large model writes them to disk); only their
+    digests are kept then."""
 
-    def __init__(self, steps: int, every: int | None = None) -> None:
+    def __init__(
+        self, steps: int, every: int | None = None, *, sink: Callable[[TrainState], None] | None = None
+    ) -> None:
         self.steps, self.every = steps, every or commit_every(steps)
         self.at = set(boundaries(steps, self.every))
         self.states: dict[int, TrainState] = {}
+        self.sink = sink
+        self._digests: dict[int, tuple[str, str]] = {}
 
     def capture(self, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         if step in self.at:
             params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
-            self.states[step] = TrainState(step, params, optimizer_tensors(opt))
+            state = TrainState(step, params, optimizer_tensors(opt))
+            if self.sink is None:
+                self.states[step] = state
+            else:
+                self._digests[step] = state.digests()
+                self.sink(state)
 
     def commitment(
         self,
@@ -255,10 +266,10 @@ class Recorder:
         lr: float | None = None,
     ) -> Commitment:
         steps = boundaries(self.steps, self.every)
-        missing = [s for s in steps if s not in self.states]
+        missing = [s for s in steps if s not in self.states and s not in self._digests]
         if missing:
             raise RuntimeError(f"no state recorded at steps {missing}")
-        digests = [self.states[s].digests() for s in steps]
+        digests = [self.states[s].digests() if s in self.states else self._digests[s] for s in steps]
         return Commitment(
             self.steps,
             self.every,

@@ -33,6 +33,8 @@ class WorkerSettings(BaseSettings):
     backoff_seconds: float = Field(0.2, gt=0)  # first wait before retrying an unreachable coordinator
     max_backoff_seconds: float = Field(5.0, gt=0)  # the wait doubles up to this
     progress_every: int = Field(10, ge=1)  # report progress every this many local steps
+    # a verifying run's committed states stay in memory up to this size a round, else go to disk
+    proof_memory_bytes: int = Field(256 << 20, ge=0)
     cache_bytes: int = Field(512 << 20, ge=0)  # models and shards kept on disk, least recently used evicted first
     log_level: LogLevel = "info"
     step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)

@@ -11,8 +11,10 @@ coordinator's database says the run is.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, 
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
 from aitbc.training.models import build_model
-from aitbc.training.proof import Recorder, boundaries
+from aitbc.training.proof import Recorder, TrainState, boundaries, commit_every
 from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.metrics import WorkerMetrics
@@ -70,7 +72,7 @@ class Worker:
         ca_cert: Path | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
-        self.cfg, self.coordinator = cfg, coordinator
+        self.cfg, self.coordinator, self.home = cfg, coordinator, home
         self.metrics = metrics or WorkerMetrics()  # served on --metrics-port by the caller, if asked
         self.wallet = ensure_wallet(home, cfg.wallet)
         self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
@@ -232,7 +234,7 @@ class Worker:
         self._progress(job, 0.0, None, self._epoch(state), "training", step=0)
         verify = float(job.get("verify_rate") or 0.0) > 0
         t_compute = time.perf_counter()
-        recorder = Recorder(steps) if verify else None
+        recorder = Recorder(steps, sink=self._spill(state, start.numel(), steps)) if verify else None
         if self.cfg.cheat == "skip-half":
             res, recorder = skip_half(state.trainer, start, job["round"], report)
         else:
@@ -296,7 +298,9 @@ class Worker:
         steps = boundaries(state.recorder.steps, state.recorder.every)
         cids: dict[str, str] = {}
         for b in challenge["boundaries"]:
-            data = state.recorder.states[steps[int(b)]].to_bytes()
+            step = steps[int(b)]
+            kept = state.recorder.states.get(step)
+            data = kept.to_bytes() if kept is not None else (self._proofs / f"{step}.safetensors").read_bytes()
             cid = cid_of_bytes(data)
             self._retry(lambda cid=cid, data=data: self.client.put_blob(cid, data))
             cids[str(b)] = cid
@@ -311,6 +315,27 @@ class Worker:
         except ApiError as e:
             log.warning("spot check of round %s: %s", challenge["round"], e.detail)
         state.proof_round = state.recorder = None  # answered once: the states go
+
+    @property
+    def _proofs(self) -> Path:
+        return self.home / "worker-proofs" / self.wallet.name
+
+    def _spill(self, state: JobState, d: int, steps: int) -> Callable[[TrainState], None] | None:
+        """Where a round's committed states go: memory while they are small, else files
+        under ``HOME/worker-proofs/<wallet>`` (one round's, replaced each round)."""
+        per_state = 3 * 4 * d  # float32 parameters and, at most, two moments (Adam)
+        if per_state * len(boundaries(steps, commit_every(steps))) <= self.cfg.proof_memory_bytes:
+            return None
+        folder = self._proofs
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+
+        def write(s: TrainState) -> None:
+            tmp = folder / f"{s.step}.tmp"
+            tmp.write_bytes(s.to_bytes())
+            tmp.replace(folder / f"{s.step}.safetensors")
+
+        return write
 
     @staticmethod
     def _epoch(state: JobState) -> float:
