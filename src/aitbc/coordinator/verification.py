@@ -115,6 +115,9 @@ def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: in
         c = Commitment.from_json(proof, steps=steps)
     except UsageError as e:
         raise unprocessable("bad_proof", str(e)) from None
+    seed = data_seed(job_seed(run, job), run.round)
+    if c.data_seed != seed:
+        raise unprocessable("bad_proof", f"proof.data_seed must be this job's seed for round {run.round}: {seed}")
     claimed = (c.steps, c.batch_size, c.lr)
     if not any(claimed == (a["local_steps"], a["batch_size"], a["lr"]) for a in allowed):
         said = ", ".join(f"{a['local_steps']} steps of batch {a['batch_size']} at lr {a['lr']:g}" for a in allowed)
@@ -151,11 +154,16 @@ def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int)
         "batch_size": c.batch_size,
         "lr": c.lr,
         "optimizer": run.cfg.inner_opt,
-        "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
+        "seed": job_seed(run, job),
         "shard_index": shard_index,
         "start_cid": run.global_cid,
     }
     return {"proof": c.to_json(), "challenge": challenge, "verification": "challenged"}, None
+
+
+def job_seed(run: Run, job: Job) -> int:
+    """The seed the job's worker was given (``GET /workers/{id}/job``)."""
+    return job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index
 
 
 def challenge_view(upd: Update) -> dict[str, Any] | None:

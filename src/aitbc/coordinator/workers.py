@@ -103,7 +103,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "global_model_cid": run.global_cid,
             "shard_cid": job.shard_cid,
             "shard_index": job.shard_index,
-            "seed": job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index,
+            "seed": verification.job_seed(run, job),
             "model_type": run.model_type,
             "model_options": run.model_options,
             "data_spec": (run.manifest or {}).get("spec"),

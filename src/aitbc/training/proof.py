@@ -166,6 +166,7 @@ class Commitment:
     residual_out: str | None = None
     batch_size: int | None = None  # the settings it trained with (the replay uses them)
     lr: float | None = None
+    data_seed: int | None = None  # the round's data-order seed (training.batches.data_seed)
 
     @property
     def boundaries(self) -> list[int]:
@@ -186,6 +187,7 @@ class Commitment:
             "residual_out": self.residual_out,
             "batch_size": self.batch_size,
             "lr": self.lr,
+            "data_seed": self.data_seed,
         }
 
     @classmethod
@@ -220,6 +222,9 @@ class Commitment:
             raise UsageError(f"proof.batch_size must be an integer >= 1 or null, got {batch!r}")
         if lr is not None and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < math.inf):
             raise UsageError(f"proof.lr must be a positive number or null, got {lr!r}")
+        seed = d.get("data_seed")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63):
+            raise UsageError(f"proof.data_seed must be an integer in [0, 2**63) or null, got {seed!r}")
         return cls(
             steps,
             every,
@@ -229,6 +234,7 @@ class Commitment:
             out["residual_out"],
             batch,
             None if lr is None else float(lr),
+            seed,
         )
 
 
@@ -264,6 +270,7 @@ class Recorder:
         *,
         batch_size: int | None = None,
         lr: float | None = None,
+        data_seed: int | None = None,
     ) -> Commitment:
         steps = boundaries(self.steps, self.every)
         missing = [s for s in steps if s not in self.states and s not in self._digests]
@@ -279,6 +286,7 @@ class Recorder:
             None if residual_out is None else tensor_digest(residual_out),
             batch_size,
             lr,
+            data_seed,
         )
 
 

@@ -29,6 +29,7 @@ from aitbc.ledger.wallet import ensure_wallet
 from aitbc.market.gpus import detect_device
 from aitbc.storage.blobstore import BlobCache
 from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, tensors_to_bytes
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
@@ -250,7 +251,9 @@ class Worker:
         if recorder is not None:
             cfg = state.trainer.cfg
             after = state.codec.residual if feedback else None
-            proof = recorder.commitment(residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr).to_json()
+            proof = recorder.commitment(
+                residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr, data_seed=data_seed(job["seed"], job["round"])
+            ).to_json()
             state.proof_round, state.recorder, state.residual_in = job["round"], recorder, residual_in
         compute = time.perf_counter() - t_compute - reporting
         cid = cid_of_bytes(blob)
