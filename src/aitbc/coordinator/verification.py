@@ -239,6 +239,10 @@ def verify_pending(ctx: Context, *, limit: int = 8) -> bool:
                 verdicts = _judge(ctx, run, upd)
             except AitbcError as e:  # a blob that is not a state: the worker revealed junk
                 verdicts = [Verdict(False, "reveal", None, None, f"a revealed blob is not a state: {e}")]
+            except Exception as e:  # what the worker committed cannot be re-run: never a stalled driver
+                log.exception("run %s: update %d's revealed states could not be re-run", run.id, uid)
+                why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+                verdicts = [Verdict(False, "reveal", None, None, f"its revealed states cannot be re-run: {why}")]
             _record(ctx, s, upd, run, verdicts, time.perf_counter() - t0)
     return bool(ids)
 

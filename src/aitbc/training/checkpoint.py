@@ -59,7 +59,7 @@ def read_metadata(data: bytes) -> dict[str, str]:
         header = json.loads(raw_header)
         raw = header.get("__metadata__", {}).get(META_KEY)
         meta = json.loads(raw) if raw is not None else {}
-    except (ValueError, AttributeError) as e:
+    except (ValueError, AttributeError, TypeError) as e:  # TypeError: a metadata value that is not a string
         raise IntegrityError(f"not a valid safetensors blob: {e}") from None
     if not isinstance(meta, dict):
         raise IntegrityError("safetensors metadata is not a JSON object")

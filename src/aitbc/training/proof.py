@@ -104,17 +104,29 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, Tensor]:
     return out
 
 
+_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")  # one per parameter value
+
+
 def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
-    """Put :func:`optimizer_tensors`' output back into ``opt`` (shapes checked)."""
+    """Put :func:`optimizer_tensors`' output back into ``opt``. A revealed state comes from
+    someone else: every name, shape and dtype is checked against what this optimizer keeps
+    (``IntegrityError`` otherwise), so a re-run never meets a tensor it cannot step with."""
     params = [p for g in opt.param_groups for p in g["params"]]
     opt.state.clear()
     for name, t in tensors.items():
         i_s, _, key = name.partition(".")
-        if not i_s.isdigit() or not key or int(i_s) >= len(params):
+        if not i_s.isdigit() or int(i_s) >= len(params) or key not in (*_MOMENTS, "step"):
             raise IntegrityError(f"optimizer state names {name!r}, not '<param index>.<key>' of this model")
         p = params[int(i_s)]
-        if key in ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq") and t.shape != p.shape:
-            raise IntegrityError(f"optimizer state {name!r} has shape {tuple(t.shape)}, its parameter {tuple(p.shape)}")
+        if key == "step":
+            ok = t.dim() == 0 and t.dtype in (torch.float32, torch.float64) and float(t) >= 0 and float(t) % 1 == 0
+            if not ok:
+                raise IntegrityError(f"optimizer state {name!r} must be a whole number of steps (a 0-d float)")
+            t = t.to(torch.float32)
+        elif t.shape != p.shape or t.dtype != p.dtype:
+            raise IntegrityError(
+                f"optimizer state {name!r} is {t.dtype} {tuple(t.shape)}; its parameter is {p.dtype} {tuple(p.shape)}"
+            )
         opt.state[p][key] = t.clone()
 
 
@@ -384,15 +396,35 @@ def check_interval(
     got = replay(r, start, steps)
     err = relative_error(got.params, end.params, start.params)
     exact = err == 0.0 and tensors_digest(got.optim) == c.optim[index + 1]
-    ok = exact or err <= tolerance
     span = f"steps {start.step}-{end.step}"
     if exact:
-        detail = f"{span} replay bit-exact"
-    elif ok:
-        detail = f"{span} replay within tolerance ({err:.2e} <= {tolerance:g})"
+        return Verdict(True, "interval", index, 0.0, f"{span} replay bit-exact", steps)
+    bad_optim = optimizer_error(got.optim, end.optim)
+    ok = err <= tolerance and bad_optim <= tolerance
+    if ok:
+        detail = f"{span} replay within tolerance ({max(err, bad_optim):.2e} <= {tolerance:g})"
+    elif err <= tolerance:
+        detail = f"{span} do not replay: the optimizer state committed at step {end.step} is not the one they leave"
     else:
         detail = f"{span} do not replay: relative distance {err:.3g} > {tolerance:g}"
     return Verdict(ok, "interval", index, err, detail, steps)
+
+
+def optimizer_error(replayed: dict[str, Tensor], revealed: dict[str, Tensor]) -> float:
+    """The largest relative distance between two optimizer states, tensor by tensor (inf
+    when they do not hold the same tensors): 0.0 when bit-exact."""
+    if set(replayed) != set(revealed):
+        return math.inf
+    worst = 0.0
+    for k, a in replayed.items():
+        b = revealed[k]
+        if a.shape != b.shape:
+            return math.inf
+        if torch.equal(a, b):
+            continue
+        diff = float(torch.linalg.vector_norm(a.double() - b.double()))
+        worst = max(worst, diff / max(float(torch.linalg.vector_norm(b.double())), 1e-12))
+    return worst
 
 
 def segments(intervals: Sequence[int]) -> list[tuple[int, int]]:
@@ -441,8 +473,14 @@ def check_segment(
     err = relative_error(state.params, end.params, start.params)
     if err == 0.0 and tensors_digest(state.optim) == c.optim[last]:
         return Verdict(True, "interval", first, 0.0, f"{span} replay bit-exact", replayed)
-    if err <= tolerance:
-        return Verdict(True, "interval", first, err, f"{span} replay within tolerance ({err:.2e})", replayed)
+    bad_optim = optimizer_error(state.optim, end.optim)
+    if err <= tolerance and bad_optim <= tolerance:
+        return Verdict(
+            True, "interval", first, err, f"{span} replay within tolerance ({max(err, bad_optim):.2e})", replayed
+        )
+    if err <= tolerance:  # the parameters land, the optimizer state committed at the end is another
+        detail = f"{span} do not replay: the optimizer state committed at step {steps[last]} is not the one they leave"
+        return Verdict(False, "interval", last - 1, err, detail, replayed)
     if ours[last] != c.params[last]:  # bit-exact re-runs: locate the first interval that parts
         digests = [ours.get(i, "") for i in range(last + 1)]
         j = first_divergence(digests, lambda i: c.params[i], first, last)
