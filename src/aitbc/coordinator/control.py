@@ -482,6 +482,11 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
     upd = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
     if upd is None:
         raise conflict("nothing_to_resend", f"job {job_id} has not sent its update for round {run.round} yet")
+    if upd.verification in ("challenged", "revealed", "failed"):  # the evidence of a check stays on record
+        raise conflict(
+            "verification_pending" if upd.verification != "failed" else "verification_failed",
+            f"job {job_id}'s update of round {run.round} is {upd.verification} in its spot check; it cannot be dropped",
+        )
     now = time.time()
     reason = f"owner asked for round {run.round} again (was {upd.cid}, {upd.status})"
     s.add(

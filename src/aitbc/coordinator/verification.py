@@ -67,6 +67,7 @@ from aitbc.training.proof import (
     choose_intervals,
     segments,
     tensor_digest,
+    tensors_digest,
 )
 
 log = logging.getLogger("aitbc.coordinator")
@@ -92,14 +93,21 @@ def _start_digest(ctx: Context, run: Run) -> str:
     return digest
 
 
-def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: int, shard: int) -> Commitment | None:
+def parse_commitment(
+    s: Session, run: Run, job: Job, proof: dict[str, Any] | None, steps: int, shard: int
+) -> Commitment | None:
     """The update's commitment, for a run that verifies (None otherwise). A missing or
     malformed one is a 422 (nothing recorded): the worker can send it again.
 
     The settings it states it trained with (steps, batch size, lr) must be the job's for
     the shard it trained (``shard``): its current ones, or, if the owner changed them
     while the round was under way, the ones before (the worker started the round with
-    those). The replay then uses them."""
+    those). The replay then uses them.
+
+    And the state it starts from must be one it was entitled to: a fresh optimizer (and a
+    zero error-feedback residual), or exactly where its job's last recorded update ended.
+    Otherwise a worker could start each round from moments of its choosing and steer an
+    update that every interval's re-run would confirm."""
     if run.cfg.verify_rate <= 0:
         return None
     if proof is None:
@@ -125,7 +133,36 @@ def parse_commitment(run: Run, job: Job, proof: dict[str, Any] | None, steps: in
             "bad_proof",
             f"the proof states {c.steps} steps of batch {c.batch_size} at lr {c.lr}; this round's job trains {said}",
         )
+    _check_chain(s, run, job, c)
     return c
+
+
+_FRESH_OPTIM = tensors_digest({})  # an optimizer that has taken no step keeps no state
+_zeros: dict[int, str] = {}
+
+
+def _zero_digest(d: int) -> str:
+    if d not in _zeros:
+        _zeros[d] = tensor_digest(torch.zeros(d))
+    return _zeros[d]
+
+
+def _check_chain(s: Session, run: Run, job: Job, c: Commitment) -> None:
+    prev = s.scalars(
+        select(Update.proof)
+        .where(Update.job_id == job.id, Update.round < run.round, Update.proof.is_not(None))
+        .order_by(Update.round.desc())
+        .limit(1)
+    ).first()
+    optim = {_FRESH_OPTIM} | ({prev["optim"][-1]} if prev else set())
+    if c.optim[0] not in optim:
+        where = " or the one its update of an earlier round ended with" if prev else ""
+        raise unprocessable("bad_proof", f"proof.optim[0] must be a fresh optimizer's state{where}")
+    if c.residual_in is not None:
+        residual = {_zero_digest(run.cfg.d)} | ({prev["residual_out"]} if prev and prev.get("residual_out") else set())
+        if c.residual_in not in residual:
+            where = " or the one its update of an earlier round left" if prev else ""
+            raise unprocessable("bad_proof", f"proof.residual_in must be a zero residual's{where}")
 
 
 def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int) -> tuple[dict[str, Any], str | None]:

@@ -186,7 +186,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
     commitment = verification.parse_commitment(  # 422 before anything is written
-        run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
+        s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
     )
     reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
     if body.train_loss is not None and not math.isfinite(body.train_loss):

@@ -10,6 +10,7 @@ coordinator's database says the run is.
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import threading
@@ -61,6 +62,10 @@ class JobState:
     proof_round: int | None = None
     recorder: Recorder | None = None
     residual_in: Any = None
+    # where the optimizer and residual stood when the round began (round, optimizer state,
+    # residual): restored if the round's update is not recorded, so the next round starts
+    # where the last recorded update ended, as a verifying coordinator requires
+    round_start: tuple[int, dict[str, Any], Any] | None = None
 
 
 class Worker:
@@ -234,6 +239,8 @@ class Worker:
 
         self._progress(job, 0.0, None, self._epoch(state), "training", step=0)
         verify = float(job.get("verify_rate") or 0.0) > 0
+        if verify:
+            self._mark_round_start(state, job["round"])
         t_compute = time.perf_counter()
         recorder = Recorder(steps, sink=self._spill(state, start.numel(), steps)) if verify else None
         if self.cfg.cheat == "skip-half":
@@ -271,7 +278,12 @@ class Worker:
         }
         if proof is not None:
             body["proof"] = proof
-        reply = self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
+        try:
+            reply = self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
+        except ApiError as e:
+            if verify and e.code not in ("update_rejected", "duplicate_update"):  # not recorded: as if never trained
+                self._restore_round_start(state)
+            raise
         state.done.add(job["round"])
         if reply and reply.get("challenge"):
             self._answer(job, reply["challenge"])
@@ -289,6 +301,26 @@ class Worker:
             time.perf_counter() - t0,
             compute,
         )
+
+    @staticmethod
+    def _mark_round_start(state: JobState, round: int) -> None:
+        """Remember where this round starts; training a round again (its update was
+        dropped, e.g. the owner asked for it again) starts from there once more."""
+        if state.round_start is not None and state.round_start[0] == round:
+            Worker._restore_round_start(state)
+            return
+        codec = state.codec
+        residual = codec.residual.clone() if isinstance(codec, ErrorFeedback) and codec.residual is not None else None
+        state.round_start = (round, copy.deepcopy(state.trainer.opt.state_dict()), residual)
+
+    @staticmethod
+    def _restore_round_start(state: JobState) -> None:
+        if state.round_start is None:
+            return
+        _, optim, residual = state.round_start
+        state.trainer.opt.load_state_dict(copy.deepcopy(optim))
+        if isinstance(state.codec, ErrorFeedback):
+            state.codec.residual = None if residual is None else residual.clone()
 
     def _answer(self, job: dict[str, Any], challenge: dict[str, Any]) -> None:
         """Reveal the states the spot check of our update asks for: each uploaded as a blob,
