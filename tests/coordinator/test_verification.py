@@ -819,6 +819,36 @@ def test_a_reveal_naming_a_boundary_by_a_superscript_digit_is_a_422(coord, api):
     assert u["verification"] == "challenged", u
 
 
+def test_a_copied_update_and_proof_fail(coord, api):
+    """A worker sends another worker's update with its proof: refused (the proof names the
+    other job's data seed); with the seed edited to its own, the copied states (named by
+    the other worker's CIDs) do not replay on its own shard and batches: failed, slashed."""
+    t = verifying_run(coord, api, 3, rate=1.0, prefix="copy")
+    a = train(t.workers[0])
+    ch = accepted(coord, api, a)["challenge"]
+    a_reveal = reveal_body(a, ch["boundaries"])
+    assert reveal(coord, api, a, a_reveal).status_code == 200
+    b = t.workers[1]
+    b_job = job_view(b)
+    copied = {**a.body, "shard_cid": b_job["shard_cid"]}
+    r = post(coord, api, b, f"/jobs/{b_job['job_id']}/updates", copied)
+    api.assert_error(r, 422, "bad_proof", "proof.data_seed")
+    own_seed = data_seed(b_job["seed"], b_job["round"])
+    r = post(
+        coord,
+        api,
+        b,
+        f"/jobs/{b_job['job_id']}/updates",
+        {**copied, "proof": {**a.body["proof"], "data_seed": own_seed}},
+    )
+    assert r.status_code == 201, r.text
+    assert post(coord, api, b, f"/jobs/{b_job['job_id']}/proofs", a_reveal).status_code == 200
+    u = wait_verdict(t.owner, b_job["job_id"])
+    assert (u["status"], u["verification"]) == ("rejected", "failed"), u
+    assert "steps 0-1 do not replay" in u["verify_detail"], u
+    assert wait_verdict(t.owner, a.job_id)["verification"] == "passed"
+
+
 # --- 8. a check nobody answers ---------------------------------------------------------------
 
 
@@ -836,6 +866,9 @@ def test_an_unanswered_check_rejects_the_update_unpaid_and_not_slashed(new_coord
     job = t.owner.get(f"/jobs/{silent.job_id}")
     assert job["job_status"] == "failed" and "spot check of round 1" in job["end_reason"], job
     assert [k for k, _ in flags(coord, silent.worker)] == ["challenge_unanswered"]
+    # too late to answer now
+    api.assert_error(reveal(coord, api, silent, reveal_body(silent, ENDS)), 409, "not_challenged", "unanswered")
+    assert t.owner.get(f"/runs/{t.run_id}")["verification"]["unanswered"] == 1
     sc = scores(t.owner, t.run_id, 1, 2)[silent.worker.wallet.address]
     assert (sc["status"], sc["provable"], sc["flags"], sc["quality"]) == (
         "rejected",
