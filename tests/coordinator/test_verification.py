@@ -194,28 +194,51 @@ def proof_of(
     }
 
 
+@dataclass
+class Kept:
+    """What a worker keeps between the rounds of its job, as the daemon does: its trainer
+    (model, inner optimizer) and its codec (with the error-feedback residual)."""
+
+    trainer: LocalTrainer | None = None
+    codec: Any = None
+
+
 def train(
-    worker, *, start_from: torch.Tensor | None = None, send: torch.Tensor | None = None, seed: int | None = None
+    worker,
+    *,
+    start_from: torch.Tensor | None = None,
+    send: torch.Tensor | None = None,
+    seed: int | None = None,
+    kept: Kept | None = None,
 ) -> Work:
     """Train the worker's open round; ``start_from``: begin from these params instead of
     the round's model (a stale start); ``send``: upload this update instead of the work;
-    ``seed``: draw the batches from this seed instead of the job's."""
+    ``seed``: draw the batches from this seed instead of the job's; ``kept``: carry the
+    optimizer and the residual over from the worker's previous round (else fresh ones)."""
     job = job_view(worker)
     assert job["action"] == "train", job
-    model = model_for(job)
+    cfg = LocalConfig(steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"])
+    feedback = bool(job["error_feedback"])
+    if kept is not None and kept.trainer is not None:
+        trainer, codec = kept.trainer, kept.codec
+        model = trainer.model
+    else:
+        model = model_for(job)
+        x, y = load_shard(worker.get_blob(job["shard_cid"]))
+        trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"] if seed is None else seed)
+        name, opts = parse_spec(job["compression"], what="codec")
+        codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=feedback)
+        if kept is not None:
+            kept.trainer, kept.codec = trainer, codec
     load_checkpoint(model, worker.get_blob(job["global_model_cid"]))
     if start_from is not None:
         set_flat_params(model, start_from)
-    x, y = load_shard(worker.get_blob(job["shard_cid"]))
-    cfg = LocalConfig(steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"])
-    trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"] if seed is None else seed)
     start = flat_params(model)
+    residual_in = None
+    if feedback:  # what the round begins with: nothing carried in a job's first round
+        residual_in = codec.residual.clone() if codec.residual is not None else torch.zeros(start.numel())
     recorder = Recorder(cfg.steps)
     res = trainer.train_round(start, round=job["round"], recorder=recorder)
-    name, opts = parse_spec(job["compression"], what="codec")
-    feedback = bool(job["error_feedback"])
-    codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=feedback)
-    residual_in = torch.zeros(start.numel()) if feedback else None  # a job's first round: nothing carried
     blob = codec.encode(res.delta if send is None else send)
     residual_out = codec.residual if feedback else None
     cid = cid_of_bytes(blob)
@@ -847,6 +870,41 @@ def test_a_copied_update_and_proof_fail(coord, api):
     assert (u["status"], u["verification"]) == ("rejected", "failed"), u
     assert "steps 0-1 do not replay" in u["verify_detail"], u
     assert wait_verdict(t.owner, a.job_id)["verification"] == "passed"
+
+
+def test_a_second_round_starts_where_the_first_ended(coord, api):
+    """Round 2 of a job must start from the optimizer state and the error-feedback residual
+    its round-1 update ended with (or fresh ones): moments or a residual of the worker's
+    choosing are refused (422, nothing recorded); the honest round 2, optimizer and
+    residual carried over as the daemon does, is re-run and passes."""
+    t = verifying_run(coord, api, 1, rate=1.0, prefix="r2", compression="topk", error_feedback=True)
+    kept = Kept()
+    w1 = train(t.workers[0], kept=kept)
+    ch = accepted(coord, api, w1)["challenge"]
+    res = upload(w1.worker, tensors_to_bytes({"residual": w1.residual_in}))
+    assert reveal(coord, api, w1, {**reveal_body(w1, ch["boundaries"]), "residual": res}).status_code == 200
+    assert wait_verdict(t.owner, w1.job_id)["verification"] == "passed"
+    wait_for("round 2 open", lambda: job_view(w1.worker)["round"], lambda r: r == 2)
+
+    w2 = train(t.workers[0], kept=kept)
+    proof = w2.body["proof"]
+    assert (
+        proof["optim"][0] == w1.body["proof"]["optim"][-1] and proof["residual_in"] == w1.body["proof"]["residual_out"]
+    )
+    other = w1.body["proof"]["optim"][1]  # a state's optimizer digest, not the one round 1 ended with
+    r = submit(coord, api, w2, {**w2.body, "proof": {**proof, "optim": [other, *proof["optim"][1:]]}})
+    api.assert_error(r, 422, "bad_proof", "proof.optim[0]", "earlier round ended with")
+    r = submit(coord, api, w2, {**w2.body, "proof": {**proof, "residual_in": proof["params"][0]}})
+    api.assert_error(r, 422, "bad_proof", "proof.residual_in")
+    assert [u["round"] for u in updates_of(t.owner, w2.job_id)] == [1]
+    ch = accepted(coord, api, w2)["challenge"]
+    assert ch["round"] == 2 and ch["boundaries"] == ENDS, ch
+    res = upload(w2.worker, tensors_to_bytes({"residual": w2.residual_in}))
+    assert reveal(coord, api, w2, {**reveal_body(w2, ch["boundaries"]), "residual": res}).status_code == 200
+    u = wait_verdict(t.owner, w2.job_id, round=2)
+    assert (u["status"], u["verification"]) == ("accepted", "passed"), u
+    sc = scores(t.owner, t.run_id, 2, 1)[w2.worker.wallet.address]
+    assert (sc["quality"], sc["flags"]) == (1.0, ["verified"]), sc
 
 
 # --- 8. a check nobody answers ---------------------------------------------------------------
