@@ -20,6 +20,7 @@ BENCHES = [
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
     ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
     ("honest_runs", "Honest runs (false accusations)", "python bench/honest_runs.py"),
+    ("verification", "Verification of work (spot checks)", "python bench/verification.py"),
     ("metrics_scrape", "Metrics scrape cost", "python bench/metrics_scrape.py"),
 ]
 

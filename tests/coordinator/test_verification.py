@@ -826,11 +826,6 @@ def test_a_state_that_cannot_be_read_fails_without_stalling_the_driver(coord, ap
     assert wait_verdict(t.owner, honest.job_id, timeout=5)["verification"] == "passed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: reveal() sorts the boundary names with _int_or_str, whose k.isdigit() is true for '\u00b2' "
-    "and int('\u00b2') raises ValueError: a 500 internal_error instead of a 422 bad_reveal",
-)
 def test_a_reveal_naming_a_boundary_by_a_superscript_digit_is_a_422(coord, api):
     t = verifying_run(coord, api, 2, rate=1.0, prefix="sk")
     w = train(t.workers[0])
@@ -1006,12 +1001,6 @@ def test_a_manual_aggregate_waits_for_the_checks(coord, api):
     assert (out["round"], out["updates"]) == (1, 1), out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: job_for (coordinator/workers.py) fills 'challenge' only while the run is training; a manual "
-    "run's owner may set phase aggregating while a check is pending, and a worker whose update reply was lost "
-    "then cannot learn its challenge: it times out unanswered (rejected, job failed) through no fault of its own",
-)
 def test_the_job_view_repeats_the_challenge_while_a_manual_run_aggregates(coord, api):
     owner, run_id, w = manual_verifying_run(coord, api, "magg")
     work = train(w)
@@ -1021,11 +1010,6 @@ def test_the_job_view_repeats_the_challenge_while_a_manual_run_aggregates(coord,
     assert job_view(w)["challenge"] == ch  # still unanswered: the reply that carried it may have been lost
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: job_for fills 'challenge' only while the run is training: an automatic run paused by its "
-    "owner while a check is pending hides the challenge from a worker whose update reply was lost",
-)
 def test_the_job_view_repeats_the_challenge_while_the_run_is_paused(coord, api):
     t = verifying_run(coord, api, 2, rate=1.0, prefix="pz")
     w = train(t.workers[0])

@@ -134,7 +134,13 @@ def score(ctx: Context, run_id: str, r: int) -> None:
 def verified(sc: UpdateScore) -> UpdateScore:
     """A score whose update passed its spot check: quality 1 (the work was re-run and
     matched), the heuristic's figures kept for the record, its flags replaced by
-    ``verified`` (a flag of the heuristic is not proof against a replay)."""
+    ``verified``; except a provable flag of the heuristic (a replay of another update, or
+    one that significantly raises held-out loss while pointing against the round), which
+    still stands: a spot check re-runs some intervals, and an update steered through a
+    state it was not checked on must not be paid as verified (honest runs raise none:
+    ``bench/honest_runs.py``)."""
+    if sc.provable:
+        return sc
     return replace(sc, quality=1.0, flags=("verified",))
 
 

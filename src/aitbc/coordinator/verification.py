@@ -255,7 +255,7 @@ def reveal(ctx: Context, s: Session, job_id: str, signer: str, body: ProofReveal
 
 
 def _int_or_str(k: str) -> tuple[int, str]:
-    return (int(k), "") if k.isdigit() else (1 << 30, k)
+    return (int(k), "") if k.isascii() and k.isdigit() else (1 << 30, k)  # "²".isdigit(), yet int("²") raises
 
 
 # --- the driver's side -------------------------------------------------------------------------

@@ -86,11 +86,10 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
         return {"job": None, "version": ctx.notifier.version}
     job, run = row
     cfg = run.cfg  # a job exists only once its run is configured
-    action, challenge = "wait", None
-    if run.status == RunStatus.TRAINING:
-        done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
-        action = "wait" if done else "train"
-        challenge = None if done is None else verification.challenge_view(done)  # if its reply was lost
+    done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
+    action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
+    # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
+    challenge = None if done is None else verification.challenge_view(done)
     deadline = cfg.deadline
     return {
         "job": {
