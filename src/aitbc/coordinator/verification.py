@@ -340,12 +340,15 @@ def _record(ctx: Context, s: Session, upd: Update, run: Run, verdicts: list[Verd
 
 
 def expire_challenges(ctx: Context, s: Session, *, now: float) -> bool:
-    """Challenged updates whose worker did not reveal within ``verify_timeout``: rejected
+    """Challenged updates whose worker did not reveal within ``verify_timeout`` (counted from
+    the challenge, or from this coordinator's start if it was down meanwhile): rejected
     (unpaid) and the job ended failed; not slashed (a crash is not proof). The caller commits."""
     timeout = ctx.settings.verify_timeout
     changed = False
     for upd in s.scalars(select(Update).where(Update.verification == "challenged")).all():
-        if now - float((upd.challenge or {}).get("at", now)) < timeout:
+        # counted from this coordinator's start at the earliest: nobody could reveal while it was down
+        since = max(float((upd.challenge or {}).get("at", now)), ctx.started_at)
+        if now - since < timeout:
             continue
         reason = f"did not reveal the states its spot check asked for within {timeout:g} s"
         upd.verification, upd.verify_detail = "unanswered", reason
