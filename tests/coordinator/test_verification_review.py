@@ -1,0 +1,489 @@
+"""A skeptic's review of verification of work (issue 15): ways an honest worker running
+the provider daemon as shipped is refused or accused, found by reading the coordinator,
+the daemon and blob retention together. Each test is the honest path, end to end against
+a real coordinator (the database under test, real tensors, real local training); where
+it fails today it is marked ``xfail(strict=True)`` naming the bug, so it turns into a
+plain test once fixed.
+
+Workers are either the daemon itself (:class:`aitbc.worker.daemon.Worker`, its
+``train_round`` against the coordinator) or, where a network fault is the trigger (a lost
+reply), the daemon's own round-start bookkeeping (``Worker._mark_round_start`` /
+``_restore_round_start``) around a :class:`LocalTrainer`, in the daemon's order.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import uvicorn
+
+from aitbc.coordinator import retention
+from aitbc.coordinator.app import create_app
+from aitbc.coordinator.config import Settings
+from aitbc.core.compression import build_codec
+from aitbc.core.options import parse_spec
+from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.batches import data_seed
+from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.local import LocalConfig, LocalTrainer
+from aitbc.training.models import build_model
+from aitbc.training.proof import Recorder, boundaries
+from aitbc.worker.config import WorkerSettings
+from aitbc.worker.daemon import JobState, Worker
+
+MODEL_OPTIONS = {"hidden": [8]}  # d = 610
+COORD = {"heartbeat_flush_seconds": 0.05, "max_blob_bytes": 1 << 20}
+WAIT = 20.0
+CONFIG = {"rounds": 3, "local_steps": 4, "batch_size": 8, "verify_rate": 1.0}
+
+
+# --- coordinators -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def new_coord(tmp_path, databases, api) -> Iterator[Callable[..., Any]]:
+    stops = []
+
+    def make(**settings: Any) -> Any:
+        coord, stop = api.start_on(databases, tmp_path / f"coord{len(stops)}", **{**COORD, **settings})
+        stops.append(stop)
+        return coord
+
+    yield make
+    for stop in stops:
+        stop()
+
+
+@pytest.fixture
+def coord(new_coord):
+    return new_coord()
+
+
+class Stepped:
+    """A coordinator whose round driver does not run on its own: the test calls
+    :meth:`tick` (one pass of the driver, exactly as its thread makes it), so what the
+    driver does between two requests is the test's to order."""
+
+    def __init__(self, url: str, app: Any) -> None:
+        self.url, self.app, self.ctx = url, app, app.state.ctx
+        self.clients: list[Any] = []
+
+    def client(self, name: str) -> Any:
+        from aitbc.client import CoordinatorClient
+        from aitbc.ledger.wallet import Wallet
+
+        c = CoordinatorClient(self.url, Wallet.generate(name))
+        self.clients.append(c)
+        return c
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+    def tick(self) -> None:
+        self.app.state.driver.tick()
+
+    def until(self, what: str, get: Callable[[], Any], ok: Callable[[Any], bool], ticks: int = 200) -> Any:
+        for _ in range(ticks):
+            v = get()
+            if ok(v):
+                return v
+            self.tick()
+        raise AssertionError(f"{what}: {v}")
+
+
+def _start_stepped(databases: Any, home: Path, **settings: Any) -> tuple[Stepped, Callable[[], None]]:
+    url = databases.new(home)
+    cfg = {"home": home, "lease_seconds": 600.0, "tick_seconds": 0.05, "db_url": url, **COORD, **settings}
+    app = create_app(Settings(**cfg), run_driver=False)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="coordinator", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(base + "/v1/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and thread.is_alive(), "coordinator did not come up"
+        time.sleep(0.02)
+    st = Stepped(base, app)
+
+    def stop() -> None:
+        for c in st.clients:
+            c.close()
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        databases.drop(url)
+
+    return st, stop
+
+
+@pytest.fixture
+def stepped(tmp_path, databases) -> Iterator[Callable[..., Stepped]]:
+    """Start a stepped coordinator (settings as keywords), stopped after the test."""
+    stops = []
+
+    def make(**settings: Any) -> Stepped:
+        st, stop = _start_stepped(databases, tmp_path / f"stepped{len(stops)}", **settings)
+        stops.append(stop)
+        return st
+
+    yield make
+    for stop in stops:
+        stop()
+
+
+# --- runs, jobs, updates ------------------------------------------------------------------
+
+
+def provider(coord: Any, name: str) -> Any:
+    """A funded provider offering its GPU (a plain signed client)."""
+    w = coord.client(name)
+    w.post("/wallets/fund", {"amount": "10"})
+    w.post("/workers", {"gpu": "RTX4090", "price": "1", "availability": 0.99, "max_bond": "5"})
+    return w
+
+
+def daemon(coord: Any, home: Path, name: str) -> Worker:
+    """The provider daemon itself, registered and funded (its loop is not started: the test
+    calls ``train_round`` with the job the coordinator gives it)."""
+    cfg = WorkerSettings(
+        wallet=name, gpu="RTX4090", price="1", max_bond="5", availability=0.99, poll_seconds=1.0, progress_every=100
+    )
+    w = Worker(cfg, coordinator=coord.url, home=home / name)
+    w.client.post("/wallets/fund", {"amount": "10"})
+    w.register()
+    return w
+
+
+def new_run(coord: Any, api: Any, providers: list[Any], prefix: str, *, options: dict[str, Any] | None = None) -> Any:
+    """An owner and a run (bond 2) with digits in one shard per provider, all of them hired,
+    not yet distributed: ``(owner, run id)``."""
+    owner = coord.client(f"{prefix}owner")
+    owner.post("/wallets/fund", {"amount": "1000"})
+    body = {
+        "model_type": "mlp",
+        "model_options": options or MODEL_OPTIONS,
+        "dataset_size": "1GB",
+        "target_workers": len(providers),
+        "seed": 0,
+        "budget": "100",
+        "bond": "2",
+    }
+    run_id = owner.post("/runs", body)["training_id"]
+    api.upload_digits(owner, run_id, len(providers))
+    hired = owner.post(f"/runs/{run_id}/discover", {"required_workers": len(providers), "min_gpu": "RTX4090"})
+    assert {c["worker_id"] for c in hired["contracts"]} == {p.wallet.address for p in providers}, hired
+    return owner, run_id
+
+
+def view(client: Any) -> dict[str, Any]:
+    job = client.get(f"/workers/{client.wallet.address}/job", sign=True)["job"]
+    assert job is not None
+    return job
+
+
+def post(coord: Any, api: Any, client: Any, path: str, body: Any) -> httpx.Response:
+    with coord.http() as h:
+        return api.signed_post(h, client.wallet, "/v1" + path, body)
+
+
+def update_of(owner: Any, job_id: str, round: int) -> dict[str, Any] | None:
+    ups = [u for u in owner.get(f"/jobs/{job_id}/updates")["data"] if u["round"] == round]
+    return ups[0] if ups else None
+
+
+def judged(u: dict[str, Any] | None) -> bool:
+    return u is not None and u["verification"] not in ("challenged", "revealed")
+
+
+def verdict(owner: Any, job_id: str, round: int = 1) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        u = update_of(owner, job_id, round)
+        if judged(u):
+            assert u is not None
+            return u
+        assert time.monotonic() < deadline, f"update of job {job_id} never judged: {u}"
+        time.sleep(0.05)
+
+
+def wait_for(what: str, get: Callable[[], Any], ok: Callable[[Any], bool]) -> Any:
+    deadline = time.monotonic() + WAIT
+    while True:
+        v = get()
+        if ok(v):
+            return v
+        assert time.monotonic() < deadline, f"{what}: {v}"
+        time.sleep(0.05)
+
+
+class Replica:
+    """One provider's rounds exactly as ``Worker.train_round`` makes them (the same
+    ``JobState``, ``_mark_round_start`` before training, the commitment from the trainer's
+    own settings, ``_restore_round_start`` when a reply says the update was not recorded),
+    so a test can stand where the network fails it: a reply lost, a retry."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.state: JobState | None = None
+        self.recorder: Recorder | None = None
+        self.residual_in: torch.Tensor | None = None
+
+    def train(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Train the job's open round; the update's blob is uploaded; its body returned."""
+        assert job["action"] == "train", job
+        if self.state is None:
+            spec = job["data_spec"]
+            model = build_model(
+                job["model_type"],
+                DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])),
+                job["model_options"],
+            )
+            x, y = load_shard(self.client.get_blob(job["shard_cid"]))
+            cfg = LocalConfig(
+                steps=job["local_steps"], batch_size=job["batch_size"], optimizer=job["inner_opt"], lr=job["lr"]
+            )
+            name, opts = parse_spec(job["compression"], what="codec")
+            codec = build_codec(
+                name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=job["error_feedback"]
+            )
+            trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])
+            self.state = JobState(job["job_id"], trainer, codec, job["rounds"], shard_cid=job["shard_cid"])
+        else:
+            self.state.trainer.reconfigure(steps=job["local_steps"], batch_size=job["batch_size"], lr=job["lr"])
+        state = self.state
+        trainer = state.trainer
+        load_checkpoint(trainer.model, self.client.get_blob(job["global_model_cid"]))
+        start = flat_params(trainer.model)
+        Worker._mark_round_start(state, job["round"])
+        recorder = Recorder(trainer.cfg.steps)
+        res = trainer.train_round(start, round=job["round"], recorder=recorder)
+        residual_in = None
+        if job["error_feedback"]:
+            residual_in = (
+                state.codec.residual.clone() if state.codec.residual is not None else torch.zeros(start.numel())
+            )
+        blob = state.codec.encode(res.delta)
+        after = state.codec.residual if job["error_feedback"] else None
+        proof = recorder.commitment(
+            residual_in,
+            after,
+            batch_size=trainer.cfg.batch_size,
+            lr=trainer.cfg.lr,
+            data_seed=data_seed(job["seed"], job["round"]),
+        ).to_json()
+        self.recorder, self.residual_in = recorder, residual_in
+        cid = cid_of_bytes(blob)
+        self.client.put_blob(cid, blob)
+        return {
+            "round": job["round"],
+            "cid": cid,
+            "train_loss": res.loss,
+            "train_accuracy": res.accuracy,
+            "steps": res.steps,
+            "compute_seconds": 0.1,
+            "shard_cid": state.shard_cid,
+            "proof": proof,
+        }
+
+    def send(self, coord: Any, api: Any, job: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
+        """POST the update; a refusal that says it was not recorded rolls the round back, as
+        the daemon does."""
+        r = post(coord, api, self.client, f"/jobs/{job['job_id']}/updates", body)
+        if r.status_code >= 400 and r.json()["error"] not in ("update_rejected", "duplicate_update"):
+            assert self.state is not None
+            Worker._restore_round_start(self.state)
+        return r
+
+    def reveal(self, coord: Any, api: Any, job: dict[str, Any], challenge: dict[str, Any]) -> httpx.Response:
+        assert self.recorder is not None
+        steps = boundaries(self.recorder.steps, self.recorder.every)
+        states = {}
+        for b in challenge["boundaries"]:
+            data = self.recorder.states[steps[int(b)]].to_bytes()
+            states[str(b)] = cid_of_bytes(data)
+            self.client.put_blob(states[str(b)], data)
+        body = {"round": challenge["round"], "states": states}
+        return post(coord, api, self.client, f"/jobs/{job['job_id']}/proofs", body)
+
+
+# --- 1. an owner's lr change, then a resend ---------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: Worker._mark_round_start restores the optimizer's state_dict (param_groups included) after "
+    "_job_state set the new lr: the resent round trains at the old lr and its proof states the new one",
+)
+def test_a_round_resent_after_an_lr_change_passes_for_the_honest_daemon(coord, api, tmp_path):
+    """The owner changes a job's lr mid-round and asks for the round again (both documented
+    job controls). The daemon trains the round again with the lr its job view now gives,
+    and states it in its proof; its re-run must pass. Today the daemon's round-start
+    restore puts the old lr back into the optimizer, so the replay (at the stated lr) does
+    not land: the honest update fails its check, is rejected, and the worker is slashed."""
+    d = daemon(coord, tmp_path, "lrd")
+    idle = provider(coord, "lri")  # never answers: round 1 stays open for the resend
+    owner, run_id = new_run(coord, api, [d.client, idle], "lr")
+    owner.post(f"/runs/{run_id}/distribute", CONFIG)
+    api.wait_status(owner, run_id, "training")
+    job = view(d.client)
+    d.train_round(job)  # trains, sends, is challenged, reveals: the daemon's own round
+    assert verdict(owner, job["job_id"])["verification"] == "passed"
+
+    owner.post(f"/jobs/{job['job_id']}/config", {"lr": job["lr"] * 2})
+    owner.post(f"/jobs/{job['job_id']}/resend")
+    again = view(d.client)
+    assert (again["action"], again["round"], again["lr"]) == ("train", 1, job["lr"] * 2), again
+    d.train_round(again)
+    u = verdict(owner, job["job_id"])
+    assert (u["status"], u["verification"]) == ("accepted", "passed"), u
+
+
+# --- 2. revealed states and blob retention -----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: retention.live_cids does not keep the blobs an unjudged reveal names; deleted before the "
+    "driver reads them, the honest update is judged failed ('a revealed blob is not a state') and slashed",
+)
+def test_revealed_states_outlive_blob_retention_until_judged(stepped, api):
+    """A reveal names blobs the driver has yet to read. Blob retention treats them as loose
+    uploads: past ``max_loose_bytes`` (anyone with a wallet can upload junk to get there)
+    or ``gc_grace_seconds`` (a restart, a queue of replays) they are deleted, and the
+    driver then judges the honest worker's update failed: a provable fault, slashed. Here
+    the driver's own two steps run in the order a tick can take them: retention, then the
+    judgement."""
+    st = stepped(max_loose_bytes=20_000, gc_interval_seconds=3600)
+    w = provider(st, "gcw")
+    owner, run_id = new_run(st, api, [w], "gc")
+    owner.post(f"/runs/{run_id}/distribute", CONFIG)
+    st.until("training", lambda: owner.get(f"/runs/{run_id}")["status"], lambda s: s == "training")
+    job = view(w)
+    rep = Replica(w)
+    r = rep.send(st, api, job, rep.train(job))
+    assert r.status_code == 201, r.text
+    assert rep.reveal(st, api, job, r.json()["challenge"]).status_code == 200
+    flood = st.client("flood")  # someone else's uploads, after the reveal: loose bytes past the cap
+    for _ in range(3):
+        data = torch.randn(2048).numpy().tobytes()
+        flood.put_blob(cid_of_bytes(data), data)
+    retention.run(st.ctx)
+    u = st.until("judged", lambda: update_of(owner, job["job_id"], 1), judged)
+    assert (u["status"], u["verification"]) == ("accepted", "passed"), u
+
+
+# --- 3. a lost reply, retried into a phase change -----------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a retried update already recorded gets 409 not_accepting (or round_closed), not "
+    "duplicate_update; the daemon rolls its optimizer back and every later round's proof is a 422 bad_proof",
+)
+def test_a_retry_of_a_recorded_update_does_not_lock_the_daemon_out(coord, api):
+    """The daemon retries an update whose reply was lost. If the run was paused meanwhile
+    (or the round closed), ``_round_gate`` answers the status before the duplicate: the
+    daemon reads 'not recorded' and restores the optimizer to where the round began. The
+    coordinator's chain check then refuses the next round's proof (its first optimizer
+    state is neither fresh nor where the recorded update ended), and the daemon, restoring
+    again on each 422, is refused every round from then on."""
+    w = provider(coord, "rt")
+    owner, run_id = new_run(coord, api, [w], "rt")
+    owner.post(f"/runs/{run_id}/distribute", CONFIG)
+    api.wait_status(owner, run_id, "training")
+    rep = Replica(w)
+    for rnd in (1, 2):
+        job = wait_for(
+            f"round {rnd} open", lambda: view(w), lambda j, rnd=rnd: (j["round"], j["action"]) == (rnd, "train")
+        )
+        body = rep.train(job)
+        r = rep.send(coord, api, job, body)
+        assert r.status_code == 201, r.text
+        if rnd == 2:  # its reply is lost; the owner pauses; the daemon's retry reaches the paused run
+            owner.post(f"/runs/{run_id}/pause")
+            rep.send(coord, api, job, body)
+            owner.post(f"/runs/{run_id}/resume")
+        assert rep.reveal(coord, api, job, r.json()["challenge"]).status_code == 200
+        assert verdict(owner, job["job_id"], rnd)["verification"] == "passed"
+    job = wait_for("round 3 open", lambda: view(w), lambda j: (j["round"], j["action"]) == (3, "train"))
+    r = rep.send(coord, api, job, rep.train(job))
+    assert r.status_code == 201, r.text
+
+
+# --- 4. a config change, then a pause ----------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: parse_commitment allows the previous config only if it changed after round_started_at, "
+    "which resume() moves to the resume: an update trained with the settings the round began with is a 422",
+)
+def test_an_update_trained_before_a_config_change_and_a_pause_is_taken(coord, api):
+    """The worker starts round 1 with lr a; the owner changes the job's lr to b, pauses
+    the run and resumes it; the worker's update (trained at a, as the round began) arrives
+    after the resume. The coordinator takes the settings from before a change made during
+    the round; but resume() resets ``round_started_at``, so the change now looks older than
+    the round and the honest update is refused (422 bad_proof): its round's work is lost."""
+    w = provider(coord, "cp")
+    owner, run_id = new_run(coord, api, [w], "cp")
+    owner.post(f"/runs/{run_id}/distribute", CONFIG)
+    api.wait_status(owner, run_id, "training")
+    job = view(w)
+    rep = Replica(w)
+    body = rep.train(job)  # at the lr the round began with
+    owner.post(f"/jobs/{job['job_id']}/config", {"lr": job["lr"] * 2})
+    owner.post(f"/runs/{run_id}/pause")
+    owner.post(f"/runs/{run_id}/resume")
+    r = rep.send(coord, api, job, body)
+    assert r.status_code == 201, r.text
+
+
+# --- 5. a state larger than the coordinator takes ------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a verifying run is distributed although a committed state (params + two Adam moments, "
+    "12 bytes a parameter) is past max_blob_bytes: no honest worker can reveal, every check goes unanswered",
+)
+def test_a_verifying_run_whose_states_cannot_be_uploaded_is_refused_or_revealable(new_coord, api):
+    """The model checkpoint (4 bytes a parameter) and the update fit under the coordinator's
+    ``max_blob_bytes``, the state a challenge asks for (params and AdamW's two moments) does
+    not. With the defaults (256 MiB, models up to 50M parameters) that is every model past
+    ~22M parameters. Either distributing such a run is refused, naming the limit, or the
+    honest worker's reveal goes through; today neither: PUT 413, the check goes
+    unanswered, the update is unpaid and the job ends failed, every round, for everyone
+    (and the daemon's ``_answer`` lets that ApiError out of ``run()`` on the job-view path)."""
+    coord = new_coord(max_blob_bytes=256 << 10)  # the 2-shard digits fit, as in the harness
+    options = {"hidden": [512]}  # d = 38,410: checkpoint 154 kB, an AdamW state 461 kB
+    w, idle = provider(coord, "big"), provider(coord, "bigi")
+    owner, run_id = new_run(coord, api, [w, idle], "big", options=options)
+    r = post(coord, api, owner, f"/runs/{run_id}/distribute", CONFIG)
+    if r.status_code == 422:
+        assert "max_blob" in r.text, r.text
+        return
+    assert r.status_code < 300, r.text
+    api.wait_status(owner, run_id, "training")
+    job = view(w)
+    rep = Replica(w)
+    r = rep.send(coord, api, job, rep.train(job))
+    assert r.status_code == 201, r.text
+    assert rep.reveal(coord, api, job, r.json()["challenge"]).status_code == 200
+    assert verdict(owner, job["job_id"])["verification"] == "passed"
