@@ -352,7 +352,11 @@ def test_a_round_resent_after_an_lr_change_passes_for_the_honest_daemon(coord, a
     assert (again["action"], again["round"], again["lr"]) == ("train", 1, job["lr"] * 2), again
     d.train_round(again)
     u = verdict(owner, job["job_id"])
-    assert (u["status"], u["verification"]) == ("accepted", "passed"), u
+    assert (u["status"], u["verification"]) == ("accepted", "passed"), (
+        u["status"],
+        u["verification"],
+        u["verify_detail"],
+    )
 
 
 # --- 2. revealed states and blob retention -----------------------------------------------------
@@ -386,7 +390,11 @@ def test_revealed_states_outlive_blob_retention_until_judged(stepped, api):
         flood.put_blob(cid_of_bytes(data), data)
     retention.run(st.ctx)
     u = st.until("judged", lambda: update_of(owner, job["job_id"], 1), judged)
-    assert (u["status"], u["verification"]) == ("accepted", "passed"), u
+    assert (u["status"], u["verification"]) == ("accepted", "passed"), (
+        u["status"],
+        u["verification"],
+        u["verify_detail"],
+    )
 
 
 # --- 3. a lost reply, retried into a phase change -----------------------------------------------
@@ -487,3 +495,40 @@ def test_a_verifying_run_whose_states_cannot_be_uploaded_is_refused_or_revealabl
     assert r.status_code == 201, r.text
     assert rep.reveal(coord, api, job, r.json()["challenge"]).status_code == 200
     assert verdict(owner, job["job_id"])["verification"] == "passed"
+
+
+# --- 6. a codec that keeps state across rounds ------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: powersgd warm-starts from the worker's previous encode; check_update encodes with a fresh "
+    "codec (seeded Q), so from a job's second round the honest update 'is not the codec's encoding' and is slashed",
+)
+def test_an_honest_powersgd_update_passes_its_check_in_the_second_round(coord, api):
+    """``compression: powersgd`` (warm start on by default) keeps the last call's ``Q`` in
+    the codec: the daemon keeps one codec for its job, so round 2's update is encoded from
+    round 1's ``Q``. The coordinator's ``check_update`` encodes the committed work with a
+    fresh codec, whose first call starts from the seeded Gaussian: the bytes differ, and
+    the honest update fails ('the update sent is not the codec's encoding of the work
+    committed'), provably, so the worker is slashed. Either the warm start is part of what
+    is committed and revealed (as the error-feedback residual is), or a verifying run
+    refuses a codec that keeps state (422 naming it)."""
+    w = provider(coord, "ps")
+    owner, run_id = new_run(coord, api, [w], "ps")
+    r = post(coord, api, owner, f"/runs/{run_id}/distribute", {**CONFIG, "compression": "powersgd:rank=2"})
+    if r.status_code == 422:
+        assert "powersgd" in r.text, r.text
+        return
+    assert r.status_code < 300, r.text
+    api.wait_status(owner, run_id, "training")
+    rep = Replica(w)
+    for rnd in (1, 2):
+        job = wait_for(
+            f"round {rnd} open", lambda: view(w), lambda j, rnd=rnd: (j["round"], j["action"]) == (rnd, "train")
+        )
+        r = rep.send(coord, api, job, rep.train(job))
+        assert r.status_code == 201, r.text
+        assert rep.reveal(coord, api, job, r.json()["challenge"]).status_code == 200
+        u = verdict(owner, job["job_id"], rnd)
+        assert (u["status"], u["verification"]) == ("accepted", "passed"), (rnd, u["verify_detail"])
