@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     # One thread: the MLP is too small to gain from two, and on a shared 2-core machine two
-    # threads contend (replays are bit-exact at any thread count, training/proof.py).
+    # threads contend (the simulated workers and verifier share the process: its re-runs are bit-exact).
     torch.set_num_threads(1)
     rounds = args.rounds or (12 if args.quick else 50)
     trials = args.trials if args.trials is not None else (1 if args.quick else 6)
