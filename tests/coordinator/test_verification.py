@@ -538,6 +538,7 @@ def test_reveal_attacks_are_refused_and_change_nothing(coord, api):
     unchanged()
     # a round with no update, and a job that does not exist
     api.assert_error(reveal(coord, api, w, {**good, "round": 2}), 404, "unknown_update", "round 2")
+    api.assert_error(reveal(coord, api, w, {**good, "round": 2**70}), 422, "invalid_request", "round")  # was a 500
     r = post(coord, api, w.worker, "/jobs/nojob/proofs", good)
     api.assert_error(r, 404, "unknown_job")
     # missing, extra (a boundary not asked for, one past the end), renamed or no boundaries

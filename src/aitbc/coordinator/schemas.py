@@ -138,7 +138,7 @@ class Progress(Body):
 
 
 class UpdateSubmit(Body):
-    round: int = Field(ge=1)
+    round: int = Field(ge=1, le=10_000_000)  # bounded: a database integer, and no run has more rounds
     cid: str = Field(min_length=1, max_length=100)
     train_loss: float | None = None
     # the share of its round's training samples it predicted right, as it reports it (classifiers)
@@ -160,7 +160,7 @@ class ProofReveal(Body):
     error-feedback residual the round began with (safetensors ``residual``), when the
     challenge includes the update's own check under error feedback."""
 
-    round: int = Field(ge=1)
+    round: int = Field(ge=1, le=10_000_000)  # bounded: a database integer, and no run has more rounds
     states: dict[str, str] = Field(max_length=34)
     residual: str | None = Field(None, max_length=100)
 
