@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, literal, select
 
 from aitbc.coordinator import metrics
 from aitbc.coordinator.metrics import REASON_CODES, reason_case, reason_code
+from aitbc.coordinator.verification import failed_reason, unanswered_reason
 from aitbc.coordinator.workers import _check_update
 from aitbc.core.compression import build_codec
 from aitbc.core.norms import NormBound, judge_norms
@@ -61,6 +62,8 @@ def _reasons_the_coordinator_writes() -> dict[str, str]:
         "norm_bound": norms.reasons[3],
         "non_finite_norm": norms.reasons[4],
         "bad_loss": f"reported training loss is {math.inf}",  # workers.submit_update's words
+        "verification": failed_reason("steps 0-2 do not replay: relative distance 0.5 > 0.01"),
+        "unanswered": unanswered_reason(120.0),
     }
 
 
@@ -74,6 +77,8 @@ def test_every_reason_the_coordinator_writes_has_its_code():
         "norm_bound": "norm_bound",
         "non_finite_norm": "non_finite",
         "bad_loss": "bad_loss",
+        "verification": "verification",
+        "unanswered": "unanswered",
     }, reasons
     assert set(codes.values()) | {"other"} == set(REASON_CODES)
 
@@ -117,7 +122,7 @@ def _kinds_written(call_name: str, arg_index: int | None = None) -> set[str]:
 
 def test_the_kinds_labels_list_every_kind_the_code_writes():
     ledger = _kinds_written("post")
-    flags = _kinds_written("Flag") | _kinds_written("_flag", arg_index=3)
+    flags = _kinds_written("Flag") | _kinds_written("_flag", arg_index=3) | _kinds_written("_flag", arg_index=2)
     assert ledger and flags
     assert ledger <= set(metrics.LEDGER_KINDS), ledger - set(metrics.LEDGER_KINDS)
     assert flags <= set(metrics.FLAG_KINDS), flags - set(metrics.FLAG_KINDS)

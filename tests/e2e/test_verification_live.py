@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -85,6 +86,15 @@ def test_a_worker_skipping_half_its_steps_is_caught_slashed_and_ejected(stack):
 
     spilled = stack.root / "honest0" / "worker-proofs" / "honest0"
     assert {p.name for p in spilled.iterdir()} == {f"{s}.safetensors" for s in range(0, 21, 2)}  # the last round's
+
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    for line in (
+        'aitbc_updates_verification{verdict="passed"} 12.0',
+        'aitbc_updates_verification{verdict="failed"} 1.0',
+        'aitbc_updates_rejected{reason="verification"} 1.0',
+        'aitbc_flags_total{kind="verification_failed"} 1.0',
+    ):
+        assert line in metrics.splitlines(), (line, [m for m in metrics.splitlines() if "verif" in m])
 
     balances = stack.api("/ledger/balances")["data"]
     assert balances["burn:local"] == BOND  # burned: not the owner's, not another provider's

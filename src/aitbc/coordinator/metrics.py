@@ -59,6 +59,8 @@ REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("wrong_shape", ("update has shape",)),  # workers.py: not the model's (d,)
     ("malformed", ("malformed update blob",)),  # workers.py: the codec refused the blob
     ("bad_loss", ("reported training loss is",)),  # workers.py: a non-finite training loss
+    ("verification", ("verification failed",)),  # verification.py: its spot check failed
+    ("unanswered", ("did not reveal",)),  # verification.py: its spot check was not answered in time
 )
 OTHER = "other"
 REASON_CODES: tuple[str, ...] = (*(code for code, _ in REASONS), OTHER)
@@ -204,7 +206,10 @@ FLAG_KINDS = (
     "slashed",
     "marked_failed",
     "resend_requested",
+    "verification_failed",
+    "challenge_unanswered",
 )
+VERDICTS = ("unchecked", "challenged", "revealed", "passed", "failed", "unanswered")  # updates.verification
 
 
 MIN_SCRAPE_INTERVAL = 1.0  # seconds: scrapes closer together than this share one reading of the record
@@ -297,10 +302,25 @@ class RecordCollector(Collector):
             yield _gauge(
                 "aitbc_updates_rejected",
                 "Rejected updates by reason: non_finite (NaN/Inf), norm_bound (norm over the reject bound), "
-                "wrong_shape, malformed (undecodable), bad_loss (non-finite reported loss), other",
+                "wrong_shape, malformed (undecodable), bad_loss (non-finite reported loss), verification (its "
+                "spot check failed), unanswered (its spot check was not answered in time), other",
                 "reason",
                 REASON_CODES,
                 by_reason,
+            )
+
+            verdicts = s.execute(
+                select(Update.verification, func.count())
+                .where(Update.verification.is_not(None))
+                .group_by(Update.verification)
+            ).all()
+            yield _gauge(
+                "aitbc_updates_verification",
+                "Updates of runs that verify work, by their spot check: unchecked (none drawn), challenged, "
+                "revealed (being re-run), passed, failed, unanswered",
+                "verdict",
+                (*VERDICTS, OTHER),
+                _known(VERDICTS, verdicts),
             )
 
             flags = _known(FLAG_KINDS, s.execute(select(Flag.kind, func.count()).group_by(Flag.kind)).all())

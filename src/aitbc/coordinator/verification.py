@@ -92,6 +92,15 @@ def _start_digest(ctx: Context, run: Run) -> str:
     return digest
 
 
+def failed_reason(detail: str) -> str:
+    """A rejected update's reason when its spot check failed (metrics count it by this start)."""
+    return f"verification failed: {detail}"
+
+
+def unanswered_reason(timeout: float) -> str:
+    return f"did not reveal the states its spot check asked for within {timeout:g} s"
+
+
 def parse_commitment(
     s: Session, run: Run, job: Job, proof: dict[str, Any] | None, steps: int, shard: int
 ) -> Commitment | None:
@@ -173,7 +182,7 @@ def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int)
             "proof": c.to_json(),
             "verification": "failed",
             "verify_detail": detail,
-        }, f"verification failed: {detail}"
+        }, failed_reason(detail)
     gen = torch.Generator().manual_seed(secrets.randbits(63))  # drawn after the update is in
     intervals = choose_intervals(c.intervals, run.cfg.verify_rate, gen)
     if not intervals:
@@ -328,7 +337,7 @@ def _record(ctx: Context, s: Session, upd: Update, run: Run, verdicts: list[Verd
     else:
         upd.verification, upd.verify_detail = "failed", failed.detail
         if upd.status == UpdateStatus.ACCEPTED:
-            upd.status, upd.reason = UpdateStatus.REJECTED, f"verification failed: {failed.detail}"
+            upd.status, upd.reason = UpdateStatus.REJECTED, failed_reason(failed.detail)
         _flag(s, upd, "verification_failed", f"round {upd.round}: {failed.detail}")
     s.commit()
     ctx.notifier.bump()
@@ -349,7 +358,7 @@ def expire_challenges(ctx: Context, s: Session, *, now: float) -> bool:
         since = max(float((upd.challenge or {}).get("at", now)), ctx.started_at)
         if now - since < timeout:
             continue
-        reason = f"did not reveal the states its spot check asked for within {timeout:g} s"
+        reason = unanswered_reason(timeout)
         upd.verification, upd.verify_detail = "unanswered", reason
         if upd.status == UpdateStatus.ACCEPTED:
             upd.status, upd.reason = UpdateStatus.REJECTED, reason
