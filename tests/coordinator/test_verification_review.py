@@ -50,8 +50,8 @@ CONFIG = {"rounds": 3, "local_steps": 4, "batch_size": 8, "verify_rate": 1.0}
 
 
 @pytest.fixture
-def new_coord(tmp_path, databases, api) -> Iterator[Callable[..., Any]]:
-    stops = []
+def new_coord(tmp_path: Path, databases: Any, api: Any) -> Iterator[Callable[..., Any]]:
+    stops: list[Callable[[], None]] = []
 
     def make(**settings: Any) -> Any:
         coord, stop = api.start_on(databases, tmp_path / f"coord{len(stops)}", **{**COORD, **settings})
@@ -134,9 +134,9 @@ def _start_stepped(databases: Any, home: Path, **settings: Any) -> tuple[Stepped
 
 
 @pytest.fixture
-def stepped(tmp_path, databases) -> Iterator[Callable[..., Stepped]]:
+def stepped(tmp_path: Path, databases: Any) -> Iterator[Callable[..., Stepped]]:
     """Start a stepped coordinator (settings as keywords), stopped after the test."""
-    stops = []
+    stops: list[Callable[[], None]] = []
 
     def make(**settings: Any) -> Stepped:
         st, stop = _start_stepped(databases, tmp_path / f"stepped{len(stops)}", **settings)
@@ -231,6 +231,11 @@ def wait_for(what: str, get: Callable[[], Any], ok: Callable[[Any], bool]) -> An
             return v
         assert time.monotonic() < deadline, f"{what}: {v}"
         time.sleep(0.05)
+
+
+def open_round(client: Any, rnd: int) -> dict[str, Any]:
+    """The job view once round ``rnd`` is open for training."""
+    return wait_for(f"round {rnd} open", lambda: view(client), lambda j: (j["round"], j["action"]) == (rnd, "train"))
 
 
 class Replica:
@@ -418,9 +423,7 @@ def test_a_retry_of_a_recorded_update_does_not_lock_the_daemon_out(coord, api):
     api.wait_status(owner, run_id, "training")
     rep = Replica(w)
     for rnd in (1, 2):
-        job = wait_for(
-            f"round {rnd} open", lambda: view(w), lambda j, rnd=rnd: (j["round"], j["action"]) == (rnd, "train")
-        )
+        job = open_round(w, rnd)
         body = rep.train(job)
         r = rep.send(coord, api, job, body)
         assert r.status_code == 201, r.text
@@ -524,9 +527,7 @@ def test_an_honest_powersgd_update_passes_its_check_in_the_second_round(coord, a
     api.wait_status(owner, run_id, "training")
     rep = Replica(w)
     for rnd in (1, 2):
-        job = wait_for(
-            f"round {rnd} open", lambda: view(w), lambda j, rnd=rnd: (j["round"], j["action"]) == (rnd, "train")
-        )
+        job = open_round(w, rnd)
         r = rep.send(coord, api, job, rep.train(job))
         assert r.status_code == 201, r.text
         assert rep.reveal(coord, api, job, r.json()["challenge"]).status_code == 200
@@ -608,3 +609,43 @@ def test_an_honest_dropout_interval_replays_while_api_threads_build_models():
     ``dropout > 0`` are exposed."""
     ok, _, detail = _replay_while_seeding(2)
     assert ok, detail
+
+
+# --- 8. the daemon's loop and a refused reveal ---------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the bug: the loop's exception
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: Worker.run() calls _answer on the job-view path outside any try; an ApiError from a state's "
+    "upload (413 here, 429 when 16 uploads are in flight) ends the daemon's loop",
+)
+def test_the_daemon_keeps_running_when_a_reveal_upload_is_refused(new_coord, api, tmp_path):
+    """The daemon answers a challenge from the update's reply (inside ``train_round``,
+    whose ApiError ``run()`` catches) and again from the job view while it is unanswered
+    (outside any ``try``). A refused upload of a state there -- 413 past
+    ``max_blob_bytes``, or the 429 a busy coordinator gives past ``max_uploads`` -- is an
+    ApiError, which ends ``run()``: the provider's process stops for good."""
+    coord = new_coord(max_blob_bytes=256 << 10)
+    cfg = WorkerSettings(
+        wallet="loop", gpu="RTX4090", price="1", max_bond="5", availability=0.99, poll_seconds=0.5, progress_every=100
+    )
+    d = Worker(cfg, coordinator=coord.url, home=tmp_path / "loop")
+    d.client.post("/wallets/fund", {"amount": "10"})
+    loop = threading.Thread(target=d.run, name="daemon", daemon=True)
+    loop.start()
+    try:
+        wait_for("registered", lambda: d.registered.is_set(), bool)
+        idle = provider(coord, "loopi")
+        owner, run_id = new_run(coord, api, [d.client, idle], "loop", options={"hidden": [512]})
+        r = post(coord, api, owner, f"/runs/{run_id}/distribute", CONFIG)
+        if r.status_code == 422 and "max_blob" in r.text:  # the state-size bug fixed by a refusal: no 413 to meet
+            pytest.skip("a verifying run whose states do not fit is refused now; this needs another refused upload")
+        assert r.status_code < 300, r.text
+        job_id = wait_for("its job", lambda: view(d.client)["job_id"], bool)
+        wait_for("its update", lambda: update_of(owner, job_id, 1), lambda u: u is not None)
+        time.sleep(3.0)  # several polls: each finds the challenge unanswered and tries again
+        assert loop.is_alive(), "the daemon's loop ended"
+    finally:
+        d.stop.set()
+        loop.join(15)
