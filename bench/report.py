@@ -21,6 +21,7 @@ BENCHES = [
     ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
     ("honest_runs", "Honest runs (false accusations)", "python bench/honest_runs.py"),
     ("verification", "Verification of work (spot checks)", "python bench/verification.py"),
+    ("replay_drift", "Re-run drift across thread counts", "python bench/replay_drift.py"),
     ("metrics_scrape", "Metrics scrape cost", "python bench/metrics_scrape.py"),
 ]
 
