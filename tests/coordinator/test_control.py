@@ -266,9 +266,9 @@ def test_manual_run_through_every_phase(coord, api):
 
     run = owner.post(f"/runs/{run_id}/phase", {"phase": "aggregating"})
     assert (run["status"], run["round"]) == ("aggregating", 1)
-    with pytest.raises(ApiError) as e:  # the round is closed to updates
+    with pytest.raises(ApiError) as e:  # w0 sent round 1's update already: told so first, whatever the phase
         w0.post(f"/jobs/{j0['job_id']}/updates", api.update_body(1, api.put_update(w0, small_update(d, 3))))
-    api.assert_api_error(e, 409, "round_closed")
+    api.assert_api_error(e, 409, "duplicate_update")
     stays(owner, run_id, "aggregating", 1)  # not aggregated by the driver either
     assert [r["round"] for r in owner.get(f"/runs/{run_id}/rounds")["data"]] == [0]
 

@@ -24,10 +24,12 @@ import httpx
 import pytest
 import torch
 import uvicorn
+from sqlalchemy import select
 
 from aitbc.coordinator import retention
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
+from aitbc.coordinator.models import Update
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
 from aitbc.storage.cid import cid_of_bytes
@@ -331,11 +333,6 @@ class Replica:
 # --- 1. an owner's lr change, then a resend ---------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Worker._mark_round_start restores the optimizer's state_dict (param_groups included) after "
-    "_job_state set the new lr: the resent round trains at the old lr and its proof states the new one",
-)
 def test_a_round_resent_after_an_lr_change_passes_for_the_honest_daemon(coord, api, tmp_path):
     """The owner changes a job's lr mid-round and asks for the round again (both documented
     job controls). The daemon trains the round again with the lr its job view now gives,
@@ -367,11 +364,6 @@ def test_a_round_resent_after_an_lr_change_passes_for_the_honest_daemon(coord, a
 # --- 2. revealed states and blob retention -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: retention.live_cids does not keep the blobs an unjudged reveal names; deleted before the "
-    "driver reads them, the honest update is judged failed ('a revealed blob is not a state') and slashed",
-)
 def test_revealed_states_outlive_blob_retention_until_judged(stepped, api):
     """A reveal names blobs the driver has yet to read. Blob retention treats them as loose
     uploads: past ``max_loose_bytes`` (anyone with a wallet can upload junk to get there)
@@ -405,11 +397,6 @@ def test_revealed_states_outlive_blob_retention_until_judged(stepped, api):
 # --- 3. a lost reply, retried into a phase change -----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a retried update already recorded gets 409 not_accepting (or round_closed), not "
-    "duplicate_update; the daemon rolls its optimizer back and every later round's proof is a 422 bad_proof",
-)
 def test_a_retry_of_a_recorded_update_does_not_lock_the_daemon_out(coord, api):
     """The daemon retries an update whose reply was lost. If the run was paused meanwhile
     (or the round closed), ``_round_gate`` answers the status before the duplicate: the
@@ -441,11 +428,6 @@ def test_a_retry_of_a_recorded_update_does_not_lock_the_daemon_out(coord, api):
 # --- 4. a config change, then a pause ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: parse_commitment allows the previous config only if it changed after round_started_at, "
-    "which resume() moves to the resume: an update trained with the settings the round began with is a 422",
-)
 def test_an_update_trained_before_a_config_change_and_a_pause_is_taken(coord, api):
     """The worker starts round 1 with lr a; the owner changes the job's lr to b, pauses
     the run and resumes it; the worker's update (trained at a, as the round began) arrives
@@ -469,11 +451,6 @@ def test_an_update_trained_before_a_config_change_and_a_pause_is_taken(coord, ap
 # --- 5. a state larger than the coordinator takes ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a verifying run is distributed although a committed state (params + two Adam moments, "
-    "12 bytes a parameter) is past max_blob_bytes: no honest worker can reveal, every check goes unanswered",
-)
 def test_a_verifying_run_whose_states_cannot_be_uploaded_is_refused_or_revealable(new_coord, api):
     """The model checkpoint (4 bytes a parameter) and the update fit under the coordinator's
     ``max_blob_bytes``, the state a challenge asks for (params and AdamW's two moments) does
@@ -503,11 +480,6 @@ def test_a_verifying_run_whose_states_cannot_be_uploaded_is_refused_or_revealabl
 # --- 6. a codec that keeps state across rounds ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: powersgd warm-starts from the worker's previous encode; check_update encodes with a fresh "
-    "codec (seeded Q), so from a job's second round the honest update 'is not the codec's encoding' and is slashed",
-)
 def test_an_honest_powersgd_update_passes_its_check_in_the_second_round(coord, api):
     """``compression: powersgd`` (warm start on by default) keeps the last call's ``Q`` in
     the codec: the daemon keeps one codec for its job, so round 2's update is encoded from
@@ -594,11 +566,6 @@ def test_an_honest_dropout_interval_replays_when_nothing_else_seeds_torch():
     assert ok and error == 0.0, detail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the replay's dropout draws from torch's global generator (fork_rng + manual_seed) while API "
-    "threads call torch.manual_seed (build_initial_model): an honest dropout update fails its re-run",
-)
 def test_an_honest_dropout_interval_replays_while_api_threads_build_models():
     """The round driver re-runs intervals in its thread; ``train_step`` seeds each step's
     dropout with ``torch.manual_seed`` inside ``fork_rng``, i.e. on the process's one
@@ -615,11 +582,6 @@ def test_an_honest_dropout_interval_replays_while_api_threads_build_models():
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the bug: the loop's exception
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Worker.run() calls _answer on the job-view path outside any try; an ApiError from a state's "
-    "upload (413 here, 429 when 16 uploads are in flight) ends the daemon's loop",
-)
 def test_the_daemon_keeps_running_when_a_reveal_upload_is_refused(new_coord, api, tmp_path):
     """The daemon answers a challenge from the update's reply (inside ``train_round``,
     whose ApiError ``run()`` catches) and again from the job view while it is unanswered
@@ -649,3 +611,29 @@ def test_the_daemon_keeps_running_when_a_reveal_upload_is_refused(new_coord, api
     finally:
         d.stop.set()
         loop.join(15)
+
+
+def test_a_revealed_state_lost_by_the_coordinator_is_no_fault_of_the_worker(stepped, api):
+    """A revealed blob this coordinator no longer holds (a disk mishap, an operator's clean-up)
+    proves nothing against the worker: the check is recorded as ``error``, the update keeps
+    the heuristic score (as one not drawn), nobody is slashed, and the round goes on."""
+    st = stepped(gc_interval_seconds=3600)
+    w = provider(st, "lost")
+    owner, run_id = new_run(st, api, [w], "lost")
+    owner.post(f"/runs/{run_id}/distribute", CONFIG)
+    st.until("training", lambda: owner.get(f"/runs/{run_id}")["status"], lambda s: s == "training")
+    job = view(w)
+    rep = Replica(w)
+    r = rep.send(st, api, job, rep.train(job))
+    assert r.status_code == 201, r.text
+    ch = r.json()["challenge"]
+    assert rep.reveal(st, api, job, ch).status_code == 200
+    with st.ctx.session() as s:
+        revealed = s.scalar(select(Update.revealed).where(Update.job_id == job["job_id"]))
+    st.ctx.store.delete(next(iter(revealed["states"].values())))
+    u = st.until("judged", lambda: update_of(owner, job["job_id"], 1), judged)
+    assert (u["status"], u["verification"]) == ("accepted", "error"), u
+    assert "gone from the store" in u["verify_detail"], u
+    rnd = st.until("closed", lambda: owner.get(f"/runs/{run_id}/rounds")["data"], lambda d: len(d) >= 2)
+    assert rnd[1]["accepted"] == 1
+    assert owner.get(f"/runs/{run_id}")["verification"]["errors"] == 1

@@ -209,7 +209,7 @@ FLAG_KINDS = (
     "verification_failed",
     "challenge_unanswered",
 )
-VERDICTS = ("unchecked", "challenged", "revealed", "passed", "failed", "unanswered")  # updates.verification
+VERDICTS = ("unchecked", "challenged", "revealed", "passed", "failed", "unanswered", "error")  # updates.verification
 
 
 MIN_SCRAPE_INTERVAL = 1.0  # seconds: scrapes closer together than this share one reading of the record

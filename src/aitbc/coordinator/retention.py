@@ -116,6 +116,15 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
         live.update(
             s.scalars(select(Update.cid).where(Update.run_id == run.id, Update.round > run.settled_round)).all()
         )
+        # the states a spot check's reveal names: the driver has yet to read them (or they are a failure's evidence)
+        for rev in s.scalars(
+            select(Update.revealed).where(
+                Update.run_id == run.id, Update.round > run.settled_round, Update.revealed.is_not(None)
+            )
+        ).all():
+            live.update(str(c) for c in (rev.get("states") or {}).values())
+            if rev.get("residual"):
+                live.add(str(rev["residual"]))
     return live
 
 

@@ -28,11 +28,13 @@ from aitbc.coordinator.escrow import (
 )
 from aitbc.coordinator.models import Contract, Job, Offer, RoundRecord, Run, new_id
 from aitbc.coordinator.repository import row
+from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import build_run_config, drop_runtime
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.states import ENDED, LIVE, ContractStatus, Control, RunStatus, require_status, transition
 from aitbc.coordinator.views import contract_view, payments_view, ranked_view
 from aitbc.coordinator.workforce import busy_workers, end_run, hire_offer, market_offers, new_job
+from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import LedgerError, RequestAuth
 from aitbc.ledger.chain import escrow_account, wallet_account
@@ -256,6 +258,27 @@ def distribute(ctx: Context, s: Session, run: Run, body: Distribute, request: Re
     return run
 
 
+def _check_verifiable(cfg: RunConfig, max_blob_bytes: int) -> None:
+    """A spot check asks workers to upload committed states (float32 params and the inner
+    optimizer's moments) and re-encodes the update with a fresh codec: refuse (422) a run
+    where neither can work."""
+    moments = {"adam": 2, "adamw": 2, "sgd": 1}.get(cfg.inner_opt, 2)
+    state = 4 * cfg.d * (1 + moments) + (64 << 10)  # + the safetensors header
+    if state > max_blob_bytes:
+        raise unprocessable(
+            "bad_config",
+            f"verify_rate {cfg.verify_rate:g}: a committed state of this model is ~{state} bytes, past this "
+            f"coordinator's max_blob_bytes ({max_blob_bytes}); workers could not reveal it",
+        )
+    name, opts = parse_spec(cfg.compression, what="codec")
+    if name == "powersgd" and str(opts.get("warm_start", "true")).lower() not in ("false", "0", "no"):
+        raise unprocessable(
+            "bad_config",
+            f"verify_rate {cfg.verify_rate:g}: compression {cfg.compression!r} warm-starts from the worker's "
+            f"previous round, which a spot check cannot re-create; use powersgd:warm_start=false",
+        )
+
+
 def configure(
     ctx: Context, s: Session, run: Run, body: Distribute, request: RequestAuth, *, cost_field: str = "max_cost"
 ) -> list[Contract]:
@@ -280,6 +303,8 @@ def configure(
         )
     n_shards = len(run.data_manifest["shards"])
     cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
+    if cfg.verify_rate > 0:
+        _check_verifiable(cfg, ctx.settings.max_blob_bytes)
     if run.budget is None:  # no budget at init: escrow what the contracts will cost
         # An owner-driven run may put every hired worker on a shard (and cut the data again
         # before its jobs): its escrow covers them all; the driver uses one per shard.

@@ -39,7 +39,7 @@ from aitbc.training.checkpoint import (
     set_flat_params,
 )
 from aitbc.training.data_spec import DataSpec
-from aitbc.training.local import LocalConfig, evaluate
+from aitbc.training.local import GLOBAL_RNG, LocalConfig, evaluate
 from aitbc.training.models import build_model, model_config
 
 OUTER_FORMAT = "aitbc.outer-state/1"
@@ -53,8 +53,9 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
 def build_initial_model(run: Run, allow_code: AllowCode) -> torch.nn.Module:
     """The run's model at its seed; code only under a prefix this coordinator's operator
     allowed, a built-in model only within its bounds (counted before it is built)."""
-    torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
-    return build_model(run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code)
+    with GLOBAL_RNG:  # not while a replay's seeded step draws its dropout (another thread)
+        torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
+        return build_model(run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code)
 
 
 def default_f(workers: int) -> int:

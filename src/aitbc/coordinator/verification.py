@@ -22,7 +22,10 @@ Verdicts:
   provable; the update is rejected and not aggregated, and settlement slashes the bond and
   ejects the worker;
 - **unanswered** (no reveal within ``verify_timeout``): the update is rejected and unpaid,
-  the job ends failed and its shard goes to another worker; no slash (a crash is not proof).
+  the job ends failed and its shard goes to another worker; no slash (a crash is not proof);
+- **error** (the check could not run for a reason that proves nothing against the worker: a
+  revealed blob this coordinator lost, a fault of ours): the update keeps the heuristic
+  score, as one not drawn.
 
 A round does not close while one of its updates waits for its check, so a failed update is
 never aggregated. What the checks cost is recorded per update (local steps re-run and
@@ -32,6 +35,7 @@ seconds) and summed in the run's view (:func:`summary`).
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -43,7 +47,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
+from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run, row
 from aitbc.coordinator.runtime import build_initial_model
 from aitbc.coordinator.schemas import ProofReveal
@@ -51,7 +55,7 @@ from aitbc.coordinator.states import JobStatus, UpdateStatus
 from aitbc.coordinator.workforce import end_job
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import AitbcError, UsageError
+from aitbc.errors import AitbcError, NotFoundError, UsageError
 from aitbc.storage.cid import is_cid
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, load_shard
@@ -124,7 +128,11 @@ def parse_commitment(
             f"run {run.id} verifies work (verify_rate {run.cfg.verify_rate:g}): the update must carry its proof",
         )
     allowed = [job_settings(run, job, shard=shard)]
-    started = run.round_started_at or 0.0
+    # when the round opened (the previous round's record): round_started_at moves to a resume
+    opened = s.scalar(
+        select(RoundRecord.closed_at).where(RoundRecord.run_id == run.id, RoundRecord.round == run.round - 1)
+    )
+    started = min(run.round_started_at or 0.0, math.inf if opened is None else opened)
     if job.config_at is not None and job.previous_config is not None and job.config_at >= started:
         allowed.append(job_settings(run, job, config=job.previous_config, shard=shard))
     try:
@@ -282,12 +290,16 @@ def verify_pending(ctx: Context, *, limit: int = 8) -> bool:
             run = row(s, Run, upd.run_id)
             try:
                 verdicts = _judge(ctx, run, upd)
+            except NotFoundError as e:  # a blob this coordinator lost: its loss, not the worker's fault
+                _record_error(ctx, s, upd, run, f"a revealed state is gone from the store: {e}")
+                continue
             except AitbcError as e:  # a blob that is not a state: the worker revealed junk
                 verdicts = [Verdict(False, "reveal", None, None, f"a revealed blob is not a state: {e}")]
-            except Exception as e:  # what the worker committed cannot be re-run: never a stalled driver
+            except Exception as e:  # a fault of ours (or an input no check foresaw): unchecked, never a stall
                 log.exception("run %s: update %d's revealed states could not be re-run", run.id, uid)
                 why = (str(e).splitlines() or [type(e).__name__])[0][:200]
-                verdicts = [Verdict(False, "reveal", None, None, f"its revealed states cannot be re-run: {why}")]
+                _record_error(ctx, s, upd, run, f"the check could not run ({type(e).__name__}: {why})")
+                continue
             _record(ctx, s, upd, run, verdicts, time.perf_counter() - t0)
     return bool(ids)
 
@@ -320,6 +332,21 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
         check_update(c, ctx.store.get_bytes(upd.cid), flat_params(start_model), states[c.intervals], residual, codec)
     )
     return verdicts
+
+
+def _record_error(ctx: Context, s: Session, upd: Update, run: Run, detail: str) -> None:
+    """A check that could not run for a reason that proves nothing against the worker: the
+    update keeps the heuristic score (as one not drawn), nobody is slashed, the round goes on."""
+    lock_run(s, run)
+    s.refresh(upd)
+    if upd.verification != "revealed":
+        s.rollback()
+        return
+    upd.verification, upd.verify_detail = "error", detail
+    s.commit()
+    ctx.notifier.bump()
+    ctx.notifier.poke_driver()
+    log.warning("run %s round %d: %s's check not run: %s", run.id, upd.round, upd.worker_id, detail)
 
 
 def _record(ctx: Context, s: Session, upd: Update, run: Run, verdicts: list[Verdict], seconds: float) -> None:
@@ -413,10 +440,11 @@ def summary(s: Session, run: Run) -> dict[str, Any] | None:
     return {
         "rate": rate,
         "updates": sum(counts.values()),
-        "checked": sum(counts.get(k, 0) for k in ("passed", "failed", "revealed", "challenged", "unanswered")),
+        "checked": sum(counts.get(k, 0) for k in ("passed", "failed", "revealed", "challenged", "unanswered", "error")),
         "passed": counts.get("passed", 0),
         "failed": counts.get("failed", 0),
         "unanswered": counts.get("unanswered", 0),
+        "errors": counts.get("error", 0),
         "pending": sum(counts.get(k, 0) for k in PENDING),
         "steps_replayed": replayed,
         "steps_trained": trained,

@@ -258,6 +258,10 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
             s.commit()
         raise e
 
+    # first: a retry of a recorded update (its reply was lost) must read "recorded", whatever the phase now;
+    # a worker told round_closed / not_accepting rolls its optimizer back as if it never trained
+    if s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == body.round)) is not None:
+        refuse(conflict("duplicate_update", f"job {job.id} already sent its update for round {body.round}"))
     if run.status in ENDED:
         refuse(conflict("run_ended", f"run {run.id} has ended ({run.status})"))
     if run.status == RunStatus.AGGREGATING and body.round == run.round:
@@ -271,8 +275,6 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
     if body.round > run.round:  # a round not yet opened: no honest worker can have trained it
         reason = f"update is for round {body.round}; the open round is {run.round}"
         refuse(conflict("wrong_round", reason), flag=reason)
-    if s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == body.round)) is not None:
-        refuse(conflict("duplicate_update", f"job {job.id} already sent its update for round {body.round}"))
 
 
 def _check_update(blob: bytes, d: int) -> str | None:

@@ -10,6 +10,7 @@ the shard in reshuffled epochs, so a run is reproducible from its seed.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +26,10 @@ from aitbc.training.checkpoint import flat_params, set_flat_params
 
 if TYPE_CHECKING:
     from aitbc.training.proof import Recorder
+
+# torch's global CPU generator is one per process: a seeded step (fork_rng + manual_seed) and
+# anything else that seeds it (the coordinator's build_initial_model, in request threads) take this.
+GLOBAL_RNG = threading.RLock()
 
 # Constructors called as ``cls(params, lr=..., weight_decay=..., [momentum=...])``.
 INNER_OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("inner optimizer")
@@ -95,7 +100,7 @@ def train_step(
     (dropout), so a verifier re-running it draws the same; None uses the global RNG."""
     if seed is None:
         return _step(model, opt, xb, yb, cfg)
-    with torch.random.fork_rng(devices=[]):
+    with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _step(model, opt, xb, yb, cfg)
 

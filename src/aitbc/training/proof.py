@@ -163,7 +163,8 @@ class TrainState:
     def from_bytes(cls, data: bytes, *, numel: int) -> TrainState:
         """A revealed state (from a worker: checked, never trusted)."""
         meta = read_metadata(data)
-        if meta.get("format") != PROOF_FORMAT or not str(meta.get("step", "")).isdigit():
+        step = str(meta.get("step", ""))
+        if meta.get("format") != PROOF_FORMAT or not (step.isascii() and step.isdigit()):  # "²".isdigit()
             raise IntegrityError(f"not a {PROOF_FORMAT} state blob")
         tensors = bytes_to_tensors(data)
         params = tensors.pop("params", None)

@@ -131,7 +131,10 @@ class Worker:
                 self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
                 continue
             if job["action"] == "wait" and job.get("challenge"):
-                self._answer(job, job["challenge"])  # its reply was lost: the job view repeats it
+                try:
+                    self._answer(job, job["challenge"])  # its reply was lost: the job view repeats it
+                except ApiError as e:  # a refused upload (413, 429): asked again at the next poll
+                    log.warning("spot check of round %s: %s", job["challenge"]["round"], e.detail)
             if job["action"] == "train":
                 try:
                     self.train_round(job)
@@ -319,6 +322,8 @@ class Worker:
             return
         _, optim, residual = state.round_start
         state.trainer.opt.load_state_dict(copy.deepcopy(optim))
+        for group in state.trainer.opt.param_groups:  # the state, not the settings: the job's lr now
+            group["lr"] = state.trainer.cfg.lr
         if isinstance(state.codec, ErrorFeedback):
             state.codec.residual = None if residual is None else residual.clone()
 

@@ -529,6 +529,7 @@ class VerificationSummary(Reply):
     passed: int
     failed: int
     unanswered: int
+    errors: int = Field(description="checks that could not run for a reason proving nothing against the worker")
     pending: int
     steps_replayed: int
     steps_trained: int
