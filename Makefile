@@ -45,7 +45,8 @@ test-long: $(LINT_STAMP)
 # server's maintenance database; `.ci/postgres start DIR` starts a throwaway one and prints
 # it). .ci/run starts the server and runs this after make test.
 PG_SUITES := tests/coordinator tests/ledger tests/e2e/test_payments.py tests/e2e/test_trust_money.py \
-	tests/e2e/test_stuck_runs.py tests/e2e/test_fault_tolerance.py tests/e2e/test_retention.py
+	tests/e2e/test_stuck_runs.py tests/e2e/test_fault_tolerance.py tests/e2e/test_retention.py \
+	tests/e2e/test_verification_live.py
 test-pg: $(LINT_STAMP)
 	@test -n "$$AITBC_TEST_PG_URL" || { echo "error: make test-pg needs AITBC_TEST_PG_URL (eval \"\$$(.ci/postgres start DIR)\")" >&2; exit 2; }
 	AITBC_TEST_DB=postgresql $(PY) -m pytest -q -n 2 -m "not schemathesis" $(PG_SUITES)

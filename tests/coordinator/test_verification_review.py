@@ -26,6 +26,7 @@ import torch
 import uvicorn
 from sqlalchemy import select
 
+from aitbc.client import ApiError
 from aitbc.coordinator import retention
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
@@ -585,28 +586,38 @@ def test_an_honest_dropout_interval_replays_while_api_threads_build_models():
 def test_the_daemon_keeps_running_when_a_reveal_upload_is_refused(new_coord, api, tmp_path):
     """The daemon answers a challenge from the update's reply (inside ``train_round``,
     whose ApiError ``run()`` catches) and again from the job view while it is unanswered
-    (outside any ``try``). A refused upload of a state there -- 413 past
-    ``max_blob_bytes``, or the 429 a busy coordinator gives past ``max_uploads`` -- is an
-    ApiError, which ends ``run()``: the provider's process stops for good."""
-    coord = new_coord(max_blob_bytes=256 << 10)
+    (outside any ``try``, once). A refused upload of a state there (the 429 a busy
+    coordinator answers past ``max_uploads``) is an ApiError, which ended ``run()``: the
+    provider's process stopped for good. The refusal is made at the daemon's client (a busy
+    coordinator cannot be timed here); the coordinator is real."""
+    coord = new_coord()
     cfg = WorkerSettings(
         wallet="loop", gpu="RTX4090", price="1", max_bond="5", availability=0.99, poll_seconds=0.5, progress_every=100
     )
     d = Worker(cfg, coordinator=coord.url, home=tmp_path / "loop")
     d.client.post("/wallets/fund", {"amount": "10"})
+    real_put = d.client.put_blob
+    refused: list[str] = []
+
+    def busy(cid: str, data: bytes) -> Any:
+        if data[8:].lstrip(b" ").startswith(b"{") and b"aitbc.proof/1" in data[:4096]:  # a state blob
+            refused.append(cid)
+            raise ApiError(429, "too_many_uploads", "16 blob uploads are in flight; retry shortly")
+        return real_put(cid, data)
+
+    d.client.put_blob = busy  # type: ignore[method-assign]
     loop = threading.Thread(target=d.run, name="daemon", daemon=True)
     loop.start()
     try:
         wait_for("registered", lambda: d.registered.is_set(), bool)
         idle = provider(coord, "loopi")
-        owner, run_id = new_run(coord, api, [d.client, idle], "loop", options={"hidden": [512]})
+        owner, run_id = new_run(coord, api, [d.client, idle], "loop")
         r = post(coord, api, owner, f"/runs/{run_id}/distribute", CONFIG)
-        if r.status_code == 422 and "max_blob" in r.text:  # the state-size bug fixed by a refusal: no 413 to meet
-            pytest.skip("a verifying run whose states do not fit is refused now; this needs another refused upload")
         assert r.status_code < 300, r.text
         job_id = wait_for("its job", lambda: view(d.client)["job_id"], bool)
         wait_for("its update", lambda: update_of(owner, job_id, 1), lambda u: u is not None)
-        time.sleep(3.0)  # several polls: each finds the challenge unanswered and tries again
+        wait_for("a refused state upload", lambda: len(refused), bool)
+        time.sleep(2.0)  # several polls: each finds the challenge unanswered
         assert loop.is_alive(), "the daemon's loop ended"
     finally:
         d.stop.set()
