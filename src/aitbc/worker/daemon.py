@@ -235,7 +235,9 @@ class Worker:
                 time.sleep(self.cfg.step_delay)
             self.metrics.steps.inc()
             self.metrics.steps_per_second.set(step / max(time.perf_counter() - t_compute, 1e-9))
-            if (step % every == 0 or step == 1) and step < steps:
+            # The last step too, before the update is sent: an owner who sees the job complete
+            # reads its final step and epoch, not the report before it.
+            if step % every == 0 or step == 1 or step == steps:
                 t = time.perf_counter()
                 self._progress(job, 100.0 * step / steps, loss, self._epoch(state), "training", step=step)
                 reporting += time.perf_counter() - t
