@@ -34,6 +34,7 @@ def test_wallet_send_to_a_provider_of_the_local_stack_by_name(home_stack):
     assert up.returncode == 0, up.stderr
     stack = json.loads(up.stdout)
     assert stack["dashboard"] == stack["coordinator"] + "/"
+    assert stack["metrics"] == stack["coordinator"] + "/metrics"
     providers = {p["wallet"]: p["address"] for p in stack["processes"] if p["role"] == "worker"}
     assert set(providers) == {"provider-1", "provider-2"}
     url = ("--coordinator", stack["coordinator"])

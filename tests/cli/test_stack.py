@@ -56,6 +56,8 @@ def test_up_status_down_stops_exactly_the_stack(home_stack):
     assert f"Dashboard: {recorded['coordinator']}/\n" in up.stdout  # the page it serves
     page = httpx.get(recorded["coordinator"] + "/", timeout=10)
     assert page.status_code == 200 and "aitbc dashboard" in page.text
+    assert f"Metrics (Prometheus): {recorded['coordinator']}/metrics\n" in up.stdout
+    assert httpx.get(recorded["coordinator"] + "/metrics", timeout=10).text.count("aitbc_rounds_total") > 0
     procs = [stk.Proc(**p) for p in recorded["processes"]]
     assert [p.name for p in procs] == ["coordinator", "worker-1", "worker-2"]
     assert all(stk.is_ours(p) for p in procs)  # they outlive the `up` command

@@ -27,7 +27,7 @@ from aitbc import stack as stk
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, agent, err, out, resolve_home
 from aitbc.cli.options import LocalSteps, Rounds
-from aitbc.coordinator.web import dashboard_url
+from aitbc.coordinator.web import dashboard_url, metrics_url
 from aitbc.errors import AitbcError
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ def up(
                 "seconds": took,
                 **st.to_json(),
                 "dashboard": dashboard_url(st.coordinator),
+                "metrics": metrics_url(st.coordinator),
             }
         )
         return
@@ -117,6 +118,7 @@ def _print_up(st: stk.Stack, seconds: float) -> None:
     )
     out.print(_processes_table(st))
     out.print(f"Dashboard: {dashboard_url(st.coordinator)}", highlight=False)
+    out.print(f"Metrics (Prometheus): {metrics_url(st.coordinator)}", highlight=False)
 
 
 def down(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:

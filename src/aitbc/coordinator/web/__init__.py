@@ -14,3 +14,8 @@ def dashboard_url(coordinator: str, run_id: str | None = None) -> str:
     newest run), or the page of ``run_id``."""
     base = coordinator.rstrip("/")
     return base + RUN_PAGE.format(run_id=quote(run_id, safe="")) if run_id else base + "/"
+
+
+def metrics_url(coordinator: str) -> str:
+    """Where the coordinator at ``coordinator`` serves its Prometheus metrics."""
+    return coordinator.rstrip("/") + "/metrics"
