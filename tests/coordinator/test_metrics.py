@@ -205,6 +205,29 @@ def test_metrics_is_outside_the_api_unsigned_and_read_only(fresh_server, api):
     assert {name: set(s) for name, s in before.items()} == {name: set(s) for name, s in after.items()}
 
 
+def test_responses_are_counted_by_code_refusals_before_any_route_included(fresh_server, api):
+    """A 413 or 401 that Limits answers before any route runs is counted, as are the routes'
+    own answers; the series are the same fixed set before and after."""
+    with fresh_server.http() as http:
+        before = scrape(http)["aitbc_http_responses_total"]
+        assert set(by({k: v for k, v in before.items() if ("kind", "api") in k}, "code")) == set(metrics.RESPONSE_CODES)
+        big = http.post("/v1/workers/heartbeat", content=b"x" * (2 << 20), headers={"content-type": "application/json"})
+        api.assert_error(big, 413, "body_too_large")
+        api.assert_error(http.post("/v1/wallets/send", json={}), 401, "missing_signature")
+        assert http.get("/nowhere").status_code == 404
+        assert http.get("/v1/health").status_code == 200
+        after = scrape(http)["aitbc_http_responses_total"]
+    assert set(after) == set(before)
+    delta = {dict(k)["kind"] + " " + dict(k)["code"]: v - before[k] for k, v in after.items() if v != before[k]}
+    # the first scrape's own 200 (web) is counted once its answer is sent
+    assert delta == {"api 413": 1.0, "api 401": 1.0, "web 404": 1.0, "api 200": 1.0, "web 200": 1.0}
+
+
+@pytest.mark.parametrize(("status", "code"), [(200, "200"), (429, "429"), (418, "other"), (599, "other")])
+def test_response_codes_are_a_fixed_set(status, code):
+    assert metrics.response_code(status) == code
+
+
 def test_two_apps_in_one_process_keep_their_own_counts(fresh_server, new_coordinator, api):
     other = new_coordinator()
     api.register_worker(fresh_server, "a").post("/workers/heartbeat", {})

@@ -31,6 +31,7 @@ from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
+from aitbc.coordinator.metrics import CountResponses
 from aitbc.coordinator.metrics import install as install_metrics
 from aitbc.coordinator.web import STATIC_DIR
 from aitbc.errors import AitbcError
@@ -258,7 +259,8 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     app.include_router(api_docs.router)  # /docs and /redoc, offline (outside /v1, not in the schema)
     install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits
     app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
-    app.add_middleware(InternalErrors)  # the outermost: a bug in Limits is a 500 too
+    app.add_middleware(InternalErrors)  # a bug in Limits is a 500 too
+    app.add_middleware(CountResponses, metrics=ctx.metrics)  # the outermost: every answer's status, 500s included
     app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]
     return app
 

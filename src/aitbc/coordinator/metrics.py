@@ -64,6 +64,12 @@ REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 OTHER = "other"
 REASON_CODES: tuple[str, ...] = (*(code for code, _ in REASONS), OTHER)
+# the HTTP status codes counted by their own label (the coordinator's answers; any other is "other")
+RESPONSE_CODES: tuple[str, ...] = (
+    *("200", "201", "204", "206", "304"),
+    *("400", "401", "403", "404", "405", "409", "410", "413", "415", "422", "429"),
+    *("500", "503", OTHER),
+)
 
 
 def reason_code(reason: str | None) -> str:
@@ -106,6 +112,17 @@ class CoordinatorMetrics:
         for direction in ("in", "out"):
             for kind in BYTE_KINDS:
                 self.http_bytes.labels(direction, kind)
+        self.responses = Counter(
+            "aitbc_http_responses",
+            "HTTP responses sent by this process, by kind (blob, api, web) and status code "
+            "(refusals included: 401 signature, 409 conflict, 413 too large, 422 invalid, 429 busy; "
+            "a code outside RESPONSE_CODES counts as other)",
+            ["kind", "code"],
+            registry=self.registry,
+        )
+        for kind in BYTE_KINDS:
+            for code in RESPONSE_CODES:
+                self.responses.labels(kind, code)
         self.round_close = Histogram(
             "aitbc_round_close_seconds",
             "Seconds the round driver takes to close a round: aggregate (norm bound, rule, outer step, "
@@ -122,6 +139,41 @@ def byte_kind(method: str, path: str) -> str:
         if rest and "/" not in rest and rest != "missing":
             return "blob"
     return "api" if path.startswith("/v1/") else "web"
+
+
+def app_path(scope: Scope) -> str:
+    """The request's path as the app routes it: behind a path prefix (``root_path``), without it."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path
+
+
+def response_code(status: int) -> str:
+    """A response's status as a bounded label: one of :data:`RESPONSE_CODES`."""
+    code = str(status)
+    return code if code in RESPONSE_CODES else OTHER
+
+
+class CountResponses:
+    """ASGI middleware, the outermost: every response's status code, added to
+    ``aitbc_http_responses_total`` (refusals made by :class:`~aitbc.coordinator.app.Limits`, a
+    413 or 429 before any route runs, and 500s included)."""
+
+    def __init__(self, app: ASGIApp, metrics: CoordinatorMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kind = byte_kind(scope["method"], app_path(scope))
+                self.metrics.responses.labels(kind, response_code(int(message["status"]))).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted_send)
 
 
 class CountBytes:
@@ -154,10 +206,7 @@ class CountBytes:
         try:
             await self.app(scope, counted_receive, counted_send)
         finally:
-            path, root = scope["path"], scope.get("root_path", "")
-            if root and path.startswith(root + "/"):  # behind a path prefix: the app's own path
-                path = path[len(root) :]
-            kind = byte_kind(scope["method"], path)
+            kind = byte_kind(scope["method"], app_path(scope))
             if got:
                 self.metrics.http_bytes.labels("in", kind).inc(got)
             if sent:
