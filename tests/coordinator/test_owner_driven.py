@@ -221,8 +221,11 @@ def test_example_two_on_a_run_made_the_documented_way(coord, api):
     assert {(u["worker_id"], u["checkpoint_id"]) for u in latest} == set(cids.items())
 
     owner.post(f"{p}/phase", {"phase": "aggregating"})
+    closes = coord.ctx.metrics.registry.get_sample_value("aitbc_round_close_seconds_count")
     agg = owner.post(f"{p}/aggregate", {"updates": list(cids.values()), "weights": [0.5, 0.5]})
     assert agg["round"] == 1 and math.isfinite(agg["loss"])
+    # the owner's aggregation is a round close too (aitbc_round_close_seconds)
+    assert coord.ctx.metrics.registry.get_sample_value("aitbc_round_close_seconds_count") == closes + 1
 
     # upload_to_ipfs(data=aggregated_model['model']) + save_training_results(model_cid, metrics)
     manifest = owner.get(f"{p}")["manifest_cid"]

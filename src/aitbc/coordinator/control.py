@@ -247,6 +247,7 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
             raise unprocessable("bad_weights", f"weights must be finite numbers > 0, got {weights}")
     chosen = [by_cid[c] for c in body.updates]
     rt = runtime(ctx, run)
+    t0 = time.perf_counter()
     with rt.lock:
         rt.load(ctx, run)
         res = aggregate_round(ctx, run, rt, chosen, r, evaluate_now=True, weights=weights)
@@ -259,6 +260,7 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
             f"run {run.id} changed while round {r} was aggregated (stopped, or aggregated by "
             f"another request); nothing was recorded",
         )
+    ctx.metrics.round_close.observe(time.perf_counter() - t0)  # aggregate (with its evaluation) + commit
     ctx.notifier.bump()
     ctx.notifier.poke_driver()  # scoring of the round
     if res.diverged is not None:  # recorded: the run failed, nobody is blamed for it

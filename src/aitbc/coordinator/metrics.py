@@ -125,8 +125,8 @@ class CoordinatorMetrics:
                 self.responses.labels(kind, code)
         self.round_close = Histogram(
             "aitbc_round_close_seconds",
-            "Seconds the round driver takes to close a round: aggregate (norm bound, rule, outer step, "
-            "checkpoint) and commit",
+            "Seconds to close a round: aggregate (norm bound, rule, outer step, checkpoint) and commit, "
+            "by the round driver or by an owner's aggregate call (a manual run; its evaluation included)",
             buckets=ROUND_CLOSE_BUCKETS,
             registry=self.registry,
         )
