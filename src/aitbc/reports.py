@@ -488,13 +488,15 @@ def render_html(data: ReportData, pngs: Mapping[str, bytes]) -> str:
             )
         parts.append("</table>")
     parts.append('<h2>Rounds</h2><table id="rounds"><tr><th>round</th><th>val loss</th><th>val accuracy</th>')
-    parts.append("<th>train loss</th><th>bytes up</th><th>bytes down</th><th>accepted</th><th>rejected</th></tr>")
+    parts.append("<th>train loss</th><th>train accuracy</th><th>bytes up</th><th>bytes down</th>")
+    parts.append("<th>accepted</th><th>rejected</th></tr>")
     for p in data.rounds:
         cells = (
             str(p.round),
             _num(p.val_loss),
             _num(p.val_accuracy),
             _num(p.train_loss),
+            _num(p.train_accuracy),
             _bytes(p.bytes_up),
             _bytes(p.bytes_down),
             "-" if p.accepted is None else str(p.accepted),

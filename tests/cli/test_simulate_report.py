@@ -36,6 +36,9 @@ def test_simulate_report_writes_plots_and_a_page_with_the_numbers(aitbc, tmp_pat
     assert f"worker {byz} (byzantine)" in page
     rows = [json.loads(line) for line in Path(result["metrics_path"]).read_text().splitlines()]
     assert all(f"{r['val_loss']:.4f}" in page for r in rows)
+    # the workers' training accuracy (the attacker's crafted update reports none): a fraction, in the table
+    assert all(r["train_accuracy"] is not None and 0 <= r["train_accuracy"] <= 1 for r in rows)
+    assert all(f'<td class="n">{r["train_accuracy"]:.4f}</td>' in page for r in rows)
     assert "does not score workers" in page  # the heatmap says what it shows
 
 

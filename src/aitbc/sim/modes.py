@@ -57,7 +57,11 @@ def run_sync(sim: Simulation) -> None:
         sim.apply(updates, weights)
         sim.clock += round_seconds
         sim.round = r
-        if sim.record(train_losses=[s.loss for s in on_time if s.loss is not None], accepted=len(updates)):
+        if sim.record(
+            train_losses=[s.loss for s in on_time if s.loss is not None],
+            train_accuracies=[s.accuracy for s in on_time if s.accuracy is not None],
+            accepted=len(updates),
+        ):
             return
 
 
@@ -66,7 +70,8 @@ def run_async(sim: Simulation) -> None:
     n = cfg.workers
     buffer_size = cfg.buffer or max(1, n // 2)
     version = 0  # aggregations so far
-    events: list[tuple[float, int, int, bytes, float | None]] = []  # (arrival, worker, version, blob, loss)
+    # (arrival, worker, version, blob, loss, training accuracy)
+    events: list[tuple[float, int, int, bytes, float | None, float | None]] = []
     recent_honest: deque[Tensor] = deque(maxlen=n)  # what colluding attackers have seen lately
 
     def start(i: int, now: float) -> None:
@@ -74,15 +79,16 @@ def run_async(sim: Simulation) -> None:
         (s,) = sim.work([i], {i: sim.params}, down, colluding=list(recent_honest))
         if i not in sim.byzantine:
             recent_honest.append(decode_update(s.blob))  # attackers read honest updates off the wire
-        heapq.heappush(events, (now + s.seconds, i, version, s.blob, s.loss))
+        heapq.heappush(events, (now + s.seconds, i, version, s.blob, s.loss, s.accuracy))
 
     for i in range(n):
         start(i, 0.0)
     buffer: list[Tensor] = []
     weights: list[float] = []
     losses: list[float] = []
+    accuracies: list[float] = []
     while version < cfg.rounds:
-        now, i, v, blob, loss = heapq.heappop(events)
+        now, i, v, blob, loss, accuracy = heapq.heappop(events)
         sim.clock = now
         staleness = version - v
         if staleness > cfg.max_staleness:
@@ -94,13 +100,15 @@ def run_async(sim: Simulation) -> None:
                 weights.append(float(sim.samples[i]))
                 if loss is not None:
                     losses.append(loss)
+                if accuracy is not None:
+                    accuracies.append(accuracy)
         if len(buffer) >= buffer_size:
             sim.apply(buffer, weights)
             version += 1
             sim.round = version
-            if sim.record(train_losses=losses, accepted=len(buffer)):
+            if sim.record(train_losses=losses, train_accuracies=accuracies, accepted=len(buffer)):
                 return
-            buffer, weights, losses = [], [], []
+            buffer, weights, losses, accuracies = [], [], [], []
         start(i, now)
 
 
@@ -168,7 +176,10 @@ def run_gossip(sim: Simulation) -> None:
         sim.clock += max(seconds)
         sim.round = r
         if sim.record(
-            train_losses=[s.loss for s in sent if s.loss is not None], accepted=accepted, extra={"spread": sim.spread}
+            train_losses=[s.loss for s in sent if s.loss is not None],
+            train_accuracies=[s.accuracy for s in sent if s.accuracy is not None],
+            accepted=accepted,
+            extra={"spread": sim.spread},
         ):
             return
 

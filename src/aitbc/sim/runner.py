@@ -161,6 +161,7 @@ class Sent:
     blob: bytes
     loss: float | None  # training loss (None if the worker did not train)
     seconds: float  # virtual: download + compute + upload
+    accuracy: float | None = None  # share of its own batches it predicted right (classifiers; None otherwise)
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -291,15 +292,15 @@ class Simulation:
             res = self.trainers[i].train_round(starts[i])
             blob = self.codecs[i].encode(res.delta)
             honest_view.append(decode_update(blob))
-            sent[i] = Sent(i, res.delta, blob, res.loss, self._seconds(i, down_bytes, len(blob)))
+            sent[i] = Sent(i, res.delta, blob, res.loss, self._seconds(i, down_bytes, len(blob)), res.accuracy)
         for i in ids:
             if i not in self.byzantine:
                 continue
             assert self.attack is not None
-            own, loss = None, None
+            own, loss, accuracy = None, None, None
             if self.attack.trains:
                 res = self.trainers[i].train_round(starts[i])
-                own, loss = res.delta, res.loss
+                own, loss, accuracy = res.delta, res.loss, res.accuracy
             view = AttackView(
                 own=own,
                 honest=torch.stack(honest_view) if honest_view else torch.zeros(0, self.d),
@@ -310,7 +311,7 @@ class Simulation:
             )
             crafted = self.attack.craft(view)
             blob = self.plain_codec.encode(crafted)
-            sent[i] = Sent(i, crafted, blob, loss, self._seconds(i, down_bytes, len(blob)))
+            sent[i] = Sent(i, crafted, blob, loss, self._seconds(i, down_bytes, len(blob)), accuracy)
         out = [sent[i] for i in ids]
         for s in out:
             self._round_norms[s.worker] = float(s.update.norm())
@@ -376,6 +377,7 @@ class Simulation:
         *,
         train_losses: list[float],
         accepted: int,
+        train_accuracies: list[float] | None = None,
         extra: dict[str, Any] | None = None,
         eval_params: Tensor | None = None,
     ) -> bool:
@@ -395,6 +397,7 @@ class Simulation:
             "val_loss": self.val_loss,
             "val_accuracy": self.val_acc,
             "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
+            "train_accuracy": sum(train_accuracies) / len(train_accuracies) if train_accuracies else None,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "virtual_time": self.clock,
