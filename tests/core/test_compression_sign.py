@@ -22,8 +22,14 @@ def test_sign_reconstructs_sign_times_mean_abs(a):
 
     scale = float(np.abs(a.astype(np.float64)).mean()) if a.size else 0.0
     assert torch.allclose(y.abs(), torch.full_like(y, scale), rtol=1e-6, atol=0)
-    if scale:
+    if np.float32(scale):  # the scale is sent as a float32: a mean under its smallest value sends zeros
         assert torch.equal(torch.sign(y), torch.where(x < 0, -1.0, 1.0))  # a zero sends +scale
+
+
+def test_a_mean_below_float32_s_smallest_value_decodes_to_zeros():
+    """Found by hypothesis in CI: [1e-45, 0] has mean 7e-46, which float32 rounds to 0."""
+    x = torch.tensor([1e-45, 0.0])
+    assert torch.equal(decode(build_codec("sign").encode(x)), torch.zeros(2))
 
 
 def test_sign_payload_is_scale_then_packed_bits():
