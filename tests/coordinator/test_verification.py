@@ -23,11 +23,15 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from aitbc.coordinator.errors import ApiError as CoordinatorApiError
+from aitbc.coordinator.models import Job, Run
+from aitbc.coordinator.workers import _round_gate
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
 from aitbc.storage.cid import cid_of_bytes
@@ -458,6 +462,14 @@ def test_an_update_trained_from_another_model_is_rejected_on_arrival_and_slashed
     assert job_view(stale.worker)["challenge"] is None  # nothing to reveal: judged already
     r = reveal(coord, api, stale, reveal_body(stale, [0, 1]))
     api.assert_error(r, 409, "not_challenged", "failed")
+    # Its job sends nothing more: were round 1 to close before the settlement that ejects it,
+    # its round-2 update is refused (the state of that window, held in this session only).
+    with coord.ctx.session() as s:
+        job, run = s.get(Job, stale.job_id), s.get(Run, t.run_id)
+        run.round = 2
+        with pytest.raises(CoordinatorApiError) as e:
+            _round_gate(s, job, run, SimpleNamespace(round=2))  # type: ignore[arg-type]
+    assert (e.value.status, e.value.code) == (409, "verification_failed") and "round 1" in e.value.detail
 
     # the honest worker answers its check; the round closes without the stale update
     ch = accepted(coord, api, honest)["challenge"]
