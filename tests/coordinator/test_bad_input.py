@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from aitbc.coordinator.errors import ApiError as CoordinatorApiError
+from aitbc.coordinator.models import Job, Run
+from aitbc.coordinator.workers import _round_gate
 from aitbc.core.compression import build_codec
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import cid_of_bytes
@@ -469,6 +473,14 @@ def test_bad_update_is_recorded_as_rejected_and_flagged(api, training, make, rea
     with pytest.raises(api.ApiError) as e:  # rejected is still answered: no second try this round
         w.post(f"/jobs/{job}/updates", api.update_body(1, api.put_update(w, torch.zeros(training.d))))
     api.assert_api_error(e, 409, "duplicate_update")
+    # Nor for the next round, were round 1 to close before the settlement that slashes and ejects
+    # the job (that window's state, held in this session only, never committed).
+    with coord.ctx.session() as s:
+        job_row, run_row = s.get(Job, job), s.get(Run, training.run_id)
+        run_row.round = 2
+        with pytest.raises(CoordinatorApiError) as gate:
+            _round_gate(s, job_row, run_row, SimpleNamespace(round=2))  # type: ignore[arg-type]
+    assert (gate.value.status, gate.value.code) == (409, "ejection_pending") and reason in gate.value.detail
 
 
 def test_non_finite_training_loss_rejects_the_update(api, training):

@@ -469,7 +469,8 @@ def test_an_update_trained_from_another_model_is_rejected_on_arrival_and_slashed
         run.round = 2
         with pytest.raises(CoordinatorApiError) as e:
             _round_gate(s, job, run, SimpleNamespace(round=2))  # type: ignore[arg-type]
-    assert (e.value.status, e.value.code) == (409, "verification_failed") and "round 1" in e.value.detail
+    assert (e.value.status, e.value.code) == (409, "ejection_pending") and "round 1" in e.value.detail
+    assert "verification failed" in e.value.detail
 
     # the honest worker answers its check; the round closes without the stale update
     ch = accepted(coord, api, honest)["challenge"]

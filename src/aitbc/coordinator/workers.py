@@ -275,16 +275,24 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
     if body.round > run.round:  # a round not yet opened: no honest worker can have trained it
         reason = f"update is for round {body.round}; the open round is {run.round}"
         refuse(conflict("wrong_round", reason), flag=reason)
-    # A job whose update failed its spot check is slashed and ejected when that round is
-    # settled, after the round closes: until then it sends nothing more (its next round's
-    # update could otherwise arrive before the settlement that ejects it).
-    failed = s.scalar(select(Update.round).where(Update.job_id == job.id, Update.verification == "failed").limit(1))
-    if failed is not None:
+    # A job with a provably bad update (rejected: malformed, NaN, past the norm bound, failed its
+    # spot check) is slashed and ejected when that round is settled, after the round closes:
+    # until then it sends nothing more (its next round's update could otherwise arrive first).
+    bad = s.execute(
+        select(Update.round, Update.reason)
+        .where(
+            Update.job_id == job.id,
+            Update.status == UpdateStatus.REJECTED,
+            Update.verification.is_(None) | (Update.verification != "unanswered"),  # unanswered: no proof
+        )
+        .limit(1)
+    ).first()
+    if bad is not None:
         refuse(
             conflict(
-                "verification_failed",
-                f"job {job.id}'s update for round {failed} failed its spot check; it takes no more updates "
-                "(slashed and ejected when that round is settled)",
+                "ejection_pending",
+                f"job {job.id}'s update for round {bad.round} was rejected ({bad.reason}); it takes no more "
+                "updates (slashed and ejected when that round is settled)",
             )
         )
 
