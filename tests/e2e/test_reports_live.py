@@ -208,8 +208,13 @@ def test_ctrl_c_detaches_distribute_and_one_writer_per_folder(stack, tmp_path):
     try:
         time.sleep(3)
         assert mon.poll() is None, mon.communicate()
+        mon.send_signal(signal.SIGINT)  # Ctrl-C ends monitor too: exit 130, no traceback
+        mon_out, mon_err = mon.communicate(timeout=60)
     finally:
-        mon.kill()
-        mon.communicate()
+        if mon.poll() is None:
+            mon.kill()
+            mon.communicate()
+    assert mon.returncode == 130, mon_out + mon_err
+    assert "Traceback" not in mon_err, mon_err
     r = stack.cli("distributed-training", "stop", "--training-id", run_id)
     assert r.returncode == 0, r.stderr

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -622,10 +624,40 @@ class Detached(AitbcError):
     code = "interrupted"
 
 
+class _CtrlC:
+    """Ctrl-C noted, not raised where it lands: a loop following a run calls :meth:`check`
+    between its looks, so the interrupt never lands inside an HTTP request or a tracker
+    write (where a KeyboardInterrupt can leave a connection pool or an event file half done,
+    and the CLI hang on closing them instead of detaching). A second Ctrl-C interrupts at
+    once. Only in the main thread (the only one a handler can be set from)."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 DRAIN_SECONDS = 20.0  # after the run ends, how long to wait for its last evaluation and scores
 
 
-def _drain(a: Agent, run: dict[str, Any], tracker: TensorBoardLog | None) -> None:
+def _drain(a: Agent, run: dict[str, Any], tracker: TensorBoardLog | None, ctrl_c: _CtrlC | None = None) -> None:
     """After the run ended: the last round's evaluation and its workers' scores land a
     moment later (the coordinator scores closed rounds in the background); write them
     too, waiting at most ``DRAIN_SECONDS``."""
@@ -646,6 +678,8 @@ def _drain(a: Agent, run: dict[str, Any], tracker: TensorBoardLog | None) -> Non
         if (scored and last.get("val_loss") is not None) or time.monotonic() > until:
             return
         time.sleep(0.5)
+        if ctrl_c is not None:
+            ctrl_c.check()
 
 
 def _follow(a: Agent, training_id: str, tracker: TensorBoardLog, log_to: str | None, *, quiet: bool) -> None:
@@ -655,17 +689,20 @@ def _follow(a: Agent, training_id: str, tracker: TensorBoardLog, log_to: str | N
     if not quiet:
         _say(f"Logging to {log_to}; following the run until it ends (Ctrl-C detaches, the run goes on)")
     try:
-        run = _api_view(a.get_training_status(training_id))
-        _track(a, training_id, tracker)
-        if not quiet:
-            _log(_changes(None, run))
-        while run["status"] not in ENDED:
-            time.sleep(1.0)
-            before, run = run, _api_view(a.get_training_status(training_id))
+        with _CtrlC() as ctrl_c:
+            run = _api_view(a.get_training_status(training_id))
             _track(a, training_id, tracker)
             if not quiet:
-                _log(_changes(before, run))
-        _drain(a, run, tracker)
+                _log(_changes(None, run))
+            while run["status"] not in ENDED:
+                time.sleep(1.0)
+                ctrl_c.check()
+                before, run = run, _api_view(a.get_training_status(training_id))
+                _track(a, training_id, tracker)
+                if not quiet:
+                    _log(_changes(before, run))
+                ctrl_c.check()
+            _drain(a, run, tracker, ctrl_c)
     except KeyboardInterrupt:
         raise Detached(
             f"interrupted: run {training_id} goes on training; re-attach with: aitbc distributed-training "
@@ -696,7 +733,8 @@ def monitor(
     checks.more_than(interval, 0, "--interval")
     t0 = time.monotonic()
     tracker = _open_tracker(log_to, training_id)
-    with _agent(home, coordinator, training_id) as a, _closing(tracker):
+    # Ctrl-C is taken between looks (see _CtrlC), then ends the command as any Ctrl-C does (exit 130).
+    with _agent(home, coordinator, training_id) as a, _closing(tracker), _CtrlC() as ctrl_c:
 
         def look() -> dict[str, Any]:
             run = _api_view(a.get_training_status(training_id))
@@ -714,9 +752,10 @@ def monitor(
                     break
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
+                ctrl_c.check()
                 run = look()
             if not once:
-                _drain(a, run, tracker)
+                _drain(a, run, tracker, ctrl_c)
                 _finished(run)
             return
         if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
@@ -724,6 +763,7 @@ def monitor(
             while run["status"] not in ENDED:
                 _check_timeout(t0, timeout, training_id)
                 time.sleep(interval)
+                ctrl_c.check()
                 before, run = run, look()
                 _log(_changes(before, run))
         else:
@@ -731,9 +771,10 @@ def monitor(
                 while run["status"] not in ENDED:
                     _check_timeout(t0, timeout, training_id)
                     time.sleep(interval)
+                    ctrl_c.check()
                     run = look()
                     live.update(_run_view(run))
-        _drain(a, run, tracker)
+        _drain(a, run, tracker, ctrl_c)
     _finished(run)
     out.print(_ended_line(run), highlight=False)
     out.file.flush()
