@@ -153,20 +153,30 @@ def response_code(status: int) -> str:
     return code if code in RESPONSE_CODES else OTHER
 
 
-class CountResponses:
-    """ASGI middleware, the outermost: every response's status code, added to
-    ``aitbc_http_responses_total`` (refusals made by :class:`~aitbc.coordinator.app.Limits`, a
-    413 or 429 before any route runs, and 500s included)."""
+class _HttpCounter:
+    """An ASGI middleware counting HTTP requests into ``metrics`` (:meth:`count`); other
+    scopes (lifespan) pass through."""
 
     def __init__(self, app: ASGIApp, metrics: CoordinatorMetrics) -> None:
         self.app = app
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "http":
+            await self.count(scope, receive, send)
+        else:
             await self.app(scope, receive, send)
-            return
 
+    async def count(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class CountResponses(_HttpCounter):
+    """ASGI middleware, the outermost: every response's status code, added to
+    ``aitbc_http_responses_total`` (refusals made by :class:`~aitbc.coordinator.app.Limits`, a
+    413 or 429 before any route runs, and 500s included)."""
+
+    async def count(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 kind = byte_kind(scope["method"], app_path(scope))
@@ -176,18 +186,11 @@ class CountResponses:
         await self.app(scope, receive, counted_send)
 
 
-class CountBytes:
+class CountBytes(_HttpCounter):
     """ASGI middleware: every request's body bytes in and response body bytes out, added to
     ``aitbc_http_bytes_total`` once the request is over (one counter update per request)."""
 
-    def __init__(self, app: ASGIApp, metrics: CoordinatorMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def count(self, scope: Scope, receive: Receive, send: Send) -> None:
         got = sent = 0
 
         async def counted_receive() -> Message:
