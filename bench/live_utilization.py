@@ -69,7 +69,7 @@ CONFIGS = {
 }
 
 _ROUND_LINE = re.compile(
-    r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): loss \S+, update (\d+) bytes, "
+    r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): (?:\d+ steps, )?loss \S+, update (\d+) bytes, "
     r"([0-9.]+) s \(([0-9.]+) s computing\)"
 )
 
@@ -214,10 +214,13 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
             hired = c.post(f"/runs/{rid}/discover", {"required_workers": W, "min_gpu": None})
             if hired["count"] != W:
                 raise RuntimeError(f"hired {hired['count']} workers, wanted {W}")
+            # no budget at init: distribute escrows the contracts' cost, at most max_cost
+            c.post("/wallets/fund", {"amount": "1000"})
             t_dist = time.time()
             c.post(
                 f"/runs/{rid}/distribute",
                 {
+                    "max_cost": "1000",
                     "rounds": rounds,
                     "local_steps": H,
                     "batch_size": cfg["batch_size"],
