@@ -319,6 +319,8 @@ def test_distribute_refusals(new_coordinator, api):
     for body, code in [
         ({"aggregator": "bogus"}, "bad_config"),
         ({"compression": "zip"}, "bad_config"),
+        ({"compression": "sparseloco:error_feedback_decay=1"}, "bad_config"),
+        ({"compression": "sparseloco:error_feedback_decay=0.95", "outer": "diloco"}, "bad_config"),
         ({"outer": "sgd9"}, "bad_config"),
         ({"inner_opt": "lion9"}, "bad_config"),
         ({"min_workers": 3, "max_workers": 2}, "bad_config"),

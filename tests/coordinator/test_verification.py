@@ -916,6 +916,27 @@ def test_a_second_round_starts_where_the_first_ended(coord, api):
     assert (sc["quality"], sc["flags"]) == (1.0, ["verified"]), sc
 
 
+def test_sparseloco_decayed_feedback_from_the_codec_spec_is_replayed(coord, api):
+    """Decayed error feedback asked for in the codec spec alone (SparseLoCo) turns the run's
+    error_feedback on, so the check asks for the residual; round 2, whose encoding starts
+    from beta times round 1's residual, re-runs to the same bytes and passes."""
+    spec = "sparseloco:chunk=256,density=0.05,error_feedback_decay=0.9"
+    t = verifying_run(coord, api, 1, rate=1.0, prefix="sl", compression=spec, outer="fedavg")
+    kept = Kept()
+    for rnd in (1, 2):
+        if rnd == 2:
+            wait_for("round 2 open", lambda: job_view(t.workers[0])["round"], lambda r: r == 2)
+        w = train(t.workers[0], kept=kept)
+        assert w.residual_in is not None
+        ch = accepted(coord, api, w)["challenge"]
+        assert ch["residual"] is True, ch
+        res = upload(w.worker, tensors_to_bytes({"residual": w.residual_in}))
+        assert reveal(coord, api, w, {**reveal_body(w, ch["boundaries"]), "residual": res}).status_code == 200
+        u = wait_verdict(t.owner, w.job_id, round=rnd)
+        assert (u["status"], u["verification"]) == ("accepted", "passed"), u
+    assert kept.codec.decay == 0.9 and bool(kept.codec.residual.abs().sum() > 0)
+
+
 # --- 8. a check nobody answers ---------------------------------------------------------------
 
 

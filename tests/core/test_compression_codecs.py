@@ -38,7 +38,18 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_codec_of_the_issue_is_registered():
-    assert set(CODEC_NAMES) == {"none", "fp16", "bf16", "int8", "int4", "topk", "topk-int8", "sign", "powersgd"}
+    assert set(CODEC_NAMES) == {
+        "none",
+        "fp16",
+        "bf16",
+        "int8",
+        "int4",
+        "topk",
+        "topk-int8",
+        "sign",
+        "powersgd",
+        "sparseloco",
+    }
     assert set(CODEC_NAMES) <= set(CODECS.names())
 
 

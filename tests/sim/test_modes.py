@@ -149,3 +149,36 @@ def test_bad_component_specs_fail_before_training(tmp_path, options, message):
     with pytest.raises(UsageError, match=message):
         sim = Simulation(SimConfig(**{**BASE, "rounds": 1, **options}), home=tmp_path / "h", out_dir=tmp_path / "o")
         sim.run()
+
+
+def test_sparseloco_trains_deterministically_and_sends_few_bytes(tmp_path):
+    # SparseLoCo: chunk-wise top-k at 2 bits, decayed error feedback as the outer momentum
+    spec = "sparseloco:chunk=1024,density=0.05,error_feedback_decay=0.95"
+    runs = [_run(tmp_path / f"r{i}", rounds=8, local_steps=10, outer="fedavg", compression=spec) for i in (0, 1)]
+    a, b = runs
+    losses = [row["val_loss"] for row in _rows(a)]
+
+    assert a.final_val_loss < 0.85 * a.initial_val_loss and a.final_val_accuracy > 0.6
+    assert losses[-1] < losses[0]
+    assert a.compression_ratio > 50  # real bytes, header included
+    assert [row["val_loss"] for row in _rows(b)] == losses  # same seed, same numbers
+    assert a.bytes_up == b.bytes_up
+
+
+def test_sparseloco_decay_refuses_a_second_outer_momentum(tmp_path):
+    with pytest.raises(UsageError, match="outer momentum"):
+        Simulation(
+            SimConfig(**BASE, outer="diloco", compression="sparseloco:error_feedback_decay=0.95"),
+            home=tmp_path / "home",
+            out_dir=tmp_path / "run",
+        )
+
+
+def test_attackers_send_the_plain_codec_even_when_the_spec_asks_for_feedback(tmp_path):
+    sim = Simulation(
+        SimConfig(**BASE, compression="sparseloco:error_feedback_decay=0.9", byzantine=1, attack="sign-flip"),
+        home=tmp_path / "home",
+        out_dir=tmp_path / "run",
+    )
+    assert all(c.decay == 0.9 for c in sim.codecs)
+    assert sim.plain_codec.name == "sparseloco" and not hasattr(sim.plain_codec, "residual")

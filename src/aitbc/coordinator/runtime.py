@@ -24,7 +24,7 @@ from aitbc.coordinator.models import Run
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.schemas import Distribute
 from aitbc.core.aggregation import parse_aggregator
-from aitbc.core.compression import build_codec
+from aitbc.core.compression import ErrorFeedback, build_codec, check_outer
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
@@ -81,13 +81,17 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         agg = parse_aggregator(body.aggregator, default_f=f)
         agg.check(min(workers, quorum) if body.deadline else workers)
         name, opts = parse_spec(body.compression, what="codec")
-        build_codec(name, opts, layout=layout, error_feedback=body.error_feedback)
+        codec = build_codec(name, opts, layout=layout, error_feedback=body.error_feedback)
+        check_outer(codec, body.outer)  # decayed error feedback is the outer momentum: fedavg only
         build_outer(body.outer, body.outer_options)
     except (AitbcError, ValueError) as e:
         raise unprocessable("bad_config", str(e)) from None
     mcfg = model_config(run.model_type, run.model_options)
     return RunConfig(
-        **body.model_dump(exclude={"max_cost", "min_workers", "max_workers", "quorum"}),
+        **body.model_dump(exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback"}),
+        # on when the flag or the codec spec asks for it (error_feedback_decay=...): workers, the
+        # spot checks' residual and the run's views all read this one flag
+        error_feedback=isinstance(codec, ErrorFeedback),
         min_workers=min_workers,
         max_workers=max_workers,
         quorum=quorum,

@@ -24,7 +24,7 @@ from torch import Tensor
 from aitbc import run_defaults
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.attacks import Attack, AttackView, build_attack
-from aitbc.core.compression import Codec, build_codec
+from aitbc.core.compression import Codec, build_codec, check_outer
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.compression.feedback import ErrorFeedback
 from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
@@ -199,7 +199,9 @@ class Simulation:
             raise UsageError("attack 'label-flip' needs a classification dataset")
         codec_name, codec_opts = parse_spec(cfg.compression, what="codec")
         self.codecs = [self._codec(codec_name, codec_opts, cfg.error_feedback) for _ in range(cfg.workers)]
-        self.plain_codec = self._codec(codec_name, codec_opts, False)  # attackers skip error feedback
+        check_outer(self.codecs[0], cfg.outer)  # decayed error feedback is the outer momentum: fedavg only
+        plain = self._codec(codec_name, codec_opts, False)  # attackers skip error feedback (even one the spec asks)
+        self.plain_codec = plain.codec if isinstance(plain, ErrorFeedback) else plain
         self.codec_name = codec_name
         if cfg.mode == "gossip" and codec_name not in GOSSIP_CODECS:
             raise UsageError(

@@ -34,10 +34,13 @@ topk          k fp32 values + Elias-Fano indices                 ~ratio*(32 + 2 
 topk-int8     k int8 values, one fp32 scale + Elias-Fano         ~ratio*(8 + 2 + log2(1/ratio))
 sign          1 bit a value + one fp32 scale (mean |x|)          1
 powersgd      rank-r factors P (m, r), Q (n, r) per matrix       r(m+n)/(mn) * 32 per matrix
+sparseloco    chunk-wise top-k, ``bits``-bit sign+magnitude       ~density*(bits + 2 + log2(1/density))
+              codes, lo/hi fp32 per chunk, Elias-Fano indices     + 64/chunk
 ============  =================================================  ==========================
 
 ``ErrorFeedback(codec)`` (``feedback.py``) wraps any codec with a per-worker residual;
-``build_codec(name, options, error_feedback=True)`` builds one.
+``build_codec(name, options, error_feedback=True)`` builds one, and the codec option
+``error_feedback_decay=BETA`` builds SparseLoCo's decayed one (the outer momentum).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from typing import Any
 from torch import Tensor
 
 # Importing each codec module registers its codec in CODECS (checked complete below).
-from aitbc.core.compression import dense, powersgd, quantize, sign, sparse
+from aitbc.core.compression import dense, powersgd, quantize, sign, sparse, sparseloco
 from aitbc.core.compression.base import (
     CODEC_NAMES,
     CODECS,
@@ -65,7 +68,7 @@ from aitbc.core.compression.base import (
     flat_f32,
     read_header,
 )
-from aitbc.core.compression.feedback import ErrorFeedback
+from aitbc.core.compression.feedback import ErrorFeedback, check_decay, check_outer
 from aitbc.core.options import build_config
 from aitbc.errors import IntegrityError, UsageError
 
@@ -73,6 +76,10 @@ from aitbc.errors import IntegrityError, UsageError
 @dataclass(kw_only=True, slots=True)
 class _WrapConfig:
     error_feedback: bool = False
+    error_feedback_decay: float | None = None
+
+    def __post_init__(self) -> None:
+        check_decay(self.error_feedback_decay)
 
 
 def build_codec(
@@ -88,14 +95,20 @@ def build_codec(
     in model.parameters()]``); per-parameter codecs (``powersgd``) use it, the others
     ignore it. ``error_feedback=True`` (or the option ``error_feedback=true``, so a CLI
     spec ``topk:ratio=0.01,error_feedback=true`` works) wraps the codec in
-    :class:`ErrorFeedback`: build one per worker, it holds that worker's residual."""
+    :class:`ErrorFeedback`: build one per worker, it holds that worker's residual. The
+    option ``error_feedback_decay=BETA`` (in [0, 1)) turns it on decayed, as SparseLoCo's
+    outer momentum (``sparseloco:density=0.02,error_feedback_decay=0.95``; the run's outer
+    optimizer must then be ``fedavg``, see :func:`~feedback.check_outer`)."""
     options = dict(options or {})
-    if "error_feedback" in options:
-        wrap = build_config(_WrapConfig, {"error_feedback": options.pop("error_feedback")}, what=f"codec {name!r}")
-        error_feedback = error_feedback or wrap.error_feedback
+    wrap = build_config(
+        _WrapConfig,
+        {key: options.pop(key) for key in ("error_feedback", "error_feedback_decay") if key in options},
+        what=f"codec {name!r}",
+    )
+    error_feedback = error_feedback or wrap.error_feedback or wrap.error_feedback_decay is not None
     cls = CODECS.get(name)
     codec = cls(build_config(cls.Config, options, what=f"codec {name!r}"), layout=layout)
-    return ErrorFeedback(codec) if error_feedback else codec
+    return ErrorFeedback(codec, decay=wrap.error_feedback_decay) if error_feedback else codec
 
 
 def decode(blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
@@ -135,6 +148,7 @@ __all__ = [
     "Header",
     "Layout",
     "build_codec",
+    "check_outer",
     "check_layout",
     "compression_ratio",
     "decode",
@@ -145,4 +159,5 @@ __all__ = [
     "read_header",
     "sign",
     "sparse",
+    "sparseloco",
 ]

@@ -29,7 +29,7 @@ MAX_HEADER = 1 << 20
 MAX_NUMEL = 1 << 28
 
 # Every codec the issue names; ``import aitbc.core.compression`` fails if one is missing.
-CODEC_NAMES = ("none", "fp16", "bf16", "int8", "int4", "topk", "topk-int8", "sign", "powersgd")
+CODEC_NAMES = ("none", "fp16", "bf16", "int8", "int4", "topk", "topk-int8", "sign", "powersgd", "sparseloco")
 
 Layout = Sequence[Sequence[int]]  # one shape per model parameter, in flat order
 
