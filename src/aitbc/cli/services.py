@@ -72,6 +72,7 @@ WORKER_FLAGS = {
     "backoff_seconds": "--backoff",
     "max_backoff_seconds": "--max-backoff",
     "progress_every": "--progress-every",
+    "progress_seconds": "--progress-seconds",
     "log_level": "--log-level",
     "step_delay": "--step-delay",
     "attack": "--attack",
@@ -334,6 +335,9 @@ def start(
         float | None, typer.Option(help="Most seconds between two retries (the wait doubles up to it).")
     ] = None,
     progress_every: Annotated[int | None, typer.Option(help="Report progress every this many local steps.")] = None,
+    progress_seconds: Annotated[
+        float | None, typer.Option(help="Seconds at least between two progress reports within a round.")
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     step_delay: Annotated[
         float | None, typer.Option(hidden=True, help="Testing: seconds to sleep after each local step.")
@@ -392,6 +396,7 @@ def start(
         "backoff_seconds": backoff,
         "max_backoff_seconds": max_backoff,
         "progress_every": progress_every,
+        "progress_seconds": progress_seconds,
         "log_level": log_level,
         "step_delay": step_delay,
         "attack": attack,

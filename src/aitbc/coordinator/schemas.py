@@ -145,6 +145,7 @@ class UpdateSubmit(Body):
     train_accuracy: float | None = Field(None, ge=0, le=1)
     steps: int = Field(ge=1)
     compute_seconds: float = Field(0.0, ge=0, le=366 * 86_400, allow_inf_nan=False)  # summed per job: finite
+    epoch: float | None = Field(None, ge=0, allow_inf_nan=False)  # passes over its shard so far (its last progress)
     shard_cid: str | None = Field(
         None, max_length=100
     )  # the shard trained on (its job's, or the one it was split from)

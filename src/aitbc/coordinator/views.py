@@ -173,7 +173,7 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
     ``loss``: the worker's last reported training loss (mean over its steps so far);
     before its first report, the validation loss of the model it starts from (the run's);
     None only before training has started. ``speed``: samples per second, measured by the
-    coordinator between the worker's progress reports (0.0 until measured)."""
+    coordinator between the worker's progress reports and its update (0.0 until measured)."""
     seen = ctx.liveness.last_seen(j.worker_id)
     progress, status = j.progress, j.worker_status
     if this_round is not None:  # its update for the round is in: its work there is done, ended or not

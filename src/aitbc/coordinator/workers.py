@@ -146,19 +146,7 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
         raise conflict("wrong_round", f"progress for round {body.round}; the open round of {run.id} is {run.round}")
     now = time.time()
     if body.round == run.round and body.step is not None:  # a late report of a closed round measures nothing
-        last_step, last_at = job.step, job.progress_at
-        if (
-            job.progress_round == body.round
-            and last_step is not None
-            and last_at is not None
-            and body.step > last_step
-            and now > last_at
-        ):
-            batch = job_settings(run, job)["batch_size"]
-            samples = int(run.data_manifest["shards"][job.shard_index]["samples"])
-            measured = (body.step - last_step) * min(batch, samples) / (now - last_at)
-            job.speed = measured if job.speed is None else (job.speed + measured) / 2
-        job.step, job.progress_at = body.step, now
+        _reached(run, job, body.round, body.step, now=now)
     if body.round is not None:
         job.progress_round = body.round
     job.progress, job.epoch, job.worker_status = body.progress, body.epoch, body.status
@@ -166,6 +154,25 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
         job.loss = body.loss
     job.updated_at = now
     s.commit()
+
+
+def _reached(run: Run, job: Job, round: int, step: int, *, now: float) -> None:
+    """Job ``job`` is at ``step`` of the open round ``round`` (a progress report, or its
+    update: the round's last step). Its speed is the samples of the steps done since its
+    previous report of the same round over the seconds between the two, on this clock."""
+    last_step, last_at = job.step, job.progress_at
+    if (
+        job.progress_round == round
+        and last_step is not None
+        and last_at is not None
+        and step > last_step
+        and now > last_at
+    ):
+        batch = job_settings(run, job)["batch_size"]
+        samples = int(run.data_manifest["shards"][job.shard_index]["samples"])
+        measured = (step - last_step) * min(batch, samples) / (now - last_at)
+        job.speed = measured if job.speed is None else (job.speed + measured) / 2
+    job.step, job.progress_at, job.progress_round = step, now, round
 
 
 def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: UpdateSubmit) -> dict[str, Any]:
@@ -222,6 +229,14 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     s.add(upd)
     run.bytes_up += len(blob)
     job.compute_seconds += body.compute_seconds
+    # The update is the round's last progress report too (the worker sends no other after it):
+    # its steps as claimed, at most the job's own (a claim is not a measurement).
+    _reached(run, job, body.round, min(body.steps, job_settings(run, job)["local_steps"]), now=now)
+    job.progress, job.worker_status = 100.0, "uploaded"
+    if body.epoch is not None:
+        job.epoch = body.epoch
+    if reason is None and body.train_loss is not None:
+        job.loss = body.train_loss
     job.updated_at = now
     if reason is not None:
         _flag(s, job, run, "verification_failed" if checks else "rejected_update", reason, now=now)

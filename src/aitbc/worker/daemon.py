@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import shutil
 import threading
 import time
@@ -25,7 +26,7 @@ import torch
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
 from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import AitbcError, UsageError
+from aitbc.errors import AitbcError, IntegrityError, UsageError
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.market.gpus import detect_device
 from aitbc.storage.blobstore import BlobCache
@@ -39,6 +40,7 @@ from aitbc.training.proof import Recorder, TrainState, boundaries, commit_every
 from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.metrics import WorkerMetrics
+from aitbc.worker.progress import Reporter
 
 log = logging.getLogger("aitbc.worker")
 
@@ -88,6 +90,10 @@ class Worker:
         self.job: JobState | None = None
         self.refused: set[str] = set()  # jobs whose model this machine will not build
         self.registered = threading.Event()
+        self.reporter = Reporter(self._send_progress)  # progress goes out beside training, never in its way
+        self._model: tuple[str, bytes] | None = (
+            None  # the last global model (CID, bytes): a round trained again reuses it
+        )
         self.attack = None
         if cfg.attack:
             import torch
@@ -142,9 +148,10 @@ class Worker:
                     self._decline(job, e)
                 except ApiError as e:
                     self._refused(job, e)
-                except Unreachable as e:  # fetching the model or shard: ask again after a pause
+                except (Unreachable, IntegrityError) as e:  # fetching the model or shard: ask again after a pause
                     log.warning("%s", e)
                     self.stop.wait(1.0)
+        self.reporter.close()
         self.client.close()
 
     def register(self) -> None:
@@ -220,29 +227,27 @@ class Worker:
         self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
         state = self._job_state(job)
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
-        model_blob = self._blob(job["global_model_cid"])
-        load_checkpoint(state.trainer.model, model_blob)
+        load_checkpoint(state.trainer.model, self._global_model(job["global_model_cid"]))
         start = flat_params(state.trainer.model)  # (d,)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
         rounds = job["rounds"] or 1
-
-        reporting = 0.0  # seconds spent reporting progress inside the loop: not compute
+        last_report = -math.inf
 
         def report(step: int, loss: float) -> None:
-            # The first step is reported too: the loss is the job's own from then on.
-            nonlocal reporting
+            # The first step opens the round's reports (its loss is the job's own from then on);
+            # then every `every` steps, at most one per progress_seconds. The last step goes
+            # with the update itself: an owner who sees the job complete reads its final step.
+            nonlocal last_report
             if self.cfg.step_delay:
                 time.sleep(self.cfg.step_delay)
             self.metrics.steps.inc()
-            self.metrics.steps_per_second.set(step / max(time.perf_counter() - t_compute, 1e-9))
-            # The last step too, before the update is sent: an owner who sees the job complete
-            # reads its final step and epoch, not the report before it.
-            if step % every == 0 or step == 1 or step == steps:
-                t = time.perf_counter()
-                self._progress(job, 100.0 * step / steps, loss, self._epoch(state), "training", step=step)
-                reporting += time.perf_counter() - t
+            now = time.perf_counter()
+            self.metrics.steps_per_second.set(step / max(now - t_compute, 1e-9))
+            if step == 1 or (step % every == 0 and step < steps and now - last_report >= self.cfg.progress_seconds):
+                last_report = now
+                body = self._progress_body(job, 100.0 * step / steps, loss, self._epoch(state), "training", step=step)
+                self.reporter.report(job["job_id"], body)
 
-        self._progress(job, 0.0, None, self._epoch(state), "training", step=0)
         verify = float(job.get("verify_rate") or 0.0) > 0
         if verify:
             self._mark_round_start(state, job["round"])
@@ -267,7 +272,7 @@ class Worker:
                 residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr, data_seed=data_seed(job["seed"], job["round"])
             ).to_json()
             state.proof_round, state.recorder, state.residual_in = job["round"], recorder, residual_in
-        compute = time.perf_counter() - t_compute - reporting
+        compute = time.perf_counter() - t_compute
         cid = cid_of_bytes(blob)
         # The round's work is done: the upload is retried through an outage, never retrained.
         self._retry(lambda: self.client.put_blob(cid, blob))
@@ -280,9 +285,11 @@ class Worker:
             "steps": res.steps,
             "compute_seconds": compute,
             "shard_cid": state.shard_cid,
+            "epoch": res.epoch,
         }
         if proof is not None:
             body["proof"] = proof
+        self.reporter.drain()  # no progress report of this round may land after its update
         try:
             reply = self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
         except ApiError as e:
@@ -294,7 +301,6 @@ class Worker:
             self._answer(job, reply["challenge"])
         self.metrics.rounds.inc()
         self.metrics.steps_per_second.set(res.steps / max(compute, 1e-9))  # compute time only
-        self._progress(job, 100.0, res.loss, res.epoch, "uploaded", step=res.steps)
         log.info(
             "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing)",
             job["round"],
@@ -400,17 +406,25 @@ class Worker:
         )
         return self.attack.craft(view)
 
-    def _progress(
-        self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str, *, step: int | None = None
-    ) -> None:
-        """Report on this round: ``pct`` of its steps done (this job's work, not the run's)."""
+    def _progress(self, job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str) -> None:
+        """Report on this job now (outside a round's training: see :class:`Reporter`)."""
+        self._send_progress(job["job_id"], self._progress_body(job, pct, loss, epoch, status))
+
+    @staticmethod
+    def _progress_body(
+        job: dict[str, Any], pct: float, loss: float | None, epoch: float, status: str, *, step: int | None = None
+    ) -> dict[str, Any]:
+        """A report on this round: ``pct`` of its steps done (this job's work, not the run's)."""
         body: dict[str, Any] = {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status}
         if job.get("round"):
             body["round"] = job["round"]
         if step is not None:
             body["step"] = step
+        return body
+
+    def _send_progress(self, job_id: str, body: dict[str, Any]) -> None:
         try:
-            self.client.post(f"/jobs/{job['job_id']}/progress", body)
+            self.client.post(f"/jobs/{job_id}/progress", body)
         except ApiError as e:
             log.info("progress refused: %s", e.detail)
         except Unreachable as e:  # progress is advisory: not retried; the update itself is
@@ -465,6 +479,18 @@ class Worker:
         """A blob by CID from the local cache (LRU, capped at ``cache_bytes``), else the
         coordinator (verified both ways)."""
         return self.cache.get(cid, self._download)
+
+    def _global_model(self, cid: str) -> bytes:
+        """The round's global model: the one kept from the last download if it has this CID
+        (a round trained again, a skipped round), else downloaded, checked against its CID
+        (an ``IntegrityError`` if the bytes do not hash to it) and kept in memory. A model
+        is used once or twice and replaced every round: the disk cache is for shards."""
+        if self._model is not None and self._model[0] == cid:
+            return self._model[1]
+        self._model = None
+        data = self._download(cid)
+        self._model = (cid, data)
+        return data
 
     def _download(self, cid: str) -> bytes:
         data = self.client.get_blob(cid)
