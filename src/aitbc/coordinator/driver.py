@@ -1,10 +1,16 @@
-"""The round driver: one background thread that moves every live run forward.
+"""The round driver: two background threads that move every live run forward.
 
-Each tick (or sooner, when a request pokes it) it flushes heartbeats, fails workers whose
-lease ran out (reassigning their shards), finishes distributions, fills orphaned shards,
-and closes rounds that are due. Runs under manual control are left to their owner's agent
-(:mod:`.control`); the driver only scores their aggregated rounds. After a restart it simply finds runs where they were:
-``distributing`` is finished, ``aggregating`` is redone from the persisted updates.
+The rounds thread, each tick (or sooner, when a request pokes it), first closes the rounds
+that are due (a round's last update pokes it: nothing stands between that update and the
+next round), then flushes heartbeats, fails workers whose lease ran out (reassigning their
+shards), finishes distributions and fills orphaned shards. The books thread, woken when a
+round closes, does what no worker waits for: it evaluates closed rounds' models, scores
+and settles them (exactly once, by key), finalizes ended runs and collects blobs; so the
+next round trains while the last one is scored and paid. Runs under manual control are
+left to their owner's agent (:mod:`.control`); the driver only scores their aggregated
+rounds. After a restart it simply finds runs where they were: ``distributing`` is
+finished, ``aggregating`` is redone from the persisted updates, an unscored round is
+scored.
 """
 
 from __future__ import annotations
@@ -35,35 +41,49 @@ class RoundDriver:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="round-driver", daemon=True)
+        self._wake_books = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=self._loop, args=(ctx.notifier.wake_driver, self.tick_rounds), name="round-driver", daemon=True
+            ),
+            threading.Thread(target=self._loop, args=(self._wake_books, self.tick_books), name="books", daemon=True),
+        ]
         self._last_flush = 0.0
         self._last_gc = 0.0  # blob retention (.retention) last ran
         self._failures: dict[str, int] = {}  # consecutive failed attempts to move a run
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
         self._stop.set()
         self.ctx.notifier.poke_driver()
-        self._thread.join(timeout=30)
+        self._wake_books.set()
+        for t in self._threads:
+            t.join(timeout=30)
 
-    def _loop(self) -> None:
-        wake = self.ctx.notifier.wake_driver
+    def _loop(self, wake: threading.Event, tick: Callable[[], None]) -> None:
         while not self._stop.is_set():
             wake.wait(self.ctx.settings.tick_seconds)
             wake.clear()
             if self._stop.is_set():
                 break
             try:
-                self.tick()
+                tick()
             except Exception:
-                log.exception("round driver tick failed; retrying next tick")
+                log.exception("round driver %s failed; retrying next tick", tick.__name__)
                 time.sleep(self.ctx.settings.tick_seconds)
 
     def tick(self) -> None:
+        """One pass of both threads, in order (what a test steps through)."""
+        self.tick_rounds()
+        self.tick_books()
+
+    def tick_rounds(self) -> None:
         ctx, now = self.ctx, time.time()
         verification.verify_pending(ctx)  # first: a round waits for its spot checks
+        advanced = self._advance_due(now)  # then the rounds whose last update just arrived
         changed = False
         with ctx.session() as s:
             if now - self._last_flush >= ctx.settings.heartbeat_flush_seconds:
@@ -85,21 +105,32 @@ class RoundDriver:
             if changed:
                 s.commit()
                 ctx.notifier.bump()
-            live = s.execute(select(Run.id, Run.status).where(Run.status.in_(ADVANCING), automatic)).all()
+        if changed:  # a lease ran out, a shard was filled: a round may be due now
+            advanced |= self._advance_due(now)
+        if advanced:
+            self._wake_books.set()
+
+    def _advance_due(self, now: float) -> bool:
+        """Open or close every automatic run's round that is due; whether any was."""
+        with self.ctx.session() as s:
+            live = s.execute(
+                select(Run.id, Run.status).where(Run.status.in_(ADVANCING), Run.control == Control.AUTOMATIC)
+            ).all()
             due = []
             for run_id, status in live:
-                if status == RunStatus.TRAINING:
-                    run = row(s, Run, run_id)
-                    if rounds.round_due(ctx, s, run, now=now):
-                        due.append(run_id)
-                else:
+                if status != RunStatus.TRAINING or rounds.round_due(self.ctx, s, row(s, Run, run_id), now=now):
                     due.append(run_id)
         for run_id in due:
             self._advance(run_id)
+        return bool(due)
+
+    def tick_books(self) -> None:
+        """Evaluate, score and settle closed rounds; finalize ended runs; collect blobs."""
+        ctx, now = self.ctx, time.time()
         with ctx.session() as s:
             missing = rounds.pending_evaluations(s)
             unsettled, ended = settlement.pending(ctx, s, now)
-        for run_id, r in missing[:1]:  # one per tick: new rounds come first
+        for run_id, r in missing:
             rounds.evaluate_round(ctx, run_id, r)
         for run_id, r in unsettled:  # score and pay the oldest closed round of each run
             self._money(run_id, partial(scoring.score, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))

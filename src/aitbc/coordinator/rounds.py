@@ -12,10 +12,10 @@
    model a provider receives is one the coordinator did not check.
    Manual control (:mod:`.control`) calls the same two with the owner's choice of updates.
 4. :func:`evaluate_round`: the validation loss of a round's model, after the next round
-   is open (so workers never wait for it); :func:`pending_evaluations` finds the ones a
-   restart missed.
+   is open (so workers never wait for it): the driver's books thread finds the rounds
+   due one with :func:`pending_evaluations` (a restart's missed ones too).
 
-Scoring and settlement follow from the driver (:mod:`.scoring`, :mod:`.settlement`).
+Scoring and settlement follow from the driver's books thread (:mod:`.scoring`, :mod:`.settlement`).
 Shape letters: ``n`` accepted updates, ``d`` parameters.
 """
 
@@ -134,8 +134,7 @@ def close_round(ctx: Context, run_id: str) -> None:
                 return
             if run.status == RunStatus.TRAINING:
                 transition(run, RunStatus.AGGREGATING)
-            s.commit()
-            ctx.notifier.bump()
+            s.commit()  # no bump: a waiting worker's long poll has nothing new to take until the next round opens
         if run.status != RunStatus.AGGREGATING or run.control != Control.AUTOMATIC:
             return
         r = run.round
@@ -152,15 +151,13 @@ def close_round(ctx: Context, run_id: str) -> None:
         with rt.lock:
             rt.load(ctx, run)
             # The last round is evaluated before the run completes; the others after the
-            # next round is open, so workers do not wait for an evaluation.
+            # next round is open (the driver's books thread), so workers do not wait for it.
             result = aggregate_round(ctx, run, rt, accepted, r, evaluate_now=final)
         if commit_round(ctx, s, run, rt, result, ups, accepted, round=r):
             ctx.metrics.round_close.observe(time.perf_counter() - t0)  # aggregate + commit
         if run.status in ENDED:
             drop_runtime(ctx, run.id)
     ctx.notifier.bump()
-    if not final and run.cfg.eval_due(r):
-        evaluate_round(ctx, run_id, r, result.params)
 
 
 def aggregate_round(
@@ -398,10 +395,9 @@ def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = No
             return
         rt = runtime(ctx, run)
         with rt.lock:
-            if params is None:
+            if params is None:  # rt.params (the run's current model) is a tensor of its own: untouched
                 load_checkpoint(rt.model, ctx.store.get_bytes(rec.checkpoint_cid))
                 params = flat_params(rt.model)
-                rt.params_cid = None  # the model now holds round r, not the run's current params
             loss, acc = rt.evaluate(params)
         lock_run(s, run)
         s.refresh(rec)

@@ -54,8 +54,8 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         if accepted and not rec.skipped:
             rt = runtime(ctx, run)
             with rt.lock:
+                # rt.model is set from whatever it scores; rt.params (the run's model) is a tensor of its own
                 judged = _judge(ctx, run, rt, rec_before.checkpoint_cid, accepted, r)
-                rt.params_cid = None  # the model was used for scoring: reload the run's params next time
             for (u, j), sc in zip(accepted, judged):
                 if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
                     sc = verified(sc)

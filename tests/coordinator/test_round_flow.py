@@ -1,0 +1,106 @@
+"""What stands between a round's last update and the next round: nothing but the close.
+
+The update is the round's last progress report (the worker sends none after it), and the
+round driver's books thread evaluates, scores and settles a closed round while the next
+one trains: a slow settlement never holds a round open, and each round is still settled
+exactly once."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _wait(what, get, ok, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = get()
+        if ok(v):
+            return v
+        assert time.monotonic() < deadline, f"{what}: {v}"
+        time.sleep(0.02)
+
+
+def test_the_update_records_the_rounds_last_step_progress_and_speed(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 2, local_steps=4)
+    w = t.workers[0]
+    job = t.jobs[w.wallet.address]
+    w.post(
+        f"/jobs/{job}/progress",
+        {"progress": 25.0, "loss": 2.0, "epoch": 0.1, "status": "training", "round": 1, "step": 1},
+    )
+    time.sleep(0.05)  # a measurable interval on the coordinator's clock
+    cid = api.put_update(w, torch.zeros(t.d))
+    w.post(f"/jobs/{job}/updates", api.update_body(1, cid, steps=4, epoch=0.4, train_loss=1.5))
+    (row,) = t.coord.rows(
+        "SELECT step, progress, epoch, loss, worker_status, progress_round, speed FROM jobs WHERE id = :j", j=job
+    )
+    assert row["speed"] and row["speed"] > 0  # 3 steps of 8 samples over the interval
+    del row["speed"]
+    assert row == {
+        "step": 4,
+        "progress": 100.0,
+        "epoch": 0.4,
+        "loss": 1.5,
+        "worker_status": "uploaded",
+        "progress_round": 1,
+    }
+
+
+def test_a_claimed_step_count_past_the_jobs_own_is_recorded_as_the_jobs(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 2, local_steps=4)
+    w = t.workers[0]
+    job = t.jobs[w.wallet.address]
+    cid = api.put_update(w, torch.zeros(t.d))
+    w.post(f"/jobs/{job}/updates", api.update_body(1, cid, steps=10**12))  # no overflow, no 500
+    assert t.coord.rows("SELECT step FROM jobs WHERE id = :j", j=job) == [{"step": 4}]
+
+
+def test_an_update_with_a_bad_epoch_is_refused_and_changes_nothing(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 2)
+    w = t.workers[0]
+    job = t.jobs[w.wallet.address]
+    cid = api.put_update(w, torch.zeros(t.d))
+    before = t.coord.snapshot()
+    for epoch in (-1.0, "x"):
+        try:
+            w.post(f"/jobs/{job}/updates", api.update_body(1, cid, epoch=epoch))
+        except api.ApiError as e:
+            assert (e.status, e.code) == (422, "invalid_request")
+        else:
+            raise AssertionError(f"epoch {epoch!r} accepted")
+    assert t.coord.snapshot() == before
+
+
+def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_once(new_coordinator, api):
+    coord = new_coordinator(settle_delay=1.5)  # 2 contracts: round 1's settlement takes >= 3 s
+    t = api.start_training_run(coord, 2)
+    run = f"/runs/{t.run_id}"
+
+    def send(r: int) -> None:
+        for w in t.workers:
+            cid = api.put_update(w, torch.full((t.d,), 1e-3 * r))
+            w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(r, cid))
+
+    send(1)
+    _wait("round 2 open", lambda: t.owner.get(run)["round"], lambda r: r == 2)
+    t0 = time.monotonic()
+    send(2)
+    view = _wait("round 3 open", lambda: t.owner.get(run), lambda v: v["round"] == 3)
+    assert time.monotonic() - t0 < 2.5, "round 2 closed only after round 1 was paid"
+    assert t.owner.get(f"{run}/payments")["settled_round"] < 2, view  # paid after, not before
+    send(3)
+    _wait("complete and settled", lambda: t.owner.get(f"{run}/payments")["settled_round"], lambda r: r == 3, 60)
+    settled = coord.rows(
+        "SELECT round, COUNT(*) AS n FROM settlements WHERE run_id = :r GROUP BY round ORDER BY round", r=t.run_id
+    )
+    assert settled == [{"round": r, "n": 2} for r in (1, 2, 3)]  # each contract once a round
+    scores = coord.rows("SELECT round, COUNT(*) AS n FROM scores WHERE run_id = :r GROUP BY round", r=t.run_id)
+    assert sorted((s["round"], s["n"]) for s in scores) == [(1, 2), (2, 2), (3, 2)]
+    evaluated = _wait(
+        "every round evaluated",
+        lambda: coord.rows("SELECT round, val_loss FROM rounds WHERE run_id = :r ORDER BY round", r=t.run_id),
+        lambda rows: all(r["val_loss"] is not None for r in rows),
+    )
+    assert [r["round"] for r in evaluated] == [0, 1, 2, 3]
