@@ -19,9 +19,26 @@ def random_updates(seed: int, n: int, d: int) -> torch.Tensor:
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def reference_centered_clip(x: torch.Tensor, w: torch.Tensor, tau: float, iters: int) -> torch.Tensor:
-    """The paper's iteration on the vectors themselves, from the coordinate-wise median."""
-    v = torch.from_numpy(np.median(x.numpy(), axis=0))
+def reference_medoid(x: torch.Tensor) -> torch.Tensor:
+    """The update with the smallest summed squared distance to its floor((n-1)/2) nearest
+    others (at least one), by brute force; ties (two mutual nearest updates) go to the
+    smaller sum over one more neighbour, as Krum's."""
+    n = x.shape[0]
+    if n == 1:
+        return x[0]
+    k = max(1, (n - 1) // 2)
+    d2 = torch.cdist(x, x).square()  # (n, n)
+    d2.fill_diagonal_(float("inf"))
+    near = d2.sort(dim=1).values
+    score, tie = near[:, :k].sum(1).tolist(), near[:, : min(k + 1, n - 1)].sum(1).tolist()
+    return x[min(range(n), key=lambda i: (score[i], tie[i], i))]  # ties: one more neighbour, then index
+
+
+def reference_centered_clip(
+    x: torch.Tensor, w: torch.Tensor, tau: float, iters: int, start: str = "medoid"
+) -> torch.Tensor:
+    """The paper's iteration on the vectors themselves, from the medoid or the coordinate-wise median."""
+    v = reference_medoid(x) if start == "medoid" else torch.from_numpy(np.median(x.numpy(), axis=0))
     w = w / w.sum()
     for _ in range(iters):
         diff = x - v  # (n, d)
@@ -51,12 +68,13 @@ def objective(v: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
 # --- centered clipping ---------------------------------------------------------------------------
 
 
-def test_centered_clip_hand_computed_one_and_two_iterations():
+@pytest.mark.parametrize("start", ["medoid", "median"])
+def test_centered_clip_hand_computed_one_and_two_iterations(start):
     x = torch.tensor([[0.0], [1.0], [10.0]])
-    # median 1; differences -1, 0, 9 -> clipped at tau=2: -1, 0, 2 -> mean 1/3 -> 4/3
+    # medoid (nearest neighbour 1 away, tie broken by the next: 1 + 81 < 1 + 100) and median: 1; differences -1, 0, 9 -> clipped at tau=2: -1, 0, 2 -> mean 1/3 -> 4/3
     # from 4/3: differences -4/3, -1/3, 26/3 -> -4/3, -1/3, 2 -> mean 1/9 -> 13/9
-    assert_close(aggregate("centered-clip:tau=2,iters=1", x), torch.tensor([4 / 3]))
-    assert_close(aggregate("centered-clip:tau=2,iters=2", x), torch.tensor([13 / 9]))
+    assert_close(aggregate(f"centered-clip:tau=2,iters=1,start={start}", x), torch.tensor([4 / 3]))
+    assert_close(aggregate(f"centered-clip:tau=2,iters=2,start={start}", x), torch.tensor([13 / 9]))
 
 
 def test_centered_clip_uses_weights():
@@ -68,7 +86,7 @@ def test_centered_clip_uses_weights():
     assert_close(out, torch.tensor([1.75]))
 
 
-@pytest.mark.parametrize("path", ["torch-sort", "network"])
+@pytest.mark.parametrize("path", ["medoid", "torch-sort", "network"])
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -82,26 +100,81 @@ def test_centered_clip_matches_the_direct_iteration(path, seed, n, d, tau, iters
     x = random_updates(seed, n, d)
     w = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
     w = w if weighted else torch.ones(n, dtype=torch.float64)
-    knobs = (
-        {"NETWORK_MAX_ROWS": 0, "BLOCK_ELEMENTS": 16}
-        if path == "torch-sort"
-        else {"NETWORK_MIN_ELEMENTS": 0, "NETWORK_COLUMNS": 5}
-    )
+    start = "medoid" if path == "medoid" else "median"
+    knobs = {
+        "medoid": {},
+        "torch-sort": {"NETWORK_MAX_ROWS": 0, "BLOCK_ELEMENTS": 16},
+        "network": {"NETWORK_MIN_ELEMENTS": 0, "NETWORK_COLUMNS": 5},
+    }[path]
 
     with pytest.MonkeyPatch.context() as mp:
         for k, v in knobs.items():
             mp.setattr(_sorting, k, v)
         mp.setattr(clipping, "GRAM_BLOCK_ELEMENTS", 3 * n)  # several centered blocks
-        out = aggregate("centered-clip", x, w, tau=tau, iters=iters)
+        out = aggregate("centered-clip", x, w, tau=tau, iters=iters, start=start)
 
-    assert_close(out, reference_centered_clip(x, w, tau, iters))
+    assert_close(out, reference_centered_clip(x, w, tau, iters, start))
+
+
+@pytest.mark.parametrize("start", ["medoid", "median"])
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 10), d=st.integers(1, 12), iters=st.integers(1, 4))
+def test_centered_clip_auto_radius_is_the_median_distance_from_the_start(start, seed, n, d, iters):
+    x = random_updates(seed, n, d)
+    w = torch.ones(n, dtype=torch.float64)
+    v0 = reference_medoid(x) if start == "medoid" else torch.from_numpy(np.median(x.numpy(), axis=0))
+    dist = (x - v0).norm(dim=1)
+    if start == "medoid" and n > 1:  # the start itself is left out
+        dist = dist[[i for i in range(n) if not torch.equal(x[i], v0)]]
+    tau = float(dist.sort().values[(dist.numel() - 1) // 2])  # the lower median
+
+    out = aggregate(f"centered-clip:start={start},iters={iters}", x)
+
+    if tau > 0:
+        assert_close(out, reference_centered_clip(x, w, tau, iters, start))
+    else:
+        assert_close(out, v0)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-2, 1e3])
+def test_centered_clip_auto_radius_follows_the_scale_of_the_updates(scale):
+    x = random_updates(5, 9, 30)
+    x[1] = -40 * x[1]  # an outlier at every scale
+
+    assert_close(aggregate("centered-clip", scale * x), scale * aggregate("centered-clip", x))
+
+
+def test_centered_clip_from_the_medoid_reports_the_convex_combination_it_returns():
+    x = random_updates(3, 9, 40)
+    x[2] *= 1e6  # a far outlier: clipped to a small step, never the start
+
+    out, info = aggregate_with_info("centered-clip:tau=0.5,iters=4", x)
+
+    assert info.weight is not None and info.kept_fraction is not None
+    assert bool((info.weight >= 0).all())
+    assert_close(info.weight.sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert_close(info.weight @ x, out)
+    assert float(info.weight[2]) < 1e-6  # at most iters * tau / ||x_2 - v|| of a 1/9 weight
+
+
+def test_centered_clip_from_the_medoid_gives_an_overflowing_update_no_weight():
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(1))  # float32
+    x[4] = 1e30  # finite, but its squared norm overflows float32
+
+    out, info = aggregate_with_info("centered-clip", x)
+
+    assert bool(torch.isfinite(out).all())
+    assert info.weight is not None and float(info.weight[4]) == 0.0
+    assert_close(out, aggregate("centered-clip", torch.cat([x[:4], x[5:]])), rtol=0, atol=2.0)
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"tau": 0.0}, "centered-clip needs tau > 0, got tau=0.0"),
+        ({"tau": 0.0}, "centered-clip needs tau > 0 or tau=auto, got tau=0.0"),
+        ({"tau": "big"}, "aggregator 'centered-clip' option tau='big' must be float or auto"),
         ({"iters": 0}, "centered-clip needs iters >= 1, got iters=0"),
+        ({"start": "mean"}, "aggregator 'centered-clip' option start='mean' must be one of: medoid, median"),
     ],
 )
 def test_centered_clip_rejects_bad_options(options, message):

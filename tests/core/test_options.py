@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import pytest
 
@@ -186,3 +186,19 @@ def test_post_init_value_error_becomes_usage_error():
 def test_bool_is_not_an_int():
     with pytest.raises(UsageError, match="steps=True must be int"):
         build(steps=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class RadiusConfig:
+    tau: float | Literal["auto"] = "auto"
+
+
+@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("2.5", 2.5), (3, 3.0), ("1e-3", 1e-3)])
+def test_a_union_takes_the_first_type_that_accepts_the_value(value, expected):
+    assert build_config(RadiusConfig, {"tau": value}, what="demo").tau == expected
+
+
+@pytest.mark.parametrize("value", ["big", "", "Auto"])
+def test_a_union_names_every_allowed_kind_when_none_accepts_the_value(value):
+    with pytest.raises(UsageError, match=rf"^demo option tau={value!r} must be float or auto$"):
+        build_config(RadiusConfig, {"tau": value}, what="demo")

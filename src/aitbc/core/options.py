@@ -49,7 +49,18 @@ def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
         none = value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))
         if none and type(None) in typing.get_args(tp):
             return None
-        return _convert(value, args[0], name=name, what=what)
+        for arg in args[:-1]:  # the first type that takes the value (float | Literal["auto"])
+            try:
+                return _convert(value, arg, name=name, what=what)
+            except UsageError:
+                continue
+        try:
+            return _convert(value, args[-1], name=name, what=what)
+        except UsageError:
+            if len(args) == 1:
+                raise
+            kinds = " or ".join(_describe(a) for a in args)
+            raise UsageError(f"{what} option {name}={value!r} must be {kinds}") from None
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         items: Sequence[Any]
@@ -79,6 +90,12 @@ def _convert(value: Any, tp: Any, *, name: str, what: str) -> Any:
         return tp(value)
     except ValueError:
         raise UsageError(f"{what} option {name}={value!r} must be {tp.__name__}") from None
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(map(str, typing.get_args(tp)))
+    return getattr(tp, "__name__", str(tp))
 
 
 def build_config(cls: type[C], options: Mapping[str, Any] | None, *, what: str) -> C:
