@@ -154,7 +154,7 @@ INIT = ("distributed-training", "init", "--wallet", "owner", "--target-workers",
                 "--compression",
                 "zip",
             ),
-            "--compression: unknown codec 'zip'; allowed: bf16, fp16, int4, int8, none, powersgd, sign, topk, topk-int8",
+            "--compression: unknown codec 'zip'; allowed: bf16, fp16, int4, int8, none, powersgd, sign, sparseloco, topk, topk-int8",
         ),
         (
             (

@@ -119,13 +119,11 @@ def aggregator(spec: str, *, option: str = "--aggregator") -> None:
 
 
 def codec(spec: str, *, option: str = "--compression") -> None:
-    from aitbc.core.compression import CODECS
-    from aitbc.core.options import build_config, parse_spec
+    from aitbc.core.compression import build_codec
+    from aitbc.core.options import parse_spec
 
-    def check() -> None:
-        name, opts = parse_spec(spec, what="codec")
-        opts.pop("error_feedback", None)
-        build_config(CODECS.get(name).Config, opts, what=f"codec {name!r}")
+    def check() -> None:  # the coordinator's own builder: error_feedback[_decay] options included
+        build_codec(*parse_spec(spec, what="codec"))
 
     _checked(option, check)
 

@@ -30,6 +30,22 @@ Payload (``meta`` is empty: every size follows from ``d`` and the parameters)::
     codes    K * bits bits, MSB-first, padded to a byte
     indices  Elias-Fano, padded to a byte
 
+Robust aggregation of sparse updates. Each update is nonzero on about ``density`` of the
+coordinates, and different workers' top-k sets mostly differ, so a rule sees, per
+coordinate, a few values among zeros:
+
+- ``mean``: keeps every sent value, divided by n (support up to n x density); what one
+  worker sent alone moves the model 1/n as far, and its error feedback keeps the rest;
+- ``median``: the coordinate-wise median of mostly zeros is zero: only coordinates more
+  than half the workers chose move; the aggregate is nearly empty and training stalls;
+- ``trimmed-mean`` (beta): a value sent by at most ``floor(beta n)`` workers is an
+  extreme of its coordinate and is trimmed away: nearly empty as well;
+- ``multi-krum``, ``centered-clip``: judge whole updates (distances, or clipped
+  differences from the medoid update), so they keep sparse updates whole and train.
+
+So coordinate-wise rules are unfit for sparse updates; use a whole-update rule.
+``bench/communication.py`` measures each, with and without attackers.
+
 Untrusted blobs: the base class checks the payload length against ``d`` and the
 parameters before anything is allocated; this module refuses non-finite or negative
 scales, ``lo > hi``, and index sets that break the chunk structure (``ValueError``, which
