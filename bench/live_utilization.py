@@ -7,7 +7,9 @@ run, package and upload the shards, discover, distribute), then the run to compl
 
 Utilization = sum over jobs of the compute seconds the workers reported
 (``GET /v1/runs/{id}``: ``workers[].compute_seconds``) / (W x training wall time, the
-run's ``started_at`` to ``finished_at``). Target: >= 90% (OpenDiLoCo reports 90-95%).
+run's ``started_at`` to ``finished_at``). Targets: the transformer >= 90% (OpenDiLoCo
+reports 90-95%); the digits MLP >= 75% (issue 17: its 1.2 ms steps make a 60 ms round, so
+every millisecond of a round's fixed cost, requests and the close, shows).
 
 The overhead breakdown per round comes from the rounds' ``started_at``/``closed_at``
 (``GET /v1/runs/{id}/rounds``), each update's arrival time and reported compute seconds
@@ -52,10 +54,8 @@ from aitbc.training.models import model_config
 from aitbc.training.packaging import manifest_bytes, package, resolve_source
 from coordinator_load import Coordinator, aitbc_exe, machine_busy_seconds, source_state
 
-TARGET = 0.90
-
 CONFIGS = {
-    # name: model, options, data, max_bytes, rounds (full, quick), batch size, lr
+    # name: model, options, data, max_bytes, rounds (full, quick), batch size, lr, utilization target
     "transformer": dict(
         model="transformer",
         options={"context": 64, "d_model": 128, "n_layers": 2},
@@ -64,8 +64,18 @@ CONFIGS = {
         rounds=(5, 2),
         batch_size=32,
         lr=1e-3,
+        target=0.90,
     ),
-    "mlp": dict(model="mlp", options={}, data="digits", max_bytes=4 << 20, rounds=(10, 3), batch_size=32, lr=1e-3),
+    "mlp": dict(
+        model="mlp",
+        options={},
+        data="digits",
+        max_bytes=4 << 20,
+        rounds=(10, 3),
+        batch_size=32,
+        lr=1e-3,
+        target=0.75,
+    ),
 }
 
 _ROUND_LINE = re.compile(
@@ -363,7 +373,8 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         "training_wall_s": wall,
         "compute_s": compute,
         "utilization": util,
-        "met": util >= TARGET,
+        "target": cfg["target"],
+        "met": util >= cfg["target"],
         "step_ms": 1000 * compute / (W * rounds * H),
         "update_bytes": updates[0][5] if updates else None,
         "setup_s": setup_s,
@@ -438,7 +449,7 @@ def main() -> None:
                 f"{r['utilization']:.1%}",
                 "-" if r["steady_utilization"] is None else f"{r['steady_utilization']:.1%}",
                 "-" if r["others_cpu_pct"] is None else f"{r['others_cpu_pct']:.0f}",
-                f">= {TARGET:.0%}",
+                f">= {r['target']:.0%}",
                 "MET" if r["met"] else "MISSED",
             ]
             for r in rows
@@ -484,7 +495,7 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['model']} on {r['dataset']}: utilization {r['utilization']:.1%} "
-            f"({'meets' if r['met'] else 'MISSES'} the {TARGET:.0%} target); per round "
+            f"({'meets' if r['met'] else 'MISSES'} the {r['target']:.0%} target); per round "
             + ", ".join(
                 f"r{p['round']} {1000 * p['wall_s']:.0f} ms/{p.get('utilization', 0):.0%}" for p in r["per_round"]
             )
@@ -497,7 +508,7 @@ def main() -> None:
             "machine": machine(),
             "source": source_state(),
             "args": vars(args),
-            "target": TARGET,
+            "targets": {n: CONFIGS[n]["target"] for n in names},
             "rows": rows,
             "wall_s": time.perf_counter() - t_all,
         },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -12,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from aitbc.coordinator import pins
 from aitbc.coordinator.api.deps import CtxDep, SignerDep, StreamSignerDep
 from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, PinList, PinView, errors
+from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
 from aitbc.coordinator.workers import flag_blob
 from aitbc.errors import AitbcError, IntegrityError
@@ -21,6 +23,9 @@ router = APIRouter(prefix="/blobs", tags=["blobs"])
 pins_router = APIRouter(prefix="/pins", tags=["blobs"])
 MAX_ASKED = 10_000  # CIDs one POST /v1/blobs/missing may ask about
 _BLOCK = 1 << 20  # bytes buffered per write to disk
+# Blobs up to this size are read in one go and sent whole (a round's model or update):
+# FileResponse's stat, open and each chunk's read are one thread hop apiece.
+SMALL_BLOB = 4 << 20
 BINARY: dict[str, Any] = {"schema": {"type": "string", "format": "binary"}}
 BLOB: dict[int | str, dict[str, Any]] = {
     200: {
@@ -127,14 +132,24 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
 
 
 @router.get("/{cid}", response_class=FileResponse, responses={**BLOB, **errors(400, 404)})
-def get_blob(cid: str, ctx: CtxDep) -> FileResponse:
-    _check_cid(cid)
-    path = ctx.store.dir / cid
-    if not path.is_file():
-        raise not_found("unknown_blob", f"no blob {cid} on this coordinator")
+def get_blob(cid: str, ctx: CtxDep) -> Response:
+    path = _blob_path(cid, ctx)
+    try:
+        if path.stat().st_size <= SMALL_BLOB:  # this runs in a worker thread already: read it here
+            return Response(path.read_bytes(), media_type="application/octet-stream", headers={"X-Aitbc-Cid": cid})
+    except FileNotFoundError:  # deleted since (blob retention)
+        raise not_found("unknown_blob", f"no blob {cid} on this coordinator") from None
     return FileResponse(path, media_type="application/octet-stream", headers={"X-Aitbc-Cid": cid})
 
 
 @router.head("/{cid}", response_class=FileResponse, responses={**BLOB, **errors(400, 404)})
 def head_blob(cid: str, ctx: CtxDep) -> FileResponse:
-    return get_blob(cid, ctx)
+    return FileResponse(_blob_path(cid, ctx), media_type="application/octet-stream", headers={"X-Aitbc-Cid": cid})
+
+
+def _blob_path(cid: str, ctx: Context) -> Path:
+    _check_cid(cid)
+    path = ctx.store.dir / cid
+    if not path.is_file():
+        raise not_found("unknown_blob", f"no blob {cid} on this coordinator")
+    return path
