@@ -115,6 +115,9 @@ class Context:
     # Per live run, the driver's in-memory model, validation data and optimizer state
     # (coordinator.rounds.RunRuntime); rebuilt from the database after a restart.
     runtimes: dict[str, Any] = field(default_factory=dict)
+    # Per live run, the round driver's books thread's own copy of that model (it evaluates
+    # and scores with it, so a round's close never waits for a scoring; coordinator.scoring).
+    books_models: dict[str, Any] = field(default_factory=dict)
     # The process's own Prometheus counters and the app's registry (coordinator.metrics).
     metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
 

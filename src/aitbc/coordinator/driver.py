@@ -25,6 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import retention, rounds, scoring, settlement, verification, workforce
+from aitbc.coordinator.books import drop_books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.escrow import finalize
 from aitbc.coordinator.models import Job, Run
@@ -137,6 +138,7 @@ class RoundDriver:
         for run_id in ended:  # then refund the rest and return bonds
             self._money(run_id, partial(finalize, ctx, run_id))
             drop_runtime(ctx, run_id)
+            drop_books_model(ctx, run_id)
         if now - self._last_gc >= ctx.settings.gc_interval_seconds:  # delete blobs no rule keeps
             self._last_gc = now
             try:

@@ -31,6 +31,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 from torch import Tensor
 
+from aitbc.coordinator.books import books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run
@@ -43,7 +44,8 @@ from aitbc.core.compression import decode as decode_update
 from aitbc.core.norms import apply_verdict, judge_norms, update_norms
 from aitbc.core.outer import build_outer
 from aitbc.errors import AitbcError
-from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, tensors_to_bytes
+from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
+from aitbc.training.local import evaluate
 
 # --- opening the first round ----------------------------------------------------------
 
@@ -394,11 +396,12 @@ def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = No
         if run is None or rec is None or rec.val_loss is not None:
             return
         rt = runtime(ctx, run)
-        with rt.lock:
-            if params is None:  # rt.params (the run's current model) is a tensor of its own: untouched
-                load_checkpoint(rt.model, ctx.store.get_bytes(rec.checkpoint_cid))
-                params = flat_params(rt.model)
-            loss, acc = rt.evaluate(params)
+        model = books_model(ctx, run_id, rt)  # not the runtime's: the next close need not wait
+        if params is None:
+            load_checkpoint(model, ctx.store.get_bytes(rec.checkpoint_cid))
+        else:
+            set_flat_params(model, params)
+        loss, acc = evaluate(model, rt.val_x, rt.val_y)
         lock_run(s, run)
         s.refresh(rec)
         rec.val_loss, rec.val_accuracy = loss, acc

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from sqlalchemy import func, select
 from torch import Tensor, nn
 
+from aitbc.coordinator.books import books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import row
@@ -52,10 +53,7 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
         rows: list[Score] = []
         if accepted and not rec.skipped:
-            rt = runtime(ctx, run)
-            with rt.lock:
-                # rt.model is set from whatever it scores; rt.params (the run's model) is a tensor of its own
-                judged = _judge(ctx, run, rt, rec_before.checkpoint_cid, accepted, r)
+            judged = _judge(ctx, run, runtime(ctx, run), rec_before.checkpoint_cid, accepted, r)
             for (u, j), sc in zip(accepted, judged):
                 if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
                     sc = verified(sc)
@@ -151,9 +149,11 @@ def _finite(x: float) -> float | None:
 def _judge(
     ctx: Context, run: Run, rt: RunRuntime, before_cid: str, accepted: Sequence[tuple[Update, Job]], r: int
 ) -> list[UpdateScore]:
-    """Load what :func:`judge` needs for the round's accepted updates, then judge them."""
-    load_checkpoint(rt.model, ctx.store.get_bytes(before_cid))
-    before = flat_params(rt.model)  # (d,)
+    """Load what :func:`judge` needs for the round's accepted updates, then judge them
+    (on the books thread's own model: the runtime's lock is held only for the rule's verdict)."""
+    model = books_model(ctx, run.id, rt)
+    load_checkpoint(model, ctx.store.get_bytes(before_cid))
+    before = flat_params(model)  # (d,)
     U = torch.stack(
         [decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted]
     )  # (n, d)
@@ -163,15 +163,17 @@ def _judge(
     all_shards = [load_shard(ctx.store.get_bytes(e["cid"])) for e in run.data_manifest["shards"]]
     split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
     w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
+    with rt.lock:  # the rule is the one the rounds thread aggregates with
+        kept = kept_shares(rt.aggregator, U, w, r)
     return judge(
-        rt.model,
+        model,
         before,
         U,
         trained,
         all_shards,
         split,
         (rt.val_x, rt.val_y),
-        kept_shares(rt.aggregator, U, w, r),
+        kept,
         samples=ctx.settings.score_samples,
         seed=run.seed * 1_000_003 + r,
     )
