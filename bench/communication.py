@@ -43,9 +43,10 @@ from aitbc.core.compression.sparseloco import chunk_plan
 from aitbc.sim.runner import SimConfig, Simulation
 
 TASKS: dict[str, tuple[dict[str, Any], int]] = {
-    # name: (shared options, baseline steps)
+    # name: (shared options, baseline steps). The rule is named, not the run default's, so
+    # a change of default does not change this table (the robust rules have their own).
     "digits": (
-        dict(model="mlp", dataset="digits", workers=8, batch_size=32, lr=1e-3, seed=0),
+        dict(model="mlp", dataset="digits", workers=8, batch_size=32, lr=1e-3, seed=0, aggregator="mean"),
         600,
     ),
     "transformer": (
@@ -56,6 +57,7 @@ TASKS: dict[str, tuple[dict[str, Any], int]] = {
             batch_size=16,
             lr=3e-3,
             seed=0,
+            aggregator="mean",
             model_options={"context": 32, "d_model": 64, "n_layers": 2, "n_heads": 4},
             max_bytes=1 << 20,
             eval_samples=128,
@@ -242,7 +244,7 @@ def robust_rules(quick: bool, max_factor: float, target: float, base_bytes: floa
     for (attack, byzantine), rule in ((a, r) for a in ATTACKS for r in RULES):
         t = time.perf_counter()
         rounds = max(1, math.ceil(max_factor * base_steps / c["local_steps"]))
-        opts = dict(**shared, **c, aggregator=rule, rounds=rounds, target_loss=target, stop_at_target=True)
+        opts = dict(**{**shared, "aggregator": rule}, **c, rounds=rounds, target_loss=target, stop_at_target=True)
         r, _, density = run(dict(**opts, attack=attack, byzantine=byzantine))
         reached = r.bytes_to_target is not None
         out.append(
