@@ -41,7 +41,9 @@ coordinate, a few values among zeros:
 - ``trimmed-mean`` (beta): a value sent by at most ``floor(beta n)`` workers is an
   extreme of its coordinate and is trimmed away: nearly empty as well;
 - ``multi-krum``, ``centered-clip``: judge whole updates (distances, or clipped
-  differences from the medoid update), so they keep sparse updates whole and train.
+  differences from the medoid update), so they keep sparse updates whole and train
+  (under a sign-flip attack on digits only ``multi-krum`` still trained, short of the
+  dense loss).
 
 So coordinate-wise rules are unfit for sparse updates; use a whole-update rule.
 ``bench/communication.py`` measures each, with and without attackers.
