@@ -103,7 +103,7 @@ class Distribute(Body):
     inner_opt: str = "adamw"
     outer: str = "fedavg"
     outer_options: dict[str, Any] = Field(default_factory=dict)
-    aggregator: str = "mean"
+    aggregator: str = "centered-clip"
     compression: str = "none"
     error_feedback: bool = False
     mode: Literal["sync"] = "sync"
