@@ -332,3 +332,15 @@ def api():
     """The helpers above, for the test modules (``api.assert_error(...)``): with
     ``--import-mode=importlib`` a test module cannot import this conftest by name."""
     return sys.modules[__name__]
+
+
+def wait_for(what: str, get: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 20.0) -> Any:
+    """Poll ``get()`` until ``ok`` holds of its value, which is returned; fail naming ``what``
+    and the last value after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = get()
+        if ok(v):
+            return v
+        assert time.monotonic() < deadline, f"{what}: {v}"
+        time.sleep(0.05)

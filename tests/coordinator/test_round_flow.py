@@ -11,15 +11,7 @@ import time
 
 import torch
 
-
-def _wait(what, get, ok, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = get()
-        if ok(v):
-            return v
-        assert time.monotonic() < deadline, f"{what}: {v}"
-        time.sleep(0.02)
+from .conftest import wait_for
 
 
 def test_the_update_records_the_rounds_last_step_progress_and_speed(new_coordinator, api):
@@ -84,23 +76,26 @@ def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_o
             w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(r, cid))
 
     send(1)
-    _wait("round 2 open", lambda: t.owner.get(run)["round"], lambda r: r == 2)
+    wait_for("round 2 open", lambda: t.owner.get(run)["round"], lambda r: r == 2, timeout=30)
     t0 = time.monotonic()
     send(2)
-    view = _wait("round 3 open", lambda: t.owner.get(run), lambda v: v["round"] == 3)
+    view = wait_for("round 3 open", lambda: t.owner.get(run), lambda v: v["round"] == 3, timeout=30)
     assert time.monotonic() - t0 < 2.5, "round 2 closed only after round 1 was paid"
     assert t.owner.get(f"{run}/payments")["settled_round"] < 2, view  # paid after, not before
     send(3)
-    _wait("complete and settled", lambda: t.owner.get(f"{run}/payments")["settled_round"], lambda r: r == 3, 60)
+    wait_for(
+        "complete and settled", lambda: t.owner.get(f"{run}/payments")["settled_round"], lambda r: r == 3, timeout=60
+    )
     settled = coord.rows(
         "SELECT round, COUNT(*) AS n FROM settlements WHERE run_id = :r GROUP BY round ORDER BY round", r=t.run_id
     )
     assert settled == [{"round": r, "n": 2} for r in (1, 2, 3)]  # each contract once a round
     scores = coord.rows("SELECT round, COUNT(*) AS n FROM scores WHERE run_id = :r GROUP BY round", r=t.run_id)
     assert sorted((s["round"], s["n"]) for s in scores) == [(1, 2), (2, 2), (3, 2)]
-    evaluated = _wait(
+    evaluated = wait_for(
         "every round evaluated",
         lambda: coord.rows("SELECT round, val_loss FROM rounds WHERE run_id = :r ORDER BY round", r=t.run_id),
         lambda rows: all(r["val_loss"] is not None for r in rows),
+        timeout=30,
     )
     assert [r["round"] for r in evaluated] == [0, 1, 2, 3]

@@ -49,6 +49,8 @@ from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
 from aitbc.training.proof import PROOF_FORMAT, Recorder, Replay, TrainState, boundaries, replay
 
+from .conftest import wait_for
+
 MODEL_OPTIONS = {"hidden": [8]}  # d = 610
 STEPS = 4  # local steps a round: commit_every(4) = 1, so 4 intervals and 5 boundaries
 ENDS = list(range(STEPS + 1))  # at rate 1 every interval is challenged: every boundary is revealed
@@ -305,16 +307,6 @@ def wait_verdict(client, job_id: str, round: int = 1, timeout: float = WAIT) -> 
         if ups and ups[0]["verification"] not in ("challenged", "revealed"):
             return ups[0]
         assert time.monotonic() < deadline, f"update of job {job_id} never judged: {ups}"
-        time.sleep(0.05)
-
-
-def wait_for(what: str, get: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = get()
-        if ok(v):
-            return v
-        assert time.monotonic() < deadline, f"{what}: {v}"
         time.sleep(0.05)
 
 

@@ -43,6 +43,8 @@ from aitbc.training.proof import Recorder, boundaries
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.daemon import JobState, Worker
 
+from .conftest import wait_for
+
 MODEL_OPTIONS = {"hidden": [8]}  # d = 610
 COORD = {"heartbeat_flush_seconds": 0.05, "max_blob_bytes": 1 << 20}
 WAIT = 20.0
@@ -223,16 +225,6 @@ def verdict(owner: Any, job_id: str, round: int = 1) -> dict[str, Any]:
             assert u is not None
             return u
         assert time.monotonic() < deadline, f"update of job {job_id} never judged: {u}"
-        time.sleep(0.05)
-
-
-def wait_for(what: str, get: Callable[[], Any], ok: Callable[[Any], bool]) -> Any:
-    deadline = time.monotonic() + WAIT
-    while True:
-        v = get()
-        if ok(v):
-            return v
-        assert time.monotonic() < deadline, f"{what}: {v}"
         time.sleep(0.05)
 
 

@@ -26,6 +26,7 @@ import logging
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -153,7 +154,7 @@ def response_code(status: int) -> str:
     return code if code in RESPONSE_CODES else OTHER
 
 
-class _HttpCounter:
+class _HttpCounter(ABC):
     """An ASGI middleware counting HTTP requests into ``metrics`` (:meth:`count`); other
     scopes (lifespan) pass through."""
 
@@ -167,8 +168,9 @@ class _HttpCounter:
         else:
             await self.app(scope, receive, send)
 
+    @abstractmethod
     async def count(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raise NotImplementedError
+        """Serve one HTTP request through ``self.app``, counting it."""
 
 
 class CountResponses(_HttpCounter):
