@@ -6,16 +6,25 @@ signed clients as workers, so each test decides exactly which update each one se
   moderately large one is scaled down and not punished;
 - an aggregate that diverges is not committed: the run fails ``diverged``, nobody is
   flagged or slashed;
-- a manual run's ``distributing`` phase refuses an out-of-range config like ``distribute``.
+- a manual run's ``distributing`` phase refuses an out-of-range config like ``distribute``;
+- ``trend`` (issue 17): from round 2 an update pointing against the model's last step is
+  left out of the aggregate, and the round's scoring sees the same verdict.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
 import torch
 
 from aitbc.client import ApiError
+from aitbc.training.checkpoint import flat_params, load_checkpoint
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.models import build_model
+
+from .conftest import MODEL_OPTIONS
 
 
 def _wait(cond, timeout: float = 60, what: str = "condition"):
@@ -134,3 +143,47 @@ def test_manual_distributing_phase_refuses_an_out_of_range_config(api, new_coord
         except ApiError as e:
             assert e.status == 422 and message in e.detail, (config, e.detail)
     assert coord.snapshot() == before
+
+
+def _model(t, r: int) -> torch.Tensor:
+    """Round ``r``'s checkpoint as one ``(d,)`` vector in the order updates use."""
+    manifest = t.coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=t.run_id)[0]["manifest_cid"]
+    spec = json.loads(t.owner.get_blob(manifest))["spec"]
+    model = build_model(
+        "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), MODEL_OPTIONS
+    )
+    load_checkpoint(model, t.owner.get_blob(t.owner.get(f"/runs/{t.run_id}/rounds")["data"][r]["checkpoint_cid"]))
+    return flat_params(model)
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["remembered", "rebuilt"])
+def test_trend_leaves_out_an_update_against_the_last_step_and_scoring_agrees(api, new_coordinator, cold):
+    """``rebuilt``: the driver forgets the step it took (as after a restart) and rebuilds
+    the trend from rounds 0 and 1's checkpoints."""
+    t = api.start_training_run(new_coordinator(), 4, aggregator="trend:f=1+median")
+    g = torch.Generator().manual_seed(2)
+    (a, ja), (b, jb), (c, jc), (x, jx) = ((w, t.jobs[w.wallet.address]) for w in t.workers)
+    base = 1e-3 * torch.randn(t.d, generator=g)  # (d,) the direction every honest update shares
+    for w, j in ((a, ja), (b, jb), (c, jc), (x, jx)):  # round 1: no trend yet, all honest
+        _submit(api, t, w, j, base + 3e-4 * torch.randn(t.d, generator=g))
+    _wait(lambda: t.owner.get(f"/runs/{t.run_id}")["round"] == 2, what="round 2 open")
+    if cold:
+        t.coord.ctx.runtimes[t.run_id].steps.clear()
+    honest = [base + 3e-4 * torch.randn(t.d, generator=g) for _ in range(3)]
+    for (w, j), u in zip(((a, ja), (b, jb), (c, jc)), honest, strict=True):
+        _submit(api, t, w, j, u, r=2)
+    _submit(api, t, x, jx, -0.5 * torch.stack(honest).mean(0), r=2)  # IPM: near the centre, backwards
+    _settled(t, 2)
+
+    step = _model(t, 1) - _model(t, 2)  # fedavg, lr 1: the aggregate itself
+    # the median of the three honest updates; of all four it would differ
+    torch.testing.assert_close(step, torch.stack(honest).median(0).values, rtol=0, atol=1e-6)
+    assert not torch.allclose(step, torch.stack([*honest, -0.5 * torch.stack(honest).mean(0)]).median(0).values)
+    kept = {
+        r["worker_id"]: r["kept"]
+        for r in t.coord.rows("SELECT worker_id, kept FROM scores WHERE run_id = :r AND round = 2", r=t.run_id)
+    }
+    assert kept[x.wallet.address] == 0.0
+    # the median of three keeps one update per coordinate: the honest shares cover them all
+    assert all(kept[w.wallet.address] > 0 for w in (a, b, c))
+    assert abs(sum(kept[w.wallet.address] for w in (a, b, c)) - 1.0) < 1e-9

@@ -33,7 +33,7 @@ def test_every_rule_and_wrapper_is_registered():
         "multi-krum",
         "trimmed-mean",
     ]
-    assert WRAPPERS.names() == ["bucketing", "nnm"]
+    assert WRAPPERS.names() == ["bucketing", "nnm", "trend"]
 
 
 @pytest.mark.parametrize(
@@ -92,9 +92,9 @@ def test_aggregate_with_f_for_a_wrapper_only():
             "unknown aggregator 'mode'; allowed: bulyan, centered-clip, geometric-median, krum, mean, "
             "median, multi-krum, trimmed-mean",
         ),
-        ("fancy+median", {}, "unknown aggregator wrapper 'fancy'; allowed: bucketing, nnm"),
+        ("fancy+median", {}, "unknown aggregator wrapper 'fancy'; allowed: bucketing, nnm, trend"),
         ("nnm", {}, "'nnm' is a pre-aggregation wrapper; end the spec with a rule, e.g. 'nnm+median'"),
-        ("krum:f=1+median", {}, "'krum' is a rule; only wrappers (bucketing, nnm) may come before '+'"),
+        ("krum:f=1+median", {}, "'krum' is a rule; only wrappers (bucketing, nnm, trend) may come before '+'"),
         ("nnm++median", {}, "empty part in aggregator spec 'nnm++median'"),
         ("krum:f=1", {"f": 2}, "aggregator 'krum' option 'f' given twice: '1' in the spec and 2"),
         ("median", {"f": 1}, "unknown aggregator 'median' option 'f'; allowed: none"),

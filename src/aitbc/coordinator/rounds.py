@@ -202,7 +202,7 @@ def aggregate_round(
         except AitbcError:
             skipped = True
         if not skipped:
-            delta = rt.aggregator(U, w, round_index=r)  # (n, d) -> (d,)
+            delta = rt.aggregator(U, w, round_index=r, reference=rt.trend(ctx, run.id, r))  # (n, d) -> (d,)
             outer = build_outer(rt.outer_name, rt.outer_options)
             if rt.outer_state:
                 outer.load_state_dict({k: v.clone() for k, v in rt.outer_state.items()})
@@ -346,6 +346,8 @@ def commit_round(
         run.round, run.round_started_at = r + 1, now
         transition(run, RunStatus.TRAINING, now=now)
     s.commit()
+    if rt.params is not None:  # the step just taken is the next round's trend
+        rt.remember_step(r + 1, rt.params - res.params)
     rt.params, rt.params_cid = res.params, res.cid
     if res.outer_cid != rt.outer_cid:
         rt.outer_state = bytes_to_tensors(ctx.store.get_bytes(res.outer_cid)) if res.outer_cid else {}

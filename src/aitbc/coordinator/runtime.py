@@ -16,11 +16,12 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+from sqlalchemy import select
 from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import unprocessable
-from aitbc.coordinator.models import Run
+from aitbc.coordinator.models import RoundRecord, Run
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.schemas import Distribute
 from aitbc.core.aggregation import parse_aggregator
@@ -28,7 +29,7 @@ from aitbc.core.compression import ErrorFeedback, build_codec, check_outer
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
-from aitbc.errors import AitbcError
+from aitbc.errors import AitbcError, NotFoundError
 from aitbc.training.allow_code import AllowCode
 from aitbc.training.checkpoint import (
     bytes_to_tensors,
@@ -124,6 +125,7 @@ class RunRuntime:
         self.params: Tensor | None = None  # (d,)
         self.outer_cid: str | None = None
         self.outer_state: dict[str, Tensor] = {}
+        self.steps: dict[int, Tensor] = {}  # round r -> the trend its updates are compared with (last few)
         self.lock = threading.Lock()
 
     def load(self, ctx: Context, run: Run) -> None:
@@ -136,6 +138,48 @@ class RunRuntime:
         if self.outer_cid != run.outer_state_cid:
             self.outer_state = bytes_to_tensors(ctx.store.get_bytes(run.outer_state_cid)) if run.outer_state_cid else {}
             self.outer_cid = run.outer_state_cid
+
+    def trend(self, ctx: Context, run_id: str, r: int) -> Tensor | None:
+        """The reference a ``trend`` stage compares round ``r``'s updates with: the global
+        model's last step before the round, round ``r - 2``'s checkpoint minus round
+        ``r - 1``'s (``(d,)``, the sign of an update). ``None`` when the rule reads no trend,
+        before round 2, or when one of those checkpoints' bytes are gone (retention keeps
+        the last ``keep_checkpoints``): every update then passes. Remembered for the last
+        rounds (:meth:`remember_step`), rebuilt from the checkpoints after a restart, so the
+        close and the scoring of a round see the same one. Call with ``lock`` held."""
+        if not self.aggregator.uses_reference or r < 2:
+            return None
+        if r in self.steps:
+            return self.steps[r]
+        with ctx.session() as s:
+            cids = dict(
+                s.execute(
+                    select(RoundRecord.round, RoundRecord.checkpoint_cid).where(
+                        RoundRecord.run_id == run_id, RoundRecord.round.in_((r - 2, r - 1))
+                    )
+                ).all()
+            )
+        if len(cids) < 2:
+            return None
+        try:
+            older, newer = (self._params_at(ctx, cids[k]) for k in (r - 2, r - 1))
+        except NotFoundError:
+            return None
+        step = older - newer  # (d,)
+        self.remember_step(r, step)
+        return step
+
+    def remember_step(self, r: int, step: Tensor) -> None:
+        """Keep ``step`` ``(d,)`` as round ``r``'s trend (and the two rounds before it)."""
+        if not self.aggregator.uses_reference:
+            return
+        self.steps[r] = step
+        for old in [k for k in self.steps if k < r - 2]:
+            del self.steps[old]
+
+    def _params_at(self, ctx: Context, cid: str) -> Tensor:
+        load_checkpoint(self.model, ctx.store.get_bytes(cid))  # every use of the model sets its params first
+        return flat_params(self.model)
 
     def checkpoint(self, ctx: Context, run: Run, params: Tensor, round: int) -> tuple[str, int]:
         set_flat_params(self.model, params)

@@ -164,7 +164,7 @@ def _judge(
     split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
     w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
     with rt.lock:  # the rule is the one the rounds thread aggregates with
-        kept = kept_shares(rt.aggregator, U, w, r)
+        kept = kept_shares(rt.aggregator, U, w, r, rt.trend(ctx, run.id, r))
     return judge(
         model,
         before,
@@ -179,11 +179,12 @@ def _judge(
     )
 
 
-def kept_shares(aggregator: Aggregator, U: Tensor, w: Tensor, r: int) -> list[float]:
+def kept_shares(aggregator: Aggregator, U: Tensor, w: Tensor, r: int, reference: Tensor | None = None) -> list[float]:
     """The share of each update ``U`` ``(n, d)`` the run's rule kept (1.0 each when the
-    rule keeps everything or has too few updates to judge)."""
+    rule keeps everything or has too few updates to judge); ``reference``: the round's
+    trend, as the close passed it."""
     try:
-        _, info = aggregator.with_info(U, w, round_index=r)
+        _, info = aggregator.with_info(U, w, round_index=r, reference=reference)
     except Exception:  # noqa: BLE001 - too few updates for the rule: no verdict, not an outlier
         return [1.0] * U.shape[0]
     if info.kept_fraction is not None:

@@ -247,6 +247,7 @@ class Simulation:
         tokens = seq_len if data.spec.task == "language" else 1
         self.t_step = step_seconds(self.d, cfg.batch_size * tokens, cfg.ref_tflops, cfg.step_overhead_ms)
         self.previous_update: Tensor | None = None  # last applied global update (public)
+        self.last_step: Tensor | None = None  # (d,) the global model's last step, old - new (the trend)
 
         # Running totals, filled by the mode loops through send/receive/record.
         self.bytes_up = self.bytes_down = self.updates_sent = 0
@@ -344,10 +345,14 @@ class Simulation:
             return None
         return u.to(torch.float32)
 
-    def aggregate(self, updates: list[Tensor], weights: list[float]) -> Tensor | None:
+    def aggregate(
+        self, updates: list[Tensor], weights: list[float], *, reference: Tensor | None = None
+    ) -> Tensor | None:
         """The run's rule over ``updates``; ``None`` (and counted) when too few arrived for
         its conditions (e.g. stragglers dropped below krum's n >= f+3): the round is
-        skipped, as a coordinator would wait, not averaged with a weaker rule."""
+        skipped, as a coordinator would wait, not averaged with a weaker rule.
+        ``reference``: the trend a ``trend`` stage compares with (the coordinator's: the
+        global model's last step; gossip mixes models, not steps, and passes none)."""
         U = torch.stack(updates)  # (n, d)
         verdict = judge_norms(update_norms(U), self.norm_bound)  # the same rule as the coordinator's
         self.rejected += len(verdict.rejected)
@@ -358,14 +363,18 @@ class Simulation:
             self.skipped += 1
             return None
         w = torch.tensor([weights[i] for i in keep])  # (k,)
-        return self.aggregator(U, w, round_index=self.round)  # (k, d) -> (d,)
+        return self.aggregator(U, w, round_index=self.round, reference=reference)  # (k, d) -> (d,)
 
     def apply(self, updates: list[Tensor], weights: list[float]) -> None:
-        """Aggregate accepted updates and take one outer step on the global model."""
-        delta = self.aggregate(updates, weights)
+        """Aggregate accepted updates and take one outer step on the global model. A
+        skipped round leaves the model, so the next round has no trend (as live)."""
+        delta = self.aggregate(updates, weights, reference=self.last_step)
         if delta is None:
+            self.last_step = None
             return
+        before = self.params
         self.params = self.outer.step(self.params, delta)
+        self.last_step = before - self.params  # (d,)
         self.previous_update = delta
 
     # ---- bookkeeping --------------------------------------------------------------------

@@ -8,15 +8,20 @@ Entry points::
     aggregate(name, updates, weights=None, **params) -> Tensor              # (d,)
     aggregate_with_info(name, updates, weights=None, **params) -> (Tensor, AggregationInfo)
     parse_aggregator(spec, options=None, *, default_f=None) -> AggregatorPipeline
-        pipeline(updates, weights=None, *, round_index=0) -> Tensor
-        pipeline.with_info(updates, weights=None, *, round_index=0)
+        pipeline(updates, weights=None, *, round_index=0, reference=None) -> Tensor
+        pipeline.with_info(updates, weights=None, *, round_index=0, reference=None)
         pipeline.check(n)        # the conditions on n, before any round
     describe_aggregators() -> str   # rules, wrappers, options, defaults, for --help
 
 Rules (``AGGREGATORS``): ``mean``, ``median``, ``trimmed-mean``, ``krum``, ``multi-krum``,
 ``bulyan``, ``centered-clip``, ``geometric-median``. Wrappers (``WRAPPERS``), composable
-with any rule: ``nnm``, ``bucketing``. Each rule's module docstring gives its paper, the
-condition it needs, and whether it uses ``weights``.
+with any rule: ``nnm``, ``bucketing``, ``trend``. Each rule's module docstring gives its
+paper, the condition it needs, and whether it uses ``weights``.
+
+``reference`` is the one piece of state a round's aggregation may read: the global
+model's last step (old minus new parameters, ``(d,)``), which ``trend`` compares each
+update with. The coordinator and the simulator pass it (``pipeline.uses_reference`` says
+whether the spec reads it); everything else aggregates a round on its own.
 
 Spec grammar: ``[WRAPPER[:k=v,...]+]...RULE[:k=v,...]``, e.g. ``"nnm+centered-clip"``,
 ``"bucketing:s=2+krum:f=1"``. Wrappers run left to right on the updates, then the rule.

@@ -75,11 +75,13 @@ class Mixing:
 
     matrix: Tensor  # (k, n), rows sum to 1
     weights: Tensor  # (k,) the next stage's weights
-    partition: bool  # every update feeds exactly one output (kept_fraction maps back)
+    partition: bool  # every update feeds at most one output (kept_fraction maps back; one that feeds none kept 0)
 
 
 class WrapperFn(Protocol):
-    def __call__(self, updates: Tensor, weights: Tensor, cfg: Any, *, round_index: int) -> Mixing: ...
+    def __call__(
+        self, updates: Tensor, weights: Tensor, cfg: Any, *, round_index: int, reference: Tensor | None
+    ) -> Mixing: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ class Wrapper:
     fn: WrapperFn
     config: type
     summary: str
+    uses_reference: bool = False  # reads the run's trend: callers pass the model's last step
 
 
 AGGREGATORS: Registry[Aggregator] = Registry("aggregator")
@@ -119,9 +122,11 @@ def register(name: str, config: type, *, uses_weights: bool) -> Callable[[RuleFn
     return deco
 
 
-def register_wrapper(name: str, config: type) -> Callable[[WrapperFn], WrapperFn]:
+def register_wrapper(name: str, config: type, *, uses_reference: bool = False) -> Callable[[WrapperFn], WrapperFn]:
     def deco(fn: WrapperFn) -> WrapperFn:
-        WRAPPERS.register(name)(Wrapper(name=name, fn=fn, config=config, summary=_summary(fn)))
+        WRAPPERS.register(name)(
+            Wrapper(name=name, fn=fn, config=config, summary=_summary(fn), uses_reference=uses_reference)
+        )
         return fn
 
     return deco

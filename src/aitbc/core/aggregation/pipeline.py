@@ -78,24 +78,53 @@ class AggregatorPipeline:
             stages = "+".join(s.spec for s in self.wrappers)
             raise UsageError(f"{e} (n counts the {seen} inputs that {stages} makes of {n} updates)") from None
 
-    def __call__(self, updates: Tensor, weights: Tensor | None = None, *, round_index: int = 0) -> Tensor:
-        """Aggregate ``updates`` ``(n, d)`` -> ``(d,)``. ``round_index`` seeds bucketing."""
-        return self._run(updates, weights, round_index, with_info=False)[0]
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a stage reads the run's trend (``trend``): callers then pass ``reference``."""
+        return any(s.entry.uses_reference for s in self.wrappers)
+
+    def __call__(
+        self,
+        updates: Tensor,
+        weights: Tensor | None = None,
+        *,
+        round_index: int = 0,
+        reference: Tensor | None = None,
+    ) -> Tensor:
+        """Aggregate ``updates`` ``(n, d)`` -> ``(d,)``. ``round_index`` seeds bucketing;
+        ``reference`` ``(d,)`` is the global model's last step (old minus new parameters),
+        which ``trend`` compares each update with (``None``: no trend yet)."""
+        return self._run(updates, weights, round_index, reference, with_info=False)[0]
 
     def with_info(
-        self, updates: Tensor, weights: Tensor | None = None, *, round_index: int = 0
+        self,
+        updates: Tensor,
+        weights: Tensor | None = None,
+        *,
+        round_index: int = 0,
+        reference: Tensor | None = None,
     ) -> tuple[Tensor, AggregationInfo]:
         """Like calling the pipeline, plus what happened to each of the ``n`` updates."""
-        return self._run(updates, weights, round_index, with_info=True)
+        return self._run(updates, weights, round_index, reference, with_info=True)
 
     def _run(
-        self, updates: Tensor, weights: Tensor | None, round_index: int, *, with_info: bool
+        self,
+        updates: Tensor,
+        weights: Tensor | None,
+        round_index: int,
+        reference: Tensor | None,
+        *,
+        with_info: bool,
     ) -> tuple[Tensor, AggregationInfo]:
         w = check_updates(updates, weights)
+        if reference is not None and tuple(reference.shape) != (updates.shape[1],):
+            raise UsageError(
+                f"reference must have shape ({updates.shape[1]},) like one update, got {tuple(reference.shape)}"
+            )
         self.check(updates.shape[0])
         x, mixes = updates, []
         for stage in self.wrappers:
-            mix = stage.entry.fn(x, w, stage.config, round_index=round_index)
+            mix = stage.entry.fn(x, w, stage.config, round_index=round_index, reference=reference)
             x = mix.matrix.to(x.dtype) @ x  # (k, n) @ (n, d) -> (k, d)
             w = mix.weights
             mixes.append(mix)
