@@ -76,6 +76,7 @@ class Mixing:
     matrix: Tensor  # (k, n), rows sum to 1
     weights: Tensor  # (k,) the next stage's weights
     partition: bool  # every update feeds at most one output (kept_fraction maps back; one that feeds none kept 0)
+    rows: Tensor | None = None  # (k,) when the matrix only selects these rows: gathered, not multiplied
 
 
 class WrapperFn(Protocol):

@@ -125,7 +125,11 @@ class AggregatorPipeline:
         x, mixes = updates, []
         for stage in self.wrappers:
             mix = stage.entry.fn(x, w, stage.config, round_index=round_index, reference=reference)
-            x = mix.matrix.to(x.dtype) @ x  # (k, n) @ (n, d) -> (k, d)
+            if mix.rows is None:
+                x = mix.matrix.to(x.dtype) @ x  # (k, n) @ (n, d) -> (k, d)
+            elif mix.rows.numel() < x.shape[0]:
+                x = x.index_select(0, mix.rows)  # (n, d) -> (k, d): a selection, no product
+            # else: every row kept in order, x passes as it is
             w = mix.weights
             mixes.append(mix)
         out, info = self.rule.entry.fn(x, w, self.rule.config, with_info=with_info)

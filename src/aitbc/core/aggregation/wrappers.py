@@ -134,7 +134,8 @@ def trend(updates: Tensor, weights: Tensor, cfg: TrendConfig, *, round_index: in
     their weights. Put a robust rule after it (``trend+centered-clip``): the trend is only
     as good as the aggregates it came from, and an attacker that aligns with it is left
     for the rule. Without a reference (the first round, a round after a skipped one, a
-    zero or non-finite step) every update passes. One ``(n, d) @ (d,)`` product.
+    zero or non-finite step) every update passes. Costs one ``(n, d) @ (d,)`` product and
+    the ``n`` norms, and a ``(k, d)`` copy of the kept rows only when it drops some.
     """
     n = updates.shape[0]
     dev = updates.device
@@ -153,4 +154,4 @@ def trend(updates: Tensor, weights: Tensor, cfg: TrendConfig, *, round_index: in
     kept = keep.nonzero().flatten()  # (k,)
     mix = torch.zeros(kept.numel(), n, dtype=torch.float64, device=dev)
     mix[torch.arange(kept.numel(), device=dev), kept] = 1.0  # (k, n) a selection
-    return Mixing(matrix=mix, weights=weights[kept], partition=True)
+    return Mixing(matrix=mix, weights=weights[kept], partition=True, rows=kept)
