@@ -37,7 +37,11 @@ def mask_far(g: Tensor) -> tuple[Tensor, Tensor]:
 def sq_distances(updates: Tensor) -> Tensor:
     """``D`` ``(n, n)`` float64: squared L2 distances, 0 on the diagonal, +inf to and from
     an update whose squared norm overflows."""
-    g, far = gram(updates)
+    return distances_from_gram(*gram(updates))
+
+
+def distances_from_gram(g: Tensor, far: Tensor) -> Tensor:
+    """:func:`sq_distances` from a Gram matrix and its overflow mask (as :func:`gram` returns them)."""
     sq = g.diagonal()  # (n,)
     g = 0.5 * (g + g.T)  # BLAS need not round G_ij and G_ji alike; ties must stay exact
     dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min(0.0)  # (n, n)

@@ -145,9 +145,15 @@ def check_updates(updates: Tensor, weights: Tensor | None) -> Tensor:
         bad = (~torch.isfinite(updates)).any(dim=1).nonzero().flatten().tolist()
         if bad:
             raise UsageError(f"updates {bad} contain NaN or Inf; reject them before aggregation")
+    return check_weights(n, weights, dtype=updates.dtype, device=updates.device)
+
+
+def check_weights(n: int, weights: Tensor | None, *, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``weights`` as a float ``(n,)`` tensor (ones when None); refused unless finite,
+    non-negative and not all zero."""
     if weights is None:
-        return torch.ones(n, dtype=updates.dtype, device=updates.device)
-    w = torch.as_tensor(weights, dtype=updates.dtype).flatten().to(updates.device)
+        return torch.ones(n, dtype=dtype, device=device)
+    w = torch.as_tensor(weights, dtype=dtype).flatten().to(device)
     if w.shape != (n,):
         raise UsageError(f"weights must have shape ({n},), got {tuple(w.shape)}")
     if not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:

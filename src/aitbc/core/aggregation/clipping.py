@@ -84,13 +84,23 @@ def centered_clip(
     """iterated clipping of differences around a robust start: the medoid or the median (Karimireddy et al. 2021)"""
     if cfg.start == "median":
         return _from_median(updates, weights, cfg), NO_INFO
-    n = updates.shape[0]
-    k, far = gram(updates)  # (n, n) float64 raw Gram, overflowing rows zeroed
+    c = medoid_coefficients(*gram(updates), weights, cfg)  # (n,)
+    out = c.to(updates.dtype) @ updates  # (d,)
+    if not with_info:
+        return out, NO_INFO
+    return out, AggregationInfo(kept_fraction=(c > 0).to(torch.float64), weight=c)
+
+
+def medoid_coefficients(k: Tensor, far: Tensor, weights: Tensor, cfg: CenteredClipConfig) -> Tensor:
+    """The ``medoid`` start's result as ``(n,)`` float64 coefficients ``c`` (the result is
+    ``c @ U``), from the raw Gram matrix ``k`` ``(n, n)`` and its overflow mask ``far``
+    (``_distances.gram``)."""
+    n = k.shape[0]
     sq = k.diagonal()  # (n,)
     k = 0.5 * (k + k.T)
     dist = (sq[:, None] + sq[None, :] - 2.0 * k).clamp_min(0.0)  # (n, n) squared distances
     dist = dist.masked_fill(far[:, None] | far[None, :], float("inf")).fill_diagonal_(0.0)
-    alive = torch.ones(n, dtype=torch.bool, device=updates.device)
+    alive = torch.ones(n, dtype=torch.bool, device=k.device)
     neighbours = max(1, (n - 1) // 2)
     s = int(krum_order(dist.nan_to_num(nan=float("inf")), alive, max(0, n - 2 - neighbours))[0])
     # Y = U - x_s: G_ij = K_ij - K_is - K_js + K_ss (the start never overflows while any update is finite)
@@ -98,10 +108,7 @@ def centered_clip(
     b = _iterate(g, far, weights, cfg, start_row=s)
     c = b.clone()  # (n,) the result's coefficients: (1 - sum b) x_s + b @ U
     c[s] += 1.0 - float(b.sum())
-    out = c.to(updates.dtype) @ updates  # (d,)
-    if not with_info:
-        return out, NO_INFO
-    return out, AggregationInfo(kept_fraction=(c > 0).to(torch.float64), weight=c)
+    return c
 
 
 def _iterate(g: Tensor, far: Tensor, weights: Tensor, cfg: CenteredClipConfig, *, start_row: int | None) -> Tensor:

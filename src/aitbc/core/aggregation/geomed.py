@@ -62,7 +62,17 @@ def geometric_median(
     updates: Tensor, weights: Tensor, cfg: GeometricMedianConfig, *, with_info: bool
 ) -> tuple[Tensor, AggregationInfo]:
     """geometric median by smoothed Weiszfeld (RFA, Pillutla et al. 2022)"""
-    g, far = gram(updates)  # (n, n); overflowing updates are infinitely far: weight 0
+    a = coefficients(*gram(updates), weights, cfg)  # (n,)
+    out = a.to(updates.dtype) @ updates  # (n,) @ (n, d) -> (d,)
+    if not with_info:
+        return out, NO_INFO
+    return out, AggregationInfo(kept_fraction=(a > 0).to(torch.float64), weight=a)
+
+
+def coefficients(g: Tensor, far: Tensor, weights: Tensor, cfg: GeometricMedianConfig) -> Tensor:
+    """The result's ``(n,)`` float64 coefficients ``a`` (the median is ``a @ U``) from the
+    Gram matrix ``g`` ``(n, n)`` and its overflow mask ``far`` (``_distances.gram``)."""
+    # overflowing updates are infinitely far: weight 0
     w = (weights / weights.sum()).to(torch.float64).masked_fill(far, 0.0)  # (n,)
     if w.sum() <= 0:  # every weighted update overflows: nothing finite to aggregate
         w = (~far).to(torch.float64)
@@ -80,7 +90,4 @@ def geometric_median(
         previous, objective = objective, float((w * _distances_to(g, a)).sum())
         if abs(previous - objective) <= cfg.eps * objective:
             break
-    out = a.to(updates.dtype) @ updates  # (n,) @ (n, d) -> (d,)
-    if not with_info:
-        return out, NO_INFO
-    return out, AggregationInfo(kept_fraction=(a > 0).to(torch.float64), weight=a)
+    return a

@@ -164,7 +164,21 @@ def bulyan(updates: Tensor, weights: Tensor, cfg: BulyanConfig, *, with_info: bo
     """repeated Krum picks n-2f, then per coordinate the n-4f values nearest the median (El Mhamdi et al. 2018)"""
     n, d = updates.shape
     chosen = bulyan_select(sq_distances(updates), cfg.f)  # (theta,)
-    theta, f = n - 2 * cfg.f, cfg.f
+    out, kept = bulyan_window(updates, chosen, cfg.f, with_info=with_info)
+    if not with_info:
+        return out, NO_INFO
+    beta = chosen.numel() - 2 * cfg.f
+    kept_n = torch.zeros(n, dtype=torch.float64, device=updates.device).index_put_((chosen,), kept / d)
+    return out, AggregationInfo(selected=chosen.sort().values, kept_fraction=kept_n, weight=kept_n / beta)
+
+
+def bulyan_window(updates: Tensor, chosen: Tensor, f: int, *, with_info: bool) -> tuple[Tensor, Tensor]:
+    """Bulyan's second stage: per coordinate, the mean of the ``beta = theta - 2f`` values
+    of the ``chosen`` rows ``(theta,)`` nearest the coordinate's median. Returns the
+    ``(d,)`` result and, with ``with_info``, each chosen row's kept coordinates
+    ``(theta,)`` float64 (zeros without)."""
+    d = updates.shape[1]
+    theta = chosen.numel()
     beta = theta - 2 * f
     out = torch.empty(d, dtype=updates.dtype, device=updates.device)  # (d,)
     kept = torch.zeros(theta, dtype=torch.float64, device=updates.device)  # (theta,) kept coordinates
@@ -194,7 +208,4 @@ def bulyan(updates: Tensor, weights: Tensor, cfg: BulyanConfig, *, with_info: bo
             kept.add_(shares.sum(1, dtype=torch.float64))
 
     sorter.run(block)
-    if not with_info:
-        return out, NO_INFO
-    kept_n = torch.zeros(n, dtype=torch.float64, device=updates.device).index_put_((chosen,), kept / d)
-    return out, AggregationInfo(selected=chosen.sort().values, kept_fraction=kept_n, weight=kept_n / beta)
+    return out, kept

@@ -55,11 +55,16 @@ class NnmConfig(WrapperConfig):
 @register_wrapper("nnm", NnmConfig)
 def nnm(updates: Tensor, weights: Tensor, cfg: NnmConfig, *, round_index: int, reference: Tensor | None) -> Mixing:
     """each update becomes the mean of its n-f nearest, itself included (Allouah et al. 2023)"""
-    n = updates.shape[0]
-    dist = sq_distances(updates)  # (n, n)
+    return nnm_mixing(sq_distances(updates), weights, cfg)
+
+
+def nnm_mixing(dist: Tensor, weights: Tensor, cfg: NnmConfig) -> Mixing:
+    """:func:`nnm`'s mixing from the squared distances ``dist`` ``(n, n)`` (``_distances``)."""
+    n = dist.shape[0]
+    dist = dist.clone()
     dist.fill_diagonal_(-1.0)  # itself first
     nearest = dist.argsort(dim=1, stable=True)[:, : n - cfg.f]  # (n, n-f)
-    mix = torch.zeros(n, n, dtype=torch.float64, device=updates.device)
+    mix = torch.zeros(n, n, dtype=torch.float64, device=dist.device)
     mix.scatter_(1, nearest, 1.0 / (n - cfg.f))
     return Mixing(matrix=mix, weights=weights, partition=False)
 
@@ -82,14 +87,18 @@ def bucketing(
     updates: Tensor, weights: Tensor, cfg: BucketingConfig, *, round_index: int, reference: Tensor | None
 ) -> Mixing:
     """seeded shuffle into buckets of s, each bucket's mean goes on (Karimireddy et al. 2022)"""
-    n = updates.shape[0]
+    return bucket_mixing(updates.shape[0], weights, cfg, round_index=round_index)
+
+
+def bucket_mixing(n: int, weights: Tensor, cfg: BucketingConfig, *, round_index: int) -> Mixing:
+    """:func:`bucketing`'s mixing of ``n`` updates: it reads only their count and weights."""
     k = cfg.out_n(n)
     gen = torch.Generator().manual_seed(cfg.seed * 100_003 + round_index)
-    order = torch.randperm(n, generator=gen).to(updates.device)  # (n,) position -> update
-    bucket = torch.empty(n, dtype=torch.long, device=updates.device)
-    bucket[order] = torch.arange(n, device=updates.device) // cfg.s  # (n,) update -> bucket
-    member = torch.zeros(k, n, dtype=torch.float64, device=updates.device)
-    member[bucket, torch.arange(n, device=updates.device)] = 1.0  # (k, n)
+    order = torch.randperm(n, generator=gen).to(weights.device)  # (n,) position -> update
+    bucket = torch.empty(n, dtype=torch.long, device=weights.device)
+    bucket[order] = torch.arange(n, device=weights.device) // cfg.s  # (n,) update -> bucket
+    member = torch.zeros(k, n, dtype=torch.float64, device=weights.device)
+    member[bucket, torch.arange(n, device=weights.device)] = 1.0  # (k, n)
     weighted = member * weights.to(torch.float64)[None, :]  # (k, n)
     total = weighted.sum(1)  # (k,) bucket weights
     # A bucket whose members all have weight 0 still averages them (and carries weight 0).
@@ -137,20 +146,38 @@ def trend(updates: Tensor, weights: Tensor, cfg: TrendConfig, *, round_index: in
     zero or non-finite step) every update passes. Costs one ``(n, d) @ (d,)`` product and
     the ``n`` norms, and a ``(k, d)`` copy of the kept rows only when it drops some.
     """
-    n = updates.shape[0]
     dev = updates.device
+    ref_norm = trend_reference_norm(reference, cfg)
+    if ref_norm is None:
+        return trend_mixing(None, None, 0.0, weights, cfg)
+    assert reference is not None  # a norm came from it
+    dots = (updates @ reference.to(device=dev, dtype=updates.dtype)).to(torch.float64)  # (n,)
+    norms = updates.norm(dim=1).to(torch.float64)  # (n,)
+    return trend_mixing(dots, norms, ref_norm, weights, cfg)
+
+
+def trend_reference_norm(reference: Tensor | None, cfg: TrendConfig) -> float | None:
+    """The reference's L2 norm when :func:`trend` compares with it; None when every update passes."""
+    if reference is None or cfg.f <= 0:
+        return None
+    ref_norm = float(reference.to(torch.float64).norm())
+    return ref_norm if math.isfinite(ref_norm) and ref_norm > 0 else None
+
+
+def trend_mixing(
+    dots: Tensor | None, norms: Tensor | None, ref_norm: float, weights: Tensor, cfg: TrendConfig
+) -> Mixing:
+    """:func:`trend`'s selection from each update's dot with the reference and its norm
+    (``(n,)`` float64 each; None: no reference, every update passes)."""
+    n = weights.shape[0]
+    dev = weights.device
     keep = torch.ones(n, dtype=torch.bool, device=dev)
-    if reference is not None and cfg.f > 0:
-        ref = reference.to(device=dev, dtype=torch.float64)
-        ref_norm = float(ref.norm())
-        if math.isfinite(ref_norm) and ref_norm > 0:
-            dots = (updates @ reference.to(device=dev, dtype=updates.dtype)).to(torch.float64)  # (n,)
-            norms = updates.norm(dim=1).to(torch.float64)  # (n,)
-            cos = torch.where(norms > 0, dots / (norms * ref_norm).clamp_min(1e-300), torch.zeros_like(dots))
-            cos = cos.nan_to_num(nan=0.0, posinf=1.0, neginf=-1.0).clamp(-1.0, 1.0)  # (n,)
-            for i in cos.argsort(stable=True)[: cfg.f].tolist():
-                if not cos[i] > cfg.min_cos:
-                    keep[i] = False
+    if dots is not None and norms is not None:
+        cos = torch.where(norms > 0, dots / (norms * ref_norm).clamp_min(1e-300), torch.zeros_like(dots))
+        cos = cos.nan_to_num(nan=0.0, posinf=1.0, neginf=-1.0).clamp(-1.0, 1.0)  # (n,)
+        for i in cos.argsort(stable=True)[: cfg.f].tolist():
+            if not cos[i] > cfg.min_cos:
+                keep[i] = False
     kept = keep.nonzero().flatten()  # (k,)
     mix = torch.zeros(kept.numel(), n, dtype=torch.float64, device=dev)
     mix[torch.arange(kept.numel(), device=dev), kept] = 1.0  # (k, n) a selection
