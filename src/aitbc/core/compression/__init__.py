@@ -45,7 +45,7 @@ sparseloco    chunk-wise top-k, ``bits``-bit sign+magnitude       ~density*(bits
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ from aitbc.core.compression.base import (
     Layout,
     _decode_with,
     check_layout,
+    decode_pieces_with,
     flat_f32,
     read_header,
 )
@@ -115,14 +116,26 @@ def decode(blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
     """Decode any codec's blob using only its own header. Malformed input is an
     ``IntegrityError``; so is a blob that claims more than ``max_numel`` values."""
     header, payload = read_header(blob)
+    return _decode_with(_codec_for(header), header, payload, max_numel)
+
+
+def decode_pieces(blob: bytes, *, max_numel: int = MAX_NUMEL, piece: int = 1 << 22) -> Iterator[Tensor]:
+    """:func:`decode`, flat and in consecutive pieces of about ``piece`` values each (in
+    the header's dtype): ``int8`` and ``int4`` decode piece by piece, so a large update is
+    never whole in float32; other codecs yield one piece. The header and sizes are checked
+    before this returns (same errors as :func:`decode`), each piece's content as it decodes."""
+    header, payload = read_header(blob)
+    return decode_pieces_with(_codec_for(header), header, payload, max_numel, piece)
+
+
+def _codec_for(header: Header) -> Codec:
     if header.codec not in CODECS:
         raise IntegrityError(f"update blob names unknown codec {header.codec!r}; known: {', '.join(CODECS.names())}")
     cls = CODECS.get(header.codec)
     try:
-        codec = cls(build_config(cls.Config, header.params, what=f"codec {header.codec!r}"))
+        return cls(build_config(cls.Config, header.params, what=f"codec {header.codec!r}"))
     except UsageError as e:  # the blob came from someone else: bad params are corruption, not usage
         raise IntegrityError(f"update header has bad parameters: {e}") from None
-    return _decode_with(codec, header, payload, max_numel)
 
 
 def compression_ratio(numel: int, nbytes: int) -> float:
@@ -152,6 +165,7 @@ __all__ = [
     "check_layout",
     "compression_ratio",
     "decode",
+    "decode_pieces",
     "dense",
     "flat_f32",
     "powersgd",

@@ -9,7 +9,7 @@ import math
 import operator
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -93,6 +93,12 @@ class Codec(ABC):
     @abstractmethod
     def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor: ...
 
+    def _decompress_pieces(self, payload: bytes, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+        """The decoded values in consecutive flat pieces of about ``piece`` values. A codec
+        whose format allows it decodes piece by piece (bounded temporaries); by default
+        the whole tensor is one piece."""
+        yield self._decompress(payload, meta, numel)
+
     # --- shared -------------------------------------------------------------------------------
 
     def _encode_flat(self, flat: Tensor, shape: tuple[int, ...], dtype: str) -> bytes:
@@ -162,6 +168,43 @@ def _strict_int(v: Any) -> int:
 
 
 def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -> Tensor:
+    numel, dtype = _checked(codec, header, payload, max_numel)
+    try:
+        flat = codec._decompress(payload, header.meta, numel)
+    except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
+        raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
+    if flat.numel() != numel:
+        raise IntegrityError(f"{header.codec} payload decodes to {flat.numel()} values, header says {numel}")
+    return flat.reshape(header.shape).to(dtype)
+
+
+def decode_pieces_with(codec: Codec, header: Header, payload: bytes, max_numel: int, piece: int) -> Iterator[Tensor]:
+    """Like :func:`_decode_with`, flat, in consecutive pieces (see ``Codec._decompress_pieces``);
+    the sizes are checked before this returns, the payload's content as each piece decodes."""
+    if piece < 1:
+        raise UsageError(f"piece must be at least one value, got {piece}")
+    numel, dtype = _checked(codec, header, payload, max_numel)
+    return _pieces(codec, header, payload, numel, dtype, piece)
+
+
+def _pieces(
+    codec: Codec, header: Header, payload: bytes, numel: int, dtype: torch.dtype, piece: int
+) -> Iterator[Tensor]:
+    done = 0
+    try:
+        for flat in codec._decompress_pieces(payload, header.meta, numel, piece):
+            done += flat.numel()
+            if done > numel:
+                break
+            yield flat.reshape(-1).to(dtype)
+    except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
+        raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
+    if done != numel:
+        raise IntegrityError(f"{header.codec} payload decodes to {done} values, header says {numel}")
+
+
+def _checked(codec: Codec, header: Header, payload: bytes, max_numel: int) -> tuple[int, torch.dtype]:
+    """The header's value count and dtype, once every size it implies matches the payload."""
     numel = _numel(header.shape)
     dtype = getattr(torch, header.dtype, None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -178,10 +221,4 @@ def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -
         raise IntegrityError(
             msg if len(msg) < 300 else f"update header claims more than the allowed {max_numel} values"
         )
-    try:
-        flat = codec._decompress(payload, header.meta, numel)
-    except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
-        raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
-    if flat.numel() != numel:
-        raise IntegrityError(f"{header.codec} payload decodes to {flat.numel()} values, header says {numel}")
-    return flat.reshape(header.shape).to(dtype)
+    return numel, dtype

@@ -20,6 +20,7 @@ NaN and the aggregator rejects the update instead of the codec hiding it.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -86,6 +87,22 @@ class _Chunked(Codec):
         if np.abs(q.astype(np.int16)).max(initial=0) > self.levels:
             raise ValueError(f"{self.name} code outside [-{self.levels}, {self.levels}]")
         return dequantize_chunks(scale, torch.from_numpy(q), self.cfg.chunk_size)
+
+    def _decompress_pieces(self, payload: bytes, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+        # Pieces start on a chunk boundary and an even value (int4 packs two a byte), so each
+        # decodes from its own scales and code bytes with the same arithmetic as the whole.
+        chunk = self.cfg.chunk_size
+        step = max(1, -(-piece // (2 * chunk))) * 2 * chunk
+        c = n_chunks(numel, chunk)
+        codes_at = 4 * c
+        for lo in range(0, numel, step):
+            hi = min(lo + step, numel)
+            scale, _ = read_f32(payload, 4 * (lo // chunk), n_chunks(hi, chunk) - lo // chunk)
+            raw, _ = read(payload, codes_at + self._code_bytes(lo), self._code_bytes(hi) - self._code_bytes(lo), "u1")
+            q = self._unpack(raw, hi - lo)
+            if np.abs(q.astype(np.int16)).max(initial=0) > self.levels:
+                raise ValueError(f"{self.name} code outside [-{self.levels}, {self.levels}]")
+            yield dequantize_chunks(scale, torch.from_numpy(q), chunk)
 
     @abstractmethod
     def _pack(self, q: np.ndarray) -> bytes: ...
