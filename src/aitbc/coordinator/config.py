@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     port: int = Field(8700, ge=0, le=65535)  # 0: any free port
     max_blob_bytes: int = Field(256 << 20, ge=1)  # largest blob a PUT may store
     max_json_bytes: int = Field(1 << 20, ge=1)  # largest JSON request body (counted while read)
+    # a round whose n x d float32 updates would pass this is aggregated from disk, in bounded memory
+    aggregation_memory_mb: float = Field(1024.0, gt=0)
     max_uploads: int = Field(16, ge=1)  # blob uploads in flight at once; more are refused 429
     lease_seconds: float = Field(10.0, gt=0)  # a worker silent this long has failed
     max_skew_seconds: float = Field(120.0, gt=0)  # signed timestamps this far off are refused

@@ -35,15 +35,13 @@ from aitbc.coordinator.books import books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run
+from aitbc.coordinator.round_updates import aggregate_updates
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime
 from aitbc.coordinator.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
 from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.workforce import drop_slowest, end_run
-from aitbc.core.compression import decode as decode_update
-from aitbc.core.norms import apply_verdict, judge_norms, update_norms
 from aitbc.core.outer import build_outer
-from aitbc.errors import AitbcError
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate
 
@@ -186,23 +184,26 @@ def aggregate_round(
     rejected: list[tuple[int, str]] = []
     clipped: list[int] = []
     if accepted:
-        U = torch.stack(
-            [decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted]
-        )  # (n, d)
         if weights is None:  # the samples each update was trained on (a shard split since does not change them)
             weights = [float(u.samples) for u, _ in accepted]
-        # The norm bound (aitbc.core.norms), against the whole round: grossly large -> rejected, large -> clipped.
-        verdict = judge_norms(update_norms(U), rt.norm_bound, [_expected_scale(run, u) for u, _ in accepted])
-        rejected = [(accepted[i][0].id, verdict.reasons[i] or "") for i in verdict.rejected]
-        clipped = [accepted[i][0].id for i in verdict.clipped]
-        U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d)
-        w = torch.tensor([weights[i] for i in keep], dtype=torch.float32)  # (k,)
-        try:
-            rt.aggregator.check(U.shape[0])
-        except AitbcError:
-            skipped = True
-        if not skipped:
-            delta = rt.aggregator(U, w, round_index=r, reference=rt.trend(ctx, run.id, r))  # (n, d) -> (d,)
+        # The norm bound (aitbc.core.norms), against the whole round: grossly large -> rejected, large -> clipped;
+        # then the rule, in memory or streamed from disk past aggregation_memory_mb (round_updates).
+        agg = aggregate_updates(
+            ctx,
+            rt.aggregator,
+            rt.norm_bound,
+            [u.cid for u, _ in accepted],
+            weights,
+            [_expected_scale(run, u) for u, _ in accepted],
+            d=rt.d,
+            round_index=r,
+            reference=rt.trend(ctx, run.id, r),
+        )
+        rejected = [(accepted[i][0].id, agg.verdict.reasons[i] or "") for i in agg.verdict.rejected]
+        clipped = [accepted[i][0].id for i in agg.verdict.clipped]
+        skipped = agg.delta is None
+        if agg.delta is not None:
+            delta = agg.delta  # (d,)
             outer = build_outer(rt.outer_name, rt.outer_options)
             if rt.outer_state:
                 outer.load_state_dict({k: v.clone() for k, v in rt.outer_state.items()})

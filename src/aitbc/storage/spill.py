@@ -57,18 +57,18 @@ class SpillMatrix:
         float32, as ``decode(...).to(torch.float32)`` would give), measuring its norm."""
         if not 0 <= row < self.n:
             raise IndexError(f"row {row} is outside the matrix's {self.n} rows")
-        at, sq, finite = 0, 0.0, True
+        at, sq = 0, 0.0
         for piece in pieces:
             values = piece.reshape(-1).to(torch.float32).contiguous()  # (p,)
             if at + values.numel() > self.d:
                 raise UsageError(f"update {row} has more than the model's {self.d} values")
             _write_all(self._fd, values.numpy().data, 4 * (row * self.d + at))
+            # float32 squares summed in float64 cannot overflow: the sum is finite iff every value is
             sq += float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
-            finite = finite and bool(torch.isfinite(values).all())
             at += values.numel()
         if at != self.d:
             raise UsageError(f"update {row} has {at} values; the model has {self.d}")
-        self._sq[row], self._finite[row], self._filled[row] = sq, finite, True
+        self._sq[row], self._finite[row], self._filled[row] = sq, math.isfinite(sq), True
 
     def norms(self) -> list[float]:
         """Each row's L2 norm (float64 sums, as ``aitbc.core.norms.update_norms``; nan for a
