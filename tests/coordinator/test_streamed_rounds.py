@@ -84,4 +84,12 @@ def test_rounds_stream_from_disk_with_the_norm_bound_and_the_trend_as_in_memory(
     assert rows[x.wallet.address] == "rejected" and rows[c.wallet.address] == "accepted"
     U2 = torch.stack([decode(b_).to(torch.float32) for b_ in two[:2]])  # c's IPM update left out by the trend
     torch.testing.assert_close(_model(t, 1) - _model(t, 2), U2.mean(0), rtol=0, atol=1e-6)
+    # and the books thread scored round 2 from disk with the rule's verdict: the IPM update kept nothing
+    settled = "SELECT settled_round FROM runs WHERE id = :r"
+    _wait(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= 2, what="round 2 settled")
+    kept = {
+        r["worker_id"]: r["kept"]
+        for r in t.coord.rows("SELECT worker_id, kept FROM scores WHERE run_id = :r AND round = 2", r=t.run_id)
+    }
+    assert kept == {a.wallet.address: 1.0, b.wallet.address: 1.0, c.wallet.address: 0.0}
     assert list((coord.home / SPILL_DIR).iterdir()) == []  # nothing left on disk

@@ -18,7 +18,8 @@ Shape letters: ``n`` accepted updates, ``k`` kept by the norm bound, ``d`` param
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.core.aggregation import AggregatorPipeline
-from aitbc.core.aggregation.streaming import ScaledRows, aggregate_stream
+from aitbc.core.aggregation.streaming import ColumnSource, ScaledRows, TensorSource, aggregate_stream
 from aitbc.core.compression import decode, decode_pieces
 from aitbc.core.norms import CLIP, REJECT, NormBound, NormVerdict, apply_verdict, judge_norms, update_norms
 from aitbc.errors import AitbcError
@@ -49,6 +50,21 @@ def streams(ctx: Context, n: int, d: int) -> bool:
     return 4 * n * d > ctx.settings.aggregation_memory_mb * (1 << 20)
 
 
+@contextmanager
+def decoded(ctx: Context, cids: Sequence[str], d: int) -> Iterator[ColumnSource]:
+    """The updates stored under ``cids`` as a ``ColumnSource``: one ``(n, d)`` float32
+    tensor in memory, or a spilled matrix on disk past ``aggregation_memory_mb`` (what
+    scoring reads; gone when the block ends)."""
+    n = len(cids)
+    if not streams(ctx, n, d):
+        yield TensorSource(torch.stack([decode(ctx.store.get_bytes(c), max_numel=d).to(torch.float32) for c in cids]))
+        return
+    with SpillMatrix(n, d, directory=ctx.settings.home / SPILL_DIR) as m:
+        for i, cid in enumerate(cids):
+            m.fill(i, decode_pieces(ctx.store.get_bytes(cid), max_numel=d))
+        yield m
+
+
 def aggregate_updates(
     ctx: Context,
     pipeline: AggregatorPipeline,
@@ -64,11 +80,9 @@ def aggregate_updates(
     """The norm bound's verdict on the updates stored under ``cids`` (each ``d`` values;
     ``scales``: each one's expected size, see ``judge_norms``), then ``pipeline`` over the
     kept ones with their ``weights``. Call with the run's runtime lock held."""
-    n = len(cids)
-    if streams(ctx, n, d):
-        with SpillMatrix(n, d, directory=ctx.settings.home / SPILL_DIR) as m:
-            for i, cid in enumerate(cids):
-                m.fill(i, decode_pieces(ctx.store.get_bytes(cid), max_numel=d))
+    if streams(ctx, len(cids), d):
+        with decoded(ctx, cids, d) as m:
+            assert isinstance(m, SpillMatrix)
             verdict = judge_norms(m.norms(), bound, scales)
             keep = [i for i, a in enumerate(verdict.actions) if a != REJECT]
             rows = ScaledRows(m, keep, [verdict.factors[i] if verdict.actions[i] == CLIP else 1.0 for i in keep])

@@ -24,10 +24,11 @@ from aitbc.coordinator.books import books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import row
+from aitbc.coordinator.round_updates import decoded
 from aitbc.coordinator.runtime import RunRuntime, runtime
 from aitbc.coordinator.states import ScoreStatus, UpdateStatus
 from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
-from aitbc.core.compression import decode as decode_update
+from aitbc.core.aggregation.streaming import ColumnSource, TensorSource, aggregate_stream, read_row
 from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, set_flat_params
 
@@ -154,9 +155,21 @@ def _judge(
     model = books_model(ctx, run.id, rt)
     load_checkpoint(model, ctx.store.get_bytes(before_cid))
     before = flat_params(model)  # (d,)
-    U = torch.stack(
-        [decode_update(ctx.store.get_bytes(u.cid), max_numel=rt.d).to(torch.float32) for u, _ in accepted]
-    )  # (n, d)
+    with decoded(ctx, [u.cid for u, _ in accepted], rt.d) as U:  # (n, d): in memory, or on disk past the setting
+        return _judge_decoded(ctx, run, rt, model, before, U, accepted, r)
+
+
+def _judge_decoded(
+    ctx: Context,
+    run: Run,
+    rt: RunRuntime,
+    model: nn.Module,
+    before: Tensor,
+    source: ColumnSource,
+    accepted: Sequence[tuple[Update, Job]],
+    r: int,
+) -> list[UpdateScore]:
+    U = source.updates if isinstance(source, TensorSource) else source  # in memory: the tensor, as before
     trained = [
         u.shard_index if u.shard_index is not None else j.shard_index for u, j in accepted
     ]  # the shard each trained on
@@ -179,12 +192,17 @@ def _judge(
     )
 
 
-def kept_shares(aggregator: Aggregator, U: Tensor, w: Tensor, r: int, reference: Tensor | None = None) -> list[float]:
+def kept_shares(
+    aggregator: Aggregator, U: Tensor | ColumnSource, w: Tensor, r: int, reference: Tensor | None = None
+) -> list[float]:
     """The share of each update ``U`` ``(n, d)`` the run's rule kept (1.0 each when the
     rule keeps everything or has too few updates to judge); ``reference``: the round's
-    trend, as the close passed it."""
+    trend, as the close passed it. A ``ColumnSource`` (a round on disk) is streamed."""
     try:
-        _, info = aggregator.with_info(U, w, round_index=r, reference=reference)
+        if isinstance(U, Tensor):
+            _, info = aggregator.with_info(U, w, round_index=r, reference=reference)
+        else:
+            _, info = aggregate_stream(aggregator, U, w, round_index=r, reference=reference, with_info=True)
     except Exception:  # noqa: BLE001 - too few updates for the rule: no verdict, not an outlier
         return [1.0] * U.shape[0]
     if info.kept_fraction is not None:
@@ -198,7 +216,7 @@ def kept_shares(aggregator: Aggregator, U: Tensor, w: Tensor, r: int, reference:
 def judge(
     model: nn.Module,
     before: Tensor,
-    U: Tensor,
+    U: Tensor | ColumnSource,
     trained: Sequence[int],
     shards: Sequence[tuple[Tensor, Tensor]],
     split: Sequence[bool],
@@ -218,7 +236,7 @@ def judge(
     base_val = _losses(model, before, vx, vy)  # (B,)
     gains, gain_se, own, own_se, other, other_se = [], [], [], [], [], []
     for i, k in enumerate(trained):
-        after = before - U[i]  # (d,) this update alone applied
+        after = before - (U[i] if isinstance(U, Tensor) else read_row(U, i))  # (d,) this update alone applied
         m, e = _gain(base_val, _losses(model, after, vx, vy))
         gains.append(m)
         gain_se.append(e)

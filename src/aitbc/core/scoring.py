@@ -65,6 +65,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aitbc.core.aggregation.streaming import ColumnSource, column_blocks, gram64
+
 HARMFUL = "harmful"
 COPY = "copy"
 UNASSIGNED = "unassigned"
@@ -125,17 +127,25 @@ def relative_gain(before: float, after: float) -> float:
     return (before - after) / before
 
 
-def copies(updates: Tensor, *, cosine: float = 0.9999) -> list[int | None]:
+def copies(updates: Tensor | ColumnSource, *, cosine: float = 0.9999) -> list[int | None]:
     """For each of ``updates`` ``(n, d)``, the index of an earlier update it copies
-    (cosine similarity above ``cosine``), else None. Zero updates copy nothing."""
+    (cosine similarity above ``cosine``), else None. Zero updates copy nothing. A
+    ``ColumnSource`` (a round streamed from disk) gives the same cosines from its float64
+    Gram matrix, read one column block at a time."""
     n = updates.shape[0]
     out: list[int | None] = [None] * n
     if n < 2:
         return out
-    x = updates.to(torch.float64)
-    norms = x.norm(dim=1)  # (n,)
-    unit = x / norms.clamp_min(1e-30).unsqueeze(1)  # (n, d)
-    sim = unit @ unit.T  # (n, n)
+    if isinstance(updates, Tensor):
+        x = updates.to(torch.float64)
+        norms = x.norm(dim=1)  # (n,)
+        unit = x / norms.clamp_min(1e-30).unsqueeze(1)  # (n, d)
+        sim = unit @ unit.T  # (n, n)
+    else:
+        g = gram64(updates)  # (n, n)
+        norms = g.diagonal().clamp_min(0.0).sqrt()  # (n,)
+        c = norms.clamp_min(1e-30)
+        sim = g / (c[:, None] * c[None, :])  # (n, n)
     for i in range(1, n):
         if norms[i] == 0:
             continue
@@ -146,14 +156,27 @@ def copies(updates: Tensor, *, cosine: float = 0.9999) -> list[int | None]:
     return out
 
 
-def alignments(updates: Tensor) -> list[float]:
+def alignments(updates: Tensor | ColumnSource) -> list[float]:
     """Cosine of each update ``(n, d)`` with the round's coordinate-wise median: honest
     updates point roughly the same way, a reversed one points back. The median, not the
     mean, so one large attacker cannot turn the reference around; with fewer than 3
-    updates there is no majority to judge by (1.0 for all)."""
+    updates there is no majority to judge by (1.0 for all). A ``ColumnSource`` is read one
+    column block at a time (the median, the dots and the norms add up over blocks)."""
     n = updates.shape[0]
     if n < 3:
         return [1.0] * n
+    if not isinstance(updates, Tensor):
+        dots = torch.zeros(n, dtype=torch.float64)
+        sq = torch.zeros(n, dtype=torch.float64)
+        sq_med = 0.0
+        for _, _, block in column_blocks(updates):
+            xb = block.to(torch.float64)  # (n, c)
+            med = xb.median(dim=0).values  # (c,) the lower median, as below
+            dots += xb @ med
+            sq += (xb * xb).sum(1)
+            sq_med += float(med @ med)
+        cos = dots / (sq.sqrt() * math.sqrt(sq_med)).clamp_min(1e-30)  # (n,)
+        return [float(c) for c in cos]
     x = updates.to(torch.float64)
     ref = x.median(dim=0).values.unsqueeze(0)  # (1, d)
     cos = torch.nn.functional.cosine_similarity(x, ref.expand_as(x), dim=1, eps=1e-30)  # (n,)

@@ -371,6 +371,28 @@ if _missing:  # every registered stage streams: checked when this module is impo
     raise RuntimeError(f"aggregation stages without a streaming form: {', '.join(_missing)}")
 
 
+# --- for other readers of a round (scoring) -----------------------------------------------
+
+
+def column_blocks(source: ColumnSource, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, int, Tensor]]:
+    """Every column block ``(lo, hi, X)`` of all the source's rows, ``X`` ``(n, c)`` float32."""
+    return _Stream(source, block_bytes).inputs()
+
+
+def gram64(source: ColumnSource, block_bytes: int = BLOCK_BYTES) -> Tensor:
+    """The source's ``(n, n)`` Gram matrix, float64 throughout (no overflow masking)."""
+    n = source.shape[0]
+    g = torch.zeros(n, n, dtype=torch.float64)
+    for _, _, x in column_blocks(source, block_bytes):
+        g += _gram64(x)
+    return g
+
+
+def read_row(source: ColumnSource, i: int) -> Tensor:
+    """Row ``i`` ``(d,)`` float32, a fresh tensor."""
+    return source.read([i], 0, source.shape[1])[0]
+
+
 # --- the entry point ----------------------------------------------------------------------
 
 
@@ -412,4 +434,13 @@ def aggregate_stream(
     return out, info
 
 
-__all__ = ["BLOCK_BYTES", "ColumnSource", "ScaledRows", "TensorSource", "aggregate_stream"]
+__all__ = [
+    "BLOCK_BYTES",
+    "ColumnSource",
+    "ScaledRows",
+    "TensorSource",
+    "aggregate_stream",
+    "column_blocks",
+    "gram64",
+    "read_row",
+]
