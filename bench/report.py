@@ -14,6 +14,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHES = [
     ("aggregation_speed", "Aggregation speed", "python bench/aggregation_speed.py"),
+    ("aggregation_memory", "Aggregation memory (streamed from disk)", "python bench/aggregation_memory.py"),
     ("communication", "Communication", "python bench/communication.py"),
     ("robustness", "Robustness", "python bench/robustness.py"),
     ("stragglers", "Stragglers", "python bench/stragglers.py"),

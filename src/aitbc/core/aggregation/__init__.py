@@ -47,6 +47,18 @@ threads (``_sorting``). Against ``mean`` (2026-12-02, 2-core AMD EPYC): Krum 2.7
 centered clipping 3.0x (from the medoid of the Gram matrix), geometric median 3.7x,
 median 7.6x, trimmed mean 8.5x, Bulyan 11.5x.
 
+Streaming (``streaming.aggregate_stream(pipeline, source, weights, ...)``): the same
+pipeline over a ``ColumnSource`` read one column block at a time, for rounds whose
+``(n, d)`` float32 does not fit in memory (the coordinator spills them to disk past
+``aggregation_memory_mb``). Coordinate rules run per block, bit for bit; distance rules,
+``nnm`` and Bulyan's selection sum the ``(k, k)`` Gram matrix over blocks (float64),
+decide in coefficient space exactly as in memory (Weiszfeld and centered clipping iterate
+on ``(k,)`` and ``(k, k)`` tensors only: no pass per iteration), then read only the rows
+with a non-zero coefficient; wrappers fold into one ``(k, n)`` mixing; ``trend`` sums each
+update's dot with the reference and its norm. Every rule and wrapper has a streaming form
+(checked at import); tests compare them with memory on random inputs. Memory: one block
+(``BLOCK_BYTES``, 32 MiB, and its float64 copy), the ``(d,)`` result, the reference.
+
 Order of checks on a call: shapes and finiteness of the updates and weights (NaN/Inf
 rejected first), then the conditions on ``n`` (a wrapper may change ``n``: bucketing
 passes ``ceil(n/s)`` bucket means on), then the arithmetic.
