@@ -12,7 +12,7 @@ from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.aggregation.streaming import aggregate_stream
 from aitbc.core.compression import build_codec, decode, decode_pieces
 from aitbc.core.norms import update_norms
-from aitbc.errors import UsageError
+from aitbc.errors import AitbcError, UsageError
 from aitbc.storage.spill import SpillMatrix
 
 
@@ -87,3 +87,9 @@ def test_the_file_leaves_nothing_behind(tmp_path):
     with SpillMatrix(2, 1 << 16, directory=tmp_path / "spill") as m:
         m.fill(0, [torch.ones(1 << 16)])
     assert list((tmp_path / "spill").iterdir()) == []
+
+
+def test_a_folder_it_cannot_use_is_one_line(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(AitbcError, match=r"^cannot spill 2 updates of 4 values \(3.2e-08 GB\) under .*taken: "):
+        SpillMatrix(2, 4, directory=tmp_path / "taken")

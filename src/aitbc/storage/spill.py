@@ -28,7 +28,7 @@ from types import TracebackType
 import torch
 from torch import Tensor
 
-from aitbc.errors import UsageError
+from aitbc.errors import AitbcError, UsageError
 
 
 class SpillMatrix:
@@ -39,10 +39,14 @@ class SpillMatrix:
     def __init__(self, n: int, d: int, *, directory: Path) -> None:
         if n < 1 or d < 1:
             raise UsageError(f"a spilled matrix needs n >= 1 rows and d >= 1 values, got ({n}, {d})")
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        self._file = tempfile.TemporaryFile(dir=directory, prefix="spill-")  # noqa: SIM115 - closed by close()
-        self._fd = self._file.fileno()
-        os.ftruncate(self._fd, 4 * n * d)  # sparse until written
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._file = tempfile.TemporaryFile(dir=self.directory, prefix="spill-")  # noqa: SIM115 - closed by close()
+            self._fd = self._file.fileno()
+            os.ftruncate(self._fd, 4 * n * d)  # sparse until written
+        except OSError as e:
+            raise self._no_room(e, n, d) from None
         self.n, self.d = n, d
         self._sq = [0.0] * n  # each row's sum of squares, float64
         self._finite = [True] * n
@@ -62,7 +66,10 @@ class SpillMatrix:
             values = piece.reshape(-1).to(torch.float32).contiguous()  # (p,)
             if at + values.numel() > self.d:
                 raise UsageError(f"update {row} has more than the model's {self.d} values")
-            _write_all(self._fd, values.numpy().data, 4 * (row * self.d + at))
+            try:
+                _write_all(self._fd, values.numpy().data, 4 * (row * self.d + at))
+            except OSError as e:  # ENOSPC, EIO: one line, not a traceback from the driver's thread
+                raise self._no_room(e, self.n, self.d) from None
             # float32 squares summed in float64 cannot overflow: the sum is finite iff every value is
             sq += float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
             at += values.numel()
@@ -99,6 +106,12 @@ class SpillMatrix:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    def _no_room(self, e: OSError, n: int, d: int) -> AitbcError:
+        return AitbcError(
+            f"cannot spill {n} updates of {d} values ({4 * n * d / 1e9:.3g} GB) under {self.directory}: "
+            f"{e.strerror or e}"
+        )
 
     def _check_filled(self) -> None:
         missing = [i for i, f in enumerate(self._filled) if not f]

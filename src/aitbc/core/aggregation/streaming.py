@@ -25,7 +25,8 @@ How each stage streams (``k`` inputs of the stage, ``n`` source rows):
 - ``centered-clip:start=median``: a pass for the median (kept as the ``(d,)`` output
   buffer), a pass for the Gram matrix of the updates minus the median, a combining pass.
 
-Equality with memory: coordinate rules agree bit for bit on the same inputs. Anything
+Equality with memory: coordinate rules agree bit for bit on the same inputs (with no
+mixing wrapper in front: a mixture is a product, rounded per block). Anything
 through a Gram matrix agrees to float rounding: each block's ``X_b X_b^T`` is computed and
 summed in float64 (the in-memory product is one float32 BLAS call, so the streamed Gram is
 the more exact one), and an entry past the float32 range counts as overflowed as it would
