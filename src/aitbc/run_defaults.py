@@ -28,6 +28,10 @@ ERROR_FEEDBACK = False
 MODE = "sync"
 EVAL_EVERY = 1  # evaluate every N rounds (and after the last)
 VERIFY_RATE = 0.0  # spot checks: the expected share of each update's local steps the coordinator re-runs
+# Overlapping rounds: 0, each round trains from the model the previous round made; 1, a
+# worker starts round r+1 as soon as it has sent round r, from the newest published model
+# (one round older), and its update is applied to the newest one (one-step delay).
+OVERLAP = 0
 # text:PATH datasets: bytes read at most (a longer corpus is cut, with a warning). 128 MiB:
 # large enough for most folders, and one shard of it (x and y: 2 x 90%) still fits the
 # coordinator's default largest blob (256 MiB). The stdlib corpus is a 4 MiB sample.
