@@ -17,7 +17,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +84,30 @@ class Trained:
     start: tuple[int, dict[str, Any], Any] | None = None
 
 
+class _Sender:
+    """One call on a daemon thread of its own; :meth:`wait` returns its result or raises
+    its error (a daemon thread: a stopping worker does not wait for a long poll)."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._call = call
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sender", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._call()
+        except BaseException as e:  # noqa: BLE001 - not swallowed: wait() raises it in the main thread
+            self._error = e
+
+    def wait(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 def _ahead_key(job: dict[str, Any]) -> tuple[Any, ...]:
     """What a round trained ahead must match in the job's view of that round to be sent:
     the job, the round, the shard and every training setting (the owner may change them)."""
@@ -113,13 +136,13 @@ class Worker:
         self.refused: set[str] = set()  # jobs whose model this machine will not build
         self.registered = threading.Event()
         self.reporter = Reporter(self._send_progress)  # progress goes out beside training, never in its way
-        self._model: tuple[str, bytes] | None = (
-            None  # the last global model (CID, bytes): a round trained again reuses it
-        )
+        # the last two global models by CID (a round trained again reuses one; with overlap the
+        # sender thread fetches the next while the main thread trains from the last)
+        self._models: dict[str, bytes] = {}
+        self._models_lock = threading.Lock()
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
-        # overlap 1: a round's update is sent by this thread while the next round trains
-        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sender")
-        self._sending: tuple[dict[str, Any], Trained, Future[None]] | None = None
+        # overlap 1: a round's update is sent by a thread of its own while the next round trains
+        self._sending: tuple[dict[str, Any], Trained, _Sender] | None = None
         self.attack = None
         if cfg.attack:
             import torch
@@ -145,14 +168,10 @@ class Worker:
         hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         hb.start()
         while not self.stop.is_set():
-            view = self._retry(
-                lambda: self.client.get(
-                    f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True
-                )
-            )
+            # with overlap, the sender thread asked for the next round after sending the last update
+            view = self._settle_sent() or self._retry(self._poll)
             if view is None:
                 break  # stopping
-            self._settle_sent()  # the last round's update, sent while the next one trained
             job = view.get("job")
             if job is None:
                 if self.job is not None:
@@ -178,10 +197,12 @@ class Worker:
                 except (Unreachable, IntegrityError) as e:  # fetching the model or shard: ask again after a pause
                     log.warning("%s", e)
                     self.stop.wait(1.0)
-        self._settle_sent()
-        self._sender.shutdown()
-        self.reporter.close()
+        self.reporter.close()  # an update still being sent is left: a stopped worker's round is not recorded
         self.client.close()
+
+    def _poll(self) -> dict[str, Any]:
+        """The job's view: a long poll, answered when there is a round to train."""
+        return self.client.get(f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True)
 
     def register(self) -> None:
         try:
@@ -268,19 +289,35 @@ class Worker:
         # trains here, from this round's model (the newest there is); that round's update
         # names it as its base. If this one is refused, the next is dropped (_settle_sent).
         self.reporter.drain()  # no progress report of this round may land after its update
-        self._sending = (job, done, self._sender.submit(self._submit, job, state, done, t0, drained=True))
+        self._sending = (job, done, _Sender(lambda: self._send_and_look(job, state, done, t0)))
         self._ahead = self._train(job, state, job["round"] + 1)
 
-    def _settle_sent(self) -> None:
-        """Wait for the update the sender thread is sending; if it was refused, the round
-        trained ahead after it goes too (it began where that one ended), and the optimizer
-        and residual go back to where that update began, as if it never trained."""
+    def _send_and_look(self, job: dict[str, Any], state: JobState, done: Trained, t0: float) -> dict[str, Any] | None:
+        """The sender thread: send the round's update, then wait for the next round to open
+        and fetch its model, so the main thread, done training ahead, finds both at hand.
+        Returns the job's view (None: the main thread asks itself)."""
+        self._submit(job, state, done, t0, drained=True)
+        try:
+            view = self._retry(self._poll)
+            nxt = (view or {}).get("job")
+            if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
+                self._global_model(nxt["global_model_cid"])
+            return view
+        except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
+            log.info("next round not fetched ahead: %s", e)
+            return None
+
+    def _settle_sent(self) -> dict[str, Any] | None:
+        """Wait for the update the sender thread is sending and return the job's view it
+        fetched after it. If the update was refused, the round trained ahead after it goes
+        too (it began where that one ended), and the optimizer and residual go back to where
+        that update began, as if it never trained."""
         if self._sending is None:
-            return
-        job, done, fut = self._sending
+            return None
+        job, done, sender = self._sending
         self._sending = None
         try:
-            fut.result()
+            return sender.wait()
         except ApiError as e:
             if e.code != "duplicate_update":  # duplicate: recorded before (its reply was lost)
                 ahead, self._ahead = self._ahead, None
@@ -293,6 +330,7 @@ class Worker:
             self._refused(job, e)
         except (Unreachable, IntegrityError) as e:  # stopping (sends are retried through outages)
             log.warning("%s", e)
+        return None
 
     def _take_ahead(self, job: dict[str, Any], state: JobState) -> Trained | None:
         """The round trained ahead for ``job`` (its update not yet sent), if the job's view
@@ -598,15 +636,20 @@ class Worker:
         return self.cache.get(cid, self._download)
 
     def _global_model(self, cid: str) -> bytes:
-        """The round's global model: the one kept from the last download if it has this CID
-        (a round trained again, a skipped round), else downloaded, checked against its CID
-        (an ``IntegrityError`` if the bytes do not hash to it) and kept in memory. A model
-        is used once or twice and replaced every round: the disk cache is for shards."""
-        if self._model is not None and self._model[0] == cid:
-            return self._model[1]
-        self._model = None
+        """The round's global model: one of the last two downloaded if it has this CID (a
+        round trained again, a skipped round; with overlap, the next round's model fetched
+        by the sender thread), else downloaded, checked against its CID (an
+        ``IntegrityError`` if the bytes do not hash to it) and kept in memory. A model is
+        used once or twice and replaced every round: the disk cache is for shards."""
+        with self._models_lock:
+            data = self._models.get(cid)
+        if data is not None:
+            return data
         data = self._download(cid)
-        self._model = (cid, data)
+        with self._models_lock:
+            self._models[cid] = data
+            while len(self._models) > 2:
+                del self._models[next(iter(self._models))]  # the oldest
         return data
 
     def _download(self, cid: str) -> bytes:
