@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from aitbc.training.checkpoint import bytes_to_tensors
+
 from .conftest import wait_for
 
 
@@ -101,3 +103,30 @@ def test_overlap_is_bounded(new_coordinator, api):
             assert e.status == 422 and "overlap must be in [0, 1]" in e.detail, e
         else:
             raise AssertionError(f"overlap {bad} accepted")
+
+
+def test_an_update_from_the_model_before_counts_by_the_staleness_rule(new_coordinator, api):
+    """Round 2 with one update from round 0's model (u_a = 1e-3 everywhere) and one from
+    round 1's (u_b = 2e-3): the mean takes u_a at half (``polynomial:a=1`` at one round
+    late), so every parameter moves by -(s_a 0.5e-3 + s_b 2e-3) / (s_a + s_b) (an update is a
+    pseudo-gradient: old - new)."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=1, aggregator="mean", outer="fedavg")
+    ckpt = _round_two_open(api, t)
+    (wa, wb) = t.workers
+    cid = api.put_update(wa, torch.full((t.d,), 1e-3))
+    wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/updates", api.update_body(2, cid, base_cid=ckpt[0]))
+    cid = api.put_update(wb, torch.full((t.d,), 2e-3))
+    wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/updates", api.update_body(2, cid))
+    wait_for("round 3 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+    rows = {r["worker_id"]: r for r in t.coord.rows("SELECT worker_id, samples, base_cid FROM updates WHERE round = 2")}
+    a, b = rows[wa.wallet.address], rows[wb.wallet.address]
+    assert (a["base_cid"], b["base_cid"]) == (ckpt[0], None)
+    expected = (a["samples"] * 0.5e-3 + b["samples"] * 2e-3) / (a["samples"] + b["samples"])
+    ckpt = _checkpoints(t)
+    one, two = (bytes_to_tensors(t.owner.get_blob(ckpt[r])) for r in (1, 2))
+    moved = torch.cat([(two[k] - one[k]).flatten() for k in sorted(one)])  # (d,) in any fixed order: all equal
+    assert moved.numel() == t.d and torch.allclose(moved, torch.full_like(moved, -expected), atol=1e-6), (
+        moved.min().item(),
+        moved.max().item(),
+        expected,
+    )

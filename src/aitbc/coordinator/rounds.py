@@ -42,7 +42,9 @@ from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.workforce import drop_slowest, end_run
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.norms import apply_verdict, judge_norms, update_norms
+from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
+from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate
@@ -196,6 +198,9 @@ def aggregate_round(
         rejected = [(accepted[i][0].id, verdict.reasons[i] or "") for i in verdict.rejected]
         clipped = [accepted[i][0].id for i in verdict.clipped]
         U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d)
+        late = [_staleness(run, accepted[i][0]) for i in keep]
+        if any(s != 1.0 for s in late):  # overlap: an update trained from the model before the round's counts less
+            U = U * torch.tensor(late, dtype=torch.float32)[:, None]  # (k, d)
         w = torch.tensor([weights[i] for i in keep], dtype=torch.float32)  # (k,)
         try:
             rt.aggregator.check(U.shape[0])
@@ -231,6 +236,14 @@ def aggregate_round(
         rejected=tuple(rejected),
         clipped=tuple(clipped),
     )
+
+
+def _staleness(run: Run, u: Update) -> float:
+    """What ``u`` counts for: 1, or, trained from the model before its round's (overlap 1:
+    one aggregation late), the run's staleness rule at 1 (:mod:`aitbc.core.staleness`)."""
+    if u.base_cid is None:
+        return 1.0
+    return build_staleness(*parse_spec(run.cfg.overlap_staleness, what="staleness rule"))(1)
 
 
 def _expected_scale(run: Run, u: Update) -> float:

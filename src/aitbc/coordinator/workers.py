@@ -224,6 +224,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         train_loss=body.train_loss if reason is None else None,
         train_accuracy=body.train_accuracy if reason is None else None,
         compute_seconds=body.compute_seconds,
+        base_cid=None if base == run.global_cid else base,
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
