@@ -22,12 +22,22 @@ non-compute time (model download, checkpoint load, progress and update requests,
 upload), wait = A_last - A_w (idle until the slowest update), close = C - A_last (driver
 wake-up, aggregation, evaluation, checkpoint, commit).
 
+Each config runs once per value of ``--overlap`` (default both): 0, synchronous rounds
+(the run default); 1, overlapping rounds (``distribute --overlap 1``: a worker trains round
+r+1 while round r closes, one-step delay). With overlap a worker's update was computed
+before its round opened, so the pickup, I/O, wait and close columns do not apply ('-'),
+and a single round's share can pass 100%; the run's utilization is still compute over
+W x wall time. The rows also give the run's throughput (steps/s of all workers) and the
+validation loss before and after: on a machine whose cores are saturated, compute seconds
+grow with contention (a step waits for a core), so compare steps/s too, and the loss says
+what the overlap's staler updates cost.
+
 Note: the compute seconds a worker reports cover its H local steps and the encoding of
-its update, and with them the progress reports it sends every few steps (synchronous
-HTTP requests inside the training loop), so they slightly overstate pure compute.
+its update (progress reports go from a thread of their own), so they slightly overstate
+pure compute.
 
 Usage: python bench/live_utilization.py [--quick] [--workers 2] [--local-steps 50]
-       [--configs transformer,mlp] [--rounds N] [--eval-every 1]
+       [--configs transformer,mlp] [--rounds N] [--eval-every 1] [--overlap 0,1]
 """
 
 from __future__ import annotations
