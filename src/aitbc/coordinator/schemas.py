@@ -104,7 +104,7 @@ class Distribute(Body):
     inner_opt: str = "adamw"
     outer: str = "fedavg"
     outer_options: dict[str, Any] = Field(default_factory=dict)
-    aggregator: str = "centered-clip"
+    aggregator: str = "trend+centered-clip"
     compression: str = "none"
     error_feedback: bool = False
     mode: Literal["sync"] = "sync"
