@@ -149,8 +149,9 @@ def child(args: argparse.Namespace) -> None:
         pipeline,
         NormBound(),
         cids,
-        [1.0] * n,
-        [1.0] * n,
+        [1.0] * n,  # weights
+        [1.0] * n,  # expected scales
+        [1.0] * n,  # counts (no stale update)
         d=d,
         round_index=1,
         reference=None,

@@ -95,7 +95,7 @@ def play(
                 shards,
                 [False] * workers,
                 (sim.val_x, sim.val_y),
-                kept_shares(sim.aggregator, U, w, r),
+                kept_shares(sim.aggregator, U, w, r, sim.last_step),  # the trend the close compares with
                 samples=SCORE_SAMPLES,
                 seed=seed * 1_000_003 + r,
             )
@@ -159,6 +159,10 @@ def main() -> None:
         ("4 workers, IID, multi-krum:m=3", 4, None, "multi-krum:m=3"),
         ("16 workers (small shards), IID", 16, None, "mean"),
         ("16 workers (small shards), Dirichlet a=0.5", 16, 0.5, "mean"),
+        # the default rule with the f a live run of 16 gets ((16 - 3) // 4): honest updates the
+        # trend leaves out are kept 0, so this row says whether that ever flags one
+        ("16 workers, Dirichlet a=0.5, trend:f=3+centered-clip", 16, 0.5, "trend:f=3+centered-clip"),
+        ("4 workers, Dirichlet a=0.3, trend:f=1+centered-clip", 4, 0.3, "trend:f=1+centered-clip"),
     ]
     cheat_cases = [
         ("free-rider", 4, None),

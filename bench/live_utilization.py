@@ -22,12 +22,22 @@ non-compute time (model download, checkpoint load, progress and update requests,
 upload), wait = A_last - A_w (idle until the slowest update), close = C - A_last (driver
 wake-up, aggregation, evaluation, checkpoint, commit).
 
+Each config runs once per value of ``--overlap`` (default both): 0, synchronous rounds
+(the run default); 1, overlapping rounds (``distribute --overlap 1``: a worker trains round
+r+1 while round r closes, one-step delay). With overlap a worker's update was computed
+before its round opened, so the pickup, I/O, wait and close columns do not apply ('-'),
+and a single round's share can pass 100%; the run's utilization is still compute over
+W x wall time. The rows also give the run's throughput (steps/s of all workers) and the
+validation loss before and after: on a machine whose cores are saturated, compute seconds
+grow with contention (a step waits for a core), so compare steps/s too, and the loss says
+what the overlap's staler updates cost.
+
 Note: the compute seconds a worker reports cover its H local steps and the encoding of
-its update, and with them the progress reports it sends every few steps (synchronous
-HTTP requests inside the training loop), so they slightly overstate pure compute.
+its update (progress reports go from a thread of their own), so they slightly overstate
+pure compute.
 
 Usage: python bench/live_utilization.py [--quick] [--workers 2] [--local-steps 50]
-       [--configs transformer,mlp] [--rounds N] [--eval-every 1]
+       [--configs transformer,mlp] [--rounds N] [--eval-every 1] [--overlap 0,1]
 """
 
 from __future__ import annotations
@@ -183,11 +193,11 @@ def _wait(what: str, check, timeout: float, workers: Workers, interval: float = 
     raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int) -> dict[str, Any]:
     cfg = CONFIGS[name]
     rounds = args.rounds or cfg["rounds"][1 if args.quick else 0]
     W, H = args.workers, args.local_steps
-    root = tmp / name
+    root = tmp / f"{name}-overlap{overlap}"
     with Coordinator(root / "coordinator", impl="cli") as coord, Workers(root, coord.url, W) as workers:
         owner = Wallet.generate("owner")
         with CoordinatorClient(coord.url, owner) as c:
@@ -239,6 +249,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
                     "aggregator": "mean",
                     "compression": "none",
                     "eval_every": args.eval_every,
+                    "overlap": overlap,
                 },
             )
             busy0 = cpu0 = None
@@ -292,8 +303,10 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         ws = []
         for _, wid, arrive, comp, _, _ in ups:
             lg = logs.get(wid, {}).get(r)
-            # the worker began its round at (logged end - its own total); a log stamp has ms resolution
-            pickup = max(0.0, (lg["end"] - lg["total"]) - S) if lg else None
+            # the worker began its round at (logged end - its own total); a log stamp has ms resolution.
+            # With overlap the update was computed before its round opened (while the last one
+            # closed): pickup, I/O, wait and close do not stand between compute and compute.
+            pickup = max(0.0, (lg["end"] - lg["total"]) - S) if lg and not overlap else None
             own = arrive - S - comp  # all of this worker's non-compute time until its update landed
             ws.append(
                 {
@@ -302,7 +315,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
                     "pickup_s": pickup,
                     "io_s": None if pickup is None else max(0.0, own - pickup),
                     "nonCompute_s": own,
-                    "wait_s": last - arrive,
+                    "wait_s": None if overlap else last - arrive,
                 }
             )
         n = len(ws)
@@ -321,7 +334,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
                 "io_mean_s": mean("io_s"),
                 "noncompute_mean_s": mean("nonCompute_s"),
                 "wait_mean_s": mean("wait_s"),
-                "close_s": C - last,
+                "close_s": None if overlap else C - last,
                 "utilization": sum(w["compute_s"] for w in ws) / (W * (C - S)),
                 "workers": ws,
             }
@@ -360,6 +373,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
 
     return {
         "config": name,
+        "overlap": overlap,
         "model": cfg["model"],
         "model_options": cfg["options"],
         "dataset": cfg["data"],
@@ -376,6 +390,8 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         "target": cfg["target"],
         "met": util >= cfg["target"],
         "step_ms": 1000 * compute / (W * rounds * H),
+        # the run's throughput: unlike utilization, not raised by steps that a busy machine slows
+        "steps_per_s": W * rounds * H / wall,
         "update_bytes": updates[0][5] if updates else None,
         "setup_s": setup_s,
         "distribute_to_start_s": started - t_dist,
@@ -389,6 +405,10 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
     }
 
 
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['model']} on {r['dataset']}, overlap {r['overlap']}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2-3 rounds per configuration")
@@ -400,8 +420,17 @@ def main() -> None:
         "--eval-every", type=int, default=1, help="the coordinator scores the model every N rounds (CLI default 1)"
     )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
+    ap.add_argument(
+        "--overlap",
+        default="0,1",
+        help="comma-separated values of the run option overlap to measure each config under "
+        "(0: synchronous rounds; 1: a worker trains round r+1 while round r closes, one-step delay)",
+    )
     args = ap.parse_args()
     names = [s.strip() for s in args.configs.split(",") if s.strip()]
+    overlaps = [int(s) for s in args.overlap.split(",") if s.strip().isdigit()]
+    if not overlaps or any(o not in (0, 1) for o in overlaps):
+        ap.error(f"--overlap takes 0, 1 or both (0,1), got {args.overlap!r}")
     for n in names:
         if n not in CONFIGS:
             ap.error(f"unknown config {n!r}; one of: {', '.join(CONFIGS)}")
@@ -409,11 +438,12 @@ def main() -> None:
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="aitbc-util-") as tmp:
         for n in names:
-            t = time.perf_counter()
-            row = run_config(n, args, Path(tmp))
-            row["wall_s"] = time.perf_counter() - t
-            rows.append(row)
-            print(f"  {n}: utilization {row['utilization']:.1%} ({row['wall_s']:.0f} s)", flush=True)
+            for o in overlaps:
+                t = time.perf_counter()
+                row = run_config(n, args, Path(tmp), o)
+                row["wall_s"] = time.perf_counter() - t
+                rows.append(row)
+                print(f"  {n} overlap {o}: utilization {row['utilization']:.1%} ({row['wall_s']:.0f} s)", flush=True)
 
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{1000 * v:.0f}"
@@ -430,25 +460,29 @@ def main() -> None:
             "H",
             "step ms",
             "training wall s",
+            "steps/s (all workers)",
             "compute s (sum)",
             "utilization",
             "rounds 2+ only",
             "others CPU %",
+            "val loss start -> end",
             "target",
             "verdict",
         ],
         [
             [
-                f"{r['model']} on {r['dataset']}",
+                _label(r),
                 r["workers"],
                 r["rounds"],
                 r["local_steps"],
                 f"{r['step_ms']:.1f}",
                 f"{r['training_wall_s']:.2f}",
+                f"{r['steps_per_s']:.0f}",
                 f"{r['compute_s']:.2f}",
                 f"{r['utilization']:.1%}",
                 "-" if r["steady_utilization"] is None else f"{r['steady_utilization']:.1%}",
                 "-" if r["others_cpu_pct"] is None else f"{r['others_cpu_pct']:.0f}",
+                f"{r['initial_val_loss']:.3f} -> {r['final_val_loss']:.3f}",
                 f">= {r['target']:.0%}",
                 "MET" if r["met"] else "MISSED",
             ]
@@ -474,7 +508,7 @@ def main() -> None:
         ],
         [
             [
-                f"{r['model']} on {r['dataset']}",
+                _label(r),
                 label,
                 ms(ph["wall_s"]),
                 ms(ph["compute_mean_s"]),
@@ -494,7 +528,7 @@ def main() -> None:
     )
     for r in rows:
         print(
-            f"{r['model']} on {r['dataset']}: utilization {r['utilization']:.1%} "
+            f"{_label(r)}: utilization {r['utilization']:.1%} "
             f"({'meets' if r['met'] else 'MISSES'} the {r['target']:.0%} target); per round "
             + ", ".join(
                 f"r{p['round']} {1000 * p['wall_s']:.0f} ms/{p.get('utilization', 0):.0%}" for p in r["per_round"]

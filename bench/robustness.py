@@ -24,6 +24,10 @@ IID shards, ``mean`` included: the norm bound (``aitbc.core.norms``, before any 
 clips or rejects it, so each rule keeps its clean accuracy. ``--scaled`` runs only those
 (and the clean reference) under every rule.
 
+``trend+centered-clip`` reads the one piece of state a rule may: the global model's last
+step (``aitbc.core.aggregation.wrappers.trend``), which the simulator passes as the
+coordinator does. Its ``f`` is the run's Byzantine count (3).
+
 One seed per cell (seed 0): measured on alpha = 0.3 with seeds 0-2, a cell's accuracy
 varies by 1-3 points from seed to seed, so differences smaller than that are noise.
 
@@ -59,6 +63,7 @@ AGGREGATORS = [
     "nnm+trimmed-mean:beta=0.25",
     "bucketing:s=2+centered-clip",
     "bucketing:s=2+median",
+    "trend+centered-clip",
 ]
 # Dirichlet 0.1, the harder row: the mean, the default and the rules that held best on 0.3
 HARD_AGGREGATORS = [
@@ -67,6 +72,7 @@ HARD_AGGREGATORS = [
     "centered-clip",
     "nnm+centered-clip",
     "bucketing:s=2+centered-clip",
+    "trend+centered-clip",
 ]
 HARD_ALPHA = 0.1
 CEILING = "bench-honest-only"  # the nine honest updates' mean (see the docstring)

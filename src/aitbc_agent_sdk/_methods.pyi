@@ -425,7 +425,7 @@ class AgentMethods:
         inner_opt: str = "adamw",
         outer: str = "fedavg",
         outer_options: dict[str, Any] | None = None,
-        aggregator: str = "centered-clip",
+        aggregator: str = "trend+centered-clip",
         compression: str = "none",
         error_feedback: bool = False,
         deadline: float | None = None,
@@ -435,6 +435,7 @@ class AgentMethods:
         eval_every: int = 1,
         max_cost: int | float | str | None = None,
         verify_rate: float = 0.0,
+        overlap: int = 0,
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -448,7 +449,10 @@ class AgentMethods:
         escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
         price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
         update's local steps the coordinator re-runs (a verified update is paid in full; one
-        that fails is rejected and its worker slashed). Returns the run detail with ``phase``.
+        that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
+        r+1 from the newest published model as soon as it has sent round r, and its update is
+        applied to the newer model (one-step delay); 0: synchronous rounds. Returns the run
+        detail with ``phase``.
         """
 
     def stop(self) -> dict[str, Any]:
@@ -974,7 +978,7 @@ class AsyncAgentMethods:
         inner_opt: str = "adamw",
         outer: str = "fedavg",
         outer_options: dict[str, Any] | None = None,
-        aggregator: str = "centered-clip",
+        aggregator: str = "trend+centered-clip",
         compression: str = "none",
         error_feedback: bool = False,
         deadline: float | None = None,
@@ -984,6 +988,7 @@ class AsyncAgentMethods:
         eval_every: int = 1,
         max_cost: int | float | str | None = None,
         verify_rate: float = 0.0,
+        overlap: int = 0,
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -997,7 +1002,10 @@ class AsyncAgentMethods:
         escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
         price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
         update's local steps the coordinator re-runs (a verified update is paid in full; one
-        that fails is rejected and its worker slashed). Returns the run detail with ``phase``.
+        that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
+        r+1 from the newest published model as soon as it has sent round r, and its update is
+        applied to the newer model (one-step delay); 0: synchronous rounds. Returns the run
+        detail with ``phase``.
         """
 
     async def stop(self) -> dict[str, Any]:

@@ -581,6 +581,7 @@ def start_training(
     eval_every: int = run_defaults.EVAL_EVERY,
     max_cost: int | float | str | None = None,
     verify_rate: float = run_defaults.VERIFY_RATE,
+    overlap: int = run_defaults.OVERLAP,
 ) -> Op[dict[str, Any]]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -594,7 +595,10 @@ def start_training(
     escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
     price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
     update's local steps the coordinator re-runs (a verified update is paid in full; one
-    that fails is rejected and its worker slashed). Returns the run detail with ``phase``."""
+    that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
+    r+1 from the newest published model as soon as it has sent round r, and its update is
+    applied to the newer model (one-step delay); 0: synchronous rounds. Returns the run
+    detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     body: dict[str, Any] = {
@@ -614,6 +618,7 @@ def start_training(
         "eval_every": eval_every,
         "max_cost": _max_cost(run, rounds, max_cost),
         "verify_rate": verify_rate,
+        "overlap": overlap,
     }
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)

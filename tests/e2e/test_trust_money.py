@@ -145,7 +145,7 @@ def test_scaled_update_under_mean_is_rejected_and_slashed_and_training_improves(
     stack.start_worker("byz", price="0.50", max_bond="5", funds="10", attack="scale:value=3e38")
     stack.wait_offers(3)
     run_id = stack.init_run("--bond", "2", workers=3)
-    # mean on purpose (the default is centered-clip): the norm bound alone must save a plain mean
+    # mean on purpose (the default is trend+centered-clip): the norm bound alone must save a plain mean
     stack.start_run(run_id, workers=3, rounds=5, local_steps=20, aggregator="mean")
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=240, what="the end")
     assert run["status"] == "complete", run["error"]

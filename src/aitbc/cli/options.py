@@ -16,7 +16,10 @@ Lr = Annotated[float, typer.Option(help="Inner learning rate.")]
 Outer = Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")]
 Aggregator = Annotated[
     str,
-    typer.Option(help="Aggregation rule spec, e.g. mean, median, trimmed-mean:beta=0.25, krum, nnm+centered-clip."),
+    typer.Option(
+        help="Aggregation rule spec, e.g. trend+centered-clip (the default), mean, median, "
+        "trimmed-mean:beta=0.25, krum, nnm+centered-clip."
+    ),
 ]
 Compression = Annotated[
     str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")

@@ -215,7 +215,7 @@ def demo(
     model: Annotated[str, typer.Option(help="Model type (mlp, cnn, transformer).")] = "mlp",
     dataset: Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file or folder, or .npz.")] = "digits",
     aggregator: Annotated[
-        str, typer.Option(help="Robust rule, e.g. centered-clip, mean, median, trimmed-mean:beta=0.2.")
+        str, typer.Option(help="Robust rule, e.g. trend+centered-clip, mean, median, trimmed-mean:beta=0.2.")
     ] = defaults.AGGREGATOR,
     compression: Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.1.")] = "none",
     verify_rate: Annotated[

@@ -356,6 +356,7 @@ DISTRIBUTE_FIELDS = (
     "max_workers",
     "eval_every",
     "verify_rate",
+    "overlap",
 )
 
 
@@ -388,6 +389,16 @@ def distribute(
             "(0: none). Verified updates are paid in full; one that fails is rejected and its worker slashed.",
         ),
     ] = defaults.VERIFY_RATE,
+    overlap: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Overlapping rounds: 1 lets a worker start round r+1 from the newest published model as soon "
+            "as it has sent round r, its update applied to the newer model (one-step delay: less idle time, "
+            "a slightly staler update). 0: synchronous rounds.",
+        ),
+    ] = defaults.OVERLAP,
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -432,6 +443,7 @@ def distribute(
             max_workers=max_workers,
             eval_every=eval_every,
             verify_rate=verify_rate,
+            overlap=overlap,
         )
         if json_out:
             _emit_json(_api_view(run))
@@ -452,6 +464,7 @@ def _say_distributed(run: dict[str, Any], strategy: str) -> None:
         f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
         f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}",
         f"Verification: {_verification_line(cfg)}",
+        f"Rounds overlap: {'yes (one-step delay)' if cfg.get('overlap') else 'no (synchronous)'}",
         f"Estimated cost: {format_price(per_round * cfg['rounds'])} AIT",
         f"Status: {run['status']}",
     )

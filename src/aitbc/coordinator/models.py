@@ -200,6 +200,8 @@ class Update(Base):
     shard_index: Mapped[int | None] = mapped_column(Integer, default=None)  # the shard it was trained on
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
     train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # as the worker reports it (0004)
+    # the model it was trained from when not its round's own (overlap 1: round r-2's checkpoint; 0006)
+    base_cid: Mapped[str | None] = mapped_column(String(100), default=None)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)
     reason: Mapped[str | None] = mapped_column(Text, default=None)

@@ -4,7 +4,7 @@ Every round's checkpoint CID stays recorded in the ``rounds`` table; only bytes 
 is *live* (kept) when it is:
 
 - a checkpoint (or outer-optimizer state) of one of the last ``keep_checkpoints`` rounds of
-  its run, the run's current model (``global_cid``, ``outer_state_cid``) or its chosen
+  its run (at least the last two in a run with ``overlap`` 1), the run's current model (``global_cid``, ``outer_state_cid``) or its chosen
   result (``result_cid``);
 - a checkpoint a pending step still reads: the model before the oldest unsettled round
   (scoring judges updates against it) and any round whose evaluation is missing;
@@ -97,8 +97,11 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
             .where(RoundRecord.run_id == run.id)
             .order_by(RoundRecord.round.desc())
         ).all()
+        # overlap 1: an update of the open round may start from the model before its own (the
+        # spot check's start digest and replay read it), so that one is needed too
+        recent = max(keep_checkpoints, 1 + (run.cfg.overlap if run.config else 0))
         for i, (r, ckpt, outer, val_loss) in enumerate(recs):
-            needed = i < keep_checkpoints or (r > 0 and val_loss is None)
+            needed = i < recent or (r > 0 and val_loss is None)
             if not run.finalized:
                 needed |= r >= run.settled_round  # the model the next round to score is judged against
             if needed:

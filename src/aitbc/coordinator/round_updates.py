@@ -72,6 +72,7 @@ def aggregate_updates(
     cids: Sequence[str],
     weights: Sequence[float],
     scales: Sequence[float],
+    counts: Sequence[float],
     *,
     d: int,
     round_index: int,
@@ -79,13 +80,19 @@ def aggregate_updates(
 ) -> Aggregated:
     """The norm bound's verdict on the updates stored under ``cids`` (each ``d`` values;
     ``scales``: each one's expected size, see ``judge_norms``), then ``pipeline`` over the
-    kept ones with their ``weights``. Call with the run's runtime lock held."""
+    kept ones with their ``weights``, each kept update multiplied by its ``counts`` entry
+    after the bound (1, or less for a stale update). Call with the run's runtime lock held."""
     if streams(ctx, len(cids), d):
         with decoded(ctx, cids, d) as m:
             assert isinstance(m, SpillMatrix)
             verdict = judge_norms(m.norms(), bound, scales)
             keep = [i for i, a in enumerate(verdict.actions) if a != REJECT]
-            rows = ScaledRows(m, keep, [verdict.factors[i] if verdict.actions[i] == CLIP else 1.0 for i in keep])
+            rows: ColumnSource = ScaledRows(
+                m, keep, [verdict.factors[i] if verdict.actions[i] == CLIP else 1.0 for i in keep]
+            )
+            late = [float(counts[i]) for i in keep]
+            if any(s != 1.0 for s in late):  # after the clip, as in memory
+                rows = ScaledRows(rows, range(len(keep)), late)
             w = torch.tensor([weights[i] for i in keep], dtype=torch.float32)  # (k,)
             if not _enough(pipeline, len(keep)):
                 return Aggregated(verdict, keep, None, streamed=True)
@@ -94,6 +101,9 @@ def aggregate_updates(
     U = torch.stack([decode(ctx.store.get_bytes(cid), max_numel=d).to(torch.float32) for cid in cids])  # (n, d)
     verdict = judge_norms(update_norms(U), bound, scales)
     U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d)
+    late = [float(counts[i]) for i in keep]
+    if any(s != 1.0 for s in late):
+        U = U * torch.tensor(late, dtype=torch.float32)[:, None]  # (k, d)
     if not _enough(pipeline, len(keep)):
         return Aggregated(verdict, keep, None, streamed=False)
     w = torch.tensor([weights[i] for i in keep], dtype=torch.float32)  # (k,)

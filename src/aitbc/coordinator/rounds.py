@@ -41,7 +41,9 @@ from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, ru
 from aitbc.coordinator.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
 from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.workforce import drop_slowest, end_run
+from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
+from aitbc.core.staleness import build_staleness
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate
 
@@ -195,6 +197,8 @@ def aggregate_round(
             [u.cid for u, _ in accepted],
             weights,
             [_expected_scale(run, u) for u, _ in accepted],
+            # overlap: an update trained from the model before the round's counts less
+            [_staleness(run, u) for u, _ in accepted],
             d=rt.d,
             round_index=r,
             reference=rt.trend(ctx, run.id, r),
@@ -232,6 +236,14 @@ def aggregate_round(
         rejected=tuple(rejected),
         clipped=tuple(clipped),
     )
+
+
+def _staleness(run: Run, u: Update) -> float:
+    """What ``u`` counts for: 1, or, trained from the model before its round's (overlap 1:
+    one aggregation late), the run's staleness rule at 1 (:mod:`aitbc.core.staleness`)."""
+    if u.base_cid is None:
+        return 1.0
+    return build_staleness(*parse_spec(run.cfg.overlap_staleness, what="staleness rule"))(1)
 
 
 def _expected_scale(run: Run, u: Update) -> float:

@@ -36,6 +36,11 @@ class RunConfig(BaseModel):
     max_workers: int = Field(ge=1)
     eval_every: int = Field(1, ge=1)
     verify_rate: float = Field(0.0, ge=0, le=1)  # spot checks (a config stored before 0005: none)
+    overlap: int = Field(0, ge=0, le=1)  # 1: updates may start from the model before the round's
+    # how much an update trained from the model before its round's counts (core/staleness.py):
+    # (1 + s)^-1, a half for one round late. At 1 (full weight) a long local round's update
+    # overshoots and the model circles (bench/overlap_loss.py)
+    overlap_staleness: str = "polynomial:a=1"
     # Derived by the coordinator when the config was checked:
     d: int = Field(ge=1)  # parameters of the model
     f: int = Field(ge=0)  # attackers the robust rule tolerates when the owner named none

@@ -78,6 +78,7 @@ CONFIG_RANGES: dict[str, tuple[float, float]] = {
     "learning_rate": (1e-8, 1.0),  # a job's lr, by its documented name
     "epochs": (1, 1_000),  # a job's passes over its shard per round (the worker computes the steps)
     "verify_rate": (0.0, 1.0),  # the expected share of each update's steps the coordinator re-runs
+    "overlap": (0, 1),  # rounds a worker may train ahead of the newest model (one-step delay)
 }
 
 
@@ -103,7 +104,7 @@ class Distribute(Body):
     inner_opt: str = "adamw"
     outer: str = "fedavg"
     outer_options: dict[str, Any] = Field(default_factory=dict)
-    aggregator: str = "centered-clip"
+    aggregator: str = "trend+centered-clip"
     compression: str = "none"
     error_feedback: bool = False
     mode: Literal["sync"] = "sync"
@@ -117,6 +118,9 @@ class Distribute(Body):
     # spot checks: the expected share of each update's local steps the coordinator re-runs
     # (0: none; every update then keeps the heuristic score)
     verify_rate: Annotated[float, Field(allow_inf_nan=False), *_in_range("verify_rate")] = 0.0
+    # overlapping rounds (1): a worker trains round r+1 from the model round r started from while
+    # round r closes; its update is applied to the newest model (one-step delay). 0: synchronous
+    overlap: Annotated[int, *_in_range("overlap")] = 0
     max_cost: str | float | None = None  # AIT the owner lets distribute escrow (runs without a budget)
 
 
@@ -152,6 +156,9 @@ class UpdateSubmit(Body):
     # what the worker commits to (aitbc.training.proof.Commitment as JSON): required when the
     # run verifies work (verify_rate > 0), checked against the round's local steps
     proof: dict[str, Any] | None = None
+    # the global model it trained from: the round's (the default), or, in a run with
+    # overlap 1, the one before it (the worker began the round before the last one closed)
+    base_cid: str | None = Field(None, max_length=100)
 
 
 class ProofReveal(Body):

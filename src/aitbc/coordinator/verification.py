@@ -3,7 +3,7 @@
 A run with ``verify_rate`` r > 0 requires each update to carry the worker's commitment
 (:class:`aitbc.training.proof.Commitment`: digests of its training state every k steps).
 On arrival (:func:`on_submit`) the first committed state is checked against the round's
-model (free), and intervals to re-run are drawn with the OS's randomness, *after* the
+model (free; with ``overlap`` 1, the model the update names, the round's or the one before), and intervals to re-run are drawn with the OS's randomness, *after* the
 update is in: ``r x intervals`` of them in expectation. A challenged update also gets the
 check that its blob is the codec's encoding of the committed work. The worker reveals the
 states at the ends of each challenged interval (:func:`reveal`: blobs it uploads, named by
@@ -80,9 +80,8 @@ _digests: dict[str, str] = {}  # checkpoint CID -> digest of its flat parameters
 _digests_lock = threading.Lock()
 
 
-def _start_digest(ctx: Context, run: Run) -> str:
-    """The digest of the round's model (the run's current checkpoint), computed once."""
-    cid = run.global_cid or ""
+def _start_digest(ctx: Context, run: Run, cid: str) -> str:
+    """The digest of the model checkpoint ``cid`` an update starts from, computed once."""
     with _digests_lock:
         if cid in _digests:
             return _digests[cid]
@@ -181,10 +180,14 @@ def _check_chain(s: Session, run: Run, job: Job, c: Commitment) -> None:
             raise unprocessable("bad_proof", f"proof.residual_in must be a zero residual's{where}")
 
 
-def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int) -> tuple[dict[str, Any], str | None]:
+def on_submit(
+    ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int, *, start_cid: str
+) -> tuple[dict[str, Any], str | None]:
     """The update's spot check, drawn now: ``(fields for the Update row, reason)`` where
-    ``reason`` is set when the free check already failed (the update is then rejected)."""
-    if not check_start(c, _start_digest(ctx, run)).ok:
+    ``reason`` is set when the free check already failed (the update is then rejected).
+    ``start_cid``: the model it says it trained from (the round's, or with overlap the one
+    before: :func:`aitbc.coordinator.workers.update_base`)."""
+    if not check_start(c, _start_digest(ctx, run, start_cid)).ok:
         detail = "its first committed state is not the round's model (trained from another model)"
         return {
             "proof": c.to_json(),
@@ -209,7 +212,7 @@ def on_submit(ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int)
         "optimizer": run.cfg.inner_opt,
         "seed": job_seed(run, job),
         "shard_index": shard_index,
-        "start_cid": run.global_cid,
+        "start_cid": start_cid,
     }
     return {"proof": c.to_json(), "challenge": challenge, "verification": "challenged"}, None
 

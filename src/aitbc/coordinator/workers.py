@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator import verification
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.models import Flag, Job, Offer, Run, Update
+from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run, row
 from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
@@ -113,6 +113,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "d": cfg.d,
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
             "verify_rate": cfg.verify_rate,
+            "overlap": cfg.overlap,
             "challenge": challenge,
         },
         "version": ctx.notifier.version,
@@ -142,7 +143,8 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
     job, run = _own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
-    if body.round is not None and body.round > run.round:
+    ahead = run.cfg.overlap if run.configured else 0  # overlap 1: the next round may be under way already
+    if body.round is not None and body.round > run.round + ahead:
         raise conflict("wrong_round", f"progress for round {body.round}; the open round of {run.id} is {run.round}")
     now = time.time()
     if body.round == run.round and body.step is not None:  # a late report of a closed round measures nothing
@@ -190,6 +192,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")
     if not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
+    base = update_base(s, run, body.base_cid)  # 422 before anything is written
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
     commitment = verification.parse_commitment(  # 422 before anything is written
         s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
@@ -207,7 +210,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     trained = trained_shard(run, job, body.shard_cid)
     checks: dict[str, Any] = {}
     if commitment is not None and reason is None:
-        checks, failed = verification.on_submit(ctx, run, job, commitment, trained)
+        checks, failed = verification.on_submit(ctx, run, job, commitment, trained, start_cid=base)
         reason = failed
     upd = Update(
         run_id=run.id,
@@ -221,6 +224,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         train_loss=body.train_loss if reason is None else None,
         train_accuracy=body.train_accuracy if reason is None else None,
         compute_seconds=body.compute_seconds,
+        base_cid=None if base == run.global_cid else base,
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
@@ -252,6 +256,29 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         "verification": upd.verification,
         "challenge": verification.challenge_view(upd),
     }
+
+
+def update_base(s: Session, run: Run, base_cid: str | None) -> str:
+    """The global model an update of the open round was trained from: the round's own
+    (``run.global_cid``, also when ``base_cid`` is not given), or, in a run with
+    ``overlap`` 1, the one before it (round ``r - 2``'s checkpoint: the worker began
+    round ``r`` from the newest model it had while round ``r - 1`` was closing). Anything
+    else is a 422 naming the models it may be. The update is applied to the newest model
+    either way; a spot check re-runs it from this one."""
+    cid = run.global_cid or ""
+    if base_cid is None or base_cid == cid:
+        return cid
+    before = None
+    if run.cfg.overlap >= 1 and run.round >= 2:
+        before = s.scalar(
+            select(RoundRecord.checkpoint_cid).where(RoundRecord.run_id == run.id, RoundRecord.round == run.round - 2)
+        )
+    if base_cid != before:
+        allowed = cid if before is None else f"{cid} or, with overlap 1, {before}"
+        raise unprocessable(
+            "wrong_base", f"base_cid {base_cid!r} is not a model round {run.round} may train from: {allowed}"
+        )
+    return before
 
 
 def trained_shard(run: Run, job: Job, shard_cid: str | None) -> int:

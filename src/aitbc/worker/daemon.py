@@ -70,6 +70,51 @@ class JobState:
     round_start: tuple[int, dict[str, Any], Any] | None = None
 
 
+@dataclass
+class Trained:
+    """One round's update, trained and encoded, not yet sent."""
+
+    key: tuple[Any, ...]  # the job view it was trained for (:func:`_ahead_key`)
+    round: int
+    blob: bytes
+    body: dict[str, Any]  # POST /jobs/{id}/updates
+    recorder: Recorder | None  # its committed states (runs that verify work)
+    residual_in: Any = None
+    # where the optimizer and residual stood when it began (JobState.round_start), if kept
+    start: tuple[int, dict[str, Any], Any] | None = None
+
+
+class _Sender:
+    """One call on a daemon thread of its own; :meth:`wait` returns its result or raises
+    its error (a daemon thread: a stopping worker does not wait for a long poll)."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._call = call
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sender", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._call()
+        except BaseException as e:  # noqa: BLE001 - not swallowed: wait() raises it in the main thread
+            self._error = e
+
+    def wait(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def _ahead_key(job: dict[str, Any]) -> tuple[Any, ...]:
+    """What a round trained ahead must match in the job's view of that round to be sent:
+    the job, the round, the shard and every training setting (the owner may change them)."""
+    fields = ("job_id", "round", "shard_cid", "local_steps", "batch_size", "lr", "epochs", "inner_opt")
+    return tuple(job.get(k) for k in (*fields, "compression", "error_feedback", "verify_rate", "seed"))
+
+
 class Worker:
     def __init__(
         self,
@@ -91,9 +136,13 @@ class Worker:
         self.refused: set[str] = set()  # jobs whose model this machine will not build
         self.registered = threading.Event()
         self.reporter = Reporter(self._send_progress)  # progress goes out beside training, never in its way
-        self._model: tuple[str, bytes] | None = (
-            None  # the last global model (CID, bytes): a round trained again reuses it
-        )
+        # the last two global models by CID (a round trained again reuses one; with overlap the
+        # sender thread fetches the next while the main thread trains from the last)
+        self._models: dict[str, bytes] = {}
+        self._models_lock = threading.Lock()
+        self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
+        # overlap 1: a round's update is sent by a thread of its own while the next round trains
+        self._sending: tuple[dict[str, Any], Trained, _Sender] | None = None
         self.attack = None
         if cfg.attack:
             import torch
@@ -119,18 +168,15 @@ class Worker:
         hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         hb.start()
         while not self.stop.is_set():
-            view = self._retry(
-                lambda: self.client.get(
-                    f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True
-                )
-            )
+            # with overlap, the sender thread asked for the next round after sending the last update
+            view = self._settle_sent() or self._retry(self._poll)
             if view is None:
                 break  # stopping
             job = view.get("job")
             if job is None:
                 if self.job is not None:
                     log.info("job %s released", self.job.job_id)
-                    self.job = None
+                    self.job, self._ahead = None, None
                     self.metrics.clear_job()
                 continue
             if job["job_id"] in self.refused:
@@ -151,8 +197,12 @@ class Worker:
                 except (Unreachable, IntegrityError) as e:  # fetching the model or shard: ask again after a pause
                     log.warning("%s", e)
                     self.stop.wait(1.0)
-        self.reporter.close()
+        self.reporter.close()  # an update still being sent is left: a stopped worker's round is not recorded
         self.client.close()
+
+    def _poll(self) -> dict[str, Any]:
+        """The job's view: a long poll, answered when there is a round to train."""
+        return self.client.get(f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True)
 
     def register(self) -> None:
         try:
@@ -223,14 +273,88 @@ class Worker:
     # --- one round ------------------------------------------------------------------
 
     def train_round(self, job: dict[str, Any]) -> None:
+        """Train the job's open round (or take the one trained ahead for it, if it still
+        fits: same job, round and settings), send its update, and, in a run with
+        ``overlap`` 1, train the next round at once from this round's model."""
         t0 = time.perf_counter()
         self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
         state = self._job_state(job)
+        done = self._take_ahead(job, state)
+        if done is None:
+            done = self._train(job, state, job["round"])
+        if not (job.get("overlap") and job["round"] < (job["rounds"] or 1)):
+            self._submit(job, state, done, t0)
+            return
+        # Overlap: this round's update goes out from the sender thread while the next round
+        # trains here, from this round's model (the newest there is); that round's update
+        # names it as its base. If this one is refused, the next is dropped (_settle_sent).
+        self.reporter.drain()  # no progress report of this round may land after its update
+        self._sending = (job, done, _Sender(lambda: self._send_and_look(job, state, done, t0)))
+        self._ahead = self._train(job, state, job["round"] + 1)
+
+    def _send_and_look(self, job: dict[str, Any], state: JobState, done: Trained, t0: float) -> dict[str, Any] | None:
+        """The sender thread: send the round's update, then wait for the next round to open
+        and fetch its model, so the main thread, done training ahead, finds both at hand.
+        Returns the job's view (None: the main thread asks itself)."""
+        self._submit(job, state, done, t0, drained=True)
+        try:
+            view = self._retry(self._poll)
+            nxt = (view or {}).get("job")
+            if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
+                self._global_model(nxt["global_model_cid"])
+            return view
+        except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
+            log.info("next round not fetched ahead: %s", e)
+            return None
+
+    def _settle_sent(self) -> dict[str, Any] | None:
+        """Wait for the update the sender thread is sending and return the job's view it
+        fetched after it. If the update was refused, the round trained ahead after it goes
+        too (it began where that one ended), and the optimizer and residual go back to where
+        that update began, as if it never trained."""
+        if self._sending is None:
+            return None
+        job, done, sender = self._sending
+        self._sending = None
+        try:
+            return sender.wait()
+        except ApiError as e:
+            if e.code != "duplicate_update":  # duplicate: recorded before (its reply was lost)
+                ahead, self._ahead = self._ahead, None
+                state = self.job
+                if state is not None and state.job_id == job["job_id"]:
+                    if e.code != "update_rejected":  # recorded as rejected: the chain goes on from it
+                        self._restore_round_start(state, done.start)
+                    elif ahead is not None:
+                        self._restore_round_start(state, ahead.start)
+            self._refused(job, e)
+        except (Unreachable, IntegrityError) as e:  # stopping (sends are retried through outages)
+            log.warning("%s", e)
+        return None
+
+    def _take_ahead(self, job: dict[str, Any], state: JobState) -> Trained | None:
+        """The round trained ahead for ``job`` (its update not yet sent), if the job's view
+        still asks for exactly it; otherwise it is dropped and the optimizer and residual go
+        back to where the last sent update left them."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead.key == _ahead_key(job):
+            return ahead
+        log.info("round %d trained ahead is dropped: the job now asks for round %d", ahead.round, job["round"])
+        self._restore_round_start(state, ahead.start)
+        return None
+
+    def _train(self, job: dict[str, Any], state: JobState, round: int) -> Trained:
+        """Round ``round``'s update from the job view's global model: H local steps, the
+        codec, the proof if asked. A ``round`` past the view's is trained ahead (overlap 1):
+        from the newest model there is, which the coordinator takes as its update's base."""
+        base = job["global_model_cid"]
+        ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
-        load_checkpoint(state.trainer.model, self._global_model(job["global_model_cid"]))
+        load_checkpoint(state.trainer.model, self._global_model(base))
         start = flat_params(state.trainer.model)  # (d,)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
-        rounds = job["rounds"] or 1
         last_report = -math.inf
 
         def report(step: int, loss: float) -> None:
@@ -249,14 +373,15 @@ class Worker:
                 self.reporter.report(job["job_id"], body)
 
         verify = float(job.get("verify_rate") or 0.0) > 0
-        if verify:
-            self._mark_round_start(state, job["round"])
+        overlap = bool(job.get("overlap"))
+        if verify or overlap:  # a round sent while the next trains, or trained ahead, may be dropped
+            self._mark_round_start(state, round)
         t_compute = time.perf_counter()
-        recorder = Recorder(steps, sink=self._spill(state, start.numel(), steps)) if verify else None
+        recorder = Recorder(steps, sink=self._spill(round, start.numel(), steps)) if verify else None
         if self.cfg.cheat == "skip-half":
-            res, recorder = skip_half(state.trainer, start, job["round"], report)
+            res, recorder = skip_half(state.trainer, start, round, report)
         else:
-            res = state.trainer.train_round(start, on_step=report, round=job["round"], recorder=recorder)
+            res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
         feedback = isinstance(state.codec, ErrorFeedback)
         residual_in = None
         if feedback:
@@ -269,17 +394,12 @@ class Worker:
             cfg = state.trainer.cfg
             after = state.codec.residual if feedback else None
             proof = recorder.commitment(
-                residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr, data_seed=data_seed(job["seed"], job["round"])
+                residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr, data_seed=data_seed(job["seed"], round)
             ).to_json()
-            state.proof_round, state.recorder, state.residual_in = job["round"], recorder, residual_in
         compute = time.perf_counter() - t_compute
-        cid = cid_of_bytes(blob)
-        # The round's work is done: the upload is retried through an outage, never retrained.
-        self._retry(lambda: self.client.put_blob(cid, blob))
-        self.metrics.bytes.labels("up").inc(len(blob))
         body = {
-            "round": job["round"],
-            "cid": cid,
+            "round": round,
+            "cid": cid_of_bytes(blob),
             "train_loss": res.loss,
             "train_accuracy": res.accuracy,
             "steps": res.steps,
@@ -287,30 +407,55 @@ class Worker:
             "shard_cid": state.shard_cid,
             "epoch": res.epoch,
         }
+        if ahead:
+            body["base_cid"] = base
         if proof is not None:
             body["proof"] = proof
-        self.reporter.drain()  # no progress report of this round may land after its update
+        return Trained(
+            key=_ahead_key({**job, "round": round}),
+            round=round,
+            blob=blob,
+            body=body,
+            recorder=recorder,
+            residual_in=residual_in,
+            start=state.round_start if verify or overlap else None,
+        )
+
+    def _submit(self, job: dict[str, Any], state: JobState, done: Trained, t0: float, *, drained: bool = False) -> None:
+        """Upload the round's update blob and send the signed message that names it.
+        ``drained``: the caller drained the progress reports (the sender thread: the
+        reports now waiting are the next round's)."""
+        if done.recorder is not None:  # kept until its spot check
+            state.proof_round, state.recorder, state.residual_in = done.round, done.recorder, done.residual_in
+        blob, body, cid = done.blob, done.body, done.body["cid"]
+        # The round's work is done: the upload is retried through an outage, never retrained.
+        self._retry(lambda: self.client.put_blob(cid, blob))
+        self.metrics.bytes.labels("up").inc(len(blob))
+        if not drained:
+            self.reporter.drain()  # no progress report of this round may land after its update
         try:
             reply = self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
         except ApiError as e:
-            if verify and e.code not in ("update_rejected", "duplicate_update"):  # not recorded: as if never trained
-                self._restore_round_start(state)
+            if not drained and done.recorder is not None and e.code not in ("update_rejected", "duplicate_update"):
+                self._restore_round_start(state)  # not recorded: as if never trained
             raise
         state.done.add(job["round"])
         if reply and reply.get("challenge"):
             self._answer(job, reply["challenge"])
+        compute = body["compute_seconds"]
         self.metrics.rounds.inc()
-        self.metrics.steps_per_second.set(res.steps / max(compute, 1e-9))  # compute time only
+        self.metrics.steps_per_second.set(body["steps"] / max(compute, 1e-9))  # compute time only
         log.info(
-            "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing)",
+            "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing)%s",
             job["round"],
-            rounds,
+            job["rounds"] or 1,
             job["training_id"],
-            res.steps,
-            res.loss,
+            body["steps"],
+            body["train_loss"],
             len(blob),
             time.perf_counter() - t0,
             compute,
+            " trained ahead" if "base_cid" in body else "",
         )
 
     @staticmethod
@@ -325,10 +470,13 @@ class Worker:
         state.round_start = (round, copy.deepcopy(state.trainer.opt.state_dict()), residual)
 
     @staticmethod
-    def _restore_round_start(state: JobState) -> None:
-        if state.round_start is None:
+    def _restore_round_start(state: JobState, start: tuple[int, dict[str, Any], Any] | None = None) -> None:
+        """Put the optimizer and residual back to ``start`` (default: the round's mark)."""
+        start = start or state.round_start
+        if start is None:
             return
-        _, optim, residual = state.round_start
+        state.round_start = start
+        _, optim, residual = start
         state.trainer.opt.load_state_dict(copy.deepcopy(optim))
         for group in state.trainer.opt.param_groups:  # the state, not the settings: the job's lr now
             group["lr"] = state.trainer.cfg.lr
@@ -348,7 +496,11 @@ class Worker:
         for b in challenge["boundaries"]:
             step = steps[int(b)]
             kept = state.recorder.states.get(step)
-            data = kept.to_bytes() if kept is not None else (self._proofs / f"{step}.safetensors").read_bytes()
+            data = (
+                kept.to_bytes()
+                if kept is not None
+                else (self._proofs / str(challenge["round"]) / f"{step}.safetensors").read_bytes()
+            )
             cid = cid_of_bytes(data)
             self._retry(lambda cid=cid, data=data: self.client.put_blob(cid, data))
             cids[str(b)] = cid
@@ -368,14 +520,17 @@ class Worker:
     def _proofs(self) -> Path:
         return self.home / "worker-proofs" / self.wallet.name
 
-    def _spill(self, state: JobState, d: int, steps: int) -> Callable[[TrainState], None] | None:
+    def _spill(self, round: int, d: int, steps: int) -> Callable[[TrainState], None] | None:
         """Where a round's committed states go: memory while they are small, else files
-        under ``HOME/worker-proofs/<wallet>`` (one round's, replaced each round)."""
+        under ``HOME/worker-proofs/<wallet>/<round>`` (the rounds before the last go: with
+        overlap the last one's spot check may still be answered while this one trains)."""
         per_state = 3 * 4 * d  # float32 parameters and, at most, two moments (Adam)
         if per_state * len(boundaries(steps, commit_every(steps))) <= self.cfg.proof_memory_bytes:
             return None
-        folder = self._proofs
-        shutil.rmtree(folder, ignore_errors=True)
+        folder = self._proofs / str(round)
+        for old in self._proofs.glob("*") if self._proofs.is_dir() else ():
+            if not old.name.isdigit() or int(old.name) < round - 1 or int(old.name) == round:
+                shutil.rmtree(old, ignore_errors=True)
         folder.mkdir(parents=True)
 
         def write(s: TrainState) -> None:
@@ -481,15 +636,20 @@ class Worker:
         return self.cache.get(cid, self._download)
 
     def _global_model(self, cid: str) -> bytes:
-        """The round's global model: the one kept from the last download if it has this CID
-        (a round trained again, a skipped round), else downloaded, checked against its CID
-        (an ``IntegrityError`` if the bytes do not hash to it) and kept in memory. A model
-        is used once or twice and replaced every round: the disk cache is for shards."""
-        if self._model is not None and self._model[0] == cid:
-            return self._model[1]
-        self._model = None
+        """The round's global model: one of the last two downloaded if it has this CID (a
+        round trained again, a skipped round; with overlap, the next round's model fetched
+        by the sender thread), else downloaded, checked against its CID (an
+        ``IntegrityError`` if the bytes do not hash to it) and kept in memory. A model is
+        used once or twice and replaced every round: the disk cache is for shards."""
+        with self._models_lock:
+            data = self._models.get(cid)
+        if data is not None:
+            return data
         data = self._download(cid)
-        self._model = (cid, data)
+        with self._models_lock:
+            self._models[cid] = data
+            while len(self._models) > 2:
+                del self._models[next(iter(self._models))]  # the oldest
         return data
 
     def _download(self, cid: str) -> bytes:

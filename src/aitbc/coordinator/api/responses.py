@@ -487,6 +487,9 @@ class JobOrder(Reply):
     d: int | None
     deadline_at: float | None
     verify_rate: float = Field(description="the run spot-checks updates (> 0): each must carry its proof")
+    overlap: int = Field(
+        0, description="1: the worker may train the next round from this round's model as soon as it has sent this one"
+    )
     challenge: Challenge | None = Field(description="this round's spot check of its update, while unanswered")
 
 
