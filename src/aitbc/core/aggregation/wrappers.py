@@ -118,12 +118,8 @@ class TrendConfig(WrapperConfig):
         if not -1.0 <= self.min_cos < 1.0:
             raise ValueError(f"trend needs -1 <= min_cos < 1, got min_cos={self.min_cos}")
 
-    def check_n(self, n: int) -> None:
-        if n < self.f + 1:
-            raise UsageError(f"trend needs n >= f+1 updates (one left after dropping f); got n={n}, f={self.f}")
-
     def out_n(self, n: int) -> int:
-        return n - self.f  # the fewest it passes on: the rule's conditions are checked for that
+        return max(1, n - self.f)  # the fewest it passes on: the rule's conditions are checked for that
 
 
 @register_wrapper("trend", TrendConfig, uses_reference=True)
@@ -138,8 +134,9 @@ def trend(updates: Tensor, weights: Tensor, cfg: TrendConfig, *, round_index: in
     at the honest updates' centre, so the medoid, Krum and the median all favour it, but
     its cosine with the trend is about -1; a sign-flipped update's is negative; a zero
     (free-rider) update has no direction (cosine 0). Those with cosine ``<= min_cos`` are
-    dropped, lowest first, at most ``f`` (so in a clean round at most ``f`` honest updates
-    that disagree go, and the rule after it still sees ``n - f``); the rest pass with
+    dropped, lowest first, at most ``f`` and never the last one (so in a clean round at most
+    ``f`` honest updates that disagree go, and the rule after it still sees ``max(1, n - f)``:
+    a round left with a single accepted update aggregates it, as the rule alone would); the rest pass with
     their weights. Put a robust rule after it (``trend+centered-clip``): the trend is only
     as good as the aggregates it came from, and an attacker that aligns with it is left
     for the rule. Without a reference (the first round, a round after a skipped one, a
@@ -175,7 +172,7 @@ def trend_mixing(
     if dots is not None and norms is not None:
         cos = torch.where(norms > 0, dots / (norms * ref_norm).clamp_min(1e-300), torch.zeros_like(dots))
         cos = cos.nan_to_num(nan=0.0, posinf=1.0, neginf=-1.0).clamp(-1.0, 1.0)  # (n,)
-        for i in cos.argsort(stable=True)[: cfg.f].tolist():
+        for i in cos.argsort(stable=True)[: min(cfg.f, n - 1)].tolist():  # never the last one
             if not cos[i] > cfg.min_cos:
                 keep[i] = False
     kept = keep.nonzero().flatten()  # (k,)
