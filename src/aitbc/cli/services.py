@@ -58,6 +58,7 @@ SERVE_FLAGS = {
     "guard_samples": "--guard-samples",
     "norm_clip": "--norm-clip",
     "norm_reject": "--norm-reject",
+    "aggregation_memory_mb": "--aggregation-memory-mb",
     "verify_timeout": "--verify-timeout",
     "allow_code": "--allow-code",
 }
@@ -220,6 +221,13 @@ def serve(
     norm_reject: Annotated[
         float | None, typer.Option(help="Updates over this x the round's median norm are rejected and slashed.")
     ] = None,
+    aggregation_memory_mb: Annotated[
+        float | None,
+        typer.Option(
+            help="MiB a round's updates may take as one float32 matrix; past it the round is aggregated "
+            "and scored from a spill file on disk, in column blocks."
+        ),
+    ] = None,
     verify_timeout: Annotated[
         float | None,
         typer.Option(
@@ -274,6 +282,7 @@ def serve(
         "guard_samples": guard_samples,
         "norm_clip": norm_clip,
         "norm_reject": norm_reject,
+        "aggregation_memory_mb": aggregation_memory_mb,
         "verify_timeout": verify_timeout,
         "allow_code": allow_code or None,
     }
