@@ -13,18 +13,14 @@ signed clients as workers, so each test decides exactly which update each one se
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import torch
 
 from aitbc.client import ApiError
-from aitbc.training.checkpoint import flat_params, load_checkpoint
-from aitbc.training.data_spec import DataSpec
-from aitbc.training.models import build_model
 
-from .conftest import MODEL_OPTIONS
+from .conftest import round_params
 
 
 def _wait(cond, timeout: float = 60, what: str = "condition"):
@@ -145,17 +141,6 @@ def test_manual_distributing_phase_refuses_an_out_of_range_config(api, new_coord
     assert coord.snapshot() == before
 
 
-def _model(t, r: int) -> torch.Tensor:
-    """Round ``r``'s checkpoint as one ``(d,)`` vector in the order updates use."""
-    manifest = t.coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=t.run_id)[0]["manifest_cid"]
-    spec = json.loads(t.owner.get_blob(manifest))["spec"]
-    model = build_model(
-        "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), MODEL_OPTIONS
-    )
-    load_checkpoint(model, t.owner.get_blob(t.owner.get(f"/runs/{t.run_id}/rounds")["data"][r]["checkpoint_cid"]))
-    return flat_params(model)
-
-
 @pytest.mark.parametrize("cold", [False, True], ids=["remembered", "rebuilt"])
 def test_trend_leaves_out_an_update_against_the_last_step_and_scoring_agrees(api, new_coordinator, cold):
     """``rebuilt``: the driver forgets the step it took (as after a restart) and rebuilds
@@ -175,7 +160,7 @@ def test_trend_leaves_out_an_update_against_the_last_step_and_scoring_agrees(api
     _submit(api, t, x, jx, -0.5 * torch.stack(honest).mean(0), r=2)  # IPM: near the centre, backwards
     _settled(t, 2)
 
-    step = _model(t, 1) - _model(t, 2)  # fedavg, lr 1: the aggregate itself
+    step = round_params(t, 1) - round_params(t, 2)  # fedavg, lr 1: the aggregate itself
     # the median of the three honest updates; of all four it would differ
     torch.testing.assert_close(step, torch.stack(honest).median(0).values, rtol=0, atol=1e-6)
     assert not torch.allclose(step, torch.stack([*honest, -0.5 * torch.stack(honest).mean(0)]).median(0).values)
