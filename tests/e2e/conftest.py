@@ -198,7 +198,10 @@ class Stack:
         return subprocess.run([str(AITBC), *args], capture_output=True, text=True, env=self.env, timeout=timeout)
 
     def api(self, path: str) -> dict:
-        return httpx.get(f"{self.url}/v1{path}", timeout=10).json()
+        r = httpx.get(f"{self.url}/v1{path}", timeout=10)
+        if r.status_code >= 500:  # a coordinator bug: fail here with its traceback, not on a missing key
+            raise AssertionError(f"GET {path}: {r.status_code} {r.text}\ncoordinator log:\n{self.log('coordinator')}")
+        return r.json()
 
     def wait_run(self, run_id: str, cond, timeout: float = 120, what: str = "condition") -> dict:
         deadline = time.monotonic() + timeout

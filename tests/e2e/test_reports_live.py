@@ -7,17 +7,20 @@ refusals change nothing."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
 from aitbc.reports import PLOTS
+from aitbc.trackers import LOCK_FILE
 
 from .conftest import AITBC
 
@@ -30,6 +33,22 @@ def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
     acc.Reload()
     return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def _wait_locked(lock: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until another process holds ``lock`` (the tracker folder's writer lock)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if lock.exists():
+            with lock.open("a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # held by the writer
+                fcntl.flock(f, fcntl.LOCK_UN)
+        time.sleep(0.1)
+    raise AssertionError(f"{lock} not taken in {timeout} s")
 
 
 def _balance(stack, wallet: str = "my-agent-wallet") -> str:
@@ -206,8 +225,9 @@ def test_ctrl_c_detaches_distribute_and_one_writer_per_folder(stack, tmp_path):
     mon = subprocess.Popen([str(AITBC), *again.split()[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=stack.env)  # fmt: skip
     try:
-        time.sleep(3)
-        assert mon.poll() is None, mon.communicate()
+        # Ctrl-C once it follows the run (holds the folder's lock), not while it is still
+        # importing (a loaded machine takes seconds): that would be Python's own interrupt.
+        _wait_locked(tb / LOCK_FILE, mon)
         mon.send_signal(signal.SIGINT)  # Ctrl-C ends monitor too: exit 130, no traceback
         mon_out, mon_err = mon.communicate(timeout=60)
     finally:
