@@ -3,7 +3,10 @@ fit the size limit (with or without a declared length); read back byte for byte.
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
+import time
 
 import pytest
 
@@ -136,3 +139,33 @@ def test_invalid_cid_on_upload(server, api):
         for bad in ("not-a-cid", "Qmd286K6pohQcTKYqnS1YhWrCiS4gz7Xi34sdwMe9USZ7u", cid_of_bytes(b"x").upper(), "b"):
             api.assert_error(put(h, c.wallet, bad, b"x"), 400, "bad_cid", repr(bad))
     assert server.snapshot() == before
+
+
+def test_a_client_hanging_up_mid_upload_leaves_nothing_and_is_no_internal_error(server, api, caplog):
+    # A worker killed while its update uploads: the coordinator keeps no partial blob and
+    # logs no internal error (the fault is the client's; there is nobody left to answer).
+    wallet = server.client("owner").wallet
+    data = os.urandom(api.MAX_BLOB)
+    cid = cid_of_bytes(data)
+    path = f"/v1/blobs/{cid}"
+    host, port = server.url.removeprefix("http://").split(":")
+    head = {**sign_request(wallet, "PUT", path, unsigned_payload=True), "content-length": str(len(data))}
+
+    def files() -> list[str]:
+        d = server.ctx.store.dir
+        return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+    before = files()
+    with caplog.at_level(logging.INFO, logger="aitbc.coordinator"):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            lines = [f"PUT {path} HTTP/1.1", f"Host: {host}:{port}", *(f"{k}: {v}" for k, v in head.items())]
+            s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data[: len(data) // 3])
+            time.sleep(0.5)  # the route is reading the body when the connection goes
+        api.wait_for(
+            "the hang-up noticed",
+            lambda: [r.getMessage() for r in caplog.records],
+            lambda msgs: any("disconnected" in m for m in msgs),
+        )
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert files() == before
+    assert server.client("owner").put_blob(cid, data)["stored"] is True  # and it can still be sent whole

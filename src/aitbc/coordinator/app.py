@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -76,6 +77,8 @@ class InternalErrors:
 
         try:
             await self.app(scope, receive, watch)
+        except ClientDisconnect:  # the client hung up mid-body (killed, timed out): nobody to answer, no fault here
+            log.info("%s %s: the client disconnected before its request body was in", scope["method"], scope["path"])
         except Exception:
             request_id = uuid.uuid4().hex
             log.exception("internal error on %s %s (request id %s)", scope["method"], scope["path"], request_id)
