@@ -11,6 +11,8 @@ import time
 
 import torch
 
+from aitbc.training.checkpoint import bytes_to_tensors
+
 from .conftest import wait_for
 
 
@@ -99,3 +101,33 @@ def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_o
         timeout=30,
     )
     assert [r["round"] for r in evaluated] == [0, 1, 2, 3]
+
+
+def test_the_outer_momentum_carries_from_round_to_round_as_stored(new_coordinator, api):
+    """DiLoCo's outer Nesterov momentum over three rounds: the round's aggregate g_r (the
+    samples-weighted mean of two different updates around r x 1e-3) gives buf_r = 0.9
+    buf_(r-1) + g_r, and the model moves by -0.7 (g_r + 0.9 buf_r). The state each close
+    keeps in memory for the next is the one it stored."""
+    t = api.start_training_run(
+        new_coordinator(), 2, aggregator="mean", outer="diloco", outer_options={"lr": 0.7, "momentum": 0.9}
+    )
+    sign = torch.tensor([1.0, -1.0]).repeat((t.d + 1) // 2)[: t.d]  # (d,) +-1: the two updates differ
+    buf = torch.zeros(t.d)
+    for r in (1, 2, 3):
+        ups = {}
+        for w, side in zip(t.workers, (1.0, -1.0), strict=True):
+            ups[w.wallet.address] = u = r * 1e-3 * (1 + 0.5 * side * sign)
+            w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(r, api.put_update(w, u)))
+        wait_for(f"round {r} recorded", lambda: len(t.owner.get(f"/runs/{t.run_id}/rounds")["data"]), r.__lt__)
+        rows = t.coord.rows("SELECT worker_id, samples FROM updates WHERE round = :r", r=r)
+        samples = {row["worker_id"]: row["samples"] for row in rows}
+        g = sum(samples[a] * u for a, u in ups.items()) / sum(samples.values())
+        buf = 0.9 * buf + g
+        moved = api.round_params(t, r) - api.round_params(t, r - 1)
+        assert torch.allclose(moved, -0.7 * (g + 0.9 * buf), atol=1e-6), (r, moved[:3], g[:3])
+        cid = t.coord.rows("SELECT outer_state_cid FROM runs WHERE id = :r", r=t.run_id)[0]["outer_state_cid"]
+        stored = bytes_to_tensors(t.owner.get_blob(cid))["momentum_buffer"]
+        assert torch.allclose(stored, buf, atol=1e-7)
+        rt = t.coord.ctx.runtimes.get(t.run_id)
+        if rt is not None and rt.outer_cid == cid:  # the run's runtime (dropped once the run ends)
+            assert torch.equal(rt.outer_state["momentum_buffer"], stored)

@@ -99,6 +99,9 @@ class RoundResult:
     diverged: str | None = None  # why the aggregate must not be committed (the run fails)
     rejected: tuple[tuple[int, str], ...] = ()  # (update id, reason): past the norm bound, provable
     clipped: tuple[int, ...] = ()  # update ids scaled down to the norm bound (not punished)
+    # the outer optimizer's state stored under outer_cid by this round (None: it wrote none),
+    # so recording the round does not read back and hash what it just wrote
+    outer_state: dict[str, Tensor] | None = None
 
 
 # --- closing a round -------------------------------------------------------------------
@@ -182,6 +185,7 @@ def aggregate_round(
         raise RuntimeError(f"run {run.id}'s runtime holds no model: call RunRuntime.load first")
     before = params
     outer_cid = run.outer_state_cid
+    outer_state: dict[str, Tensor] | None = None
     skipped = False
     rejected: list[tuple[int, str]] = []
     clipped: list[int] = []
@@ -215,6 +219,7 @@ def aggregate_round(
             state = outer.state_dict()
             if state:
                 outer_cid = ctx.store.put_bytes(tensors_to_bytes(state, {"format": OUTER_FORMAT, "round": str(r)}))
+                outer_state = state
     else:
         skipped = True
     diverged, guard = _divergence(run, rt, before, params, r)
@@ -235,6 +240,7 @@ def aggregate_round(
         diverged=diverged,
         rejected=tuple(rejected),
         clipped=tuple(clipped),
+        outer_state=outer_state,
     )
 
 
@@ -363,7 +369,10 @@ def commit_round(
         rt.remember_step(r + 1, rt.params - res.params)
     rt.params, rt.params_cid = res.params, res.cid
     if res.outer_cid != rt.outer_cid:
-        rt.outer_state = bytes_to_tensors(ctx.store.get_bytes(res.outer_cid)) if res.outer_cid else {}
+        if res.outer_state is not None:  # what this close wrote under res.outer_cid
+            rt.outer_state = res.outer_state
+        else:
+            rt.outer_state = bytes_to_tensors(ctx.store.get_bytes(res.outer_cid)) if res.outer_cid else {}
         rt.outer_cid = res.outer_cid
     return True
 
