@@ -25,6 +25,13 @@ before the last are evaluated by the books thread after the next round opens). A
 round's wall time (its ``started_at`` to ``closed_at``) and each process's peak resident
 memory (``VmHWM``).
 
+Then, with the run over and its coordinator still up, the final model (102 MB) is
+downloaded once more by a fresh process each way, its resident-set high-water mark reset
+just before (``5 > /proc/self/clear_refs``; ``VmRSS`` then is the baseline): streamed to
+disk (``CoordinatorClient.download_blob``, what the worker does) and whole into memory
+(``get_blob``, what it did before). The peak above the baseline is what the download
+itself held.
+
 The coordinator scores on 8 samples (``--eval-samples``, ``--guard-samples``,
 ``--score-samples``): a 25M model's forward pass on 512 sequences would be most of a
 round on this CPU. The machine is shared: the load average before and after goes with
@@ -39,8 +46,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +61,31 @@ from _sims import machine
 from coordinator_load import source_state
 
 ROOT = Path(__file__).resolve().parent.parent
+# One download in a fresh process: argv url, cid, folder, mode (stream | whole); prints JSON.
+_PROBE = r"""
+import json, sys, time
+from pathlib import Path
+from aitbc.client import CoordinatorClient
+from aitbc.storage.blobstore import LocalBlobStore
+
+def status(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+url, cid, folder, mode = sys.argv[1:5]
+with CoordinatorClient(url) as c:
+    c.get("/health")
+    base = status("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    t = time.perf_counter()
+    if mode == "stream":
+        size = c.download_blob(cid, LocalBlobStore(Path(folder)))
+    else:
+        size = len(c.get_blob(cid))
+    took = time.perf_counter() - t
+    print(json.dumps({"size": size, "baseline": base, "peak": status("VmHWM"), "seconds": took}))
+"""
 PHASES = ("download", "compute", "encode", "upload")
 
 
@@ -62,6 +96,15 @@ def _load(name: str, path: Path) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _probe(url: str, cid: str, folder: Path, mode: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, url, cid, str(folder), mode], capture_output=True, text=True, timeout=600
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"download probe ({mode}) failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
 
 
 def main() -> None:
@@ -91,6 +134,10 @@ def main() -> None:
             stack, root, rounds=args.rounds, local_steps=args.local_steps, batch_size=args.batch_size, timeout=3600
         )
         params = large.model_params(stack, got["rounds"][-1]["checkpoint_cid"], root)
+        probes = {
+            mode: _probe(stack.url, got["rounds"][-1]["checkpoint_cid"], root / f"probe-{mode}", mode)
+            for mode in ("stream", "whole")
+        }
     finally:
         stack.close()
     load_after = os.getloadavg()
@@ -129,6 +176,14 @@ def main() -> None:
     print_table(title, cols, rows)
     mem = [[name, f"{(b or 0) / 2**20:.0f}"] for name, b in sorted(got["peak_rss_bytes"].items())]
     print_table("Peak resident memory (VmHWM)", ["process", "MiB"], mem)
+    print_table(
+        "One download of the final model in a fresh process: peak resident memory above its baseline",
+        ["mode", "blob MB", "peak above baseline MiB", "seconds"],
+        [
+            [m, f"{p['size'] / 1e6:.1f}", f"{(p['peak'] - p['baseline']) / 2**20:.1f}", f"{p['seconds']:.2f}"]
+            for m, p in (("streamed to disk (download_blob)", probes["stream"]), ("whole (get_blob)", probes["whole"]))
+        ],
+    )
     print(
         f"run wall {got['wall_seconds']:.1f} s (distribute to complete); load average before "
         f"{load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); {os.cpu_count()} cores; "
@@ -148,6 +203,7 @@ def main() -> None:
             "coordinator_samples": large.SMALL_EVAL,
             "per_round": per_round,
             "peak_rss_bytes": got["peak_rss_bytes"],
+            "download_probe": probes,
             "run_wall_seconds": got["wall_seconds"],
             "load_average_before": load_before,
             "load_average_after": load_after,
