@@ -90,7 +90,7 @@ CONFIGS = {
 
 _ROUND_LINE = re.compile(
     r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): (?:\d+ steps, )?loss \S+, update (\d+) bytes, "
-    r"([0-9.]+) s \(([0-9.]+) s computing\)"
+    r"([0-9.]+) s \(([0-9.]+) s computing[;)]"
 )
 
 

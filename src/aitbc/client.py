@@ -10,13 +10,16 @@ import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from aitbc.errors import AitbcError
+from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet
+
+if TYPE_CHECKING:
+    from aitbc.storage.blobstore import LocalBlobStore
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8700"
 _CHUNK = 1 << 20
@@ -162,12 +165,14 @@ class CoordinatorClient:
         """Upload a blob (bytes, or a file streamed in chunks) under its CID."""
         target = f"/v1/blobs/{cid}"
         headers = self._headers("PUT", target, b"", unsigned_payload=True)
-        content: bytes | Iterator[bytes]
+        # Streamed in 1 MiB pieces either way: from the file, or sliced from the caller's
+        # bytes (a 100 MB update is not copied whole on its way to the socket).
         if isinstance(data, Path):
             headers["content-length"] = str(data.stat().st_size)
-            content = _file_chunks(data)
+            content: Iterator[bytes] = _file_chunks(data)
         else:
-            content = data
+            headers["content-length"] = str(len(data))
+            content = _byte_chunks(data)
         try:
             r = self.http.put(target, content=content, headers=headers)
         except httpx.TransportError as e:
@@ -186,10 +191,43 @@ class CoordinatorClient:
             _result(r)
         data = r.content
         if cid_of_bytes(data) != cid:
-            from aitbc.errors import IntegrityError
-
             raise IntegrityError(f"blob {cid} from {self.base_url} does not hash to its CID")
         return data
+
+    def download_blob(self, cid: str, store: LocalBlobStore) -> int:
+        """Stream the blob ``cid`` into ``store`` (its :meth:`~LocalBlobStore.writer`: a
+        temporary file, hashed as the bytes arrive, renamed to the CID only once they hash
+        to it); returns its size. At most one 1 MiB piece is in memory at a time. Bytes that
+        do not hash to ``cid`` (corrupt, cut short) are an ``IntegrityError``, a body over
+        the store's ``max_size`` an ``AitbcError``, a dropped connection ``Unreachable``;
+        each leaves no file."""
+        with store.writer(cid) as w:
+            try:
+                with self.http.stream("GET", f"/v1/blobs/{cid}") as r:
+                    if r.status_code != 200:
+                        r.read()
+                        _result(r)
+                    for block in r.iter_bytes(_CHUNK):
+                        w.write(block)
+            except httpx.TransportError as e:
+                raise Unreachable(
+                    f"download of blob {cid} from {self.base_url} cut off after {w.size} bytes "
+                    f"({type(e).__name__}: {e})"
+                ) from None
+            try:
+                w.commit()
+            except IntegrityError:
+                raise IntegrityError(
+                    f"blob {cid} from {self.base_url} does not hash to its CID ({w.size} bytes hashing to "
+                    f"{w.hasher.found()}); nothing kept"
+                ) from None
+            return w.size
+
+
+def _byte_chunks(data: bytes) -> Iterator[bytes]:
+    view = memoryview(data)
+    for i in range(0, len(view), _CHUNK):
+        yield bytes(view[i : i + _CHUNK])
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:

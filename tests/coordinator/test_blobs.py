@@ -169,3 +169,33 @@ def test_a_client_hanging_up_mid_upload_leaves_nothing_and_is_no_internal_error(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert files() == before
     assert server.client("owner").put_blob(cid, data)["stored"] is True  # and it can still be sent whole
+
+
+def test_streamed_download_checks_the_cid_and_keeps_nothing_else(server, api, tmp_path):
+    """``download_blob`` (what a worker fetches models and shards with) against a real
+    coordinator: the bytes land in the store under their CID; a blob damaged on the
+    coordinator's disk (a byte changed, cut short) is refused as it is checked, and neither
+    a file under its name nor a temporary one is left."""
+    from aitbc.client import ApiError
+    from aitbc.errors import IntegrityError
+    from aitbc.storage.blobstore import LocalBlobStore
+
+    c = server.client("owner")
+    data = os.urandom(api.MAX_BLOB)  # several CID chunks
+    cid = cid_of_bytes(data)
+    c.put_blob(cid, data)
+    store = LocalBlobStore(tmp_path / "fetched")
+    assert c.download_blob(cid, store) == len(data)
+    assert (store.dir / cid).read_bytes() == data and os.listdir(store.dir) == [cid]
+    served = server.ctx.store.dir / cid
+    for damaged in (data[:-1] + bytes([data[-1] ^ 1]), data[: len(data) // 2]):
+        served.write_bytes(damaged)
+        other = LocalBlobStore(tmp_path / f"damaged-{len(damaged)}")
+        with pytest.raises(IntegrityError, match=f"blob {cid} from .* does not hash to its CID"):
+            c.download_blob(cid, other)
+        assert os.listdir(other.dir) == []
+    missing = cid_of_bytes(b"never uploaded")
+    with pytest.raises(ApiError, match=missing) as e:
+        c.download_blob(missing, store)
+    assert (e.value.status, e.value.code) == (404, "unknown_blob")
+    assert os.listdir(store.dir) == [cid]

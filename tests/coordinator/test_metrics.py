@@ -165,6 +165,7 @@ def test_an_empty_database_scrapes_every_family_at_zero(fresh_server):
     assert by(m["aitbc_training_bytes_total"], "direction") == {"up": 0.0, "down": 0.0}
     assert m["aitbc_heartbeats_total"] == {(): 0.0}
     assert m["aitbc_round_close_seconds_count"] == {(): 0.0}
+    assert m["aitbc_round_evaluation_seconds_count"] == {(): 0.0}
     assert m["aitbc_record_scrape_seconds"][()] >= 0
 
 

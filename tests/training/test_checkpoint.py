@@ -15,7 +15,9 @@ from aitbc.training.checkpoint import (
     checkpoint_bytes,
     flat_params,
     load_checkpoint,
+    load_checkpoint_file,
     load_shard,
+    load_shard_file,
     read_metadata,
     set_flat_params,
     shard_bytes,
@@ -117,6 +119,66 @@ def test_tensors_sharing_storage_can_be_saved():
     out = bytes_to_tensors(tensors_to_bytes({"a": t, "b": t[:2]}))
 
     assert torch.equal(out["a"], t) and torch.equal(out["b"], t[:2])
+
+
+# --- the same from files (the worker streams blobs to disk, then loads them once) ---------------
+
+
+def _file(tmp_path, data: bytes):
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    return path
+
+
+def _state(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def test_checkpoint_file_loads_exactly_as_the_bytes_do(tmp_path):
+    src, via_bytes, via_file = mlp(0), mlp(1), mlp(1)
+    data = checkpoint_bytes(src, model_name="mlp", model_options={"hidden": "8"}, round=3)
+    assert load_checkpoint_file(via_file, _file(tmp_path, data)) == load_checkpoint(via_bytes, data)
+    for k, v in src.state_dict().items():
+        assert torch.equal(via_file.state_dict()[k], v) and torch.equal(via_bytes.state_dict()[k], v)
+
+
+@pytest.mark.parametrize("other", [lambda: mlp(0, hidden="16"), lambda: mlp(0, hidden="8x8"), lambda: nn.Linear(2, 1)])
+def test_checkpoint_file_into_a_different_model_is_refused_and_changes_nothing(tmp_path, other):
+    data = checkpoint_bytes(mlp(0), model_name="mlp", model_options={}, round=0)
+    model = other()
+    before = _state(model)
+    with pytest.raises(IntegrityError, match="checkpoint does not fit this model"):
+        load_checkpoint_file(model, _file(tmp_path, data))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_checkpoint_file_with_a_nan_is_refused_and_changes_nothing(tmp_path):
+    src, model = mlp(0), mlp(1)
+    state = _state(src)
+    last = sorted(state)[-1]  # checked last: every other tensor would already fit
+    state[last].view(-1)[0] = float("nan")
+    before = _state(model)
+    with pytest.raises(IntegrityError, match=f"tensor {last!r} in blob contains NaN or Inf"):
+        load_checkpoint_file(model, _file(tmp_path, tensors_to_bytes(state)))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("data", [b"", b"garbage bytes that are not safetensors", b"\xff" * 64])
+def test_garbage_files_are_integrity_errors(tmp_path, data):
+    with pytest.raises(IntegrityError, match="not a valid safetensors blob"):
+        load_checkpoint_file(mlp(0), _file(tmp_path, data))
+    with pytest.raises(IntegrityError, match="not a valid safetensors blob"):
+        load_shard_file(_file(tmp_path, data))
+
+
+def test_shard_file_round_trip_and_refusals(tmp_path):
+    x, y = torch.randint(0, 256, (3, 16), dtype=torch.uint8), torch.randint(0, 256, (3, 16), dtype=torch.uint8)
+    x2, y2 = load_shard_file(_file(tmp_path, shard_bytes(x, y, dataset="t", index=0, count=1)))
+    assert torch.equal(x2, x) and torch.equal(y2, y)
+    with pytest.raises(IntegrityError, match="shard blob must hold x and y"):
+        load_shard_file(_file(tmp_path, tensors_to_bytes({"x": torch.zeros(3, 2), "y": torch.zeros(4)})))
+    with pytest.raises(IntegrityError, match="NaN or Inf"):
+        load_shard_file(_file(tmp_path, tensors_to_bytes({"x": torch.full((2, 2), float("inf")), "y": torch.zeros(2)})))
 
 
 # --- shards -----------------------------------------------------------------------------------

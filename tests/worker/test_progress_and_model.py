@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from aitbc.client import ApiError, Unreachable
 from aitbc.errors import IntegrityError
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.worker.config import WorkerSettings
@@ -84,16 +85,21 @@ def test_a_failing_send_does_not_end_reporting():
     r.close()
 
 
-# --- the global model ------------------------------------------------------------------
+# --- the global model and shards: streamed to disk, checked as they arrive ----------------
 
 MODEL = b"model bytes of round 7" * 100
 OTHER = b"model bytes of round 8" * 100
+THIRD = b"model bytes of round 9" * 100
+BIG = bytes(range(256)) * 5000  # 1.28 MB: more than one 1 MiB piece and several CID chunks
 
 
 class Blobs(BaseHTTPRequestHandler):
-    """GET /v1/blobs/<cid>: what the test put under that CID (lies included), counted."""
+    """GET /v1/blobs/<cid>: what the test put under that CID (lies included), counted; a CID
+    in ``cut`` is sent with its full Content-Length but only half its bytes, then the
+    connection closes (a download cut off)."""
 
     served: dict[str, bytes] = {}
+    cut: set[str] = set()
     gets: list[str] = []
 
     def do_GET(self) -> None:
@@ -109,6 +115,13 @@ class Blobs(BaseHTTPRequestHandler):
             self.send_header("content-type", "application/octet-stream")
             body = data
         self.send_header("content-length", str(len(body)))
+        if cid in self.cut:
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
         self.end_headers()
         self.wfile.write(body)
 
@@ -118,7 +131,7 @@ class Blobs(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[Worker]:
-    Blobs.served, Blobs.gets = {}, []
+    Blobs.served, Blobs.gets, Blobs.cut = {}, [], set()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Blobs)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     w = Worker(WorkerSettings(wallet="w"), coordinator=f"http://127.0.0.1:{server.server_port}", home=tmp_path)
@@ -128,21 +141,78 @@ def worker(tmp_path: Path) -> Iterator[Worker]:
     server.shutdown()
 
 
+def _files(folder: Path) -> list[str]:
+    """Every file in ``folder``, temporary ones included."""
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
 def test_the_global_model_is_downloaded_once_per_cid(worker):
-    model, other = cid_of_bytes(MODEL), cid_of_bytes(OTHER)
-    Blobs.served = {model: MODEL, other: OTHER}
-    assert worker._global_model(model) == MODEL
-    assert worker._global_model(model) == MODEL  # a round trained again, a skipped round: kept
-    assert worker._global_model(other) == OTHER  # the next round's model
+    model, other, third = cid_of_bytes(MODEL), cid_of_bytes(OTHER), cid_of_bytes(THIRD)
+    Blobs.served = {model: MODEL, other: OTHER, third: THIRD}
+    assert worker._global_model(model).read_bytes() == MODEL
+    assert worker._global_model(model).read_bytes() == MODEL  # a round trained again, a skipped round: kept
+    assert worker._global_model(other).read_bytes() == OTHER  # the next round's model
     assert Blobs.gets == [model, other]
-    assert worker.cache.store.list() == []  # kept in memory: the disk cache is for shards
+    assert worker.cache.store.list() == []  # the disk cache is for shards
+    assert _files(worker._models.dir) == sorted([model, other])
+    worker._global_model(third)  # the last two are kept; the oldest file goes
+    assert _files(worker._models.dir) == sorted([other, third])
 
 
 def test_a_model_whose_bytes_do_not_match_its_cid_is_refused_and_not_kept(worker):
     model = cid_of_bytes(MODEL)
     Blobs.served = {model: OTHER}  # a coordinator (or a path to it) hands over other bytes
-    with pytest.raises(IntegrityError):
+    with pytest.raises(IntegrityError, match=f"blob {model} from .* does not hash to its CID"):
         worker._global_model(model)
+    assert _files(worker._models.dir) == []  # no file under its name, no temporary one
     Blobs.served = {model: MODEL}
-    assert worker._global_model(model) == MODEL  # fetched again: the lie was not kept
+    assert worker._global_model(model).read_bytes() == MODEL  # fetched again: the lie was not kept
     assert Blobs.gets == [model, model]
+
+
+def test_a_download_cut_off_leaves_no_file_and_is_fetched_again(worker):
+    big = cid_of_bytes(BIG)
+    Blobs.served, Blobs.cut = {big: BIG}, {big}
+    with pytest.raises(Unreachable, match=f"download of blob {big} from .* cut off after"):
+        worker._global_model(big)
+    assert _files(worker._models.dir) == []
+    Blobs.cut = set()
+    assert worker._global_model(big).read_bytes() == BIG
+
+
+def test_a_truncated_or_corrupt_shard_is_refused_and_not_cached(worker):
+    big = cid_of_bytes(BIG)
+    for lie in (BIG[:-1], BIG[:1000], BIG[:-1] + b"x"):  # a byte short, a prefix, one byte changed
+        Blobs.served = {big: lie}
+        with pytest.raises(IntegrityError, match="does not hash to its CID"):
+            worker._blob(big)
+        assert _files(worker.cache.store.dir) == []
+    Blobs.served = {big: BIG}
+    path = worker._blob(big)
+    assert path.read_bytes() == BIG and _files(worker.cache.store.dir) == [big]
+    assert worker._blob(big) == path and Blobs.gets.count(big) == 4  # cached: read from disk, checked again
+    path.write_bytes(BIG[:-1])  # damaged on disk: dropped and fetched again
+    assert worker._blob(big).read_bytes() == BIG and Blobs.gets.count(big) == 5
+
+
+def test_a_blob_over_the_store_limit_is_refused_as_it_streams(worker, tmp_path):
+    from aitbc.errors import AitbcError
+    from aitbc.storage.blobstore import LocalBlobStore
+
+    big = cid_of_bytes(BIG)
+    Blobs.served = {big: BIG}
+    store = LocalBlobStore(tmp_path / "capped", max_size=len(BIG) - 1)
+    with pytest.raises(AitbcError, match="blob too large"):
+        worker.client.download_blob(big, store)
+    assert _files(store.dir) == []
+    exact = LocalBlobStore(tmp_path / "exact", max_size=len(BIG))
+    assert worker.client.download_blob(big, exact) == len(BIG)
+    assert _files(exact.dir) == [big]
+
+
+def test_an_unknown_blob_is_the_coordinator_s_error(worker):
+    missing = cid_of_bytes(b"never served")
+    with pytest.raises(ApiError) as e:
+        worker._global_model(missing)
+    assert (e.value.status, e.value.code) == (404, "unknown_blob")
+    assert _files(worker._models.dir) == []

@@ -131,6 +131,13 @@ class CoordinatorMetrics:
             buckets=ROUND_CLOSE_BUCKETS,
             registry=self.registry,
         )
+        self.round_evaluation = Histogram(
+            "aitbc_round_evaluation_seconds",
+            "Seconds to evaluate a round's model on the validation split (eval_samples): the last "
+            "round's inside its close, the others' by the books thread after the next round opens",
+            buckets=ROUND_CLOSE_BUCKETS,
+            registry=self.registry,
+        )
 
 
 def byte_kind(method: str, path: str) -> str:

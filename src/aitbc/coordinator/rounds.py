@@ -225,7 +225,9 @@ def aggregate_round(
     diverged, guard = _divergence(run, rt, before, params, r)
     loss = acc = None
     if evaluate_now and diverged is None:
+        t0 = time.perf_counter()
         loss, acc = rt.evaluate(params)
+        ctx.metrics.round_evaluation.observe(time.perf_counter() - t0)
     cid, size = rt.checkpoint(ctx, run, params, r)
     if guard is not None:
         rt.guard_cache = (cid, guard)  # the next round's check compares with it
@@ -425,7 +427,9 @@ def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = No
             load_checkpoint(model, ctx.store.get_bytes(rec.checkpoint_cid))
         else:
             set_flat_params(model, params)
+        t0 = time.perf_counter()
         loss, acc = evaluate(model, rt.val_x, rt.val_y)
+        ctx.metrics.round_evaluation.observe(time.perf_counter() - t0)
         lock_run(s, run)
         s.refresh(rec)
         rec.val_loss, rec.val_accuracy = loss, acc

@@ -332,6 +332,27 @@ class BlobCache:
         self.evict(keep=cid)
         return data
 
+    def get_path(self, cid: str, fetch_into: Callable[[str, LocalBlobStore], object]) -> Path:
+        """The path of the cached, verified blob ``cid``: from the cache (re-hashed as it is
+        read, in 1 MiB blocks), else ``fetch_into(cid, store)``, which must stream it into
+        the store (see :meth:`LocalBlobStore.writer`: checked against ``cid`` on the way
+        in). No whole copy of the blob is held in memory either way."""
+        if self.store.touch(cid):
+            try:
+                self.store.open(cid).close()  # verifies it
+                return self.store.dir / cid
+            except NotFoundError:
+                pass  # evicted by another process between the touch and the read
+            except IntegrityError:
+                with contextlib.suppress(NotFoundError):
+                    self.store.delete(cid)  # damaged on disk: fetched again
+        self.store.dir.mkdir(parents=True, exist_ok=True)
+        fetch_into(cid, self.store)
+        if not self.store.has(cid):
+            raise IntegrityError(f"blob {cid} was not stored by its fetch")
+        self.evict(keep=cid)
+        return self.store.dir / cid
+
     def _read(self, cid: str) -> bytes | None:
         """The cached, verified content of ``cid`` (its recency renewed), or None when it
         must be fetched: not cached, evicted by another process between the touch and

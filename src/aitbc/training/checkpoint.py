@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
@@ -97,6 +98,47 @@ def load_checkpoint(model: nn.Module, data: bytes) -> dict[str, str]:
     return read_metadata(data)
 
 
+def load_checkpoint_file(model: nn.Module, path: Path) -> dict[str, str]:
+    """:func:`load_checkpoint` from a file, one tensor at a time: each is read (memory-mapped)
+    and copied into its parameter, so no second whole copy of the model is ever held (a
+    25M-parameter model is 100 MB). The names and shapes must be the model's exactly, and
+    floating tensors finite; otherwise an ``IntegrityError`` and the model is left as it was."""
+    state = model.state_dict()
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            if names != set(state):
+                missing, extra = sorted(set(state) - names), sorted(names - set(state))
+                raise IntegrityError(
+                    f"checkpoint does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}"
+                )
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in names}
+            for k, t in state.items():
+                if shapes[k] != tuple(t.shape):
+                    raise IntegrityError(
+                        f"checkpoint does not fit this model: {k} has shape {shapes[k]}, the model's is {tuple(t.shape)}"
+                    )
+            checked: list[str] = []
+            for k in sorted(names):  # all checked before any is copied: a bad file changes nothing
+                t = f.get_tensor(k)
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    raise IntegrityError(f"tensor {k!r} in blob contains NaN or Inf")
+                checked.append(k)
+            with torch.no_grad():
+                for k in checked:
+                    state[k].copy_(f.get_tensor(k))
+            raw = (f.metadata() or {}).get(META_KEY)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    try:
+        meta = json.loads(raw) if raw is not None else {}
+    except ValueError as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError("safetensors metadata is not a JSON object")
+    return {str(k): str(v) for k, v in meta.items()}
+
+
 def shard_bytes(x: Tensor, y: Tensor, *, dataset: str, index: int, count: int) -> bytes:
     meta = {"format": "aitbc.shard/1", "dataset": dataset, "index": str(index), "count": str(count)}
     return tensors_to_bytes({"x": x, "y": y}, meta)
@@ -104,6 +146,22 @@ def shard_bytes(x: Tensor, y: Tensor, *, dataset: str, index: int, count: int) -
 
 def load_shard(data: bytes) -> tuple[Tensor, Tensor]:
     t = bytes_to_tensors(data)
+    if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
+        raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
+    return t["x"], t["y"]
+
+
+def load_shard_file(path: Path) -> tuple[Tensor, Tensor]:
+    """:func:`load_shard` from a file (read once, memory-mapped, into the two tensors)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())  # a safe_open handle is not iterable
+            t = {k: f.get_tensor(k) for k in names}
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    for name, v in t.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise IntegrityError(f"tensor {name!r} in blob contains NaN or Inf")
     if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
         raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
     return t["x"], t["y"]

@@ -29,10 +29,10 @@ from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, IntegrityError, UsageError
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.market.gpus import detect_device
-from aitbc.storage.blobstore import BlobCache
+from aitbc.storage.blobstore import BlobCache, LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
-from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, tensors_to_bytes
+from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, tensors_to_bytes
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
 from aitbc.training.models import build_model
@@ -82,6 +82,9 @@ class Trained:
     residual_in: Any = None
     # where the optimizer and residual stood when it began (JobState.round_start), if kept
     start: tuple[int, dict[str, Any], Any] | None = None
+    # seconds spent on it: download (the global model fetched and loaded), compute (local
+    # steps), encode (codec, CID, proof); upload is added as it is sent
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 class _Sender:
@@ -136,9 +139,12 @@ class Worker:
         self.refused: set[str] = set()  # jobs whose model this machine will not build
         self.registered = threading.Event()
         self.reporter = Reporter(self._send_progress)  # progress goes out beside training, never in its way
-        # the last two global models by CID (a round trained again reuses one; with overlap the
-        # sender thread fetches the next while the main thread trains from the last)
-        self._models: dict[str, bytes] = {}
+        # the last two global models, as files by CID (a round trained again reuses one; with
+        # overlap the sender thread fetches the next while the main thread trains from the last);
+        # any left by an earlier process go
+        self._models = LocalBlobStore(home / "worker-models" / self.wallet.name)
+        shutil.rmtree(self._models.dir, ignore_errors=True)
+        self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
         # overlap 1: a round's update is sent by a thread of its own while the next round trains
@@ -352,7 +358,9 @@ class Worker:
         base = job["global_model_cid"]
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
-        load_checkpoint(state.trainer.model, self._global_model(base))
+        t_download = time.perf_counter()
+        load_checkpoint_file(state.trainer.model, self._global_model(base))
+        download = time.perf_counter() - t_download
         start = flat_params(state.trainer.model)  # (d,)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
         last_report = -math.inf
@@ -382,6 +390,7 @@ class Worker:
             res, recorder = skip_half(state.trainer, start, round, report)
         else:
             res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
+        t_encode = time.perf_counter()
         feedback = isinstance(state.codec, ErrorFeedback)
         residual_in = None
         if feedback:
@@ -396,10 +405,12 @@ class Worker:
             proof = recorder.commitment(
                 residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr, data_seed=data_seed(job["seed"], round)
             ).to_json()
-        compute = time.perf_counter() - t_compute
+        cid = cid_of_bytes(blob)
+        t_done = time.perf_counter()
+        compute = t_done - t_compute  # the update's compute_seconds: local steps and encoding
         body = {
             "round": round,
-            "cid": cid_of_bytes(blob),
+            "cid": cid,
             "train_loss": res.loss,
             "train_accuracy": res.accuracy,
             "steps": res.steps,
@@ -419,6 +430,7 @@ class Worker:
             recorder=recorder,
             residual_in=residual_in,
             start=state.round_start if verify or overlap else None,
+            timings={"download": download, "compute": t_encode - t_compute, "encode": t_done - t_encode},
         )
 
     def _submit(self, job: dict[str, Any], state: JobState, done: Trained, t0: float, *, drained: bool = False) -> None:
@@ -429,6 +441,7 @@ class Worker:
             state.proof_round, state.recorder, state.residual_in = done.round, done.recorder, done.residual_in
         blob, body, cid = done.blob, done.body, done.body["cid"]
         # The round's work is done: the upload is retried through an outage, never retrained.
+        t_upload = time.perf_counter()
         self._retry(lambda: self.client.put_blob(cid, blob))
         self.metrics.bytes.labels("up").inc(len(blob))
         if not drained:
@@ -439,14 +452,19 @@ class Worker:
             if not drained and done.recorder is not None and e.code not in ("update_rejected", "duplicate_update"):
                 self._restore_round_start(state)  # not recorded: as if never trained
             raise
+        done.timings["upload"] = time.perf_counter() - t_upload  # the blob and the message naming it
+        for phase, seconds in done.timings.items():
+            self.metrics.seconds.labels(phase).inc(seconds)
         state.done.add(job["round"])
         if reply and reply.get("challenge"):
             self._answer(job, reply["challenge"])
         compute = body["compute_seconds"]
         self.metrics.rounds.inc()
         self.metrics.steps_per_second.set(body["steps"] / max(compute, 1e-9))  # compute time only
+        t = done.timings
         log.info(
-            "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing)%s",
+            "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing; "
+            "download %.3f s, compute %.3f s, encode %.3f s, upload %.3f s)%s",
             job["round"],
             job["rounds"] or 1,
             job["training_id"],
@@ -455,6 +473,10 @@ class Worker:
             len(blob),
             time.perf_counter() - t0,
             compute,
+            t["download"],
+            t["compute"],
+            t["encode"],
+            t["upload"],
             " trained ahead" if "base_cid" in body else "",
         )
 
@@ -590,7 +612,7 @@ class Worker:
             # The owner may have changed the job's steps, batch size or lr, or split its shard.
             data = None
             if job["shard_cid"] != self.job.shard_cid:
-                data = self._labels(load_shard(self._blob(job["shard_cid"])), job)
+                data = self._labels(load_shard_file(self._blob(job["shard_cid"])), job)
                 self.job.shard_cid = job["shard_cid"]
                 log.info("job %s: now on shard %d (%d samples)", job["job_id"], job["shard_index"], data[0].shape[0])
             samples = int((data[0] if data is not None else self.job.trainer.x).shape[0])
@@ -604,7 +626,7 @@ class Worker:
             model = build_model(job["model_type"], spec, job["model_options"], allow_code=self.cfg.allow_code)
         except UsageError as e:
             raise ModelRefused(str(e)) from None
-        x, y = self._labels(load_shard(self._blob(job["shard_cid"])), job)
+        x, y = self._labels(load_shard_file(self._blob(job["shard_cid"])), job)
         cfg = LocalConfig(
             steps=self._steps(job, int(x.shape[0])),
             batch_size=job["batch_size"],
@@ -630,32 +652,33 @@ class Worker:
             y = int(job["data_spec"]["num_classes"]) - 1 - y  # label-flip poisons the worker's own data
         return x, y
 
-    def _blob(self, cid: str) -> bytes:
-        """A blob by CID from the local cache (LRU, capped at ``cache_bytes``), else the
-        coordinator (verified both ways)."""
-        return self.cache.get(cid, self._download)
+    def _blob(self, cid: str) -> Path:
+        """A blob by CID from the local cache (LRU, capped at ``cache_bytes``), else streamed
+        from the coordinator into it (verified both ways): the path of its file."""
+        return self.cache.get_path(cid, self._download_into)
 
-    def _global_model(self, cid: str) -> bytes:
-        """The round's global model: one of the last two downloaded if it has this CID (a
-        round trained again, a skipped round; with overlap, the next round's model fetched
-        by the sender thread), else downloaded, checked against its CID (an
-        ``IntegrityError`` if the bytes do not hash to it) and kept in memory. A model is
-        used once or twice and replaced every round: the disk cache is for shards."""
+    def _global_model(self, cid: str) -> Path:
+        """The round's global model, as a file: one of the last two downloaded if it has this
+        CID (a round trained again, a skipped round; with overlap, the next round's model
+        fetched by the sender thread), else streamed from the coordinator to disk, checked
+        against its CID as it arrives (an ``IntegrityError`` if the bytes do not hash to it).
+        A model is used once or twice and replaced every round: the cache is for shards."""
         with self._models_lock:
-            data = self._models.get(cid)
-        if data is not None:
-            return data
-        data = self._download(cid)
+            if cid in self._kept_models and self._models.has(cid):
+                return self._models.dir / cid
+        self._models.dir.mkdir(parents=True, exist_ok=True)
+        self._download_into(cid, self._models)
         with self._models_lock:
-            self._models[cid] = data
-            while len(self._models) > 2:
-                del self._models[next(iter(self._models))]  # the oldest
-        return data
+            if cid not in self._kept_models:
+                self._kept_models.append(cid)
+            while len(self._kept_models) > 2:
+                old = self._kept_models.pop(0)  # the oldest
+                (self._models.dir / old).unlink(missing_ok=True)
+        return self._models.dir / cid
 
-    def _download(self, cid: str) -> bytes:
-        data = self.client.get_blob(cid)
-        self.metrics.bytes.labels("down").inc(len(data))
-        return data
+    def _download_into(self, cid: str, store: LocalBlobStore) -> None:
+        size = self.client.download_blob(cid, store)
+        self.metrics.bytes.labels("down").inc(size)
 
 
 def _warm_up() -> None:

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from aitbc.errors import AitbcError
 
+PHASES = ("download", "compute", "encode", "upload")  # aitbc_worker_round_seconds' phase label
+
 
 class WorkerMetrics:
     def __init__(self) -> None:
@@ -35,6 +37,15 @@ class WorkerMetrics:
         )
         self.bytes.labels("up")
         self.bytes.labels("down")
+        self.seconds = Counter(
+            "aitbc_worker_round_seconds",
+            "Seconds spent on sent rounds, by phase: download (the global model fetched to disk and "
+            "loaded), compute (local steps), encode (codec, CID, proof), upload (update blob and message)",
+            ["phase"],
+            registry=r,
+        )
+        for phase in PHASES:
+            self.seconds.labels(phase)
         self.rounds = Counter("aitbc_worker_rounds", "Rounds whose update the coordinator accepted", registry=r)
         self.refusals = Counter(
             "aitbc_worker_refusals",
