@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.blobstore import BlobInfo, BlobStore, LocalBlobStore
+from aitbc.storage.cid import cid_of_bytes
 
 HELLO = b"hello world\n"
 HELLO_CID = "bafkreifjjcie6lypi6ny7amxnfftagclbuxndqonfipmb64f2km2devei4"
@@ -222,3 +224,25 @@ def test_max_size_allows_blobs_at_the_limit(tmp_path):
     store = LocalBlobStore(tmp_path, max_size=len(HELLO))
 
     assert store.put_bytes(HELLO) == HELLO_CID
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_cache_store_writes_without_fsync_and_still_checks_the_cid(tmp_path, monkeypatch, durable):
+    # durable=False (a worker's model cache): no fsync at all; the CID check stays.
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    store = LocalBlobStore(tmp_path, durable=durable)
+    data = b"a model" * 1000
+    cid = cid_of_bytes(data)
+    with store.writer(cid) as w:
+        w.write(data)
+        w.commit()
+    assert store.get_bytes(cid) == data
+    assert bool(synced) is durable
+    bad = b"not the model"
+    with store.writer(cid_of_bytes(data + b"!")) as w:
+        w.write(bad)
+        with pytest.raises(IntegrityError):
+            w.commit()
+    assert sorted(p.name for p in store.dir.iterdir()) == [cid]

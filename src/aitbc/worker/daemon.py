@@ -142,7 +142,7 @@ class Worker:
         # the last two global models, as files by CID (a round trained again reuses one; with
         # overlap the sender thread fetches the next while the main thread trains from the last);
         # any left by an earlier process go
-        self._models = LocalBlobStore(home / "worker-models" / self.wallet.name)
+        self._models = LocalBlobStore(home / "worker-models" / self.wallet.name, durable=False)  # a cache: no fsyncs
         shutil.rmtree(self._models.dir, ignore_errors=True)
         self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
