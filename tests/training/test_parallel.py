@@ -15,7 +15,7 @@ from aitbc.training.data_spec import DataSpec
 from aitbc.training.devices import check_device_spec, resolve_devices
 from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
-from aitbc.training.parallel import Ranks
+from aitbc.training.parallel import RankFailed, Ranks
 
 SPEC = DataSpec("classification", (6,), 4)
 
@@ -114,3 +114,19 @@ def test_devices_on_a_machine_without_a_gpu():
         resolve_devices("cuda", 2)
     with pytest.raises(UsageError, match="--gpus must be >= 1"):
         resolve_devices("cpu", 0)
+
+
+def test_a_rank_that_died_is_named():
+    model, x, y = problem()
+    cfg = LocalConfig(steps=2, batch_size=8)
+    ranks = Ranks([torch.device("cpu")] * 2)
+    try:
+        ranks.job("mlp", {"hidden": "16"}, SPEC, cfg, 0, x, y)
+        trainer = LocalTrainer(model, x, y, cfg, seed=0, group=ranks.group)
+        ranks.procs[0].kill()
+        ranks.procs[0].wait()
+        with pytest.raises(RankFailed, match=r"^data-parallel rank 1 exited \(code -9\)$"):
+            ranks.round(trainer, flat_params(model), 1)
+        assert str(ranks.failure(RuntimeError("gloo: connection closed"))).startswith("data-parallel rank 1 exited")
+    finally:
+        ranks.close()

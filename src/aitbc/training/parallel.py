@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from aitbc.errors import AitbcError
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer, build_inner_optimizer
 from aitbc.training.proof import load_optimizer_tensors, optimizer_tensors
@@ -45,6 +46,10 @@ IDLE_TIMEOUT = timedelta(days=30)
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)} | {
     str(t).removeprefix("torch."): t for t in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 }
+
+
+class RankFailed(AitbcError):
+    """A data-parallel rank of this worker exited: the worker stops (one line, exit 1)."""
 
 
 @dataclass
@@ -188,7 +193,20 @@ class Ranks:
     def _check(self) -> None:
         dead = [r for r, p in enumerate(self.procs, start=1) if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"data-parallel rank {dead[0]} exited (code {self.procs[dead[0] - 1].returncode})")
+            raise RankFailed(f"data-parallel rank {dead[0]} exited (code {self.procs[dead[0] - 1].returncode})")
+
+    def failure(self, e: BaseException) -> RankFailed:
+        """What a collective's error means: the rank that exited, if one did (it may take a
+        moment to be reaped), else the error's first line."""
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                self._check()
+            except RankFailed as dead:
+                return dead
+            time.sleep(0.05)
+        first = (str(e).splitlines() or [type(e).__name__])[0][:300]
+        return RankFailed(f"data-parallel training failed: {first}")
 
     def close(self) -> None:
         if self._closed:

@@ -398,8 +398,13 @@ class Worker:
             res, recorder = skip_half(state.trainer, start, round, report)
         else:
             if self.ranks is not None:  # the other ranks train this round beside this one
-                self.ranks.round(state.trainer, start, round)
-            res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
+                try:
+                    self.ranks.round(state.trainer, start, round)
+                    res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
+                except RuntimeError as e:  # a collective failed: a rank is gone; the worker stops
+                    raise self.ranks.failure(e) from None
+            else:
+                res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
         feedback = isinstance(state.codec, ErrorFeedback)
         residual_in = None
         if feedback:
