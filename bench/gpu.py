@@ -48,7 +48,7 @@ from _sims import machine  # noqa: E402
 from aitbc.training.data_spec import DataSpec  # noqa: E402
 from aitbc.training.local import LocalConfig, LocalTrainer  # noqa: E402
 from aitbc.training.models import Transformer, TransformerConfig  # noqa: E402
-from aitbc.training.parallel import HOST, join_group  # noqa: E402
+from aitbc.training.parallel import HOST, join_group, loopback_store  # noqa: E402
 
 # name -> (d_model, n_layers, n_heads): GPT-like shapes, 64-wide heads
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -131,7 +131,7 @@ def _rank_main(a: argparse.Namespace) -> None:
 
 
 def _data_parallel(a: argparse.Namespace, world: int) -> list[dict[str, Any]]:
-    store = dist.TCPStore(HOST, 0, world, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=False)
+    store, _listener = loopback_store(world)
     argv = [sys.executable, __file__, "--sizes", a.sizes, "--precisions", a.precisions, "--steps", str(a.steps)]
     argv += ["--warmup", str(a.warmup), "--batch", str(a.batch), "--context", str(a.context), "--device", a.device]
     argv += ["--world", str(world), "--port", str(store.port)]

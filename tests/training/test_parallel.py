@@ -130,3 +130,22 @@ def test_a_rank_that_died_is_named():
         assert str(ranks.failure(RuntimeError("gloo: connection closed"))).startswith("data-parallel rank 1 exited")
     finally:
         ranks.close()
+
+
+def test_the_ranks_listen_on_loopback_only():
+    """The rendezvous store and gloo's sockets: 127.0.0.1, not every interface (torch's own
+    master store binds them all) nor the host name's address."""
+    psutil = pytest.importorskip("psutil")
+    ranks = Ranks([torch.device("cpu")] * 2)
+    try:
+        listening = [
+            c.laddr
+            for p in (psutil.Process(), psutil.Process(ranks.procs[0].pid))
+            for c in p.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        ours = [a for a in listening if a.port == ranks._listener.getsockname()[1]]
+        assert ours and len(listening) >= 3, listening  # the store, and each rank's gloo listener
+        assert all(a.ip == "127.0.0.1" for a in listening), listening
+    finally:
+        ranks.close()

@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -113,7 +114,36 @@ def _receive(group: Group) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return obj, tensors
 
 
+def loopback_store(world: int) -> tuple[dist.TCPStore, socket.socket]:
+    """Rank 0's rendezvous store on 127.0.0.1 only, at a port the kernel picks now (torch's
+    own master store listens on every interface): the socket, kept open by the caller, is
+    handed to the store. The other ranks connect to ``store.port``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((HOST, 0))
+    sock.listen(128)
+    store = dist.TCPStore(
+        HOST,
+        sock.getsockname()[1],
+        world,
+        is_master=True,
+        timeout=timedelta(seconds=120),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+    )
+    return store, sock
+
+
+def _loopback_interface() -> str:
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n.startswith("lo")), "lo")
+
+
 def join_group(rank: int, world: int, device: torch.device, store: dist.Store) -> Group:
+    """Join the group: gloo's and nccl's own sockets on the loopback interface (not the
+    host name's address, which may be a public one), unless the operator named another."""
+    lo = _loopback_interface()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -135,9 +165,7 @@ class Ranks:
             raise RuntimeError("this process is already in a torch.distributed group")
         self.world = len(devices)
         self.allow_code = list(allow_code)
-        store = dist.TCPStore(
-            HOST, 0, self.world, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=False
-        )
+        store, self._listener = loopback_store(self.world)
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "aitbc.training.parallel", "--rank", str(r), "--world", str(self.world)]
