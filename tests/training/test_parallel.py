@@ -149,3 +149,18 @@ def test_the_ranks_listen_on_loopback_only():
         assert all(a.ip == "127.0.0.1" for a in listening), listening
     finally:
         ranks.close()
+
+
+def test_devices_on_a_two_gpu_machine(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_devices("auto") == [torch.device("cuda", 0)]
+    assert resolve_devices("cuda", 2) == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert resolve_devices("cuda:1") == [torch.device("cuda", 1)]
+    assert resolve_devices("cpu", 3) == [torch.device("cpu")] * 3
+    with pytest.raises(UsageError, match=r"^--device cuda:3: no such GPU; this machine has cuda:0\.\.cuda:1$"):
+        resolve_devices("cuda:3")
+    with pytest.raises(UsageError, match=r"^--gpus 4: this machine has 2 CUDA GPUs$"):
+        resolve_devices("auto", 4)
+    with pytest.raises(UsageError, match="several GPUs are cuda:0..cuda:1; give --device cuda"):
+        resolve_devices("cuda:1", 2)
