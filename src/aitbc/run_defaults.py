@@ -35,6 +35,10 @@ VERIFY_RATE = 0.0  # spot checks: the expected share of each update's local step
 # worker starts round r+1 as soon as it has sent round r, from the newest published model
 # (one round older), and its update is applied to the newest one (one-step delay).
 OVERLAP = 0
+# The workers' inner steps: fp32, or bf16 (bfloat16 autocast on CPU and CUDA; parameters,
+# gradients and optimizer state stay float32).
+PRECISION = "fp32"
+PRECISIONS = ("fp32", "bf16")
 # text:PATH datasets: bytes read at most (a longer corpus is cut, with a warning). 128 MiB:
 # large enough for most folders, and one shard of it (x and y: 2 x 90%) still fits the
 # coordinator's default largest blob (256 MiB). The stdlib corpus is a 4 MiB sample.

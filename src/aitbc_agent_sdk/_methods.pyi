@@ -436,6 +436,7 @@ class AgentMethods:
         max_cost: int | float | str | None = None,
         verify_rate: float = 0.0,
         overlap: int = 0,
+        precision: str = "fp32",
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -451,8 +452,9 @@ class AgentMethods:
         update's local steps the coordinator re-runs (a verified update is paid in full; one
         that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
         r+1 from the newest published model as soon as it has sent round r, and its update is
-        applied to the newer model (one-step delay); 0: synchronous rounds. Returns the run
-        detail with ``phase``.
+        applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
+        ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
+        Returns the run detail with ``phase``.
         """
 
     def stop(self) -> dict[str, Any]:
@@ -989,6 +991,7 @@ class AsyncAgentMethods:
         max_cost: int | float | str | None = None,
         verify_rate: float = 0.0,
         overlap: int = 0,
+        precision: str = "fp32",
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -1004,8 +1007,9 @@ class AsyncAgentMethods:
         update's local steps the coordinator re-runs (a verified update is paid in full; one
         that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
         r+1 from the newest published model as soon as it has sent round r, and its update is
-        applied to the newer model (one-step delay); 0: synchronous rounds. Returns the run
-        detail with ``phase``.
+        applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
+        ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
+        Returns the run detail with ``phase``.
         """
 
     async def stop(self) -> dict[str, Any]:

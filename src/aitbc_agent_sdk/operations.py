@@ -582,6 +582,7 @@ def start_training(
     max_cost: int | float | str | None = None,
     verify_rate: float = run_defaults.VERIFY_RATE,
     overlap: int = run_defaults.OVERLAP,
+    precision: str = run_defaults.PRECISION,
 ) -> Op[dict[str, Any]]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -597,8 +598,9 @@ def start_training(
     update's local steps the coordinator re-runs (a verified update is paid in full; one
     that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
     r+1 from the newest published model as soon as it has sent round r, and its update is
-    applied to the newer model (one-step delay); 0: synchronous rounds. Returns the run
-    detail with ``phase``."""
+    applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
+    ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
+    Returns the run detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
     body: dict[str, Any] = {
@@ -619,6 +621,7 @@ def start_training(
         "max_cost": _max_cost(run, rounds, max_cost),
         "verify_rate": verify_rate,
         "overlap": overlap,
+        "precision": precision,
     }
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)

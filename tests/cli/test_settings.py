@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from aitbc.coordinator.config import Settings
 from aitbc.errors import UsageError
@@ -104,6 +105,47 @@ def test_bad_values_name_their_source(monkeypatch, tmp_path):
     monkeypatch.setenv("AITBC_WORKER_MAX_BOND", "lots")
     with pytest.raises(UsageError, match="AITBC_WORKER_MAX_BOND='lots' is not allowed: .*give AIT"):
         load_settings(WorkerSettings, {})
+
+
+def test_device_and_gpus_are_checked_with_one_line_naming_the_flag(monkeypatch):
+    from aitbc.cli.services import WORKER_FLAGS
+
+    def refused(flags: dict) -> str:
+        with pytest.raises(UsageError) as e:
+            load_settings(WorkerSettings, flags, flag_names=WORKER_FLAGS)
+        return str(e.value)
+
+    for bad in ("gpu", "cuda:", "cuda:x", "cpu:0", "tpu", "cuda:-1"):
+        assert refused({"device": bad}) == (
+            f"--device {bad!r} is not allowed: device must be auto, cpu, cuda or cuda:N (N a GPU index), got {bad!r}"
+        )
+    assert refused({"gpus": 0}) == "--gpus 0 is not allowed: input should be greater than or equal to 1"
+    assert refused({"gpus": 65}).startswith("--gpus 65 is not allowed: input should be less than or equal to 64")
+    assert "give 1 with cheat" in refused({"gpus": 2, "cheat": "skip-half"})
+    monkeypatch.setenv("AITBC_WORKER_GPUS", "two")
+    assert refused({}).startswith("AITBC_WORKER_GPUS='two' is not allowed")
+    monkeypatch.setenv("AITBC_WORKER_GPUS", "2")
+    monkeypatch.setenv("AITBC_WORKER_DEVICE", "CUDA:1")
+    w = load_settings(WorkerSettings, {})
+    assert (w.device, w.gpus) == ("cuda:1", 2)  # the spelling is checked here; the hardware at start
+    assert load_settings(WorkerSettings, {"device": "cpu"}).device == "cpu"  # a flag wins
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusals of a machine without a GPU")
+def test_worker_start_on_a_gpu_this_machine_lacks_is_one_line_and_exit_2(tmp_path):
+    for args, says in [
+        (["--device", "cuda:3"], "--device cuda:3: this machine has no CUDA GPU torch can use"),
+        (["--device", "cuda", "--gpus", "2"], "--device cuda: this machine has no CUDA GPU"),
+        (["--device", "npu"], "--device 'npu' is not allowed: device must be auto, cpu, cuda or cuda:N"),
+        (["--gpus", "0"], "--gpus 0 is not allowed"),
+    ]:
+        home = tmp_path / "home"
+        cmd = [str(AITBC), "worker", "start", "--home", str(home), "--coordinator", "http://127.0.0.1:9", *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=120)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], (args, r.stderr)
+        assert not home.exists()  # refused before its wallet is made
 
 
 def test_every_setting_has_its_variable():

@@ -331,6 +331,9 @@ def test_distribute_refusals(new_coordinator, api):
         ({"lr": 0}, "invalid_request"),
         ({"deadline": -1}, "invalid_request"),
         ({"error_feedback": "yes"}, "invalid_request"),
+        ({"precision": "fp16"}, "invalid_request"),
+        ({"precision": None}, "invalid_request"),
+        ({"precision": "bf16", "verify_rate": 0.1}, "bad_config"),  # bf16 steps do not replay within tolerance
     ]:
         with pytest.raises(api.ApiError) as e:
             owner.post(f"/runs/{run_id}/distribute", body)

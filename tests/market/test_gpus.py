@@ -159,3 +159,28 @@ def test_detect_device_really():
     if info["device"] == "cuda":
         assert info["gpu_class"] == normalize_gpu(torch.cuda.get_device_name(0))
         assert info["memory_bytes"] > 0
+
+
+def test_detect_device_describes_the_device_it_trains_on(monkeypatch):
+    names = {0: "NVIDIA GeForce RTX 3090", 3: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: names[i])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(total_memory=(i + 1) << 30))
+
+    info = detect_device([torch.device("cuda", 3)])
+    assert info == {
+        "device": "cuda",
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_bytes": 4 << 30,
+        "gpu_class": "H100",
+        "train_device": "cuda:3",
+        "processes": 1,
+    }
+    assert detect_device([torch.device("cuda", 0), torch.device("cuda", 1)])["processes"] == 2
+    on_cpu = detect_device([torch.device("cpu")] * 2)  # --device cpu on a GPU machine offers the CPU
+    assert (on_cpu["device"], on_cpu["gpu_class"], on_cpu["train_device"], on_cpu["processes"]) == (
+        "cpu",
+        "CPU",
+        "cpu",
+        2,
+    )

@@ -83,6 +83,8 @@ WORKER_FLAGS = {
     "allow_code": "--allow-code",
     "metrics_port": "--metrics-port",
     "metrics_host": "--metrics-host",
+    "device": "--device",
+    "gpus": "--gpus",
 }
 _SHOWN: dict[str, Callable[[Any], str]] = {
     "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
@@ -385,6 +387,17 @@ def start(
     metrics_host: Annotated[
         str | None, typer.Option(help="Address the metrics server listens on (0.0.0.0: every interface).")
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="Where to train: auto (cuda:0 if there is a GPU, else the CPU), cpu, cuda or cuda:N."),
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="Data-parallel processes, one per GPU (rank r on cuda:r; with --device cpu, CPU processes): "
+            "one update per round, averaged over them."
+        ),
+    ] = None,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped.
 
@@ -415,6 +428,8 @@ def start(
         "allow_code": allow_code or None,
         "metrics_port": metrics_port,
         "metrics_host": metrics_host,
+        "device": device,
+        "gpus": gpus,
     }
     settings = load_settings(WorkerSettings, flags, flag_names={**WORKER_FLAGS, "cache_bytes": "--cache-mb (in bytes)"})
     _logging(settings.log_level)

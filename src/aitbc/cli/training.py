@@ -357,6 +357,7 @@ DISTRIBUTE_FIELDS = (
     "eval_every",
     "verify_rate",
     "overlap",
+    "precision",
 )
 
 
@@ -399,6 +400,13 @@ def distribute(
             "a slightly staler update). 0: synchronous rounds.",
         ),
     ] = defaults.OVERLAP,
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="The workers' inner steps: fp32, or bf16 (bfloat16 autocast on CPU and CUDA; weights, "
+            "gradients and optimizer state stay float32).",
+        ),
+    ] = defaults.PRECISION,
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -418,6 +426,8 @@ def distribute(
     checks.outer(outer)
     checks.aggregator(aggregator)
     checks.codec(compression)
+    if precision not in defaults.PRECISIONS:
+        raise UsageError(f"--precision {precision!r} is not available; choose one of: {', '.join(defaults.PRECISIONS)}")
     tracker = _open_tracker(log_to, training_id)  # refused (exit 2) before anything is distributed
     with (
         _closing(tracker),
@@ -444,6 +454,7 @@ def distribute(
             eval_every=eval_every,
             verify_rate=verify_rate,
             overlap=overlap,
+            precision=precision,
         )
         if json_out:
             _emit_json(_api_view(run))

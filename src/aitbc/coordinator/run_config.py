@@ -41,6 +41,7 @@ class RunConfig(BaseModel):
     # (1 + s)^-1, a half for one round late. At 1 (full weight) a long local round's update
     # overshoots and the model circles (bench/overlap_loss.py)
     overlap_staleness: str = "polynomial:a=1"
+    precision: str = "fp32"  # workers' inner steps: fp32, or bf16 autocast (a config stored before it: fp32)
     # Derived by the coordinator when the config was checked:
     d: int = Field(ge=1)  # parameters of the model
     f: int = Field(ge=0)  # attackers the robust rule tolerates when the owner named none

@@ -74,8 +74,22 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
     if min_workers > max_workers:
         raise unprocessable("bad_config", f"min_workers ({min_workers}) exceeds max_workers ({max_workers})")
     quorum = body.quorum or min_workers
+    if body.precision == "bf16" and body.verify_rate > 0:
+        # bfloat16 steps do not replay within the spot check's tolerance on another layout
+        # (a two-rank worker's half batches against the coordinator's whole ones: 0.023 > 0.01,
+        # tests/e2e/test_gpu_workers.py), so an honest bf16 worker would be slashed
+        raise unprocessable(
+            "bad_config",
+            "precision bf16 cannot be verified (its steps do not replay within tolerance): give verify_rate 0 or precision fp32",
+        )
     try:
-        LocalConfig(steps=body.local_steps, batch_size=body.batch_size, optimizer=body.inner_opt, lr=body.lr)
+        LocalConfig(
+            steps=body.local_steps,
+            batch_size=body.batch_size,
+            optimizer=body.inner_opt,
+            lr=body.lr,
+            precision=body.precision,
+        )
         model = build_initial_model(run, allow_code)
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)

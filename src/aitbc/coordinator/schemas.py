@@ -121,6 +121,8 @@ class Distribute(Body):
     # overlapping rounds (1): a worker trains round r+1 from the model round r started from while
     # round r closes; its update is applied to the newest model (one-step delay). 0: synchronous
     overlap: Annotated[int, *_in_range("overlap")] = 0
+    # the inner steps' arithmetic on every worker: fp32, or bf16 (bfloat16 autocast, CPU and CUDA)
+    precision: Literal["fp32", "bf16"] = "fp32"
     max_cost: str | float | None = None  # AIT the owner lets distribute escrow (runs without a budget)
 
 

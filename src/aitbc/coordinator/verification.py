@@ -210,6 +210,7 @@ def on_submit(
         "batch_size": c.batch_size,
         "lr": c.lr,
         "optimizer": run.cfg.inner_opt,
+        "precision": run.cfg.precision,
         "seed": job_seed(run, job),
         "shard_index": shard_index,
         "start_cid": start_cid,
@@ -314,7 +315,13 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
     d = sum(p.numel() for p in model.parameters())
     states = {int(b): TrainState.from_bytes(ctx.store.get_bytes(cid), numel=d) for b, cid in rev["states"].items()}
     x, y = load_shard(ctx.store.get_bytes(run.data_manifest["shards"][int(ch["shard_index"])]["cid"]))
-    cfg = LocalConfig(steps=int(ch["steps"]), batch_size=int(ch["batch_size"]), optimizer=ch["optimizer"], lr=ch["lr"])
+    cfg = LocalConfig(
+        steps=int(ch["steps"]),
+        batch_size=int(ch["batch_size"]),
+        optimizer=ch["optimizer"],
+        lr=ch["lr"],
+        precision=ch.get("precision", "fp32"),  # a challenge stored before bf16: fp32
+    )
     replay = Replay(model, x, y, cfg, data_seed(int(ch["seed"]), upd.round))
     verdicts = []
     for i in ch["intervals"]:  # one by one: drift across hardware grows with the steps re-run in one go

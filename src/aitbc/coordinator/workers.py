@@ -114,6 +114,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
             "verify_rate": cfg.verify_rate,
             "overlap": cfg.overlap,
+            "precision": cfg.precision,
             "challenge": challenge,
         },
         "version": ctx.notifier.version,

@@ -118,28 +118,40 @@ def _physical_memory() -> int | None:
         return None
 
 
-def detect_device() -> dict[str, Any]:
+def detect_device(train_on: list[Any] | None = None) -> dict[str, Any]:
     """What this worker really has, for its offer.
 
     ``{"device": "cuda" | "mps" | "cpu", "name": str, "memory_bytes": int | None,
-    "gpu_class": str}``. On CUDA the name is device 0's and the class its canonical key
-    (unknown cards keep their own key); ``mps`` is class ``MPS``, the CPU class ``CPU``.
-    ``memory_bytes`` is the GPU's memory on CUDA, the recommended Metal working set on
-    ``mps`` where torch reports it, and physical RAM on CPU.
+    "gpu_class": str}``. On CUDA the name is the training GPU's (device 0 by default) and
+    the class its canonical key (unknown cards keep their own key); ``mps`` is class
+    ``MPS``, the CPU class ``CPU``. ``memory_bytes`` is the GPU's memory on CUDA, the
+    recommended Metal working set on ``mps`` where torch reports it, and physical RAM on CPU.
+
+    ``train_on``: the torch devices the worker trains on, one per data-parallel rank
+    (:func:`aitbc.training.devices.resolve_devices`); the offer then describes those (a
+    worker told ``--device cpu`` on a GPU machine offers the CPU) and adds
+    ``"train_device"`` (rank 0's, e.g. ``"cuda:0"``) and ``"processes"`` (the ranks).
     """
     import torch  # lazily: the marketplace logic itself does not need torch
 
+    extra: dict[str, Any] = {}
+    index: int | None = 0 if torch.cuda.is_available() else None
+    if train_on:
+        first = torch.device(train_on[0])
+        index = (first.index or 0) if first.type == "cuda" else None
+        extra = {"train_device": str(first) if first.type != "cuda" else f"cuda:{index}", "processes": len(train_on)}
+
     memory: int | None
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-        memory = int(torch.cuda.get_device_properties(0).total_memory)
-        return {"device": "cuda", "name": name, "memory_bytes": memory, "gpu_class": normalize_gpu(name)}
+    if index is not None:
+        name = torch.cuda.get_device_name(index)
+        memory = int(torch.cuda.get_device_properties(index).total_memory)
+        return {"device": "cuda", "name": name, "memory_bytes": memory, "gpu_class": normalize_gpu(name), **extra}
 
     cpu_name = platform.processor() or "cpu"
     mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if not train_on and mps is not None and mps.is_available():
         recommended = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
         memory = int(recommended()) if recommended is not None else None
         return {"device": "mps", "name": cpu_name, "memory_bytes": memory, "gpu_class": "MPS"}
 
-    return {"device": "cpu", "name": cpu_name, "memory_bytes": _physical_memory(), "gpu_class": "CPU"}
+    return {"device": "cpu", "name": cpu_name, "memory_bytes": _physical_memory(), "gpu_class": "CPU", **extra}

@@ -23,8 +23,10 @@ from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 from aitbc.training.batches import BatchOrder, data_seed, step_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
+from aitbc.training.devices import autocast, check_precision
 
 if TYPE_CHECKING:
+    from aitbc.training.parallel import Group
     from aitbc.training.proof import Recorder
 
 # torch's global CPU generator is one per process: a seeded step (fork_rng + manual_seed) and
@@ -47,8 +49,10 @@ class LocalConfig:
     weight_decay: float = 0.0
     momentum: float = 0.0  # sgd only
     grad_clip: float = 0.0  # max global grad norm; 0 disables
+    precision: str = "fp32"  # bf16: the forward pass and loss under bfloat16 autocast (CPU and CUDA)
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         if self.steps < 1:
             raise ValueError(f"local steps must be >= 1, got {self.steps}")
         if self.batch_size < 1:
@@ -94,24 +98,34 @@ def build_inner_optimizer(cfg: LocalConfig, params: Iterable[nn.Parameter]) -> t
 
 
 def train_step(
-    model: nn.Module, opt: torch.optim.Optimizer, xb: Tensor, yb: Tensor, cfg: LocalConfig, seed: int | None = None
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    xb: Tensor,
+    yb: Tensor,
+    cfg: LocalConfig,
+    seed: int | None = None,
+    *,
+    scale: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """One inner step on a batch: ``(loss, logits)``. ``seed``: the step's own RNG seed
-    (dropout), so a verifier re-running it draws the same; None uses the global RNG."""
+    (dropout), so a verifier re-running it draws the same; None uses the global RNG.
+    ``scale``: the loss is multiplied by it before the backward pass (a data-parallel
+    rank's share of the global batch, so the ranks' averaged gradient is the batch's)."""
     if seed is None:
-        return _step(model, opt, xb, yb, cfg)
+        return _step(model, opt, xb, yb, cfg, scale)
     with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _step(model, opt, xb, yb, cfg)
+        return _step(model, opt, xb, yb, cfg, scale)
 
 
 def _step(
-    model: nn.Module, opt: torch.optim.Optimizer, xb: Tensor, yb: Tensor, cfg: LocalConfig
+    model: nn.Module, opt: torch.optim.Optimizer, xb: Tensor, yb: Tensor, cfg: LocalConfig, scale: float = 1.0
 ) -> tuple[Tensor, Tensor]:
-    logits = model(xb)
-    loss = loss_fn(logits, yb)
+    with autocast(xb.device, cfg.precision):
+        logits = model(xb)
+        loss = loss_fn(logits.float(), yb)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * scale if scale != 1.0 else loss).backward()
     if cfg.grad_clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
@@ -119,17 +133,48 @@ def _step(
 
 
 class LocalTrainer:
-    """One worker's model, inner optimizer and batch order, kept across rounds."""
+    """One worker's model, inner optimizer and batch order, kept across rounds.
 
-    def __init__(self, model: nn.Module, x: Tensor, y: Tensor, cfg: LocalConfig, *, seed: int) -> None:
+    ``device``: where the model trains (the shard stays in host memory, pinned on CUDA, and
+    each batch is copied over with ``non_blocking``). ``group``: this process's rank of a
+    data-parallel group (:mod:`aitbc.training.parallel`): every rank walks the same global
+    batches and trains on its slice of each under ``DistributedDataParallel``, so the ranks
+    together take the steps one process would on the whole batch."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        cfg: LocalConfig,
+        *,
+        seed: int,
+        device: torch.device | None = None,
+        group: Group | None = None,
+    ) -> None:
         if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
             raise ValueError(f"shard needs matching non-empty x and y, got {tuple(x.shape)} and {tuple(y.shape)}")
-        self.model, self.x, self.y, self.cfg = model, x, y, cfg
+        self.device = device if device is not None else torch.device("cpu")
+        self.model, self.cfg = model.to(self.device), cfg
+        self.x, self.y = self._host(x), self._host(y)
         self.seed = seed
+        self.group = group if group is not None and group.world > 1 else None
+        self.net: nn.Module = self.model if self.group is None else self.group.wrap(self.model)
         self.opt = build_inner_optimizer(cfg, model.parameters())
         self.gen = torch.Generator().manual_seed(seed)
         self._walk = BatchOrder(x.shape[0], cfg.batch_size, generator=self.gen)  # across rounds (round=None)
         self.samples_seen = 0
+
+    def _host(self, t: Tensor) -> Tensor:
+        """The shard in host memory: pinned where batches go to a CUDA device."""
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _batch(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        xb, yb = self.x[idx], self.y[idx]
+        if self.device.type != "cuda":
+            return xb, yb
+        # the gathered batch into (cached) pinned memory, then an asynchronous copy to the GPU
+        return xb.pin_memory().to(self.device, non_blocking=True), yb.pin_memory().to(self.device, non_blocking=True)
 
     def reconfigure(self, *, steps: int, batch_size: int, lr: float, data: tuple[Tensor, Tensor] | None = None) -> None:
         """New per-round settings (the owner changed the job), keeping the model and the
@@ -143,7 +188,7 @@ class LocalTrainer:
             x, y = data
             if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
                 raise ValueError(f"shard needs matching non-empty x and y, got {tuple(x.shape)} and {tuple(y.shape)}")
-            self.x, self.y = x, y
+            self.x, self.y = self._host(x), self._host(y)
             self._walk = BatchOrder(x.shape[0], batch_size, generator=self.gen)
         else:
             self._walk.b = min(batch_size, self._walk.n)
@@ -163,7 +208,7 @@ class LocalTrainer:
         the job's seed and the round) with a per-step RNG seed, so any stretch of the
         round can be re-run by a verifier; None walks one batch order across rounds (the
         simulator's default). ``recorder`` collects the states to commit to."""
-        set_flat_params(self.model, global_params)
+        set_flat_params(self.model, global_params.to(self.device))
         self.model.train()
         total, start_seen = 0.0, self.samples_seen
         correct, seen = 0, 0
@@ -173,21 +218,27 @@ class LocalTrainer:
         if recorder is not None:
             recorder.capture(0, self.model, self.opt)
         for step in range(self.cfg.steps):
-            idx = walk.next()
-            xb, yb = self.x[idx], self.y[idx]
+            idx = walk.next()  # the global batch: every rank draws the same
             self.samples_seen += idx.numel()
+            part, scale, mine = idx, 1.0, idx.numel()
+            if self.group is not None:
+                part, scale, mine = self.group.share(idx)
+            xb, yb = self._batch(part)
             loss, logits = train_step(
-                self.model, self.opt, xb, yb, self.cfg, None if seed is None else step_seed(seed, step)
+                self.net, self.opt, xb, yb, self.cfg, None if seed is None else step_seed(seed, step), scale=scale
             )
+            right = int((logits.argmax(dim=-1) == yb).sum()) if classify else 0
+            if self.group is not None:  # the global batch's mean loss and hits, summed over the ranks
+                loss, right = self.group.batch_stats(loss, right, mine, idx.numel())
             if classify:
-                correct += int((logits.argmax(dim=-1) == yb).sum())
-                seen += yb.numel()
+                correct += right
+                seen += idx.numel()
             if recorder is not None:
                 recorder.capture(step + 1, self.model, self.opt)
             total += loss.item()
             if on_step is not None:
                 on_step(step + 1, total / (step + 1))
-        delta = global_params - flat_params(self.model)  # (d,)
+        delta = global_params.cpu() - flat_params(self.model).cpu()  # (d,)
         return LocalResult(
             delta=delta,
             loss=total / self.cfg.steps,

@@ -113,7 +113,7 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, Tensor]:
             if v is None:
                 continue
             t = v if isinstance(v, Tensor) else torch.tensor(float(v), dtype=torch.float64)
-            out[f"{i}.{key}"] = t.detach().clone()
+            out[f"{i}.{key}"] = t.detach().to("cpu", copy=True)  # host memory, wherever it trains
     return out
 
 
@@ -140,7 +140,7 @@ def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, Tensor
             raise IntegrityError(
                 f"optimizer state {name!r} is {t.dtype} {tuple(t.shape)}; its parameter is {p.dtype} {tuple(p.shape)}"
             )
-        opt.state[p][key] = t.clone()
+        opt.state[p][key] = t.clone() if key == "step" else t.to(p.device, copy=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +281,7 @@ class Recorder:
 
     def capture(self, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         if step in self.at:
-            params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+            params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().to("cpu", copy=True)
             state = TrainState(step, params, optimizer_tensors(opt))
             if self.sink is None:
                 self.states[step] = state

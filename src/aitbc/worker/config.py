@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aitbc.training.allow_code import check_prefixes
+from aitbc.training.devices import check_device_spec
 from aitbc.units import parse_price
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -45,12 +46,28 @@ class WorkerSettings(BaseSettings):
     metrics_host: str = Field("127.0.0.1", min_length=1)  # the metrics server's address (0.0.0.0: every interface)
     # module prefixes whose module:callable models this worker may import (none by default)
     allow_code: list[str] = []
+    # where it trains: auto (cuda:0 if torch sees a GPU, else the CPU), cpu, cuda or cuda:N
+    device: str = "auto"
+    # data-parallel processes inside this worker, one per GPU (rank r on cuda:r; with --device cpu, CPU processes)
+    gpus: int = Field(1, ge=1, le=64)
 
     @field_validator("price", "max_bond")
     @classmethod
     def _ait(cls, value: str) -> str:
         parse_price(value, field="amount")  # a UnitError is a ValueError: one line naming the source
         return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        return check_device_spec(device)  # the hardware itself is checked when the worker starts
+
+    @field_validator("gpus")
+    @classmethod
+    def _one_process_cheat(cls, gpus: int, info: ValidationInfo) -> int:
+        if gpus > 1 and info.data.get("cheat") is not None:  # cheat is declared (and checked) before gpus
+            raise ValueError("the testing cheat trains in one process; give 1 with cheat")
+        return gpus
 
     @field_validator("allow_code")
     @classmethod

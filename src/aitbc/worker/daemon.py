@@ -34,8 +34,10 @@ from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, tensors_to_bytes
 from aitbc.training.data_spec import DataSpec
+from aitbc.training.devices import resolve_devices
 from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
 from aitbc.training.models import build_model
+from aitbc.training.parallel import Ranks
 from aitbc.training.proof import Recorder, TrainState, boundaries, commit_every
 from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
@@ -114,7 +116,7 @@ class _Sender:
 def _ahead_key(job: dict[str, Any]) -> tuple[Any, ...]:
     """What a round trained ahead must match in the job's view of that round to be sent:
     the job, the round, the shard and every training setting (the owner may change them)."""
-    fields = ("job_id", "round", "shard_cid", "local_steps", "batch_size", "lr", "epochs", "inner_opt")
+    fields = ("job_id", "round", "shard_cid", "local_steps", "batch_size", "lr", "epochs", "inner_opt", "precision")
     return tuple(job.get(k) for k in (*fields, "compression", "error_feedback", "verify_rate", "seed"))
 
 
@@ -129,11 +131,14 @@ class Worker:
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self.cfg, self.coordinator, self.home = cfg, coordinator, home
+        # first: a device this machine lacks is refused before anything is written
+        self.devices = resolve_devices(cfg.device, cfg.gpus)  # one per data-parallel rank
         self.metrics = metrics or WorkerMetrics()  # served on --metrics-port by the caller, if asked
         self.wallet = ensure_wallet(home, cfg.wallet)
         self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
         self.cache = BlobCache(home / "worker-cache" / self.wallet.name, max_bytes=cfg.cache_bytes)
-        self.device = detect_device()
+        self.device = detect_device(self.devices)
+        self.ranks: Ranks | None = None  # ranks 1..N-1 with --gpus N (started by run())
         self.stop = threading.Event()
         self.job: JobState | None = None
         self.refused: set[str] = set()  # jobs whose model this machine will not build
@@ -163,13 +168,24 @@ class Worker:
 
     def run(self) -> None:
         log.info(
-            "worker %s (%s, advertised %s at %s AIT/round) -> %s",
+            "worker %s (%s, training on %s x%d, advertised %s at %s AIT/round) -> %s",
             self.wallet.address,
             self.device.get("name"),
+            self.devices[0],
+            len(self.devices),
             self.cfg.gpu,
             self.cfg.price,
             self.coordinator,
         )
+        if len(self.devices) > 1:
+            self.ranks = Ranks(self.devices, allow_code=self.cfg.allow_code)
+        try:
+            self._run()
+        finally:
+            if self.ranks is not None:
+                self.ranks.close()
+
+    def _run(self) -> None:
         self._retry(self.register)
         hb = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         hb.start()
@@ -361,7 +377,7 @@ class Worker:
         t_download = time.perf_counter()
         load_checkpoint_file(state.trainer.model, self._global_model(base))
         download = time.perf_counter() - t_download
-        start = flat_params(state.trainer.model)  # (d,)
+        start = flat_params(state.trainer.model).cpu()  # (d,)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
         last_report = -math.inf
 
@@ -389,7 +405,14 @@ class Worker:
         if self.cfg.cheat == "skip-half":
             res, recorder = skip_half(state.trainer, start, round, report)
         else:
-            res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
+            if self.ranks is not None:  # the other ranks train this round beside this one
+                try:
+                    self.ranks.round(state.trainer, start, round)
+                    res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
+                except RuntimeError as e:  # a collective failed: a rank is gone; the worker stops
+                    raise self.ranks.failure(e) from None
+            else:
+                res = state.trainer.train_round(start, on_step=report, round=round, recorder=recorder)
         t_encode = time.perf_counter()
         feedback = isinstance(state.codec, ErrorFeedback)
         residual_in = None
@@ -632,8 +655,12 @@ class Worker:
             batch_size=job["batch_size"],
             optimizer=job["inner_opt"],
             lr=job["lr"],
+            precision=job.get("precision") or "fp32",  # a coordinator before bf16 sends none
         )
-        trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"])
+        if self.ranks is not None:
+            self.ranks.job(job["model_type"], job["model_options"], spec, cfg, job["seed"], x, y)
+        group = self.ranks.group if self.ranks is not None else None
+        trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"], device=self.devices[0], group=group)
         name, opts = parse_spec(job["compression"], what="codec")
         codec = build_codec(
             name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=bool(job["error_feedback"])

@@ -490,6 +490,7 @@ class JobOrder(Reply):
     overlap: int = Field(
         0, description="1: the worker may train the next round from this round's model as soon as it has sent this one"
     )
+    precision: str = Field("fp32", description="the inner steps' arithmetic: fp32, or bf16 (bfloat16 autocast)")
     challenge: Challenge | None = Field(description="this round's spot check of its update, while unanswered")
 
 
