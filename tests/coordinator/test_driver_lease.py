@@ -1,0 +1,155 @@
+"""The driver lease (coordinator/lease.py): one holder at a time by compare-and-set, on the
+backend under test; and two coordinators on one database and one home: exactly one
+drives, either answers a worker the other registered, a heartbeat to either keeps the
+worker live for both, and a clean stop hands the rounds over."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import select
+
+from aitbc.coordinator.db import make_engine, make_sessions
+from aitbc.coordinator.lease import DriverLease
+from aitbc.coordinator.models import DriverLease as LeaseRow
+from aitbc.coordinator.models import Offer
+
+PERIOD = 4.0
+
+
+@pytest.fixture
+def sessions(tmp_path, databases):
+    url = databases.new(tmp_path / "db")
+    engine = make_engine(url)
+    yield make_sessions(engine)
+    engine.dispose()
+    databases.drop(url)
+
+
+def _holder(sessions) -> str | None:
+    with sessions() as s:
+        return s.scalar(select(LeaseRow.holder))
+
+
+def test_one_holder_until_its_lease_runs_out(sessions):
+    a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
+    t = 1000.0
+    assert a.tick(t) and not b.tick(t)
+    assert a.holds(t) and not b.holds(t) and _holder(sessions) == "replica_a"
+    assert a.tick(t + 1.5)  # renewed: runs to t + 5.5
+    assert not b.tick(t + 5.4)  # not yet out
+    assert not a.holds(t + 1.5 + 0.75 * PERIOD + 0.01)  # A stops believing before B may take it
+    assert b.tick(t + 5.6) and _holder(sessions) == "replica_b"
+    assert not a.tick(t + 5.7) and not a.holds(t + 5.7)  # A comes back: standing by
+    assert b.tick(t + 5.7)
+
+
+def test_a_fenced_write_of_an_ex_holder_is_refused(sessions):
+    a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
+    t = time.time()
+    assert a.tick(t)
+    assert b.tick(t + 0.1, steal=True)  # (SQLite: a restarted coordinator takes over at once)
+    assert a.holds(t + 0.2)  # A, paused, still believes ...
+    with sessions() as s:
+        assert not a.fence(s, t + 0.2)  # ... but its transaction finds the row taken
+        s.rollback()
+    assert not a.holds(t + 0.2)
+    with sessions() as s:
+        assert b.fence(s, t + 0.3)
+        s.commit()
+
+
+def test_racing_claims_never_both_win(sessions):
+    leases = [DriverLease(sessions, f"replica_{i}", PERIOD) for i in range(3)]
+    for k in range(10):
+        t = 5000.0 + k * 10 * PERIOD  # each race after the last winner's lease ran out
+        go, won = threading.Barrier(len(leases)), []
+
+        def claim(lease: DriverLease, t: float = t) -> None:
+            go.wait()
+            if lease.tick(t):
+                won.append(lease.me)
+
+        threads = [threading.Thread(target=claim, args=(x,)) for x in leases]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert len(won) == 1, won
+        assert _holder(sessions) == won[0]
+
+
+def test_a_released_lease_is_taken_at_once(sessions):
+    a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
+    t = time.time()
+    assert a.tick(t) and not b.tick(t)
+    a.release()
+    assert not a.holds() and b.tick()
+
+
+# --- two coordinators ------------------------------------------------------------------
+
+
+def _driving(coord) -> bool:
+    return coord.http().get("/v1/health").json()["driving"]
+
+
+def test_two_coordinators_one_driver(tmp_path, databases, api):
+    url = databases.new(tmp_path / "db")
+    home = tmp_path / "home"  # shared: blobs and the coordinator's wallet
+    fast = dict(db_url=url, driver_lease_seconds=1.0, heartbeat_flush_seconds=0.1)
+    first, stop_first = api.start_coordinator(home, **fast)
+    try:
+        api.wait_for("first driving", lambda: _driving(first), bool)
+        second, stop_second = api.start_coordinator(home, **fast)
+    except BaseException:
+        stop_first()
+        databases.drop(url)
+        raise
+    try:
+        # exactly one drives (on SQLite the newer takes over: a restart), for as long as we look
+        pair = (first, second)
+        for _ in range(20):
+            states = [_driving(c) for c in pair]
+            assert states.count(True) <= 1, states
+            time.sleep(0.1)
+        driver = api.wait_for("one driver", lambda: [c for c in pair if _driving(c)], lambda d: len(d) == 1)[0]
+        standby = second if driver is first else first
+        health = standby.http().get("/v1/health").json()
+        assert health["replica"] == standby.ctx.lease.me and not health["driving"]
+        metrics = standby.http().get("/metrics").text
+        assert "aitbc_driving 0.0" in metrics and "aitbc_driving 1.0" in driver.http().get("/metrics").text
+
+        # a worker registered with the standby heartbeats to the driver (known from the database) ...
+        w = api.register_worker(standby, "w")
+        at_driver = driver.client("w", wallet=w.wallet)
+        assert at_driver.post("/workers/heartbeat")["ok"]
+        # ... and a heartbeat to the standby reaches the driver's liveness (its lease judging)
+        beat = w.post("/workers/heartbeat")["time"]
+        api.wait_for(
+            "the standby's heartbeat at the driver",
+            lambda: driver.ctx.liveness.last_seen(w.wallet.address) or 0.0,
+            lambda seen: seen >= beat,
+        )
+        with driver.ctx.session() as s:  # the later beat is kept in the database, whoever flushed last
+            api.wait_for(
+                "the heartbeat in the database",
+                lambda: s.scalar(select(Offer.last_heartbeat).where(Offer.id == w.wallet.address)),
+                lambda t: t >= beat,
+            )
+            s.rollback()
+        # an unknown worker is still refused by either
+        stranger = standby.client("stranger")
+        with pytest.raises(api.ApiError) as e:
+            stranger.post("/workers/heartbeat")
+        api.assert_api_error(e, 404, "unknown_worker")
+
+        # a clean stop releases the lease: the other drives within a few of its periods
+        (stop_first if driver is first else stop_second)()
+        api.wait_for("takeover", lambda: _driving(standby), bool, timeout=10)
+    finally:
+        for stop in (stop_first, stop_second):
+            stop()
+        databases.drop(url)
