@@ -136,7 +136,7 @@ class CoordinatorClient:
         for c in self.clients:
             c.close()
 
-    def _send(self, call: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+    def send(self, call: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
         """``call`` on the current coordinator, failing over to the next replicas while
         none can be connected to."""
         start = self._current
@@ -192,7 +192,7 @@ class CoordinatorClient:
         headers = {"content-type": "application/json"} if json_body is not None else {}
         if sign or (sign is None and method != "GET"):
             headers.update(self._headers(method, target, body))
-        r = self._send(
+        r = self.send(
             lambda http: http.request(
                 method,
                 target,
@@ -222,13 +222,13 @@ class CoordinatorClient:
             content: bytes | Iterator[bytes] = _file_chunks(data) if isinstance(data, Path) else data
             return http.put(target, content=content, headers=headers)
 
-        return _result(self._send(put))
+        return _result(self.send(put))
 
     def get_blob(self, cid: str) -> bytes:
         """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
         from aitbc.storage.cid import cid_of_bytes
 
-        r = self._send(lambda http: http.get(f"/v1/blobs/{cid}"))
+        r = self.send(lambda http: http.get(f"/v1/blobs/{cid}"))
         if r.status_code != 200:
             _result(r)
         data = r.content

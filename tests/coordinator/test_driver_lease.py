@@ -67,7 +67,7 @@ def test_racing_claims_never_both_win(sessions):
         t = 5000.0 + k * 10 * PERIOD  # each race after the last winner's lease ran out
         go, won = threading.Barrier(len(leases)), []
 
-        def claim(lease: DriverLease, t: float = t) -> None:
+        def claim(lease: DriverLease, t: float = t, go: threading.Barrier = go, won: list[str] = won) -> None:
             go.wait()
             if lease.tick(t):
                 won.append(lease.me)
@@ -153,3 +153,47 @@ def test_two_coordinators_one_driver(tmp_path, databases, api):
         for stop in (stop_first, stop_second):
             stop()
         databases.drop(url)
+
+
+# --- clients with several coordinator URLs -------------------------------------------------
+
+
+def _dead_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
+
+
+def test_a_client_fails_over_to_the_next_coordinator(server, api):
+    from aitbc.client import CoordinatorClient, Unreachable
+    from aitbc.errors import AitbcError
+    from aitbc.ledger.wallet import Wallet
+
+    dead = _dead_url()
+    with CoordinatorClient(f"{dead}, {server.url}/", Wallet.generate("w")) as c:
+        assert c.get("/health")["status"] == "ok"
+        assert c.base_url == server.url  # and stays there
+        assert c.post("/wallets/fund", {"amount": "1"})["balance"]  # a signed request, sent once
+        cid = c.put_blob(api.cid_of_bytes(b"replicas"), b"replicas")["cid"]
+        assert c.get_blob(cid) == b"replicas"
+    with CoordinatorClient(f"{dead},{_dead_url()}") as c, pytest.raises(Unreachable, match=dead):
+        c.get("/health")
+    with pytest.raises(AitbcError, match="none empty"):
+        CoordinatorClient(f"{server.url},,{dead}")
+
+
+def test_an_agent_fails_over_to_the_next_coordinator(server, tmp_path):
+    from aitbc_agent_sdk import Agent, AgentConfig, CoordinatorUnreachable, InvalidArgument
+
+    dead = _dead_url()
+    config = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{server.url}")
+    with Agent(config) as agent:
+        assert isinstance(agent.get_market_offers(), list)
+        assert agent._url == server.url
+    dead_only = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{_dead_url()}")
+    with Agent(dead_only) as agent, pytest.raises(CoordinatorUnreachable, match=dead):
+        agent.get_market_offers()
+    with pytest.raises(InvalidArgument, match="none empty"):
+        AgentConfig(name="a", home=tmp_path, coordinator_url=f"{server.url},")

@@ -113,9 +113,7 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
 
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
     assert run["status"] == "complete", run["error"]
-    _wait(
-        lambda: stack.api(f"/runs/{run_id}/payments")["settled_round"] == ROUNDS, 120, "every round settled"
-    )
+    _wait(lambda: stack.api(f"/runs/{run_id}/payments")["settled_round"] == ROUNDS, 120, "every round settled")
     watch.stop.set()
     watch.join(timeout=30)
     assert watch.answers > 20 and watch.failures == []

@@ -178,7 +178,7 @@ class RoundDriver:
         with ctx.session() as s:
             flushed = flush_heartbeats(ctx, s)
             s.commit()
-            ctx.liveness.merge({w: t for w, t in s.execute(select(Offer.id, Offer.last_heartbeat)).all()})
+            ctx.liveness.merge(dict(s.execute(select(Offer.id, Offer.last_heartbeat)).all()))
         if flushed:
             ctx.notifier.bump()
         return flushed
