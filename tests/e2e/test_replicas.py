@@ -1,10 +1,11 @@
 """End to end: two coordinator processes on one PostgreSQL database and one blob folder.
 
 Replica A starts first and drives the rounds; B stands by. Workers are given both URLs
-(two A first, one B first: B's heartbeats must keep that worker live for A's driver). A
-run trains; A, the lease holder, is SIGKILLed mid-run; B takes the rounds over and the
-run completes. Every round is recorded and settled exactly once, no worker's lease ran
-out, and every request to a live replica was answered throughout.
+(two A first, one B first: B's heartbeats must keep that worker live for A's driver), and
+so is the owner's CLI (A first). A run trains; A, the lease holder, is SIGKILLed mid-run;
+B takes the rounds over and the run completes. Every round is recorded and settled
+exactly once, no worker's lease ran out, every request to a live replica was answered
+throughout, and the CLI (``ledger verify`` at the end) found B by itself.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
     stack.start_coordinator(name="b", lease=6.0, port=int(urls["b"].rsplit(":", 1)[1]), extra=flags)
     a, b = _health(urls["a"]), _health(urls["b"])
     assert a["driving"] and not b["driving"] and a["replica"] != b["replica"]
-    stack.url = urls["b"]  # the owner's CLI talks to B, the replica that lives
-    stack.env["AITBC_COORDINATOR"] = urls["b"]
     both, both_b_first = f"{urls['a']},{urls['b']}", f"{urls['b']},{urls['a']}"
+    stack.url = urls["b"]  # the test's own reads go to B, the replica that lives
+    stack.env["AITBC_COORDINATOR"] = both  # the owner's CLI is given both, A first: it fails over after the kill
     stack.start_worker("w0", price="1.00", step_delay=0.03, coordinator=both)
     stack.start_worker("w1", price="1.10", step_delay=0.03, coordinator=both)
     stack.start_worker("w2", price="1.20", step_delay=0.03, coordinator=both_b_first)

@@ -141,7 +141,9 @@ class RoundDriver:
                 self._term = None
             return False
         if self._term != ctx.lease.since:
-            if self._term is not None or self._ever_drove:  # a takeover, not this process's start
+            # a takeover (not this process's start) judges worker leases from its own time: the
+            # last driver's workers are still finding this replica, their last beats unflushed
+            if self._ever_drove or now - ctx.started_at > ctx.lease.period:
                 ctx.judging_since = max(ctx.started_at, now)
             ctx.runtimes.clear()
             ctx.books_models.clear()
