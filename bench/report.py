@@ -25,6 +25,7 @@ BENCHES = [
     ("verification", "Verification of work (spot checks)", "python bench/verification.py"),
     ("replay_drift", "Re-run drift across thread counts", "python bench/replay_drift.py"),
     ("metrics_scrape", "Metrics scrape cost", "python bench/metrics_scrape.py"),
+    ("replica_takeover", "Replicated coordinators: takeover after SIGKILL", "python bench/replica_takeover.py"),
 ]
 
 

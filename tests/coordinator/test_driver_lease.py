@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 from sqlalchemy import select
 
 from aitbc.coordinator.db import make_engine, make_sessions
@@ -197,3 +198,45 @@ def test_an_agent_fails_over_to_the_next_coordinator(server, tmp_path):
         agent.get_market_offers()
     with pytest.raises(InvalidArgument, match="none empty"):
         AgentConfig(name="a", home=tmp_path, coordinator_url=f"{server.url},")
+
+
+# --- a replica that does not hold the lease moves nothing ------------------------------
+
+
+def test_no_round_closes_or_settles_without_the_lease(tmp_path, databases, api):
+    """Round 1's every update is in, but another replica holds the lease: the round stays
+    open (no close, no settlement) until that lease is released; then this coordinator
+    takes it, closes the round and settles it, once."""
+    coord, stop = api.start_on(databases, tmp_path / "home", driver_lease_seconds=1.0)
+    keep = threading.Event()
+    try:
+        t = api.start_training_run(coord, 2)
+        intruder = DriverLease(coord.ctx.sessions, "replica_intruder", 1.0)
+        assert intruder.tick(steal=True)
+        api.wait_for("the driver stands by", lambda: coord.ctx.lease.holds(), lambda held: not held)
+
+        def renew() -> None:
+            while not keep.wait(0.1):
+                intruder.tick()
+
+        renewer = threading.Thread(target=renew, daemon=True)
+        renewer.start()
+        for w in t.workers:
+            cid = api.put_update(w, torch.full((t.d,), 0.01))
+            w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(1, cid))
+        time.sleep(3.0)  # a dozen of the driver's ticks and three lease periods: it must not move
+        run = t.owner.get(f"/runs/{t.run_id}")
+        assert (run["status"], run["round"], run["rounds_completed"]) == ("training", 1, 0)
+        assert coord.rows("SELECT count(*) AS n FROM settlements") == [{"n": 0}]
+        assert not coord.http().get("/v1/health").json()["driving"]
+
+        keep.set()
+        renewer.join(10)
+        intruder.release()
+        api.wait_for("round 1 settled", lambda: t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"], bool)
+        assert coord.http().get("/v1/health").json()["driving"]
+        rows = coord.rows("SELECT contract_id, round FROM settlements ORDER BY contract_id")
+        assert len(rows) == 2 and {r["round"] for r in rows} == {1}
+    finally:
+        keep.set()
+        stop()

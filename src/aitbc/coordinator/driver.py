@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import retention, rounds, scoring, settlement, verification, workforce
@@ -39,7 +39,7 @@ from aitbc.coordinator.escrow import finalize
 from aitbc.coordinator.models import Job, Offer, Run
 from aitbc.coordinator.repository import row
 from aitbc.coordinator.runtime import drop_runtime
-from aitbc.coordinator.states import ACTIVE, ADVANCING, ENDED, Control, RunStatus
+from aitbc.coordinator.states import ACTIVE, ADVANCING, ENDED, Control, JobStatus, RunStatus
 from aitbc.coordinator.workers import flush_heartbeats
 
 log = logging.getLogger("aitbc.coordinator")
@@ -63,7 +63,7 @@ class RoundDriver:
         self._failures: dict[str, int] = {}  # consecutive failed attempts to move a run
         self._term: float | None = None  # when this replica took the lease it drives under
         self._ever_drove = False  # a later takeover judges leases from its own time
-        self._db_state: tuple[object, ...] | None = None  # the runs' last seen change marks
+        self._db_state: tuple[object, ...] | None = None  # the runs' and jobs' last seen change marks
 
     def start(self) -> None:
         for t in self._threads:
@@ -186,13 +186,18 @@ class RoundDriver:
         return flushed
 
     def _notice_changes(self) -> None:
-        """Another replica's change (a round opened, a job assigned) wakes this replica's
-        long polls too: the runs' change marks are read each tick and the notifier bumped
-        when they moved. SQLite has no other replica: nothing to read."""
+        """Another replica's change that a waiting worker cares about (a round opened, a
+        run resumed, a job assigned or ended) wakes this replica's long polls too: those
+        marks are counted each tick and the notifier bumped when they moved. SQLite has no
+        other replica: nothing to read."""
         if self.ctx.engine.dialect.name == "sqlite":
             return
+        training = func.sum(case((Run.status == RunStatus.TRAINING, 1), else_=0))
+        active = func.sum(case((Job.status == JobStatus.ACTIVE, 1), else_=0))
         with self.ctx.session() as s:
-            state = tuple(s.execute(select(func.max(Run.updated_at), func.sum(Run.round), func.count())).one())
+            runs = s.execute(select(func.count(Run.id), func.sum(Run.round), training)).one()
+            jobs = s.execute(select(func.count(Job.id), active)).one()
+        state = (*runs, *jobs)
         if self._db_state is not None and state != self._db_state:
             self.ctx.notifier.bump()
         self._db_state = state
