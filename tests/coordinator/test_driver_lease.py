@@ -82,6 +82,21 @@ def test_racing_claims_never_both_win(sessions):
         assert _holder(sessions) == won[0]
 
 
+def test_the_local_lock_lets_one_live_process_take_over_at_start(tmp_path, sessions):
+    """SQLite: the lease may be taken from an unexpired holder only by the process that
+    holds the lock file beside the database, which no other live process does."""
+    lock = tmp_path / "coordinator.db.driver-lock"
+    a = DriverLease(sessions, "replica_a", PERIOD, local_lock=lock)
+    b = DriverLease(sessions, "replica_b", PERIOD, local_lock=lock)
+    assert a.sole_local() and a.tick(steal=True)
+    assert not b.sole_local()  # a lives: b stands by and steals nothing
+    assert not b.tick(steal=b.sole_local()) and a.holds()
+    a.release()  # (a process killed by SIGKILL drops its lock the same way: the kernel closes it)
+    assert b.sole_local() and b.tick(steal=True)
+    assert DriverLease(sessions, "replica_c", PERIOD).sole_local() is False  # no lock file: never
+    b.release()
+
+
 def test_a_released_lease_is_taken_at_once(sessions):
     a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
     t = time.time()
@@ -110,7 +125,7 @@ def test_two_coordinators_one_driver(tmp_path, databases, api):
         databases.drop(url)
         raise
     try:
-        # exactly one drives (on SQLite the newer takes over: a restart), for as long as we look
+        # exactly one drives (the first: on SQLite too, its local lock tells the second it is alive)
         pair = (first, second)
         for _ in range(20):
             states = [_driving(c) for c in pair]

@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -138,6 +139,14 @@ class Context:
         return self.sessions()
 
 
+def _sqlite_lock(engine: Engine) -> Path | None:
+    """The driver lease's local lock file of a SQLite database: beside it (None: not SQLite,
+    or in memory)."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return None
+    return Path(f"{engine.url.database}.driver-lock")
+
+
 def build_context(settings: Settings) -> Context:
     settings.home.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.database_url)
@@ -152,7 +161,7 @@ def build_context(settings: Settings) -> Context:
         nonces=NonceCache(window=2 * settings.max_skew_seconds),
         started_at=time.time(),
         ledger=Ledger(ensure_wallet(settings.home, "coordinator"), settings.network),
-        lease=DriverLease(sessions, replica_id(), settings.driver_lease_seconds),
+        lease=DriverLease(sessions, replica_id(), settings.driver_lease_seconds, local_lock=_sqlite_lock(engine)),
     )
     ctx.judging_since = ctx.started_at
     with ctx.session() as s:

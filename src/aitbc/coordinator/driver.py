@@ -91,7 +91,7 @@ class RoundDriver:
 
     def tick(self) -> None:
         """One pass of the threads, in order (what a test steps through)."""
-        self.ctx.lease.tick(steal=self.ctx.engine.dialect.name == "sqlite" and not self._ever_drove)
+        self.ctx.lease.tick(steal=not self._ever_drove and self.ctx.lease.sole_local())
         self.tick_rounds()
         self.tick_books()
 
@@ -155,10 +155,11 @@ class RoundDriver:
     def _keep_lease(self) -> None:
         """The lease thread: take the driver lease when it is free, renew it while held,
         apart from the rounds thread (a long round close must not let it run out). On
-        SQLite (one machine, one coordinator) the first try takes it even from a holder not
-        yet expired: that is this coordinator before a restart."""
+        SQLite the first try takes it even from a holder not yet expired when no other
+        live process holds the database's local lock: that holder is this coordinator
+        before a restart (``DriverLease.sole_local``)."""
         ctx = self.ctx
-        steal = ctx.engine.dialect.name == "sqlite"
+        steal = ctx.lease.sole_local()
         while not self._stop.is_set():
             try:
                 was = ctx.lease.holds()

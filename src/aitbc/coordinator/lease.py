@@ -26,6 +26,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from pathlib import Path
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no local lock, a restart on SQLite waits out its old lease
+    fcntl = None  # type: ignore[assignment]
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -49,11 +56,45 @@ class DriverLease:
     :meth:`holds` trusts it without a query. :meth:`tick` takes or renews the lease as due
     and returns whether this replica holds it now."""
 
-    def __init__(self, sessions: sessionmaker[Session], me: str, period: float, *, name: str = ROUNDS) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        me: str,
+        period: float,
+        *,
+        name: str = ROUNDS,
+        local_lock: Path | None = None,
+    ) -> None:
         self.sessions, self.me, self.period, self.name = sessions, me, period, name
         self.held_until = 0.0
         self.since = 0.0  # when this replica last took it
         self._renewed = 0.0
+        self.local_lock = local_lock  # SQLite: a file beside the database (see sole_local)
+        self._lock_file: IO[bytes] | None = None
+
+    def sole_local(self) -> bool:
+        """Whether this process holds ``local_lock`` (an exclusive ``flock``, kept until
+        :meth:`release`; the kernel drops it when a process dies, even by SIGKILL). On
+        SQLite every coordinator of the database is on this machine: the one holding it
+        may take the lease from an unexpired holder, which can only be a dead process
+        (a restart drives at once); a second live one stands by as on PostgreSQL."""
+        if self._lock_file is not None:
+            return True
+        if self.local_lock is None or fcntl is None:
+            return False
+        try:
+            f = self.local_lock.open("ab")
+        except OSError as e:
+            log.warning("driver lease: cannot open %s (%s); a restart waits out the old lease", self.local_lock, e)
+            self.local_lock = None
+            return False
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return False
+        self._lock_file = f
+        return True
 
     def _session(self) -> Session:
         return self.sessions()
@@ -86,6 +127,9 @@ class DriverLease:
 
     def release(self) -> None:
         """Give the lease up at a clean stop, so another replica takes over at once."""
+        if self._lock_file is not None:
+            self._lock_file.close()  # and the local lock (closing drops the flock)
+            self._lock_file = None
         if not self.held_until:
             return
         self.held_until = 0.0
