@@ -215,6 +215,26 @@ def test_an_agent_fails_over_to_the_next_coordinator(server, tmp_path):
         AgentConfig(name="a", home=tmp_path, coordinator_url=f"{server.url},")
 
 
+def test_an_async_agent_fails_over_to_the_next_coordinator(server, tmp_path):
+    import asyncio
+
+    from aitbc_agent_sdk import AgentConfig, AsyncAgent, CoordinatorUnreachable
+
+    dead = _dead_url()
+
+    async def go() -> None:
+        config = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{server.url}")
+        async with AsyncAgent(config) as agent:
+            assert isinstance(await agent.get_market_offers(), list)
+            assert agent._url == server.url
+        dead_only = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{_dead_url()}")
+        async with AsyncAgent(dead_only) as agent:
+            with pytest.raises(CoordinatorUnreachable, match=dead):
+                await agent.get_market_offers()
+
+    asyncio.run(go())
+
+
 # --- a replica that does not hold the lease moves nothing ------------------------------
 
 
