@@ -46,7 +46,7 @@ test-long: $(LINT_STAMP)
 # it). .ci/run starts the server and runs this after make test.
 PG_SUITES := tests/coordinator tests/ledger tests/e2e/test_payments.py tests/e2e/test_trust_money.py \
 	tests/e2e/test_stuck_runs.py tests/e2e/test_fault_tolerance.py tests/e2e/test_retention.py \
-	tests/e2e/test_verification_live.py
+	tests/e2e/test_verification_live.py tests/e2e/test_replicas.py
 test-pg: $(LINT_STAMP)
 	@test -n "$$AITBC_TEST_PG_URL" || { echo "error: make test-pg needs AITBC_TEST_PG_URL (eval \"\$$(.ci/postgres start DIR)\")" >&2; exit 2; }
 	AITBC_TEST_DB=postgresql $(PY) -m pytest -q -n 2 -m "not schemathesis" $(PG_SUITES)
@@ -72,7 +72,7 @@ $(BENCH_STAMP): $(STAMP)
 
 # All benchmarks, one after another; each prints its table and writes bench/results/<name>.json.
 # bench/report.py then gathers the printed tables into bench/RESULTS.md.
-BENCHES := aggregation_speed aggregation_memory communication robustness stragglers coordinator_load live_utilization live_large overlap_loss honest_runs metrics_scrape verification replay_drift
+BENCHES := aggregation_speed aggregation_memory communication robustness stragglers coordinator_load live_utilization live_large overlap_loss honest_runs metrics_scrape verification replay_drift replica_takeover
 bench: $(BENCH_STAMP)
 	mkdir -p bench/results
 	set -o pipefail; for b in $(BENCHES); do \

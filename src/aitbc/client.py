@@ -8,7 +8,8 @@ import json
 import os
 import re
 import ssl
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +93,22 @@ def tls_verify(ca_cert: Path | None) -> ssl.SSLContext | bool:
         raise AitbcError(f"CA certificate {ca_cert} is not a readable PEM certificate: {e}") from None
 
 
+def coordinator_urls(base_url: str) -> list[str]:
+    """The coordinators ``base_url`` names: one URL, or several separated by commas
+    (replicas on one database, tried in turn)."""
+    urls = [u.strip().rstrip("/") for u in base_url.split(",")]
+    if not all(urls):
+        raise AitbcError(f"coordinator URL {base_url!r}: give one URL, or several separated by commas, none empty")
+    return urls
+
+
 class CoordinatorClient:
+    """``base_url``: one coordinator, or several replicas separated by commas. Requests go
+    to one of them; when it cannot be connected to (refused, unreachable: the request was
+    never sent) the same signed request goes to the next at once; when a request was sent
+    and its answer lost (the coordinator died mid-request) it fails :class:`Unreachable`
+    as with one coordinator, and the next request goes to the next replica."""
+
     def __init__(
         self,
         base_url: str,
@@ -103,12 +119,50 @@ class CoordinatorClient:
     ) -> None:
         """``ca_cert``: the CA an ``https://`` coordinator's certificate must chain to
         (default: ``AITBC_CA_CERT``, else the system's CAs)."""
-        self.base_url = base_url.rstrip("/")
+        self.urls = coordinator_urls(base_url)
         self.wallet = wallet
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=tls_verify(ca_cert_path(ca_cert)))
+        verify = tls_verify(ca_cert_path(ca_cert))
+        self.clients = [httpx.Client(base_url=u, timeout=timeout, verify=verify) for u in self.urls]
+        self._current = 0
+        self._lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        """The coordinator requests go to now."""
+        return self.urls[self._current]
+
+    @property
+    def http(self) -> httpx.Client:
+        return self.clients[self._current]
 
     def close(self) -> None:
-        self.http.close()
+        for c in self.clients:
+            c.close()
+
+    def send(self, call: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+        """``call`` on the current coordinator, failing over to the next replicas while
+        none can be connected to."""
+        start = self._current
+        for k in range(len(self.urls)):
+            i = (start + k) % len(self.urls)
+            try:
+                r = call(self.clients[i])
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                error: httpx.TransportError = e
+                continue  # never sent: the next replica may take it
+            except httpx.TransportError as e:
+                self._next(i)
+                raise Unreachable(unreachable_detail(self.urls[i], e)) from None
+            with self._lock:
+                self._current = i
+            return r
+        self._next(start)
+        raise Unreachable(unreachable_detail(", ".join(self.urls), error)) from None
+
+    def _next(self, failed: int) -> None:
+        with self._lock:
+            if self._current == failed:
+                self._current = (failed + 1) % len(self.urls)
 
     def __enter__(self) -> CoordinatorClient:
         return self
@@ -141,16 +195,15 @@ class CoordinatorClient:
         headers = {"content-type": "application/json"} if json_body is not None else {}
         if sign or (sign is None and method != "GET"):
             headers.update(self._headers(method, target, body))
-        try:
-            r = self.http.request(
+        r = self.send(
+            lambda http: http.request(
                 method,
                 target,
                 content=body,
                 headers=headers,
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
-        except httpx.TransportError as e:
-            raise Unreachable(unreachable_detail(self.base_url, e)) from None
+        )
         return _result(r)
 
     def get(self, path: str, **kw: Any) -> Any:
@@ -167,26 +220,19 @@ class CoordinatorClient:
         headers = self._headers("PUT", target, b"", unsigned_payload=True)
         # Streamed in 1 MiB pieces either way: from the file, or sliced from the caller's
         # bytes (a 100 MB update is not copied whole on its way to the socket).
-        if isinstance(data, Path):
-            headers["content-length"] = str(data.stat().st_size)
-            content: Iterator[bytes] = _file_chunks(data)
-        else:
-            headers["content-length"] = str(len(data))
-            content = _byte_chunks(data)
-        try:
-            r = self.http.put(target, content=content, headers=headers)
-        except httpx.TransportError as e:
-            raise Unreachable(unreachable_detail(self.base_url, e)) from None
-        return _result(r)
+        headers["content-length"] = str(data.stat().st_size if isinstance(data, Path) else len(data))
+
+        def put(http: httpx.Client) -> httpx.Response:  # the pieces are made again for each replica tried
+            content = _file_chunks(data) if isinstance(data, Path) else _byte_chunks(data)
+            return http.put(target, content=content, headers=headers)
+
+        return _result(self.send(put))
 
     def get_blob(self, cid: str) -> bytes:
         """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
         from aitbc.storage.cid import cid_of_bytes
 
-        try:
-            r = self.http.get(f"/v1/blobs/{cid}")
-        except httpx.TransportError as e:
-            raise Unreachable(unreachable_detail(self.base_url, e)) from None
+        r = self.send(lambda http: http.get(f"/v1/blobs/{cid}"))
         if r.status_code != 200:
             _result(r)
         data = r.content
@@ -202,13 +248,16 @@ class CoordinatorClient:
         the store's ``max_size`` an ``AitbcError``, a dropped connection ``Unreachable``;
         each leaves no file."""
         with store.writer(cid) as w:
-            try:
-                with self.http.stream("GET", f"/v1/blobs/{cid}") as r:
+            try:  # the first replica that can be connected to answers (send), streamed
+                r = self.send(lambda http: http.send(http.build_request("GET", f"/v1/blobs/{cid}"), stream=True))
+                try:
                     if r.status_code != 200:
                         r.read()
                         _result(r)
                     for block in r.iter_bytes(_CHUNK):
                         w.write(block)
+                finally:
+                    r.close()
             except httpx.TransportError as e:
                 raise Unreachable(
                     f"download of blob {cid} from {self.base_url} cut off after {w.size} bytes "

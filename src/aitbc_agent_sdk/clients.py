@@ -52,6 +52,7 @@ class _Core:
         self.config = config
         self._wallet: Any = None
         self._http: Any = None
+        self._replica = 0  # which of the configured coordinators requests go to
         self._training_id: str | None = None
         self._datasets: dict[str, Path] = {}
 
@@ -93,8 +94,19 @@ class _Core:
         except AitbcError as e:
             raise InvalidArgument("bad_ca_cert", str(e)) from None
 
-    def _unreachable(self, e: Exception) -> CoordinatorUnreachable:
-        return CoordinatorUnreachable("unreachable", unreachable_detail(self.config.resolved_coordinator_url, e))
+    def _unreachable(self, e: Exception, url: str | None = None) -> CoordinatorUnreachable:
+        return CoordinatorUnreachable("unreachable", unreachable_detail(url or self.config.resolved_coordinator_url, e))
+
+    @property
+    def _url(self) -> str:
+        return self.config.resolved_coordinator_urls[self._replica]
+
+    def _next_replica(self) -> Any:
+        """Requests go to the next configured coordinator from now on; the client of the
+        last one, to close."""
+        old, self._http = self._http, None
+        self._replica = (self._replica + 1) % len(self.config.resolved_coordinator_urls)
+        return old
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.config.name!r}, coordinator={self.config.resolved_coordinator_url!r})"
@@ -105,25 +117,25 @@ class Agent(_Core, AgentMethods):
 
     def _client(self) -> httpx.Client:
         if self._http is None:
-            self._http = httpx.Client(
-                base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout, verify=self._verify()
-            )
+            self._http = httpx.Client(base_url=self._url, timeout=self.config.timeout, verify=self._verify())
         return self._http
 
     def _do(self, req: Any) -> Any:
         if isinstance(req, Http):
             target, body, headers = self._signed(req)
-            try:
-                if req.streams_reply:
-                    return self._receive(req, target, body, headers)
-                if req.streams_upload:  # sent in pieces, each reported; the length declared
-                    headers["content-length"] = str(len(body))
-                    r = self._client().request(req.method, target, content=req.pieces(), headers=headers)
-                else:
-                    r = self._client().request(req.method, target, content=body, headers=headers)
-            except httpx.TransportError as e:
-                raise self._unreachable(e) from None
-            return parse_response(r, req)
+            error: Exception | None = None
+            for _ in self.config.resolved_coordinator_urls:  # the next replica while none can be connected to
+                url = self._url
+                try:
+                    return self._send(req, target, body, headers)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never sent
+                    error = e
+                    _close(self._next_replica())
+                except httpx.TransportError as e:  # sent, answer lost: not sent again
+                    _close(self._next_replica())
+                    raise self._unreachable(e, url) from None
+            assert error is not None
+            raise self._unreachable(error, ", ".join(self.config.resolved_coordinator_urls)) from None
         if isinstance(req, Sleep):
             time.sleep(req.seconds)
             return None
@@ -135,6 +147,16 @@ class Agent(_Core, AgentMethods):
                 self._http = None
             return None
         raise TypeError(f"unknown request {req!r}")
+
+    def _send(self, req: Http, target: str, body: bytes, headers: dict[str, str]) -> Any:
+        if req.streams_reply:
+            return self._receive(req, target, body, headers)
+        if req.streams_upload:  # sent in pieces, each reported; the length declared
+            headers["content-length"] = str(len(body))
+            r = self._client().request(req.method, target, content=req.pieces(), headers=headers)
+        else:
+            r = self._client().request(req.method, target, content=body, headers=headers)
+        return parse_response(r, req)
 
     def _receive(self, req: Http, target: str, body: bytes, headers: dict[str, str]) -> Any:
         """A raw reply read in pieces, each reported (``req.progress``)."""
@@ -180,25 +202,25 @@ class AsyncAgent(_Core, AsyncAgentMethods):
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                base_url=self.config.resolved_coordinator_url, timeout=self.config.timeout, verify=self._verify()
-            )
+            self._http = httpx.AsyncClient(base_url=self._url, timeout=self.config.timeout, verify=self._verify())
         return self._http
 
     async def _do(self, req: Any) -> Any:
         if isinstance(req, Http):
             target, body, headers = self._signed(req)
-            try:
-                if req.streams_reply:
-                    return await self._receive(req, target, body, headers)
-                if req.streams_upload:  # sent in pieces, each reported; the length declared
-                    headers["content-length"] = str(len(body))
-                    r = await self._client().request(req.method, target, content=_pieces(req), headers=headers)
-                else:
-                    r = await self._client().request(req.method, target, content=body, headers=headers)
-            except httpx.TransportError as e:
-                raise self._unreachable(e) from None
-            return parse_response(r, req)
+            error: Exception | None = None
+            for _ in self.config.resolved_coordinator_urls:  # the next replica while none can be connected to
+                url = self._url
+                try:
+                    return await self._send(req, target, body, headers)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never sent
+                    error = e
+                    await _aclose(self._next_replica())
+                except httpx.TransportError as e:  # sent, answer lost: not sent again
+                    await _aclose(self._next_replica())
+                    raise self._unreachable(e, url) from None
+            assert error is not None
+            raise self._unreachable(error, ", ".join(self.config.resolved_coordinator_urls)) from None
         if isinstance(req, Sleep):
             await asyncio.sleep(req.seconds)
             return None
@@ -210,6 +232,16 @@ class AsyncAgent(_Core, AsyncAgentMethods):
                 self._http = None
             return None
         raise TypeError(f"unknown request {req!r}")
+
+    async def _send(self, req: Http, target: str, body: bytes, headers: dict[str, str]) -> Any:
+        if req.streams_reply:
+            return await self._receive(req, target, body, headers)
+        if req.streams_upload:  # sent in pieces, each reported; the length declared
+            headers["content-length"] = str(len(body))
+            r = await self._client().request(req.method, target, content=_pieces(req), headers=headers)
+        else:
+            r = await self._client().request(req.method, target, content=body, headers=headers)
+        return parse_response(r, req)
 
     async def _receive(self, req: Http, target: str, body: bytes, headers: dict[str, str]) -> Any:
         """A raw reply read in pieces, each reported (``req.progress``)."""
@@ -247,6 +279,16 @@ class AsyncAgent(_Core, AsyncAgentMethods):
 
     async def __aexit__(self, *exc: object) -> None:
         await self._do(Close())
+
+
+def _close(http: httpx.Client | None) -> None:
+    if http is not None:
+        http.close()
+
+
+async def _aclose(http: httpx.AsyncClient | None) -> None:
+    if http is not None:
+        await http.aclose()
 
 
 def _length(r: httpx.Response) -> int | None:

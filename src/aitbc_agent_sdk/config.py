@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aitbc.client import ca_cert_path, coordinator_url
+from aitbc.client import ca_cert_path, coordinator_url, coordinator_urls
+from aitbc.errors import AitbcError
 from aitbc.ledger.chain import NETWORKS
 from aitbc_agent_sdk.errors import InvalidArgument
 
@@ -36,6 +37,7 @@ class AgentConfig:
     ca_cert: str | Path | None = None
     _resolved_home: Path = field(init=False, repr=False)
     _resolved_url: str = field(init=False, repr=False)
+    _resolved_urls: list[str] = field(init=False, repr=False)
     _resolved_ca: Path | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -52,6 +54,10 @@ class AgentConfig:
         home = self.home if self.home is not None else os.environ.get("AITBC_HOME") or "~/.aitbc"
         self._resolved_home = Path(home).expanduser()
         self._resolved_url = coordinator_url(self.coordinator_url, self._resolved_home)
+        try:
+            self._resolved_urls = coordinator_urls(self._resolved_url)
+        except AitbcError as e:
+            raise InvalidArgument("bad_config", str(e)) from None
         self._resolved_ca = ca_cert_path(self.ca_cert, self._resolved_home)
 
     @property
@@ -61,6 +67,13 @@ class AgentConfig:
     @property
     def resolved_coordinator_url(self) -> str:
         return self._resolved_url
+
+    @property
+    def resolved_coordinator_urls(self) -> list[str]:
+        """The coordinators to try, in order: one, or replicas on one database (a
+        comma-separated ``coordinator_url``); a request that cannot connect to one goes
+        to the next."""
+        return self._resolved_urls
 
     @property
     def resolved_ca_cert(self) -> Path | None:

@@ -8,22 +8,22 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import httpx
-
-from aitbc.client import tls_verify
+from aitbc.client import CoordinatorClient
 from aitbc.errors import IntegrityError
 
 
 def fetch_tree(coordinator: str, ca_cert: Path | None, cid: str) -> Path:
     """The folder (or file) ``cid`` read back from the coordinator's blobs into a new
-    temporary folder, every blob checked against its CID; returns the local path."""
+    temporary folder, every blob checked against its CID; returns the local path.
+    ``coordinator``: one URL, or replicas' separated by commas (the next one is tried
+    while one cannot be connected to)."""
     from aitbc.storage.unixfs import read_tree
 
     out = Path(tempfile.mkdtemp(prefix=f"aitbc-{cid[:16]}-"))
-    with httpx.Client(base_url=coordinator, timeout=60.0, verify=tls_verify(ca_cert)) as http:
+    with CoordinatorClient(coordinator, timeout=60.0, ca_cert=ca_cert) as client:
 
         def get(c: str) -> bytes:
-            r = http.get(f"/v1/blobs/{c}")
+            r = client.send(lambda http: http.get(f"/v1/blobs/{c}"))
             if r.status_code != 200:
                 raise IntegrityError(f"blob {c} of dataset {cid}: the coordinator answered {r.status_code}")
             return r.content

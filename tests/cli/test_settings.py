@@ -99,6 +99,14 @@ def test_bad_values_name_their_source(monkeypatch, tmp_path):
     ):
         load_settings(Settings, {"home": tmp_path})
     monkeypatch.delenv("AITBC_LEASE_SECONDS")
+    # the driver lease is renewed each quarter, by a thread that looks every eighth: over 4 ticks
+    with pytest.raises(UsageError, match=r"^--driver-lease 0\.5 is not allowed: .*at least 4 x tick_seconds \(0\.8"):
+        load_settings(
+            Settings,
+            {"home": tmp_path, "driver_lease_seconds": 0.5, "tick_seconds": 0.2},
+            flag_names={"driver_lease_seconds": "--driver-lease"},
+        )
+    assert load_settings(Settings, {"home": tmp_path}).driver_lease_seconds == 5.0
     monkeypatch.setenv("AITBC_NETWORK", "mainnet")
     with pytest.raises(UsageError, match="AITBC_NETWORK='mainnet' is not allowed: network 'mainnet' is not available"):
         load_settings(Settings, {"home": tmp_path})

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sqlalchemy import text
 
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
 from aitbc.coordinator.models import Job, Run
@@ -233,8 +234,16 @@ def test_duplicate_registration_while_alive(server, api):
 
 def test_registering_again_after_the_lease(server, api):
     w = api.register_worker(server, "back")
-    # the first process stopped heartbeating a lease ago (set, not waited for)
-    server.ctx.liveness.touch(w.wallet.address, time.time() - api.LEASE - 1)
+    # the first process stopped heartbeating a lease ago (set, not waited for), in the database
+    # and in memory: the driver takes the later of the two (replicas share heartbeats there),
+    # so once the registration's beat has been flushed (nothing newer is pending after it)
+    time.sleep(server.ctx.settings.heartbeat_flush_seconds + 0.5)
+    long_ago = time.time() - api.LEASE - 1
+    with server.ctx.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE offers SET last_heartbeat = :t WHERE id = :w"), {"t": long_ago, "w": w.wallet.address}
+        )
+    server.ctx.liveness.touch(w.wallet.address, long_ago)
     offer = w.post("/workers", {"gpu": "RTX3090", "price": "2"})
     assert (offer["gpu_type"], offer["price_micro"], offer["live"]) == ("RTX3090", 2_000_000, True)
     assert server.rows("SELECT gpu, price, status FROM offers WHERE id = :w", w=w.wallet.address) == [

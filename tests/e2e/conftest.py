@@ -50,16 +50,27 @@ class Stack:
         self.procs[name] = p
         return p
 
-    def start_coordinator(self, *, lease: float = 3.0, settle_delay: float = 0.0) -> None:
+    def start_coordinator(
+        self,
+        *,
+        lease: float = 3.0,
+        settle_delay: float = 0.0,
+        name: str = "coordinator",
+        port: int | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        """Start coordinator ``name`` on ``port`` (default: the stack's), with home
+        ``root/coordinator`` (every replica of a stack shares it: blobs and wallet)."""
+        port = self.port if port is None else port
         self._spawn(
-            "coordinator",
+            name,
             [
                 "coordinator",
                 "serve",
                 "--home",
                 str(self.root / "coordinator"),
                 "--port",
-                str(self.port),
+                str(port),
                 "--db",
                 self.db_url,
                 "--lease",
@@ -68,19 +79,20 @@ class Stack:
                 "warning",
                 "--settle-delay",
                 str(settle_delay),
+                *extra,
             ],
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
-            if self.procs["coordinator"].poll() is not None:
+            if self.procs[name].poll() is not None:
                 break
             time.sleep(0.1)
-        raise RuntimeError(f"coordinator did not start:\n{self.log('coordinator')}")
+        raise RuntimeError(f"coordinator did not start:\n{self.log(name)}")
 
     def start_worker(
         self,
@@ -95,7 +107,9 @@ class Stack:
         funds: str | None = None,
         metrics_port: int | None = None,
         extra: tuple[str, ...] = (),
+        coordinator: str | None = None,
     ) -> None:
+        """``coordinator``: the URL (or comma-separated URLs) it is given; default the stack's."""
         if funds is not None:  # the provider funds its own wallet first (its bond comes from it)
             r = self.cli("wallet", "fund", name, funds, "--home", str(self.root / name))
             if r.returncode != 0:  # the wallet does not exist yet
@@ -108,7 +122,7 @@ class Stack:
                 "worker",
                 "start",
                 "--coordinator",
-                self.url,
+                coordinator or self.url,
                 "--home",
                 str(self.root / name),
                 "--wallet",

@@ -37,6 +37,7 @@ SERVE_FLAGS = {
     "lease_seconds": "--lease",
     "max_skew_seconds": "--max-skew",
     "tick_seconds": "--tick",
+    "driver_lease_seconds": "--driver-lease",
     "heartbeat_flush_seconds": "--heartbeat-flush",
     "eval_samples": "--eval-samples",
     "score_samples": "--score-samples",
@@ -155,6 +156,13 @@ def serve(
         float | None, typer.Option(help="Seconds a signed request's timestamp may be off before it is refused.")
     ] = None,
     tick: Annotated[float | None, typer.Option(help="Seconds between two looks of the round driver.")] = None,
+    driver_lease: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds the coordinator that drives the rounds holds its lease in the database (renewed each "
+            "quarter); with several coordinators on one database, another takes over this long after it stops."
+        ),
+    ] = None,
     heartbeat_flush: Annotated[
         float | None, typer.Option(help="Seconds between two writes of the in-memory heartbeats to the database.")
     ] = None,
@@ -263,6 +271,7 @@ def serve(
         "lease_seconds": lease,
         "max_skew_seconds": max_skew,
         "tick_seconds": tick,
+        "driver_lease_seconds": driver_lease,
         "heartbeat_flush_seconds": heartbeat_flush,
         "eval_samples": eval_samples,
         "score_samples": score_samples,

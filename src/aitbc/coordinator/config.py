@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(10.0, gt=0)  # a worker silent this long has failed
     max_skew_seconds: float = Field(120.0, gt=0)  # signed timestamps this far off are refused
     tick_seconds: float = Field(0.2, gt=0)  # how often the round driver looks at the clock
+    # replicas on one database: the rounds' driver holds a lease this long, renewed every quarter of it
+    driver_lease_seconds: float = Field(5.0, gt=0)
     heartbeat_flush_seconds: float = Field(2.0, gt=0)  # in-memory heartbeats -> database
     eval_samples: int = Field(512, ge=1)  # validation samples scored each round
     score_samples: int = Field(512, ge=1)  # samples per batch when scoring one update
@@ -95,6 +97,14 @@ class Settings(BaseSettings):
         if clip is not None and reject < clip:
             raise ValueError(f"must be at least norm_clip ({clip:g}), got {reject:g}")
         return reject
+
+    @field_validator("driver_lease_seconds")
+    @classmethod
+    def _lease_over_ticks(cls, lease: float, info: ValidationInfo) -> float:
+        tick = info.data.get("tick_seconds")
+        if tick is not None and lease < 4 * tick:
+            raise ValueError(f"must be at least 4 x tick_seconds ({4 * tick:g}: renewed each quarter), got {lease:g}")
+        return lease
 
     @field_validator("allow_code")
     @classmethod

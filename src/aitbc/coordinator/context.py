@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.db import make_engine, make_sessions
+from aitbc.coordinator.lease import DriverLease, replica_id
 from aitbc.coordinator.metrics import CoordinatorMetrics
 from aitbc.coordinator.models import Offer
 from aitbc.ledger.book import Ledger
@@ -36,6 +38,13 @@ class Liveness:
     def load(self, seen: dict[str, float]) -> None:
         with self._lock:
             self._seen.update(seen)
+
+    def merge(self, seen: dict[str, float]) -> None:
+        """Heartbeats other replicas flushed to the database: each worker's latest wins."""
+        with self._lock:
+            for w, t in seen.items():
+                if t > self._seen.get(w, float("-inf")):
+                    self._seen[w] = t
 
     def knows(self, worker_id: str) -> bool:
         return worker_id in self._seen
@@ -112,6 +121,11 @@ class Context:
     nonces: NonceCache
     started_at: float
     ledger: Ledger
+    # Which replica drives the rounds (coordinator.lease); this process's part in it.
+    lease: DriverLease
+    # Worker leases and spot checks are judged from here at the earliest: this process's
+    # start, or when it took the rounds over (nobody could reach a driver that was not one).
+    judging_since: float = 0.0
     # Per live run, the driver's in-memory model, validation data and optimizer state
     # (coordinator.rounds.RunRuntime); rebuilt from the database after a restart.
     runtimes: dict[str, Any] = field(default_factory=dict)
@@ -125,20 +139,31 @@ class Context:
         return self.sessions()
 
 
+def _sqlite_lock(engine: Engine) -> Path | None:
+    """The driver lease's local lock file of a SQLite database: beside it (None: not SQLite,
+    or in memory)."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return None
+    return Path(f"{engine.url.database}.driver-lock")
+
+
 def build_context(settings: Settings) -> Context:
     settings.home.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.database_url)
+    sessions = make_sessions(engine)
     ctx = Context(
         settings=settings,
         engine=engine,
-        sessions=make_sessions(engine),
+        sessions=sessions,
         store=LocalBlobStore(settings.home, max_size=settings.max_blob_bytes),
         liveness=Liveness(),
         notifier=Notifier(),
         nonces=NonceCache(window=2 * settings.max_skew_seconds),
         started_at=time.time(),
         ledger=Ledger(ensure_wallet(settings.home, "coordinator"), settings.network),
+        lease=DriverLease(sessions, replica_id(), settings.driver_lease_seconds, local_lock=_sqlite_lock(engine)),
     )
+    ctx.judging_since = ctx.started_at
     with ctx.session() as s:
         seen = s.execute(select(Offer.id, Offer.last_heartbeat)).all()
     ctx.liveness.load(dict(seen))

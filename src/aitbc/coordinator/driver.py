@@ -11,6 +11,14 @@ left to their owner's agent (:mod:`.control`); the driver only scores their aggr
 rounds. After a restart it simply finds runs where they were: ``distributing`` is
 finished, ``aggregating`` is redone from the persisted updates, an unscored round is
 scored.
+
+Several coordinator processes (replicas) may share one database and blob folder: each
+answers every request, and each runs these threads, but only the holder of the driver
+lease (:mod:`.lease`) does the work above; the others' rounds thread only shares
+heartbeats (flushes its own to the database, takes the others') and wakes its long polls
+when the database moved, and takes the lease over when it runs out. A replica that takes
+over starts as a restarted coordinator does: empty caches (runtimes, books models, rebuilt
+from the database) and worker leases judged only a full lease after the takeover.
 """
 
 from __future__ import annotations
@@ -21,17 +29,17 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import retention, rounds, scoring, settlement, verification, workforce
 from aitbc.coordinator.books import drop_books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.escrow import finalize
-from aitbc.coordinator.models import Job, Run
+from aitbc.coordinator.models import Job, Offer, Run
 from aitbc.coordinator.repository import row
 from aitbc.coordinator.runtime import drop_runtime
-from aitbc.coordinator.states import ACTIVE, ADVANCING, ENDED, Control, RunStatus
+from aitbc.coordinator.states import ACTIVE, ADVANCING, ENDED, Control, JobStatus, RunStatus
 from aitbc.coordinator.workers import flush_heartbeats
 
 log = logging.getLogger("aitbc.coordinator")
@@ -48,10 +56,14 @@ class RoundDriver:
                 target=self._loop, args=(ctx.notifier.wake_driver, self.tick_rounds), name="round-driver", daemon=True
             ),
             threading.Thread(target=self._loop, args=(self._wake_books, self.tick_books), name="books", daemon=True),
+            threading.Thread(target=self._keep_lease, name="driver-lease", daemon=True),
         ]
         self._last_flush = 0.0
         self._last_gc = 0.0  # blob retention (.retention) last ran
         self._failures: dict[str, int] = {}  # consecutive failed attempts to move a run
+        self._term: float | None = None  # when this replica took the lease it drives under
+        self._ever_drove = False  # a later takeover judges leases from its own time
+        self._db_state: tuple[object, ...] | None = None  # the runs' and jobs' last seen change marks
 
     def start(self) -> None:
         for t in self._threads:
@@ -63,6 +75,7 @@ class RoundDriver:
         self._wake_books.set()
         for t in self._threads:
             t.join(timeout=30)
+        self.ctx.lease.release()  # a clean stop hands the rounds to another replica at once
 
     def _loop(self, wake: threading.Event, tick: Callable[[], None]) -> None:
         while not self._stop.is_set():
@@ -77,22 +90,24 @@ class RoundDriver:
                 time.sleep(self.ctx.settings.tick_seconds)
 
     def tick(self) -> None:
-        """One pass of both threads, in order (what a test steps through)."""
+        """One pass of the threads, in order (what a test steps through)."""
+        self.ctx.lease.tick(steal=not self._ever_drove and self.ctx.lease.sole_local())
         self.tick_rounds()
         self.tick_books()
 
     def tick_rounds(self) -> None:
         ctx, now = self.ctx, time.time()
+        flushed = self._share_heartbeats(now)  # every replica: its workers are live for the driver
+        self._notice_changes()
+        if not self._drive(now):
+            return  # another replica drives: no round, lease, refill or failure is ours to move
         verification.verify_pending(ctx)  # first: a round waits for its spot checks
         advanced = self._advance_due(now)  # then the rounds whose last update just arrived
-        changed = False
+        changed = flushed
         with ctx.session() as s:
-            if now - self._last_flush >= ctx.settings.heartbeat_flush_seconds:
-                changed |= flush_heartbeats(ctx, s)
-                self._last_flush = now
-            # Leases are judged only once this coordinator has been up a full lease: no
-            # worker could heartbeat while it was down.
-            if now - ctx.started_at >= ctx.settings.lease_seconds:
+            # Leases are judged only once this coordinator has been up (or driving) a full
+            # lease: no worker could heartbeat to a driver that was not there.
+            if now - ctx.judging_since >= ctx.settings.lease_seconds:
                 changed |= workforce.expire_leases(ctx, s, now=now)
             automatic = Run.control == Control.AUTOMATIC  # a manual run's phases are its owner's to move
             for run in s.scalars(select(Run).where(Run.status == RunStatus.TRAINING, automatic)).all():
@@ -104,12 +119,89 @@ class RoundDriver:
                 log.warning("round driver: failed runs that could not proceed (no workers, no offers)")
             changed |= stuck
             if changed:
+                if not ctx.lease.fence(s):  # lost the lease meanwhile: the new driver decides
+                    s.rollback()
+                    return
                 s.commit()
                 ctx.notifier.bump()
         if changed:  # a lease ran out, a shard was filled: a round may be due now
             advanced |= self._advance_due(now)
         if advanced:
             self._wake_books.set()
+
+    def _drive(self, now: float) -> bool:
+        """Whether this replica drives now (its lease thread keeps the lease). A new term
+        (this replica took the lease, first or again) starts as after a restart: the
+        caches are rebuilt from the database."""
+        ctx = self.ctx
+        if not ctx.lease.holds(now):
+            if self._term is not None:  # lost it: the caches would go stale
+                ctx.runtimes.clear()
+                ctx.books_models.clear()
+                self._term = None
+            return False
+        if self._term != ctx.lease.since:
+            # a takeover (not this process's start) judges worker leases from its own time: the
+            # last driver's workers are still finding this replica, their last beats unflushed
+            if self._ever_drove or now - ctx.started_at > ctx.lease.period:
+                ctx.judging_since = max(ctx.started_at, now)
+            ctx.runtimes.clear()
+            ctx.books_models.clear()
+            self._failures.clear()
+            self._term, self._ever_drove = ctx.lease.since, True
+            self._wake_books.set()
+        return True
+
+    def _keep_lease(self) -> None:
+        """The lease thread: take the driver lease when it is free, renew it while held,
+        apart from the rounds thread (a long round close must not let it run out). On
+        SQLite the first try takes it even from a holder not yet expired when no other
+        live process holds the database's local lock: that holder is this coordinator
+        before a restart (``DriverLease.sole_local``)."""
+        ctx = self.ctx
+        steal = ctx.lease.sole_local()
+        while not self._stop.is_set():
+            try:
+                was = ctx.lease.holds()
+                if ctx.lease.tick(steal=steal) and not was:
+                    ctx.notifier.poke_driver()  # start driving now
+                steal = False
+            except Exception:
+                log.exception("driver lease: could not reach the database; retrying")
+            self._stop.wait(min(ctx.lease.period / 8, 1.0))
+
+    def _share_heartbeats(self, now: float) -> bool:
+        """Every ``heartbeat_flush_seconds``: write this replica's heartbeats to the database
+        and take the others' (a worker heartbeating to another replica is live here too).
+        Whether any heartbeat was written."""
+        ctx = self.ctx
+        if now - self._last_flush < ctx.settings.heartbeat_flush_seconds:
+            return False
+        self._last_flush = now
+        with ctx.session() as s:
+            flushed = flush_heartbeats(ctx, s)
+            s.commit()
+            ctx.liveness.merge(dict(s.execute(select(Offer.id, Offer.last_heartbeat)).all()))
+        if flushed:
+            ctx.notifier.bump()
+        return flushed
+
+    def _notice_changes(self) -> None:
+        """Another replica's change that a waiting worker cares about (a round opened, a
+        run resumed, a job assigned or ended) wakes this replica's long polls too: those
+        marks are counted each tick and the notifier bumped when they moved. SQLite has no
+        other replica: nothing to read."""
+        if self.ctx.engine.dialect.name == "sqlite":
+            return
+        training = func.sum(case((Run.status == RunStatus.TRAINING, 1), else_=0))
+        active = func.sum(case((Job.status == JobStatus.ACTIVE, 1), else_=0))
+        with self.ctx.session() as s:
+            runs = s.execute(select(func.count(Run.id), func.sum(Run.round), training)).one()
+            jobs = s.execute(select(func.count(Job.id), active)).one()
+        state = (*runs, *jobs)
+        if self._db_state is not None and state != self._db_state:
+            self.ctx.notifier.bump()
+        self._db_state = state
 
     def _advance_due(self, now: float) -> bool:
         """Open or close every automatic run's round that is due; whether any was."""
@@ -122,12 +214,17 @@ class RoundDriver:
                 if status != RunStatus.TRAINING or rounds.round_due(self.ctx, s, row(s, Run, run_id), now=now):
                     due.append(run_id)
         for run_id in due:
+            if not self.ctx.lease.holds():
+                break  # the lease ran out meanwhile (a long close): the next driver takes the rest
             self._advance(run_id)
         return bool(due)
 
     def tick_books(self) -> None:
-        """Evaluate, score and settle closed rounds; finalize ended runs; collect blobs."""
+        """Evaluate, score and settle closed rounds; finalize ended runs; collect blobs
+        (the driver lease's holder only)."""
         ctx, now = self.ctx, time.time()
+        if not ctx.lease.holds(now):
+            return
         with ctx.session() as s:
             missing = rounds.pending_evaluations(s)
             unsettled, ended = settlement.pending(ctx, s, now)

@@ -415,6 +415,11 @@ class RecordCollector(Collector):
         alive = GaugeMetricFamily("aitbc_workers_alive", "Workers heard from within the lease (in-memory heartbeats)")
         alive.add_metric([], ctx.liveness.count_alive(time.time(), ctx.settings.lease_seconds))
         yield alive
+        driving = GaugeMetricFamily(
+            "aitbc_driving", "1 if this coordinator process holds the driver lease (moves the rounds), else 0"
+        )
+        driving.add_metric([], 1 if ctx.lease.holds() else 0)
+        yield driving
 
 
 # --- the route -----------------------------------------------------------------------------

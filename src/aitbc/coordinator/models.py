@@ -306,3 +306,15 @@ class Pin(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     blobs: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class DriverLease(Base):
+    """Who drives the rounds (:mod:`.lease`): one row per lease ``name``, taken and renewed
+    only by a compare-and-set UPDATE, so two coordinators on one database never both hold it."""
+
+    __tablename__ = "driver_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)  # "rounds"
+    holder: Mapped[str] = mapped_column(String(64))  # the holding process's replica id
+    expires_at: Mapped[float] = mapped_column(Float)  # its holder's clock; taken by another after it
+    since: Mapped[float] = mapped_column(Float)  # when this holder took it

@@ -137,6 +137,9 @@ def close_round(ctx: Context, run_id: str) -> None:
             if run.control != Control.AUTOMATIC:  # its owner took it over meanwhile: theirs to close
                 s.rollback()
                 return
+            if not ctx.lease.fence(s):  # another replica drives now (this one was paused): its call
+                s.rollback()
+                return
             if run.status == RunStatus.TRAINING:
                 transition(run, RunStatus.AGGREGATING)
             s.commit()  # no bump: a waiting worker's long poll has nothing new to take until the next round opens
@@ -158,7 +161,7 @@ def close_round(ctx: Context, run_id: str) -> None:
             # The last round is evaluated before the run completes; the others after the
             # next round is open (the driver's books thread), so workers do not wait for it.
             result = aggregate_round(ctx, run, rt, accepted, r, evaluate_now=final)
-        if commit_round(ctx, s, run, rt, result, ups, accepted, round=r):
+        if commit_round(ctx, s, run, rt, result, ups, accepted, round=r, fenced=True):
             ctx.metrics.round_close.observe(time.perf_counter() - t0)  # aggregate + commit
         if run.status in ENDED:
             drop_runtime(ctx, run.id)
@@ -296,13 +299,18 @@ def commit_round(
     *,
     round: int,
     advance: bool = True,
+    fenced: bool = False,
 ) -> bool:
     """Record ``res`` as round ``round``'s result; ``advance``: also open the next round
     or complete the run (a manual run stays ``aggregating`` until its owner moves it).
     Returns False, recording nothing, if the run moved meanwhile (stopped, or that round
-    recorded by a concurrent request, or another round now closed)."""
+    recorded by a concurrent request, or another round now closed), or, ``fenced`` (the
+    driver's close), if this replica no longer holds the driver lease."""
     lock_run(s, run)
     if run.status != RunStatus.AGGREGATING or run.round != round or s.get(RoundRecord, (run.id, round)) is not None:
+        s.rollback()
+        return False
+    if fenced and not ctx.lease.fence(s):  # the next driver closes it (the same bytes)
         s.rollback()
         return False
     now = time.time()

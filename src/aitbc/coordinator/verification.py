@@ -392,7 +392,7 @@ def expire_challenges(ctx: Context, s: Session, *, now: float) -> bool:
     changed = False
     for upd in s.scalars(select(Update).where(Update.verification == "challenged")).all():
         # counted from this coordinator's start at the earliest: nobody could reveal while it was down
-        since = max(float((upd.challenge or {}).get("at", now)), ctx.started_at)
+        since = max(float((upd.challenge or {}).get("at", now)), ctx.judging_since)
         if now - since < timeout:
             continue
         reason = unanswered_reason(timeout)

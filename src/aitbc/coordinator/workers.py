@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import case, or_, select, update
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import verification
@@ -373,17 +373,39 @@ def flag_blob(ctx: Context, worker_id: str, reason: str) -> None:
 def flush_heartbeats(ctx: Context, s: Session) -> bool:
     """Write the in-memory heartbeats to the offers; a failed worker heard from again
     (after it was failed: not a beat still waiting to be flushed) is back online, as an
-    idle offer; its old job stays with whoever took it."""
+    idle offer; its old job stays with whoever took it. Each write keeps the later of the
+    stored beat and ours (another replica may have flushed a newer one), in one UPDATE per
+    offer, in id order (two replicas flushing at once lock rows in the same order)."""
     seen = ctx.liveness.take_dirty()
     if not seen:
         return False
-    for o in s.scalars(select(Offer).where(Offer.id.in_(list(seen)))).all():
-        o.last_heartbeat = seen[o.id]
-        if o.status != OfferStatus.ONLINE and seen[o.id] > (o.failed_at or 0.0):
-            o.status = OfferStatus.ONLINE
+    for worker_id in sorted(seen):
+        t = seen[worker_id]
+        s.execute(
+            update(Offer)
+            .where(Offer.id == worker_id)
+            .values(last_heartbeat=case((Offer.last_heartbeat < t, t), else_=Offer.last_heartbeat))
+        )
+        s.execute(
+            update(Offer)
+            .where(
+                Offer.id == worker_id,
+                Offer.status != OfferStatus.ONLINE,
+                or_(Offer.failed_at.is_(None), Offer.failed_at < t),
+            )
+            .values(status=OfferStatus.ONLINE)
+        )
     return True
 
 
 def require_known(ctx: Context, worker_id: str) -> None:
-    if not ctx.liveness.knows(worker_id):
+    """A worker this replica has heard of, or one that registered with another replica
+    (found in the database, and known here from then on)."""
+    if ctx.liveness.knows(worker_id):
+        return
+    with ctx.session() as s:
+        last = s.scalar(select(Offer.last_heartbeat).where(Offer.id == worker_id))
+    if last is not None:
+        ctx.liveness.merge({worker_id: last})
+    else:
         raise not_found("unknown_worker", f"worker {worker_id} is not registered; POST /v1/workers first")

@@ -187,13 +187,13 @@ def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
     ).all()
     changed = False
     for job, run in jobs:
-        if now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.started_at) <= lease:
+        if now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.judging_since) <= lease:
             continue  # the lease counts from our start at the earliest: nobody could reach us before
         lock_run(s, run)
         s.refresh(job)
         if job.status != JobStatus.ACTIVE:
             continue
-        silent = now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.started_at)
+        silent = now - max(ctx.liveness.last_seen(job.worker_id) or 0.0, ctx.judging_since)
         reason = f"missed heartbeats for {silent:.1f} s (lease {lease:g} s)"
         end_job(s, job, JobStatus.FAILED, reason, now=now)
         offer = s.get(Offer, job.worker_id)
@@ -298,7 +298,7 @@ def fail_stuck_runs(ctx: Context, s: Session, *, now: float) -> bool:
         if s.scalar(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).limit(1)):
             continue
         last_job = s.scalar(select(func.max(Job.updated_at)).where(Job.run_id == run.id)) or 0.0
-        if now - max(run.updated_at, last_job, ctx.started_at) < wait:
+        if now - max(run.updated_at, last_job, ctx.judging_since) < wait:
             continue
         lock_run(s, run)
         if run.status != RunStatus.TRAINING:

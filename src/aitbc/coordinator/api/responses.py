@@ -82,6 +82,8 @@ class Health(Reply):
     status: Literal["ok"]
     version: str
     time: float = Field(description="the coordinator's clock (clients sign with timestamps)")
+    replica: str = Field(description="this coordinator process's id among those sharing its database")
+    driving: bool = Field(description="whether this process holds the driver lease (moves the rounds)")
 
 
 # --- blobs ------------------------------------------------------------------------------------

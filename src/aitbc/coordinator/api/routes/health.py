@@ -5,12 +5,21 @@ import time
 from fastapi import APIRouter
 
 from aitbc import __version__
+from aitbc.coordinator.api.deps import CtxDep
 from aitbc.coordinator.api.responses import Health
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=Health)
-def health() -> dict:
-    """Liveness of the coordinator, and its clock (clients sign with timestamps)."""
-    return {"status": "ok", "version": __version__, "time": time.time()}
+def health(ctx: CtxDep) -> dict:
+    """Liveness of the coordinator, and its clock (clients sign with timestamps); which
+    replica answered and whether it drives the rounds (several coordinators on one database)."""
+    now = time.time()
+    return {
+        "status": "ok",
+        "version": __version__,
+        "time": now,
+        "replica": ctx.lease.me,
+        "driving": ctx.lease.holds(now),
+    }

@@ -46,8 +46,10 @@ def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep
 
 @router.post("/workers/heartbeat", response_model=Heartbeat, responses=errors(404))
 async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
-    """Cheap by design: a signature check and a dict write; no database commit."""
-    workers.require_known(ctx, signer.address)
+    """Cheap by design: a signature check and a dict write; no database commit (a worker
+    this replica has not heard of yet is looked up once, off the event loop)."""
+    if not ctx.liveness.knows(signer.address):
+        await run_in_threadpool(workers.require_known, ctx, signer.address)
     now = time.time()
     ctx.liveness.touch(signer.address, now)
     ctx.metrics.heartbeats.inc()
@@ -65,7 +67,8 @@ async def job(
     long poll: answered as soon as there is something to train, or after ``wait`` seconds."""
     if signer.address != worker_id:
         raise forbidden(f"{signer.address} may not read the job of worker {worker_id}")
-    workers.require_known(ctx, worker_id)
+    if not ctx.liveness.knows(worker_id):  # registered with another replica: looked up once
+        await run_in_threadpool(workers.require_known, ctx, worker_id)
     deadline = time.monotonic() + wait
 
     def look() -> dict:

@@ -1,0 +1,277 @@
+"""The driver lease (coordinator/lease.py): one holder at a time by compare-and-set, on the
+backend under test; and two coordinators on one database and one home: exactly one
+drives, either answers a worker the other registered, a heartbeat to either keeps the
+worker live for both, and a clean stop hands the rounds over."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from aitbc.coordinator.db import make_engine, make_sessions
+from aitbc.coordinator.lease import DriverLease
+from aitbc.coordinator.models import DriverLease as LeaseRow
+from aitbc.coordinator.models import Offer
+
+PERIOD = 4.0
+
+
+@pytest.fixture
+def sessions(tmp_path, databases):
+    url = databases.new(tmp_path / "db")
+    engine = make_engine(url)
+    yield make_sessions(engine)
+    engine.dispose()
+    databases.drop(url)
+
+
+def _holder(sessions) -> str | None:
+    with sessions() as s:
+        return s.scalar(select(LeaseRow.holder))
+
+
+def test_one_holder_until_its_lease_runs_out(sessions):
+    a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
+    t = 1000.0
+    assert a.tick(t) and not b.tick(t)
+    assert a.holds(t) and not b.holds(t) and _holder(sessions) == "replica_a"
+    assert a.tick(t + 1.5)  # renewed: runs to t + 5.5
+    assert not b.tick(t + 5.4)  # not yet out
+    assert not a.holds(t + 1.5 + 0.75 * PERIOD + 0.01)  # A stops believing before B may take it
+    assert b.tick(t + 5.6) and _holder(sessions) == "replica_b"
+    assert not a.tick(t + 5.7) and not a.holds(t + 5.7)  # A comes back: standing by
+    assert b.tick(t + 5.7)
+
+
+def test_a_fenced_write_of_an_ex_holder_is_refused(sessions):
+    a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
+    t = time.time()
+    assert a.tick(t)
+    assert b.tick(t + 0.1, steal=True)  # (SQLite: a restarted coordinator takes over at once)
+    assert a.holds(t + 0.2)  # A, paused, still believes ...
+    with sessions() as s:
+        assert not a.fence(s, t + 0.2)  # ... but its transaction finds the row taken
+        s.rollback()
+    assert not a.holds(t + 0.2)
+    with sessions() as s:
+        assert b.fence(s, t + 0.3)
+        s.commit()
+
+
+def test_racing_claims_never_both_win(sessions):
+    leases = [DriverLease(sessions, f"replica_{i}", PERIOD) for i in range(3)]
+    for k in range(10):
+        t = 5000.0 + k * 10 * PERIOD  # each race after the last winner's lease ran out
+        go, won = threading.Barrier(len(leases)), []
+
+        def claim(lease: DriverLease, t: float = t, go: threading.Barrier = go, won: list[str] = won) -> None:
+            go.wait()
+            if lease.tick(t):
+                won.append(lease.me)
+
+        threads = [threading.Thread(target=claim, args=(x,)) for x in leases]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert len(won) == 1, won
+        assert _holder(sessions) == won[0]
+
+
+def test_the_local_lock_lets_one_live_process_take_over_at_start(tmp_path, sessions):
+    """SQLite: the lease may be taken from an unexpired holder only by the process that
+    holds the lock file beside the database, which no other live process does."""
+    lock = tmp_path / "coordinator.db.driver-lock"
+    a = DriverLease(sessions, "replica_a", PERIOD, local_lock=lock)
+    b = DriverLease(sessions, "replica_b", PERIOD, local_lock=lock)
+    assert a.sole_local() and a.tick(steal=True)
+    assert not b.sole_local()  # a lives: b stands by and steals nothing
+    assert not b.tick(steal=b.sole_local()) and a.holds()
+    a.release()  # (a process killed by SIGKILL drops its lock the same way: the kernel closes it)
+    assert b.sole_local() and b.tick(steal=True)
+    assert DriverLease(sessions, "replica_c", PERIOD).sole_local() is False  # no lock file: never
+    b.release()
+
+
+def test_a_released_lease_is_taken_at_once(sessions):
+    a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
+    t = time.time()
+    assert a.tick(t) and not b.tick(t)
+    a.release()
+    assert not a.holds() and b.tick()
+
+
+# --- two coordinators ------------------------------------------------------------------
+
+
+def _driving(coord) -> bool:
+    return coord.http().get("/v1/health").json()["driving"]
+
+
+def test_two_coordinators_one_driver(tmp_path, databases, api):
+    url = databases.new(tmp_path / "db")
+    home = tmp_path / "home"  # shared: blobs and the coordinator's wallet
+    fast = dict(db_url=url, driver_lease_seconds=1.0, heartbeat_flush_seconds=0.1)
+    first, stop_first = api.start_coordinator(home, **fast)
+    try:
+        api.wait_for("first driving", lambda: _driving(first), bool)
+        second, stop_second = api.start_coordinator(home, **fast)
+    except BaseException:
+        stop_first()
+        databases.drop(url)
+        raise
+    try:
+        # exactly one drives (the first: on SQLite too, its local lock tells the second it is alive)
+        pair = (first, second)
+        for _ in range(20):
+            states = [_driving(c) for c in pair]
+            assert states.count(True) <= 1, states
+            time.sleep(0.1)
+        driver = api.wait_for("one driver", lambda: [c for c in pair if _driving(c)], lambda d: len(d) == 1)[0]
+        standby = second if driver is first else first
+        health = standby.http().get("/v1/health").json()
+        assert health["replica"] == standby.ctx.lease.me and not health["driving"]
+        metrics = standby.http().get("/metrics").text
+        assert "aitbc_driving 0.0" in metrics and "aitbc_driving 1.0" in driver.http().get("/metrics").text
+
+        # a worker registered with the standby heartbeats to the driver (known from the database) ...
+        w = api.register_worker(standby, "w")
+        at_driver = driver.client("w", wallet=w.wallet)
+        assert at_driver.post("/workers/heartbeat")["ok"]
+        # ... and a heartbeat to the standby reaches the driver's liveness (its lease judging)
+        beat = w.post("/workers/heartbeat")["time"]
+        api.wait_for(
+            "the standby's heartbeat at the driver",
+            lambda: driver.ctx.liveness.last_seen(w.wallet.address) or 0.0,
+            lambda seen: seen >= beat,
+        )
+        with driver.ctx.session() as s:  # the later beat is kept in the database, whoever flushed last
+            api.wait_for(
+                "the heartbeat in the database",
+                lambda: s.scalar(select(Offer.last_heartbeat).where(Offer.id == w.wallet.address)),
+                lambda t: t >= beat,
+            )
+            s.rollback()
+        # an unknown worker is still refused by either
+        stranger = standby.client("stranger")
+        with pytest.raises(api.ApiError) as e:
+            stranger.post("/workers/heartbeat")
+        api.assert_api_error(e, 404, "unknown_worker")
+
+        # a clean stop releases the lease: the other drives within a few of its periods
+        (stop_first if driver is first else stop_second)()
+        api.wait_for("takeover", lambda: _driving(standby), bool, timeout=10)
+    finally:
+        for stop in (stop_first, stop_second):
+            stop()
+        databases.drop(url)
+
+
+# --- clients with several coordinator URLs -------------------------------------------------
+
+
+def _dead_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
+
+
+def test_a_client_fails_over_to_the_next_coordinator(server, api):
+    from aitbc.client import CoordinatorClient, Unreachable
+    from aitbc.errors import AitbcError
+    from aitbc.ledger.wallet import Wallet
+
+    dead = _dead_url()
+    with CoordinatorClient(f"{dead}, {server.url}/", Wallet.generate("w")) as c:
+        assert c.get("/health")["status"] == "ok"
+        assert c.base_url == server.url  # and stays there
+        assert c.post("/wallets/fund", {"amount": "1"})["balance"]  # a signed request, sent once
+        cid = c.put_blob(api.cid_of_bytes(b"replicas"), b"replicas")["cid"]
+        assert c.get_blob(cid) == b"replicas"
+    with CoordinatorClient(f"{dead},{_dead_url()}") as c, pytest.raises(Unreachable, match=dead):
+        c.get("/health")
+    with pytest.raises(AitbcError, match="none empty"):
+        CoordinatorClient(f"{server.url},,{dead}")
+
+
+def test_an_agent_fails_over_to_the_next_coordinator(server, tmp_path):
+    from aitbc_agent_sdk import Agent, AgentConfig, CoordinatorUnreachable, InvalidArgument
+
+    dead = _dead_url()
+    config = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{server.url}")
+    with Agent(config) as agent:
+        assert isinstance(agent.get_market_offers(), list)
+        assert agent._url == server.url
+    dead_only = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{_dead_url()}")
+    with Agent(dead_only) as agent, pytest.raises(CoordinatorUnreachable, match=dead):
+        agent.get_market_offers()
+    with pytest.raises(InvalidArgument, match="none empty"):
+        AgentConfig(name="a", home=tmp_path, coordinator_url=f"{server.url},")
+
+
+def test_an_async_agent_fails_over_to_the_next_coordinator(server, tmp_path):
+    import asyncio
+
+    from aitbc_agent_sdk import AgentConfig, AsyncAgent, CoordinatorUnreachable
+
+    dead = _dead_url()
+
+    async def go() -> None:
+        config = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{server.url}")
+        async with AsyncAgent(config) as agent:
+            assert isinstance(await agent.get_market_offers(), list)
+            assert agent._url == server.url
+        dead_only = AgentConfig(name="a", home=tmp_path, wallet_name=None, coordinator_url=f"{dead},{_dead_url()}")
+        async with AsyncAgent(dead_only) as agent:
+            with pytest.raises(CoordinatorUnreachable, match=dead):
+                await agent.get_market_offers()
+
+    asyncio.run(go())
+
+
+# --- a replica that does not hold the lease moves nothing ------------------------------
+
+
+def test_no_round_closes_or_settles_without_the_lease(tmp_path, databases, api):
+    """Round 1's every update is in, but another replica holds the lease: the round stays
+    open (no close, no settlement) until that lease is released; then this coordinator
+    takes it, closes the round and settles it, once."""
+    coord, stop = api.start_on(databases, tmp_path / "home", driver_lease_seconds=1.0)
+    keep = threading.Event()
+    try:
+        t = api.start_training_run(coord, 2)
+        intruder = DriverLease(coord.ctx.sessions, "replica_intruder", 1.0)
+        assert intruder.tick(steal=True)
+        api.wait_for("the driver stands by", lambda: coord.ctx.lease.holds(), lambda held: not held)
+
+        def renew() -> None:
+            while not keep.wait(0.1):
+                intruder.tick()
+
+        renewer = threading.Thread(target=renew, daemon=True)
+        renewer.start()
+        for w in t.workers:
+            cid = api.put_update(w, torch.full((t.d,), 0.01))
+            w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(1, cid))
+        time.sleep(3.0)  # a dozen of the driver's ticks and three lease periods: it must not move
+        run = t.owner.get(f"/runs/{t.run_id}")
+        assert (run["status"], run["round"], run["rounds_completed"]) == ("training", 1, 0)
+        assert coord.rows("SELECT count(*) AS n FROM settlements") == [{"n": 0}]
+        assert not coord.http().get("/v1/health").json()["driving"]
+
+        keep.set()
+        renewer.join(10)
+        intruder.release()
+        api.wait_for("round 1 settled", lambda: t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"], bool)
+        assert coord.http().get("/v1/health").json()["driving"]
+        rows = coord.rows("SELECT contract_id, round FROM settlements ORDER BY contract_id")
+        assert len(rows) == 2 and {r["round"] for r in rows} == {1}
+    finally:
+        keep.set()
+        stop()
