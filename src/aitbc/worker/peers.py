@@ -126,6 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(body=False)
 
     def _serve(self, *, body: bool) -> None:
+        self.close_connection = True  # one blob per connection: no idle connection holds a thread
         blobs: BlobServer = self.server.blob_server  # type: ignore[attr-defined]
         if not blobs.slots.acquire(blocking=False):
             self._error(503, "busy", "this worker serves a few blobs at a time; try another peer")
@@ -146,6 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(size))
                 self.send_header("X-Aitbc-Cid", path.name)
+                self.send_header("Connection", "close")
                 self.end_headers()
                 if body:
                     first = True
@@ -179,6 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
