@@ -27,6 +27,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -148,6 +149,7 @@ def main() -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--data", default="digits")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the processes it started are killed on the way out
     rows = []
     with tempfile.TemporaryDirectory(prefix="aitbc-peer-") as d:
         for peers in (False, True):

@@ -711,7 +711,7 @@ class Worker:
 
     def _fetch_shard(self, cid: str, store: LocalBlobStore) -> None:
         try:
-            peers = self.client.get(f"/blobs/{cid}/holders", sign=True)["data"]
+            peers = self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.wallet.address})["data"]
         except (ApiError, Unreachable) as e:  # an older coordinator, or an outage: the coordinator's copy
             log.debug("holders of %s: %s", cid, e)
             peers = []

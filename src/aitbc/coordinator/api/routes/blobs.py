@@ -88,12 +88,17 @@ def list_pins(ctx: CtxDep, owner: Annotated[str, Query(max_length=64, descriptio
     return pins.pins_of(ctx, owner)
 
 
-@router.get("/{cid}/holders", response_model=Holders, responses=errors(400, 404))
-def blob_holders(cid: str, ctx: CtxDep, signer: SignerDep) -> dict:
-    """Peer transport: up to a few live workers other than the signer that announced
-    ``cid`` (chosen at random, to spread the load); empty: fetch it from the coordinator."""
+@router.get("/{cid}/holders", response_model=Holders, responses=errors(400, 422))
+def blob_holders(
+    cid: str,
+    ctx: CtxDep,
+    exclude: Annotated[str | None, Query(max_length=64, description="a worker to leave out: the asker")] = None,
+) -> dict:
+    """Peer transport: up to a few live workers (other than ``exclude``) that announced
+    ``cid``, chosen at random to spread the load; empty: fetch it from the coordinator.
+    Public, like every ``/v1`` GET (holders' URLs are what peers connect to anyway)."""
     _check_cid(cid)
-    data = holders(ctx, cid, signer.address)
+    data = holders(ctx, cid, exclude or "")
     return {"cid": cid, "data": data, "count": len(data)}
 
 
