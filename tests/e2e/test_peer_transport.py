@@ -83,6 +83,12 @@ def test_workers_fetch_the_model_from_peers_and_the_coordinator_sends_less(stack
     assert httpx.put(f"{p0}/v1/blobs/{last}", content=b"x", timeout=10).status_code == 501
     assert httpx.get(f"{p0}/v1/blobs/{run['global_model_cid']}", timeout=10).status_code == 404  # not held
 
+    # Who holds it, as anyone may ask: the listening workers that announced it, never the one left out.
+    holders = httpx.get(f"{stack.url}/v1/blobs/{last}/holders", params={"exclude": ids["p1"]}, timeout=10).json()
+    assert holders["count"] >= 1 and {p["worker"] for p in holders["data"]} <= {ids["p0"], ids["p2"]}
+    assert {p["url"] for p in holders["data"]} <= {f"http://127.0.0.1:{listen[n]}" for n in ("p0", "p2")}
+    assert httpx.get(f"{stack.url}/v1/blobs/nope/holders", timeout=10).json()["error"] == "bad_cid"
+
     # One report alone does not flag an honest peer: the coordinator fetches from it and checks.
     wallet = ensure_wallet(tmp_path / "accuser", "accuser")
     with CoordinatorClient(stack.url, wallet) as c:

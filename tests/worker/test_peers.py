@@ -208,3 +208,11 @@ def test_reports_count_distinct_reporters_and_a_confirmed_bad_peer_is_banned():
     book.judge("w3", "m", "gone")  # did not answer: its claim goes, not its other blobs or its URL
     assert all(p["worker"] != "w3" for _ in range(30) for p in book.holders_for("m", "w0", lambda w: True))
     assert book.url("w3") is not None
+
+
+def test_the_book_forgets_cids_nobody_holds():
+    book, ws = _book(2)
+    for r in range(50):  # a round's model each time, the previous one evicted
+        book.announce("w0", "http://10.0.0.0:9000", [f"m{r}"])
+        book.announce("w1", "http://10.0.0.1:9000", [f"m{r}"])
+    assert set(book._holders) == {"m49"}

@@ -86,7 +86,7 @@ class PeerBook:
                 return
             self._urls[worker] = url
             for cid in self._held.get(worker, set()) - set(cids):
-                self._holders.get(cid, {}).pop(worker, None)
+                self._drop(cid, worker)
             self._held[worker] = set(cids)
             for cid in cids:
                 if (worker, cid) not in self._checked or self._checked[(worker, cid)] == "ok":
@@ -154,13 +154,20 @@ class PeerBook:
                 self.banned.add(accused)
                 self._forget(accused)
             elif verdict == "gone":
-                self._holders.get(cid, {}).pop(accused, None)
+                self._drop(cid, accused)
                 self._held.get(accused, set()).discard(cid)
 
     def _forget(self, worker: str) -> None:
         self._urls.pop(worker, None)
         for cid in self._held.pop(worker, set()):
-            self._holders.get(cid, {}).pop(worker, None)
+            self._drop(cid, worker)
+
+    def _drop(self, cid: str, worker: str) -> None:
+        held = self._holders.get(cid)
+        if held is not None:
+            held.pop(worker, None)
+            if not held:  # last round's model, held by nobody now: the book does not grow with rounds
+                del self._holders[cid]
 
 
 def check_report(ctx: Context, reporter: str, accused: str, cid: str) -> dict[str, Any]:
