@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from aitbc.coordinator.peers import DISTRUST_REPORTS, PEERS_GIVEN, PeerBook, _fetch_and_check
-from aitbc.errors import IntegrityError
+from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.storage.peer_url import check_advertise
@@ -216,3 +216,12 @@ def test_the_book_forgets_cids_nobody_holds():
         book.announce("w0", "http://10.0.0.0:9000", [f"m{r}"])
         book.announce("w1", "http://10.0.0.1:9000", [f"m{r}"])
     assert set(book._holders) == {"m49"}
+
+
+def test_a_listen_address_in_use_is_one_clear_error(held):
+    server = _server(held)
+    try:
+        with pytest.raises(AitbcError, match=f"--listen 127.0.0.1:{server.port}: cannot listen there: already in use"):
+            BlobServer("127.0.0.1", server.port, lambda cid: None)
+    finally:
+        server.close()

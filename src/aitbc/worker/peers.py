@@ -18,6 +18,7 @@ following no redirects. A peer that fails is skipped; bytes that do not hash are
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -70,7 +71,11 @@ class BlobServer:
         self.slots = threading.BoundedSemaphore(connections)
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Condition()
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), _Handler)
+        except (OSError, ValueError) as e:  # in use, an address not of this machine, a name IDNA refuses
+            why = "already in use" if isinstance(e, OSError) and e.errno == errno.EADDRINUSE else str(e)
+            raise AitbcError(f"--listen {host}:{port}: cannot listen there: {why}") from None
         self.httpd.daemon_threads = True
         self.httpd.blob_server = self  # type: ignore[attr-defined]
         self.port = int(self.httpd.server_address[1])
