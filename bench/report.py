@@ -27,6 +27,7 @@ BENCHES = [
     ("replay_drift", "Re-run drift across thread counts", "python bench/replay_drift.py"),
     ("metrics_scrape", "Metrics scrape cost", "python bench/metrics_scrape.py"),
     ("replica_takeover", "Replicated coordinators: takeover after SIGKILL", "python bench/replica_takeover.py"),
+    ("peer_transport", "Peer transport: coordinator egress", "python bench/peer_transport.py"),
     # written only on a machine with a CUDA GPU (not part of `make bench`, which runs on CPUs)
     ("gpu", "GPU training throughput", "python bench/gpu.py"),
 ]

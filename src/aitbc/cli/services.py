@@ -86,6 +86,10 @@ WORKER_FLAGS = {
     "metrics_host": "--metrics-host",
     "device": "--device",
     "gpus": "--gpus",
+    "listen": "--listen",
+    "advertise": "--advertise",
+    "peer_timeout_seconds": "--peer-timeout",
+    "peer_connections": "--peer-connections",
 }
 _SHOWN: dict[str, Callable[[Any], str]] = {
     "max_blob_bytes": lambda b: f"{b / MIB:g} MiB",
@@ -366,7 +370,11 @@ def start(
         str | None, typer.Option(hidden=True, help="Testing: act as a Byzantine worker, e.g. sign-flip.")
     ] = None,
     cheat: Annotated[
-        str | None, typer.Option(hidden=True, help="Testing: skip-half: train half the steps and claim them all.")
+        str | None,
+        typer.Option(
+            hidden=True,
+            help="Testing: skip-half: train half the steps and claim them all; bad-blobs: serve peers corrupt blobs.",
+        ),
     ] = None,
     proof_memory_mb: Annotated[
         float | None,
@@ -407,6 +415,24 @@ def start(
             "one update per round, averaged over them."
         ),
     ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve the blobs this worker holds (models, shards) to other workers on HOST:PORT "
+            "(none: it only fetches; it still takes part through the coordinator)."
+        ),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="URL other workers reach --listen at, http(s)://host:port (default: http:// + --listen)."),
+    ] = None,
+    peer_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds one read from a peer may wait (the whole fetch gets 4x); then the next peer."),
+    ] = None,
+    peer_connections: Annotated[
+        int | None, typer.Option(help="Blobs served to peers at a time (past it: 503, they try another).")
+    ] = None,
 ) -> None:
     """Offer this machine to the marketplace and train the jobs it is given, until stopped.
 
@@ -439,6 +465,10 @@ def start(
         "metrics_host": metrics_host,
         "device": device,
         "gpus": gpus,
+        "listen": listen,
+        "advertise": advertise,
+        "peer_timeout_seconds": peer_timeout,
+        "peer_connections": peer_connections,
     }
     settings = load_settings(WorkerSettings, flags, flag_names={**WORKER_FLAGS, "cache_bytes": "--cache-mb (in bytes)"})
     _logging(settings.log_level)

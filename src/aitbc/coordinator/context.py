@@ -18,6 +18,7 @@ from aitbc.coordinator.db import make_engine, make_sessions
 from aitbc.coordinator.lease import DriverLease, replica_id
 from aitbc.coordinator.metrics import CoordinatorMetrics
 from aitbc.coordinator.models import Offer
+from aitbc.coordinator.peers import PeerBook
 from aitbc.ledger.book import Ledger
 from aitbc.ledger.signing import NonceCache
 from aitbc.ledger.wallet import ensure_wallet
@@ -134,6 +135,8 @@ class Context:
     books_models: dict[str, Any] = field(default_factory=dict)
     # The process's own Prometheus counters and the app's registry (coordinator.metrics).
     metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
+    # Which workers serve which blobs (peer transport), in memory (coordinator.peers).
+    peers: PeerBook = field(default_factory=PeerBook)
 
     def session(self) -> Session:
         return self.sessions()

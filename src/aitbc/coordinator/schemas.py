@@ -9,6 +9,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from aitbc.coordinator.peers import MAX_HELD, MAX_URL, check_advertise
+
+Advertise = Annotated[str, Field(min_length=1, max_length=MAX_URL), AfterValidator(check_advertise)]
+
 
 class Body(BaseModel):
     # strict: JSON types are taken as sent. Lax mode would read ``true`` as 1 (a price of
@@ -132,6 +136,21 @@ class WorkerRegister(Body):
     availability: float = Field(1.0, ge=0, le=1)
     device: dict[str, Any] = Field(default_factory=dict)
     max_bond: str | float = "0"  # AIT: the most a contract may lock from this wallet
+    # where this worker serves blobs to its peers (peer transport); none: it fetches only
+    advertise: Advertise | None = None
+
+
+class Holdings(Body):
+    """A worker's blobs that its peers may fetch from it (peer transport; the last one wins)."""
+
+    advertise: Advertise
+    cids: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(max_length=MAX_HELD)
+
+
+class BadPeer(Body):
+    """A peer served bytes for ``cid`` that did not hash to it."""
+
+    peer: str = Field(min_length=1, max_length=64)  # the worker it was handed out as
 
 
 class Progress(Body):

@@ -18,7 +18,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run, row
-from aitbc.coordinator.schemas import Progress, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.core.compression import decode as decode_update
 from aitbc.errors import AitbcError
@@ -68,6 +68,7 @@ def register(
     offer.registration = request.as_dict() if request is not None and max_bond > 0 else None
     s.commit()
     ctx.liveness.touch(worker_id, now)
+    ctx.peers.advertise(worker_id, body.advertise)
     ctx.notifier.poke_driver()  # a joiner may take an orphaned shard
     return offer
 
@@ -91,6 +92,16 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
     # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
     challenge = None if done is None else verification.challenge_view(done)
     deadline = cfg.deadline
+    peers: list[dict[str, str]] = []
+    if action == "train" and run.global_cid:  # who else holds the model it is about to fetch
+        run_id = run.id
+
+        def fetchers() -> list[str]:  # the run's workers: each fetches this model too
+            return list(
+                s.scalars(select(Job.worker_id).where(Job.run_id == run_id, Job.status == JobStatus.ACTIVE)).all()
+            )
+
+        peers = ctx.peers.holders_for(run.global_cid, worker_id, lambda w: _alive(ctx, w), fetchers=fetchers)
     return {
         "job": {
             "job_id": job.id,
@@ -116,9 +127,30 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "overlap": cfg.overlap,
             "precision": cfg.precision,
             "challenge": challenge,
+            "model_peers": peers,
         },
         "version": ctx.notifier.version,
     }
+
+
+def _alive(ctx: Context, worker_id: str) -> bool:
+    return ctx.liveness.alive(worker_id, time.time(), ctx.settings.lease_seconds)
+
+
+def announce_holdings(ctx: Context, worker_id: str, body: Holdings) -> None:
+    """A worker serves ``body.cids`` at ``body.advertise`` (peer transport; in memory)."""
+    require_known(ctx, worker_id)
+    if worker_id in ctx.peers.banned:
+        raise forbidden(f"worker {worker_id} served a blob that did not hash to its CID; it serves no peers")
+    for cid in body.cids:
+        if not is_cid(cid):
+            raise unprocessable("bad_cid", f"{cid!r} is not a CIDv1 (base32, starts with 'b')")
+    ctx.peers.announce(worker_id, body.advertise, list(dict.fromkeys(body.cids)))
+
+
+def holders(ctx: Context, cid: str, asker: str) -> list[dict[str, str]]:
+    """Peers other than ``asker`` that hold ``cid`` (none: fetch it from the coordinator)."""
+    return ctx.peers.holders_for(cid, asker, lambda w: _alive(ctx, w))
 
 
 def _own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from aitbc.storage.peer_url import check_advertise
 from aitbc.training.allow_code import check_prefixes
 from aitbc.training.devices import check_device_spec
 from aitbc.units import parse_price
+from aitbc.worker.peers import parse_listen
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -41,7 +43,9 @@ class WorkerSettings(BaseSettings):
     log_level: LogLevel = "info"
     step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)
     attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
-    cheat: Literal["skip-half"] | None = None  # testing: do half the local steps and claim all (worker/cheats.py)
+    # testing: skip-half: do half the local steps and claim all (worker/cheats.py); bad-blobs: serve peers
+    # every blob with its first byte flipped (worker/peers.py)
+    cheat: Literal["skip-half", "bad-blobs"] | None = None
     metrics_port: int | None = Field(None, ge=1, le=65535)  # serve Prometheus metrics here (none: not served)
     metrics_host: str = Field("127.0.0.1", min_length=1)  # the metrics server's address (0.0.0.0: every interface)
     # module prefixes whose module:callable models this worker may import (none by default)
@@ -50,6 +54,41 @@ class WorkerSettings(BaseSettings):
     device: str = "auto"
     # data-parallel processes inside this worker, one per GPU (rank r on cuda:r; with --device cpu, CPU processes)
     gpus: int = Field(1, ge=1, le=64)
+    # peer transport: serve the blobs this worker holds to other workers on HOST:PORT (none: not served)
+    listen: str | None = None
+    # the URL other workers reach that server at (default: http://HOST:PORT of listen, unless HOST is 0.0.0.0/::)
+    advertise: str | None = None
+    peer_timeout_seconds: float = Field(10.0, gt=0, le=600)  # one read from a peer; the whole fetch gets 4x
+    peer_connections: int = Field(8, ge=1, le=256)  # blobs served to peers at a time (503 past it)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str | None) -> str | None:
+        if listen is not None:
+            parse_listen(listen)
+        return listen
+
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, url: str | None, info: ValidationInfo) -> str | None:
+        if url is None:
+            return None
+        if info.data.get("listen") is None:
+            raise ValueError("advertise needs listen (the server it names)")
+        return check_advertise(url)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> WorkerSettings:
+        if self.listen is not None and self.advertise is None and parse_listen(self.listen)[0] in ("0.0.0.0", "::"):
+            raise ValueError(f"listen {self.listen} is every interface: give advertise, the URL peers reach it at")
+        return self
+
+    def advertise_url(self) -> str | None:
+        """Where peers fetch from: ``advertise``, else ``http://`` + ``listen``; None: not served."""
+        if self.listen is None or self.advertise is not None:
+            return self.advertise
+        host, port = parse_listen(self.listen)
+        return check_advertise(f"http://{f'[{host}]' if ':' in host else host}:{port}")
 
     @field_validator("price", "max_bond")
     @classmethod

@@ -42,6 +42,7 @@ from aitbc.training.proof import Recorder, TrainState, boundaries, commit_every
 from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.metrics import WorkerMetrics
+from aitbc.worker.peers import BlobServer, PeerFetcher, PeerUnavailable, parse_listen
 from aitbc.worker.progress import Reporter
 
 log = logging.getLogger("aitbc.worker")
@@ -154,6 +155,10 @@ class Worker:
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
         # overlap 1: a round's update is sent by a thread of its own while the next round trains
         self._sending: tuple[dict[str, Any], Trained, _Sender] | None = None
+        # peer transport: fetch blobs from the workers the coordinator names; serve ours if --listen
+        self.advertise = cfg.advertise_url()
+        self.fetcher = PeerFetcher(timeout=cfg.peer_timeout_seconds)
+        self.server: BlobServer | None = None
         self.attack = None
         if cfg.attack:
             import torch
@@ -177,6 +182,16 @@ class Worker:
             self.cfg.price,
             self.coordinator,
         )
+        if self.cfg.listen is not None:  # first: a port in use is an error before the offer is made
+            host, port = parse_listen(self.cfg.listen)
+            self.server = BlobServer(
+                host,
+                port,
+                self._held,
+                connections=self.cfg.peer_connections,
+                corrupt=self.cfg.cheat == "bad-blobs",
+            )
+            log.info("serving held blobs to peers on %s:%d as %s", host, self.server.port, self.advertise)
         if len(self.devices) > 1:
             self.ranks = Ranks(self.devices, allow_code=self.cfg.allow_code)
         try:
@@ -184,6 +199,9 @@ class Worker:
         finally:
             if self.ranks is not None:
                 self.ranks.close()
+            if self.server is not None:
+                self.server.close()
+            self.fetcher.close()
 
     def _run(self) -> None:
         self._retry(self.register)
@@ -195,6 +213,8 @@ class Worker:
             if view is None:
                 break  # stopping
             job = view.get("job")
+            if job is not None and job["action"] == "train":
+                self._expect(job)
             if job is None:
                 if self.job is not None:
                     log.info("job %s released", self.job.job_id)
@@ -236,6 +256,7 @@ class Worker:
                     "max_bond": self.cfg.max_bond,
                     "availability": self.cfg.availability,
                     "device": self.device,
+                    **({"advertise": self.advertise} if self.advertise else {}),
                 },
             )
         except ApiError as e:
@@ -323,7 +344,8 @@ class Worker:
             view = self._retry(self._poll)
             nxt = (view or {}).get("job")
             if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
-                self._global_model(nxt["global_model_cid"])
+                self._expect(nxt)
+                self._global_model(nxt["global_model_cid"], nxt.get("model_peers") or [])
             return view
         except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
             log.info("next round not fetched ahead: %s", e)
@@ -375,7 +397,7 @@ class Worker:
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
         t_download = time.perf_counter()
-        load_checkpoint_file(state.trainer.model, self._global_model(base))
+        load_checkpoint_file(state.trainer.model, self._global_model(base, job.get("model_peers") or []))
         download = time.perf_counter() - t_download
         start = flat_params(state.trainer.model).cpu()  # (d,)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
@@ -681,27 +703,108 @@ class Worker:
 
     def _blob(self, cid: str) -> Path:
         """A blob by CID from the local cache (LRU, capped at ``cache_bytes``), else streamed
-        from the coordinator into it (verified both ways): the path of its file."""
-        return self.cache.get_path(cid, self._download_into)
+        into it from a peer that holds it (``GET /v1/blobs/{cid}/holders``) or the
+        coordinator (verified both ways): the path of its file."""
+        path = self.cache.get_path(cid, self._fetch_shard)
+        self._announce()
+        return path
 
-    def _global_model(self, cid: str) -> Path:
+    def _fetch_shard(self, cid: str, store: LocalBlobStore) -> None:
+        try:
+            peers = self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.wallet.address})["data"]
+        except (ApiError, Unreachable) as e:  # an older coordinator, or an outage: the coordinator's copy
+            log.debug("holders of %s: %s", cid, e)
+            peers = []
+        self._fetch(cid, store, peers)
+
+    def _global_model(self, cid: str, peers: list[dict[str, str]] | None = None) -> Path:
         """The round's global model, as a file: one of the last two downloaded if it has this
         CID (a round trained again, a skipped round; with overlap, the next round's model
-        fetched by the sender thread), else streamed from the coordinator to disk, checked
-        against its CID as it arrives (an ``IntegrityError`` if the bytes do not hash to it).
-        A model is used once or twice and replaced every round: the cache is for shards."""
-        with self._models_lock:
-            if cid in self._kept_models and self._models.has(cid):
-                return self._models.dir / cid
-        self._models.dir.mkdir(parents=True, exist_ok=True)
-        self._download_into(cid, self._models)
-        with self._models_lock:
-            if cid not in self._kept_models:
-                self._kept_models.append(cid)
-            while len(self._kept_models) > 2:
-                old = self._kept_models.pop(0)  # the oldest
-                (self._models.dir / old).unlink(missing_ok=True)
+        fetched by the sender thread), else streamed to disk from one of ``peers`` (the job
+        view's ``model_peers``) or the coordinator, checked against its CID as it arrives (an
+        ``IntegrityError`` if the coordinator's bytes do not hash to it). A model is used
+        once or twice and replaced every round: the cache is for shards."""
+        try:
+            with self._models_lock:
+                if cid in self._kept_models and self._models.has(cid):
+                    return self._models.dir / cid
+            self._models.dir.mkdir(parents=True, exist_ok=True)
+            self._fetch(cid, self._models, peers or [])
+            with self._models_lock:
+                if cid not in self._kept_models:
+                    self._kept_models.append(cid)
+                while len(self._kept_models) > 2:
+                    old = self._kept_models.pop(0)  # the oldest
+                    (self._models.dir / old).unlink(missing_ok=True)
+        finally:
+            if self.server is not None:
+                self.server.done(cid)  # peers waiting for it (this worker was a seed) look again
+        self._announce()
         return self._models.dir / cid
+
+    # --- peer transport -------------------------------------------------------------------
+
+    def _fetch(self, cid: str, store: LocalBlobStore, peers: list[dict[str, str]]) -> None:
+        """``cid`` into ``store`` from the first of ``peers`` that serves it whole and right,
+        else from the coordinator. A peer whose bytes do not hash to ``cid`` is reported."""
+        for peer in peers:
+            try:
+                size = self.fetcher.download(peer["url"], cid, store)
+            except PeerUnavailable as e:
+                log.info("%s; next", e)
+                continue
+            except IntegrityError as e:
+                log.warning("%s; reported, next", e)
+                self._report(cid, peer["worker"])
+                continue
+            except AitbcError as e:  # over the store's size limit
+                log.warning("peer %s: %s; next", peer["url"], e)
+                continue
+            self.metrics.bytes.labels("peer").inc(size)
+            log.debug("blob %s (%d bytes) from peer %s", cid, size, peer["url"])
+            return
+        self._download_into(cid, store)
+
+    def _held(self, cid: str) -> Path | None:
+        """The file of a blob this worker holds (a kept model, a cached shard), for its peers."""
+        with self._models_lock:
+            if cid in self._kept_models and (self._models.dir / cid).is_file():
+                return self._models.dir / cid
+        path = self.cache.store.dir / cid
+        return path if path.is_file() else None
+
+    def _expect(self, job: dict[str, Any]) -> None:
+        """A round to train: this worker is about to fetch its model (peers that ask for it
+        meanwhile wait for it: the coordinator may have named this worker a seed)."""
+        if self.server is not None and job.get("global_model_cid"):
+            self.server.expect(job["global_model_cid"])
+
+    def _announce(self) -> None:
+        """Tell the coordinator which blobs this worker serves now (a small signed POST
+        after each fetch); nothing if it serves none. Advisory: a failure is logged."""
+        if self.server is None or self.advertise is None:
+            return
+        with self._models_lock:
+            cids = list(self._kept_models)
+        if self.job is not None and self.job.shard_cid:
+            cids.append(self.job.shard_cid)
+        try:
+            self.client.post("/workers/holdings", {"advertise": self.advertise, "cids": cids[:16]})
+        except (ApiError, Unreachable) as e:
+            log.info("holdings not announced: %s", e)
+
+    def _report(self, cid: str, peer: str) -> None:
+        """Report a peer that served bytes not matching ``cid`` (signed; the coordinator
+        checks for itself before it flags anyone), on a thread of its own."""
+
+        def send() -> None:
+            try:
+                reply = self.client.post(f"/blobs/{cid}/bad-peer", {"peer": peer})
+                log.warning("reported peer %s for blob %s: coordinator's check %s", peer, cid, reply["verdict"])
+            except (ApiError, Unreachable) as e:
+                log.warning("report of peer %s not delivered: %s", peer, e)
+
+        threading.Thread(target=send, name="report", daemon=True).start()
 
     def _download_into(self, cid: str, store: LocalBlobStore) -> None:
         size = self.client.download_blob(cid, store)

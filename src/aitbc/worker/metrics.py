@@ -31,12 +31,14 @@ class WorkerMetrics:
         )
         self.bytes = Counter(
             "aitbc_worker_bytes",
-            "Bytes moved: up (update blobs sent), down (models and shards fetched; cache hits move none)",
+            "Bytes moved: up (update blobs sent), down (models and shards fetched from the coordinator; cache "
+            "hits move none), peer (fetched from other workers, peer transport)",
             ["direction"],
             registry=r,
         )
         self.bytes.labels("up")
         self.bytes.labels("down")
+        self.bytes.labels("peer")
         self.seconds = Counter(
             "aitbc_worker_round_seconds",
             "Seconds spent on sent rounds, by phase: download (the global model fetched to disk and "

@@ -461,6 +461,27 @@ class Heartbeat(Reply):
     version: int
 
 
+class PeerRef(Reply):
+    """A worker that serves a blob (peer transport): fetch ``{url}/v1/blobs/{cid}``."""
+
+    worker: str
+    url: str
+
+
+class Holders(Reply):
+    cid: str
+    data: list[PeerRef]
+    count: int
+
+
+class PeerVerdict(Reply):
+    verdict: Literal["bad", "gone", "ok", "unknown"] = Field(
+        description="the coordinator's own fetch from the peer: bad (flagged), gone (its claim dropped), "
+        "ok (served right: the report counts only as a signal), unknown (nothing to check)"
+    )
+    reports: int = Field(description="distinct workers that have reported this peer")
+
+
 class JobOrder(Reply):
     """What a worker should do now with its job."""
 
@@ -494,6 +515,10 @@ class JobOrder(Reply):
     )
     precision: str = Field("fp32", description="the inner steps' arithmetic: fp32, or bf16 (bfloat16 autocast)")
     challenge: Challenge | None = Field(description="this round's spot check of its update, while unanswered")
+    model_peers: list[PeerRef] = Field(
+        default_factory=list,
+        description="workers to fetch global_model_cid from first (then the coordinator); empty: the coordinator",
+    )
 
 
 class JobPoll(Reply):

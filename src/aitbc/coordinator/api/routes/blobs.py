@@ -12,10 +12,12 @@ from starlette.concurrency import run_in_threadpool
 
 from aitbc.coordinator import pins
 from aitbc.coordinator.api.deps import CtxDep, SignerDep, StreamSignerDep
-from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, PinList, PinView, errors
+from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, Holders, PeerVerdict, PinList, PinView, errors
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
-from aitbc.coordinator.workers import flag_blob
+from aitbc.coordinator.peers import check_report
+from aitbc.coordinator.schemas import BadPeer
+from aitbc.coordinator.workers import flag_blob, holders, require_known
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.cid import is_cid
 
@@ -84,6 +86,31 @@ def unpin_blob(cid: str, ctx: CtxDep, signer: SignerDep) -> dict:
 def list_pins(ctx: CtxDep, owner: Annotated[str, Query(max_length=64, description="a wallet address")]) -> dict:
     """A wallet's pins, the bytes they keep and the cap."""
     return pins.pins_of(ctx, owner)
+
+
+@router.get("/{cid}/holders", response_model=Holders, responses=errors(400, 422))
+def blob_holders(
+    cid: str,
+    ctx: CtxDep,
+    exclude: Annotated[str | None, Query(max_length=64, description="a worker to leave out: the asker")] = None,
+) -> dict:
+    """Peer transport: up to a few live workers (other than ``exclude``) that announced
+    ``cid``, chosen at random to spread the load; empty: fetch it from the coordinator.
+    Public, like every ``/v1`` GET (holders' URLs are what peers connect to anyway)."""
+    _check_cid(cid)
+    data = holders(ctx, cid, exclude or "")
+    return {"cid": cid, "data": data, "count": len(data)}
+
+
+@router.post("/{cid}/bad-peer", response_model=PeerVerdict, responses=errors(400, 404))
+def bad_peer(cid: str, body: BadPeer, ctx: CtxDep, signer: SignerDep) -> dict:
+    """Peer transport: the signer fetched ``cid`` from worker ``peer`` and the bytes did not
+    hash to it. The coordinator fetches ``cid`` from that peer itself and flags it only if
+    those bytes do not hash either; otherwise the report only counts (a peer reported by
+    several workers is no longer handed out). See :mod:`aitbc.coordinator.peers`."""
+    _check_cid(cid)
+    require_known(ctx, signer.address)
+    return check_report(ctx, signer.address, body.peer, cid)
 
 
 @router.put(

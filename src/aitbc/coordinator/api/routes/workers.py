@@ -24,7 +24,7 @@ from aitbc.coordinator.api.responses import (
     errors,
 )
 from aitbc.coordinator.errors import forbidden
-from aitbc.coordinator.schemas import Progress, ProofReveal, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.schemas import Holdings, Progress, ProofReveal, UpdateSubmit, WorkerRegister
 
 router = APIRouter(tags=["workers"])
 
@@ -54,6 +54,15 @@ async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
     ctx.liveness.touch(signer.address, now)
     ctx.metrics.heartbeats.inc()
     return {"ok": True, "time": now, "version": ctx.notifier.version}
+
+
+@router.post("/workers/holdings", response_model=Ok, responses=errors(404, 422))
+def holdings(body: Holdings, ctx: CtxDep, signer: SignerDep) -> dict:
+    """Peer transport: the signer serves these blobs at ``advertise`` (``GET
+    {advertise}/v1/blobs/{cid}``); it replaces the signer's last announcement. Kept in
+    memory; the coordinator hands these workers out to others fetching the same CIDs."""
+    workers.announce_holdings(ctx, signer.address, body)
+    return {"ok": True}
 
 
 @router.get("/workers/{worker_id}/job", response_model=JobPoll, responses=errors(403, 404, 422))

@@ -1,0 +1,221 @@
+"""Peer transport: which workers hold which blobs, so that a worker fetches a round's model
+(or a shard) from another worker instead of from the coordinator.
+
+The book is in memory, like heartbeats (:class:`~aitbc.coordinator.context.Liveness`): a
+worker started with ``--listen`` tells where it serves (``advertise``, in its registration
+and in each announcement) and which CIDs it holds (``POST /v1/workers/holdings``, after it
+fetched a model). After a coordinator restart the book starts empty and every worker fetches
+from the coordinator until the next announcements: a cost, never a fault.
+
+Who gets whom (:meth:`PeerBook.holders_for`): up to :data:`PEERS_GIVEN` live holders of the
+CID other than the asker, picked at random (the load spreads); while nobody holds it yet, the
+first :data:`SEEDS` askers that serve blobs fetch it from the coordinator (the *seeds*) and
+every later asker is handed the seeds (a seed's server holds the request until its own copy
+is complete). A worker always falls back to the coordinator, so a wrong answer here costs
+bytes, never a round.
+
+Reports of bad peers (:func:`check_report`): a worker whose fetch from a peer did not hash to
+the CID reports it, signed. One report alone flags nobody: the coordinator fetches the CID
+from the accused itself and checks the bytes. Bytes that do not hash to the CID are the
+peer's own signed-for fault (a Flag ``bad_peer_blob``, its offer's flags + 1, its holdings
+dropped); a peer that does not answer loses that claim (an honest peer may have evicted the
+blob); a peer that serves the right bytes is not flagged, and the report only counts as a
+signal: a peer reported by :data:`DISTRUST_REPORTS` distinct workers is no longer handed out
+(no flag, no money: it costs the coordinator bandwidth, never the peer its reputation).
+
+SSRF: a worker can advertise any http(s) URL. The coordinator fetches from it only to check
+a report, at most once per (peer, CID), only ``GET {url}/v1/blobs/{cid}``, without
+redirects, reading at most the blob's size, with a short timeout, and never returns what it
+read (only whether it hashed to the CID). Workers fetch only URLs the coordinator hands out,
+and every byte they keep is CID-verified.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from aitbc.coordinator.models import Flag, Offer
+from aitbc.storage.peer_url import MAX_URL, check_advertise
+from aitbc.storage.unixfs import BlobHasher
+
+__all__ = ["MAX_URL", "PeerBook", "check_advertise", "check_report"]
+
+if TYPE_CHECKING:
+    from aitbc.coordinator.context import Context
+
+MAX_HELD = 16  # CIDs one announcement may name (a worker keeps two models and a few shards)
+PEERS_GIVEN = 3  # holders handed to one asker (it tries them in turn, then the coordinator)
+SEEDS = 1  # askers per CID sent to the coordinator before peers are handed out
+DISTRUST_REPORTS = 3  # distinct reporters after which a peer is no longer handed out
+MAX_CIDS = 1024  # CIDs the book tracks seeds for (the oldest are forgotten)
+CHECK_TIMEOUT = 10.0  # seconds for the coordinator's own fetch from an accused peer
+
+
+class PeerBook:
+    """Who serves where and holds what (see the module's docstring); thread-safe."""
+
+    def __init__(self, *, rng: random.Random | None = None) -> None:
+        self._lock = threading.Lock()
+        self._rng = rng or random.Random()
+        self._urls: dict[str, str] = {}  # worker -> advertised URL
+        self._held: dict[str, set[str]] = {}  # worker -> CIDs it announced
+        self._holders: dict[str, dict[str, None]] = {}  # CID -> workers (insertion-ordered)
+        self._seeds: OrderedDict[str, list[str]] = OrderedDict()  # CID -> workers sent to the coordinator
+        self._reports: dict[str, set[str]] = {}  # accused worker -> distinct reporters
+        self._checked: dict[tuple[str, str], str] = {}  # (worker, CID) -> the coordinator's verdict
+        self.banned: set[str] = set()  # workers caught serving corrupt bytes: never handed out again
+
+    def advertise(self, worker: str, url: str | None) -> None:
+        with self._lock:
+            if url is None or worker in self.banned:
+                self._forget(worker)
+            else:
+                self._urls[worker] = url
+
+    def announce(self, worker: str, url: str, cids: list[str]) -> None:
+        """``worker`` serves at ``url`` and holds exactly ``cids`` now (the last announcement wins)."""
+        with self._lock:
+            if worker in self.banned:
+                return
+            self._urls[worker] = url
+            for cid in self._held.get(worker, set()) - set(cids):
+                self._drop(cid, worker)
+            self._held[worker] = set(cids)
+            for cid in cids:
+                if (worker, cid) not in self._checked or self._checked[(worker, cid)] == "ok":
+                    self._holders.setdefault(cid, {})[worker] = None
+
+    def url(self, worker: str) -> str | None:
+        return self._urls.get(worker)
+
+    def holders_for(
+        self,
+        cid: str,
+        asker: str,
+        alive: Callable[[str], bool],
+        *,
+        fetchers: Callable[[], list[str]] | None = None,
+    ) -> list[dict[str, str]]:
+        """Up to :data:`PEERS_GIVEN` peers to fetch ``cid`` from (``{"worker", "url"}``),
+        never the asker; empty: fetch from the coordinator. ``fetchers``: the workers that
+        are about to fetch ``cid`` too (a round's model: the run's active workers); while
+        nobody holds it, the first of them that serve (the asker if it does) are made its
+        seeds: they fetch it from the coordinator, the others from them."""
+        seed = fetchers is not None
+        with self._lock:
+
+            def usable(w: str) -> bool:
+                return w != asker and w in self._urls and alive(w) and len(self._reports.get(w, ())) < DISTRUST_REPORTS
+
+            held = [w for w in self._holders.get(cid, {}) if usable(w)]
+            seeds = self._seeds.get(cid, []) if seed else []  # fetchers given: a model being fetched
+            pending = [w for w in seeds if usable(w) and w not in held]
+            chosen = self._rng.sample(held, min(PEERS_GIVEN, len(held)))
+            if len(chosen) < PEERS_GIVEN and pending:
+                chosen += self._rng.sample(pending, min(PEERS_GIVEN - len(chosen), len(pending)))
+            if not chosen and fetchers is not None:
+                live = [w for w in seeds if alive(w)]
+                if asker not in live and len(live) < SEEDS:
+                    new: str | None
+                    if asker in self._urls:
+                        new = asker  # it fetches from the coordinator; later askers from it
+                    else:  # it cannot serve: another fetcher that can is made the seed, and handed out
+                        able = [w for w in fetchers() if usable(w) and w not in live]
+                        new = self._rng.choice(able) if able else None
+                        chosen = [new] if new is not None else []
+                    if new is not None:
+                        self._seeds[cid] = [*live, new]
+                        self._seeds.move_to_end(cid)
+                        while len(self._seeds) > MAX_CIDS:
+                            self._seeds.popitem(last=False)
+            return [{"worker": w, "url": self._urls[w]} for w in chosen]
+
+    def report(self, accused: str, reporter: str) -> int:
+        """Count a report; returns how many distinct workers have reported ``accused``."""
+        with self._lock:
+            self._reports.setdefault(accused, set()).add(reporter)
+            return len(self._reports[accused])
+
+    def verdict(self, accused: str, cid: str) -> str | None:
+        return self._checked.get((accused, cid))
+
+    def judge(self, accused: str, cid: str, verdict: str) -> None:
+        """Record the coordinator's own check: ``bad`` forgets the peer, ``gone`` its claim."""
+        with self._lock:
+            self._checked[(accused, cid)] = verdict
+            if verdict == "bad":
+                self.banned.add(accused)
+                self._forget(accused)
+            elif verdict == "gone":
+                self._drop(cid, accused)
+                self._held.get(accused, set()).discard(cid)
+
+    def _forget(self, worker: str) -> None:
+        self._urls.pop(worker, None)
+        for cid in self._held.pop(worker, set()):
+            self._drop(cid, worker)
+
+    def _drop(self, cid: str, worker: str) -> None:
+        held = self._holders.get(cid)
+        if held is not None:
+            held.pop(worker, None)
+            if not held:  # last round's model, held by nobody now: the book does not grow with rounds
+                del self._holders[cid]
+
+
+def check_report(ctx: Context, reporter: str, accused: str, cid: str) -> dict[str, Any]:
+    """A worker says ``accused`` served bytes for ``cid`` that did not hash to it. The
+    coordinator checks by fetching ``cid`` from the accused itself (once per peer and CID)
+    and flags it only if its own fetch does not hash either (see the module's docstring).
+    Returns ``{"verdict": "bad" | "gone" | "ok" | "unknown", "reports": n}``."""
+    book: PeerBook = ctx.peers
+    reports = book.report(accused, reporter)
+    url = book.url(accused)
+    verdict = book.verdict(accused, cid)
+    if verdict is None:
+        if url is None or not ctx.store.has(cid):
+            return {"verdict": "unknown", "reports": reports}  # nothing the coordinator can check
+        verdict = _fetch_and_check(url, cid, ctx.store.size(cid))
+        book.judge(accused, cid, verdict)
+        if verdict == "bad":
+            _flag_peer(ctx, accused, f"served bytes for blob {cid} that do not hash to it (checked by the coordinator)")
+    return {"verdict": verdict, "reports": reports}
+
+
+def _fetch_and_check(url: str, cid: str, size: int) -> str:
+    """``bad``: the peer answered 200 with bytes that are not ``cid`` (more bytes than the
+    blob's own size included); ``gone``: no usable answer (refused, 404, timeout); ``ok``."""
+    hasher = BlobHasher()
+    try:
+        with (
+            httpx.Client(timeout=httpx.Timeout(CHECK_TIMEOUT, connect=3.0), follow_redirects=False) as http,
+            http.stream("GET", f"{url}/v1/blobs/{cid}") as r,
+        ):
+            if r.status_code != 200:
+                return "gone"
+            deadline = time.monotonic() + 3 * CHECK_TIMEOUT
+            for block in r.iter_bytes(1 << 20):
+                hasher.update(block)
+                if hasher.size > size:
+                    return "bad"
+                if time.monotonic() > deadline:
+                    return "gone"
+    except httpx.HTTPError:
+        return "gone"
+    return "ok" if hasher.size == size and hasher.matches(cid) else "bad"
+
+
+def _flag_peer(ctx: Context, worker: str, reason: str) -> None:
+    with ctx.session() as s:
+        offer = s.get(Offer, worker)
+        if offer is not None:
+            offer.flags += 1
+        s.add(Flag(worker_id=worker, kind="bad_peer_blob", reason=reason, created_at=time.time()))
+        s.commit()
