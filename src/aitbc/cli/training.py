@@ -358,6 +358,10 @@ DISTRIBUTE_FIELDS = (
     "verify_rate",
     "overlap",
     "precision",
+    "mode",
+    "buffer",
+    "max_staleness",
+    "staleness",
 )
 
 
@@ -407,6 +411,21 @@ def distribute(
             "gradients and optimizer state stay float32).",
         ),
     ] = defaults.PRECISION,
+    buffer: Annotated[
+        int | None,
+        typer.Option(
+            help="--mode async: accepted updates applied together, one new version each (default half the workers)."
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int, typer.Option(help="--mode async: refuse an update trained from a version more than S versions old.")
+    ] = 4,
+    staleness: Annotated[
+        str,
+        typer.Option(
+            help="--mode async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4]."
+        ),
+    ] = "polynomial",
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -419,9 +438,10 @@ def distribute(
     home = resolve_home(home)
     if strategy != "data-parallel":
         raise UsageError(f"--strategy {strategy!r} is not available; this build runs: data-parallel")
-    if mode != "sync":
+    if mode not in ("sync", "async"):
         raise UsageError(
-            f"--mode {mode!r}: live runs support sync (with --deadline/--quorum); async and gossip run in `aitbc simulate`"
+            f"--mode {mode!r}: live runs support sync (with --deadline/--quorum) and async (--buffer, --max-staleness); "
+            "gossip runs only in `aitbc simulate`"
         )
     checks.outer(outer)
     checks.aggregator(aggregator)
@@ -455,6 +475,10 @@ def distribute(
             verify_rate=verify_rate,
             overlap=overlap,
             precision=precision,
+            mode=mode,
+            buffer=buffer,
+            max_staleness=max_staleness,
+            staleness=staleness,
         )
         if json_out:
             _emit_json(_api_view(run))

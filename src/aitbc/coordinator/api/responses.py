@@ -491,6 +491,10 @@ class JobOrder(Reply):
         0, description="1: the worker may train the next round from this round's model as soon as it has sent this one"
     )
     precision: str = Field("fp32", description="the inner steps' arithmetic: fp32, or bf16 (bfloat16 autocast)")
+    mode: str = Field(
+        "sync",
+        description="async: the update names the version it was trained from (base_cid) and joins the open buffer",
+    )
     challenge: Challenge | None = Field(description="this round's spot check of its update, while unanswered")
 
 

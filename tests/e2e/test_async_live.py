@@ -1,0 +1,105 @@
+"""End to end: live asynchronous training (``distribute --mode async``).
+
+A real coordinator process and four worker processes on loopback; one worker sleeps
+between its steps (``--step-delay``), many times slower than the others. With
+``--buffer 2`` every two accepted updates are applied as a new version. Then, from the
+database and the API:
+
+- the run completes all its versions, most of them without any update of the slow
+  worker (nobody waits for it);
+- every accepted update's staleness (versions applied between its base and its
+  round's) is at most ``--max-staleness``; the slow worker's updates are either
+  accepted stale (down-weighted) or refused past the bound (a ``stale_update`` flag,
+  no slash);
+- each applied update is scored against the version it was trained from and settled
+  exactly once (one settlement per contract and version, one ledger entry per key).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
+ROUNDS = 16
+MAX_STALENESS = 3
+
+
+def _staleness(rounds: dict[int, str], r: int, base: str) -> int:
+    """Versions applied between ``base`` (the newest round before ``r`` with that checkpoint)
+    and round ``r``'s own model (round ``r - 1``)."""
+    b = max(k for k, cid in rounds.items() if cid == base and k < r)
+    return r - 1 - b
+
+
+def test_async_run_does_not_wait_for_a_slow_worker_and_settles_each_update_once(stack):
+    stack.start_coordinator()
+    fast = [f"fast{i}" for i in range(3)]
+    for name in fast:
+        stack.start_worker(name)
+    stack.start_worker("slow", step_delay=0.05)  # 40 steps: >= 2 s a version; a fast one takes ~0.1-0.3 s
+    stack.wait_offers(4)
+    run_id = stack.init_run(workers=4)
+    stack.start_run(
+        run_id,
+        workers=4,
+        rounds=ROUNDS,
+        local_steps=40,
+        mode="async",
+        buffer=2,
+        max_staleness=MAX_STALENESS,
+        staleness="polynomial:a=0.5",
+        aggregator="mean",
+    )
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    assert run["config"]["mode"] == "async" and run["config"]["buffer"] == 2
+
+    recs = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert [r["round"] for r in recs] == list(range(ROUNDS + 1))
+    ckpt = {r["round"]: r["checkpoint_cid"] for r in recs}
+    assert recs[-1]["val_loss"] < recs[0]["val_loss"], (recs[0]["val_loss"], recs[-1]["val_loss"])
+
+    slow = stack.worker_id("slow")
+    ups = stack.rows(
+        "SELECT worker_id, round, status, base_cid FROM updates WHERE run_id = :r ORDER BY round, id", r=run_id
+    )
+    assert all(st == "accepted" for _, _, st, _ in ups), ups
+    assert all(base is not None for *_, base in ups)  # async: every update names its version
+    lag = {(w, r): _staleness(ckpt, r, base) for w, r, _, base in ups}
+    assert all(0 <= s <= MAX_STALENESS for s in lag.values()), lag
+    per_round: dict[int, list[str]] = {}
+    for w, r, _, _ in ups:
+        per_round.setdefault(r, []).append(w)
+    # every version applied a full buffer of 2 (or, at its time bound, fewer: no deadline here)
+    assert all(len(per_round.get(r, [])) == 2 for r in range(1, ROUNDS + 1)), per_round
+    without_slow = [r for r in range(1, ROUNDS + 1) if slow not in per_round.get(r, [])]
+    assert len(without_slow) >= ROUNDS // 2, per_round  # the versions went on without it
+    fast_stale = [s for (w, _), s in lag.items() if w != slow and s > 0]
+    assert fast_stale, lag  # a buffer filled while a fast worker trained: its update was late and counted less
+
+    flags = stack.rows("SELECT worker_id, kind, reason FROM flags WHERE run_id = :r", r=run_id)
+    refused = [reason for w, kind, reason in flags if kind == "stale_update"]
+    slow_stale = [s for (w, _), s in lag.items() if w == slow and s > 0]
+    assert refused or slow_stale, (flags, lag)  # the slow worker's work was refused past the bound, or down-weighted
+    assert all(w == slow for w, kind, _ in flags if kind == "stale_update"), flags
+    assert all(f"at most {MAX_STALENESS}" in reason for reason in refused), refused
+    assert not [f for f in flags if f[1] in ("straggler", "rejected_update", "slashed")], flags
+
+    deadline = time.monotonic() + 120
+    while not (pay := stack.api(f"/runs/{run_id}/payments"))["finalized"]:
+        assert time.monotonic() < deadline, pay
+        time.sleep(0.2)
+    settled = stack.rows(
+        "SELECT s.worker_id, s.round, s.paid FROM settlements s WHERE s.run_id = :r ORDER BY s.round", r=run_id
+    )
+    # one settlement per applied update: the same (worker, version) pairs, none twice
+    assert sorted((w, r) for w, r, _ in settled) == sorted((w, r) for w, r, _, _ in ups), (settled, ups)
+    paid = {}
+    for w, _, amount in settled:
+        paid[w] = paid.get(w, 0) + amount
+    rows = {r["worker_id"]: r for r in pay["data"]}
+    for w, total in paid.items():
+        assert rows[w]["paid_micro"] == total and rows[w]["slashed_micro"] == 0, rows[w]
