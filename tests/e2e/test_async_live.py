@@ -88,6 +88,16 @@ def test_async_run_does_not_wait_for_a_slow_worker_and_settles_each_update_once(
     assert all(f"at most {MAX_STALENESS}" in reason for reason in refused), refused
     assert not [f for f in flags if f[1] in ("straggler", "rejected_update", "slashed")], flags
 
+    a = run["asynchronous"]  # what monitor shows: the version, throughput, each worker's staleness
+    assert (a["version"], a["applied"], a["refused_stale"]) == (ROUNDS, len(ups), len(refused)), a
+    assert a["updates_per_second"] > 0
+    last = {w: s for (w, _), s in sorted(lag.items(), key=lambda kv: kv[0][1])}
+    assert {w["worker_id"]: w["staleness"] for w in run["workers"]} == {
+        w["worker_id"]: last.get(w["worker_id"]) for w in run["workers"]
+    }, run["workers"]  # null: no update applied yet
+    shown = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--once")
+    assert shown.returncode == 0 and f"async version {ROUNDS}" in shown.stdout, shown.stdout + shown.stderr
+
     deadline = time.monotonic() + 120
     while not (pay := stack.api(f"/runs/{run_id}/payments"))["finalized"]:
         assert time.monotonic() < deadline, pay

@@ -542,6 +542,14 @@ def _run_view(run: dict[str, Any]) -> Group:
             f"unanswered {v['unanswered']}",
             f"re-run {v['extra_compute']:.1%} of steps",
         )
+    a = run.get("asynchronous")
+    if a:
+        head.add_row(
+            f"async version {a['version']}",
+            f"{a['updates_per_second']:.2f} updates/s",
+            f"applied {a['applied']}",
+            f"refused stale {a['refused_stale']}",
+        )
     t = Table()
     for col in (
         "worker",
@@ -555,6 +563,7 @@ def _run_view(run: dict[str, Any]) -> Group:
         "score",
         "flags",
         "heartbeat",
+        *(("staleness",) if a else ()),
     ):
         t.add_column(col, justify="left" if col in ("worker", "status", "this round", "flags") else "right")
     for w in run["workers"]:
@@ -571,6 +580,7 @@ def _run_view(run: dict[str, Any]) -> Group:
             _fmt(w.get("score"), ".2f"),
             ", ".join(w.get("score_flags") or []),
             "-" if hb is None else f"{hb:.1f}s ago",
+            *(("-" if w.get("staleness") is None else str(w["staleness"]),) if a else ()),
         )
     fit(t, whole=("worker",), drop=RUN_VIEW_DROPS)
     parts: list[Any] = [head, t]

@@ -182,7 +182,18 @@ class WorkerScore(Reply):
 
 
 class RunWorker(WorkerScore, JobView):  # bases in reverse: the job's fields come first, as in the view
-    pass
+    staleness: int | None = Field(
+        None,
+        description="async: versions between the model its latest applied update was trained from and the one it "
+        "was applied to (0: fresh); null in a sync run or before its first update",
+    )
+
+
+class AsyncView(Reply):
+    version: int = Field(description="the newest published version (buffers applied)")
+    updates_per_second: float = Field(description="updates applied per second since training started")
+    applied: int = Field(description="updates applied so far")
+    refused_stale: int = Field(description="updates refused as older than max_staleness")
 
 
 class RunDetail(RunSummary):
@@ -221,6 +232,7 @@ class RunDetail(RunSummary):
     )
     contracts: list[ContractView]
     workers: list[RunWorker]
+    asynchronous: AsyncView | None = Field(None, description="async runs: version, throughput, refusals")
     time: float
 
 
