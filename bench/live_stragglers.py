@@ -23,7 +23,7 @@ round's ``closed_at`` and ``val_loss``), and that time over the all-fast sync ti
 of issue 14: async at most 1.25x the all-fast sync time. The machine is shared (2 cores,
 other sessions' loads): figures move from run to run; the slowdown is reported as measured.
 
-Usage: python bench/live_stragglers.py [--rounds 12] [--local-steps 40] [--target 0.5]
+Usage: python bench/live_stragglers.py [--rounds 10] [--local-steps 40] [--target 0.3]
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def time_to(res: dict[str, Any], target: float) -> tuple[float | None, int | Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--local-steps", type=int, default=40)
-    ap.add_argument("--target", type=float, default=0.5, help="validation loss to reach")
+    ap.add_argument("--target", type=float, default=0.3, help="validation loss to reach")
     ap.add_argument("--slowdown", type=float, default=10.0)
     ap.add_argument("--deadline-factor", type=float, default=1.5)
     args = ap.parse_args()

@@ -17,7 +17,9 @@ database and the API:
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +115,42 @@ def test_async_run_does_not_wait_for_a_slow_worker_and_settles_each_update_once(
     rows = {r["worker_id"]: r for r in pay["data"]}
     for w, total in paid.items():
         assert rows[w]["paid_micro"] == total and rows[w]["slashed_micro"] == 0, rows[w]
+
+
+def test_live_async_follows_the_simulated_trajectory(stack, tmp_path):
+    """One small configuration (4 equal workers, buffer 2, 12 versions, the digits MLP)
+    simulated (aitbc.sim.modes.run_async) and run live: the same core rules (buffer size,
+    staleness weight and bound: aitbc.core.staleness). The arrival order of live updates is
+    not deterministic (which two workers fill a buffer, how stale the others are), so the
+    trajectories cannot be equal; compared: the same initial model and validation loss,
+    the first version within 5% (two fresh updates from the initial model either way,
+    from different shards), both decreasing to under a quarter of the initial loss, and the
+    final validation loss within 50% of the simulated one."""
+    from aitbc.sim.runner import SimConfig, run_simulation
+
+    settings = {"rounds": 12, "local_steps": 40, "batch_size": 32, "lr": 1e-3, "aggregator": "mean"}
+    async_opts = {"buffer": 2, "max_staleness": 4, "staleness": "polynomial:a=0.5"}
+    sim = run_simulation(
+        SimConfig(workers=4, mode="async", dataset="digits", model="mlp", **settings, **async_opts),
+        home=tmp_path / "sim-home",
+        out_dir=tmp_path / "sim",
+    )
+    sim_losses = [sim.initial_val_loss] + [
+        row["val_loss"] for row in map(json.loads, Path(sim.metrics_path).read_text().splitlines()) if "round" in row
+    ]
+
+    stack.start_coordinator()
+    for i in range(4):
+        stack.start_worker(f"w{i}")
+    stack.wait_offers(4)
+    run_id = stack.init_run(workers=4)
+    stack.start_run(run_id, workers=4, mode="async", **settings, **async_opts)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    live = [r["val_loss"] for r in stack.api(f"/runs/{run_id}/rounds")["data"]]
+
+    assert len(live) == len(sim_losses) == 13, (live, sim_losses)
+    assert abs(live[0] - sim_losses[0]) < 1e-6, (live[0], sim_losses[0])  # the same model and validation split
+    assert abs(live[1] - sim_losses[1]) <= 0.05 * sim_losses[1], (live[1], sim_losses[1])
+    assert live[-1] < live[0] / 4 and sim_losses[-1] < sim_losses[0] / 4, (live, sim_losses)
+    assert abs(live[-1] - sim_losses[-1]) <= 0.5 * sim_losses[-1], (live, sim_losses)

@@ -44,6 +44,7 @@ from aitbc.cli.common import (
 from aitbc.cli.options import (
     Aggregator,
     BatchSize,
+    Buffer,
     Compression,
     Deadline,
     ErrorFeedback,
@@ -51,12 +52,14 @@ from aitbc.cli.options import (
     LocalSteps,
     Lr,
     MaxBytes,
+    MaxStaleness,
     Mode,
     ModelOpt,
     Outer,
     Quorum,
     Rounds,
     Seed,
+    Staleness,
 )
 from aitbc.cli.progress import bars
 from aitbc.core.options import parse_kv
@@ -411,21 +414,9 @@ def distribute(
             "gradients and optimizer state stay float32).",
         ),
     ] = defaults.PRECISION,
-    buffer: Annotated[
-        int | None,
-        typer.Option(
-            help="--mode async: accepted updates applied together, one new version each (default half the workers)."
-        ),
-    ] = None,
-    max_staleness: Annotated[
-        int, typer.Option(help="--mode async: refuse an update trained from a version more than S versions old.")
-    ] = 4,
-    staleness: Annotated[
-        str,
-        typer.Option(
-            help="--mode async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4]."
-        ),
-    ] = "polynomial",
+    buffer: Buffer = None,
+    max_staleness: MaxStaleness = 4,
+    staleness: Staleness = "polynomial",
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
