@@ -164,3 +164,23 @@ def test_a_buffer_takes_one_update_per_job(new_coordinator, api):
     wait_for("version 1", lambda: _round(t), lambda r: r == 2, timeout=30)
     recs = t.owner.get(f"/runs/{t.run_id}/rounds")["data"]
     assert recs[1]["accepted"] == 2 and recs[1]["stragglers"] == []
+
+
+def test_an_owner_driven_run_cannot_be_async(new_coordinator, api):
+    coord = new_coordinator()
+    w = api.register_worker(coord, "m0")
+    owner = coord.client("manual-owner")
+    owner.post("/wallets/fund", {"amount": "1000"})
+    run = owner.post(
+        "/runs", {"model_type": "mlp", "dataset_size": "1GB", "target_workers": 1, "control": "manual", "budget": "100"}
+    )
+    run_id = run["training_id"]
+    api.upload_digits(owner, run_id, 2)
+    owner.post(f"/runs/{run_id}/contracts", {"worker_id": w.wallet.address, "price": "1"})
+    try:
+        owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": {"rounds": 2, "mode": "async"}})
+    except api.ApiError as e:
+        assert e.status == 422 and "mode async needs automatic control" in e.detail, e
+    else:
+        raise AssertionError("an owner-driven async run accepted")
+    assert owner.get(f"/runs/{run_id}")["status"] == "initializing"
