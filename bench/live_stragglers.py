@@ -12,9 +12,9 @@ Configurations:
 - one slow, sync: every round waits for the slow worker;
 - one slow, sync + deadline: a round closes ``--deadline-factor`` x the all-fast round time
   after it opened, with a quorum of 3 (the slow worker's update is late, a straggler);
-- one slow, async: ``--mode async --buffer 2`` (half the workers), staleness
-  ``polynomial`` (a=0.5), max staleness 4; twice the versions (a version applies 2
-  updates where a sync round applies 4);
+- one slow, async: ``--mode async --buffer K`` for each K of ``--buffers`` (default 2,
+  half the workers and the run default, then 3), staleness ``polynomial`` (a=0.5), max
+  staleness 4; rounds x 4 / K versions (as many updates as a sync run applies);
 - gossip: not built for live runs (``aitbc simulate --mode gossip`` only).
 
 Measured: the wall seconds from the run's start (``started_at``) until the first closed
@@ -23,7 +23,7 @@ round's ``closed_at`` and ``val_loss``), and that time over the all-fast sync ti
 of issue 14: async at most 1.25x the all-fast sync time. The machine is shared (2 cores,
 other sessions' loads): figures move from run to run; the slowdown is reported as measured.
 
-Usage: python bench/live_stragglers.py [--rounds 10] [--local-steps 40] [--target 0.3]
+Usage: python bench/live_stragglers.py [--rounds 10] [--local-steps 40] [--target 0.3] [--buffers 2,3]
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.3, help="validation loss to reach")
     ap.add_argument("--slowdown", type=float, default=10.0)
     ap.add_argument("--deadline-factor", type=float, default=1.5)
+    ap.add_argument(
+        "--buffers",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[2, 3],
+        help="async buffer sizes to run (the first is the verdict's: 2 = half the workers, the default K)",
+    )
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     t0 = time.time()
@@ -121,18 +127,19 @@ def main() -> None:
                 **common,
             )
         )
-        results.append(
-            one_run(
-                base / "async",
-                "one slow, async (buffer 2, max staleness 4)",
-                rounds=2 * args.rounds,
-                mode="async",
-                buffer=2,
-                max_staleness=4,
-                staleness="polynomial:a=0.5",
-                **common,
+        for k in args.buffers:
+            results.append(
+                one_run(
+                    base / f"async{k}",
+                    f"one slow, async (buffer {k}, max staleness 4)",
+                    rounds=-(-args.rounds * WORKERS // k),  # as many updates as the sync runs apply
+                    mode="async",
+                    buffer=k,
+                    max_staleness=4,
+                    staleness="polynomial:a=0.5",
+                    **common,
+                )
             )
-        )
     ref_t, _ = time_to(ref, args.target)
     rows, out = [], []
     for res in results:
@@ -172,11 +179,11 @@ def main() -> None:
         ),
         rows,
     )
-    async_ratio = out[-1]["vs_all_fast"]
+    async_ratio = out[3]["vs_all_fast"]  # the first buffer size: the run default, half the workers
     verdict = (
         "async reached the target at "
         + ("-" if async_ratio is None else f"{async_ratio:.2f}x")
-        + " the all-fast sync time (target <= 1.25x): "
+        + f" the all-fast sync time with buffer {args.buffers[0]} (target <= 1.25x): "
         + ("met" if async_ratio is not None and async_ratio <= 1.25 else "MISSED")
     )
     print(verdict)
