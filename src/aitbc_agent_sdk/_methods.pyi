@@ -437,6 +437,10 @@ class AgentMethods:
         verify_rate: float = 0.0,
         overlap: int = 0,
         precision: str = "fp32",
+        mode: str = "sync",
+        buffer: int | None = None,
+        max_staleness: int = 4,
+        staleness: str = "polynomial",
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -454,6 +458,10 @@ class AgentMethods:
         r+1 from the newest published model as soon as it has sent round r, and its update is
         applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
         ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
+        ``mode`` ``async``: no round barrier; every ``buffer`` accepted updates (default half
+        the workers; or ``deadline`` seconds with at least one) are applied as a new version,
+        each down-weighted by ``staleness`` (a rule of :mod:`aitbc.core.staleness`) for the
+        versions applied since the one it was trained from, and refused past ``max_staleness``.
         Returns the run detail with ``phase``.
         """
 
@@ -992,6 +1000,10 @@ class AsyncAgentMethods:
         verify_rate: float = 0.0,
         overlap: int = 0,
         precision: str = "fp32",
+        mode: str = "sync",
+        buffer: int | None = None,
+        max_staleness: int = 4,
+        staleness: str = "polynomial",
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -1009,6 +1021,10 @@ class AsyncAgentMethods:
         r+1 from the newest published model as soon as it has sent round r, and its update is
         applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
         ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
+        ``mode`` ``async``: no round barrier; every ``buffer`` accepted updates (default half
+        the workers; or ``deadline`` seconds with at least one) are applied as a new version,
+        each down-weighted by ``staleness`` (a rule of :mod:`aitbc.core.staleness`) for the
+        versions applied since the one it was trained from, and refused past ``max_staleness``.
         Returns the run detail with ``phase``.
         """
 

@@ -583,6 +583,10 @@ def start_training(
     verify_rate: float = run_defaults.VERIFY_RATE,
     overlap: int = run_defaults.OVERLAP,
     precision: str = run_defaults.PRECISION,
+    mode: str = "sync",
+    buffer: int | None = None,
+    max_staleness: int = 4,
+    staleness: str = "polynomial",
 ) -> Op[dict[str, Any]]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -600,6 +604,10 @@ def start_training(
     r+1 from the newest published model as soon as it has sent round r, and its update is
     applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
     ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
+    ``mode`` ``async``: no round barrier; every ``buffer`` accepted updates (default half
+    the workers; or ``deadline`` seconds with at least one) are applied as a new version,
+    each down-weighted by ``staleness`` (a rule of :mod:`aitbc.core.staleness`) for the
+    versions applied since the one it was trained from, and refused past ``max_staleness``.
     Returns the run detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
@@ -622,6 +630,10 @@ def start_training(
         "verify_rate": verify_rate,
         "overlap": overlap,
         "precision": precision,
+        "mode": mode,
+        "buffer": buffer,
+        "max_staleness": max_staleness,
+        "staleness": staleness,
     }
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)

@@ -20,7 +20,7 @@ from aitbc_agent_sdk.operations import start_training
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "aitbc" / "cli"
 SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "aggregator", "compression", "error_feedback"]
-SHARED += ["mode", "deadline", "quorum", "eval_every"]
+SHARED += ["mode", "deadline", "quorum", "eval_every", "buffer", "max_staleness", "staleness"]
 
 
 def _params(*path: str) -> dict[str, Any]:

@@ -120,6 +120,20 @@ INIT = ("distributed-training", "init", "--wallet", "owner", "--target-workers",
         (
             (
                 "distributed-training",
+                "distribute",
+                "--training-id",
+                "training_x",
+                "--wallet",
+                "owner",
+                "--mode",
+                "gossip",
+            ),
+            "--mode 'gossip': live runs support sync (with --deadline/--quorum) and async (--buffer, --max-staleness); "
+            "gossip runs only in `aitbc simulate`",
+        ),
+        (
+            (
+                "distributed-training",
                 "discover-workers",
                 "--training-id",
                 "training_x",

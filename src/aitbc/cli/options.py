@@ -28,7 +28,18 @@ ErrorFeedback = Annotated[
     bool,
     typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update."),
 ]
-Mode = Annotated[str, typer.Option(help="Round mode: sync, async or gossip (live runs: sync).")]
+Mode = Annotated[str, typer.Option(help="Round mode: sync, async or gossip (live runs: sync or async).")]
+Buffer = Annotated[
+    int | None,
+    typer.Option(help="async: updates applied together, one new version each (default half the workers)."),
+]
+MaxStaleness = Annotated[
+    int, typer.Option(help="async: drop (live: refuse) updates trained from a version more than S versions old.")
+]
+Staleness = Annotated[
+    str,
+    typer.Option(help="async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4]."),
+]
 Deadline = Annotated[
     float | None,
     typer.Option(

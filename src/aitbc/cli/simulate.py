@@ -19,6 +19,7 @@ from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
 from aitbc.cli.options import (
     Aggregator,
     BatchSize,
+    Buffer,
     Compression,
     Deadline,
     ErrorFeedback,
@@ -26,12 +27,14 @@ from aitbc.cli.options import (
     LocalSteps,
     Lr,
     MaxBytes,
+    MaxStaleness,
     Mode,
     ModelOpt,
     Outer,
     Quorum,
     Rounds,
     Seed,
+    Staleness,
 )
 from aitbc.core.options import parse_kv
 
@@ -76,14 +79,9 @@ def simulate(
     mode: Mode = defaults.MODE,
     deadline: Deadline = None,
     quorum: Quorum = None,
-    max_staleness: Annotated[int, typer.Option(help="async: drop updates more than S aggregations old.")] = 4,
-    staleness: Annotated[
-        str,
-        typer.Option(help="async: down-weighting of stale updates: constant, polynomial[:a=0.5], hinge[:a=10,b=4]."),
-    ] = "polynomial",
-    buffer: Annotated[
-        int | None, typer.Option(help="async: updates per aggregation (default half the workers).")
-    ] = None,
+    max_staleness: MaxStaleness = 4,
+    staleness: Staleness = "polynomial",
+    buffer: Buffer = None,
     topology: Annotated[str, typer.Option(help="gossip: ring or random:K.")] = "ring",
     target_loss: Annotated[
         float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")

@@ -44,6 +44,7 @@ from aitbc.cli.common import (
 from aitbc.cli.options import (
     Aggregator,
     BatchSize,
+    Buffer,
     Compression,
     Deadline,
     ErrorFeedback,
@@ -51,12 +52,14 @@ from aitbc.cli.options import (
     LocalSteps,
     Lr,
     MaxBytes,
+    MaxStaleness,
     Mode,
     ModelOpt,
     Outer,
     Quorum,
     Rounds,
     Seed,
+    Staleness,
 )
 from aitbc.cli.progress import bars
 from aitbc.core.options import parse_kv
@@ -358,6 +361,10 @@ DISTRIBUTE_FIELDS = (
     "verify_rate",
     "overlap",
     "precision",
+    "mode",
+    "buffer",
+    "max_staleness",
+    "staleness",
 )
 
 
@@ -407,6 +414,9 @@ def distribute(
             "gradients and optimizer state stay float32).",
         ),
     ] = defaults.PRECISION,
+    buffer: Buffer = None,
+    max_staleness: MaxStaleness = 4,
+    staleness: Staleness = "polynomial",
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -419,9 +429,10 @@ def distribute(
     home = resolve_home(home)
     if strategy != "data-parallel":
         raise UsageError(f"--strategy {strategy!r} is not available; this build runs: data-parallel")
-    if mode != "sync":
+    if mode not in ("sync", "async"):
         raise UsageError(
-            f"--mode {mode!r}: live runs support sync (with --deadline/--quorum); async and gossip run in `aitbc simulate`"
+            f"--mode {mode!r}: live runs support sync (with --deadline/--quorum) and async (--buffer, --max-staleness); "
+            "gossip runs only in `aitbc simulate`"
         )
     checks.outer(outer)
     checks.aggregator(aggregator)
@@ -455,6 +466,10 @@ def distribute(
             verify_rate=verify_rate,
             overlap=overlap,
             precision=precision,
+            mode=mode,
+            buffer=buffer,
+            max_staleness=max_staleness,
+            staleness=staleness,
         )
         if json_out:
             _emit_json(_api_view(run))
@@ -518,6 +533,14 @@ def _run_view(run: dict[str, Any]) -> Group:
             f"unanswered {v['unanswered']}",
             f"re-run {v['extra_compute']:.1%} of steps",
         )
+    a = run.get("asynchronous")
+    if a:
+        head.add_row(
+            f"async version {a['version']}",
+            f"{a['updates_per_second']:.2f} updates/s",
+            f"applied {a['applied']}",
+            f"refused stale {a['refused_stale']}",
+        )
     t = Table()
     for col in (
         "worker",
@@ -531,6 +554,7 @@ def _run_view(run: dict[str, Any]) -> Group:
         "score",
         "flags",
         "heartbeat",
+        *(("staleness",) if a else ()),
     ):
         t.add_column(col, justify="left" if col in ("worker", "status", "this round", "flags") else "right")
     for w in run["workers"]:
@@ -547,6 +571,7 @@ def _run_view(run: dict[str, Any]) -> Group:
             _fmt(w.get("score"), ".2f"),
             ", ".join(w.get("score_flags") or []),
             "-" if hb is None else f"{hb:.1f}s ago",
+            *(("-" if w.get("staleness") is None else str(w["staleness"]),) if a else ()),
         )
     fit(t, whole=("worker",), drop=RUN_VIEW_DROPS)
     parts: list[Any] = [head, t]

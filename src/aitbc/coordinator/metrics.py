@@ -262,6 +262,7 @@ FLAG_KINDS = (
     "rejected_update",
     "lease_expired",
     "straggler",
+    "stale_update",
     "bad_blob",
     "wrong_round",
     "slashed",

@@ -100,10 +100,12 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
         # overlap 1: an update of the open round may start from the model before its own (the
         # spot check's start digest and replay read it), so that one is needed too
         recent = max(keep_checkpoints, 1 + (run.cfg.overlap if run.config else 0))
+        # async: an update is judged against its base, up to max_staleness versions before its round's
+        lag = run.cfg.max_staleness + 1 if run.config and run.cfg.mode == "async" else 0
         for i, (r, ckpt, outer, val_loss) in enumerate(recs):
             needed = i < recent or (r > 0 and val_loss is None)
             if not run.finalized:
-                needed |= r >= run.settled_round  # the model the next round to score is judged against
+                needed |= r >= run.settled_round - lag  # the model the next round to score is judged against
             if needed:
                 live.update(c for c in (ckpt, outer) if c)
         if run.finalized:

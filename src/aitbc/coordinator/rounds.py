@@ -43,7 +43,7 @@ from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.workforce import drop_slowest, end_run
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
-from aitbc.core.staleness import build_staleness
+from aitbc.core.staleness import async_weight, build_staleness
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate
 
@@ -121,6 +121,10 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     if active and all(j in answered for j in active):
         return True  # nobody left to wait for (if none was accepted, the round is skipped)
     deadline = run.cfg.deadline
+    if run.cfg.mode == "async":  # a buffer: K accepted updates, or its time bound with at least one
+        if accepted >= (run.cfg.buffer or 1):
+            return True
+        return bool(deadline and run.round_started_at and now >= run.round_started_at + deadline and accepted)
     if deadline and run.round_started_at and now >= run.round_started_at + deadline:
         return accepted >= run.cfg.quorum
     return False
@@ -251,10 +255,39 @@ def aggregate_round(
 
 def _staleness(run: Run, u: Update) -> float:
     """What ``u`` counts for: 1, or, trained from the model before its round's (overlap 1:
-    one aggregation late), the run's staleness rule at 1 (:mod:`aitbc.core.staleness`)."""
+    one aggregation late), the run's staleness rule at 1 (:mod:`aitbc.core.staleness`).
+    Async: the run's staleness rule at the versions applied since its base (checked
+    against max_staleness when it was accepted)."""
+    if run.cfg.mode == "async":
+        s = object_session(u)
+        lag = 0 if s is None else update_staleness(s, run, u)
+        w = async_weight(
+            build_staleness(*parse_spec(run.cfg.staleness, what="staleness rule")), lag, run.cfg.max_staleness
+        )
+        return 0.0 if w is None else w  # None cannot happen: the staleness was checked when it was accepted
     if u.base_cid is None:
         return 1.0
     return build_staleness(*parse_spec(run.cfg.overlap_staleness, what="staleness rule"))(1)
+
+
+def base_round(s: Session, run_id: str, cid: str, *, before: int) -> int | None:
+    """The newest version (round) before round ``before`` whose model is ``cid`` (a
+    skipped round keeps its model: the newest such is the least stale), or None."""
+    return s.scalar(
+        select(RoundRecord.round)
+        .where(RoundRecord.run_id == run_id, RoundRecord.checkpoint_cid == cid, RoundRecord.round < before)
+        .order_by(RoundRecord.round.desc())
+        .limit(1)
+    )
+
+
+def update_staleness(s: Session, run: Run, u: Update) -> int:
+    """Async: versions applied between the model ``u`` was trained from and the one its
+    round applies it to (``u.round - 1 - base``; 0 when its base is its round's own model)."""
+    if u.base_cid is None:
+        return 0
+    b = base_round(s, run.id, u.base_cid, before=u.round)
+    return 0 if b is None else u.round - 1 - b
 
 
 def _expected_scale(run: Run, u: Update) -> float:
@@ -323,7 +356,9 @@ def commit_round(
         accepted = _reject(s, run, ups, accepted, dict(res.rejected), r, now=now)
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answered = {u.job_id for u, _ in ups}
-    stragglers = sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
+    # async: nobody is waited for, so nobody is late (a slow worker's update lands in a later version)
+    is_async = run.cfg.mode == "async"
+    stragglers = [] if is_async else sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
     for wid in stragglers:
         s.add(
             Flag(
@@ -371,7 +406,8 @@ def commit_round(
     elif r >= run.cfg.rounds:
         end_run(s, run, RunStatus.COMPLETE, reason=None, now=now)
     else:
-        drop_slowest(s, run, active, ups, now=now)
+        if not is_async:
+            drop_slowest(s, run, active, ups, now=now)
         run.round, run.round_started_at = r + 1, now
         transition(run, RunStatus.TRAINING, now=now)
     s.commit()

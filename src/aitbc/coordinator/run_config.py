@@ -29,7 +29,10 @@ class RunConfig(BaseModel):
     aggregator: str
     compression: str
     error_feedback: bool = False
-    mode: str = "sync"
+    mode: str = "sync"  # or async: a round is one applied buffer (a version), see coordinator/rounds.py
+    buffer: int | None = None  # async: accepted updates per application (resolved when checked)
+    max_staleness: int = 4  # async: older updates are refused
+    staleness: str = "polynomial"  # async: the down-weighting rule (core/staleness.py)
     deadline: float | None = None  # seconds a round waits at most
     quorum: int = Field(ge=1)  # accepted updates a round needs to close at its deadline
     min_workers: int = Field(ge=1)

@@ -301,6 +301,9 @@ def configure(
             "no_workers",
             f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}",
         )
+    if body.mode == "async" and run.control == Control.MANUAL:
+        # the driver fills and applies the buffers; an owner closing rounds by hand has no buffer rule
+        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode async needs automatic control")
     n_shards = len(run.data_manifest["shards"])
     cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
     if cfg.verify_rate > 0:

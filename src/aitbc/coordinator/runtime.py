@@ -29,6 +29,7 @@ from aitbc.core.compression import ErrorFeedback, build_codec, check_outer
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
+from aitbc.core.staleness import buffer_size, build_staleness
 from aitbc.errors import AitbcError, NotFoundError
 from aitbc.training.allow_code import AllowCode
 from aitbc.training.checkpoint import (
@@ -82,6 +83,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
             "bad_config",
             "precision bf16 cannot be verified (its steps do not replay within tolerance): give verify_rate 0 or precision fp32",
         )
+    buffer = _check_async(body, workers=workers, max_workers=max_workers)
     try:
         LocalConfig(
             steps=body.local_steps,
@@ -94,7 +96,10 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
         agg = parse_aggregator(body.aggregator, default_f=f)
-        agg.check(min(workers, quorum) if body.deadline else workers)
+        if buffer is not None:  # async: a version is one buffer of updates
+            agg.check(min(workers, buffer))
+        else:
+            agg.check(min(workers, quorum) if body.deadline else workers)
         name, opts = parse_spec(body.compression, what="codec")
         codec = build_codec(name, opts, layout=layout, error_feedback=body.error_feedback)
         check_outer(codec, body.outer)  # decayed error feedback is the outer momentum: fedavg only
@@ -103,10 +108,11 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         raise unprocessable("bad_config", str(e)) from None
     mcfg = model_config(run.model_type, run.model_options)
     return RunConfig(
-        **body.model_dump(exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback"}),
+        **body.model_dump(exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback", "buffer"}),
         # on when the flag or the codec spec asks for it (error_feedback_decay=...): workers, the
         # spot checks' residual and the run's views all read this one flag
         error_feedback=isinstance(codec, ErrorFeedback),
+        buffer=buffer,
         min_workers=min_workers,
         max_workers=max_workers,
         quorum=quorum,
@@ -114,6 +120,35 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         f=f,
         model_options_full={} if mcfg is None else asdict(mcfg),
     )
+
+
+def _check_async(body: Distribute, *, workers: int, max_workers: int) -> int | None:
+    """An async run's buffer size (None: a sync run), or a 422 naming what async cannot
+    combine with."""
+    if body.mode != "async":
+        return None
+    if body.overlap:
+        raise unprocessable(
+            "bad_config",
+            "overlap 1 is for sync runs; async already lets workers train from any recent version: give overlap 0",
+        )
+    if body.verify_rate > 0:
+        # a spot check replays an update from the model it names; an async update's base may be
+        # any of the last max_staleness versions, which this build's verification does not handle
+        raise unprocessable(
+            "bad_config",
+            "spot checks (verify_rate > 0) are not available with mode async: give verify_rate 0 or mode sync",
+        )
+    try:
+        build_staleness(*parse_spec(body.staleness, what="staleness rule"))
+    except (AitbcError, ValueError) as e:
+        raise unprocessable("bad_config", f"staleness: {e}") from None
+    buffer = buffer_size(body.buffer, workers)
+    if buffer > max_workers:
+        raise unprocessable(
+            "bad_config", f"buffer {buffer} exceeds max_workers ({max_workers}): a worker sends one update per version"
+        )
+    return buffer
 
 
 class RunRuntime:

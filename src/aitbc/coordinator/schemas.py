@@ -83,6 +83,8 @@ CONFIG_RANGES: dict[str, tuple[float, float]] = {
     "epochs": (1, 1_000),  # a job's passes over its shard per round (the worker computes the steps)
     "verify_rate": (0.0, 1.0),  # the expected share of each update's steps the coordinator re-runs
     "overlap": (0, 1),  # rounds a worker may train ahead of the newest model (one-step delay)
+    "buffer": (1, 10_000),  # async: accepted updates applied together (FedBuff's K)
+    "max_staleness": (0, 1_000),  # async: aggregations an update may be behind; older ones are refused
 }
 
 
@@ -111,8 +113,16 @@ class Distribute(Body):
     aggregator: str = "trend+centered-clip"
     compression: str = "none"
     error_feedback: bool = False
-    mode: Literal["sync"] = "sync"
-    # seconds a round waits at most
+    # sync: a round waits for every worker (or its deadline); async: every ``buffer`` accepted
+    # updates (or ``deadline`` seconds with at least one) are applied, a new version each time
+    mode: Literal["sync", "async"] = "sync"
+    # async: updates per application (default: half the workers, at least 1)
+    buffer: Annotated[int | None, *_in_range("buffer")] = None
+    # async: an update trained from a version more than this many applications old is refused
+    max_staleness: Annotated[int, *_in_range("max_staleness")] = 4
+    # async: how a stale update is down-weighted (aitbc.core.staleness): constant, polynomial[:a=..], hinge[:a=..,b=..]
+    staleness: str = Field("polynomial", min_length=1, max_length=100)
+    # seconds a round waits at most (async: the time bound of a buffer)
     deadline: Annotated[float | None, Field(allow_inf_nan=False), *_in_range("deadline")] = None
     # accepted updates a round needs to close at its deadline
     quorum: Annotated[int | None, *_in_range("quorum")] = None

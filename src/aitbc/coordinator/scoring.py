@@ -54,7 +54,9 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
         rows: list[Score] = []
         if accepted and not rec.skipped:
-            judged = _judge(ctx, run, runtime(ctx, run), rec_before.checkpoint_cid, accepted, r)
+            # async: each update is judged against the version it was trained from (its base)
+            bases = [u.base_cid or rec_before.checkpoint_cid for u, _ in accepted]
+            judged = _judge(ctx, run, runtime(ctx, run), bases, accepted, r)
             for (u, j), sc in zip(accepted, judged):
                 if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
                     sc = verified(sc)
@@ -148,13 +150,17 @@ def _finite(x: float) -> float | None:
 
 
 def _judge(
-    ctx: Context, run: Run, rt: RunRuntime, before_cid: str, accepted: Sequence[tuple[Update, Job]], r: int
+    ctx: Context, run: Run, rt: RunRuntime, before_cids: list[str], accepted: Sequence[tuple[Update, Job]], r: int
 ) -> list[UpdateScore]:
     """Load what :func:`judge` needs for the round's accepted updates, then judge them
-    (on the books thread's own model: the runtime's lock is held only for the rule's verdict)."""
+    (on the books thread's own model: the runtime's lock is held only for the rule's verdict).
+    ``before_cids``: the model each update is applied to alone (its base)."""
     model = books_model(ctx, run.id, rt)
-    load_checkpoint(model, ctx.store.get_bytes(before_cid))
-    before = flat_params(model)  # (d,)
+    models: dict[str, Tensor] = {}
+    for cid in dict.fromkeys(before_cids):
+        load_checkpoint(model, ctx.store.get_bytes(cid))
+        models[cid] = flat_params(model)  # (d,)
+    before: Tensor | list[Tensor] = models[before_cids[0]] if len(models) == 1 else [models[c] for c in before_cids]
     with decoded(ctx, [u.cid for u, _ in accepted], rt.d) as U:  # (n, d): in memory, or on disk past the setting
         return _judge_decoded(ctx, run, rt, model, before, U, accepted, r)
 
@@ -164,7 +170,7 @@ def _judge_decoded(
     run: Run,
     rt: RunRuntime,
     model: nn.Module,
-    before: Tensor,
+    before: Tensor | list[Tensor],
     source: ColumnSource,
     accepted: Sequence[tuple[Update, Job]],
     r: int,
@@ -215,7 +221,7 @@ def kept_shares(
 
 def judge(
     model: nn.Module,
-    before: Tensor,
+    before: Tensor | list[Tensor],
     U: Tensor | ColumnSource,
     trained: Sequence[int],
     shards: Sequence[tuple[Tensor, Tensor]],
@@ -233,23 +239,27 @@ def judge(
     database): the live coordinator and bench/honest_runs.py run exactly this."""
     g = torch.Generator().manual_seed(seed)
     vx, vy = val[0][:samples], val[1][:samples]
-    base_val = _losses(model, before, vx, vy)  # (B,)
+    base_vals: dict[int, Tensor] = {}  # (B,) per distinct base model
     gains, gain_se, own, own_se, other, other_se = [], [], [], [], [], []
     for i, k in enumerate(trained):
-        after = before - (U[i] if isinstance(U, Tensor) else read_row(U, i))  # (d,) this update alone applied
+        b = before[i] if isinstance(before, list) else before  # (d,) the model this update was trained from
+        if id(b) not in base_vals:
+            base_vals[id(b)] = _losses(model, b, vx, vy)
+        base_val = base_vals[id(b)]
+        after = b - (U[i] if isinstance(U, Tensor) else read_row(U, i))  # (d,) this update alone applied
         m, e = _gain(base_val, _losses(model, after, vx, vy))
         gains.append(m)
         gain_se.append(e)
         ox, oy = shards[k]
         pick = torch.randperm(ox.shape[0], generator=g)[:samples]
-        m, e = _gain(_losses(model, before, ox[pick], oy[pick]), _losses(model, after, ox[pick], oy[pick]))
+        m, e = _gain(_losses(model, b, ox[pick], oy[pick]), _losses(model, after, ox[pick], oy[pick]))
         own.append(m)
         own_se.append(e)
         rest = [sh for m_, sh in enumerate(shards) if m_ != k and not split[m_]] or [shards[k]]
         rx = torch.cat([sh[0] for sh in rest])
         ry = torch.cat([sh[1] for sh in rest])
         pick = torch.randperm(rx.shape[0], generator=g)[:samples]
-        m, e = _gain(_losses(model, before, rx[pick], ry[pick]), _losses(model, after, rx[pick], ry[pick]))
+        m, e = _gain(_losses(model, b, rx[pick], ry[pick]), _losses(model, after, rx[pick], ry[pick]))
         other.append(m)
         other_se.append(e)
     return score_round(

@@ -65,6 +65,10 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     deadline_at = run.round_started_at + deadline if deadline and run.round_started_at else None
     gpus = gpu_types(s, [j.worker_id for j in jobs])
     speed, target_speed = run_speeds(run, [j for j in jobs if j.status == JobStatus.ACTIVE], rounds_closed, now=now)
+    lags: dict[str, int] = {}
+    async_view = None
+    if run.configured and run.cfg.mode == "async":
+        lags, async_view = _async_view(s, run, rounds_closed, now=now)
     return {
         **run_summary(run),
         "model_options": run.model_options,
@@ -102,11 +106,40 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
             {
                 **job_view(ctx, j, run, submitted.get(j.id), gpu=gpus.get(j.worker_id), now=now),
                 **scores.get(j.contract_id, _NO_SCORE),
+                "staleness": lags.get(j.id),
             }
             for j in jobs
         ],
+        "asynchronous": async_view,
         "time": now,
     }
+
+
+def _async_view(s: Session, run: Run, version: int, *, now: float) -> tuple[dict[str, int], dict[str, Any]]:
+    """An async run: each job's staleness (versions between the base of its latest
+    accepted update and the model it was applied to), and the run's version, applied
+    updates per second since training started and updates refused as too stale."""
+    ckpt = dict(
+        s.execute(select(RoundRecord.round, RoundRecord.checkpoint_cid).where(RoundRecord.run_id == run.id)).all()
+    )
+    newest: dict[str, tuple[int, str | None]] = {}
+    applied = 0
+    for job_id, r, base in s.execute(
+        select(Update.job_id, Update.round, Update.base_cid)
+        .where(Update.run_id == run.id, Update.status == UpdateStatus.ACCEPTED)
+        .order_by(Update.round)
+    ).all():
+        newest[job_id] = (r, base)
+        applied += r in ckpt
+    lags = {}
+    for job_id, (r, base) in newest.items():
+        b = max((k for k, cid in ckpt.items() if cid == base and k < r), default=r - 1)
+        lags[job_id] = r - 1 - b
+    refused = s.scalar(select(func.count()).select_from(Flag).where(Flag.run_id == run.id, Flag.kind == "stale_update"))
+    end = run.finished_at or now
+    started = run.started_at
+    rate = applied / (end - started) if started and end > started else 0.0
+    return lags, {"version": version, "updates_per_second": rate, "applied": applied, "refused_stale": refused or 0}
 
 
 def run_speeds(run: Run, active: list[Job], rounds_closed: int, *, now: float) -> tuple[float, float]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from sqlalchemy import case, or_, select, update
+from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator import verification
@@ -18,9 +19,11 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run, row
+from aitbc.coordinator.rounds import base_round
 from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.core.compression import decode as decode_update
+from aitbc.core.staleness import async_weight
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
@@ -125,6 +128,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
             "verify_rate": cfg.verify_rate,
             "overlap": cfg.overlap,
+            "mode": cfg.mode,  # async: the update names its base (global_model_cid) and joins the open buffer
             "precision": cfg.precision,
             "challenge": challenge,
             "model_peers": peers,
@@ -225,7 +229,9 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")
     if not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
-    base = update_base(s, run, body.base_cid)  # 422 before anything is written
+    is_async = run.cfg.mode == "async"
+    # 422 before anything is written; async: any recent version (its staleness is checked under the lock)
+    base = async_base(s, run, body.base_cid) if is_async else update_base(s, run, body.base_cid)
     blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
     commitment = verification.parse_commitment(  # 422 before anything is written
         s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
@@ -240,6 +246,10 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
     _round_gate(s, job, run, body)
     now = time.time()
+    round = body.round
+    if is_async:  # applied with the open buffer (version run.round - 1 is the newest model)
+        round = run.round
+        _check_staleness(s, job, run, base, now=now)
     trained = trained_shard(run, job, body.shard_cid)
     checks: dict[str, Any] = {}
     if commitment is not None and reason is None:
@@ -249,7 +259,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         run_id=run.id,
         job_id=job.id,
         worker_id=job.worker_id,
-        round=body.round,
+        round=round,
         cid=body.cid,
         size=len(blob),
         shard_index=trained,
@@ -257,7 +267,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         train_loss=body.train_loss if reason is None else None,
         train_accuracy=body.train_accuracy if reason is None else None,
         compute_seconds=body.compute_seconds,
-        base_cid=None if base == run.global_cid else base,
+        base_cid=base if is_async else (None if base == run.global_cid else base),
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
@@ -268,7 +278,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     job.compute_seconds += body.compute_seconds
     # The update is the round's last progress report too (the worker sends no other after it):
     # its steps as claimed, at most the job's own (a claim is not a measurement).
-    _reached(run, job, body.round, min(body.steps, job_settings(run, job)["local_steps"]), now=now)
+    _reached(run, job, round, min(body.steps, job_settings(run, job)["local_steps"]), now=now)
     job.progress, job.worker_status = 100.0, "uploaded"
     if body.epoch is not None:
         job.epoch = body.epoch
@@ -283,7 +293,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
     return {
         "status": UpdateStatus.ACCEPTED.value,
-        "round": body.round,
+        "round": round,
         "cid": body.cid,
         "size": len(blob),
         "verification": upd.verification,
@@ -314,6 +324,41 @@ def update_base(s: Session, run: Run, base_cid: str | None) -> str:
     return before
 
 
+def async_base(s: Session, run: Run, base_cid: str | None) -> str:
+    """Async: the version an update was trained from: the newest model (also when
+    ``base_cid`` is not given) or any earlier version of this run; else a 422."""
+    cid = run.global_cid or ""
+    if base_cid is None or base_cid == cid:
+        return cid
+    if base_round(s, run.id, base_cid, before=run.round) is None:
+        raise unprocessable(
+            "wrong_base", f"base_cid {base_cid!r} is not a version of run {run.id} (its newest model is {cid})"
+        )
+    return base_cid
+
+
+def _check_staleness(s: Session, job: Job, run: Run, base: str, *, now: float) -> None:
+    """Async, under the run's lock: refuse (409, nothing recorded but a ``stale_update``
+    flag, which costs no reputation: slowness is no fault) an update trained from a
+    version more than ``max_staleness`` applications old."""
+    b = base_round(s, run.id, base, before=run.round)
+    lag = run.round - 1 - (b if b is not None else run.round - 1)
+    if async_weight(lambda _: 1.0, lag, run.cfg.max_staleness) is not None:
+        return
+    reason = (
+        f"update trained from version {b} is {lag} versions behind the newest ({run.round - 1}); "
+        f"run {run.id} takes at most {run.cfg.max_staleness}"
+    )
+    s.rollback()
+    s.add(
+        Flag(
+            worker_id=job.worker_id, run_id=run.id, round=run.round, kind="stale_update", reason=reason, created_at=now
+        )
+    )
+    s.commit()
+    raise conflict("too_stale", reason)
+
+
 def trained_shard(run: Run, job: Job, shard_cid: str | None) -> int:
     """The shard an update was trained on: the job's, or the one it held before a split
     or a move (a round that began before the change), if the worker names that one."""
@@ -339,6 +384,9 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
         refuse(conflict("duplicate_update", f"job {job.id} already sent its update for round {body.round}"))
     if run.status in ENDED:
         refuse(conflict("run_ended", f"run {run.id} has ended ({run.status})"))
+    if run.configured and run.cfg.mode == "async":
+        _async_gate(s, job, run, body, refuse)
+        return
     if run.status == RunStatus.AGGREGATING and body.round == run.round:
         refuse(
             conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)")
@@ -350,6 +398,10 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
     if body.round > run.round:  # a round not yet opened: no honest worker can have trained it
         reason = f"update is for round {body.round}; the open round is {run.round}"
         refuse(conflict("wrong_round", reason), flag=reason)
+    _refuse_ejected(s, job, refuse)
+
+
+def _refuse_ejected(s: Session, job: Job, refuse: Callable[..., None]) -> None:
     # A job with a provably bad update (rejected: malformed, NaN, past the norm bound, failed its
     # spot check) is slashed and ejected when that round is settled, after the round closes:
     # until then it sends nothing more (its next round's update could otherwise arrive first).
@@ -370,6 +422,30 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
                 "updates (slashed and ejected when that round is settled)",
             )
         )
+
+
+def _async_gate(s: Session, job: Job, run: Run, body: UpdateSubmit, refuse: Callable[..., None]) -> None:
+    """Async: an update goes into the open buffer, whatever version it was trained from;
+    one per job and buffer (the job view says ``wait`` until that buffer is applied)."""
+    dup = select(Update.round).where(Update.job_id == job.id, (Update.cid == body.cid) | (Update.round == run.round))
+    if (seen := s.scalar(dup.limit(1))) is not None:
+        refuse(conflict("duplicate_update", f"job {job.id} already sent an update to version buffer {seen}"))
+    full = run.status == RunStatus.TRAINING and (
+        s.scalar(
+            select(func.count()).where(
+                Update.run_id == run.id, Update.round == run.round, Update.status == UpdateStatus.ACCEPTED
+            )
+        )
+        or 0
+    ) >= (run.cfg.buffer or 1)
+    if run.status == RunStatus.AGGREGATING or full:  # a moment: the worker sends it again once the next buffer opens
+        refuse(conflict("buffer_applying", f"run {run.id} is applying buffer {run.round}; send again in a moment"))
+    if run.status != RunStatus.TRAINING:
+        refuse(conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training"))
+    if body.round > run.round:  # a version not yet published: no honest worker trained from it
+        reason = f"update is for round {body.round}; the open round is {run.round}"
+        refuse(conflict("wrong_round", reason), flag=reason)
+    _refuse_ejected(s, job, refuse)
 
 
 def _check_update(blob: bytes, d: int) -> str | None:

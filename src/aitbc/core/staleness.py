@@ -61,3 +61,17 @@ def build_staleness(name: str, options: dict[str, Any] | None = None) -> Callabl
         return fn(cfg, s)
 
     return weight
+
+
+def buffer_size(buffer: int | None, workers: int) -> int:
+    """Updates per aggregation in async mode (FedBuff's K): as given, else half the workers."""
+    return buffer or max(1, workers // 2)
+
+
+def async_weight(rule: Callable[[int], float], staleness: int, max_staleness: int) -> float | None:
+    """What an update ``staleness`` aggregations old counts for in async mode: ``rule``'s
+    weight, or None (refused) past ``max_staleness``. The simulator and the live
+    coordinator both decide with this."""
+    if staleness > max_staleness:
+        return None
+    return rule(staleness)

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 
 from aitbc.core.compression import decode as decode_update
+from aitbc.core.staleness import async_weight
+from aitbc.core.staleness import buffer_size as buffer_size_of
 from aitbc.errors import UsageError
 
 if TYPE_CHECKING:  # the runner calls these loops; they only use it
@@ -68,7 +70,7 @@ def run_sync(sim: Simulation) -> None:
 def run_async(sim: Simulation) -> None:
     cfg = sim.cfg
     n = cfg.workers
-    buffer_size = cfg.buffer or max(1, n // 2)
+    buffer_size = buffer_size_of(cfg.buffer, n)
     version = 0  # aggregations so far
     # (arrival, worker, version, blob, loss, training accuracy)
     events: list[tuple[float, int, int, bytes, float | None, float | None]] = []
@@ -90,13 +92,13 @@ def run_async(sim: Simulation) -> None:
     while version < cfg.rounds:
         now, i, v, blob, loss, accuracy = heapq.heappop(events)
         sim.clock = now
-        staleness = version - v
-        if staleness > cfg.max_staleness:
+        weight = async_weight(sim.staleness_weight, version - v, cfg.max_staleness)  # as the live coordinator
+        if weight is None:
             sim.dropped += 1
         else:
             u = sim.receive(blob)
             if u is not None:
-                buffer.append(sim.staleness_weight(staleness) * u)
+                buffer.append(weight * u)
                 weights.append(float(sim.samples[i]))
                 if loss is not None:
                     losses.append(loss)

@@ -304,7 +304,7 @@ class Worker:
 
     def _refused(self, job: dict[str, Any], e: ApiError) -> None:
         self.metrics.refusals.inc()
-        if e.code in ("round_closed", "wrong_round", "not_accepting", "duplicate_update"):
+        if e.code in ("round_closed", "wrong_round", "not_accepting", "duplicate_update", "too_stale"):
             log.info("round %s of %s: %s", job["round"], job["training_id"], e.detail)
         elif e.code in ("job_not_active", "run_ended"):
             log.info("job %s over: %s", job["job_id"], e.detail)
@@ -463,7 +463,7 @@ class Worker:
             "shard_cid": state.shard_cid,
             "epoch": res.epoch,
         }
-        if ahead:
+        if ahead or job.get("mode") == "async":  # async: the version it trained from sets its weight
             body["base_cid"] = base
         if proof is not None:
             body["proof"] = proof
@@ -492,7 +492,7 @@ class Worker:
         if not drained:
             self.reporter.drain()  # no progress report of this round may land after its update
         try:
-            reply = self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
+            reply = self._post_update(job, body)
         except ApiError as e:
             if not drained and done.recorder is not None and e.code not in ("update_rejected", "duplicate_update"):
                 self._restore_round_start(state)  # not recorded: as if never trained
@@ -522,8 +522,18 @@ class Worker:
             t["compute"],
             t["encode"],
             t["upload"],
-            " trained ahead" if "base_cid" in body else "",
+            " trained ahead" if "base_cid" in body and job.get("mode") != "async" else "",
         )
+
+    def _post_update(self, job: dict[str, Any], body: dict[str, Any]) -> Any:
+        """Send the message naming the update. Async: while the coordinator applies a
+        buffer (a moment) it asks for the update again; it then joins the next buffer."""
+        while True:
+            try:
+                return self._retry(lambda: self.client.post(f"/jobs/{job['job_id']}/updates", body))
+            except ApiError as e:
+                if e.code != "buffer_applying" or self.stop.wait(0.05):
+                    raise
 
     @staticmethod
     def _mark_round_start(state: JobState, round: int) -> None:

@@ -184,7 +184,18 @@ class WorkerScore(Reply):
 
 
 class RunWorker(WorkerScore, JobView):  # bases in reverse: the job's fields come first, as in the view
-    pass
+    staleness: int | None = Field(
+        None,
+        description="async: versions between the model its latest applied update was trained from and the one it "
+        "was applied to (0: fresh); null in a sync run or before its first update",
+    )
+
+
+class AsyncView(Reply):
+    version: int = Field(description="the newest published version (buffers applied)")
+    updates_per_second: float = Field(description="updates applied per second since training started")
+    applied: int = Field(description="updates applied so far")
+    refused_stale: int = Field(description="updates refused as older than max_staleness")
 
 
 class RunDetail(RunSummary):
@@ -223,6 +234,7 @@ class RunDetail(RunSummary):
     )
     contracts: list[ContractView]
     workers: list[RunWorker]
+    asynchronous: AsyncView | None = Field(None, description="async runs: version, throughput, refusals")
     time: float
 
 
@@ -514,6 +526,10 @@ class JobOrder(Reply):
         0, description="1: the worker may train the next round from this round's model as soon as it has sent this one"
     )
     precision: str = Field("fp32", description="the inner steps' arithmetic: fp32, or bf16 (bfloat16 autocast)")
+    mode: str = Field(
+        "sync",
+        description="async: the update names the version it was trained from (base_cid) and joins the open buffer",
+    )
     challenge: Challenge | None = Field(description="this round's spot check of its update, while unanswered")
     model_peers: list[PeerRef] = Field(
         default_factory=list,
