@@ -264,6 +264,7 @@ FLAG_KINDS = (
     "straggler",
     "stale_update",
     "bad_blob",
+    "bad_peer_blob",
     "wrong_round",
     "slashed",
     "marked_failed",
