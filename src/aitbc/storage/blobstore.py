@@ -341,13 +341,12 @@ class BlobCache:
         the store (see :meth:`LocalBlobStore.writer`: checked against ``cid`` on the way
         in). No whole copy of the blob is held in memory either way."""
         if self.store.touch(cid):
-            try:
-                self.store.open(cid).close()  # verifies it
-                return self.store.dir / cid
-            except NotFoundError:
-                pass  # evicted by another process between the touch and the read
-            except IntegrityError:
-                with contextlib.suppress(NotFoundError):
+            # NotFoundError: evicted by another process between the touch and the read; fetched below
+            with contextlib.suppress(NotFoundError):
+                try:
+                    self.store.open(cid).close()  # verifies it
+                    return self.store.dir / cid
+                except IntegrityError:
                     self.store.delete(cid)  # damaged on disk: fetched again
         self.store.dir.mkdir(parents=True, exist_ok=True)
         fetch_into(cid, self.store)

@@ -161,8 +161,8 @@ class _Handler(BaseHTTPRequestHandler):
                             block = bytes([block[0] ^ 0xFF]) + block[1:]
                         first = False
                         self.wfile.write(block)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            pass  # the fetcher went away or stalled: it falls back on its own
+        except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:  # it falls back on its own
+            log.debug("peer %s went away or stalled while fetching %s: %s", self.client_address[0], self.path, e)
         finally:
             blobs.slots.release()
 
