@@ -35,6 +35,7 @@ from aitbc.client import ApiError, CoordinatorClient
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context
+from aitbc.coordinator.rounds import pending_evaluations
 from aitbc.core.compression import build_codec
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet
@@ -83,6 +84,24 @@ class Coordinator:
     def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         with self.ctx.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(text(sql), params)]
+
+    def settled(self, timeout: float = 20) -> None:
+        """Wait until the driver has done what it does in the background after a round
+        closes: scored and settled every aggregated round, evaluated every round due an
+        evaluation, and returned the bonds of ended runs. A snapshot taken now stays still."""
+        deadline = time.monotonic() + timeout
+        while True:
+            busy = self.rows(
+                "SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
+                "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
+                "OR (r.status IN ('complete', 'failed', 'stopped') AND NOT r.bonds_returned))"
+            )
+            with self.ctx.session() as s:
+                unevaluated = pending_evaluations(s)
+            if not busy and not unevaluated:
+                return
+            assert time.monotonic() < deadline, f"the driver never settled {busy} nor evaluated {unevaluated}"
+            time.sleep(0.02)
 
 
 def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callable[[], None]]:

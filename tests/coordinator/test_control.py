@@ -85,20 +85,6 @@ def submit(api, worker, job_id: str, round: int, t: torch.Tensor) -> str:
     return cid
 
 
-def settled(coord, timeout: float = 20) -> None:
-    """Wait until the driver has scored every aggregated round and returned the bonds of
-    ended runs (it writes scores, settlements, reputations and bond returns in the
-    background): a snapshot taken now stays still."""
-    deadline = time.monotonic() + timeout
-    while coord.rows(
-        "SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
-        "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
-        "OR (r.status IN ('complete', 'failed', 'stopped') AND NOT r.bonds_returned))"
-    ):
-        assert time.monotonic() < deadline, "the driver never scored the aggregated rounds"
-        time.sleep(0.02)
-
-
 def run_state(client, run_id: str) -> dict:
     """What the API shows of a run and its jobs, less what moves with the clock."""
     run = client.get(f"/runs/{run_id}")
@@ -115,7 +101,7 @@ def refused(
     """POST ``path`` is refused with ``status``/``code`` (the JSON error shape), and nothing
     changed: the database, the blob store and the run's view (if ``run_id``).
     """
-    settled(coord)
+    coord.settled()
     before = coord.snapshot()
     view = run_state(client, run_id) if run_id else None
     with coord.http() as h:
@@ -952,7 +938,7 @@ def test_a_job_sent_while_aggregating_is_not_a_straggler_of_the_closed_round(coo
     hire(t.owner, t.run_id, late)
     t.owner.post(f"/runs/{t.run_id}/jobs", {"worker_id": late.wallet.address, "shard_id": t.shards[0]["shard_id"]})
     t.owner.post(f"/runs/{t.run_id}/aggregate", {"updates": [u, v]})
-    settled(coord)
+    coord.settled()
     assert t.owner.get(f"/runs/{t.run_id}/rounds")["data"][1]["stragglers"] == []
     assert coord.rows("SELECT kind FROM flags WHERE worker_id = :w", w=late.wallet.address) == []
     assert coord.rows("SELECT reputation FROM offers WHERE id = :w", w=late.wallet.address) == [
@@ -1014,7 +1000,7 @@ def test_a_refund_waits_until_every_round_is_settled(new_coordinator, api):
     with pytest.raises(ApiError) as e:  # round 1 is still being scored and settled (1.5 s per contract)
         t.owner.post(f"{p}/refund")
     api.assert_api_error(e, 409, "unsettled", "settled up to 0 of 1")
-    settled(coord)
+    coord.settled()
     owner_before = balance(t.owner)
     out = t.owner.post(f"{p}/refund")
     assert out["finalized"] and out["escrow_balance"] == "0" and out["settled_round"] == 1
@@ -1045,7 +1031,7 @@ def manual_run_to_complete(coord, api, prefix: str) -> Manual:
     t.owner.post(f"{p}/phase", {"phase": "aggregating"})
     t.owner.post(f"{p}/aggregate", {"updates": cids})
     t.owner.post(f"{p}/phase", {"phase": "complete"})
-    settled(coord)
+    coord.settled()
     return t
 
 

@@ -44,22 +44,9 @@ def coord(new_coordinator):
 # --- helpers -----------------------------------------------------------------------------
 
 
-def settled(coord, timeout: float = 20) -> None:
-    """Wait until the driver has scored and settled every closed round and returned the
-    bonds of ended runs: a snapshot taken now stays still."""
-    deadline = time.monotonic() + timeout
-    while coord.rows(
-        "SELECT r.id FROM runs r WHERE r.config IS NOT NULL AND (r.settled_round < "
-        "(SELECT COALESCE(MAX(x.round), 0) FROM rounds x WHERE x.run_id = r.id) "
-        "OR (r.status IN ('complete', 'failed', 'stopped') AND NOT r.bonds_returned))"
-    ):
-        assert time.monotonic() < deadline, "the driver never settled"
-        time.sleep(0.02)
-
-
 def refused(coord, api, client, path: str, body, status: int, code: str, *detail: str) -> str:
     """POST ``path`` is refused with the JSON error shape, and nothing changed."""
-    settled(coord)
+    coord.settled()
     before = coord.snapshot()
     with coord.http() as h:
         r = api.signed_post(h, client.wallet, "/v1" + path, body)
@@ -271,7 +258,7 @@ def test_taking_over_a_training_run_keeps_the_driver_s_rounds_paid(new_coordinat
     while t.owner.get(p)["round"] != 2:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    settled(coord)
+    coord.settled()
     # a move the run cannot make takes nothing over
     refused(coord, api, t.owner, f"{p}/phase", {"phase": "complete"}, 409, "bad_state", "complete the run")
     assert t.owner.get(p)["control"] == "automatic"
@@ -297,7 +284,7 @@ def test_taking_over_a_training_run_keeps_the_driver_s_rounds_paid(new_coordinat
     t.owner.post(f"{p}/phase", {"phase": "aggregating"})
     t.owner.post(f"{p}/aggregate", {"updates": cids})
     t.owner.post(f"{p}/phase", {"phase": "complete"})
-    settled(coord)
+    coord.settled()
     pays = coord.rows("SELECT round, paid, due FROM settlements WHERE run_id = :r ORDER BY round", r=t.run_id)
     assert {r["round"] for r in pays} == {1, 2, 3}
     assert all(r["paid"] == r["due"] > 0 for r in pays if r["round"] == 1)  # the driver's round: paid by it
