@@ -7,6 +7,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,19 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("AITBC_HYPOTHESIS", "repeatable"))
 
 AITBC = Path(sys.executable).parent / "aitbc"
+
+
+def wait_until(cond, what: str = "condition", timeout: float = 60, poll: float = 0.05):
+    """``cond()``'s first truthy value, polled every ``poll`` seconds; fails naming ``what``
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout:g} s")
+        time.sleep(poll)
 
 
 @pytest.fixture

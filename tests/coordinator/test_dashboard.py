@@ -13,6 +13,7 @@ import time
 
 import torch
 from sqlalchemy import event, insert
+from tests.conftest import wait_until
 
 from aitbc.client import ApiError
 from aitbc.coordinator import dashboard, repository
@@ -88,16 +89,6 @@ WORKER_KEYS = {
 MARKUP = '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
 
 
-def _wait(cond, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
 def _keys(value) -> set[str]:
     """Every key in a JSON value, at any depth."""
     if isinstance(value, dict):
@@ -145,7 +136,7 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
     except ApiError as e:
         assert e.status == 422 and e.code == "update_rejected"
     settled = "SELECT settled_round FROM runs WHERE id = :r"
-    _wait(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= 1, what="round 1 settled")
+    wait_until(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= 1, what="round 1 settled")
     # The owner ends a job with a reason of its own words: text the page must show as text.
     t.owner.post(f"/jobs/{ja}/end", {"status": "released", "reason": MARKUP})
 

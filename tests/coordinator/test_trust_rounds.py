@@ -13,24 +13,13 @@ signed clients as workers, so each test decides exactly which update each one se
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
+from tests.conftest import wait_until
 
 from aitbc.client import ApiError
 
 from .conftest import round_params
-
-
-def _wait(cond, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
 
 
 def _submit(api, t, w, job: str, update: torch.Tensor, r: int = 1) -> None:
@@ -44,7 +33,7 @@ def _payments(t) -> dict[str, dict]:
 
 def _settled(t, r: int) -> None:
     settled = "SELECT settled_round FROM runs WHERE id = :r"
-    _wait(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= r, what=f"round {r} settled")
+    wait_until(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= r, what=f"round {r} settled")
 
 
 def test_nan_update_from_a_finite_model_is_still_rejected_and_slashed(api, new_coordinator):
@@ -95,10 +84,12 @@ def test_diverged_aggregate_is_not_committed_and_nobody_is_slashed(api, new_coor
     t = api.start_training_run(new_coordinator(), 3)
     for w in t.workers:  # all alike (no outlier to blame), together far past any sane model
         _submit(api, t, w, t.jobs[w.wallet.address], torch.full((t.d,), -50.0))
-    run = _wait(lambda: (r := t.owner.get(f"/runs/{t.run_id}"))["status"] == "failed" and r, what="the run failing")
+    run = wait_until(
+        lambda: (r := t.owner.get(f"/runs/{t.run_id}"))["status"] == "failed" and r, what="the run failing"
+    )
     assert run["error"].startswith("diverged: round 1's validation loss"), run["error"]
     assert [r["round"] for r in t.owner.get(f"/runs/{t.run_id}/rounds")["data"]] == [0]
-    _wait(lambda: t.owner.get(f"/runs/{t.run_id}/payments")["finalized"], what="finalized")
+    wait_until(lambda: t.owner.get(f"/runs/{t.run_id}/payments")["finalized"], what="finalized")
     assert all(row["status"] != "slashed" for row in _payments(t).values())
     assert t.coord.rows("SELECT kind FROM flags WHERE run_id = :r", r=t.run_id) == []
     bal = t.owner.get("/ledger/balances")["data"]
@@ -151,7 +142,7 @@ def test_trend_leaves_out_an_update_against_the_last_step_and_scoring_agrees(api
     base = 1e-3 * torch.randn(t.d, generator=g)  # (d,) the direction every honest update shares
     for w, j in ((a, ja), (b, jb), (c, jc), (x, jx)):  # round 1: no trend yet, all honest
         _submit(api, t, w, j, base + 3e-4 * torch.randn(t.d, generator=g))
-    _wait(lambda: t.owner.get(f"/runs/{t.run_id}")["round"] == 2, what="round 2 open")
+    wait_until(lambda: t.owner.get(f"/runs/{t.run_id}")["round"] == 2, what="round 2 open")
     if cold:
         t.coord.ctx.runtimes[t.run_id].steps.clear()
     honest = [base + 3e-4 * torch.randn(t.d, generator=g) for _ in range(3)]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from tests.conftest import wait_until
 
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
@@ -49,17 +50,6 @@ def _browser_or_skip() -> str:
     if os.environ.get("AITBC_REQUIRE_BROWSER") == "1":
         pytest.fail(f"AITBC_REQUIRE_BROWSER=1 but {why}")
     pytest.skip(why)
-
-
-def _until(cond, what: str, timeout: float = 60):
-    """``cond()``'s first truthy value, polled every 0.1 s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not seen in {timeout} s")
 
 
 def _at_least(n: int, low: int) -> int | None:
@@ -108,17 +98,17 @@ def test_dashboard_follows_a_live_run_in_chromium(stack):
             # The curve gains points as rounds close (0 before, then two later looks). Polled from
             # Python: the page's policy forbids the string evaluation wait_for_function uses.
             chart = page.locator("#chart-loss")
-            first = _until(lambda: _at_least(int(chart.get_attribute("data-points")), 2), "round 1 on the curve")
+            first = wait_until(lambda: _at_least(int(chart.get_attribute("data-points")), 2), "round 1 on the curve")
             read = "['#chart-loss', '#points'].map(s => document.querySelector(s))"
             chart_points, visible = page.evaluate(f"{read}.map((e, i) => i ? e.textContent : e.dataset.points)")
             assert chart_points == visible  # the visible "rounds: N" says the same (read at one instant)
             page.screenshot(path=str(out / "1-first-rounds.png"))
-            second = _until(lambda: _at_least(int(chart.get_attribute("data-points")), first + 1), "another round")
+            second = wait_until(lambda: _at_least(int(chart.get_attribute("data-points")), first + 1), "another round")
             assert second > first and page.locator("#chart-loss canvas").count() == 1  # uPlot drew it
 
             # Every worker has its row; the attacker's flag appears in its own.
             rows = page.locator("#workers tbody tr")
-            _until(lambda: rows.count() == 4, "four rows in the worker table")
+            wait_until(lambda: rows.count() == 4, "four rows in the worker table")
             shown = {rows.nth(i).get_attribute("data-worker-id") for i in range(rows.count())}
             assert shown == workers
             flag = page.locator(f'#workers tr[data-worker-id="{byz}"] .flag', has_text="harmful")
@@ -215,7 +205,7 @@ def test_the_page_works_behind_a_path_prefix(tmp_path, databases):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     real = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    _until(lambda: server.started, "the coordinator up", timeout=30)
+    wait_until(lambda: server.started, "the coordinator up", timeout=30)
     proxy = "http://aitbc.test"
     outside: list[str] = []
     problems: list[str] = []

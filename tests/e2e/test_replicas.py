@@ -18,6 +18,7 @@ import time
 
 import httpx
 import pytest
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -70,23 +71,13 @@ def _health(url: str) -> dict:
     return httpx.get(url + "/v1/health", timeout=5).json()
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
 def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
     if databases.backend != "postgresql":
         pytest.skip("replicas share a PostgreSQL database: AITBC_TEST_DB=postgresql (make test-pg)")
     urls = {"a": stack.url, "b": f"http://127.0.0.1:{_free_port()}"}
     flags = ("--driver-lease", str(DRIVER_LEASE), "--heartbeat-flush", "0.5")
     stack.start_coordinator(name="a", lease=6.0, extra=flags)
-    _wait(lambda: _health(urls["a"])["driving"], 30, "a driving")
+    wait_until(lambda: _health(urls["a"])["driving"], "a driving", 30)
     stack.start_coordinator(name="b", lease=6.0, port=int(urls["b"].rsplit(":", 1)[1]), extra=flags)
     a, b = _health(urls["a"]), _health(urls["b"])
     assert a["driving"] and not b["driving"] and a["replica"] != b["replica"]
@@ -104,7 +95,7 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
 
     stack.wait_run(run_id, lambda r: r["rounds_completed"] >= 3, timeout=180, what="round 3")
     # the one that drives now (A, unless a stall of A's on this loaded machine let B take over)
-    driving = _wait(lambda: [n for n, u in urls.items() if _health(u)["driving"]], 30, "a driver")
+    driving = wait_until(lambda: [n for n, u in urls.items() if _health(u)["driving"]], "a driver", 30)
     assert len(driving) == 1, driving
     killed = driving[0]
     survivor = "b" if killed == "a" else "a"
@@ -112,7 +103,7 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
     watch.drop(killed)
     killed_at = time.monotonic()
     stack.kill(killed, signal.SIGKILL)
-    _wait(lambda: _health(urls[survivor])["driving"], 20 * DRIVER_LEASE, f"{survivor} driving")
+    wait_until(lambda: _health(urls[survivor])["driving"], f"{survivor} driving", 20 * DRIVER_LEASE)
     took = time.monotonic() - killed_at
     print(f"takeover: {survivor} drives {took:.2f} s after {killed}'s SIGKILL (driver lease {DRIVER_LEASE:g} s)")
     at_kill = stack.api(f"/runs/{run_id}")["rounds_completed"]
@@ -120,7 +111,7 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
 
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
     assert run["status"] == "complete", run["error"]
-    _wait(lambda: stack.api(f"/runs/{run_id}/payments")["settled_round"] == ROUNDS, 120, "every round settled")
+    wait_until(lambda: stack.api(f"/runs/{run_id}/payments")["settled_round"] == ROUNDS, "every round settled", 120)
     watch.stop.set()
     watch.join(timeout=30)
     assert watch.answers > 20 and watch.failures == []
