@@ -66,6 +66,11 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 INIT = ("distributed-training", "init", "--wallet", "owner", "--target-workers", "2")
 
 
+def cmd(name: str) -> tuple[str, ...]:
+    """``aitbc distributed-training NAME`` on a run id that need not exist (refused first)."""
+    return ("distributed-training", name, "--training-id", "training_x", "--wallet", "owner")
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -90,123 +95,40 @@ INIT = ("distributed-training", "init", "--wallet", "owner", "--target-workers",
             "--budget must be more than 0 AIT; got 0",
         ),
         (
-            (
-                "distributed-training",
-                "upload-data",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--data-path",
-                "mnist",
-            ),
+            (*cmd("upload-data"), "--data-path", "mnist"),
             "--data-path 'mnist': no such file or folder, and not a dataset name (one of: digits, npz, stdlib, text",
         ),
         (
-            (
-                "distributed-training",
-                "discover-workers",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--required-workers",
-                "2",
-                "--min-gpu",
-                "GTX1",
-            ),
+            (*cmd("discover-workers"), "--required-workers", "2", "--min-gpu", "GTX1"),
             "--min-gpu: unknown GPU class 'GTX1'; known: H100",
         ),
         (
-            (
-                "distributed-training",
-                "distribute",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--mode",
-                "gossip",
-            ),
+            (*cmd("distribute"), "--mode", "gossip"),
             "--mode 'gossip': live runs support sync (with --deadline/--quorum) and async (--buffer, --max-staleness); "
             "gossip runs only in `aitbc simulate`",
         ),
         (
-            (
-                "distributed-training",
-                "discover-workers",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--required-workers",
-                "0",
-            ),
+            (*cmd("discover-workers"), "--required-workers", "0"),
             "--required-workers must be at least 1; got 0",
         ),
         (
-            (
-                "distributed-training",
-                "distribute",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--aggregator",
-                "avg",
-            ),
+            (*cmd("distribute"), "--aggregator", "avg"),
             "--aggregator: unknown aggregator 'avg'; allowed: bulyan, centered-clip, geometric-median, krum, mean",
         ),
         (
-            (
-                "distributed-training",
-                "distribute",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--compression",
-                "zip",
-            ),
+            (*cmd("distribute"), "--compression", "zip"),
             "--compression: unknown codec 'zip'; allowed: bf16, fp16, int4, int8, none, powersgd, sign, sparseloco, topk, topk-int8",
         ),
         (
-            (
-                "distributed-training",
-                "distribute",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--compression",
-                "topk:ratio=7",
-            ),
+            (*cmd("distribute"), "--compression", "topk:ratio=7"),
             "--compression: codec 'topk': ratio must be in (0, 1], got 7.0",
         ),
         (
-            (
-                "distributed-training",
-                "distribute",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--outer",
-                "adam",
-            ),
+            (*cmd("distribute"), "--outer", "adam"),
             "--outer: unknown outer optimizer 'adam'; allowed: diloco, fedavg",
         ),
         (
-            (
-                "distributed-training",
-                "distribute",
-                "--training-id",
-                "training_x",
-                "--wallet",
-                "owner",
-                "--precision",
-                "fp16",
-            ),
+            (*cmd("distribute"), "--precision", "fp16"),
             "--precision 'fp16' is not available; choose one of: fp32, bf16",
         ),
         (("demo", "--model", "resnet"), "--model: unknown model 'resnet'; allowed: cnn, mlp, transformer"),
