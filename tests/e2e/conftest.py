@@ -229,6 +229,28 @@ class Stack:
             time.sleep(0.1)
         raise AssertionError(f"run {run_id}: {what} not reached in {timeout} s; last: {json.dumps(run)[:2000]}")
 
+    def finalized(self, run_id: str, timeout: float = 120) -> dict:
+        """The run's payments once the coordinator has finalized them (every round settled,
+        bonds returned, the rest of the escrow refunded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pay = self.api(f"/runs/{run_id}/payments")
+            if pay["finalized"]:
+                return pay
+            time.sleep(0.2)
+        raise AssertionError(f"payments of {run_id} not finalized: {pay}")
+
+    def start_honest_and_skipper(self) -> list[str]:
+        """Three honest workers (honest0 keeps its committed states on disk, not in memory)
+        and ``skipper``, which skips half its steps; all four offers up. The honest names."""
+        honest = [f"honest{i}" for i in range(3)]
+        for name in honest:
+            extra = ("--proof-memory-mb", "0") if name == "honest0" else ()
+            self.start_worker(name, max_bond="5", funds="10", extra=extra)
+        self.start_worker("skipper", max_bond="5", funds="10", cheat="skip-half")
+        self.wait_offers(4)
+        return honest
+
     def engine(self) -> Engine:
         """An engine on the coordinator's database, to read (or change) what it holds; the
         caller disposes of it."""

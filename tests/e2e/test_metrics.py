@@ -57,13 +57,6 @@ def _wait_metrics(url: str, cond, timeout: float = 30) -> dict:
         time.sleep(0.2)
 
 
-def _finalized(stack, run_id: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not stack.api(f"/runs/{run_id}/payments")["finalized"]:
-        assert time.monotonic() < deadline, f"payments of {run_id} not finalized"
-        time.sleep(0.2)
-
-
 def test_metrics_match_the_record_of_a_live_run(stack):
     stack.start_coordinator()
     port = _free_port()
@@ -89,7 +82,7 @@ def test_metrics_match_the_record_of_a_live_run(stack):
 
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
     assert run["status"] == "complete", run["error"]
-    _finalized(stack, run_id)
+    stack.finalized(run_id)
     m = scrape(f"{stack.url}/metrics")
 
     # Rounds: every closed round of GET /rounds, each closed by the driver (the histogram).

@@ -30,12 +30,7 @@ ROUNDS = 6
 
 def test_overlapping_rounds_are_verified_paid_once_and_survive_a_coordinator_kill(stack):
     stack.start_coordinator()
-    honest = [f"honest{i}" for i in range(3)]
-    for name in honest:  # honest0 keeps its committed states on disk, not in memory
-        extra = ("--proof-memory-mb", "0") if name == "honest0" else ()
-        stack.start_worker(name, max_bond="5", funds="10", extra=extra)
-    stack.start_worker("skipper", max_bond="5", funds="10", cheat="skip-half")
-    stack.wait_offers(4)
+    honest = stack.start_honest_and_skipper()
     run_id = stack.init_run("--bond", "2", workers=4)
     stack.start_run(run_id, workers=4, rounds=ROUNDS, local_steps=200, verify_rate=0.25, overlap=1)
     stack.wait_run(run_id, lambda r: r["rounds_completed"] >= 2, timeout=120, what="2 rounds")

@@ -13,16 +13,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pay = stack.api(f"/runs/{run_id}/payments")
-        if pay["finalized"]:
-            return pay
-        time.sleep(0.2)
-    raise AssertionError(f"payments of {run_id} not finalized: {pay}")
-
-
 def _verify(stack) -> dict:
     r = stack.cli("ledger", "verify", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -39,7 +29,7 @@ def test_byzantine_worker_is_slashed_and_honest_workers_are_paid(stack):
     stack.start_run(run_id, workers=4, rounds=6, local_steps=20, aggregator="trimmed-mean:beta=0.25")
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
     assert run["status"] == "complete", run["error"]
-    pay = _finalized(stack, run_id)
+    pay = stack.finalized(run_id)
 
     byz_id = stack.worker_id("byz")
     rows = {r["worker_id"]: r for r in pay["data"]}
@@ -107,7 +97,7 @@ def test_settlement_is_exactly_once_across_a_coordinator_kill(stack):
 
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
     assert run["status"] == "complete", run["error"]
-    _finalized(stack, run_id)
+    stack.finalized(run_id)
     settled = stack.rows("SELECT contract_id, round, paid, entry_seq FROM settlements WHERE run_id = :r", r=run_id)
     assert len(settled) == 9 and len({(c, r) for c, r, _, _ in settled}) == 9
     entries = stack.rows("SELECT key, amount FROM ledger_entries WHERE kind = 'settle'")

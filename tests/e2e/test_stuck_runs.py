@@ -16,16 +16,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 STUCK = 4.0
 
 
-def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pay = stack.api(f"/runs/{run_id}/payments")
-        if pay["finalized"]:
-            return pay
-        time.sleep(0.2)
-    raise AssertionError(f"payments of {run_id} not finalized: {pay}")
-
-
 def test_run_whose_workers_are_all_gone_fails_and_refunds(stack):
     stack.env["AITBC_STUCK_SECONDS"] = str(STUCK)
     stack.start_coordinator(lease=2.0)
@@ -53,7 +43,7 @@ def test_run_whose_workers_are_all_gone_fails_and_refunds(stack):
     assert "stuck" in run["error"] and "no active worker" in run["error"], run["error"]
     assert waited >= STUCK  # the lease (2 s) and then the configured wait
 
-    pay = _finalized(stack, run_id)
+    pay = stack.finalized(run_id)
     rows = {r["worker_id"]: r for r in pay["data"]}
     assert rows[byz_id]["status"] == "slashed" and rows[byz_id]["slashed_micro"] == 2_000_000
     r = stack.cli("ledger", "verify", "--json")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -42,16 +41,6 @@ def _verify(stack) -> dict:
 
 def _balances(stack) -> dict[str, int]:
     return stack.api("/ledger/balances")["data"]
-
-
-def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pay = stack.api(f"/runs/{run_id}/payments")
-        if pay["finalized"]:
-            return pay
-        time.sleep(0.2)
-    raise AssertionError(f"payments of {run_id} not finalized: {pay}")
 
 
 def _owner(stack) -> Agent:
@@ -119,7 +108,7 @@ def test_in_range_config_that_diverges_fails_the_run_and_slashes_nobody(stack):
         owner.start_training(run_id, 4, 20, lr=0.1, outer="fedavg", outer_options={"lr": 10.0})
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=180, what="the end")
     assert run["status"] == "failed" and run["error"].startswith("diverged:"), run["error"]
-    pay = _finalized(stack, run_id)
+    pay = stack.finalized(run_id)
     for row in pay["data"]:
         assert row["slashed_micro"] == 0 and row["status"] != "slashed", row
     bad = int(re.match(r"diverged: round (\d+)'s", run["error"]).group(1))
@@ -150,7 +139,7 @@ def test_scaled_update_under_mean_is_rejected_and_slashed_and_training_improves(
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=240, what="the end")
     assert run["status"] == "complete", run["error"]
     assert run["config"]["aggregator"] == "mean"
-    pay = _finalized(stack, run_id)
+    pay = stack.finalized(run_id)
 
     byz_id = stack.worker_id("byz")
     rows = {r["worker_id"]: r for r in pay["data"]}

@@ -15,7 +15,6 @@ re-run can tell). The owner distributes with ``--verify-rate 0.25``:
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -28,30 +27,15 @@ PRICE = 1_000_000  # each provider's asking price (1.00 AIT a round)
 ROUNDS = 4
 
 
-def _finalized(stack, run_id: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pay = stack.api(f"/runs/{run_id}/payments")
-        if pay["finalized"]:
-            return pay
-        time.sleep(0.2)
-    raise AssertionError(f"payments of {run_id} not finalized: {pay}")
-
-
 def test_a_worker_skipping_half_its_steps_is_caught_slashed_and_ejected(stack):
     stack.start_coordinator()
-    honest = [f"honest{i}" for i in range(3)]
-    for name in honest:  # honest0 keeps its committed states on disk, not in memory
-        extra = ("--proof-memory-mb", "0") if name == "honest0" else ()
-        stack.start_worker(name, max_bond="5", funds="10", extra=extra)
-    stack.start_worker("skipper", max_bond="5", funds="10", cheat="skip-half")
-    stack.wait_offers(4)
+    honest = stack.start_honest_and_skipper()
     run_id = stack.init_run("--bond", "2", workers=4)
     stack.start_run(run_id, workers=4, rounds=ROUNDS, local_steps=20, verify_rate=0.25)
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
     assert run["status"] == "complete", run["error"]
     assert run["config"]["verify_rate"] == 0.25
-    pay = _finalized(stack, run_id)
+    pay = stack.finalized(run_id)
 
     cheat_id = stack.worker_id("skipper")
     ups = {
