@@ -5,6 +5,7 @@ worker live for both, and a clean stop hands the rounds over."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -275,3 +276,84 @@ def test_no_round_closes_or_settles_without_the_lease(tmp_path, databases, api):
     finally:
         keep.set()
         stop()
+
+
+# --- replay protection shared by the replicas ----------------------------------------------
+
+
+def test_a_request_replayed_to_the_other_replica_is_refused(tmp_path, databases, api):
+    """A captured signed request is accepted once across the replicas: the second replica
+    finds its nonce in the shared table (PostgreSQL), and the money moved once."""
+    if databases.backend != "postgresql":
+        pytest.skip("replicas share nonces on PostgreSQL (AITBC_TEST_DB=postgresql, make test-pg)")
+    url = databases.new(tmp_path / "db")
+    home = tmp_path / "home"
+    first, stop_first = api.start_coordinator(home, db_url=url)
+    try:
+        second, stop_second = api.start_coordinator(home, db_url=url)
+    except BaseException:
+        stop_first()
+        databases.drop(url)
+        raise
+    try:
+        assert first.ctx.nonces.shared and second.ctx.nonces.shared
+        w = api.Wallet.generate("w")
+        data = json.dumps({"amount": "3"}).encode()
+        headers = {"content-type": "application/json", **api.sign_request(w, "POST", "/v1/wallets/fund", data)}
+        with first.http() as h:
+            assert h.post("/v1/wallets/fund", content=data, headers=headers).status_code == 201
+        before = second.snapshot()
+        with second.http() as h:
+            r = h.post("/v1/wallets/fund", content=data, headers=headers)
+        api.assert_error(r, 401, "replayed_nonce", "already used")
+        assert second.snapshot() == before
+        with first.http() as h:  # and to the first again, as before
+            api.assert_error(h.post("/v1/wallets/fund", content=data, headers=headers), 401, "replayed_nonce")
+        assert first.client("w", wallet=w).get(f"/wallets/{w.address}/balance")["balance_micro"] == 3_000_000
+    finally:
+        for stop in (stop_first, stop_second):
+            stop()
+        databases.drop(url)
+
+
+def test_shared_nonces_accept_each_nonce_once_until_it_expires(tmp_path, databases):
+    from aitbc.coordinator.nonces import SharedNonces, nonce_store
+    from aitbc.ledger.signing import NonceCache
+
+    url = databases.new(tmp_path / "db")
+    engine = make_engine(url)
+    try:
+        if databases.backend != "postgresql":
+            assert isinstance(nonce_store(engine, 10.0), NonceCache)  # one process: in memory
+            return
+        a, b = SharedNonces(engine, 10.0), SharedNonces(engine, 10.0)
+        t = 1000.0
+        assert a.check_and_add("00" * 16, t, t) and not b.check_and_add("00" * 16, t, t + 1)
+        assert not a.check_and_add("00" * 16, t, t + 9.9)  # still within its window
+        assert b.check_and_add("00" * 16, t + 11, t + 11)  # expired: taken over, as the memory cache forgets
+        assert not a.check_and_add("00" * 16, t + 11, t + 12)
+
+        # racing replicas: of many given one nonce at once, exactly one accepts
+        stores = [SharedNonces(engine, 10.0) for _ in range(4)]
+        for k in range(10):
+            nonce, go, won = f"a{k:031x}", threading.Barrier(len(stores)), []
+
+            def claim(store: SharedNonces, nonce: str = nonce, go: threading.Barrier = go, won: list = won) -> None:
+                go.wait()
+                if store.check_and_add(nonce, t, t):
+                    won.append(store)
+
+            threads = [threading.Thread(target=claim, args=(s,)) for s in stores]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(30)
+            assert len(won) == 1, won
+
+        # expired rows are purged (about twice a window), unexpired ones kept
+        fresh = SharedNonces(engine, 10.0)
+        assert fresh.check_and_add("ff" * 16, 5000.0, 5000.0)
+        assert len(fresh) == 1  # everything stamped at t (1000) expired by 5000 and is gone
+    finally:
+        engine.dispose()
+        databases.drop(url)

@@ -18,9 +18,10 @@ from aitbc.coordinator.db import make_engine, make_sessions
 from aitbc.coordinator.lease import DriverLease, replica_id
 from aitbc.coordinator.metrics import CoordinatorMetrics
 from aitbc.coordinator.models import Offer
+from aitbc.coordinator.nonces import nonce_store
 from aitbc.coordinator.peers import PeerBook
 from aitbc.ledger.book import Ledger
-from aitbc.ledger.signing import NonceCache
+from aitbc.ledger.signing import NonceStore
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.storage.blobstore import LocalBlobStore
 
@@ -119,7 +120,7 @@ class Context:
     store: LocalBlobStore
     liveness: Liveness
     notifier: Notifier
-    nonces: NonceCache
+    nonces: NonceStore
     started_at: float
     ledger: Ledger
     # Which replica drives the rounds (coordinator.lease); this process's part in it.
@@ -161,7 +162,7 @@ def build_context(settings: Settings) -> Context:
         store=LocalBlobStore(settings.home, max_size=settings.max_blob_bytes),
         liveness=Liveness(),
         notifier=Notifier(),
-        nonces=NonceCache(window=2 * settings.max_skew_seconds),
+        nonces=nonce_store(engine, window=2 * settings.max_skew_seconds),
         started_at=time.time(),
         ledger=Ledger(ensure_wallet(settings.home, "coordinator"), settings.network),
         lease=DriverLease(sessions, replica_id(), settings.driver_lease_seconds, local_lock=_sqlite_lock(engine)),

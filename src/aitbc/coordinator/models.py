@@ -318,3 +318,14 @@ class DriverLease(Base):
     holder: Mapped[str] = mapped_column(String(64))  # the holding process's replica id
     expires_at: Mapped[float] = mapped_column(Float)  # its holder's clock; taken by another after it
     since: Mapped[float] = mapped_column(Float)  # when this holder took it
+
+
+class SeenNonce(Base):
+    """A signed request's nonce, seen by one of the replicas sharing this database
+    (:mod:`.nonces`): a request replayed to another replica is refused like one replayed
+    to the same. Kept until ``expires_at`` (its timestamp plus the window), then purged."""
+
+    __tablename__ = "seen_nonces"
+
+    nonce: Mapped[str] = mapped_column(String(32), primary_key=True)  # 32 lower-case hex digits
+    expires_at: Mapped[float] = mapped_column(Float, index=True)

@@ -33,7 +33,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -123,6 +123,16 @@ class SignatureError(Exception):
         return self.detail
 
 
+class NonceStore(Protocol):
+    """Where a verifier remembers nonces: this module's in-memory ``NonceCache``, or the
+    coordinator replicas' shared table (``coordinator.nonces``)."""
+
+    window: float
+    shared: bool  # True: each check is a database round trip (keep it off an event loop)
+
+    def check_and_add(self, nonce: str, timestamp: float, now: float) -> bool: ...
+
+
 class NonceCache:
     """The nonces seen in the last ``window`` seconds (thread-safe).
 
@@ -130,6 +140,8 @@ class NonceCache:
     older than that is refused by the timestamp check, so ``window`` must be at least
     the ``max_skew`` it is used with (``verify_request`` checks). Expired entries are
     dropped as new ones arrive (a heap ordered by expiry: amortised O(log n))."""
+
+    shared = False
 
     def __init__(self, window: float) -> None:
         if not window > 0 or math.isinf(window):
@@ -231,7 +243,7 @@ def verify_request(
     *,
     now: float,
     max_skew: float,
-    nonces: NonceCache,
+    nonces: NonceStore,
     not_before: float = 0.0,
 ) -> str:
     """Check a signed request and return the signer's public key (lower-case hex).

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from aitbc.coordinator.context import Context
 from aitbc.ledger.book import RequestAuth
@@ -87,12 +88,16 @@ async def signed(request: Request, ctx: Annotated[Context, Depends(get_context)]
     """The signer of a request whose body digest is signed (every JSON request).
     A missing, wrong, expired or replayed signature raises ``SignatureError`` (401)."""
     body = await request.body()
+    if ctx.nonces.shared:  # the nonce check is a database round trip: not on the event loop
+        return await run_in_threadpool(_verify, ctx, request, body_digest(body), body)
     return _verify(ctx, request, body_digest(body), body)
 
 
 async def signed_stream(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:
     """The signer of a streamed upload: the body is not read here; the CID in the path,
     checked as the bytes arrive, binds the content instead of a digest."""
+    if ctx.nonces.shared:
+        return await run_in_threadpool(_verify, ctx, request, UNSIGNED_PAYLOAD)
     return _verify(ctx, request, UNSIGNED_PAYLOAD)
 
 
