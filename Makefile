@@ -68,6 +68,7 @@ lint: $(LINT_STAMP)
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-deps "flwr>=1.5"  # its caps would downgrade typer, pathspec: see pyproject
 	touch $(BENCH_STAMP)
 
 # All benchmarks, one after another; each prints its table and writes bench/results/<name>.json.
