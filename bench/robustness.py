@@ -39,7 +39,9 @@ written to ``results/robustness_rows.json``. With ``--merge`` they go into the e
 ``results/robustness.json`` instead (other cells and the honest-only rows kept as they
 were, each merge listed under ``merges``), and every table and verdict is printed from the
 merged matrix, so its output replaces ``results/robustness.txt``. ``--report`` runs
-nothing and prints those tables again.
+nothing and prints those tables again. ``--attacks ipm:evade=0.05`` (outside the default
+matrix) is a trend-aware IPM: the last global update is public, so it keeps a small
+positive cosine with it and the trend lets it through.
 
 One seed per cell (seed 0; ``--seed K`` runs another, written to ``robustness_rows.json``):
 measured on alpha = 0.3 with seeds 0-2, a cell's accuracy varies by 1-3 points from seed
@@ -66,6 +68,9 @@ from aitbc.errors import UsageError
 
 ATTACKS = ["sign-flip", "gaussian", "label-flip", "alie", "ipm", "free-rider"]
 SCALED = ["scale:factor=1e3", "scale:factor=1e10", "scale:factor=3e38"]  # times an honest update
+# adaptive attacks, outside the default matrix (``--attacks`` only): IPM that keeps a small
+# positive cosine with the last global update, so the trend lets it through
+ADAPTIVE = ["ipm:evade=0.05"]
 AGGREGATORS = [
     "mean",
     "median",
@@ -147,9 +152,9 @@ def main() -> None:
     shards = [None] if args.scaled else [None if s.strip() == "iid" else float(s) for s in args.shards.split(",")]
     chosen_aggs = [a.strip() for a in args.aggregators.split(";") if a.strip()] if args.aggregators else None
     chosen_attacks = [a.strip() for a in args.attacks.split(",") if a.strip()] if args.attacks else None
-    unknown = [a for a in chosen_attacks or [] if a not in [*ATTACKS, *SCALED]]
+    unknown = [a for a in chosen_attacks or [] if a not in [*ATTACKS, *SCALED, *ADAPTIVE]]
     if unknown:
-        ap.error(f"unknown attack {unknown[0]!r}; allowed: {', '.join([*ATTACKS, *SCALED])}")
+        ap.error(f"unknown attack {unknown[0]!r}; allowed: {', '.join([*ATTACKS, *SCALED, *ADAPTIVE])}")
     args.merge = args.merge or args.report
     if args.merge and (args.quick or args.scaled):
         ap.error("--merge writes into the full matrix: not with --quick or --scaled")
@@ -180,7 +185,9 @@ def main() -> None:
     for alpha in [] if args.report else shards:
         label = shard_label(alpha)
         cols = ["clean", *attacks, *(SCALED if alpha is None else [])]
-        run_cols = cols if chosen_attacks is None else ["clean", *(c for c in cols if c in chosen_attacks)]
+        run_cols = (
+            cols if chosen_attacks is None else ["clean", *(c for c in [*cols, *ADAPTIVE] if c in chosen_attacks)]
+        )
         table = results.setdefault(label, {})
         rows = [a for a in aggregators if alpha != HARD_ALPHA or a in HARD_AGGREGATORS]
         for agg in rows if chosen_aggs is None else [a for a in chosen_aggs if alpha != HARD_ALPHA or a in rows]:
@@ -199,7 +206,8 @@ def main() -> None:
     for label in sorted(results, key=lambda s: (shard_order.index(s) if s in shard_order else len(shard_order), s)):
         table = dict(sorted(results[label].items(), key=lambda kv: _row_order(kv[0])))
         results[label] = table
-        cols = ["clean", *attacks, *(SCALED if label == "iid" else [])]
+        extra = [c for c in ADAPTIVE if any(c in row for row in table.values())]
+        cols = ["clean", *attacks, *(SCALED if label == "iid" else []), *extra]
         if args.merge:
             print(
                 f"  {label:13s} honest workers alone           {fmt(ceilings.get(label, 'n/a'))} (kept from the merged results)"
@@ -210,7 +218,7 @@ def main() -> None:
             ["aggregator", *cols],
             [[agg, *(fmt(row.get(c, "not run")) for c in cols)] for agg, row in table.items()],
         )
-        verdicts[label] = report(table, attacks, ceilings.get(label))
+        verdicts[label] = report(table, [*attacks, *extra], ceilings.get(label))
 
     payload = {
         "machine": machine(),
