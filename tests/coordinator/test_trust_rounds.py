@@ -18,6 +18,7 @@ import torch
 from tests.conftest import wait_until
 
 from aitbc.client import ApiError
+from aitbc.core.aggregation import parse_aggregator
 
 from .conftest import round_params
 
@@ -163,3 +164,40 @@ def test_trend_leaves_out_an_update_against_the_last_step_and_scoring_agrees(api
     # the median of three keeps one update per coordinate: the honest shares cover them all
     assert all(kept[w.wallet.address] > 0 for w in (a, b, c))
     assert abs(sum(kept[w.wallet.address] for w in (a, b, c)) - 1.0) < 1e-9
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["remembered", "rebuilt"])
+def test_centered_clip_starts_from_the_last_step_live(api, new_coordinator, cold):
+    """``centered-clip:start=previous``: round 2's clipping starts from the model's last step,
+    round 0's checkpoint minus round 1's, the reference the simulator passes too. Round 1 has
+    none and starts from the medoid. ``rebuilt``: the driver forgets the step (as after a
+    restart) and rebuilds it from the checkpoints."""
+    spec = "centered-clip:start=previous"
+    t = api.start_training_run(new_coordinator(), 4, aggregator=spec)
+    g = torch.Generator().manual_seed(4)
+    pairs = [(w, t.jobs[w.wallet.address]) for w in t.workers]
+    base = 1e-3 * torch.randn(t.d, generator=g)  # (d,) the direction every honest update shares
+    one = [base + 3e-4 * torch.randn(t.d, generator=g) for _ in pairs]
+    for (w, j), u in zip(pairs, one, strict=True):
+        _submit(api, t, w, j, u)
+    _wait(lambda: t.owner.get(f"/runs/{t.run_id}")["round"] == 2, what="round 2 open")
+    if cold:
+        t.coord.ctx.runtimes[t.run_id].steps.clear()
+    honest = [base + 3e-4 * torch.randn(t.d, generator=g) for _ in range(3)]
+    two = [*honest, -0.5 * torch.stack(honest).mean(0)]  # the last one IPM: near the centre, backwards
+    for (w, j), u in zip(pairs, two, strict=True):
+        _submit(api, t, w, j, u, r=2)
+    _settled(t, 2)
+
+    samples = {
+        r["worker_id"]: float(r["samples"])
+        for r in t.coord.rows("SELECT worker_id, samples FROM updates WHERE run_id = :r AND round = 2", r=t.run_id)
+    }
+    w2 = torch.tensor([samples[w.wallet.address] for w, _ in pairs])
+    first_step = round_params(t, 0) - round_params(t, 1)  # fedavg, lr 1: round 1's aggregate
+    torch.testing.assert_close(first_step, parse_aggregator(spec)(torch.stack(one), w2), rtol=0, atol=1e-6)
+    step = round_params(t, 1) - round_params(t, 2)
+    expected = parse_aggregator(spec)(torch.stack(two), w2, reference=first_step)
+    torch.testing.assert_close(step, expected, rtol=0, atol=1e-6)
+    from_medoid = parse_aggregator("centered-clip")(torch.stack(two), w2)
+    assert float((expected - from_medoid).abs().max()) > 1e-5  # the start made a difference

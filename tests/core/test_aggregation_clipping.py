@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from aitbc.core.aggregation import _sorting, aggregate, aggregate_with_info, clipping
+from aitbc.core.aggregation import _sorting, aggregate, aggregate_with_info, clipping, parse_aggregator
 from aitbc.errors import UsageError
 
 
@@ -174,12 +174,126 @@ def test_centered_clip_from_the_medoid_gives_an_overflowing_update_no_weight():
         ({"tau": 0.0}, "centered-clip needs tau > 0 or tau=auto, got tau=0.0"),
         ({"tau": "big"}, "aggregator 'centered-clip' option tau='big' must be float or auto"),
         ({"iters": 0}, "centered-clip needs iters >= 1, got iters=0"),
-        ({"start": "mean"}, "aggregator 'centered-clip' option start='mean' must be one of: medoid, median"),
+        ({"start": "mean"}, "aggregator 'centered-clip' option start='mean' must be one of: medoid, median, previous"),
     ],
 )
 def test_centered_clip_rejects_bad_options(options, message):
     with pytest.raises(UsageError, match=message):
         aggregate("centered-clip", torch.zeros(3, 2), **options)
+
+
+# --- centered clipping from the previous step (start=previous) -----------------------------------
+
+
+def reference_from(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, tau: float | None, iters: int) -> torch.Tensor:
+    """The paper's iteration from the given start ``v``; ``tau`` None: the lower median of
+    every update's distance from ``v``."""
+    if tau is None:
+        dist = (x - v).norm(dim=1)
+        tau = float(dist.sort().values[(dist.numel() - 1) // 2])
+    w = w / w.sum()
+    for _ in range(iters):
+        diff = x - v  # (n, d)
+        norm = diff.norm(dim=1)
+        scale = torch.where(norm > 0, (tau / norm).clamp(max=1.0), torch.ones_like(norm))
+        v = v + (w[:, None] * diff * scale[:, None]).sum(0)
+    return v
+
+
+def from_previous(spec: str, x: torch.Tensor, reference: torch.Tensor | None, w: torch.Tensor | None = None):
+    return parse_aggregator(spec).with_info(x, w, reference=reference)
+
+
+def test_centered_clip_from_the_previous_step_hand_computed():
+    x = torch.tensor([[0.0], [1.0], [10.0]])
+    # from 2: differences -2, -1, 8 -> clipped at tau=2: -2, -1, 2 -> mean -1/3 -> 5/3
+    # from 5/3: -5/3, -2/3, 25/3 -> -5/3, -2/3, 2 -> mean -1/9 -> 14/9
+    out1, _ = from_previous("centered-clip:tau=2,iters=1,start=previous", x, torch.tensor([2.0]))
+    out2, _ = from_previous("centered-clip:tau=2,iters=2,start=previous", x, torch.tensor([2.0]))
+    assert_close(out1, torch.tensor([5 / 3]))
+    assert_close(out2, torch.tensor([14 / 9]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 10),
+    d=st.integers(1, 12),
+    tau=st.one_of(st.none(), st.floats(0.05, 5.0)),
+    iters=st.integers(1, 4),
+    weighted=st.booleans(),
+    shift=st.sampled_from([0.0, 1.0, 30.0]),
+)
+def test_centered_clip_from_the_previous_step_matches_the_direct_iteration(seed, n, d, tau, iters, weighted, shift):
+    g = torch.Generator().manual_seed(seed)
+    x = random_updates(seed, n, d) + shift * torch.randn(d, generator=g, dtype=torch.float64)  # a shared component
+    ref = torch.randn(d, generator=g, dtype=torch.float64) + shift * 0.9 * x.mean(0) / max(shift, 1.0)
+    w = torch.rand(n, generator=g, dtype=torch.float64) + 0.1 if weighted else torch.ones(n, dtype=torch.float64)
+    spec = f"centered-clip:start=previous,iters={iters}" + ("" if tau is None else f",tau={tau}")
+
+    out, info = from_previous(spec, x, ref, w)
+
+    expected = reference_from(x, w, ref, tau, iters)
+    assert_close(out, expected, atol=1e-9 * (1 + shift**2), rtol=1e-7)
+    # each step moves the center by a weighted mean of differences clipped to tau: at most tau
+    radius = tau if tau is not None else float((x - ref).norm(dim=1).sort().values[(n - 1) // 2])
+    assert float((out - ref).norm()) <= iters * radius * (1 + 1e-9) + 1e-9
+    assert info.weight is not None and info.kept_fraction is not None
+    assert bool((info.weight >= 0).all())
+    if float(info.weight.sum()) > 0:
+        assert_close(info.weight.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_identical_updates_pull_less_from_the_previous_step_than_from_the_medoid():
+    # nine spread honest updates around (1, 0) and three identical ones at -0.5 times the
+    # honest centre (IPM): their zero-distance cluster makes the medoid start one of them;
+    # from the previous step (here the honest centre itself) they are clipped like the rest
+    g = torch.Generator().manual_seed(0)
+    honest = torch.tensor([1.0, 0.0]) + 1.5 * torch.randn(9, 2, generator=g, dtype=torch.float64)
+    centre = honest.mean(0)
+    x = torch.cat([honest, (-0.5 * centre).expand(3, 2)])
+
+    from_medoid, _ = from_previous("centered-clip", x, None)
+    from_step, _ = from_previous("centered-clip:start=previous", x, centre)
+
+    # progress along the honest direction: the mean 0.059, the medoid start 0.076, the step 0.082 (of 0.095)
+    assert float(from_step @ centre) > float(from_medoid @ centre) > float(x.mean(0) @ centre)
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [None, torch.zeros(5), torch.full((5,), float("nan")), torch.full((5,), 3e38)],
+    ids=["none", "zero", "nan", "overflowing-norm"],
+)
+def test_centered_clip_without_a_usable_previous_step_starts_from_the_medoid(reference):
+    x = random_updates(7, 8, 5)
+    spec = "centered-clip:start=previous"
+
+    assert_close(parse_aggregator(spec)(x, reference=reference), aggregate("centered-clip", x))
+
+
+def test_centered_clip_from_the_previous_step_gives_an_overflowing_update_no_weight():
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(1))  # float32
+    x[4] = 1e30  # finite, but its squared norm (and its dot with the reference) overflows float32
+    ref = x[[0, 1, 2, 3, 5, 6]].mean(0)
+
+    out, info = from_previous("centered-clip:start=previous", x, ref)
+
+    assert bool(torch.isfinite(out).all())
+    assert info.weight is not None and float(info.weight[4]) == 0.0
+    # it counts in no radius and pulls nothing: 3 steps of at most the others' median distance
+    finite = torch.cat([x[:4], x[5:]])
+    radius = float((finite - ref).norm(dim=1).sort().values[(6 - 1) // 2])
+    assert float((out - ref).norm()) <= 3 * radius * (1 + 1e-5)
+
+
+def test_only_start_previous_makes_the_pipeline_read_the_reference():
+    assert parse_aggregator("centered-clip:start=previous").uses_reference
+    assert parse_aggregator("nnm:f=1+centered-clip:start=previous").uses_reference
+    assert not parse_aggregator("centered-clip").uses_reference
+    assert not parse_aggregator("centered-clip:start=median").uses_reference
+    with pytest.raises(UsageError, match=r"reference must have shape \(3,\) like one update, got \(2,\)"):
+        parse_aggregator("centered-clip:start=previous")(torch.zeros(4, 3), reference=torch.zeros(2))
 
 
 # --- geometric median ----------------------------------------------------------------------------

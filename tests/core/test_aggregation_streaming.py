@@ -27,6 +27,7 @@ RULE_SPECS = [
     "centered-clip",
     "centered-clip:tau=0.5,iters=4",
     "centered-clip:start=median",
+    "centered-clip:start=previous",
 ]
 WRAPPER_SPECS = [
     "",
@@ -154,6 +155,21 @@ def test_weights_including_zeros_stream_as_in_memory(spec):
     u = torch.randn(7, 33, generator=g)
     w = torch.tensor([0.0, 3.0, 1.0, 0.0, 2.0, 5.0, 1.0])
     agree(both(spec, u, w, block_bytes=4 * 7 * 5), 1.0)
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "overflow"), [("", True), ("nnm:f=1+", True), ("trend:f=1+", False)]
+)  # trend with an overflowing row: memory (float32 norm: inf, cos 0, dropped) and stream (float64 norm) differ
+def test_centered_clip_from_the_previous_step_streams_as_in_memory(wrapper, overflow):
+    # the reference is near the updates (as a last step is); row 3's norm and dot overflow float32
+    g = torch.Generator().manual_seed(11)
+    u = torch.randn(8, 21, generator=g) + 4.0
+    ref = u.mean(0) + 0.1 * torch.randn(21, generator=g)
+    if overflow:
+        u[3] = 1e30
+    else:
+        u[3] = -u[3]  # against the reference: the trend drops it
+    agree(both(wrapper + "centered-clip:start=previous", u, None, reference=ref, block_bytes=4 * 8 * 3), 1.0)
 
 
 def test_the_norm_bound_streams_as_apply_verdict():

@@ -49,6 +49,25 @@ def test_ipm_points_against_the_honest_mean():
     assert out.tolist() == [-1.0, -1.5]  # -0.5 * mean([[1,2],[3,2],[2,5]]) = -0.5 * [2, 3]
 
 
+def test_ipm_evading_the_trend_keeps_a_small_positive_cosine_with_the_last_update():
+    previous = torch.tensor([2.0, 3.0, 0.5])  # near the honest mean: plain IPM points against it
+    honest = torch.tensor([[1.0, 2.0, 1.0], [3.0, 2.0, -1.0], [2.0, 5.0, 0.0]])
+    plain = build_attack("ipm").craft(_view(honest=honest, previous=previous))
+
+    out = build_attack("ipm", {"evade": "0.05"}).craft(_view(honest=honest, previous=previous))
+
+    cos = float(out @ previous / (out.norm() * previous.norm()))
+    assert float(plain @ previous) < 0
+    assert cos == pytest.approx(0.05 / math.sqrt(1 + 0.05**2), rel=1e-5)
+    perp = plain - (plain @ previous) / (previous @ previous) * previous  # what IPM keeps
+    assert torch.allclose(out - (out @ previous) / (previous @ previous) * previous, perp, atol=1e-6)
+    # no last update (the first round) or a zero one: plain IPM
+    assert torch.equal(build_attack("ipm", {"evade": "0.05"}).craft(_view(honest=honest)), plain)
+    assert torch.equal(
+        build_attack("ipm", {"evade": "0.05"}).craft(_view(honest=honest, previous=torch.zeros(3))), plain
+    )
+
+
 def test_alie_shifts_the_mean_by_z_standard_deviations():
     honest = torch.tensor([[1.0, 2.0], [3.0, 2.0], [2.0, 5.0]])
     mu, sigma = honest.mean(0), honest.std(0, unbiased=False)
@@ -85,6 +104,7 @@ def test_label_flip_sends_its_poisoned_training_result():
         ("gaussian", {"std": "nan"}, "std must be >= 0"),
         ("free-rider", {"mode": "lazy"}, "must be one of: zeros, stale"),
         ("ipm", {"eps": "0"}, "eps must be > 0"),
+        ("ipm", {"evade": "-0.1"}, "evade must be >= 0 and finite, got -0.1"),
         ("nope", {}, "unknown attack 'nope'"),
     ],
 )

@@ -1,4 +1,4 @@
-"""The simulator hands ``trend`` the coordinator's reference: the global model's last
+"""The simulator hands ``trend`` (and ``centered-clip:start=previous``) the coordinator's reference: the global model's last
 step (with ``fedavg`` at lr 1, the previous round's aggregate), none in the first round or
 after a skipped one, and none in gossip, which mixes models."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from aitbc.core.aggregation.pipeline import AggregatorPipeline
@@ -30,9 +31,10 @@ def _run(tmp: Path, **options) -> object:
     return run_simulation(cfg, home=tmp / "home", out_dir=tmp / "run")
 
 
-def test_each_round_gets_the_last_model_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("aggregator", ["trend+centered-clip", "centered-clip:start=previous"])
+def test_each_round_gets_the_last_model_step(tmp_path, monkeypatch, aggregator):
     calls = _spy(monkeypatch)
-    _run(tmp_path, aggregator="trend+centered-clip", attack="ipm", byzantine=1)
+    _run(tmp_path, aggregator=aggregator, attack="ipm", byzantine=1)
 
     assert len(calls) == 4
     assert calls[0][0] is None  # round 1: no step yet

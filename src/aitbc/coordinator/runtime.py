@@ -189,11 +189,13 @@ class RunRuntime:
             self.outer_cid = run.outer_state_cid
 
     def trend(self, ctx: Context, run_id: str, r: int) -> Tensor | None:
-        """The reference a ``trend`` stage compares round ``r``'s updates with: the global
-        model's last step before the round, round ``r - 2``'s checkpoint minus round
-        ``r - 1``'s (``(d,)``, the sign of an update). ``None`` when the rule reads no trend,
-        before round 2, or when one of those checkpoints' bytes are gone (retention keeps
-        the last ``keep_checkpoints``): every update then passes. Remembered for the last
+        """The reference a ``trend`` stage compares round ``r``'s updates with, and
+        ``centered-clip:start=previous`` starts from: the global model's last step before
+        the round, round ``r - 2``'s checkpoint minus round ``r - 1``'s (``(d,)``, the sign
+        of an update). ``None`` when the rule reads no reference, before round 2, or when
+        one of those checkpoints' bytes are gone (retention keeps the last
+        ``keep_checkpoints``): every update then passes, and the clipping starts from the
+        medoid. Remembered for the last
         rounds (:meth:`remember_step`), rebuilt from the checkpoints after a restart, so the
         close and the scoring of a round see the same one. Call with ``lock`` held."""
         if not self.aggregator.uses_reference or r < 2:

@@ -12,7 +12,8 @@ Shapes: ``h`` honest updates, ``d`` parameters; ``honest`` is ``(h, d)``.
 - ``label-flip``: trains honestly on labels ``C - 1 - y`` (a data-poisoning attack).
 - ``alie``: "A Little Is Enough" (Baruch et al. 2019): ``mu - z * sigma`` per coordinate,
   with ``z`` from ``n`` and ``f`` so the update stays inside the honest spread.
-- ``ipm``: inner-product manipulation (Xie et al. 2019): ``-eps * mean(honest)``.
+- ``ipm``: inner-product manipulation (Xie et al. 2019): ``-eps * mean(honest)``;
+  ``ipm:evade=E`` is trend-aware: it keeps a small positive cosine with the last global update.
 - ``free-rider``: no training; sends zeros, or replays the previous round's public
   global update (``mode=stale``).
 - ``scale``: trains honestly, then sends ``factor x own`` (``scale:factor=1e10``), or a
@@ -154,19 +155,33 @@ class Alie(Attack):
 @dataclass(kw_only=True, slots=True)
 class IpmConfig:
     eps: float = 0.5
+    evade: float = 0.0  # > 0: keep a cosine of about evade with the last global update (a trend-aware IPM)
 
     def __post_init__(self) -> None:
         _check_positive("eps", self.eps)
+        if not (self.evade >= 0 and math.isfinite(self.evade)):
+            raise ValueError(f"evade must be >= 0 and finite, got {self.evade}")
 
 
 @ATTACKS.register("ipm")
 class Ipm(Attack):
+    """``-eps * mean(honest)``. With ``evade > 0`` the attacker also knows the last global
+    update (public): it removes its update's component along that step and adds back
+    ``evade`` times the rest's norm along it, so the cosine with the step is
+    ``evade / sqrt(1 + evade^2) > 0`` and a direction check (``trend``) lets it pass."""
+
     trains = False
     Config = IpmConfig
 
     def craft(self, view: AttackView) -> Tensor:
         h = view.honest
-        return -self.cfg.eps * h.mean(dim=0) if h.shape[0] else torch.zeros(h.shape[1])
+        u = -self.cfg.eps * h.mean(dim=0) if h.shape[0] else torch.zeros(h.shape[1])
+        p = view.previous
+        if self.cfg.evade <= 0 or p is None or not float(p.norm()) > 0:
+            return u
+        p_hat = p.to(u.dtype) / p.to(u.dtype).norm()  # (d,)
+        perp = u - (u @ p_hat) * p_hat  # (d,)
+        return perp + self.cfg.evade * perp.norm() * p_hat
 
 
 @dataclass(kw_only=True, slots=True)

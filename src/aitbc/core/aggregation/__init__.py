@@ -20,8 +20,10 @@ paper, the condition it needs, and whether it uses ``weights``.
 
 ``reference`` is the one piece of state a round's aggregation may read: the global
 model's last step (old minus new parameters, ``(d,)``), which ``trend`` compares each
-update with. The coordinator and the simulator pass it (``pipeline.uses_reference`` says
-whether the spec reads it); everything else aggregates a round on its own.
+update with and ``centered-clip:start=previous`` starts its clipping from (a rule reads it
+when its config's ``reads_reference`` holds). The coordinator and the simulator pass it
+(``pipeline.uses_reference`` says whether the spec reads it); everything else aggregates
+a round on its own.
 
 Spec grammar: ``[WRAPPER[:k=v,...]+]...RULE[:k=v,...]``, e.g. ``"nnm+centered-clip"``,
 ``"bucketing:s=2+krum:f=1"``. Wrappers run left to right on the updates, then the rule.

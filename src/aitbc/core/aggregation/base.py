@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -54,6 +54,12 @@ class RuleConfig:
     def check_n(self, n: int) -> None:
         """Raise :class:`UsageError` naming the condition when ``n`` updates are too few."""
 
+    @property
+    def reads_reference(self) -> bool:
+        """Whether the rule, so configured, reads the run's last model step (``reference``):
+        callers then pass it, and the pipeline calls the rule's ``fn_reference``."""
+        return False
+
 
 class WrapperConfig(RuleConfig):
     __slots__ = ()
@@ -79,6 +85,14 @@ class Mixing:
     rows: Tensor | None = None  # (k,) when the matrix only selects these rows: gathered, not multiplied
 
 
+class ReferenceRuleFn(Protocol):
+    """A rule that may read the run's last model step ``reference`` ``(d,)`` (None: none yet)."""
+
+    def __call__(
+        self, updates: Tensor, weights: Tensor, cfg: Any, *, with_info: bool, reference: Tensor | None
+    ) -> tuple[Tensor, AggregationInfo]: ...
+
+
 class WrapperFn(Protocol):
     def __call__(
         self, updates: Tensor, weights: Tensor, cfg: Any, *, round_index: int, reference: Tensor | None
@@ -92,6 +106,7 @@ class Aggregator:
     config: type
     uses_weights: bool
     summary: str
+    fn_reference: ReferenceRuleFn | None = None  # the same rule given the reference (configs that read it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +126,23 @@ def _summary(fn: Callable[..., Any]) -> str:
     return (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
 
 
-def register(name: str, config: type, *, uses_weights: bool) -> Callable[[RuleFn], RuleFn]:
-    """Register rule ``fn`` under ``name``; its docstring's first line is its summary."""
+def register(
+    name: str, config: type, *, uses_weights: bool, reads_reference: bool = False
+) -> Callable[[RuleFn], RuleFn]:
+    """Register rule ``fn`` under ``name``; its docstring's first line is its summary.
+    ``reads_reference``: ``fn`` also takes ``reference=`` (a :class:`ReferenceRuleFn`),
+    which the pipeline passes when the rule's config :attr:`~RuleConfig.reads_reference`."""
 
     def deco(fn: RuleFn) -> RuleFn:
         AGGREGATORS.register(name)(
-            Aggregator(name=name, fn=fn, config=config, uses_weights=uses_weights, summary=_summary(fn))
+            Aggregator(
+                name=name,
+                fn=fn,
+                config=config,
+                uses_weights=uses_weights,
+                summary=_summary(fn),
+                fn_reference=cast(ReferenceRuleFn, fn) if reads_reference else None,
+            )
         )
         return fn
 

@@ -7,8 +7,20 @@ clipped differences::
 
     v <- v + sum_i w_i (x_i - v) min(1, tau / ||x_i - v||)      (w normalized weights)
 
-The paper starts from the previous round's aggregate (momentum). This rule is stateless,
-so it needs a robust starting point it can compute from the round alone (``start``):
+The paper starts from the previous round's aggregate (momentum). ``start`` picks the
+center the iterations start from:
+
+- ``previous``: the paper's stateful start, the run's last model step (the pipeline's
+  ``reference``: old minus new global parameters, which under ``fedavg`` at lr 1 is the
+  previous round's aggregate itself; the coordinator rebuilds it from the last two
+  checkpoints after a restart, the simulator keeps it). A start the attackers of this
+  round did not choose: identical Byzantine updates (IPM's ``-eps * mean`` sits at the
+  honest updates' centre and forms a zero-distance cluster there) can pull the center
+  only by ``tau`` each per step instead of being picked as the start. Without a
+  reference (the first round, a round after a skipped one, a zero or non-finite step,
+  gossip) it starts from the ``medoid``. The result is ``(1 - sum b) * reference + b @ U``,
+  not a convex combination of the updates: ``weight`` reports each update's share of the
+  move from the start (``b / sum b``). One extra ``(n, d) @ (d,)`` product.
 
 - ``medoid`` (the default): the update whose summed squared distance to its
   ``k = floor((n - 1) / 2)`` nearest others is smallest (Krum's score with that ``k``).
@@ -59,14 +71,14 @@ from aitbc.core.aggregation.base import NO_INFO, AggregationInfo, RuleConfig, re
 from aitbc.core.aggregation.krum import krum_order
 
 GRAM_BLOCK_ELEMENTS = 1 << 24  # values per centered block: a 64 MiB float32 temporary
-STARTS = ("medoid", "median")
+STARTS = ("medoid", "median", "previous")
 
 
 @dataclass(kw_only=True, slots=True)
 class CenteredClipConfig(RuleConfig):
     tau: float | Literal["auto"] = "auto"  # clipping radius: in the units of the updates, or auto
     iters: int = 3
-    start: Literal["medoid", "median"] = "medoid"  # the center the iterations start from
+    start: Literal["medoid", "median", "previous"] = "medoid"  # the center the iterations start from
 
     def __post_init__(self) -> None:
         if self.tau != "auto" and not (isinstance(self.tau, float | int) and self.tau > 0 and math.isfinite(self.tau)):
@@ -76,14 +88,26 @@ class CenteredClipConfig(RuleConfig):
         if self.start not in STARTS:  # the spec parser checks this too; direct callers get the same line
             raise ValueError(f"centered-clip start must be one of {', '.join(STARTS)}; got start={self.start!r}")
 
+    @property
+    def reads_reference(self) -> bool:
+        return self.start == "previous"
 
-@register("centered-clip", CenteredClipConfig, uses_weights=True)
+
+@register("centered-clip", CenteredClipConfig, uses_weights=True, reads_reference=True)
 def centered_clip(
-    updates: Tensor, weights: Tensor, cfg: CenteredClipConfig, *, with_info: bool
+    updates: Tensor, weights: Tensor, cfg: CenteredClipConfig, *, with_info: bool, reference: Tensor | None = None
 ) -> tuple[Tensor, AggregationInfo]:
-    """iterated clipping of differences around a robust start: the medoid or the median (Karimireddy et al. 2021)"""
+    """iterated clipping of differences around a start: the medoid, the median or the last step (Karimireddy et al. 2021)"""
     if cfg.start == "median":
         return _from_median(updates, weights, cfg), NO_INFO
+    ref = usable_reference(reference) if cfg.start == "previous" else None
+    if ref is not None:
+        v0 = ref.to(device=updates.device, dtype=updates.dtype)  # (d,)
+        k, far = gram(updates)
+        dots = (updates @ v0).to(torch.float64)  # (n,) each update's dot with the start
+        b = previous_coefficients(k, far, dots, float(ref.to(torch.float64).square().sum()), weights, cfg)
+        out = (1.0 - b.sum()).item() * v0 + b.to(updates.dtype) @ updates  # (d,)
+        return out, (previous_info(b) if with_info else NO_INFO)
     c = medoid_coefficients(*gram(updates), weights, cfg)  # (n,)
     out = c.to(updates.dtype) @ updates  # (d,)
     if not with_info:
@@ -109,6 +133,37 @@ def medoid_coefficients(k: Tensor, far: Tensor, weights: Tensor, cfg: CenteredCl
     c = b.clone()  # (n,) the result's coefficients: (1 - sum b) x_s + b @ U
     c[s] += 1.0 - float(b.sum())
     return c
+
+
+def usable_reference(reference: Tensor | None) -> Tensor | None:
+    """The reference ``start=previous`` starts from; None (the medoid start then) when
+    there is none, or it is zero or not finite."""
+    if reference is None:
+        return None
+    sq = float(reference.to(torch.float64).square().sum())
+    return reference if math.isfinite(sq) and sq > 0 else None
+
+
+def previous_coefficients(
+    k: Tensor, far: Tensor, dots: Tensor, ref_sq: float, weights: Tensor, cfg: CenteredClipConfig
+) -> Tensor:
+    """The ``previous`` start's ``(n,)`` float64 coefficients ``b``: the result is
+    ``(1 - sum b) * reference + b @ U``. From the raw Gram matrix ``k`` and its overflow
+    mask ``far`` (``_distances.gram``), each update's dot with the reference ``dots``
+    ``(n,)`` and the reference's squared norm: ``Y = U - reference`` has
+    ``G_ij = K_ij - dots_i - dots_j + ref_sq``. A dot that overflows makes its update
+    infinitely far (clip factor 0), as an overflowing norm does."""
+    far = far | ~torch.isfinite(dots)
+    dots = dots.masked_fill(far, 0.0)
+    k = 0.5 * (k + k.T)
+    g = k - dots[:, None] - dots[None, :] + ref_sq
+    g = g.masked_fill(far[:, None] | far[None, :], 0.0)
+    return _iterate(g, far, weights, cfg, start_row=None)
+
+
+def previous_info(b: Tensor) -> AggregationInfo:
+    total = float(b.sum())
+    return AggregationInfo(kept_fraction=(b > 0).to(torch.float64), weight=b / total if total > 0 else b)
 
 
 def _iterate(g: Tensor, far: Tensor, weights: Tensor, cfg: CenteredClipConfig, *, start_row: int | None) -> Tensor:

@@ -80,8 +80,9 @@ class AggregatorPipeline:
 
     @property
     def uses_reference(self) -> bool:
-        """Whether a stage reads the run's trend (``trend``): callers then pass ``reference``."""
-        return any(s.entry.uses_reference for s in self.wrappers)
+        """Whether a stage reads the run's trend (``trend``, ``centered-clip:start=previous``):
+        callers then pass ``reference``."""
+        return any(s.entry.uses_reference for s in self.wrappers) or self.rule.config.reads_reference
 
     def __call__(
         self,
@@ -93,7 +94,8 @@ class AggregatorPipeline:
     ) -> Tensor:
         """Aggregate ``updates`` ``(n, d)`` -> ``(d,)``. ``round_index`` seeds bucketing;
         ``reference`` ``(d,)`` is the global model's last step (old minus new parameters),
-        which ``trend`` compares each update with (``None``: no trend yet)."""
+        which ``trend`` compares each update with and ``centered-clip:start=previous``
+        starts from (``None``: no step yet)."""
         return self._run(updates, weights, round_index, reference, with_info=False)[0]
 
     def with_info(
@@ -132,7 +134,11 @@ class AggregatorPipeline:
             # else: every row kept in order, x passes as it is
             w = mix.weights
             mixes.append(mix)
-        out, info = self.rule.entry.fn(x, w, self.rule.config, with_info=with_info)
+        rule = self.rule
+        if rule.config.reads_reference and rule.entry.fn_reference is not None:
+            out, info = rule.entry.fn_reference(x, w, rule.config, with_info=with_info, reference=reference)
+        else:
+            out, info = rule.entry.fn(x, w, rule.config, with_info=with_info)
         for mix in reversed(mixes):
             info = _through(info, mix)
         return out, info

@@ -22,6 +22,8 @@ How each stage streams (``k`` inputs of the stage, ``n`` source rows):
   clipping touch only ``(k,)`` and ``(k, k)`` tensors: no pass per iteration), then read
   the rows with a non-zero coefficient once more and combine them (Krum reads one row).
 - ``bulyan``: a Gram pass for its selection, then its second stage per column block.
+- ``centered-clip:start=previous``: one pass for the Gram matrix and each input's dot
+  with the reference (the run's last model step), a combining pass.
 - ``centered-clip:start=median``: a pass for the median (kept as the ``(d,)`` output
   buffer), a pass for the Gram matrix of the updates minus the median, a combining pass.
 
@@ -141,6 +143,7 @@ class _Stream:
     source: ColumnSource
     block_bytes: int
     mix: Tensor | None = None  # (k, n) float64
+    reference: Tensor | None = None  # (d,) the run's last model step, for a rule that reads it
 
     @property
     def n(self) -> int:
@@ -306,9 +309,29 @@ def _geometric_median(st: _Stream, w: Tensor, cfg: Any, with_info: bool) -> tupl
 def _centered_clip(st: _Stream, w: Tensor, cfg: Any, with_info: bool) -> tuple[Tensor, AggregationInfo]:
     if cfg.start == "median":
         return _clip_from_median(st, w, cfg), _NONE
+    ref = clipping.usable_reference(st.reference) if cfg.start == "previous" else None
+    if ref is not None:
+        return _clip_from_previous(st, w, cfg, ref.to(torch.float32), with_info)
     c = clipping.medoid_coefficients(*st.gram(), w, cfg)  # (k,)
     out = st.combine(c)
     return out, AggregationInfo(kept_fraction=(c > 0).to(torch.float64), weight=c) if with_info else _NONE
+
+
+def _clip_from_previous(
+    st: _Stream, w: Tensor, cfg: Any, ref: Tensor, with_info: bool
+) -> tuple[Tensor, AggregationInfo]:
+    """One pass for the Gram matrix and each input's dot with the reference, then the
+    combining pass: ``(1 - sum b) * reference + b @ inputs``, as in memory."""
+    g = torch.zeros(st.k, st.k, dtype=torch.float64)
+    dots = torch.zeros(st.k, dtype=torch.float64)
+    for lo, hi, x in st.inputs():
+        g += _gram64(x)
+        dots += (x @ ref[lo:hi]).to(torch.float64)  # (k, c) @ (c,) -> (k,)
+    k, far = mask_far(_as_f32_range(g))
+    ref_sq = float(ref.to(torch.float64).square().sum())
+    b = clipping.previous_coefficients(k, far, _as_f32_range(dots), ref_sq, w, cfg)  # (k,)
+    out = st.combine(b, start=ref.clone(), start_coef=(1.0 - b.sum()).item())
+    return out, (clipping.previous_info(b) if with_info else _NONE)
 
 
 def _clip_from_median(st: _Stream, w: Tensor, cfg: Any) -> Tensor:
@@ -421,7 +444,7 @@ def aggregate_stream(
     if reference is not None and tuple(reference.shape) != (d,):
         raise UsageError(f"reference must have shape ({d},) like one update, got {tuple(reference.shape)}")
     pipeline.check(n)
-    st = _Stream(source, block_bytes)
+    st = _Stream(source, block_bytes, reference=reference)
     mixes: list[Mixing] = []
     for stage in pipeline.wrappers:
         mix = WRAPPER_STREAMS[stage.entry.name](st, w, stage.config, round_index, reference)
