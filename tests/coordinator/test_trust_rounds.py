@@ -180,7 +180,7 @@ def test_centered_clip_starts_from_the_last_step_live(api, new_coordinator, cold
     one = [base + 3e-4 * torch.randn(t.d, generator=g) for _ in pairs]
     for (w, j), u in zip(pairs, one, strict=True):
         _submit(api, t, w, j, u)
-    _wait(lambda: t.owner.get(f"/runs/{t.run_id}")["round"] == 2, what="round 2 open")
+    wait_until(lambda: t.owner.get(f"/runs/{t.run_id}")["round"] == 2, what="round 2 open")
     if cold:
         t.coord.ctx.runtimes[t.run_id].steps.clear()
     honest = [base + 3e-4 * torch.randn(t.d, generator=g) for _ in range(3)]

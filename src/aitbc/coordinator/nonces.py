@@ -44,10 +44,10 @@ class SharedNonces:
         """Record ``nonce`` until ``timestamp + window``; False if a replica holds it
         unexpired already (a replay). An expired row is taken over, as the in-memory
         cache forgets it."""
-        stmt = insert(SeenNonce).values(nonce=nonce, expires_at=timestamp + self.window)
-        stmt = stmt.on_conflict_do_update(
+        row = insert(SeenNonce).values(nonce=nonce, expires_at=timestamp + self.window)
+        stmt = row.on_conflict_do_update(
             index_elements=[SeenNonce.nonce],
-            set_={"expires_at": stmt.excluded.expires_at},
+            set_={"expires_at": row.excluded.expires_at},
             where=SeenNonce.expires_at < now,
         ).returning(SeenNonce.nonce)  # a row back: inserted, or an expired one taken over
         with self._engine.begin() as conn:
