@@ -166,6 +166,98 @@ def test_a_buffer_takes_one_update_per_job(new_coordinator, api):
     assert recs[1]["accepted"] == 2 and recs[1]["stragglers"] == []
 
 
+def test_a_worker_trains_for_the_next_buffer_while_its_update_waits(new_coordinator, api):
+    """Workers never wait at a barrier: a job whose update is in the open buffer is offered
+    the next buffer at once (from the newest version), its update joins that buffer (one per
+    job and buffer still) and counts as trained one version back; none past the last version."""
+    t = api.start_training_run(
+        new_coordinator(),
+        3,
+        mode="async",
+        buffer=2,
+        max_staleness=1,
+        staleness="polynomial:a=1",
+        aggregator="mean",
+        outer="fedavg",
+        rounds=3,
+    )
+    wa, wb, wc = t.workers
+    ck = _checkpoints(t)
+
+    def view(w) -> dict:
+        return w.get(f"/workers/{w.wallet.address}/job", sign=True)["job"]
+
+    def u(seed: int) -> torch.Tensor:  # (d,) distinct directions: equal ones would read as copies
+        return 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(seed))
+
+    assert _send(api, t, wa, 1, u(1), ck[0])["round"] == 1
+    v = view(wa)  # buffer 1 holds A's update: A trains for buffer 2 now, from version 0 (the newest)
+    assert (v["action"], v["round"], v["global_model_cid"]) == ("train", 2, ck[0]), v
+    assert (view(wb)["action"], view(wb)["round"]) == ("train", 1)  # B has not answered buffer 1
+    ua, uc = u(2), u(3)
+    reply = _send(api, t, wa, 2, ua, ck[0])
+    assert reply["round"] == 2 and _round(t) == 1  # held for buffer 2; buffer 1 still waits for a second update
+    assert view(wa)["action"] == "wait"  # one update in the open buffer and one in the next: nothing more
+    for again in (1, 2, 3):  # a third update of the job: none of the buffers takes it
+        try:
+            _send(api, t, wa, again, u(4), ck[0])
+        except api.ApiError as e:
+            assert (e.status, e.code) == (409, "duplicate_update"), e
+        else:
+            raise AssertionError(f"a job's third update (for round {again}) accepted while buffer 1 is open")
+
+    # B names buffer 2 without an update in buffer 1: it joins the open one (its base sets its weight)
+    assert _send(api, t, wb, 2, u(5), ck[0])["round"] == 1
+    wait_for("version 1", lambda: _round(t), lambda r: r == 2, timeout=30)
+    ck = _checkpoints(t)
+    # buffer 2: A's update from version 0 is one version stale (weight (1 + 1)^-1 = 1/2), C's fresh
+    assert _send(api, t, wc, 2, uc, ck[1])["round"] == 2
+    wait_for("version 2", lambda: _round(t), lambda r: r == 3, timeout=30)
+    ck = _checkpoints(t)
+    moved = api.round_params(t, 2) - api.round_params(t, 1)  # (d,) in the order updates use
+    n = {r["worker_id"]: float(r["samples"]) for r in t.coord.rows("SELECT worker_id, samples FROM updates")}
+    na, nc = n[wa.wallet.address], n[wc.wallet.address]
+    expected = -(na * 0.5 * ua + nc * uc) / (na + nc)  # (d,) the samples-weighted mean, fedavg's step
+    assert torch.allclose(moved, expected, atol=1e-6), (moved - expected).abs().max()
+    rows = t.coord.rows("SELECT worker_id, round FROM updates WHERE run_id = :r ORDER BY round, id", r=t.run_id)
+    assert [(r["worker_id"], r["round"]) for r in rows] == [
+        (wa.wallet.address, 1),
+        (wb.wallet.address, 1),
+        (wa.wallet.address, 2),
+        (wc.wallet.address, 2),
+    ]
+
+    # version 3 is the last: an update in its buffer is not followed by an offer of a fourth
+    assert _send(api, t, wc, 3, u(6), ck[2])["round"] == 3
+    assert view(wc)["action"] == "wait"
+    try:
+        _send(api, t, wc, 4, u(7), ck[2])
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "duplicate_update"), e
+    else:
+        raise AssertionError("an update past the last version accepted")
+    try:  # past the next buffer: no job view offered it
+        _send(api, t, wb, 5, u(8), ck[2])
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "wrong_round"), e
+    else:
+        raise AssertionError("an update for round 5 accepted while buffer 3 is open")
+
+    # max_staleness 0: an update sent ahead is one version behind when its buffer is applied,
+    # so none is offered, and one sent anyway is refused as too stale
+    fresh = api.start_training_run(new_coordinator(), 2, mode="async", buffer=2, max_staleness=0, rounds=3)
+    wx, _ = fresh.workers
+    ck = _checkpoints(fresh)
+    _send(api, fresh, wx, 1, u(9), ck[0])
+    assert (view(wx)["action"], view(wx)["round"]) == ("wait", 1)
+    try:
+        _send(api, fresh, wx, 2, u(10), ck[0])
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "too_stale") and "at most 0" in e.detail, e
+    else:
+        raise AssertionError("an update past max_staleness accepted")
+
+
 def test_an_owner_driven_run_cannot_be_async(new_coordinator, api):
     coord = new_coordinator()
     w = api.register_worker(coord, "m0")
