@@ -169,8 +169,6 @@ def close_round(ctx: Context, run_id: str) -> None:
             ctx.metrics.round_close.observe(time.perf_counter() - t0)  # aggregate + commit
         if run.status in ENDED:
             drop_runtime(ctx, run.id)
-        elif run.cfg.mode == "async":
-            ctx.notifier.poke_driver()  # the next buffer may be full already (updates sent ahead): due now
     ctx.notifier.bump()
 
 

@@ -92,9 +92,6 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
     cfg = run.cfg  # a job exists only once its run is configured
     done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
     action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
-    round = run.round
-    if action == "wait" and done is not None and trains_ahead(s, run, job):
-        action, round = "train", run.round + 1  # async: the next buffer, from the newest version
     # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
     challenge = None if done is None else verification.challenge_view(done)
     deadline = cfg.deadline
@@ -114,7 +111,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "training_id": run.id,
             "action": action,
             "run_status": run.status,
-            "round": round,
+            "round": run.round,
             "rounds": cfg.rounds,
             "global_model_cid": run.global_cid,
             "shard_cid": job.shard_cid,
@@ -138,21 +135,6 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
         },
         "version": ctx.notifier.version,
     }
-
-
-def trains_ahead(s: Session, run: Run, job: Job) -> bool:
-    """Async: whether ``job``, whose update waits in the open buffer, trains now for the
-    next buffer (from the newest version) rather than idling until this one is applied.
-    Workers never wait at a barrier; a job still has one update per buffer (the next one
-    joins the buffer after the open one), none past the run's last version, and none with
-    ``max_staleness`` 0 (such an update is a version behind when its buffer is applied)."""
-    return (
-        run.cfg.mode == "async"
-        and run.status == RunStatus.TRAINING
-        and run.round < run.cfg.rounds
-        and run.cfg.max_staleness >= 1
-        and s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == run.round + 1)) is None
-    )
 
 
 def _alive(ctx: Context, worker_id: str) -> bool:
@@ -265,9 +247,9 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     _round_gate(s, job, run, body)
     now = time.time()
     round = body.round
-    if is_async:  # applied with the open buffer (version run.round - 1 is the newest model), or the next
-        round = async_buffer(s, job, run, body.round)
-        _check_staleness(s, job, run, base, round, now=now)
+    if is_async:  # applied with the open buffer (version run.round - 1 is the newest model)
+        round = run.round
+        _check_staleness(s, job, run, base, now=now)
     trained = trained_shard(run, job, body.shard_cid)
     checks: dict[str, Any] = {}
     if commitment is not None and reason is None:
@@ -355,29 +337,17 @@ def async_base(s: Session, run: Run, base_cid: str | None) -> str:
     return base_cid
 
 
-def async_buffer(s: Session, job: Job, run: Run, asked: int) -> int:
-    """Async: the buffer (round) an update of ``job`` for round ``asked`` joins: the open
-    one, or, when the job's update is already in it and the job view offered the next
-    (``trains_ahead``), the next one."""
-    if asked == run.round + 1 and run.round < run.cfg.rounds:
-        answered = s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == run.round))
-        if answered is not None:
-            return run.round + 1
-    return run.round
-
-
-def _check_staleness(s: Session, job: Job, run: Run, base: str, round: int, *, now: float) -> None:
+def _check_staleness(s: Session, job: Job, run: Run, base: str, *, now: float) -> None:
     """Async, under the run's lock: refuse (409, nothing recorded but a ``stale_update``
     flag, which costs no reputation: slowness is no fault) an update trained from a
-    version more than ``max_staleness`` applications older than the one buffer ``round``
-    is applied to (version ``round - 1``)."""
+    version more than ``max_staleness`` applications old."""
     b = base_round(s, run.id, base, before=run.round)
-    lag = round - 1 - (b if b is not None else run.round - 1)
+    lag = run.round - 1 - (b if b is not None else run.round - 1)
     if async_weight(lambda _: 1.0, lag, run.cfg.max_staleness) is not None:
         return
     reason = (
-        f"update trained from version {b} is {lag} versions behind the one its buffer is applied to "
-        f"({round - 1}); run {run.id} takes at most {run.cfg.max_staleness}"
+        f"update trained from version {b} is {lag} versions behind the newest ({run.round - 1}); "
+        f"run {run.id} takes at most {run.cfg.max_staleness}"
     )
     s.rollback()
     s.add(
@@ -455,17 +425,15 @@ def _refuse_ejected(s: Session, job: Job, refuse: Callable[..., None]) -> None:
 
 
 def _async_gate(s: Session, job: Job, run: Run, body: UpdateSubmit, refuse: Callable[..., None]) -> None:
-    """Async: an update goes into the open buffer, whatever version it was trained from,
-    or, if its job's update is already there, into the next one (:func:`async_buffer`);
-    one per job and buffer."""
-    target = async_buffer(s, job, run, body.round)
-    dup = select(Update.round).where(Update.job_id == job.id, (Update.cid == body.cid) | (Update.round == target))
+    """Async: an update goes into the open buffer, whatever version it was trained from;
+    one per job and buffer (the job view says ``wait`` until that buffer is applied)."""
+    dup = select(Update.round).where(Update.job_id == job.id, (Update.cid == body.cid) | (Update.round == run.round))
     if (seen := s.scalar(dup.limit(1))) is not None:
         refuse(conflict("duplicate_update", f"job {job.id} already sent an update to version buffer {seen}"))
     full = run.status == RunStatus.TRAINING and (
         s.scalar(
             select(func.count()).where(
-                Update.run_id == run.id, Update.round == target, Update.status == UpdateStatus.ACCEPTED
+                Update.run_id == run.id, Update.round == run.round, Update.status == UpdateStatus.ACCEPTED
             )
         )
         or 0
@@ -474,7 +442,7 @@ def _async_gate(s: Session, job: Job, run: Run, body: UpdateSubmit, refuse: Call
         refuse(conflict("buffer_applying", f"run {run.id} is applying buffer {run.round}; send again in a moment"))
     if run.status != RunStatus.TRAINING:
         refuse(conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training"))
-    if body.round > run.round + 1:  # past the next buffer: no job view offered it
+    if body.round > run.round:  # a version not yet published: no honest worker trained from it
         reason = f"update is for round {body.round}; the open round is {run.round}"
         refuse(conflict("wrong_round", reason), flag=reason)
     _refuse_ejected(s, job, refuse)
