@@ -113,6 +113,33 @@ class Closes:
             self.seen[key] += [(total - before[1]) / n] * n
 
 
+class RssSampler:
+    """Samples one process's resident memory (``VmRSS``) every ``interval`` seconds while
+    a run trains: ``(monotonic seconds, bytes)``, to place the peak in a phase of a round."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid, self.interval = pid, interval
+        self.samples: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while True:
+            rss = _status_bytes(self.pid, "VmRSS")
+            if rss is not None:
+                self.samples.append((time.time(), rss))
+            if self.stop.wait(self.interval):
+                return
+
+
 def large_run(
     stack: Any,
     tmp: Path,
@@ -134,9 +161,10 @@ def large_run(
     stack.wait_offers(WORKERS, timeout=120)
     opts = options or LARGE
     model_opts = [a for k, v in opts.items() for a in ("--model-opt", f"{k}={v}")]
+    baseline = _status_bytes(stack.procs["coordinator"].pid, "VmRSS")
     run_id = stack.init_run(*model_opts, model="transformer", workers=WORKERS)
     t0 = time.monotonic()
-    with Closes(stack.url) as closes:
+    with Closes(stack.url) as closes, RssSampler(stack.procs["coordinator"].pid) as rss:
         stack.start_run(
             run_id,
             workers=WORKERS,
@@ -154,7 +182,7 @@ def large_run(
         while time.monotonic() < deadline and len(closes.seen["evaluation"]) < rounds:
             time.sleep(0.2)
     wall = time.monotonic() - t0
-    peak = {name: _peak_rss(p.pid) for name, p in stack.procs.items()}
+    peak = {name: _status_bytes(p.pid, "VmHWM") for name, p in stack.procs.items()}
     return {
         "run_id": run_id,
         "run": run,
@@ -167,16 +195,21 @@ def large_run(
         "closes": closes.seen,
         "merged_samples": closes.merged,
         "peak_rss_bytes": peak,
+        # the coordinator's resident memory before the run was made (its imports, its
+        # workers' offers) and sampled while it trained: (unix seconds, bytes)
+        "coordinator_baseline_rss": baseline,
+        "coordinator_rss_samples": rss.samples,
     }
 
 
-def _peak_rss(pid: int) -> int | None:
-    """The process's resident-memory high-water mark (VmHWM), in bytes."""
+def _status_bytes(pid: int, key: str) -> int | None:
+    """A memory figure of the process's ``/proc/PID/status`` (``VmHWM``: its resident-memory
+    high-water mark; ``VmRSS``: its resident memory now), in bytes."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+    m = re.search(rf"^{key}:\s+(\d+) kB", status, re.M)
     return int(m.group(1)) * 1024 if m else None
 
 

@@ -317,7 +317,9 @@ def serve(
     import uvicorn
 
     from aitbc.coordinator.app import create_app
+    from aitbc.coordinator.heap import return_large_frees
 
+    return_large_frees()  # a large model's freed tensors go back to the system (aitbc.coordinator.heap)
     app = create_app(settings)
     gc.freeze()  # torch, SQLAlchemy and FastAPI's long-lived objects: out of every full collection
     # Long polls hold requests up to their wait; a stop should not wait that long for them.

@@ -28,9 +28,9 @@ from torch import Tensor
 from aitbc.coordinator.context import Context
 from aitbc.core.aggregation import AggregatorPipeline
 from aitbc.core.aggregation.streaming import ColumnSource, ScaledRows, TensorSource, aggregate_stream
-from aitbc.core.compression import decode, decode_pieces
+from aitbc.core.compression import decode_pieces
 from aitbc.core.norms import CLIP, REJECT, NormBound, NormVerdict, apply_verdict, judge_norms, update_norms
-from aitbc.errors import AitbcError
+from aitbc.errors import AitbcError, UsageError
 from aitbc.storage.spill import SpillMatrix
 
 SPILL_DIR = "spill"  # under the coordinator's home
@@ -44,25 +44,46 @@ class Aggregated:
     streamed: bool  # aggregated from disk (n x d over the memory setting)
 
 
-def streams(ctx: Context, n: int, d: int) -> bool:
+def streams(ctx: Context, n: int, d: int, limit_bytes: int | None = None) -> bool:
     """Whether ``n`` updates of ``d`` values go through disk: their float32 matrix would
-    pass ``aggregation_memory_mb``."""
-    return 4 * n * d > ctx.settings.aggregation_memory_mb * (1 << 20)
+    pass ``aggregation_memory_mb`` (or ``limit_bytes``, where it is lower)."""
+    cap = ctx.settings.aggregation_memory_mb * (1 << 20)
+    return 4 * n * d > (cap if limit_bytes is None else min(cap, limit_bytes))
 
 
 @contextmanager
-def decoded(ctx: Context, cids: Sequence[str], d: int) -> Iterator[ColumnSource]:
+def decoded(ctx: Context, cids: Sequence[str], d: int, *, limit_bytes: int | None = None) -> Iterator[ColumnSource]:
     """The updates stored under ``cids`` as a ``ColumnSource``: one ``(n, d)`` float32
-    tensor in memory, or a spilled matrix on disk past ``aggregation_memory_mb`` (what
-    scoring reads; gone when the block ends)."""
+    tensor in memory, or a spilled matrix on disk past ``aggregation_memory_mb`` or
+    ``limit_bytes`` (what scoring reads; gone when the block ends)."""
     n = len(cids)
-    if not streams(ctx, n, d):
-        yield TensorSource(torch.stack([decode(ctx.store.get_bytes(c), max_numel=d).to(torch.float32) for c in cids]))
+    if not streams(ctx, n, d, limit_bytes):
+        yield TensorSource(decode_rows(ctx, cids, d))
         return
     with SpillMatrix(n, d, directory=ctx.settings.home / SPILL_DIR) as m:
         for i, cid in enumerate(cids):
             m.fill(i, decode_pieces(ctx.store.get_bytes(cid), max_numel=d))
         yield m
+
+
+def decode_rows(ctx: Context, cids: Sequence[str], d: int) -> Tensor:
+    """The updates stored under ``cids`` as one ``(n, d)`` float32 tensor, each decoded
+    piece by piece into its row: what the process holds beside the matrix is one update's
+    blob and one piece of it (``torch.stack`` of whole decoded updates held all ``n`` of
+    them twice). The values are ``decode(blob).to(torch.float32)``'s."""
+    out = torch.empty(len(cids), d, dtype=torch.float32)  # (n, d)
+    for i, cid in enumerate(cids):
+        at = 0
+        for piece in decode_pieces(ctx.store.get_bytes(cid), max_numel=d):
+            values = piece.reshape(-1)  # (p,)
+            if at + values.numel() > d:
+                raise UsageError(f"update {cid} has more than the model's {d} values")
+            out[i, at : at + values.numel()] = values  # float32, as .to(torch.float32)
+            at += values.numel()
+            del piece, values  # not held while the next piece decodes
+        if at != d:
+            raise UsageError(f"update {cid} has {at} values; the model has {d}")
+    return out
 
 
 def aggregate_updates(
@@ -98,12 +119,12 @@ def aggregate_updates(
                 return Aggregated(verdict, keep, None, streamed=True)
             delta, _ = aggregate_stream(pipeline, rows, w, round_index=round_index, reference=reference)
             return Aggregated(verdict, keep, delta, streamed=True)
-    U = torch.stack([decode(ctx.store.get_bytes(cid), max_numel=d).to(torch.float32) for cid in cids])  # (n, d)
+    U = decode_rows(ctx, cids, d)  # (n, d)
     verdict = judge_norms(update_norms(U), bound, scales)
-    U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d)
+    U, keep = apply_verdict(U, verdict, in_place=True)  # (n, d) -> (k, d): this matrix is ours to scale
     late = [float(counts[i]) for i in keep]
     if any(s != 1.0 for s in late):
-        U = U * torch.tensor(late, dtype=torch.float32)[:, None]  # (k, d)
+        U.mul_(torch.tensor(late, dtype=torch.float32)[:, None])  # (k, d), in place: no second matrix
     if not _enough(pipeline, len(keep)):
         return Aggregated(verdict, keep, None, streamed=False)
     w = torch.tensor([weights[i] for i in keep], dtype=torch.float32)  # (k,)

@@ -219,10 +219,12 @@ def aggregate_round(
         skipped = agg.delta is None
         if agg.delta is not None:
             delta = agg.delta  # (d,)
+            del agg  # the aggregate is not held past the outer step (a model's size)
             outer = build_outer(rt.outer_name, rt.outer_options)
             if rt.outer_state:
                 outer.load_state_dict({k: v.clone() for k, v in rt.outer_state.items()})
             params = outer.step(params, delta)
+            del delta
             state = outer.state_dict()
             if state:
                 outer_cid = ctx.store.put_bytes(tensors_to_bytes(state, {"format": OUTER_FORMAT, "round": str(r)}))

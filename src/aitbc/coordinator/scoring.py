@@ -28,11 +28,16 @@ from aitbc.coordinator.round_updates import decoded
 from aitbc.coordinator.runtime import RunRuntime, runtime
 from aitbc.coordinator.states import ScoreStatus, UpdateStatus
 from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
-from aitbc.core.aggregation.streaming import ColumnSource, TensorSource, aggregate_stream, read_row
+from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, aggregate_stream, read_row
 from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, set_flat_params
 
 SCORING = ScoringConfig()
+# The most bytes of a round's updates the books thread scores from memory (one float32 column
+# block). A larger round is read from a spill file, a row or a column block at a time: the
+# next round's close may hold its own matrix meanwhile, and the two together grew with the
+# workers (three 25M-parameter updates: 306 MB each, and scoring's float64 copies on top).
+SCORING_MEMORY = BLOCK_BYTES
 
 
 def score(ctx: Context, run_id: str, r: int) -> None:
@@ -161,7 +166,8 @@ def _judge(
         load_checkpoint(model, ctx.store.get_bytes(cid))
         models[cid] = flat_params(model)  # (d,)
     before: Tensor | list[Tensor] = models[before_cids[0]] if len(models) == 1 else [models[c] for c in before_cids]
-    with decoded(ctx, [u.cid for u, _ in accepted], rt.d) as U:  # (n, d): in memory, or on disk past the setting
+    # (n, d): in memory while it fits one column block, else from a spill file on disk
+    with decoded(ctx, [u.cid for u, _ in accepted], rt.d, limit_bytes=SCORING_MEMORY) as U:
         return _judge_decoded(ctx, run, rt, model, before, U, accepted, r)
 
 
@@ -246,7 +252,11 @@ def judge(
         if id(b) not in base_vals:
             base_vals[id(b)] = _losses(model, b, vx, vy)
         base_val = base_vals[id(b)]
-        after = b - (U[i] if isinstance(U, Tensor) else read_row(U, i))  # (d,) this update alone applied
+        if isinstance(U, Tensor):
+            after = b - U[i]  # (d,) this update alone applied
+        else:  # a fresh row read from disk: the difference is written over it, no second (d,)
+            row = read_row(U, i)
+            after = torch.sub(b, row, out=row)
         m, e = _gain(base_val, _losses(model, after, vx, vy))
         gains.append(m)
         gain_se.append(e)

@@ -6,6 +6,7 @@ and flagged).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from aitbc.coordinator.repository import job_settings, lock_run, row
 from aitbc.coordinator.rounds import base_round
 from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
-from aitbc.core.compression import decode as decode_update
+from aitbc.core.compression import decode_pieces, split_blob
 from aitbc.core.staleness import async_weight
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import RequestAuth
@@ -232,11 +233,14 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     is_async = run.cfg.mode == "async"
     # 422 before anything is written; async: any recent version (its staleness is checked under the lock)
     base = async_base(s, run, body.base_cid) if is_async else update_base(s, run, body.base_cid)
-    blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
-    commitment = verification.parse_commitment(  # 422 before anything is written
-        s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
-    )
-    reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
+    with _CHECKING:  # at most UPDATE_CHECKS update blobs in memory at once, whatever the workers
+        blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
+        commitment = verification.parse_commitment(  # 422 before anything is written
+            s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
+        )
+        reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
+        size = len(blob)
+        del blob  # not held through the commit: the next check may take its place
     if body.train_loss is not None and not math.isfinite(body.train_loss):
         reason = reason or f"reported training loss is {body.train_loss}"
     lock_run(s, run)
@@ -261,7 +265,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         worker_id=job.worker_id,
         round=round,
         cid=body.cid,
-        size=len(blob),
+        size=size,
         shard_index=trained,
         samples=int(run.data_manifest["shards"][trained]["samples"]),
         train_loss=body.train_loss if reason is None else None,
@@ -274,7 +278,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         **checks,
     )
     s.add(upd)
-    run.bytes_up += len(blob)
+    run.bytes_up += size
     job.compute_seconds += body.compute_seconds
     # The update is the round's last progress report too (the worker sends no other after it):
     # its steps as claimed, at most the job's own (a claim is not a measurement).
@@ -295,7 +299,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         "status": UpdateStatus.ACCEPTED.value,
         "round": round,
         "cid": body.cid,
-        "size": len(blob),
+        "size": size,
         "verification": upd.verification,
         "challenge": verification.challenge_view(upd),
     }
@@ -448,14 +452,28 @@ def _async_gate(s: Session, job: Job, run: Run, body: UpdateSubmit, refuse: Call
     _refuse_ejected(s, job, refuse)
 
 
+# Update checks decoding at once: each holds its blob (an update's size: 100 MB for a 25M
+# model sent dense) and one decoded piece of it; more submissions wait for a turn, so the
+# coordinator's memory does not grow with the number of workers uploading together.
+UPDATE_CHECKS = 2
+_CHECKING = threading.BoundedSemaphore(UPDATE_CHECKS)
+
+
 def _check_update(blob: bytes, d: int) -> str | None:
+    """Why the update ``blob`` cannot be aggregated into a model of ``d`` parameters (None:
+    it can): malformed, the wrong shape, or not finite. Decoded piece by piece: the whole
+    update is never in float32 beside its blob."""
+    finite = True
     try:
-        u = decode_update(blob, max_numel=d)
+        header, _ = split_blob(blob)
+        for piece in decode_pieces(blob, max_numel=d):
+            finite = finite and bool(torch.isfinite(piece).all())  # every piece still decodes: corruption wins
+            del piece  # not held while the next piece decodes
     except AitbcError as e:
         return f"malformed update blob: {e}"
-    if tuple(u.shape) != (d,):
-        return f"update has shape {tuple(u.shape)}; the model has ({d},) parameters"
-    if not torch.isfinite(u).all():
+    if tuple(header.shape) != (d,):
+        return f"update has shape {tuple(header.shape)}; the model has ({d},) parameters"
+    if not finite:
         return "update contains NaN or Inf"
     return None
 

@@ -138,11 +138,13 @@ def _lower_median(values: list[float]) -> float | None:
     return m if math.isfinite(m) else None
 
 
-def apply_verdict(updates: Tensor, verdict: NormVerdict) -> tuple[Tensor, list[int]]:
+def apply_verdict(updates: Tensor, verdict: NormVerdict, *, in_place: bool = False) -> tuple[Tensor, list[int]]:
     """The updates the rule should see: rejected rows dropped, clipped rows scaled down.
-    Returns ``(k, d)`` and the kept rows' indices into ``updates`` ``(n, d)``."""
+    Returns ``(k, d)`` and the kept rows' indices into ``updates`` ``(n, d)``.
+    ``in_place``: the caller's ``updates`` may be changed (clipped rows scaled where they
+    are) and, when none is rejected, are returned themselves: no ``(k, d)`` copy."""
     keep = [i for i, a in enumerate(verdict.actions) if a != REJECT]
-    out = updates[keep]  # (k, d) a copy
+    out = updates if in_place and len(keep) == updates.shape[0] else updates[keep]  # (k, d), a copy unless in place
     for row, i in enumerate(keep):
         if verdict.actions[i] == CLIP:
             out[row].mul_(verdict.factors[i])

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aitbc.core.aggregation.streaming import ColumnSource, column_blocks, gram64
+from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, column_blocks, gram64
 
 HARMFUL = "harmful"
 COPY = "copy"
@@ -127,22 +127,26 @@ def relative_gain(before: float, after: float) -> float:
     return (before - after) / before
 
 
-def copies(updates: Tensor | ColumnSource, *, cosine: float = 0.9999) -> list[int | None]:
+def copies(
+    updates: Tensor | ColumnSource, *, cosine: float = 0.9999, block_bytes: int = BLOCK_BYTES
+) -> list[int | None]:
     """For each of ``updates`` ``(n, d)``, the index of an earlier update it copies
     (cosine similarity above ``cosine``), else None. Zero updates copy nothing. A
     ``ColumnSource`` (a round streamed from disk) gives the same cosines from its float64
-    Gram matrix, read one column block at a time."""
+    Gram matrix, read one column block at a time; so does a tensor too large for one
+    block (:func:`_blockwise`)."""
     n = updates.shape[0]
     out: list[int | None] = [None] * n
     if n < 2:
         return out
+    updates = _blockwise(updates, block_bytes)
     if isinstance(updates, Tensor):
         x = updates.to(torch.float64)
         norms = x.norm(dim=1)  # (n,)
         unit = x / norms.clamp_min(1e-30).unsqueeze(1)  # (n, d)
         sim = unit @ unit.T  # (n, n)
     else:
-        g = gram64(updates)  # (n, n)
+        g = gram64(updates, block_bytes)  # (n, n)
         norms = g.diagonal().clamp_min(0.0).sqrt()  # (n,)
         c = norms.clamp_min(1e-30)
         sim = g / (c[:, None] * c[None, :])  # (n, n)
@@ -156,20 +160,39 @@ def copies(updates: Tensor | ColumnSource, *, cosine: float = 0.9999) -> list[in
     return out
 
 
-def alignments(updates: Tensor | ColumnSource) -> list[float]:
+def _blockwise(updates: Tensor | ColumnSource, block_bytes: int) -> Tensor | ColumnSource:
+    """A tensor whose float64 copy would pass one column block (``block_bytes``) as a
+    ``ColumnSource`` over it, so :func:`copies` and :func:`alignments` hold one block's
+    float64 copy, not the whole round's (three 25M-parameter updates: 600 MB a copy, and
+    the whole-tensor median and cosines made several). Small rounds keep the whole-tensor
+    arithmetic; the blocked one gives the same results within float64 rounding
+    (``tests/core/test_scoring_streamed.py``)."""
+    if (
+        isinstance(updates, Tensor)
+        and updates.dim() == 2
+        and updates.dtype == torch.float32
+        and 8 * updates.numel() > block_bytes
+    ):
+        return TensorSource(updates)
+    return updates
+
+
+def alignments(updates: Tensor | ColumnSource, *, block_bytes: int = BLOCK_BYTES) -> list[float]:
     """Cosine of each update ``(n, d)`` with the round's coordinate-wise median: honest
     updates point roughly the same way, a reversed one points back. The median, not the
     mean, so one large attacker cannot turn the reference around; with fewer than 3
     updates there is no majority to judge by (1.0 for all). A ``ColumnSource`` is read one
-    column block at a time (the median, the dots and the norms add up over blocks)."""
+    column block at a time (the median, the dots and the norms add up over blocks), and
+    so is a tensor too large for one block (:func:`_blockwise`)."""
     n = updates.shape[0]
     if n < 3:
         return [1.0] * n
+    updates = _blockwise(updates, block_bytes)
     if not isinstance(updates, Tensor):
         dots = torch.zeros(n, dtype=torch.float64)
         sq = torch.zeros(n, dtype=torch.float64)
         sq_med = 0.0
-        for _, _, block in column_blocks(updates):
+        for _, _, block in column_blocks(updates, block_bytes):
             xb = block.to(torch.float64)  # (n, c)
             med = xb.median(dim=0).values  # (c,) the lower median, as below
             dots += xb @ med

@@ -73,6 +73,7 @@ class SpillMatrix:
             # float32 squares summed in float64 cannot overflow: the sum is finite iff every value is
             sq += float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
             at += values.numel()
+            del piece, values  # not held while the next piece decodes
         if at != self.d:
             raise UsageError(f"update {row} has {at} values; the model has {self.d}")
         self._sq[row], self._finite[row], self._filled[row] = sq, math.isfinite(sq), True

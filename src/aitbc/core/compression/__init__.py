@@ -68,6 +68,7 @@ from aitbc.core.compression.base import (
     decode_pieces_with,
     flat_f32,
     read_header,
+    split_blob,
 )
 from aitbc.core.compression.feedback import ErrorFeedback, check_decay, check_outer
 from aitbc.core.options import build_config
@@ -115,16 +116,17 @@ def build_codec(
 def decode(blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
     """Decode any codec's blob using only its own header. Malformed input is an
     ``IntegrityError``; so is a blob that claims more than ``max_numel`` values."""
-    header, payload = read_header(blob)
+    header, payload = split_blob(blob)
     return _decode_with(_codec_for(header), header, payload, max_numel)
 
 
 def decode_pieces(blob: bytes, *, max_numel: int = MAX_NUMEL, piece: int = 1 << 22) -> Iterator[Tensor]:
     """:func:`decode`, flat and in consecutive pieces of about ``piece`` values each (in
-    the header's dtype): ``int8`` and ``int4`` decode piece by piece, so a large update is
-    never whole in float32; other codecs yield one piece. The header and sizes are checked
+    the header's dtype): the dense codecs (``none``, ``fp16``, ``bf16``), ``int8`` and
+    ``int4`` decode piece by piece, so a large update is never whole in float32; other
+    codecs yield one piece. The header and sizes are checked
     before this returns (same errors as :func:`decode`), each piece's content as it decodes."""
-    header, payload = read_header(blob)
+    header, payload = split_blob(blob)
     return decode_pieces_with(_codec_for(header), header, payload, max_numel, piece)
 
 

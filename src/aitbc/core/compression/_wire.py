@@ -12,6 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# An update's payload: the blob's bytes after its header, a view of them (no copy).
+Payload = bytes | memoryview
+
 
 def to_bytes(t: Tensor | np.ndarray, dtype: str) -> bytes:
     """``t`` as little-endian ``dtype`` bytes (``"<f4"``, ``"<f2"``, ``"i1"``, ...)."""
@@ -19,13 +22,13 @@ def to_bytes(t: Tensor | np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(a, dtype=dtype).tobytes()
 
 
-def read(payload: bytes, offset: int, count: int, dtype: str) -> tuple[np.ndarray, int]:
+def read(payload: Payload, offset: int, count: int, dtype: str) -> tuple[np.ndarray, int]:
     """``count`` items of ``dtype`` at ``offset``; returns (writable array, next offset)."""
     a = np.frombuffer(payload, dtype=dtype, count=count, offset=offset).copy()
     return a, offset + a.nbytes
 
 
-def read_f32(payload: bytes, offset: int, count: int) -> tuple[Tensor, int]:
+def read_f32(payload: Payload, offset: int, count: int) -> tuple[Tensor, int]:
     a, end = read(payload, offset, count, "<f4")
     return torch.from_numpy(a.astype(np.float32, copy=False)), end
 

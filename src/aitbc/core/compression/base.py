@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from aitbc.core.compression._wire import Payload
 from aitbc.core.registry import Registry
 from aitbc.errors import IntegrityError, UsageError
 
@@ -63,7 +64,7 @@ class Codec(ABC):
         return self._encode_flat(flat_f32(x, self.name), tuple(x.shape), str(x.dtype).removeprefix("torch."))
 
     def decode(self, blob: bytes, *, max_numel: int = MAX_NUMEL) -> Tensor:
-        header, payload = read_header(blob)
+        header, payload = split_blob(blob)
         if header.codec != self.name:
             raise IntegrityError(f"blob was encoded with codec {header.codec!r}, not {self.name!r}")
         return _decode_with(self, header, payload, max_numel)
@@ -91,9 +92,9 @@ class Codec(ABC):
     def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes: ...
 
     @abstractmethod
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor: ...
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor: ...
 
-    def _decompress_pieces(self, payload: bytes, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
         """The decoded values in consecutive flat pieces of about ``piece`` values. A codec
         whose format allows it decodes piece by piece (bounded temporaries); by default
         the whole tensor is one piece."""
@@ -131,6 +132,14 @@ def check_layout(layout: Layout) -> tuple[tuple[int, ...], ...]:
 
 
 def read_header(blob: bytes) -> tuple[Header, bytes]:
+    """The blob's header, checked, and its payload (a copy: decoding reads a view)."""
+    header, payload = split_blob(blob)
+    return header, bytes(payload)
+
+
+def split_blob(blob: bytes) -> tuple[Header, memoryview]:
+    """:func:`read_header` with the payload as a view of ``blob``'s bytes after the header:
+    what decoding reads (a slice would copy the payload, an update's whole size, once more)."""
     if len(blob) < _PREFIX.size:
         raise IntegrityError(f"update blob too short ({len(blob)} bytes) to hold a codec header")
     magic, version, hlen = _PREFIX.unpack_from(blob)
@@ -153,7 +162,7 @@ def read_header(blob: bytes) -> tuple[Header, bytes]:
         raise IntegrityError(f"malformed update header: {type(e).__name__}: {_one_line(e)}") from None
     if any(s < 0 for s in header.shape):
         raise IntegrityError(f"update header has a negative dimension: {header.shape}")
-    return header, blob[_PREFIX.size + hlen :]
+    return header, memoryview(blob)[_PREFIX.size + hlen :]
 
 
 def _one_line(e: BaseException) -> str:
@@ -167,7 +176,7 @@ def _strict_int(v: Any) -> int:
     return v
 
 
-def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -> Tensor:
+def _decode_with(codec: Codec, header: Header, payload: Payload, max_numel: int) -> Tensor:
     numel, dtype = _checked(codec, header, payload, max_numel)
     try:
         flat = codec._decompress(payload, header.meta, numel)
@@ -178,7 +187,7 @@ def _decode_with(codec: Codec, header: Header, payload: bytes, max_numel: int) -
     return flat.reshape(header.shape).to(dtype)
 
 
-def decode_pieces_with(codec: Codec, header: Header, payload: bytes, max_numel: int, piece: int) -> Iterator[Tensor]:
+def decode_pieces_with(codec: Codec, header: Header, payload: Payload, max_numel: int, piece: int) -> Iterator[Tensor]:
     """Like :func:`_decode_with`, flat, in consecutive pieces (see ``Codec._decompress_pieces``);
     the sizes are checked before this returns, the payload's content as each piece decodes."""
     if piece < 1:
@@ -188,7 +197,7 @@ def decode_pieces_with(codec: Codec, header: Header, payload: bytes, max_numel: 
 
 
 def _pieces(
-    codec: Codec, header: Header, payload: bytes, numel: int, dtype: torch.dtype, piece: int
+    codec: Codec, header: Header, payload: Payload, numel: int, dtype: torch.dtype, piece: int
 ) -> Iterator[Tensor]:
     done = 0
     try:
@@ -196,14 +205,16 @@ def _pieces(
             done += flat.numel()
             if done > numel:
                 break
-            yield flat.reshape(-1).to(dtype)
+            flat = flat.reshape(-1).to(dtype)
+            yield flat
+            del flat  # not held while the next piece decodes
     except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
         raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
     if done != numel:
         raise IntegrityError(f"{header.codec} payload decodes to {done} values, header says {numel}")
 
 
-def _checked(codec: Codec, header: Header, payload: bytes, max_numel: int) -> tuple[int, torch.dtype]:
+def _checked(codec: Codec, header: Header, payload: Payload, max_numel: int) -> tuple[int, torch.dtype]:
     """The header's value count and dtype, once every size it implies matches the payload."""
     numel = _numel(header.shape)
     dtype = getattr(torch, header.dtype, None)

@@ -11,13 +11,14 @@ infinity; NaN and +-inf pass through unchanged, for the aggregator to reject.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from aitbc.core.compression._wire import read, read_f32, to_bytes
+from aitbc.core.compression._wire import Payload, read, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec
 
 
@@ -37,8 +38,12 @@ class NoCompression(Codec):
     def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
         return to_bytes(flat, "<f4")
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
         return read_f32(payload, 0, numel)[0]
+
+    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+        for lo in range(0, numel, piece):
+            yield read_f32(payload, 4 * lo, min(piece, numel - lo))[0]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,8 +65,15 @@ class _Half(Codec):
         flat = torch.where(flat.isfinite(), flat.clamp(-top, top), flat)  # saturate, keep nan/inf
         return to_bytes(flat.to(self.dtype).view(torch.int16), "<i2")
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
-        raw = read(payload, 0, numel, "<i2")[0].astype("=i2", copy=False)
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+        return self._values(payload, 0, numel)
+
+    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+        for lo in range(0, numel, piece):
+            yield self._values(payload, lo, min(piece, numel - lo))
+
+    def _values(self, payload: Payload, lo: int, count: int) -> Tensor:
+        raw = read(payload, 2 * lo, count, "<i2")[0].astype("=i2", copy=False)
         return torch.from_numpy(raw).view(self.dtype).to(torch.float32)
 
 

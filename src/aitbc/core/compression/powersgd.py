@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aitbc.core.compression._wire import read_f32, to_bytes
+from aitbc.core.compression._wire import Payload, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec, Layout
 from aitbc.errors import UsageError
 
@@ -123,7 +123,7 @@ class PowerSGD(Codec):
             parts += [p.reshape(-1), q.reshape(-1)]
         return to_bytes(torch.cat(parts) if parts else flat[:0], "<f4")
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
         r, parts, offset = self.cfg.rank, [], 0
         for shape in _parse_layout(meta, numel):
             if (mn := self._matrix(shape)) is None:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aitbc.core.compression._wire import chunk_view, expand_chunks, n_chunks, read, read_f32, to_bytes
+from aitbc.core.compression._wire import Payload, chunk_view, expand_chunks, n_chunks, read, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec
 
 
@@ -81,14 +81,14 @@ class _Chunked(Codec):
         scale, q = quantize_chunks(flat, self.cfg.chunk_size, self.levels)
         return to_bytes(scale, "<f4") + self._pack(q.numpy())
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
         scale, end = read_f32(payload, 0, n_chunks(numel, self.cfg.chunk_size))
         q = self._unpack(read(payload, end, self._code_bytes(numel), "u1")[0], numel)
         if np.abs(q.astype(np.int16)).max(initial=0) > self.levels:
             raise ValueError(f"{self.name} code outside [-{self.levels}, {self.levels}]")
         return dequantize_chunks(scale, torch.from_numpy(q), self.cfg.chunk_size)
 
-    def _decompress_pieces(self, payload: bytes, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
         # Pieces start on a chunk boundary and an even value (int4 packs two a byte), so each
         # decodes from its own scales and code bytes with the same arithmetic as the whole.
         chunk = self.cfg.chunk_size

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aitbc.core.compression._wire import read, read_f32, to_bytes
+from aitbc.core.compression._wire import Payload, read, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec
 
 
@@ -44,7 +44,7 @@ class Sign(Codec):
         scale = flat.double().abs().mean().float() if flat.numel() else torch.tensor(0.0)
         return to_bytes(scale.reshape(1), "<f4") + np.packbits((flat < 0).numpy()).tobytes()
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
         scale, end = read_f32(payload, 0, 1)
         negative = np.unpackbits(read(payload, end, len(payload) - end, "u1")[0], count=numel)  # (d,)
         return (1.0 - 2.0 * torch.from_numpy(negative).to(torch.float32)) * scale

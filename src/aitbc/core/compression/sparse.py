@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aitbc.core.compression._wire import bits_to_int, int_to_bits, meta_int, read, read_f32, to_bytes
+from aitbc.core.compression._wire import Payload, bits_to_int, int_to_bits, meta_int, read, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec
 from aitbc.core.compression.quantize import dequantize_chunks, quantize_chunks
 
@@ -100,7 +100,7 @@ class _TopK(Codec):
         idx = torch.topk(flat.abs(), k, sorted=False).indices.sort().values  # (k,) ascending
         return self._pack_values(flat[idx]) + encode_indices(idx.numpy(), flat.numel())
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
         k = meta["k"]
         values, end = self._unpack_values(payload, k)
         idx = decode_indices(read(payload, end, len(payload) - end, "u1")[0], numel, k)
@@ -115,7 +115,7 @@ class _TopK(Codec):
     def _pack_values(self, values: Tensor) -> bytes: ...
 
     @abstractmethod
-    def _unpack_values(self, payload: bytes, k: int) -> tuple[Tensor, int]: ...
+    def _unpack_values(self, payload: Payload, k: int) -> tuple[Tensor, int]: ...
 
 
 @CODECS.register("topk")
@@ -128,7 +128,7 @@ class TopK(_TopK):
     def _pack_values(self, values: Tensor) -> bytes:
         return to_bytes(values, "<f4")
 
-    def _unpack_values(self, payload: bytes, k: int) -> tuple[Tensor, int]:
+    def _unpack_values(self, payload: Payload, k: int) -> tuple[Tensor, int]:
         return read_f32(payload, 0, k)
 
 
@@ -143,7 +143,7 @@ class TopKInt8(_TopK):
         scale, q = quantize_chunks(values, max(1, values.numel()), 127)  # one chunk
         return to_bytes(scale, "<f4") + q.numpy().tobytes()
 
-    def _unpack_values(self, payload: bytes, k: int) -> tuple[Tensor, int]:
+    def _unpack_values(self, payload: Payload, k: int) -> tuple[Tensor, int]:
         scale, end = read_f32(payload, 0, 1 if k else 0)
         q, end = read(payload, end, k, "i1")
         if (q == -128).any():

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aitbc.core.compression._wire import bits_to_int, int_to_bits, read, read_f32, to_bytes
+from aitbc.core.compression._wire import Payload, bits_to_int, int_to_bits, read, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec
 from aitbc.core.compression.sparse import decode_indices, encode_indices, index_bits
 
@@ -149,7 +149,7 @@ class SparseLoCo(Codec):
             + encode_indices(index.numpy(), d)
         )
 
-    def _decompress(self, payload: bytes, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
         w, bits = self.cfg.chunk, self.cfg.bits
         full, k, tail, k_tail = chunk_plan(numel, w, self.cfg.density)
         chunks, kept = full + (tail > 0), full * k + k_tail
