@@ -37,7 +37,7 @@ its update (progress reports go from a thread of their own), so they slightly ov
 pure compute.
 
 Usage: python bench/live_utilization.py [--quick] [--workers 2] [--local-steps 50]
-       [--configs transformer,mlp] [--rounds N] [--eval-every 1] [--overlap 0,1]
+       [--configs transformer,mlp] [--rounds N] [--eval-every 1] [--overlap 0,1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ CONFIGS = {
 
 _ROUND_LINE = re.compile(
     r"^(\S+ \S+) INFO aitbc\.worker: round (\d+)/\d+ of (\S+): (?:\d+ steps, )?loss \S+, update (\d+) bytes, "
-    r"([0-9.]+) s \(([0-9.]+) s computing[;)]"
+    r"([0-9.]+) s \(([0-9.]+) s computing(?:; download ([0-9.]+) s, compute ([0-9.]+) s, encode ([0-9.]+) s, "
+    r"upload ([0-9.]+) s)?[;)]"
 )
 
 
@@ -178,8 +179,25 @@ def _log_rounds(path: Path, run_id: str) -> dict[int, dict[str, float]]:
                 "total": float(m.group(5)),
                 "compute": float(m.group(6)),
                 "update_bytes": int(m.group(4)),
+                # the worker's own clocks (a log before they were logged has none)
+                **{
+                    k: float(m.group(i))
+                    for i, k in ((7, "download"), (8, "steps"), (9, "encode"), (10, "upload"))
+                    if m.group(i) is not None
+                },
             }
     return out
+
+
+def _close_seconds(url: str) -> float | None:
+    """The mean of the coordinator's ``aitbc_round_close_seconds`` histogram (its /metrics)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    vals = dict(re.findall(r"^aitbc_round_close_seconds_(sum|count) (\S+)$", text, re.M))
+    if not vals or not float(vals.get("count", 0)):
+        return None
+    return float(vals["sum"]) / float(vals["count"])
 
 
 def _wait(what: str, check, timeout: float, workers: Workers, interval: float = 0.25):
@@ -269,6 +287,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int) -> 
             if view["status"] != "complete":
                 raise RuntimeError(f"{name}: run ended {view['status']}: {view.get('error')}")
             rounds_view = c.get(f"/runs/{rid}/rounds")["data"]
+            close_work = _close_seconds(coord.url)
             setup_s = time.perf_counter() - t_setup
         db = sqlite3.connect(f"file:{root / 'coordinator' / 'coordinator.db'}?mode=ro", uri=True)
         updates = db.execute(
@@ -316,6 +335,10 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int) -> 
                     "io_s": None if pickup is None else max(0.0, own - pickup),
                     "nonCompute_s": own,
                     "wait_s": None if overlap else last - arrive,
+                    # the worker's own clocks: the model's download and load, the blob's
+                    # upload and the message naming it (until its reply)
+                    "download_s": lg.get("download") if lg and not overlap else None,
+                    "upload_s": lg.get("upload") if lg and not overlap else None,
                 }
             )
         n = len(ws)
@@ -334,6 +357,8 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int) -> 
                 "io_mean_s": mean("io_s"),
                 "noncompute_mean_s": mean("nonCompute_s"),
                 "wait_mean_s": mean("wait_s"),
+                "download_mean_s": mean("download_s"),
+                "upload_mean_s": mean("upload_s"),
                 "close_s": None if overlap else C - last,
                 "utilization": sum(w["compute_s"] for w in ws) / (W * (C - S)),
                 "workers": ws,
@@ -359,6 +384,8 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int) -> 
                     "compute_mean_s",
                     "pickup_mean_s",
                     "io_mean_s",
+                    "download_mean_s",
+                    "upload_mean_s",
                     "wait_mean_s",
                     "close_s",
                     "utilization",
@@ -399,6 +426,10 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int) -> 
         "initial_val_loss": view["initial_val_loss"],
         "final_val_loss": view["val_loss"],
         "steady_utilization": steady_util,
+        # the coordinator's own clock of a close (aggregate, checkpoint, commit; the last
+        # round's evaluation too), mean over the run's closes; the rest of "close" is the
+        # driver's wake-up and the wait for its lock
+        "close_work_mean_s": close_work,
         "phases": phases,
         "per_round": per_round,
         "worker_jobs": list(worker_addr.values()),
@@ -426,6 +457,7 @@ def main() -> None:
         help="comma-separated values of the run option overlap to measure each config under "
         "(0: synchronous rounds; 1: a worker trains round r+1 while round r closes, one-step delay)",
     )
+    ap.add_argument("--keep", default=None, help="run in this (new or empty) folder and keep it: logs, databases")
     args = ap.parse_args()
     names = [s.strip() for s in args.configs.split(",") if s.strip()]
     overlaps = [int(s) for s in args.overlap.split(",") if s.strip().isdigit()]
@@ -436,7 +468,12 @@ def main() -> None:
             ap.error(f"unknown config {n!r}; one of: {', '.join(CONFIGS)}")
     rows = []
     t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="aitbc-util-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.keep:  # the logs and databases stay for a look afterwards
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            tmp = args.keep
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="aitbc-util-"))
         for n in names:
             for o in overlaps:
                 t = time.perf_counter()
@@ -498,6 +535,8 @@ def main() -> None:
             "compute ms",
             "pickup ms",
             "worker I/O ms",
+            "of it download ms",
+            "of it upload ms",
             "wait for slowest ms",
             "close ms",
             "compute",
@@ -514,6 +553,8 @@ def main() -> None:
                 ms(ph["compute_mean_s"]),
                 ms(ph["pickup_mean_s"]),
                 ms(ph["io_mean_s"]),
+                ms(ph.get("download_mean_s")),
+                ms(ph.get("upload_mean_s")),
                 ms(ph["wait_mean_s"]),
                 ms(ph["close_s"]),
                 pct(ph["compute_mean_s"], ph["wall_s"]),
@@ -527,6 +568,11 @@ def main() -> None:
         ],
     )
     for r in rows:
+        if r.get("close_work_mean_s") is not None:
+            print(
+                f"{_label(r)}: the coordinator's close itself (aggregate, checkpoint, commit): "
+                f"{1000 * r['close_work_mean_s']:.0f} ms mean"
+            )
         print(
             f"{_label(r)}: utilization {r['utilization']:.1%} "
             f"({'meets' if r['met'] else 'MISSES'} the {r['target']:.0%} target); per round "

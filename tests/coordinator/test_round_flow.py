@@ -7,10 +7,14 @@ exactly once."""
 
 from __future__ import annotations
 
+import base64
 import time
 
+import pytest
 import torch
 
+from aitbc.client import ApiError
+from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import bytes_to_tensors
 
 from .conftest import wait_for
@@ -131,3 +135,25 @@ def test_the_outer_momentum_carries_from_round_to_round_as_stored(new_coordinato
         rt = t.coord.ctx.runtimes.get(t.run_id)
         if rt is not None and rt.outer_cid == cid:  # the run's runtime (dropped once the run ends)
             assert torch.equal(rt.outer_state["momentum_buffer"], stored)
+
+
+def test_a_poll_asking_for_inline_models_gets_the_round_model_whole_and_only_while_it_trains(new_coordinator, api):
+    """``GET /workers/{id}/job?inline=N``: the round's model comes inside the answer (base64)
+    when it is at most N bytes and the worker has it to train; a bound outside 0..4 MiB is a
+    422 naming the parameter."""
+    t = api.start_training_run(new_coordinator(), 2)
+    w = t.workers[0]
+    path = f"/workers/{w.wallet.address}/job"
+    view = w.get(path, params={"inline": 4 << 20}, sign=True)["job"]
+    data = base64.b64decode(view["global_model"], validate=True)
+    assert cid_of_bytes(data) == view["global_model_cid"] and data == t.owner.get_blob(view["global_model_cid"])
+    assert w.get(path, params={"inline": len(data) - 1}, sign=True)["job"]["global_model"] is None  # too large
+    assert w.get(path, sign=True)["job"]["global_model"] is None  # not asked
+    for bad in (-1, (4 << 20) + 1, "lots"):
+        with pytest.raises(ApiError) as e:
+            w.get(path, params={"inline": bad}, sign=True)
+        api.assert_api_error(e, 422, e.value.code, "inline")
+    w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(1, api.put_update(w, torch.zeros(t.d))))
+    after = w.get(path, params={"inline": 4 << 20}, sign=True)["job"]
+    # the other worker has not answered: the round stays open, and this worker has nothing to train
+    assert after["action"] == "wait" and after["global_model"] is None

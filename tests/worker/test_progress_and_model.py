@@ -4,6 +4,7 @@ and the global model is downloaded once per CID, checked against it."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -216,3 +217,25 @@ def test_an_unknown_blob_is_the_coordinator_s_error(worker):
         worker._global_model(missing)
     assert (e.value.status, e.value.code) == (404, "unknown_blob")
     assert _files(worker._models.dir) == []
+
+
+def test_a_model_inside_the_job_view_is_kept_only_if_it_hashes_to_its_cid(worker):
+    """A small model comes inside the job poll's answer (base64): kept, with no download,
+    when its bytes hash to the CID; bytes that do not (or are not base64) are dropped, with
+    nothing stored under the CID, and the model is downloaded by its CID instead."""
+    model, other = cid_of_bytes(MODEL), cid_of_bytes(OTHER)
+    Blobs.served = {model: MODEL, other: OTHER}
+    assert worker._global_model(model, inline=base64.b64encode(MODEL).decode()).read_bytes() == MODEL
+    assert Blobs.gets == []  # no second request
+    moved = {
+        d: worker.metrics.registry.get_sample_value("aitbc_worker_bytes_total", {"direction": d})
+        for d in ("inline", "down")
+    }
+    assert moved == {"inline": len(MODEL), "down": 0}
+    for bad in (base64.b64encode(MODEL).decode(), "not base64!", ""):  # the wrong model's bytes, junk, none
+        worker._kept_models.clear()
+        for f in worker._models.dir.iterdir():
+            f.unlink()
+        assert worker._global_model(other, inline=bad).read_bytes() == OTHER  # fetched by CID instead
+    assert Blobs.gets == [other, other, other]
+    assert _files(worker._models.dir) == sorted([other])  # no temporary file left, nothing under a wrong name

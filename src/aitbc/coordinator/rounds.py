@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -37,13 +38,14 @@ from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run
 from aitbc.coordinator.round_updates import aggregate_updates
 from aitbc.coordinator.run_config import RunConfig
-from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime
+from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime, write_behind
 from aitbc.coordinator.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
 from aitbc.coordinator.verification import pending_in_round
 from aitbc.coordinator.workforce import drop_slowest, end_run
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import async_weight, build_staleness
+from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate
 
@@ -102,6 +104,14 @@ class RoundResult:
     # the outer optimizer's state stored under outer_cid by this round (None: it wrote none),
     # so recording the round does not read back and hash what it just wrote
     outer_state: dict[str, Tensor] | None = None
+    # the writes of the checkpoint and the outer state, under way (runtime.write_behind):
+    # done before the round is recorded
+    stored: tuple[Future[str], ...] = ()
+
+    def wait_stored(self) -> None:
+        """Return once the round's blobs are stored (durably); a failed write's error."""
+        for f in self.stored:
+            f.result()
 
 
 # --- closing a round -------------------------------------------------------------------
@@ -196,6 +206,7 @@ def aggregate_round(
     skipped = False
     rejected: list[tuple[int, str]] = []
     clipped: list[int] = []
+    writes: list[Future[str]] = []  # blobs being written (RoundResult.stored)
     if accepted:
         if weights is None:  # the samples each update was trained on (a shard split since does not change them)
             weights = [float(u.samples) for u, _ in accepted]
@@ -226,8 +237,10 @@ def aggregate_round(
             params = outer.step(params, delta)
             del delta
             state = outer.state_dict()
-            if state:
-                outer_cid = ctx.store.put_bytes(tensors_to_bytes(state, {"format": OUTER_FORMAT, "round": str(r)}))
+            if state:  # written behind, as the checkpoint
+                blob = tensors_to_bytes(state, {"format": OUTER_FORMAT, "round": str(r)})
+                outer_cid = cid_of_bytes(blob)
+                writes.append(write_behind(ctx, outer_cid, blob))
                 outer_state = state
     else:
         skipped = True
@@ -237,7 +250,8 @@ def aggregate_round(
         t0 = time.perf_counter()
         loss, acc = rt.evaluate(params)
         ctx.metrics.round_evaluation.observe(time.perf_counter() - t0)
-    cid, size = rt.checkpoint(ctx, run, params, r)
+    cid, size, stored = rt.checkpoint_behind(ctx, run, params, r)  # written while commit_round queries
+    writes.append(stored)
     if guard is not None:
         rt.guard_cache = (cid, guard)  # the next round's check compares with it
     return RoundResult(
@@ -252,6 +266,7 @@ def aggregate_round(
         rejected=tuple(rejected),
         clipped=tuple(clipped),
         outer_state=outer_state,
+        stored=tuple(writes),
     )
 
 
@@ -412,6 +427,7 @@ def commit_round(
             drop_slowest(s, run, active, ups, now=now)
         run.round, run.round_started_at = r + 1, now
         transition(run, RunStatus.TRAINING, now=now)
+    res.wait_stored()  # no row names a checkpoint before it is on disk (an error: nothing recorded)
     s.commit()
     if rt.params is not None:  # the step just taken is the next round's trend
         rt.remember_step(r + 1, rt.params - res.params)

@@ -12,6 +12,7 @@ Shape letters: ``d`` parameters.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -31,6 +32,7 @@ from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import buffer_size, build_staleness
 from aitbc.errors import AitbcError, NotFoundError
+from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.allow_code import AllowCode
 from aitbc.training.checkpoint import (
     bytes_to_tensors,
@@ -45,6 +47,9 @@ from aitbc.training.local import GLOBAL_RNG, LocalConfig, evaluate
 from aitbc.training.models import build_model, model_config
 
 OUTER_FORMAT = "aitbc.outer-state/1"
+# Writes the rounds' checkpoints behind their closes (RunRuntime.checkpoint_behind): one
+# thread, so the writes land in the order they were made.
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
 
 
 def data_spec(manifest: dict[str, Any]) -> DataSpec:
@@ -239,6 +244,19 @@ class RunRuntime:
         )
         return ctx.store.put_bytes(blob), len(blob)
 
+    def checkpoint_behind(self, ctx: Context, run: Run, params: Tensor, round: int) -> tuple[str, int, Future[str]]:
+        """:meth:`checkpoint`, with the blob's write (fsynced file and folder) handed to a
+        thread of its own: its CID and size now, and the write to wait for before any row
+        names the CID (:func:`.rounds.commit_round` waits for it before its commit). A
+        round's close then does its database work while the disk syncs (a median 9 ms
+        here, more under load): the write stands between every worker and its next round."""
+        set_flat_params(self.model, params)
+        blob = checkpoint_bytes(
+            self.model, model_name=run.model_type, model_options=run.cfg.model_options_full, round=round
+        )
+        cid = cid_of_bytes(blob)
+        return cid, len(blob), write_behind(ctx, cid, blob)
+
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
         set_flat_params(self.model, params)
         return evaluate(self.model, self.val_x, self.val_y)
@@ -253,6 +271,12 @@ class RunRuntime:
         if cid is not None:
             self.guard_cache = (cid, loss)
         return loss
+
+
+def write_behind(ctx: Context, cid: str, blob: bytes) -> Future[str]:
+    """Store ``blob`` (whose CID is ``cid``) in the blob store from the writer thread; the
+    caller waits for the write before any row names ``cid``."""
+    return _WRITER.submit(ctx.store.put_blob, cid, blob)
 
 
 def runtime(ctx: Context, run: Run) -> RunRuntime:

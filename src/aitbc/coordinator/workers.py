@@ -5,6 +5,8 @@ and flagged).
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import math
 import threading
 import time
@@ -25,7 +27,7 @@ from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRe
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.core.compression import decode_pieces, split_blob
 from aitbc.core.staleness import async_weight
-from aitbc.errors import AitbcError
+from aitbc.errors import AitbcError, IntegrityError, NotFoundError
 from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
@@ -77,9 +79,15 @@ def register(
     return offer
 
 
-def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
+# The largest global model a job poll may carry inside its reply (GET /workers/{id}/job?inline=).
+MAX_INLINE_MODEL = 4 << 20
+
+
+def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dict[str, Any]:
     """What the worker should do now: ``train`` (round open, no update from it yet),
-    ``wait`` (aggregating, paused, or already answered), or no job at all."""
+    ``wait`` (aggregating, paused, or already answered), or no job at all. ``inline``:
+    a global model to train of at most this many bytes comes in the view (base64), so a
+    small model's round does not wait for a second request (bench/live_utilization.py)."""
     row = s.execute(
         select(Job, Run)
         .join(Run, Run.id == Job.run_id)
@@ -106,6 +114,11 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             )
 
         peers = ctx.peers.holders_for(run.global_cid, worker_id, lambda w: _alive(ctx, w), fetchers=fetchers)
+    model = None
+    if action == "train" and run.global_cid and inline > 0 and not peers:  # peers named: they spare our egress
+        with contextlib.suppress(NotFoundError, IntegrityError):  # gone or corrupt: the worker fetches it by CID
+            if ctx.store.size(run.global_cid) <= inline:
+                model = base64.b64encode(ctx.store.get_bytes(run.global_cid)).decode("ascii")  # re-hashed
     return {
         "job": {
             "job_id": job.id,
@@ -133,6 +146,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "precision": cfg.precision,
             "challenge": challenge,
             "model_peers": peers,
+            "global_model": model,
         },
         "version": ctx.notifier.version,
     }

@@ -10,6 +10,7 @@ coordinator's database says the run is.
 
 from __future__ import annotations
 
+import base64
 import copy
 import logging
 import math
@@ -46,6 +47,9 @@ from aitbc.worker.peers import BlobServer, PeerFetcher, PeerUnavailable, parse_l
 from aitbc.worker.progress import Reporter
 
 log = logging.getLogger("aitbc.worker")
+# A global model of at most this many bytes comes inside the job poll's answer (the
+# coordinator's own cap is 4 MiB): a small model's round starts without a second request.
+INLINE_MODEL = 1 << 20
 
 
 class ModelRefused(AitbcError):
@@ -243,8 +247,10 @@ class Worker:
         self.client.close()
 
     def _poll(self) -> dict[str, Any]:
-        """The job's view: a long poll, answered when there is a round to train."""
-        return self.client.get(f"/workers/{self.wallet.address}/job", params={"wait": self.cfg.poll_seconds}, sign=True)
+        """The job's view: a long poll, answered when there is a round to train (a model of
+        at most INLINE_MODEL bytes inside it: no second request before the round trains)."""
+        params = {"wait": self.cfg.poll_seconds, "inline": INLINE_MODEL}
+        return self.client.get(f"/workers/{self.wallet.address}/job", params=params, sign=True)
 
     def register(self) -> None:
         try:
@@ -345,7 +351,9 @@ class Worker:
             nxt = (view or {}).get("job")
             if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
                 self._expect(nxt)
-                self._global_model(nxt["global_model_cid"], nxt.get("model_peers") or [])
+                self._global_model(
+                    nxt["global_model_cid"], nxt.get("model_peers") or [], inline=nxt.get("global_model")
+                )
             return view
         except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
             log.info("next round not fetched ahead: %s", e)
@@ -397,7 +405,8 @@ class Worker:
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
         t_download = time.perf_counter()
-        load_checkpoint_file(state.trainer.model, self._global_model(base, job.get("model_peers") or []))
+        model = self._global_model(base, job.get("model_peers") or [], inline=job.get("global_model"))
+        load_checkpoint_file(state.trainer.model, model)
         download = time.perf_counter() - t_download
         start = flat_params(state.trainer.model).cpu()  # (d,)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
@@ -727,10 +736,11 @@ class Worker:
             peers = []
         self._fetch(cid, store, peers)
 
-    def _global_model(self, cid: str, peers: list[dict[str, str]] | None = None) -> Path:
+    def _global_model(self, cid: str, peers: list[dict[str, str]] | None = None, *, inline: str | None = None) -> Path:
         """The round's global model, as a file: one of the last two downloaded if it has this
         CID (a round trained again, a skipped round; with overlap, the next round's model
-        fetched by the sender thread), else streamed to disk from one of ``peers`` (the job
+        fetched by the sender thread), else the copy the job view carried (``inline``,
+        base64) if it hashes to the CID, else streamed to disk from one of ``peers`` (the job
         view's ``model_peers``) or the coordinator, checked against its CID as it arrives (an
         ``IntegrityError`` if the coordinator's bytes do not hash to it). A model is used
         once or twice and replaced every round: the cache is for shards."""
@@ -739,7 +749,8 @@ class Worker:
                 if cid in self._kept_models and self._models.has(cid):
                     return self._models.dir / cid
             self._models.dir.mkdir(parents=True, exist_ok=True)
-            self._fetch(cid, self._models, peers or [])
+            if not (inline and self._take_inline(cid, inline)):
+                self._fetch(cid, self._models, peers or [])
             with self._models_lock:
                 if cid not in self._kept_models:
                     self._kept_models.append(cid)
@@ -751,6 +762,18 @@ class Worker:
                 self.server.done(cid)  # peers waiting for it (this worker was a seed) look again
         self._announce()
         return self._models.dir / cid
+
+    def _take_inline(self, cid: str, inline: str) -> bool:
+        """Store the model the job view carried (base64) under ``cid`` if its bytes hash to
+        it; False, storing nothing, if they do not (or are not base64): it is fetched by CID."""
+        try:
+            data = base64.b64decode(inline, validate=True)
+            self._models.put_blob(cid, data)  # checked against the CID, as a download is
+        except (ValueError, AitbcError) as e:  # binascii.Error is a ValueError; IntegrityError an AitbcError
+            log.warning("the job view's copy of model %s is not usable (%s); fetching it by its CID", cid, e)
+            return False
+        self.metrics.bytes.labels("inline").inc(len(data))
+        return True
 
     # --- peer transport -------------------------------------------------------------------
 

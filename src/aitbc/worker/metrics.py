@@ -32,13 +32,15 @@ class WorkerMetrics:
         self.bytes = Counter(
             "aitbc_worker_bytes",
             "Bytes moved: up (update blobs sent), down (models and shards fetched from the coordinator; cache "
-            "hits move none), peer (fetched from other workers, peer transport)",
+            "hits move none), peer (fetched from other workers, peer transport), inline (models that came inside "
+            "the coordinator's answer to a job poll)",
             ["direction"],
             registry=r,
         )
         self.bytes.labels("up")
         self.bytes.labels("down")
         self.bytes.labels("peer")
+        self.bytes.labels("inline")
         self.seconds = Counter(
             "aitbc_worker_round_seconds",
             "Seconds spent on sent rounds, by phase: download (the global model fetched to disk and "

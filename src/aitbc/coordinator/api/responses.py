@@ -535,6 +535,11 @@ class JobOrder(Reply):
         default_factory=list,
         description="workers to fetch global_model_cid from first (then the coordinator); empty: the coordinator",
     )
+    global_model: str | None = Field(
+        None,
+        description="the bytes of global_model_cid, base64, when the poll asked for models up to `inline` bytes "
+        "and this one is no larger (check them against the CID); null: fetch it by its CID",
+    )
 
 
 class JobPoll(Reply):

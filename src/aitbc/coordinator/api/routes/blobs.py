@@ -135,6 +135,25 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
             if received > limit:  # a chunked body has no declared length: count it
                 raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes")
         return {"cid": cid, "size": (ctx.store.dir / cid).stat().st_size, "stored": False}
+    if declared is not None and declared.isdigit() and int(declared) <= _BLOCK:
+        # A small blob (a round's update of a small model): received whole, then stored in
+        # one worker-thread call. Each hop to the thread pool waits its turn for the GIL
+        # behind the round driver's threads, and this upload stands between a worker's
+        # compute and the round's close (bench/live_utilization.py).
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:  # the declared length is checked above; this is what came
+                raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes")
+        try:
+            size = await run_in_threadpool(_store_whole, ctx, cid, bytes(data))
+        except IntegrityError:
+            detail = f"uploaded bytes do not hash to {cid}; nothing stored"
+            await run_in_threadpool(flag_blob, ctx, signer.address, detail)
+            raise bad_request("cid_mismatch", detail) from None
+        except AitbcError:
+            raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes") from None
+        return {"cid": cid, "size": size, "stored": True}
     # File work (open, write, fsync, rename) runs in a worker thread, in blocks of up to
     # 1 MiB: on the event loop it would stall every other request, heartbeats included.
     w = await run_in_threadpool(ctx.store.writer, cid)
@@ -156,6 +175,15 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
             await run_in_threadpool(flag_blob, ctx, signer.address, detail)
             raise bad_request("cid_mismatch", detail) from None
         return {"cid": cid, "size": w.size, "stored": True}
+
+
+def _store_whole(ctx: Context, cid: str, data: bytes) -> int:
+    """Store ``data`` under ``cid`` (checked against it; nothing stored on a mismatch or over
+    the store's size limit): its size."""
+    with ctx.store.writer(cid) as w:
+        w.write(data)
+        w.commit()
+        return w.size
 
 
 @router.get("/{cid}", response_class=FileResponse, responses={**BLOB, **errors(400, 404)})

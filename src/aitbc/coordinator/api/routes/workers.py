@@ -71,9 +71,17 @@ async def job(
     ctx: CtxDep,
     signer: SignerDep,
     wait: float = Query(0.0, ge=0, le=60, description="seconds to hold the request until there is something to train"),
+    inline: int = Query(
+        0,
+        ge=0,
+        le=workers.MAX_INLINE_MODEL,
+        description="bytes: a global model to train that is at most this large comes inside the reply "
+        "(job.global_model, base64), saving its download; 0: never",
+    ),
 ) -> dict:
     """The worker's current job and what to do (``train`` or ``wait``). With ``wait``, a
-    long poll: answered as soon as there is something to train, or after ``wait`` seconds."""
+    long poll: answered as soon as there is something to train, or after ``wait`` seconds.
+    With ``inline``, a small model to train comes with the answer."""
     if signer.address != worker_id:
         raise forbidden(f"{signer.address} may not read the job of worker {worker_id}")
     if not ctx.liveness.knows(worker_id):  # registered with another replica: looked up once
@@ -82,7 +90,7 @@ async def job(
 
     def look() -> dict:
         with ctx.session() as s:
-            return workers.job_for(ctx, s, worker_id)
+            return workers.job_for(ctx, s, worker_id, inline=inline)
 
     while True:
         seen = ctx.notifier.version
