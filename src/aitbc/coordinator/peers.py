@@ -180,9 +180,16 @@ def check_report(ctx: Context, reporter: str, accused: str, cid: str) -> dict[st
     url = book.url(accused)
     verdict = book.verdict(accused, cid)
     if verdict is None:
-        if url is None or not ctx.store.has(cid):
+        if url is None:
             return {"verdict": "unknown", "reports": reports}  # nothing the coordinator can check
-        verdict = _fetch_and_check(url, cid, ctx.store.size(cid))
+        if ctx.store.has(cid):
+            verdict = _fetch_and_check(url, cid, ctx.store.size(cid))
+        else:  # a gossip model the accused signed a record of: fetched (and kept) or caught now
+            from aitbc.coordinator.gossip import fetch_model, named_by_record
+
+            if not named_by_record(ctx, accused, cid):
+                return {"verdict": "unknown", "reports": reports}
+            verdict = fetch_model(ctx, accused, cid)
         book.judge(accused, cid, verdict)
         if verdict == "bad":
             _flag_peer(ctx, accused, f"served bytes for blob {cid} that do not hash to it (checked by the coordinator)")

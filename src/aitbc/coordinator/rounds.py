@@ -102,6 +102,7 @@ class RoundResult:
     # the outer optimizer's state stored under outer_cid by this round (None: it wrote none),
     # so recording the round does not read back and hash what it just wrote
     outer_state: dict[str, Tensor] | None = None
+    spread: float | None = None  # gossip: the round's models' mean distance to their mean
 
 
 # --- closing a round -------------------------------------------------------------------
@@ -110,6 +111,10 @@ class RoundResult:
 def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     """A round closes when every active job has answered it, or at its deadline once the
     quorum of accepted updates is met (the rest are stragglers)."""
+    if run.cfg.mode == "gossip":  # the record of a round, not a barrier: workers never wait for it
+        from aitbc.coordinator import gossip
+
+        return gossip.round_due(s, run, now=now)
     active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answers = s.execute(
         select(Update.job_id, Update.status).where(Update.run_id == run.id, Update.round == run.round)
@@ -135,6 +140,12 @@ def close_round(ctx: Context, run_id: str) -> None:
     with ctx.session() as s:
         run = s.get(Run, run_id)
         if run is None:
+            return
+        if run.configured and run.cfg.mode == "gossip":
+            from aitbc.coordinator import gossip
+
+            s.close()
+            gossip.close_round(ctx, run_id)
             return
         if run.status == RunStatus.TRAINING:
             lock_run(s, run)  # no update commits between this check and the transition
@@ -357,7 +368,7 @@ def commit_round(
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answered = {u.job_id for u, _ in ups}
     # async: nobody is waited for, so nobody is late (a slow worker's update lands in a later version)
-    is_async = run.cfg.mode == "async"
+    is_async = run.cfg.mode in ("async", "gossip")  # gossip: nobody waits at a barrier either
     stragglers = [] if is_async else sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
     for wid in stragglers:
         s.add(
@@ -391,6 +402,7 @@ def commit_round(
             bytes_down=prev_size * len(ups),
             started_at=run.round_started_at or now,
             closed_at=now,
+            spread=res.spread,
         )
     )
     jobs_by_id = {j.id: j for j in active}

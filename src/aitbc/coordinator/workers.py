@@ -14,7 +14,7 @@ import torch
 from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import verification
+from aitbc.coordinator import gossip, verification
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
@@ -92,11 +92,30 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
     cfg = run.cfg  # a job exists only once its run is configured
     done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
     action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
+    gossip_view: dict[str, Any] = {}
+    if cfg.mode == "gossip":  # workers keep their own round clock; the record follows them
+        nxt = gossip.next_round(s, job)
+        live = run.status in (RunStatus.TRAINING, RunStatus.AGGREGATING)
+        action, done = ("train" if live and nxt <= cfg.rounds else "wait"), None
+        gossip_view = {
+            "gossip": {
+                "topology": cfg.topology,
+                "seed": run.seed,
+                "aggregator": cfg.aggregator,
+                "f": cfg.f,
+                "next_round": nxt,
+                "roster": gossip.roster(ctx, s, run),
+                "norm_clip": ctx.settings.norm_clip,
+                "norm_reject": ctx.settings.norm_reject,
+                "max_staleness": cfg.max_staleness,
+                "wait": cfg.deadline,
+            }
+        }
     # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
     challenge = None if done is None else verification.challenge_view(done)
     deadline = cfg.deadline
     peers: list[dict[str, str]] = []
-    if action == "train" and run.global_cid:  # who else holds the model it is about to fetch
+    if action == "train" and run.global_cid and cfg.mode != "gossip":  # who else holds the model it is about to fetch
         run_id = run.id
 
         def fetchers() -> list[str]:  # the run's workers: each fetches this model too
@@ -132,6 +151,7 @@ def job_for(ctx: Context, s: Session, worker_id: str) -> dict[str, Any]:
             "precision": cfg.precision,
             "challenge": challenge,
             "model_peers": peers,
+            **gossip_view,
         },
         "version": ctx.notifier.version,
     }
@@ -157,7 +177,7 @@ def holders(ctx: Context, cid: str, asker: str) -> list[dict[str, str]]:
     return ctx.peers.holders_for(cid, asker, lambda w: _alive(ctx, w))
 
 
-def _own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
+def own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
     job = s.get(Job, job_id)
     if job is None:
         raise not_found("unknown_job", f"no job {job_id!r}")
@@ -177,7 +197,7 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
     steps done since its previous report of the same round over the seconds between the
     two reports, averaged with what was measured before (half and half). A report without
     a loss keeps the last one (a new round's first report has none yet)."""
-    job, run = _own_job(s, job_id, signer)
+    job, run = own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
     ahead = run.cfg.overlap if run.configured else 0  # overlap 1: the next round may be under way already
@@ -223,7 +243,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     The checks are made twice: once cheaply, then again after taking the run's row lock,
     so the round cannot close between the check and the commit (an accepted update is
     always in its round's aggregation)."""
-    job, run = _own_job(s, job_id, signer)
+    job, run = own_job(s, job_id, signer)
     _round_gate(s, job, run, body)
     if not is_cid(body.cid):
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")

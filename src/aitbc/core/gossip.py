@@ -27,6 +27,7 @@ from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
 from aitbc.errors import UsageError
 
 TOPOLOGIES = "ring, random:K"
+GOSSIP_CODECS = {"none", "fp16", "bf16", "int8", "int4"}  # value codecs: fit for whole models
 GOSSIP_SEED_OFFSET = 3  # the simulator's mode generator: seed + 3
 
 

@@ -27,7 +27,7 @@ from aitbc.core.attacks import Attack, AttackView, build_attack
 from aitbc.core.compression import Codec, build_codec, check_outer
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.compression.feedback import ErrorFeedback
-from aitbc.core.gossip import robust_combine
+from aitbc.core.gossip import GOSSIP_CODECS, robust_combine
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
@@ -43,7 +43,6 @@ from aitbc.training.models import build_model, model_config
 from aitbc.training.sharding import shard_indices
 
 MODES = ("sync", "async", "gossip")
-GOSSIP_CODECS = {"none", "fp16", "bf16", "int8", "int4"}  # value codecs: fit for whole models
 
 
 @dataclass(kw_only=True)
