@@ -45,7 +45,7 @@ def test_refused_combinations_are_one_line_422s(new_coordinator, api):
         else:
             raise AssertionError(f"{extra} accepted")
     run = owner.get(f"/runs/{run_id}")
-    assert run["status"] == "initializing" and run["config"] is None  # nothing changed
+    assert run["status"] == "initializing" and not run["config"]  # nothing changed
 
 
 def _publish(w, t, r: int, cid: str, **over):
@@ -111,7 +111,7 @@ def test_bad_records_are_refused_and_change_nothing(new_coordinator, api):
             "bad_record",
             "signature",
         ),  # altered after signing
-        (wa, job_a, other_run, 422, "wrong_record", "another"),
+        (wa, job_a, other_run, 422, "wrong_record", "the record is for run 'training_000000000000'"),
         (wa, job_a, other_job, 422, "wrong_record", "this is job"),
         (wa, t.jobs[wb.wallet.address], good, 403, None, None),  # someone else's job
         (
