@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aitbc.core.aggregation.pipeline import AggregatorPipeline
 from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
 from aitbc.errors import UsageError
 
@@ -92,7 +93,7 @@ def robust_combine(
     vectors: list[Tensor],
     weights: list[float],
     *,
-    aggregator: Callable[..., Tensor] | object,
+    aggregator: AggregatorPipeline,
     norm_bound: NormBound,
     round_index: int,
     reference: Tensor | None = None,
@@ -103,9 +104,9 @@ def robust_combine(
     verdict = judge_norms(update_norms(U), norm_bound)
     U, keep = apply_verdict(U, verdict)  # (k, d) -> (k', d)
     try:
-        aggregator.check(len(keep))  # type: ignore[attr-defined]
+        aggregator.check(len(keep))
     except UsageError:
         return Combined(None, tuple(verdict.rejected), tuple(verdict.clipped))
     w = torch.tensor([weights[i] for i in keep])  # (k',)
-    out = aggregator(U, w, round_index=round_index, reference=reference)  # type: ignore[operator]
+    out = aggregator(U, w, round_index=round_index, reference=reference)
     return Combined(out, tuple(verdict.rejected), tuple(verdict.clipped))
