@@ -123,6 +123,8 @@ def topology(spec: str, *, option: str = "--topology") -> None:
     from aitbc.core.gossip import check_topology
 
     kind, _, arg = spec.partition(":")
+    if kind == "random" and arg.isdigit() and int(arg) < 1:
+        raise OptionError(f"{option}: random:K needs K >= 1 neighbours, got {spec!r}")
     n = int(arg) + 1 if kind == "random" and arg.isdigit() else 2
     _checked(option, lambda: check_topology(spec, n))
 

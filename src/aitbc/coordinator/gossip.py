@@ -21,9 +21,8 @@ while it restarts. What the coordinator keeps:
   computes the **consensus**: the run's norm bound and robust rule over the round's models
   (:func:`aitbc.core.gossip.robust_combine`, the rule each worker mixes with). Each model
   is judged against it: a model farther from the consensus than ``OUTLIER`` x the round's
-  median distance, or one that moved against the consensus step (cosine below zero) while
-  farther than the median, is an outlier (flag ``gossip_outlier``; a sign-flipped model is
-  both). A worker whose server answers with bytes that do not hash to the CID it signed is
+  median distance, or whose validation loss is over ``WORSE`` x the round's median, is an
+  outlier (flag ``gossip_outlier``; a sign-flipped model is one or both). A worker whose server answers with bytes that do not hash to the CID it signed is
   flagged ``bad_peer_blob``; a model that cannot be fetched is left out (unpaid, not
   flagged: a crash is no proof). The consensus is the round's model (evaluated: the run's
   validation loss), and the round records the **spread**: the mean L2 distance of the kept
@@ -64,6 +63,7 @@ from aitbc.storage.cid import is_cid
 log = logging.getLogger("aitbc.coordinator")
 
 OUTLIER = 3.0  # a model this many times the round's median distance from the consensus is an outlier
+WORSE = 1.5  # a model whose validation loss is this many times the round's median is an outlier
 FETCH_TIMEOUT = 10.0  # seconds for one read from a worker's peer server
 
 
@@ -192,9 +192,21 @@ def named_by_record(ctx: Context, worker: str, cid: str) -> bool:
 # --- closing a round --------------------------------------------------------------------
 
 
-def round_due(s: Session, run: Run, *, now: float) -> bool:
+def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     """Every active job published this round or a later one, or the deadline passed with
-    ``quorum`` records of it."""
+    ``quorum`` records of it; and every published model can be fetched: a worker that
+    serves blobs announces where (in memory) after each record, so a restarted coordinator
+    waits for that, up to ``2 x lease_seconds`` from its start, before it closes a round
+    without a model it could have had."""
+    if not _due(s, run, now=now):
+        return False
+    if now - max(ctx.started_at, run.round_started_at or 0.0) >= 2 * ctx.settings.lease_seconds:
+        return True
+    cids = s.execute(select(Update.worker_id, Update.cid).where(Update.run_id == run.id, Update.round == run.round))
+    return all(ctx.peers.url(w) is not None or ctx.store.has(cid) for w, cid in cids)
+
+
+def _due(s: Session, run: Run, *, now: float) -> bool:
     active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     last = dict(
         s.execute(
@@ -313,12 +325,12 @@ def close_round(ctx: Context, run_id: str) -> None:
                 )
                 if combined.result is not None:
                     consensus = combined.result.to(before.dtype)
-                kept = _outliers(s, models, before, consensus, r, now)
+                for u, _, m in models:
+                    u.val_loss = rt.evaluate(m)[0]
+                kept = _outliers(s, models, consensus, r, now)
                 if kept:
                     stack = torch.stack([m for *_, m in kept])  # (n, d)
                     spread = float((stack - stack.mean(dim=0)).norm(dim=1).mean())
-                for u, _, m in models:
-                    u.val_loss = rt.evaluate(m)[0]
             loss, acc = rt.evaluate(consensus)
             cid, size = rt.checkpoint(ctx, run, consensus, r)
         accepted = [(u, shard) for u, shard in ups if u.status == UpdateStatus.ACCEPTED]
@@ -349,21 +361,26 @@ def _decode(blob: bytes, d: int) -> Tensor | None:
 
 
 def _outliers(
-    s: Session, models: list[tuple[Update, int, Tensor]], before: Tensor, consensus: Tensor, r: int, now: float
+    s: Session, models: list[tuple[Update, int, Tensor]], consensus: Tensor, r: int, now: float
 ) -> list[tuple[Update, int, Tensor]]:
-    """Judge each model against the consensus; flag the outliers; the models kept."""
-    step = consensus - before  # (d,) the consensus step
+    """Judge each model against the consensus and the round's other models (each
+    ``u.val_loss`` evaluated); flag the outliers; the models kept. A direction test (the
+    model's step against the consensus step) was tried and dropped: a worker's own drift
+    from the consensus (the spread) dominates one round's step, so an honest worker cut off
+    from its neighbours for a while (an outage) pointed "against" it."""
     dists = [float((m - consensus).norm()) for *_, m in models]
     median = statistics.median(dists)
+    losses = [u.val_loss for u, _, _ in models if u.val_loss is not None and math.isfinite(u.val_loss)]
+    typical = statistics.median(losses) if losses else None
     kept = []
     for (u, shard, m), dist in zip(models, dists):
-        own = m - before  # (d,)
-        cos = float(torch.nn.functional.cosine_similarity(own, step, dim=0)) if step.norm() > 0 else 0.0
         why = None
         if median > 0 and dist > OUTLIER * median:
             why = f"round {r} model is {dist / median:.1f}x the median distance from the consensus"
-        elif median > 0 and cos < 0 and dist > median:
-            why = f"round {r} model moved against the consensus (cosine {cos:.2f}) and is farther than the median"
+        elif typical is not None and (
+            u.val_loss is None or not math.isfinite(u.val_loss) or u.val_loss > WORSE * typical
+        ):
+            why = f"round {r} model's validation loss {u.val_loss} is over {WORSE:g}x the round's median {typical:.4g}"
         if why is not None:
             _judge(s, u, r, now, "gossip_outlier", why)
         else:

@@ -114,7 +114,7 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     if run.cfg.mode == "gossip":  # the record of a round, not a barrier: workers never wait for it
         from aitbc.coordinator import gossip
 
-        return gossip.round_due(s, run, now=now)
+        return gossip.round_due(ctx, s, run, now=now)
     active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answers = s.execute(
         select(Update.job_id, Update.status).where(Update.run_id == run.id, Update.round == run.round)
