@@ -225,7 +225,7 @@ def main() -> None:
     verdict = "; ".join(verdicts)
     print(verdict)
     write_json(
-        "live_stragglers",
+        "live_stragglers" if args.only is None else f"live_stragglers_{args.only}",
         {
             "args": vars(args),
             "deadline_s": deadline,

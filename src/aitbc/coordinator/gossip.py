@@ -53,7 +53,9 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import lock_run, row
-from aitbc.coordinator.states import JobStatus, RunStatus, ScoreStatus, UpdateStatus, transition
+from aitbc.coordinator.rounds import RoundResult, commit_round
+from aitbc.coordinator.runtime import drop_runtime, runtime
+from aitbc.coordinator.states import Control, JobStatus, RunStatus, ScoreStatus, UpdateStatus, transition
 from aitbc.core.compression import decode as decode_model
 from aitbc.core.gossip import robust_combine
 from aitbc.errors import AitbcError, IntegrityError
@@ -193,8 +195,8 @@ def named_by_record(ctx: Context, worker: str, cid: str) -> bool:
 
 
 def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
-    """Every active job published this round or a later one, or the deadline passed with
-    ``quorum`` records of it; and every published model can be fetched: a worker that
+    """Every active job published this round or a later one, or ``quorum`` did and the rest
+    are two or more rounds behind, or the deadline passed with ``quorum`` records of it; and every published model can be fetched: a worker that
     serves blobs announces where (in memory) after each record, so a restarted coordinator
     waits for that, up to ``2 x lease_seconds`` from its start, before it closes a round
     without a model it could have had."""
@@ -214,6 +216,14 @@ def _due(s: Session, run: Run, *, now: float) -> bool:
         ).all()
     )
     if active and all((last.get(j) or 0) >= run.round for j in active):
+        return True
+    # A worker two or more rounds behind the record is slow, not late: with the quorum in,
+    # the record does not wait for it (its own record of this round, if it ever trains it,
+    # comes after the close: refused, unpaid, as a straggler's update). One round behind is
+    # jitter between equal workers, waited for up to the deadline.
+    behind = [j for j in active if (last.get(j) or 0) < run.round]
+    published = len(active) - len(behind)
+    if published >= run.cfg.quorum and behind and all((last.get(j) or 0) <= run.round - 2 for j in behind):
         return True
     deadline = run.cfg.deadline
     if deadline and run.round_started_at and now >= run.round_started_at + deadline:
@@ -256,12 +266,11 @@ def fetch_model(ctx: Context, worker: str, cid: str) -> str:
 
 def close_round(ctx: Context, run_id: str) -> None:
     """Record round ``run.round``'s consensus and judge its models (the module's docstring)."""
-    from aitbc.coordinator.rounds import RoundResult, commit_round  # rounds dispatches here
-    from aitbc.coordinator.runtime import drop_runtime, runtime
-
     with ctx.session() as s:
         run = s.get(Run, run_id)
         if run is None:
+            return
+        if run.control != Control.AUTOMATIC:  # its owner's to move (gossip is refused for owner-driven runs)
             return
         if run.status == RunStatus.TRAINING:
             lock_run(s, run)

@@ -111,10 +111,6 @@ class RoundResult:
 def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     """A round closes when every active job has answered it, or at its deadline once the
     quorum of accepted updates is met (the rest are stragglers)."""
-    if run.cfg.mode == "gossip":  # the record of a round, not a barrier: workers never wait for it
-        from aitbc.coordinator import gossip
-
-        return gossip.round_due(ctx, s, run, now=now)
     active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answers = s.execute(
         select(Update.job_id, Update.status).where(Update.run_id == run.id, Update.round == run.round)
@@ -140,12 +136,6 @@ def close_round(ctx: Context, run_id: str) -> None:
     with ctx.session() as s:
         run = s.get(Run, run_id)
         if run is None:
-            return
-        if run.configured and run.cfg.mode == "gossip":
-            from aitbc.coordinator import gossip
-
-            s.close()
-            gossip.close_round(ctx, run_id)
             return
         if run.status == RunStatus.TRAINING:
             lock_run(s, run)  # no update commits between this check and the transition

@@ -39,11 +39,6 @@ def score(ctx: Context, run_id: str, r: int) -> None:
     """Score round ``r``'s contributions (idempotent: a scored round is left alone)."""
     with ctx.session() as s:
         run = row(s, Run, run_id)
-        if run.cfg.mode == "gossip":  # published models, judged when the round closed
-            from aitbc.coordinator import gossip
-
-            gossip.score(ctx, run_id, r)
-            return
         if s.scalar(select(func.count()).select_from(Score).where(Score.run_id == run_id, Score.round == r)):
             return
         rec_before = row(s, RoundRecord, (run_id, r - 1))
