@@ -21,8 +21,10 @@ Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
 5. mix: the run's norm bound and robust rule over its own and the neighbours' models
    (:func:`aitbc.core.gossip.robust_combine`, the simulator's code); that is its next model.
 
-A worker behind a slower neighbour does not wait past ``wait``; a slow worker that finds
-its neighbours ahead jumps its clock to theirs (the rounds it skipped have no record of it).
+A worker beside a slower neighbour does not wait past ``wait``, and not at all once that
+neighbour was behind at its last look (it takes its newest model, within max_staleness); a
+slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
+have no record of it).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class GossipLoop:
         self.publisher = threading.Thread(target=self._publish_all, name="gossip-publisher", daemon=True)
         self.publisher.start()
         self.ended = False  # the coordinator said the job or run is over
+        self.lagging: dict[str, bool] = {}  # neighbours behind this worker at their last look
 
     def refresh(self, job: dict[str, Any]) -> None:
         """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
@@ -165,7 +168,9 @@ class GossipLoop:
     def _neighbour(self, entry: dict[str, Any], r: int) -> tuple[Tensor, int, int] | None:
         """Neighbour ``entry``'s model of round ``r`` (or its newest within max_staleness):
         (model, its samples, its round), or None."""
-        deadline = time.monotonic() + self.wait
+        # a neighbour that was a round or more behind last time is slow: its newest is taken
+        # at once (within max_staleness), not waited for every round
+        deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
         best: dict[str, Any] | None = None
         while not self.w.stop.is_set():
             signed = self._record(entry, r)
@@ -174,6 +179,7 @@ class GossipLoop:
             if (best is not None and best["record"]["round"] >= r) or time.monotonic() >= deadline:
                 break
             time.sleep(POLL)
+        self.lagging[entry["worker"]] = best is None or best["record"]["round"] < r
         if best is None:
             log.info("no record from neighbour %s for round %d", entry["worker"], r)
             return None
