@@ -21,6 +21,11 @@ BENCHES = [
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
     ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
     ("live_stragglers", "Live stragglers: sync, deadline, async", "python bench/live_stragglers.py"),
+    (
+        "live_stragglers_gossip",
+        "Live stragglers: gossip (with the all-fast sync reference)",
+        "python bench/live_stragglers.py --only gossip",
+    ),
     ("live_large", "A large model live: round-time breakdown", "OMP_NUM_THREADS=1 python bench/live_large.py"),
     ("overlap_loss", "Overlapping rounds: loss", "python bench/overlap_loss.py"),
     ("honest_runs", "Honest runs (false accusations)", "python bench/honest_runs.py"),

@@ -441,6 +441,7 @@ class AgentMethods:
         buffer: int | None = None,
         max_staleness: int = 4,
         staleness: str = "polynomial",
+        topology: str = "ring",
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -462,6 +463,9 @@ class AgentMethods:
         the workers; or ``deadline`` seconds with at least one) are applied as a new version,
         each down-weighted by ``staleness`` (a rule of :mod:`aitbc.core.staleness`) for the
         versions applied since the one it was trained from, and refused past ``max_staleness``.
+        ``mode`` ``gossip``: workers train from their own models and mix them with their
+        ``topology`` neighbours' (``ring``, ``random:K``) peer to peer, by the run's rule; the
+        coordinator records each worker's signed model CID per round and scores them.
         Returns the run detail with ``phase``.
         """
 
@@ -1004,6 +1008,7 @@ class AsyncAgentMethods:
         buffer: int | None = None,
         max_staleness: int = 4,
         staleness: str = "polynomial",
+        topology: str = "ring",
     ) -> dict[str, Any]:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -1025,6 +1030,9 @@ class AsyncAgentMethods:
         the workers; or ``deadline`` seconds with at least one) are applied as a new version,
         each down-weighted by ``staleness`` (a rule of :mod:`aitbc.core.staleness`) for the
         versions applied since the one it was trained from, and refused past ``max_staleness``.
+        ``mode`` ``gossip``: workers train from their own models and mix them with their
+        ``topology`` neighbours' (``ring``, ``random:K``) peer to peer, by the run's rule; the
+        coordinator records each worker's signed model CID per round and scores them.
         Returns the run detail with ``phase``.
         """
 

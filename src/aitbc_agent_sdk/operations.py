@@ -587,6 +587,7 @@ def start_training(
     buffer: int | None = None,
     max_staleness: int = 4,
     staleness: str = "polynomial",
+    topology: str = "ring",
 ) -> Op[dict[str, Any]]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -608,6 +609,9 @@ def start_training(
     the workers; or ``deadline`` seconds with at least one) are applied as a new version,
     each down-weighted by ``staleness`` (a rule of :mod:`aitbc.core.staleness`) for the
     versions applied since the one it was trained from, and refused past ``max_staleness``.
+    ``mode`` ``gossip``: workers train from their own models and mix them with their
+    ``topology`` neighbours' (``ring``, ``random:K``) peer to peer, by the run's rule; the
+    coordinator records each worker's signed model CID per round and scores them.
     Returns the run detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
     run = yield Http("GET", f"/runs/{training_id}")
@@ -635,6 +639,8 @@ def start_training(
         "max_staleness": max_staleness,
         "staleness": staleness,
     }
+    if mode == "gossip":
+        body["topology"] = topology
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)
     run = yield Http("POST", f"/runs/{training_id}/distribute", body)

@@ -103,9 +103,16 @@ def cmd(name: str) -> tuple[str, ...]:
             "--min-gpu: unknown GPU class 'GTX1'; known: H100",
         ),
         (
-            (*cmd("distribute"), "--mode", "gossip"),
-            "--mode 'gossip': live runs support sync (with --deadline/--quorum) and async (--buffer, --max-staleness); "
-            "gossip runs only in `aitbc simulate`",
+            (*cmd("distribute"), "--mode", "flood"),
+            "--mode 'flood' is not a mode; choose one of: sync, async, gossip",
+        ),
+        (
+            (*cmd("distribute"), "--mode", "gossip", "--topology", "star"),
+            "--topology: unknown --topology 'star'; allowed: ring, random:K",
+        ),
+        (
+            (*cmd("distribute"), "--mode", "gossip", "--topology", "random:0"),
+            "--topology: random:K needs K >= 1 neighbours, got 'random:0'",
         ),
         (
             (*cmd("discover-workers"), "--required-workers", "0"),

@@ -39,7 +39,7 @@ def test_refused_combinations_are_one_line_422s(new_coordinator, api):
     api.upload_digits(owner, run_id, 2)
     owner.post(f"/runs/{run_id}/discover", {"required_workers": 2, "min_gpu": "RTX4090"})
     cases = [
-        ({"mode": "gossip"}, "mode"),
+        ({"mode": "async", "topology": "ring"}, "topology is for mode gossip"),
         ({"mode": "async", "overlap": 1}, "overlap 1 is for sync runs"),
         ({"mode": "async", "verify_rate": 0.1}, "spot checks (verify_rate > 0) are not available with mode async"),
         ({"mode": "async", "staleness": "bogus"}, "unknown staleness rule 'bogus'"),

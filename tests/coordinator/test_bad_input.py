@@ -336,7 +336,8 @@ def test_distribute_refusals(new_coordinator, api):
         ({"aggregator": "krum:f=5"}, "bad_config"),
         ({"rounds": 0}, "invalid_request"),
         ({"strategy": "model-parallel"}, "invalid_request"),
-        ({"mode": "gossip"}, "invalid_request"),  # async is live now; gossip is not built
+        ({"mode": "flood"}, "invalid_request"),  # sync, async and gossip are the modes
+        ({"mode": "gossip", "topology": ""}, "invalid_request"),
         ({"lr": 0}, "invalid_request"),
         ({"deadline": -1}, "invalid_request"),
         ({"error_feedback": "yes"}, "invalid_request"),

@@ -118,6 +118,17 @@ def aggregator(spec: str, *, option: str = "--aggregator") -> None:
     _checked(option, lambda: parse_aggregator(spec, default_f=0))
 
 
+def topology(spec: str, *, option: str = "--topology") -> None:
+    """The form (ring, random:K with K >= 1); K against the workers is the coordinator's check."""
+    from aitbc.core.gossip import check_topology
+
+    kind, _, arg = spec.partition(":")
+    if kind == "random" and arg.isdigit() and int(arg) < 1:
+        raise OptionError(f"{option}: random:K needs K >= 1 neighbours, got {spec!r}")
+    n = int(arg) + 1 if kind == "random" and arg.isdigit() else 2
+    _checked(option, lambda: check_topology(spec, n))
+
+
 def codec(spec: str, *, option: str = "--compression") -> None:
     from aitbc.core.compression import build_codec
     from aitbc.core.options import parse_spec

@@ -28,7 +28,10 @@ ErrorFeedback = Annotated[
     bool,
     typer.Option("--error-feedback", help="Keep each worker's compression residual and add it to its next update."),
 ]
-Mode = Annotated[str, typer.Option(help="Round mode: sync, async or gossip (live runs: sync or async).")]
+Mode = Annotated[str, typer.Option(help="Round mode: sync, async or gossip.")]
+Topology = Annotated[
+    str, typer.Option(help="gossip: who mixes with whom: ring, or random:K (K neighbours drawn each round).")
+]
 Buffer = Annotated[
     int | None,
     typer.Option(help="async: updates applied together, one new version each (default half the workers)."),

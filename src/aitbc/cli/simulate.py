@@ -35,6 +35,7 @@ from aitbc.cli.options import (
     Rounds,
     Seed,
     Staleness,
+    Topology,
 )
 from aitbc.core.options import parse_kv
 
@@ -82,7 +83,7 @@ def simulate(
     max_staleness: MaxStaleness = 4,
     staleness: Staleness = "polynomial",
     buffer: Buffer = None,
-    topology: Annotated[str, typer.Option(help="gossip: ring or random:K.")] = "ring",
+    topology: Topology = "ring",
     target_loss: Annotated[
         float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")
     ] = None,

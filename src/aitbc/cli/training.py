@@ -60,6 +60,7 @@ from aitbc.cli.options import (
     Rounds,
     Seed,
     Staleness,
+    Topology,
 )
 from aitbc.cli.progress import bars
 from aitbc.core.options import parse_kv
@@ -365,6 +366,7 @@ DISTRIBUTE_FIELDS = (
     "buffer",
     "max_staleness",
     "staleness",
+    "topology",
 )
 
 
@@ -417,6 +419,7 @@ def distribute(
     buffer: Buffer = None,
     max_staleness: MaxStaleness = 4,
     staleness: Staleness = "polynomial",
+    topology: Topology = "ring",
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -429,11 +432,10 @@ def distribute(
     home = resolve_home(home)
     if strategy != "data-parallel":
         raise UsageError(f"--strategy {strategy!r} is not available; this build runs: data-parallel")
-    if mode not in ("sync", "async"):
-        raise UsageError(
-            f"--mode {mode!r}: live runs support sync (with --deadline/--quorum) and async (--buffer, --max-staleness); "
-            "gossip runs only in `aitbc simulate`"
-        )
+    if mode not in ("sync", "async", "gossip"):
+        raise UsageError(f"--mode {mode!r} is not a mode; choose one of: sync, async, gossip")
+    if mode == "gossip":
+        checks.topology(topology)
     checks.outer(outer)
     checks.aggregator(aggregator)
     checks.codec(compression)
@@ -470,6 +472,7 @@ def distribute(
             buffer=buffer,
             max_staleness=max_staleness,
             staleness=staleness,
+            topology=topology,
         )
         if json_out:
             _emit_json(_api_view(run))
@@ -532,6 +535,14 @@ def _run_view(run: dict[str, Any]) -> Group:
             f"failed {v['failed']}",
             f"unanswered {v['unanswered']}",
             f"re-run {v['extra_compute']:.1%} of steps",
+        )
+    g = run.get("gossip")
+    if g:
+        head.add_row(
+            f"gossip {g['topology']}",
+            f"consensus spread {_fmt(g['spread'])}",
+            f"recorded round {g['recorded_round']} (workers at {g['newest_round']})",
+            f"outliers {g['outliers']}",
         )
     a = run.get("asynchronous")
     if a:

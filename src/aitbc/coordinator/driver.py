@@ -32,7 +32,7 @@ from functools import partial
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import retention, rounds, scoring, settlement, verification, workforce
+from aitbc.coordinator import gossip, retention, rounds, scoring, settlement, verification, workforce
 from aitbc.coordinator.books import drop_books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.escrow import finalize
@@ -211,7 +211,10 @@ class RoundDriver:
             ).all()
             due = []
             for run_id, status in live:
-                if status != RunStatus.TRAINING or rounds.round_due(self.ctx, s, row(s, Run, run_id), now=now):
+                run = row(s, Run, run_id)
+                # gossip: the record of a round, not a barrier (workers never wait for it)
+                is_due = gossip.round_due if run.configured and run.cfg.mode == "gossip" else rounds.round_due
+                if status != RunStatus.TRAINING or is_due(self.ctx, s, run, now=now):
                     due.append(run_id)
         for run_id in due:
             if not self.ctx.lease.holds():
@@ -231,7 +234,10 @@ class RoundDriver:
         for run_id, r in missing:
             rounds.evaluate_round(ctx, run_id, r)
         for run_id, r in unsettled:  # score and pay the oldest closed round of each run
-            self._money(run_id, partial(scoring.score, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
+            with ctx.session() as s:
+                mode = (s.scalar(select(Run.config).where(Run.id == run_id)) or {}).get("mode")
+            judge = gossip.score if mode == "gossip" else scoring.score  # gossip: judged when the round closed
+            self._money(run_id, partial(judge, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
         for run_id in ended:  # then refund the rest and return bonds
             self._money(run_id, partial(finalize, ctx, run_id))
             drop_runtime(ctx, run_id)
@@ -284,8 +290,11 @@ class RoundDriver:
         try:
             with ctx.session() as s:
                 status = s.scalar(select(Run.status).where(Run.id == run_id))
+                config = s.scalar(select(Run.config).where(Run.id == run_id)) or {}
             if status == RunStatus.DISTRIBUTING:
                 rounds.start_training(ctx, run_id)
+            elif config.get("mode") == "gossip":
+                gossip.close_round(ctx, run_id)
             else:
                 rounds.close_round(ctx, run_id)
             self._failures.pop(run_id, None)

@@ -214,6 +214,9 @@ class Update(Base):
     verify_detail: Mapped[str | None] = mapped_column(Text, default=None)
     verify_steps: Mapped[int | None] = mapped_column(Integer, default=None)  # local steps the coordinator re-ran
     verify_seconds: Mapped[float | None] = mapped_column(Float, default=None)
+    # Gossip runs (0009): the record as the worker signed it, and the published model's validation loss
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    val_loss: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class RoundRecord(Base):
@@ -237,6 +240,7 @@ class RoundRecord(Base):
     bytes_down: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the model, once per answer
     started_at: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float] = mapped_column(Float)
+    spread: Mapped[float | None] = mapped_column(Float, default=None)  # gossip: the models' mean distance (0009)
 
 
 class Flag(Base):

@@ -170,19 +170,28 @@ class PeerBook:
                 del self._holders[cid]
 
 
-def check_report(ctx: Context, reporter: str, accused: str, cid: str) -> dict[str, Any]:
+def check_report(
+    ctx: Context, reporter: str, accused: str, cid: str, *, signed: Callable[[], str] | None = None
+) -> dict[str, Any]:
     """A worker says ``accused`` served bytes for ``cid`` that did not hash to it. The
     coordinator checks by fetching ``cid`` from the accused itself (once per peer and CID)
     and flags it only if its own fetch does not hash either (see the module's docstring).
-    Returns ``{"verdict": "bad" | "gone" | "ok" | "unknown", "reports": n}``."""
+    ``signed``: for a CID the coordinator does not hold, its own fetch-and-check when the
+    accused signed a record of it (gossip: :func:`aitbc.coordinator.gossip.fetch_model`),
+    None when it did not. Returns ``{"verdict": "bad" | "gone" | "ok" | "unknown", "reports": n}``."""
     book: PeerBook = ctx.peers
     reports = book.report(accused, reporter)
     url = book.url(accused)
     verdict = book.verdict(accused, cid)
     if verdict is None:
-        if url is None or not ctx.store.has(cid):
+        if url is None:
             return {"verdict": "unknown", "reports": reports}  # nothing the coordinator can check
-        verdict = _fetch_and_check(url, cid, ctx.store.size(cid))
+        if ctx.store.has(cid):
+            verdict = _fetch_and_check(url, cid, ctx.store.size(cid))
+        elif signed is not None:  # a gossip model the accused signed a record of: fetched (and kept) or caught now
+            verdict = signed()
+        else:
+            return {"verdict": "unknown", "reports": reports}
         book.judge(accused, cid, verdict)
         if verdict == "bad":
             _flag_peer(ctx, accused, f"served bytes for blob {cid} that do not hash to it (checked by the coordinator)")

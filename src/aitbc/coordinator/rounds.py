@@ -104,6 +104,7 @@ class RoundResult:
     # the outer optimizer's state stored under outer_cid by this round (None: it wrote none),
     # so recording the round does not read back and hash what it just wrote
     outer_state: dict[str, Tensor] | None = None
+    spread: float | None = None  # gossip: the round's models' mean distance to their mean
     # the writes of the checkpoint and the outer state, under way (runtime.write_behind):
     # done before the round is recorded
     stored: tuple[Future[str], ...] = ()
@@ -374,7 +375,7 @@ def commit_round(
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     answered = {u.job_id for u, _ in ups}
     # async: nobody is waited for, so nobody is late (a slow worker's update lands in a later version)
-    is_async = run.cfg.mode == "async"
+    is_async = run.cfg.mode in ("async", "gossip")  # gossip: nobody waits at a barrier either
     stragglers = [] if is_async else sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
     for wid in stragglers:
         s.add(
@@ -408,6 +409,7 @@ def commit_round(
             bytes_down=prev_size * len(ups),
             started_at=run.round_started_at or now,
             closed_at=now,
+            spread=res.spread,
         )
     )
     jobs_by_id = {j.id: j for j in active}

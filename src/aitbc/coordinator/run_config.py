@@ -33,6 +33,7 @@ class RunConfig(BaseModel):
     buffer: int | None = None  # async: accepted updates per application (resolved when checked)
     max_staleness: int = 4  # async: older updates are refused
     staleness: str = "polynomial"  # async: the down-weighting rule (core/staleness.py)
+    topology: str | None = None  # gossip: ring or random:K (core/gossip.py)
     deadline: float | None = None  # seconds a round waits at most
     quorum: int = Field(ge=1)  # accepted updates a round needs to close at its deadline
     min_workers: int = Field(ge=1)

@@ -301,6 +301,8 @@ def configure(
             "no_workers",
             f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}",
         )
+    if body.mode == "gossip" and run.control == Control.MANUAL:
+        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode gossip needs automatic control")
     if body.mode == "async" and run.control == Control.MANUAL:
         # the driver fills and applies the buffers; an owner closing rounds by hand has no buffer rule
         raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode async needs automatic control")

@@ -27,6 +27,7 @@ from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.schemas import Distribute
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import ErrorFeedback, build_codec, check_outer
+from aitbc.core.gossip import GOSSIP_CODECS, check_topology
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
@@ -89,6 +90,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
             "precision bf16 cannot be verified (its steps do not replay within tolerance): give verify_rate 0 or precision fp32",
         )
     buffer = _check_async(body, workers=workers, max_workers=max_workers)
+    neighbours = _check_gossip(body, workers=workers)
     try:
         LocalConfig(
             steps=body.local_steps,
@@ -103,6 +105,8 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         agg = parse_aggregator(body.aggregator, default_f=f)
         if buffer is not None:  # async: a version is one buffer of updates
             agg.check(min(workers, buffer))
+        elif neighbours is not None:  # gossip: a worker mixes its own model and its neighbours'
+            agg.check(1 + neighbours)
         else:
             agg.check(min(workers, quorum) if body.deadline else workers)
         name, opts = parse_spec(body.compression, what="codec")
@@ -113,11 +117,14 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         raise unprocessable("bad_config", str(e)) from None
     mcfg = model_config(run.model_type, run.model_options)
     return RunConfig(
-        **body.model_dump(exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback", "buffer"}),
+        **body.model_dump(
+            exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback", "buffer", "topology"}
+        ),
         # on when the flag or the codec spec asks for it (error_feedback_decay=...): workers, the
         # spot checks' residual and the run's views all read this one flag
         error_feedback=isinstance(codec, ErrorFeedback),
         buffer=buffer,
+        topology=(body.topology or "ring") if neighbours is not None else None,
         min_workers=min_workers,
         max_workers=max_workers,
         quorum=quorum,
@@ -125,6 +132,41 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         f=f,
         model_options_full={} if mcfg is None else asdict(mcfg),
     )
+
+
+def _check_gossip(body: Distribute, *, workers: int) -> int | None:
+    """A gossip run's neighbours per worker (None: not gossip), or a 422 naming what gossip
+    cannot combine with."""
+    if body.mode != "gossip":
+        if body.topology is not None:
+            raise unprocessable("bad_config", f"topology is for mode gossip; mode {body.mode} has no topology")
+        return None
+
+    def refuse(why: str) -> None:
+        raise unprocessable("bad_config", f"mode gossip: {why}")
+
+    if body.overlap:
+        refuse("overlap 1 is for sync runs; gossip workers never wait for a global model: give overlap 0")
+    if body.verify_rate > 0:
+        refuse("spot checks (verify_rate > 0) replay an update from a global model, which gossip has not: give 0")
+    if body.buffer is not None:
+        refuse("buffer is for mode async")
+    if body.error_feedback:
+        refuse("gossip sends whole models, not updates: error feedback has nothing to carry; give error_feedback false")
+    if body.outer != "fedavg":
+        refuse(f"outer {body.outer!r}: gossip mixes models with the run's rule and takes no outer step; give fedavg")
+    try:
+        name, _ = parse_spec(body.compression, what="codec")
+    except AitbcError as e:
+        raise unprocessable("bad_config", str(e)) from None
+    if name not in GOSSIP_CODECS:
+        refuse(
+            f"compression {body.compression!r} would destroy whole models; use one of: {', '.join(sorted(GOSSIP_CODECS))}"
+        )
+    try:
+        return check_topology(body.topology or "ring", workers)
+    except AitbcError as e:
+        raise unprocessable("bad_config", f"mode gossip: {e}") from None
 
 
 def _check_async(body: Distribute, *, workers: int, max_workers: int) -> int | None:

@@ -115,7 +115,10 @@ class Distribute(Body):
     error_feedback: bool = False
     # sync: a round waits for every worker (or its deadline); async: every ``buffer`` accepted
     # updates (or ``deadline`` seconds with at least one) are applied, a new version each time
-    mode: Literal["sync", "async"] = "sync"
+    # gossip: workers train from their own models and mix with their topology neighbours' peer to peer
+    mode: Literal["sync", "async", "gossip"] = "sync"
+    # gossip: who mixes with whom: ring, or random:K (K neighbours drawn each round from the run's seed)
+    topology: str | None = Field(None, min_length=1, max_length=32)
     # async: updates per application (default: half the workers, at least 1)
     buffer: Annotated[int | None, *_in_range("buffer")] = None
     # async: an update trained from a version more than this many applications old is refused
@@ -289,3 +292,10 @@ class JobEnd(Body):
 
 class JobMove(Body):
     worker_id: str | None = Field(None, min_length=1, max_length=64)  # default: the best free worker
+
+
+class RecordPublish(Body):
+    """A gossip worker's signed model record (:mod:`aitbc.ledger.records`)."""
+
+    record: dict[str, Any]
+    signature: str = Field(max_length=200)

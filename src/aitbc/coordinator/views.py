@@ -111,7 +111,31 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
             for j in jobs
         ],
         "asynchronous": async_view,
+        "gossip": _gossip_view(s, run) if run.configured and run.cfg.mode == "gossip" else None,
         "time": now,
+    }
+
+
+def _gossip_view(s: Session, run: Run) -> dict[str, Any]:
+    """A gossip run: how far apart the workers' models were at the last recorded round
+    (the consensus spread), and how far the record is behind the workers."""
+    last = s.execute(
+        select(RoundRecord.round, RoundRecord.spread)
+        .where(RoundRecord.run_id == run.id, RoundRecord.round > 0)
+        .order_by(RoundRecord.round.desc())
+        .limit(1)
+    ).first()
+    records = s.execute(select(func.count(Update.id), func.max(Update.round)).where(Update.run_id == run.id)).one()
+    outliers = s.scalar(
+        select(func.count(Update.id)).where(Update.run_id == run.id, Update.status == UpdateStatus.REJECTED)
+    )
+    return {
+        "topology": run.cfg.topology,
+        "recorded_round": last[0] if last else 0,
+        "spread": last[1] if last else None,
+        "newest_round": records[1] or 0,
+        "records": records[0] or 0,
+        "outliers": outliers or 0,
     }
 
 

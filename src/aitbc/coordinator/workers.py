@@ -17,7 +17,7 @@ import torch
 from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import verification
+from aitbc.coordinator import gossip, verification
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
@@ -101,11 +101,30 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
     cfg = run.cfg  # a job exists only once its run is configured
     done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
     action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
+    gossip_view: dict[str, Any] = {}
+    if cfg.mode == "gossip":  # workers keep their own round clock; the record follows them
+        nxt = gossip.next_round(s, job)
+        live = run.status in (RunStatus.TRAINING, RunStatus.AGGREGATING)
+        action, done = ("train" if live and nxt <= cfg.rounds else "wait"), None
+        gossip_view = {
+            "gossip": {
+                "topology": cfg.topology,
+                "seed": run.seed,
+                "aggregator": cfg.aggregator,
+                "f": cfg.f,
+                "next_round": nxt,
+                "roster": gossip.roster(ctx, s, run),
+                "norm_clip": ctx.settings.norm_clip,
+                "norm_reject": ctx.settings.norm_reject,
+                "max_staleness": cfg.max_staleness,
+                "wait": cfg.deadline,
+            }
+        }
     # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
     challenge = None if done is None else verification.challenge_view(done)
     deadline = cfg.deadline
     peers: list[dict[str, str]] = []
-    if action == "train" and run.global_cid:  # who else holds the model it is about to fetch
+    if action == "train" and run.global_cid and cfg.mode != "gossip":  # who else holds the model it is about to fetch
         run_id = run.id
 
         def fetchers() -> list[str]:  # the run's workers: each fetches this model too
@@ -115,7 +134,8 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
 
         peers = ctx.peers.holders_for(run.global_cid, worker_id, lambda w: _alive(ctx, w), fetchers=fetchers)
     model = None
-    if action == "train" and run.global_cid and inline > 0 and not peers:  # peers named: they spare our egress
+    # not when peers are named (they spare our egress), nor to gossip workers (they train their own)
+    if action == "train" and run.global_cid and inline > 0 and not peers and cfg.mode != "gossip":
         with contextlib.suppress(NotFoundError, IntegrityError):  # gone or corrupt: the worker fetches it by CID
             if ctx.store.size(run.global_cid) <= inline:
                 model = base64.b64encode(ctx.store.get_bytes(run.global_cid)).decode("ascii")  # re-hashed
@@ -147,6 +167,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
             "challenge": challenge,
             "model_peers": peers,
             "global_model": model,
+            **gossip_view,
         },
         "version": ctx.notifier.version,
     }
@@ -172,7 +193,7 @@ def holders(ctx: Context, cid: str, asker: str) -> list[dict[str, str]]:
     return ctx.peers.holders_for(cid, asker, lambda w: _alive(ctx, w))
 
 
-def _own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
+def own_job(s: Session, job_id: str, signer: str) -> tuple[Job, Run]:
     job = s.get(Job, job_id)
     if job is None:
         raise not_found("unknown_job", f"no job {job_id!r}")
@@ -192,7 +213,7 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
     steps done since its previous report of the same round over the seconds between the
     two reports, averaged with what was measured before (half and half). A report without
     a loss keeps the last one (a new round's first report has none yet)."""
-    job, run = _own_job(s, job_id, signer)
+    job, run = own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
     ahead = run.cfg.overlap if run.configured else 0  # overlap 1: the next round may be under way already
@@ -238,7 +259,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     The checks are made twice: once cheaply, then again after taking the run's row lock,
     so the round cannot close between the check and the commit (an accepted update is
     always in its round's aggregation)."""
-    job, run = _own_job(s, job_id, signer)
+    job, run = own_job(s, job_id, signer)
     _round_gate(s, job, run, body)
     if not is_cid(body.cid):
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")

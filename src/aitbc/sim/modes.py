@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from aitbc.core.compression import decode as decode_update
+from aitbc.core.gossip import neighbours
 from aitbc.core.staleness import async_weight
 from aitbc.core.staleness import buffer_size as buffer_size_of
-from aitbc.errors import UsageError
 
 if TYPE_CHECKING:  # the runner calls these loops; they only use it
     from aitbc.sim.runner import Simulation
@@ -114,36 +114,10 @@ def run_async(sim: Simulation) -> None:
         start(i, now)
 
 
-def _neighbours(topology: str, n: int, gen: torch.Generator) -> Callable[[], list[list[int]]]:
-    kind, _, arg = topology.partition(":")
-    if kind == "ring" and not arg:
-        if n < 2:
-            raise UsageError("gossip on a ring needs at least 2 workers")
-        ring = [sorted({(i - 1) % n, (i + 1) % n} - {i}) for i in range(n)]
-        return lambda: ring
-    if kind == "random":
-        try:
-            k = int(arg)
-        except ValueError:
-            raise UsageError(f"--topology random:K needs an integer K, got {topology!r}") from None
-        if not 1 <= k < n:
-            raise UsageError(f"--topology random:K needs 1 <= K < workers ({n}), got K={k}")
-
-        def draw() -> list[list[int]]:
-            peers = []
-            for i in range(n):
-                others = torch.randperm(n - 1, generator=gen)[:k]  # (k,) indices among the n-1 others
-                peers.append(sorted(int(j) + (int(j) >= i) for j in others))
-            return peers
-
-        return draw
-    raise UsageError(f"unknown --topology {topology!r}; allowed: ring, random:K")
-
-
 def run_gossip(sim: Simulation) -> None:
     cfg = sim.cfg
     n = cfg.workers
-    peers_of = _neighbours(cfg.topology, n, sim.mode_gen)
+    peers_of = neighbours(cfg.topology, n, sim.mode_gen)  # the live workers' own draw (core/gossip)
     models = [sim.params.clone() for _ in range(n)]  # (d,) each worker's own model
     honest = [i for i in range(n) if i not in sim.byzantine]
     for r in range(1, cfg.rounds + 1):

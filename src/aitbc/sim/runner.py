@@ -27,7 +27,8 @@ from aitbc.core.attacks import Attack, AttackView, build_attack
 from aitbc.core.compression import Codec, build_codec, check_outer
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.compression.feedback import ErrorFeedback
-from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
+from aitbc.core.gossip import GOSSIP_CODECS, robust_combine
+from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import build_staleness
@@ -42,7 +43,6 @@ from aitbc.training.models import build_model, model_config
 from aitbc.training.sharding import shard_indices
 
 MODES = ("sync", "async", "gossip")
-GOSSIP_CODECS = {"none", "fp16", "bf16", "int8", "int4"}  # value codecs: fit for whole models
 
 
 @dataclass(kw_only=True)
@@ -353,17 +353,18 @@ class Simulation:
         skipped, as a coordinator would wait, not averaged with a weaker rule.
         ``reference``: the trend a ``trend`` stage compares with (the coordinator's: the
         global model's last step; gossip mixes models, not steps, and passes none)."""
-        U = torch.stack(updates)  # (n, d)
-        verdict = judge_norms(update_norms(U), self.norm_bound)  # the same rule as the coordinator's
-        self.rejected += len(verdict.rejected)
-        U, keep = apply_verdict(U, verdict)  # (n, d) -> (k, d): grossly large dropped, large clipped
-        try:
-            self.aggregator.check(len(keep))
-        except UsageError:
+        out = robust_combine(  # the same rule a live worker mixes with, and the coordinator judges by
+            updates,
+            weights,
+            aggregator=self.aggregator,
+            norm_bound=self.norm_bound,
+            round_index=self.round,
+            reference=reference,
+        )
+        self.rejected += len(out.rejected)
+        if out.result is None:
             self.skipped += 1
-            return None
-        w = torch.tensor([weights[i] for i in keep])  # (k,)
-        return self.aggregator(U, w, round_index=self.round, reference=reference)  # (k, d) -> (d,)
+        return out.result
 
     def apply(self, updates: list[Tensor], weights: list[float]) -> None:
         """Aggregate accepted updates and take one outer step on the global model. A

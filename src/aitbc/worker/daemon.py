@@ -42,6 +42,7 @@ from aitbc.training.parallel import Ranks
 from aitbc.training.proof import Recorder, TrainState, boundaries, commit_every
 from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
+from aitbc.worker.gossip import GossipLoop
 from aitbc.worker.metrics import WorkerMetrics
 from aitbc.worker.peers import BlobServer, PeerFetcher, PeerUnavailable, parse_listen
 from aitbc.worker.progress import Reporter
@@ -157,6 +158,12 @@ class Worker:
         self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
+        # gossip: this worker's own published models (served by CID) and signed records
+        self._gossip_store = LocalBlobStore(home / "worker-gossip" / self.wallet.name, durable=False)
+        shutil.rmtree(self._gossip_store.dir, ignore_errors=True)
+        self._gossip_kept: list[str] = []
+        self.gossip_records: dict[tuple[str, int], dict[str, Any]] = {}
+        self._gossip: GossipLoop | None = None
         # overlap 1: a round's update is sent by a thread of its own while the next round trains
         self._sending: tuple[dict[str, Any], Trained, _Sender] | None = None
         # peer transport: fetch blobs from the workers the coordinator names; serve ours if --listen
@@ -194,6 +201,7 @@ class Worker:
                 self._held,
                 connections=self.cfg.peer_connections,
                 corrupt=self.cfg.cheat == "bad-blobs",
+                records=self._record,
             )
             log.info("serving held blobs to peers on %s:%d as %s", host, self.server.port, self.advertise)
         if len(self.devices) > 1:
@@ -235,7 +243,10 @@ class Worker:
                     log.warning("spot check of round %s: %s", job["challenge"]["round"], e.detail)
             if job["action"] == "train":
                 try:
-                    self.train_round(job)
+                    if job.get("mode") == "gossip":
+                        self.gossip(job)
+                    else:
+                        self.train_round(job)
                 except ModelRefused as e:
                     self._decline(job, e)
                 except ApiError as e:
@@ -318,6 +329,41 @@ class Worker:
             self.metrics.clear_job()
         else:
             log.error("update refused (%s): %s", e.code, e.detail)
+
+    # --- gossip -----------------------------------------------------------------------
+
+    def gossip(self, job: dict[str, Any]) -> None:
+        """Run a gossip job's rounds (:mod:`aitbc.worker.gossip`) until its last, or until
+        the worker stops; the coordinator is needed only to start (or to refresh the roster)."""
+        self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
+        state = self._job_state(job)
+        loop = self._gossip
+        if loop is None or loop.job_id != job["job_id"]:
+            if loop is not None:
+                loop.close()
+            loop = self._gossip = GossipLoop(self, job, state)
+        else:
+            loop.refresh(job)
+        loop.run()
+        if loop.next > (job["rounds"] or 1) or loop.ended:
+            self.stop.wait(self.cfg.poll_seconds if not loop.ended else 0)  # its records go out meanwhile
+
+    def gossip_keep(self, cid: str, blob: bytes) -> None:
+        """Keep one of this worker's published models (the last KEEP), served by CID."""
+        from aitbc.worker.gossip import KEEP
+
+        self._gossip_store.put_bytes(blob)
+        with self._models_lock:
+            self._gossip_kept.append(cid)
+            while len(self._gossip_kept) > KEEP:
+                (self._gossip_store.dir / self._gossip_kept.pop(0)).unlink(missing_ok=True)
+
+    def _record(self, job_id: str, round: int | None) -> dict[str, Any] | None:
+        """A signed record this worker published for ``job_id``: of ``round`` if kept, else its newest."""
+        mine = {r: v for (j, r), v in list(self.gossip_records.items()) if j == job_id}
+        if not mine:
+            return None
+        return mine.get(round) if round in mine else mine[max(mine)]
 
     # --- one round ------------------------------------------------------------------
 
@@ -803,6 +849,8 @@ class Worker:
         with self._models_lock:
             if cid in self._kept_models and (self._models.dir / cid).is_file():
                 return self._models.dir / cid
+            if cid in self._gossip_kept and (self._gossip_store.dir / cid).is_file():
+                return self._gossip_store.dir / cid
         path = self.cache.store.dir / cid
         return path if path.is_file() else None
 
@@ -818,7 +866,7 @@ class Worker:
         if self.server is None or self.advertise is None:
             return
         with self._models_lock:
-            cids = list(self._kept_models)
+            cids = list(self._kept_models) + self._gossip_kept[::-1][:8]  # gossip: its newest models
         if self.job is not None and self.job.shard_cid:
             cids.append(self.job.shard_cid)
         try:

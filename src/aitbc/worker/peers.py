@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
@@ -36,6 +38,7 @@ from aitbc.storage.cid import parse_cid
 log = logging.getLogger("aitbc.worker.peers")
 
 PREFIX = "/v1/blobs/"
+RECORDS = "/v1/records/"  # gossip: signed model records
 PENDING_WAIT = 6.0  # seconds a request for a blob being fetched here waits for it
 NOT_YET_WAIT = 2.0  # seconds a request for a blob not held waits for this worker to start fetching it
 _CHUNK = 1 << 20
@@ -66,8 +69,9 @@ class BlobServer:
         *,
         connections: int = 8,
         corrupt: bool = False,
+        records: Callable[[str, int | None], dict[str, Any] | None] | None = None,
     ) -> None:
-        self.find, self.corrupt = find, corrupt
+        self.find, self.corrupt, self.records = find, corrupt, records
         self.slots = threading.BoundedSemaphore(connections)
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Condition()
@@ -133,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, *, body: bool) -> None:
         self.close_connection = True  # one blob per connection: no idle connection holds a thread
         blobs: BlobServer = self.server.blob_server  # type: ignore[attr-defined]
+        if self.path.startswith(RECORDS) and blobs.records is not None:
+            self._record(blobs, body=body)
+            return
         if not blobs.slots.acquire(blocking=False):
             self._error(503, "busy", "this worker serves a few blobs at a time; try another peer")
             return
@@ -165,6 +172,30 @@ class _Handler(BaseHTTPRequestHandler):
             log.debug("peer %s went away or stalled while fetching %s: %s", self.client_address[0], self.path, e)
         finally:
             blobs.slots.release()
+
+    def _record(self, blobs: BlobServer, *, body: bool) -> None:
+        """``GET /v1/records/{job_id}[?round=R]``: this worker's signed gossip record of that
+        round if it keeps it, else its newest (JSON; the reader checks the signature)."""
+        assert blobs.records is not None
+        url = urlsplit(self.path)
+        job_id = url.path[len(RECORDS) :]
+        query = parse_qs(url.query)
+        raw = (query.get("round") or [""])[0]
+        if not job_id or len(job_id) > 64 or not job_id.replace("_", "").isalnum() or (raw and not raw.isdigit()):
+            self._error(400, "bad_request", "GET /v1/records/{job_id}[?round=R]")
+            return
+        signed = blobs.records(job_id, int(raw) if raw else None)
+        if signed is None:
+            self._error(404, "no_record", "this worker published no record for that job")
+            return
+        data = json.dumps(signed).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
 
     def _path(self, blobs: BlobServer) -> Path | None:
         if not self.path.startswith(PREFIX):

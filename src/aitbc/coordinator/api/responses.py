@@ -198,6 +198,15 @@ class AsyncView(Reply):
     refused_stale: int = Field(description="updates refused as older than max_staleness")
 
 
+class GossipView(Reply):
+    topology: str | None
+    recorded_round: int = Field(description="the last round whose record closed (consensus evaluated)")
+    spread: float | None = Field(description="that round's mean L2 distance of the kept models to their mean")
+    newest_round: int = Field(description="the newest round any worker has published")
+    records: int = Field(description="model records published so far")
+    outliers: int = Field(description="published models flagged as outliers or corrupt")
+
+
 class RunDetail(RunSummary):
     model_options: dict[str, Any]
     seed: int
@@ -235,6 +244,7 @@ class RunDetail(RunSummary):
     contracts: list[ContractView]
     workers: list[RunWorker]
     asynchronous: AsyncView | None = Field(None, description="async runs: version, throughput, refusals")
+    gossip: GossipView | None = Field(None, description="gossip runs: consensus spread and the record's progress")
     time: float
 
 
@@ -494,6 +504,41 @@ class PeerVerdict(Reply):
     reports: int = Field(description="distinct workers that have reported this peer")
 
 
+class RosterEntry(Reply):
+    worker: str
+    job_id: str
+    public_key: str = Field(description="checks the worker's signed model records")
+    url: str | None = Field(
+        description="its peer server; None: it cannot be reached, its models go through the coordinator"
+    )
+    samples: int
+
+
+class GossipOrder(Reply):
+    topology: str | None
+    seed: int = Field(description="the run's seed: random:K neighbours are drawn from it (seed + 3), as the simulator")
+    aggregator: str = Field(description="the rule each worker mixes with")
+    f: int = Field(description="attackers the rule tolerates when its spec names none")
+    next_round: int = Field(description="the round this worker trains next (one past its last published record)")
+    roster: list[RosterEntry] = Field(description="the run's workers in topology order")
+    norm_clip: float
+    norm_reject: float
+    max_staleness: int = Field(description="a neighbour's model at most this many rounds old is still mixed")
+    wait: float | None = Field(description="seconds to wait for a neighbour's model of the round (None: the default)")
+
+
+class SignedRecord(Reply):
+    record: dict[str, Any]
+    signature: str
+
+
+class RecordAccepted(Reply):
+    status: Literal["recorded"]
+    round: int
+    cid: str
+    duplicate: bool
+
+
 class JobOrder(Reply):
     """What a worker should do now with its job."""
 
@@ -540,6 +585,7 @@ class JobOrder(Reply):
         description="the bytes of global_model_cid, base64, when the poll asked for models up to `inline` bytes "
         "and this one is no larger (check them against the CID); null: fetch it by its CID",
     )
+    gossip: GossipOrder | None = Field(None, description="gossip runs: the roster and how to mix")
 
 
 class JobPoll(Reply):

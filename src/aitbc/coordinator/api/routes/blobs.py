@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +11,7 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator import pins
+from aitbc.coordinator import gossip, pins
 from aitbc.coordinator.api.deps import CtxDep, SignerDep, StreamSignerDep
 from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, Holders, PeerVerdict, PinList, PinView, errors
 from aitbc.coordinator.context import Context
@@ -110,7 +111,10 @@ def bad_peer(cid: str, body: BadPeer, ctx: CtxDep, signer: SignerDep) -> dict:
     several workers is no longer handed out). See :mod:`aitbc.coordinator.peers`."""
     _check_cid(cid)
     require_known(ctx, signer.address)
-    return check_report(ctx, signer.address, body.peer, cid)
+    signed = None
+    if not ctx.store.has(cid) and gossip.named_by_record(ctx, body.peer, cid):  # a gossip model it signed for
+        signed = partial(gossip.fetch_model, ctx, body.peer, cid)
+    return check_report(ctx, signer.address, body.peer, cid, signed=signed)
 
 
 @router.put(

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator import verification, views, workers
+from aitbc.coordinator import gossip, verification, views, workers
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import (
     OWNED,
@@ -18,13 +18,15 @@ from aitbc.coordinator.api.responses import (
     OfferView,
     Ok,
     Page,
+    RecordAccepted,
     Revealed,
+    SignedRecord,
     UpdateAccepted,
     WorkerJob,
     errors,
 )
 from aitbc.coordinator.errors import forbidden
-from aitbc.coordinator.schemas import Holdings, Progress, ProofReveal, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.schemas import Holdings, Progress, ProofReveal, RecordPublish, UpdateSubmit, WorkerRegister
 
 router = APIRouter(tags=["workers"])
 
@@ -122,6 +124,26 @@ def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: Si
 @router.post("/jobs/{job_id}/updates", status_code=201, response_model=UpdateAccepted, responses=OWNED)
 def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
     return workers.submit_update(ctx, s, job_id, signer.address, body)
+
+
+@router.post("/jobs/{job_id}/records", status_code=201, response_model=RecordAccepted, responses=OWNED)
+def publish_record(job_id: str, body: RecordPublish, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    """Gossip runs: the signer's signed record of its model after a round (``aitbc.gossip/1``:
+    run, job, worker, round, model CID, samples, training loss). Published once per round;
+    the same record again is a duplicate (200-equivalent), another CID for it a 409."""
+    job, run = workers.own_job(s, job_id, signer.address)
+    return gossip.publish(ctx, s, job, run, body.model_dump())
+
+
+@router.get("/jobs/{job_id}/records", response_model=SignedRecord, responses=errors(404))
+def job_record(
+    job_id: str,
+    s: SessionDep,
+    round: int | None = Query(None, ge=1, description="this round's record if published, else the latest"),
+) -> dict:
+    """A gossip job's signed model record (how a worker gets the record of a neighbour that
+    cannot be reached; it checks the signature itself)."""
+    return gossip.record_of(s, job_id, round)
 
 
 @router.post("/jobs/{job_id}/proofs", response_model=Revealed, responses=OWNED)

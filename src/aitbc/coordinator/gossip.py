@@ -1,0 +1,446 @@
+"""Live gossip runs on the coordinator: the market, the ledger and the record, not the models.
+
+Workers train from their own models and mix them with their neighbours' peer to peer
+(:mod:`aitbc.worker.gossip`); no round waits for the coordinator, and training goes on
+while it restarts. What the coordinator keeps:
+
+- **The roster** (:func:`roster`, in each job view): every active job's worker, its place
+  in the topology (the shard order), its public key (to check its records) and its
+  advertised URL (None: it cannot be reached; its models go through the coordinator).
+- **The record** (:func:`publish`): each round each worker publishes a signed record
+  (:mod:`aitbc.ledger.records`) naming the CID of its model. A record is refused, nothing
+  written, when it is not the signer's own job's, names another run, job or worker, is
+  for a round already closed or past the run's last, names no CID, does not verify against
+  the worker's key, or contradicts the record it published for that round before.
+  Records of a later round are kept until their round closes; a worker that could not
+  reach the coordinator publishes its backlog when it is back.
+- **Closing a round** (:func:`close_round`, the round driver, when every active job
+  published the round or a later one, or at the run's deadline with ``quorum`` records):
+  the coordinator fetches every published model (its own blob store for workers that
+  cannot be reached, else the worker's peer server; CID-checked as it arrives), and
+  computes the **consensus**: the run's norm bound and robust rule over the round's models
+  (:func:`aitbc.core.gossip.robust_combine`, the rule each worker mixes with). Each model
+  is judged against it: a model farther from the consensus than ``OUTLIER`` x the round's
+  median distance, or whose validation loss is over ``WORSE`` x the round's median, is an
+  outlier (flag ``gossip_outlier``; a sign-flipped model is one or both). A worker whose server answers with bytes that do not hash to the CID it signed is
+  flagged ``bad_peer_blob``; a model that cannot be fetched is left out (unpaid, not
+  flagged: a crash is no proof). The consensus is the round's model (evaluated: the run's
+  validation loss), and the round records the **spread**: the mean L2 distance of the kept
+  models to their mean (``monitor`` shows it).
+- **Pay** (:func:`score`, then :func:`aitbc.coordinator.settlement.settle`): per round, a
+  contract whose published model was fetched, checked and kept is paid its price (quality
+  1); an outlier, a corrupt or unfetchable model, or no record is paid nothing. Nothing is
+  slashed: an outlier is a statistical judgment, not a proof.
+
+Shape letters: ``n`` models in the round, ``d`` parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from typing import Any
+
+import httpx
+import torch
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from torch import Tensor
+
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import conflict, not_found, unprocessable
+from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update
+from aitbc.coordinator.repository import lock_run, row
+from aitbc.coordinator.rounds import RoundResult, commit_round
+from aitbc.coordinator.runtime import drop_runtime, runtime
+from aitbc.coordinator.states import Control, JobStatus, RunStatus, ScoreStatus, UpdateStatus, transition
+from aitbc.core.compression import decode as decode_model
+from aitbc.core.gossip import robust_combine
+from aitbc.errors import AitbcError, IntegrityError
+from aitbc.ledger.records import record_problem
+from aitbc.storage.cid import is_cid
+
+log = logging.getLogger("aitbc.coordinator")
+
+OUTLIER = 3.0  # a model this many times the round's median distance from the consensus is an outlier
+WORSE = 1.5  # a model whose validation loss is this many times the round's median is an outlier
+FETCH_TIMEOUT = 10.0  # seconds for one read from a worker's peer server
+
+
+# --- the roster ------------------------------------------------------------------------
+
+
+def roster(ctx: Context, s: Session, run: Run) -> list[dict[str, Any]]:
+    """The run's active jobs in topology order (by shard): who mixes with whom."""
+    rows = s.execute(
+        select(Job, Offer.public_key)
+        .join(Offer, Offer.id == Job.worker_id)
+        .where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)
+        .order_by(Job.shard_index, Job.id)
+    ).all()
+    return [
+        {
+            "worker": job.worker_id,
+            "job_id": job.id,
+            "public_key": key,
+            "url": ctx.peers.url(job.worker_id),
+            "samples": int(run.data_manifest["shards"][job.shard_index]["samples"]),
+        }
+        for job, key in rows
+    ]
+
+
+def next_round(s: Session, job: Job) -> int:
+    """The round the job's worker trains next: one past the last it published (its own
+    clock; a worker restarted mid-run picks up there)."""
+    last = s.scalar(select(func.max(Update.round)).where(Update.job_id == job.id)) or 0
+    return max(last + 1, job.joined_round)
+
+
+# --- publishing a record ------------------------------------------------------------------
+
+
+def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]) -> dict[str, Any]:
+    """Record a worker's signed model record (see the module's docstring for what is refused)."""
+    if run.cfg.mode != "gossip":
+        raise conflict("not_gossip", f"run {run.id} is a {run.cfg.mode} run: its workers send updates, not records")
+    if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING):
+        raise conflict("not_accepting", f"run {run.id} is {run.status}: it records no models now")
+    offer = row(s, Offer, job.worker_id)
+    problem = record_problem(signed, offer.public_key)
+    if problem is not None:
+        raise unprocessable("bad_record", problem)
+    rec = signed["record"]
+    if rec["training_id"] != run.id or rec["job_id"] != job.id:
+        raise unprocessable(
+            "wrong_record",
+            f"the record is for run {rec['training_id']!r}, job {rec['job_id']!r}; this is job {job.id} of run {run.id}",
+        )
+    r = rec["round"]
+    if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= run.cfg.rounds:
+        raise unprocessable("bad_record", f"round must be an integer in [1, {run.cfg.rounds}], got {r!r}")
+    if not isinstance(rec["cid"], str) or not is_cid(rec["cid"]):
+        raise unprocessable("bad_cid", f"{rec['cid']!r} is not a CIDv1 (base32, starts with 'b')")
+    loss = rec["train_loss"]
+    if loss is not None and (not isinstance(loss, int | float) or isinstance(loss, bool) or not math.isfinite(loss)):
+        raise unprocessable("bad_record", f"train_loss must be a finite number or null, got {loss!r}")
+    lock_run(s, run)
+    if r < run.round or s.get(RoundRecord, (run.id, r)) is not None:
+        s.rollback()
+        raise conflict("round_closed", f"round {r} of {run.id} is closed; the record is at round {run.round}")
+    before = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
+    if before is not None:
+        s.rollback()
+        if before.cid == rec["cid"]:
+            return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": True}
+        raise conflict(
+            "conflicting_record",
+            f"job {job.id} already published round {r} as {before.cid}; a record is published once",
+        )
+    now = time.time()
+    samples = int(run.data_manifest["shards"][job.shard_index]["samples"])  # the coordinator's count, not the claim
+    s.add(
+        Update(
+            run_id=run.id,
+            job_id=job.id,
+            worker_id=job.worker_id,
+            round=r,
+            cid=rec["cid"],
+            size=0,  # known once the coordinator fetches it (close_round)
+            shard_index=job.shard_index,
+            samples=samples,
+            train_loss=float(loss) if loss is not None else None,
+            status=UpdateStatus.ACCEPTED,
+            record=signed,
+            created_at=now,
+        )
+    )
+    if loss is not None:
+        job.loss = float(loss)
+    job.progress, job.worker_status, job.progress_round, job.updated_at = 100.0, f"published round {r}", r, now
+    s.commit()
+    ctx.notifier.poke_driver()
+    return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": False}
+
+
+def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
+    """Job ``job_id``'s signed record of round ``r`` if published, else its latest one."""
+    job = s.get(Job, job_id)
+    if job is None:
+        raise not_found("unknown_job", f"no job {job_id!r}")
+    up = None
+    if r is not None:
+        up = s.scalar(select(Update).where(Update.job_id == job_id, Update.round == r, Update.record.is_not(None)))
+    if up is None:
+        up = s.scalar(
+            select(Update)
+            .where(Update.job_id == job_id, Update.record.is_not(None))
+            .order_by(Update.round.desc())
+            .limit(1)
+        )
+    if up is None or up.record is None:
+        raise not_found("no_record", f"job {job_id} has published no model record yet")
+    return up.record
+
+
+def named_by_record(ctx: Context, worker: str, cid: str) -> bool:
+    """Whether ``worker`` signed a gossip record naming ``cid`` (a bad-peer report can be checked)."""
+    with ctx.session() as s:
+        return s.scalar(select(Update.id).where(Update.worker_id == worker, Update.cid == cid).limit(1)) is not None
+
+
+# --- closing a round --------------------------------------------------------------------
+
+
+def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
+    """Every active job published this round or a later one, or ``quorum`` did and the rest
+    are two or more rounds behind, or the deadline passed with ``quorum`` records of it; and every published model can be fetched: a worker that
+    serves blobs announces where (in memory) after each record, so a restarted coordinator
+    waits for that, up to ``2 x lease_seconds`` from its start, before it closes a round
+    without a model it could have had."""
+    if not _due(s, run, now=now):
+        return False
+    if now - max(ctx.started_at, run.round_started_at or 0.0) >= 2 * ctx.settings.lease_seconds:
+        return True
+    cids = s.execute(select(Update.worker_id, Update.cid).where(Update.run_id == run.id, Update.round == run.round))
+    return all(ctx.peers.url(w) is not None or ctx.store.has(cid) for w, cid in cids)
+
+
+def _due(s: Session, run: Run, *, now: float) -> bool:
+    active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
+    last = dict(
+        s.execute(
+            select(Update.job_id, func.max(Update.round)).where(Update.run_id == run.id).group_by(Update.job_id)
+        ).all()
+    )
+    if active and all((last.get(j) or 0) >= run.round for j in active):
+        return True
+    # A worker two or more rounds behind the record is slow, not late: with the quorum in,
+    # the record does not wait for it (its own record of this round, if it ever trains it,
+    # comes after the close: refused, unpaid, as a straggler's update). One round behind is
+    # jitter between equal workers, waited for up to the deadline.
+    behind = [j for j in active if (last.get(j) or 0) < run.round]
+    published = len(active) - len(behind)
+    if published >= run.cfg.quorum and behind and all((last.get(j) or 0) <= run.round - 2 for j in behind):
+        return True
+    deadline = run.cfg.deadline
+    if deadline and run.round_started_at and now >= run.round_started_at + deadline:
+        n = s.scalar(select(func.count(Update.id)).where(Update.run_id == run.id, Update.round == run.round)) or 0
+        return n >= run.cfg.quorum
+    return False
+
+
+def fetch_model(ctx: Context, worker: str, cid: str) -> str:
+    """Make sure the coordinator holds ``cid``: ``ok`` (held, or fetched from the worker's
+    peer server and CID-checked), ``bad`` (the worker served bytes that do not hash to the
+    CID it signed), ``gone`` (not reachable, not held)."""
+    if ctx.store.has(cid):
+        return "ok"
+    url = ctx.peers.url(worker)
+    if url is None:
+        return "gone"
+    try:
+        with (
+            ctx.store.writer(cid) as w,
+            httpx.Client(timeout=httpx.Timeout(FETCH_TIMEOUT, connect=3.0), follow_redirects=False) as http,
+            http.stream("GET", f"{url}/v1/blobs/{cid}") as r,
+        ):
+            if r.status_code != 200:
+                return "gone"
+            deadline = time.monotonic() + 3 * FETCH_TIMEOUT
+            for block in r.iter_bytes(1 << 20):
+                w.write(block)  # over the store's max_blob_bytes: an AitbcError
+                if time.monotonic() > deadline:
+                    return "gone"
+            w.commit()
+    except IntegrityError:
+        return "bad"
+    except AitbcError:
+        return "bad"  # more bytes than any blob may have, for a CID it signed
+    except httpx.HTTPError:
+        return "gone"
+    return "ok"
+
+
+def close_round(ctx: Context, run_id: str) -> None:
+    """Record round ``run.round``'s consensus and judge its models (the module's docstring)."""
+    with ctx.session() as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            return
+        if run.control != Control.AUTOMATIC:  # its owner's to move (gossip is refused for owner-driven runs)
+            return
+        if run.status == RunStatus.TRAINING:
+            lock_run(s, run)
+            if not ctx.lease.fence(s):
+                s.rollback()
+                return
+            if run.status == RunStatus.TRAINING:
+                transition(run, RunStatus.AGGREGATING)
+            s.commit()
+        if run.status != RunStatus.AGGREGATING:
+            return
+        r = run.round
+        ups = s.execute(
+            select(Update, Job.shard_index)
+            .join(Job, Job.id == Update.job_id)
+            .where(Update.run_id == run.id, Update.round == r)
+            .order_by(Job.shard_index, Update.id)
+        ).all()
+        rt = runtime(ctx, run)
+        now = time.time()
+        models: list[tuple[Update, int, Tensor]] = []
+        for u, shard in ups:
+            if u.status != UpdateStatus.ACCEPTED:
+                continue
+            verdict = fetch_model(ctx, u.worker_id, u.cid)
+            if verdict == "bad":
+                _judge(
+                    s,
+                    u,
+                    r,
+                    now,
+                    "bad_peer_blob",
+                    f"served bytes for its round {r} model {u.cid} that do not hash to it",
+                )
+                ctx.peers.judge(u.worker_id, u.cid, "bad")
+                continue
+            if verdict == "gone":
+                u.status, u.reason = UpdateStatus.EXCLUDED, "its model could not be fetched (worker unreachable)"
+                continue
+            blob = ctx.store.get_bytes(u.cid)
+            u.size = len(blob)
+            model = _decode(blob, rt.d)
+            if model is None:
+                _judge(
+                    s, u, r, now, "rejected_update", f"round {r} model {u.cid} is not a finite model of {rt.d} values"
+                )
+                continue
+            models.append((u, shard, model))
+        with rt.lock:
+            rt.load(ctx, run)
+            before = rt.params
+            assert before is not None
+            consensus, spread = before, None
+            if models:
+                combined = robust_combine(
+                    [m for *_, m in models],
+                    [float(u.samples) for u, _, _ in models],
+                    aggregator=rt.aggregator,
+                    norm_bound=rt.norm_bound,
+                    round_index=r,
+                )
+                if combined.result is not None:
+                    consensus = combined.result.to(before.dtype)
+                for u, _, m in models:
+                    u.val_loss = rt.evaluate(m)[0]
+                kept = _outliers(s, models, consensus, r, now)
+                if kept:
+                    stack = torch.stack([m for *_, m in kept])  # (n, d)
+                    spread = float((stack - stack.mean(dim=0)).norm(dim=1).mean())
+            loss, acc = rt.evaluate(consensus)
+            cid, size = rt.checkpoint(ctx, run, consensus, r)
+        accepted = [(u, shard) for u, shard in ups if u.status == UpdateStatus.ACCEPTED]
+        res = RoundResult(
+            params=consensus,
+            cid=cid,
+            size=size,
+            outer_cid=run.outer_state_cid,
+            val_loss=loss,
+            val_accuracy=acc,
+            skipped=consensus is before,
+            spread=spread,
+        )
+        commit_round(ctx, s, run, rt, res, ups, accepted, round=r, fenced=True)
+        if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING):
+            drop_runtime(ctx, run.id)
+    ctx.notifier.bump()
+
+
+def _decode(blob: bytes, d: int) -> Tensor | None:
+    try:
+        m = decode_model(blob, max_numel=d)
+    except (IntegrityError, ValueError):
+        return None
+    if m.shape != (d,) or not torch.isfinite(m).all():
+        return None
+    return m.to(torch.float32)
+
+
+def _outliers(
+    s: Session, models: list[tuple[Update, int, Tensor]], consensus: Tensor, r: int, now: float
+) -> list[tuple[Update, int, Tensor]]:
+    """Judge each model against the consensus and the round's other models (each
+    ``u.val_loss`` evaluated); flag the outliers; the models kept. A direction test (the
+    model's step against the consensus step) was tried and dropped: a worker's own drift
+    from the consensus (the spread) dominates one round's step, so an honest worker cut off
+    from its neighbours for a while (an outage) pointed "against" it."""
+    dists = [float((m - consensus).norm()) for *_, m in models]
+    median = statistics.median(dists)
+    losses = [u.val_loss for u, _, _ in models if u.val_loss is not None and math.isfinite(u.val_loss)]
+    typical = statistics.median(losses) if losses else None
+    kept = []
+    for (u, shard, m), dist in zip(models, dists):
+        why = None
+        if median > 0 and dist > OUTLIER * median:
+            why = f"round {r} model is {dist / median:.1f}x the median distance from the consensus"
+        elif typical is not None and (
+            u.val_loss is None or not math.isfinite(u.val_loss) or u.val_loss > WORSE * typical
+        ):
+            why = f"round {r} model's validation loss {u.val_loss} is over {WORSE:g}x the round's median {typical:.4g}"
+        if why is not None:
+            _judge(s, u, r, now, "gossip_outlier", why)
+        else:
+            kept.append((u, shard, m))
+    return kept
+
+
+def _judge(s: Session, u: Update, r: int, now: float, kind: str, reason: str) -> None:
+    u.status, u.reason = UpdateStatus.REJECTED, reason
+    s.add(Flag(worker_id=u.worker_id, run_id=u.run_id, round=r, kind=kind, reason=reason, created_at=now))
+    offer = s.get(Offer, u.worker_id)
+    if offer is not None:
+        offer.flags += 1
+
+
+# --- pay --------------------------------------------------------------------------------
+
+
+def score(ctx: Context, run_id: str, r: int) -> None:
+    """Round ``r``'s Score rows: quality 1 for a kept model, 0 otherwise (idempotent)."""
+    with ctx.session() as s:
+        if s.scalar(select(func.count()).select_from(Score).where(Score.run_id == run_id, Score.round == r)):
+            return
+        jobs = s.scalars(select(Job).where(Job.run_id == run_id, Job.joined_round <= r)).all()
+        ups = {u.job_id: u for u in s.scalars(select(Update).where(Update.run_id == run_id, Update.round == r))}
+        seen: set[str] = set()
+        for j in jobs:
+            if j.contract_id in seen:
+                continue
+            u = ups.get(j.id)
+            if u is None and j.status != JobStatus.ACTIVE:
+                continue  # a job that ended before publishing this round: nothing due
+            seen.add(j.contract_id)
+            if u is None:
+                status, flags, quality = ScoreStatus.MISSING, ["missing"], 0.0
+            elif u.status == UpdateStatus.ACCEPTED:
+                status, flags, quality = ScoreStatus.ACCEPTED, [], 1.0
+            elif u.status == UpdateStatus.EXCLUDED:
+                status, flags, quality = ScoreStatus.MISSING, ["unfetchable"], 0.0
+            else:
+                status, flags, quality = ScoreStatus.REJECTED, ["rejected"], 0.0
+            s.add(
+                Score(
+                    run_id=run_id,
+                    round=r,
+                    contract_id=j.contract_id,
+                    worker_id=j.worker_id,
+                    status=status,
+                    flags=flags,
+                    provable=False,
+                    quality=quality,
+                )
+            )
+        s.commit()

@@ -1,0 +1,291 @@
+"""A gossip job on the worker: train from its own model, publish it, mix with the neighbours'.
+
+Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
+
+1. train ``local_steps`` from its own model; its model after them is ``local`` (an attacker,
+   ``--attack``, publishes ``start - crafted`` instead, as in the simulator);
+2. encode ``local`` with the run's codec (a value codec: whole models), keep the blob and
+   serve it by CID on its peer server (``--listen``); a worker that cannot be reached
+   uploads it to the coordinator instead;
+3. sign a record of it (:mod:`aitbc.ledger.records`), serve the record
+   (``GET /v1/records/{job}``) and queue it for the coordinator (a publisher thread sends
+   the queue in order, retrying through an outage, so training never waits for the
+   coordinator and a restarted coordinator gets the backlog);
+4. for each neighbour of the round's topology draw (:class:`aitbc.core.gossip.RoundNeighbours`,
+   the simulator's draw): fetch its record (its peer server, else the coordinator), check
+   the signature against the roster's key and that it is this run's and that job's, wait
+   up to ``wait`` seconds for its round ``r`` (else take its newest if at most
+   ``max_staleness`` rounds old, else nothing), fetch the model by CID (its server, else the
+   coordinator; bytes that do not hash to the CID it signed are reported and dropped),
+   decode and check it;
+5. mix: the run's norm bound and robust rule over its own and the neighbours' models
+   (:func:`aitbc.core.gossip.robust_combine`, the simulator's code); that is its next model.
+
+A worker beside a slower neighbour does not wait past ``wait``, and not at all once that
+neighbour was behind at its last look (it takes its newest model, within max_staleness); a
+slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
+have no record of it).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import torch
+from torch import Tensor
+
+from aitbc.client import ApiError, Unreachable
+from aitbc.core.aggregation import parse_aggregator
+from aitbc.core.compression import decode as decode_model
+from aitbc.core.gossip import RoundNeighbours, robust_combine
+from aitbc.core.norms import NormBound
+from aitbc.errors import AitbcError, IntegrityError
+from aitbc.ledger.records import make_record, record_problem
+from aitbc.storage.blobstore import LocalBlobStore
+from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.checkpoint import flat_params, load_checkpoint_file
+from aitbc.worker.peers import PeerUnavailable
+
+if TYPE_CHECKING:
+    from aitbc.worker.daemon import JobState, Worker
+
+log = logging.getLogger("aitbc.worker.gossip")
+
+KEEP = 32  # rounds of its own models and records a worker keeps (the coordinator may fetch late)
+DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
+POLL = 0.1  # seconds between asks for a neighbour's record
+
+
+class GossipLoop:
+    """One gossip job's rounds on this worker (see the module's docstring)."""
+
+    def __init__(self, worker: Worker, job: dict[str, Any], state: JobState) -> None:
+        self.w, self.job_id, self.training_id = worker, job["job_id"], job["training_id"]
+        g = job["gossip"]
+        self.rounds = int(job["rounds"])
+        self.roster: list[dict[str, Any]] = g["roster"]
+        self.me = next(i for i, e in enumerate(self.roster) if e["worker"] == worker.wallet.address)
+        self.neighbours = RoundNeighbours(g["topology"], len(self.roster), int(g["seed"]))
+        self.aggregator = parse_aggregator(g["aggregator"], default_f=int(g["f"]))
+        self.bound = NormBound(clip=float(g["norm_clip"]), reject=float(g["norm_reject"]))
+        self.max_staleness = int(g["max_staleness"])
+        self.wait = float(g["wait"] or DEFAULT_WAIT)
+        self.d = int(job["d"])
+        self.state = state
+        self.samples = int(state.trainer.x.shape[0])
+        self.next = int(g["next_round"])
+        # the latest consensus the coordinator recorded (round 0: the initial model)
+        load_checkpoint_file(state.trainer.model, worker._global_model(job["global_model_cid"], []))
+        self.params: Tensor = flat_params(state.trainer.model).cpu()  # (d,) this worker's own model
+        self.incoming = LocalBlobStore(worker.home / "worker-gossip-in" / worker.wallet.name, durable=False)
+        self.outbox: queue.Queue[tuple[int, bytes | None, dict[str, Any]] | None] = queue.Queue()
+        self.publisher = threading.Thread(target=self._publish_all, name="gossip-publisher", daemon=True)
+        self.publisher.start()
+        self.ended = False  # the coordinator said the job or run is over
+        self.lagging: dict[str, bool] = {}  # neighbours behind this worker at their last look
+
+    def refresh(self, job: dict[str, Any]) -> None:
+        """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
+        roster = job["gossip"]["roster"]
+        if len(roster) == len(self.roster):  # the topology is over positions: same size, same draws
+            self.roster = roster
+        self.next = max(self.next, int(job["gossip"]["next_round"]))
+
+    # --- the rounds -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        w = self.w
+        while self.next <= self.rounds and not w.stop.is_set() and not self.ended:
+            r = self.next
+            t0 = time.perf_counter()
+            res = self.state.trainer.train_round(self.params, round=r, on_step=self._step)
+            delta = res.delta if w.attack is None else w._craft(res.delta)
+            local = self.params - delta  # (d,) the model it publishes
+            blob = self.state.codec.encode(local)
+            cid = cid_of_bytes(blob)
+            w.gossip_keep(cid, blob)
+            signed = make_record(
+                w.wallet,
+                training_id=self.training_id,
+                job_id=self.job_id,
+                round=r,
+                cid=cid,
+                samples=self.samples,
+                train_loss=res.loss,
+            )
+            w.gossip_records[(self.job_id, r)] = signed
+            for old in [k for k in w.gossip_records if k[0] == self.job_id and k[1] <= r - KEEP]:
+                del w.gossip_records[old]
+            self.outbox.put((r, None if w.server is not None else blob, signed))
+            own = self.decode(blob)  # what its neighbours receive (a lossy codec: the same rounding)
+            received, weights = [own if own is not None else local], [float(self.samples)]
+            ahead = r
+            for j in self.neighbours.of(r, self.me):
+                got = self._neighbour(self.roster[j], r)
+                if got is not None:
+                    model, samples, their_round = got
+                    received.append(model)
+                    weights.append(float(samples))
+                    ahead = max(ahead, their_round)
+            mixed = robust_combine(
+                received, weights, aggregator=self.aggregator, norm_bound=self.bound, round_index=r
+            ).result
+            self.params = mixed if mixed is not None else received[0]
+            w.metrics.rounds.inc()
+            log.info(
+                "gossip round %d/%d of %s: loss %.4f, mixed %d models, %.2f s",
+                r,
+                self.rounds,
+                self.training_id,
+                res.loss,
+                len(received),
+                time.perf_counter() - t0,
+            )
+            self.next = max(r + 1, ahead)  # behind its neighbours: catch up to their clock
+
+    def _step(self, step: int, loss: float) -> None:
+        if self.w.cfg.step_delay:
+            time.sleep(self.w.cfg.step_delay)
+        self.w.metrics.steps.inc()
+
+    def decode(self, blob: bytes) -> Tensor | None:
+        try:
+            m = decode_model(blob, max_numel=self.d)
+        except (IntegrityError, ValueError):
+            return None
+        if m.shape != (self.d,) or not torch.isfinite(m).all():
+            return None
+        return m.to(torch.float32)
+
+    # --- neighbours -----------------------------------------------------------------------
+
+    def _neighbour(self, entry: dict[str, Any], r: int) -> tuple[Tensor, int, int] | None:
+        """Neighbour ``entry``'s model of round ``r`` (or its newest within max_staleness):
+        (model, its samples, its round), or None."""
+        # a neighbour that was a round or more behind last time is slow: its newest is taken
+        # at once (within max_staleness), not waited for every round
+        deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
+        best: dict[str, Any] | None = None
+        while not self.w.stop.is_set():
+            signed = self._record(entry, r)
+            if signed is not None and (best is None or signed["record"]["round"] >= best["record"]["round"]):
+                best = signed
+            if (best is not None and best["record"]["round"] >= r) or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL)
+        self.lagging[entry["worker"]] = best is None or best["record"]["round"] < r
+        if best is None:
+            log.info("no record from neighbour %s for round %d", entry["worker"], r)
+            return None
+        rec = best["record"]
+        if r - rec["round"] > self.max_staleness:
+            log.info(
+                "neighbour %s is at round %d, more than %d behind %d: not mixed",
+                entry["worker"],
+                rec["round"],
+                self.max_staleness,
+                r,
+            )
+            return None
+        model = self._model(entry, rec["cid"])
+        if model is None:
+            return None
+        return model, int(rec["samples"]), int(rec["round"])
+
+    def _record(self, entry: dict[str, Any], r: int) -> dict[str, Any] | None:
+        """Its signed record of round ``r`` (else its newest), checked; from its server, else
+        the coordinator."""
+        signed = None
+        if entry.get("url"):
+            try:
+                reply = self.w.fetcher.http.get(
+                    f"{entry['url']}/v1/records/{entry['job_id']}", params={"round": r}, timeout=3.0
+                )
+                if reply.status_code == 200:
+                    signed = reply.json()
+            except (httpx.HTTPError, ValueError) as e:
+                log.debug("record from %s: %s", entry["url"], e)
+        if signed is None:
+            try:
+                signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params={"round": r})
+            except (ApiError, Unreachable) as e:
+                log.debug("record of %s from the coordinator: %s", entry["job_id"], e)
+                return None
+        problem = record_problem(signed, entry["public_key"])
+        if problem is None:
+            rec = signed["record"]
+            if rec["training_id"] != self.training_id or rec["job_id"] != entry["job_id"]:
+                problem = f"a record for run {rec['training_id']!r}, job {rec['job_id']!r}"
+            elif not isinstance(rec["round"], int) or not 1 <= rec["round"] <= self.rounds:
+                problem = f"a record of round {rec['round']!r}"
+        if problem is not None:
+            log.warning("neighbour %s: record refused: %s", entry["worker"], problem)
+            return None
+        return signed
+
+    def _model(self, entry: dict[str, Any], cid: str) -> Tensor | None:
+        """The model ``cid`` from the neighbour's server (CID-checked; a mismatch is
+        reported), else the coordinator's copy."""
+        w = self.w
+        path: Path | None = None
+        if entry.get("url"):
+            try:
+                size = w.fetcher.download(entry["url"], cid, self.incoming)
+                w.metrics.bytes.labels("peer").inc(size)
+                path = self.incoming.dir / cid
+            except PeerUnavailable as e:
+                log.info("%s; the coordinator's copy", e)
+            except IntegrityError as e:
+                log.warning("%s; reported", e)
+                w._report(cid, entry["worker"])
+                return None
+            except AitbcError as e:
+                log.warning("neighbour %s: %s", entry["worker"], e)
+                return None
+        if path is None:
+            try:
+                w.client.download_blob(cid, self.incoming)
+                path = self.incoming.dir / cid
+            except (ApiError, Unreachable, IntegrityError) as e:
+                log.info("model %s of %s not fetched: %s", cid, entry["worker"], e)
+                return None
+        try:
+            return self.decode(path.read_bytes())
+        finally:
+            path.unlink(missing_ok=True)
+
+    # --- the record -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """No more rounds: the publisher sends what is queued, then stops."""
+        self.outbox.put(None)
+
+    def _publish_all(self) -> None:
+        w = self.w
+        while True:
+            item = self.outbox.get()
+            if item is None:
+                return
+            r, blob, signed = item
+            if blob is not None:  # cannot be reached: its neighbours and the coordinator read it there
+                cid = signed["record"]["cid"]
+                if w._retry(lambda cid=cid, blob=blob: w.client.put_blob(cid, blob)) is None:
+                    return  # stopping
+            try:
+                reply = w._retry(lambda signed=signed: w.client.post(f"/jobs/{self.job_id}/records", signed))
+                if reply is None:
+                    return  # stopping
+                log.debug("round %d recorded: %s", r, reply)
+            except ApiError as e:
+                if e.code in ("job_not_active", "run_ended"):
+                    log.info("job %s over: %s", self.job_id, e.detail)
+                    self.ended = True
+                    return
+                log.warning("record of round %d refused (%s): %s", r, e.code, e.detail)
+            w._announce()

@@ -1,0 +1,234 @@
+"""Gossip runs on the coordinator (``distribute`` with ``mode`` gossip): the config it
+refuses, the signed model records it refuses (each a one-line error, nothing written),
+and a round's record closing on the consensus of the published models."""
+
+from __future__ import annotations
+
+import torch
+
+from aitbc.ledger.records import make_record
+from aitbc.ledger.wallet import Wallet
+
+from .conftest import round_params, update_blob, wait_for
+
+OTHER_CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+
+
+def test_refused_combinations_are_one_line_422s(new_coordinator, api):
+    coord = new_coordinator()
+    for i in range(3):
+        api.register_worker(coord, f"g{i}", gpu="RTX4090")
+    owner = coord.client("combos")
+    run_id = api.create_run(owner, target_workers=3)
+    api.upload_digits(owner, run_id, 3)
+    owner.post(f"/runs/{run_id}/discover", {"required_workers": 3, "min_gpu": "RTX4090"})
+    cases = [
+        ({"mode": "gossip", "topology": "star"}, "unknown --topology 'star'; allowed: ring, random:K"),
+        ({"mode": "gossip", "topology": "random:3"}, "needs 1 <= K < workers (3), got K=3"),
+        ({"mode": "gossip", "topology": "random:x"}, "needs an integer K"),
+        ({"mode": "gossip", "topology": "ring:2"}, "unknown --topology 'ring:2'"),
+        ({"mode": "sync", "topology": "ring"}, "topology is for mode gossip"),
+        ({"mode": "gossip", "overlap": 1}, "overlap 1 is for sync runs"),
+        ({"mode": "gossip", "verify_rate": 0.1}, "spot checks (verify_rate > 0)"),
+        ({"mode": "gossip", "buffer": 2}, "buffer is for mode async"),
+        ({"mode": "gossip", "error_feedback": True}, "error feedback has nothing to carry"),
+        ({"mode": "gossip", "outer": "diloco"}, "takes no outer step"),
+        ({"mode": "gossip", "compression": "topk:ratio=0.1"}, "would destroy whole models"),
+        ({"mode": "gossip", "compression": "bogus"}, "bogus"),
+        ({"mode": "gossip", "aggregator": "krum:f=1"}, "krum"),  # 3 models a mix: krum needs n >= 2f+3
+    ]
+    for extra, words in cases:
+        try:
+            owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, **extra})
+        except api.ApiError as e:
+            assert e.status == 422 and words in e.detail and "\n" not in e.detail, (extra, e.detail)
+        else:
+            raise AssertionError(f"{extra} accepted")
+    run = owner.get(f"/runs/{run_id}")
+    assert run["status"] == "initializing" and not run["config"]  # nothing changed
+
+
+def _publish(w, t, r: int, cid: str, **over):
+    signed = make_record(
+        w.wallet, training_id=t.run_id, job_id=t.jobs[w.wallet.address], round=r, cid=cid, samples=10, train_loss=0.5
+    )
+    signed["record"].update(over)
+    return signed
+
+
+def _count(t) -> int:
+    return t.coord.rows("SELECT count(*) AS n FROM updates WHERE run_id = :r", r=t.run_id)[0]["n"]
+
+
+def test_bad_records_are_refused_and_change_nothing(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    view = wa.get(f"/workers/{wa.wallet.address}/job", sign=True)["job"]
+    g = view["gossip"]
+    assert view["mode"] == "gossip" and view["action"] == "train" and g["topology"] == "ring" and g["next_round"] == 1
+    assert [e["worker"] for e in g["roster"]] == [w.wallet.address for w in sorted(t.workers, key=_shard(t))]
+    assert {e["public_key"] for e in g["roster"]} == {w.wallet.public_key for w in t.workers}
+    assert all(e["url"] is None for e in g["roster"])  # nobody advertised: models go through the coordinator
+
+    base = round_params(t, 0)
+    models = {
+        w.wallet.address: base + 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(i))
+        for i, w in enumerate(t.workers)
+    }
+    cids = {}
+    for w in t.workers:
+        blob = update_blob(models[w.wallet.address])
+        cids[w.wallet.address] = _put(w, blob)
+    job_a = t.jobs[wa.wallet.address]
+    good = _publish(wa, t, 1, cids[wa.wallet.address])
+    forger = Wallet.generate("forger")
+    forged = make_record(
+        forger, training_id=t.run_id, job_id=job_a, round=1, cid=cids[wa.wallet.address], samples=10, train_loss=0.5
+    )
+    forged["record"]["worker"] = wa.wallet.address  # claims to be A, signed by another key
+    unsigned = {"record": good["record"], "signature": "00" * 64}
+    other_run = make_record(
+        wa.wallet, training_id="training_000000000000", job_id=job_a, round=1, cid=OTHER_CID, samples=1, train_loss=None
+    )
+    other_job = make_record(
+        wa.wallet,
+        training_id=t.run_id,
+        job_id=t.jobs[wb.wallet.address],
+        round=1,
+        cid=OTHER_CID,
+        samples=1,
+        train_loss=None,
+    )
+    cases = [
+        (wa, job_a, unsigned, 422, "bad_record", "signature does not verify"),
+        (wa, job_a, forged, 422, "bad_record", "signature does not verify"),
+        (wa, job_a, {"record": good["record"], "signature": good["signature"], "extra": 1}, 422, None, None),
+        (
+            wa,
+            job_a,
+            {**good, "record": {**good["record"], "round": 2}},
+            422,
+            "bad_record",
+            "signature",
+        ),  # altered after signing
+        (wa, job_a, other_run, 422, "wrong_record", "the record is for run 'training_000000000000'"),
+        (wa, job_a, other_job, 422, "wrong_record", "this is job"),
+        (wa, t.jobs[wb.wallet.address], good, 403, None, None),  # someone else's job
+        (
+            wa,
+            job_a,
+            make_record(
+                wa.wallet, training_id=t.run_id, job_id=job_a, round=0, cid=OTHER_CID, samples=1, train_loss=None
+            ),
+            422,
+            "bad_record",
+            "round must be",
+        ),
+        (
+            wa,
+            job_a,
+            make_record(
+                wa.wallet, training_id=t.run_id, job_id=job_a, round=4, cid=OTHER_CID, samples=1, train_loss=None
+            ),
+            422,
+            "bad_record",
+            "[1, 3]",
+        ),
+        (
+            wa,
+            job_a,
+            make_record(
+                wa.wallet, training_id=t.run_id, job_id=job_a, round=1, cid="not-a-cid", samples=1, train_loss=None
+            ),
+            422,
+            "bad_cid",
+            "CIDv1",
+        ),
+        (
+            wa,
+            job_a,
+            make_record(
+                wa.wallet, training_id=t.run_id, job_id=job_a, round=1, cid=OTHER_CID, samples=1, train_loss="low"
+            ),
+            422,
+            "bad_record",
+            "train_loss",
+        ),
+    ]
+    for w, job, body, status, code, words in cases:
+        try:
+            w.post(f"/jobs/{job}/records", body)
+        except api.ApiError as e:
+            assert e.status == status and (code is None or e.code == code), (body, e)
+            assert words is None or words in e.detail, (words, e.detail)
+            assert "\n" not in e.detail
+        else:
+            raise AssertionError(f"accepted: {body}")
+        assert _count(t) == 0  # nothing written
+    assert (
+        t.coord.rows(
+            "SELECT count(*) AS n FROM flags",
+        )[0]["n"]
+        == 0
+    )
+
+    assert wa.post(f"/jobs/{job_a}/records", good)["duplicate"] is False
+    assert wa.post(f"/jobs/{job_a}/records", good)["duplicate"] is True  # its reply was lost: sent again
+    try:
+        wa.post(f"/jobs/{job_a}/records", _publish(wa, t, 1, OTHER_CID))
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "conflicting_record"), e
+    else:
+        raise AssertionError("a second CID for one round accepted")
+    assert _count(t) == 1
+    assert wb.get(f"/jobs/{job_a}/records", params={"round": 1}) == good  # a neighbour's view of it
+
+    # the other two publish: round 1's record closes on the consensus of the three models
+    for w in (wb, wc):
+        w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, 1, cids[w.wallet.address]))
+    wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    rec = t.owner.get(f"/runs/{t.run_id}/rounds")["data"][1]
+    consensus = round_params(t, 1)
+    expected = torch.stack(list(models.values())).median(dim=0).values
+    assert torch.allclose(consensus, expected, atol=1e-6)  # the run's rule (median) over the models
+    assert rec["val_loss"] is not None
+    detail = t.owner.get(f"/runs/{t.run_id}")
+    assert detail["gossip"]["recorded_round"] == 1 and detail["gossip"]["spread"] > 0, detail["gossip"]
+
+    # a record for the closed round: 409, nothing written
+    n = _count(t)
+    try:
+        wa.post(f"/jobs/{job_a}/records", _publish(wa, t, 1, OTHER_CID))
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "round_closed"), e
+    else:
+        raise AssertionError("a record for a closed round accepted")
+    assert _count(t) == n
+
+
+def test_a_sync_run_takes_no_records(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 2)
+    w = t.workers[0]
+    try:
+        w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, 1, OTHER_CID))
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "not_gossip"), e
+    else:
+        raise AssertionError("a record for a sync run accepted")
+    assert _count(t) == 0
+
+
+def _shard(t):
+    rows = {
+        r["worker_id"]: r["shard_index"]
+        for r in t.coord.rows("SELECT worker_id, shard_index FROM jobs WHERE run_id = :r", r=t.run_id)
+    }
+    return lambda w: rows[w.wallet.address]
+
+
+def _put(w, blob: bytes) -> str:
+    from aitbc.storage.cid import cid_of_bytes
+
+    cid = cid_of_bytes(blob)
+    w.put_blob(cid, blob)
+    return cid

@@ -1,0 +1,164 @@
+"""End to end: live gossip training (``distribute --mode gossip``).
+
+Real coordinator and worker processes on loopback. Workers train from their own models,
+serve them by CID on their own ports (``--listen``), fetch their ring neighbours' models
+peer to peer, check the signed records and the CIDs, and mix with the run's robust rule;
+the coordinator only records the signed model CIDs, judges them and pays.
+
+- A ring of 4 where one worker publishes sign-flipped models (``--attack sign-flip``):
+  the honest workers' published models' validation loss falls, the consensus too, and the
+  attacker's models are flagged ``gossip_outlier`` every round and never paid.
+- A coordinator SIGKILL mid-run: the workers keep gossiping (their rounds advance while
+  it is down), and once it restarts on the same database and home the record resumes
+  (every round gets a record, the run completes).
+- A worker without ``--listen`` still takes part: its models go through the coordinator.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tests.e2e.conftest import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
+ROUNDS = 8
+
+
+def _start_workers(stack, names, *, listen=True, **kw):
+    for name in names:
+        extra = ("--listen", f"127.0.0.1:{free_port()}") if listen else ()
+        stack.start_worker(name, extra=extra, **kw.get(name, {}))
+
+
+def _gossip_run(stack, *, rounds=ROUNDS, workers=4, **extra):
+    stack.wait_offers(workers)
+    run_id = stack.init_run(workers=workers)
+    stack.start_run(
+        run_id,
+        workers=workers,
+        rounds=rounds,
+        local_steps=20,
+        mode="gossip",
+        topology="ring",
+        aggregator="median",
+        **extra,
+    )
+    return run_id
+
+
+def test_gossip_ring_with_a_sign_flipping_worker(stack):
+    stack.start_coordinator()
+    names = ["h0", "h1", "h2", "bad"]
+    _start_workers(stack, names, bad={"attack": "sign-flip"})
+    run_id = _gossip_run(stack)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    assert run["config"]["mode"] == "gossip" and run["config"]["topology"] == "ring"
+
+    bad = stack.worker_id("bad")
+    honest = {stack.worker_id(n) for n in names[:3]}
+    ups = stack.rows(
+        "SELECT worker_id, round, status, val_loss, record FROM updates WHERE run_id = :r ORDER BY round, id", r=run_id
+    )
+    # every worker published a signed record every round (a ring of equal workers: nobody skips)
+    assert sorted((w, r) for w, r, *_ in ups) == sorted((w, r) for w in [*honest, bad] for r in range(1, ROUNDS + 1))
+    first = {w: v for w, r, st, v, _ in ups if r == 1 and w in honest}
+    last = {w: v for w, r, st, v, _ in ups if r == ROUNDS and w in honest}
+    assert all(last[w] < first[w] for w in honest), (first, last)  # each honest worker's model improves
+    recs = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert [r["round"] for r in recs] == list(range(ROUNDS + 1))
+    assert recs[-1]["val_loss"] < recs[0]["val_loss"] * 0.75, (recs[0]["val_loss"], recs[-1]["val_loss"])
+
+    flags = stack.rows("SELECT worker_id, kind, round FROM flags WHERE run_id = :r", r=run_id)
+    bad_rounds = {r for w, kind, r in flags if w == bad and kind == "gossip_outlier"}
+    assert len(bad_rounds) >= ROUNDS - 1, flags  # caught (round 1 included unless the models barely moved)
+    assert not [f for f in flags if f[0] in honest], flags  # no honest worker flagged
+    assert all(st == "rejected" for w, r, st, *_ in ups if w == bad and r in bad_rounds)
+
+    g = run["gossip"]  # what monitor shows
+    assert g["recorded_round"] == ROUNDS and g["spread"] is not None and g["spread"] >= 0, g
+    shown = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--once")
+    assert shown.returncode == 0 and "consensus spread" in shown.stdout, shown.stdout + shown.stderr
+
+    deadline = time.monotonic() + 120
+    while not (pay := stack.api(f"/runs/{run_id}/payments"))["finalized"]:
+        assert time.monotonic() < deadline, pay
+        time.sleep(0.2)
+    settled = stack.rows("SELECT worker_id, round, paid FROM settlements WHERE run_id = :r", r=run_id)
+    paid = {}
+    for w, _, amount in settled:
+        paid[w] = paid.get(w, 0) + amount
+    assert sum(1 for w, r, _ in settled if w == bad) == ROUNDS  # one settlement per contract and round
+    assert paid.get(bad, 0) == sum(
+        amount for w, r, amount in settled if w == bad and r not in bad_rounds
+    )  # an outlier round is unpaid
+    price = 1_000_000  # 1.00 AIT a round, in micro-AIT
+    assert all(paid[w] == ROUNDS * price for w in honest), paid
+
+
+def test_gossip_goes_on_while_the_coordinator_is_killed(stack):
+    rounds = 14
+    stack.start_coordinator()
+    _start_workers(stack, ["l0", "l1", "l2"])
+    _start_workers(stack, ["plain"], listen=False)  # reachable by nobody: through the coordinator
+    stack.wait_offers(4)
+    run_id = stack.init_run(workers=4)
+    stack.start_run(
+        run_id, workers=4, rounds=rounds, local_steps=40, mode="gossip", topology="ring", aggregator="median"
+    )
+
+    def trained(name: str) -> int:  # rounds the worker logged (the whole log: Stack.log is a tail)
+        return (stack.root / f"{name}.log").read_text(errors="replace").count("gossip round")
+
+    def published() -> int:
+        return stack.rows("SELECT count(*) FROM updates WHERE run_id = :r", r=run_id)[0][0]
+
+    listening = ("l0", "l1", "l2")
+    deadline = time.monotonic() + 120
+    while not all(trained(n) >= 2 for n in listening):
+        assert time.monotonic() < deadline, {n: stack.log(n) for n in listening}
+        time.sleep(0.1)
+    stack.kill("coordinator")
+    before = {n: trained(n) for n in listening}
+    assert all(b <= rounds - 4 for b in before.values()), before  # most of the run is still to come
+    deadline = time.monotonic() + 90
+    while not all(trained(n) >= before[n] + 3 for n in listening):
+        assert time.monotonic() < deadline, {n: stack.log(n) for n in listening}
+        time.sleep(0.2)  # the reachable workers keep training and mixing while it is down
+    held = published()
+    stack.start_coordinator()
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    assert published() > held  # the backlog was published after the restart
+    recs = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert [r["round"] for r in recs] == list(range(rounds + 1))
+    assert recs[-1]["val_loss"] < recs[0]["val_loss"] * 0.75, (recs[0]["val_loss"], recs[-1]["val_loss"])
+    plain = stack.worker_id("plain")
+    ok = stack.rows(
+        "SELECT count(*) FROM updates WHERE run_id = :r AND worker_id = :w AND status = 'accepted'", r=run_id, w=plain
+    )[0][0]
+    assert ok >= rounds // 2  # its models reached the coordinator (it uploads them there)
+    flags = stack.rows("SELECT worker_id, kind FROM flags WHERE run_id = :r", r=run_id)
+    assert not [f for f in flags if f[1] in ("gossip_outlier", "bad_peer_blob", "rejected_update")], flags
+
+
+def test_a_worker_serving_corrupt_models_is_caught_and_flagged(stack):
+    """``--cheat bad-blobs``: its peer server flips a byte of every blob it serves. Its
+    neighbours' CID checks catch it and report it; the coordinator's own fetch of a model it
+    signed confirms it: flagged ``bad_peer_blob``, its rounds unpaid; the others train on."""
+    stack.start_coordinator()
+    _start_workers(stack, ["h0", "h1", "h2", "liar"], liar={"cheat": "bad-blobs"})
+    run_id = _gossip_run(stack, rounds=4)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    liar = stack.worker_id("liar")
+    flags = stack.rows("SELECT worker_id, kind FROM flags WHERE kind = 'bad_peer_blob'")
+    assert flags and all(w == liar for w, _ in flags), flags
+    kept = stack.rows(
+        "SELECT count(*) FROM updates WHERE run_id = :r AND worker_id = :w AND status = 'accepted'", r=run_id, w=liar
+    )[0][0]
+    assert kept == 0  # none of its corrupt models counted
+    recs = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert recs[-1]["val_loss"] < recs[0]["val_loss"], recs
