@@ -76,9 +76,11 @@ def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_o
     t = api.start_training_run(coord, 2)
     run = f"/runs/{t.run_id}"
 
-    def send(r: int) -> None:
-        for w in t.workers:
-            cid = api.put_update(w, torch.full((t.d,), 1e-3 * r))
+    sign = torch.tensor([1.0, -1.0]).repeat((t.d + 1) // 2)[: t.d]
+
+    def send(r: int) -> None:  # two different updates (equal ones: the second is a copy, flagged)
+        for i, w in enumerate(t.workers):
+            cid = api.put_update(w, 1e-3 * r * (1 + 0.5 * (-1) ** i * sign))
             w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(r, cid))
 
     send(1)
