@@ -23,7 +23,7 @@ from aitbc.coordinator import workforce
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import get_run, owned_job, shard_index
+from aitbc.coordinator.repository import get_run, owned_job, round_updates, shard_index
 from aitbc.coordinator.rounds import aggregate_round, commit_round, start_training
 from aitbc.coordinator.runs import configure
 from aitbc.coordinator.runtime import drop_runtime, runtime
@@ -222,12 +222,7 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
             "verification_pending",
             f"{waiting} update(s) of round {r} are being spot-checked; aggregate once they are judged",
         )
-    ups = s.execute(
-        select(Update, Job.shard_index)
-        .join(Job, Job.id == Update.job_id)
-        .where(Update.run_id == run.id, Update.round == r)
-        .order_by(Job.shard_index, Update.id)
-    ).all()
+    ups = round_updates(s, run.id, r)
     by_cid = {u.cid: (u, shard) for u, shard in ups if u.status == UpdateStatus.ACCEPTED}
     if len(set(body.updates)) != len(body.updates):
         raise unprocessable("bad_updates", "an update is listed twice")

@@ -52,7 +52,7 @@ from torch import Tensor
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update
-from aitbc.coordinator.repository import lock_run, row
+from aitbc.coordinator.repository import lock_run, round_updates, row
 from aitbc.coordinator.rounds import RoundResult, commit_round
 from aitbc.coordinator.runtime import drop_runtime, runtime
 from aitbc.coordinator.states import Control, JobStatus, RunStatus, ScoreStatus, UpdateStatus, transition
@@ -283,12 +283,7 @@ def close_round(ctx: Context, run_id: str) -> None:
         if run.status != RunStatus.AGGREGATING:
             return
         r = run.round
-        ups = s.execute(
-            select(Update, Job.shard_index)
-            .join(Job, Job.id == Update.job_id)
-            .where(Update.run_id == run.id, Update.round == r)
-            .order_by(Job.shard_index, Update.id)
-        ).all()
+        ups = round_updates(s, run.id, r)
         rt = runtime(ctx, run)
         now = time.time()
         models: list[tuple[Update, int, Tensor]] = []

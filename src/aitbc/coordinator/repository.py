@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any, TypeVar
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.models import Base, Job, Run
+from aitbc.coordinator.models import Base, Job, Run, Update
 from aitbc.coordinator.states import RUNNING, JobStatus, require_status
 from aitbc.training.local import epoch_steps
 
@@ -109,3 +109,15 @@ def row(s: Session, model: type[R], key: Any) -> R:
     if found is None:
         raise LookupError(f"{model.__tablename__} row {key!r} is missing")
     return found
+
+
+def round_updates(s: Session, run_id: str, r: int) -> list[tuple[Update, int]]:
+    """Every update of round ``r`` with its job's shard index, in shard order (then by
+    id): the order a round's aggregation, consensus and manual aggregate read them in."""
+    rows = s.execute(
+        select(Update, Job.shard_index)
+        .join(Job, Job.id == Update.job_id)
+        .where(Update.run_id == run_id, Update.round == r)
+        .order_by(Job.shard_index, Update.id)
+    ).all()
+    return [(u, shard) for u, shard in rows]

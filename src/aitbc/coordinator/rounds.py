@@ -35,7 +35,7 @@ from torch import Tensor
 from aitbc.coordinator.books import books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import job_settings, lock_run
+from aitbc.coordinator.repository import job_settings, lock_run, round_updates
 from aitbc.coordinator.round_updates import aggregate_updates
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime, write_behind
@@ -161,12 +161,7 @@ def close_round(ctx: Context, run_id: str) -> None:
         if run.status != RunStatus.AGGREGATING or run.control != Control.AUTOMATIC:
             return
         r = run.round
-        ups = s.execute(
-            select(Update, Job.shard_index)
-            .join(Job, Job.id == Update.job_id)
-            .where(Update.run_id == run.id, Update.round == r)
-            .order_by(Job.shard_index, Update.id)
-        ).all()
+        ups = round_updates(s, run.id, r)
         accepted = [(u, shard) for u, shard in ups if u.status == UpdateStatus.ACCEPTED]
         final = r >= run.cfg.rounds
         rt = runtime(ctx, run)
