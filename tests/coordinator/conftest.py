@@ -308,12 +308,11 @@ class TrainingRun:
         raise AssertionError("TrainingRun has no unused worker left; raise its size")
 
 
-def start_training_run(
-    coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090", **distribute: Any
-) -> TrainingRun:
-    """Register ``n_workers`` workers, create a run for them, upload digits, hire them all,
-    distribute, and wait until the driver opens round 1. ``coord`` should have no other
-    free offers (use a coordinator of its own), or they may be hired instead."""
+def hired_run(
+    coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090"
+) -> tuple[list[CoordinatorClient], CoordinatorClient, str]:
+    """Register ``n_workers`` workers, create a run for them, upload digits and hire them
+    all: the workers, the owner and the run, ready to distribute."""
     workers = [register_worker(coord, f"{prefix}{i}", gpu=gpu) for i in range(n_workers)]
     owner = coord.client(f"{prefix}owner")
     run_id = create_run(owner, target_workers=n_workers)
@@ -321,6 +320,16 @@ def start_training_run(
     hired = owner.post(f"/runs/{run_id}/discover", {"required_workers": n_workers, "min_gpu": gpu})
     assert hired["count"] == n_workers
     assert {c["worker_id"] for c in hired["contracts"]} == {w.wallet.address for w in workers}, "hired someone else"
+    return workers, owner, run_id
+
+
+def start_training_run(
+    coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090", **distribute: Any
+) -> TrainingRun:
+    """Register ``n_workers`` workers, create a run for them, upload digits, hire them all,
+    distribute, and wait until the driver opens round 1. ``coord`` should have no other
+    free offers (use a coordinator of its own), or they may be hired instead."""
+    workers, owner, run_id = hired_run(coord, n_workers, prefix=prefix, gpu=gpu)
     owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, "local_steps": 1, "batch_size": 8, **distribute})
     run = wait_status(owner, run_id, "training")
     jobs = {}

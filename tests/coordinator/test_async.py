@@ -31,13 +31,7 @@ def _send(api, t, w, round: int, u: torch.Tensor, base: str | None) -> dict:
 
 
 def test_refused_combinations_are_one_line_422s(new_coordinator, api):
-    coord = new_coordinator()
-    for i in range(2):
-        api.register_worker(coord, f"c{i}", gpu="RTX4090")
-    owner = coord.client("combos")
-    run_id = api.create_run(owner, target_workers=2)
-    api.upload_digits(owner, run_id, 2)
-    owner.post(f"/runs/{run_id}/discover", {"required_workers": 2, "min_gpu": "RTX4090"})
+    _, owner, run_id = api.hired_run(new_coordinator(), 2, prefix="c")
     cases = [
         ({"mode": "async", "topology": "ring"}, "topology is for mode gossip"),
         ({"mode": "async", "overlap": 1}, "overlap 1 is for sync runs"),

@@ -15,13 +15,7 @@ OTHER_CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 
 
 def test_refused_combinations_are_one_line_422s(new_coordinator, api):
-    coord = new_coordinator()
-    for i in range(3):
-        api.register_worker(coord, f"g{i}", gpu="RTX4090")
-    owner = coord.client("combos")
-    run_id = api.create_run(owner, target_workers=3)
-    api.upload_digits(owner, run_id, 3)
-    owner.post(f"/runs/{run_id}/discover", {"required_workers": 3, "min_gpu": "RTX4090"})
+    _, owner, run_id = api.hired_run(new_coordinator(), 3, prefix="g")
     cases = [
         ({"mode": "gossip", "topology": "star"}, "unknown --topology 'star'; allowed: ring, random:K"),
         ({"mode": "gossip", "topology": "random:3"}, "needs 1 <= K < workers (3), got K=3"),

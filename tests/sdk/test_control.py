@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import wait_until
 
 from aitbc.client import CoordinatorClient
 from aitbc.ledger.wallet import load_wallet
@@ -47,15 +48,8 @@ def agent(stack, request):
         yield a
 
 
-def _wait(pred, timeout: float, what: str, poll: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(poll)
+def _wait(pred, timeout: float, what: str):
+    return wait_until(pred, what, timeout, poll=0.1)
 
 
 def _manual_run(agent: Agent, *, workers: int, shards: int, rounds: int, local_steps: int) -> tuple[str, list, list]:
