@@ -101,8 +101,11 @@ def test_gossip_ring_with_a_sign_flipping_worker(stack):
 def test_gossip_goes_on_while_the_coordinator_is_killed(stack):
     rounds = 14
     stack.start_coordinator()
-    _start_workers(stack, ["l0", "l1", "l2"])
-    _start_workers(stack, ["plain"], listen=False)  # reachable by nobody: through the coordinator
+    # 20 ms a step (sleeping, not computing): a round takes at least 0.8 s however loaded the
+    # machine, so the kill lands with most of the run still to come
+    slow = {"step_delay": 0.02}
+    _start_workers(stack, ["l0", "l1", "l2"], l0=slow, l1=slow, l2=slow)
+    _start_workers(stack, ["plain"], listen=False, plain=slow)  # reachable by nobody: through the coordinator
     stack.wait_offers(4)
     run_id = stack.init_run(workers=4)
     stack.start_run(
