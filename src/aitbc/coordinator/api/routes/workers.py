@@ -135,7 +135,7 @@ def publish_record(job_id: str, body: RecordPublish, ctx: CtxDep, s: SessionDep,
     return gossip.publish(ctx, s, job, run, body.model_dump())
 
 
-@router.get("/jobs/{job_id}/records", response_model=SignedRecord, responses=errors(404))
+@router.get("/jobs/{job_id}/records", response_model=SignedRecord, responses=errors(404, 422))
 def job_record(
     job_id: str,
     s: SessionDep,
