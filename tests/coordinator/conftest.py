@@ -323,6 +323,17 @@ def hired_run(
     return workers, owner, run_id
 
 
+def refuses_distribute(owner: CoordinatorClient, run_id: str, cases: list[tuple[dict[str, Any], str]]) -> None:
+    """Each ``(extra body, words)``: distribute with it is a one-line 422 naming ``words``."""
+    for extra, words in cases:
+        try:
+            owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, **extra})
+        except ApiError as e:
+            assert e.status == 422 and words in e.detail and "\n" not in e.detail, (extra, e.detail)
+        else:
+            raise AssertionError(f"{extra} accepted")
+
+
 def start_training_run(
     coord: Coordinator, n_workers: int, *, prefix: str = "w", gpu: str = "RTX4090", **distribute: Any
 ) -> TrainingRun:
