@@ -32,7 +32,7 @@ import uvicorn
 from sqlalchemy import text
 
 from aitbc.client import ApiError, CoordinatorClient
-from aitbc.coordinator.app import create_app
+from aitbc.coordinator.app import KEEP_ALIVE_SECONDS, create_app
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.rounds import pending_evaluations
@@ -112,7 +112,16 @@ def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callabl
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            ws="none",
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,  # as `aitbc coordinator serve`
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="coordinator", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

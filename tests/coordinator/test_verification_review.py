@@ -28,7 +28,7 @@ from sqlalchemy import select
 
 from aitbc.client import ApiError
 from aitbc.coordinator import retention
-from aitbc.coordinator.app import create_app
+from aitbc.coordinator.app import KEEP_ALIVE_SECONDS, create_app
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.models import Update
 from aitbc.core.compression import build_codec
@@ -113,7 +113,16 @@ def _start_stepped(databases: Any, home: Path, **settings: Any) -> tuple[Stepped
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            ws="none",
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,  # as `aitbc coordinator serve`
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="coordinator", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -316,7 +316,7 @@ def serve(
 
     import uvicorn
 
-    from aitbc.coordinator.app import create_app
+    from aitbc.coordinator.app import KEEP_ALIVE_SECONDS, create_app
     from aitbc.coordinator.heap import return_large_frees
 
     return_large_frees()  # a large model's freed tensors go back to the system (aitbc.coordinator.heap)
@@ -329,7 +329,7 @@ def serve(
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
-        timeout_keep_alive=30,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
         timeout_graceful_shutdown=2,
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,

@@ -49,6 +49,11 @@ from aitbc.units import UnitError
 log = logging.getLogger("aitbc.coordinator")
 INTERNAL_DETAIL = "internal error; see the coordinator log"
 PREFIX = "/v1"
+# How long the coordinator keeps an idle connection open. It must outlast the clients'
+# own keep-alive expiry (httpx's default, 5 s): with the two equal, a client can send on a
+# pooled connection in the instant the server closes it, and gets "server disconnected
+# without sending a response" for a request that never arrived.
+KEEP_ALIVE_SECONDS = 30
 
 
 def _error(status: int, code: str, detail: str) -> JSONResponse:
