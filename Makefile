@@ -35,8 +35,9 @@ test: $(LINT_STAMP)
 	$(MAKE) --no-print-directory test-api
 
 # The trust-boundary end-to-end suites, the documented examples, the live report/tracker and
-# progress-bar suites (real coordinators and workers, minutes each): kept out of the default
-# run so it stays within its time budget; CI runs them too.
+# progress-bar suites, and the single tests of a minute or more (kill and restart runs, the
+# CLI money workflow, monitor into a pipe, metrics against a live record): kept out of the
+# default run so it stays within its 15-minute budget on 2 cores; CI runs them too.
 test-long: $(LINT_STAMP)
 	$(PY) -m pytest -q -n 2 -m long
 

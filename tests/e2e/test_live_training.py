@@ -156,6 +156,7 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     assert r.returncode == 0 and "All 5 checkpoints verified" in r.stdout, r.stderr
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_killed_worker_is_replaced_and_the_run_completes(stack):
     stack.start_coordinator(lease=2.0)
     for i in range(4):  # three are hired; the fourth is a free live offer to take over
@@ -178,6 +179,7 @@ def test_killed_worker_is_replaced_and_the_run_completes(stack):
     assert run["val_loss"] < run["initial_val_loss"]
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_coordinator_killed_mid_run_restarts_from_its_database(stack):
     stack.start_coordinator()
     for i in range(3):

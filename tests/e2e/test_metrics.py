@@ -57,6 +57,7 @@ def _wait_metrics(url: str, cond, timeout: float = 30) -> dict:
         time.sleep(0.2)
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_metrics_match_the_record_of_a_live_run(stack):
     stack.start_coordinator()
     port = _free_port()

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 EPOCHS, BATCH = 2, 32
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_an_owner_driven_run_with_epochs_on_real_workers(stack):
     stack.start_coordinator()
     stack.start_worker("w0", price="1.00")

@@ -78,6 +78,7 @@ def test_byzantine_worker_is_slashed_and_honest_workers_are_paid(stack):
     assert scores[byz_id] < 0.1 and all(scores[w] > 0.5 for w in rows)
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_settlement_is_exactly_once_across_a_coordinator_kill(stack):
     stack.start_coordinator(settle_delay=4.0)  # a wide gap between two settlements (a loaded machine polls slowly)
     for i in range(3):

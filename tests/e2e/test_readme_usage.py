@@ -42,6 +42,7 @@ def _balance(stack, wallet: str = "my-agent-wallet") -> str:
     return json.loads(r.stdout)["balance"]
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_monitor_into_a_pipe_and_tables_at_80_columns(stack):
     stack.start_coordinator()
     for name in ("w1", "w2"):

@@ -119,6 +119,7 @@ SWAP_2_3 = (
 )
 
 
+@pytest.mark.long  # a minute or more of real processes: make test-long (and test-pg)
 def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path, databases):
     for name in ("alice", "bob"):
         ok(aitbc("wallet", "create", name))
