@@ -232,3 +232,28 @@ def test_a_round_reports_its_training_accuracy_and_a_language_round_none():
     lm = torch.nn.Sequential(torch.nn.Embedding(5, 5))
     res = LocalTrainer(lm, seq, seq, LocalConfig(steps=2, batch_size=4, lr=0.1), seed=1).train_round(flat_params(lm))
     assert res.accuracy is None and res.loss > 0
+
+
+def test_a_seeded_step_draws_what_torch_manual_seed_draws():
+    """train_step seeds only the CPU generator on CPU (torch.manual_seed also seeds every
+    accelerator's, at ~100x the cost): dropout's draws must be those torch.manual_seed gives,
+    so proofs recorded before the change replay the same."""
+    from aitbc.training.local import _step, build_inner_optimizer, train_step
+
+    def fresh() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 3))
+        return model, build_inner_optimizer(cfg, model.parameters())
+
+    cfg = LocalConfig(steps=1, optimizer="sgd", lr=0.1)
+    xb, yb = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    a, opt_a = fresh()
+    loss_a, logits_a = train_step(a, opt_a, xb, yb, cfg, seed=1234)
+    b, opt_b = fresh()
+    torch.manual_seed(1234)
+    loss_b, logits_b = _step(b, opt_b, xb, yb, cfg)
+    assert torch.equal(logits_a, logits_b) and torch.equal(loss_a, loss_b)
+    assert torch.equal(flat_params(a), flat_params(b))
+    c, opt_c = fresh()
+    _, logits_c = train_step(c, opt_c, xb, yb, cfg, seed=1235)
+    assert not torch.equal(logits_a, logits_c)  # the seed is what decides the dropout mask
