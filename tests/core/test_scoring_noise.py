@@ -25,6 +25,34 @@ def test_converged_honest_round_is_paid_in_full_and_unflagged():
     assert UNASSIGNED in old[0].flags and old[2].quality == 0.0
 
 
+def test_a_converged_round_of_negative_held_out_gains_pays_on_own_shards():
+    # Round 21 of bench/honest_runs.py (4 workers, IID, mean, seed 1), as measured: every
+    # held-out gain is negative yet within two standard errors of 0, and every update cuts
+    # its own shard's loss alike. Paying on the held-out credits (gain + 2 se) gave the
+    # worker with the smallest noise 0.1 of the price: its credit 0.002 against a reference
+    # of 0.072 made of the others' noise. The round is converged: own shards decide.
+    gains = [-0.01899, -0.0133, -0.04265, -0.07987]
+    gain_se = [0.03236, 0.0478, 0.05725, 0.04087]
+    own = [0.25784, 0.21894, 0.23112, 0.21435]
+    own_se = [0.0717, 0.05146, 0.09667, 0.06414]
+    other = [-0.12353, -0.2339, -0.32043, -0.05516]
+    sc = score_round(gains, own, other, [1.0] * 4, [None] * 4, gain_se=gain_se, own_se=own_se, other_se=[0.05] * 4)
+    assert [s.flags for s in sc] == [()] * 4
+    assert [s.quality for s in sc] == [1.0] * 4
+    # A free-rider in the same round still earns nothing: no own gain, no noise.
+    sc = score_round(
+        gains[:3] + [0.0],
+        own[:3] + [0.0],
+        other[:3] + [0.0],
+        [1.0] * 4,
+        [None] * 4,
+        gain_se=gain_se[:3] + [0.0],
+        own_se=own_se[:3] + [0.0],
+        other_se=[0.05] * 3 + [0.0],
+    )
+    assert sc[3].quality == 0.0 and [s.quality for s in sc[:3]] == [1.0] * 3
+
+
 def test_free_rider_has_no_noise_to_hide_behind():
     # A zero update changes no sample's loss: gain 0 and standard error 0 everywhere, so no
     # credit; in a converged round honest updates are paid on their own shard's gain.

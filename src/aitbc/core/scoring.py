@@ -229,8 +229,11 @@ def score_round(
     if any(len(x) != n for x in lists):
         raise ValueError("score_round needs one value per update in every list")
     held_out = [g + cfg.credit_z * _finite_se(e) for g, e in zip(gains, gain_se)]  # gain up to its noise
-    if all(c > 0 for c in held_out):
+    if all(g > 0 for g in gains):
         # Every update visibly helps data no worker saw: pay on that, the stronger evidence.
+        # (Measured gains, not credits: in a converged round every gain can be negative and
+        # yet within its noise of 0, and an update whose noise happened to be small would be
+        # paid a sliver of a reference set by the noisier ones.)
         credits, measured = held_out, gains
     else:
         # A converged round (held-out gains are noise around 0), non-IID shards (an update
