@@ -104,14 +104,13 @@ class Coordinator:
             time.sleep(0.02)
 
 
-def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callable[[], None]]:
-    cfg = dict(home=home, lease_seconds=LEASE, max_blob_bytes=MAX_BLOB, tick_seconds=0.05)
-    cfg.update(settings)
-    app = create_app(Settings(**cfg))
+def serve(app: Any) -> tuple[str, Callable[[], None]]:
+    """Serve ``app`` from a thread on a free loopback port, as `aitbc coordinator serve` does;
+    returns once it answers /v1/health: its URL and the call that stops it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -124,29 +123,36 @@ def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callabl
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="coordinator", daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
     deadline = time.monotonic() + 30
     while True:
         try:
             if httpx.get(url + "/v1/health", timeout=2).status_code == 200:
-                break
+                return url, stop
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            thread.join(10)
-            sock.close()
+            stop()
             raise RuntimeError("coordinator did not come up")
         time.sleep(0.02)
 
+
+def start_coordinator(home: Path, **settings: Any) -> tuple[Coordinator, Callable[[], None]]:
+    cfg = dict(home=home, lease_seconds=LEASE, max_blob_bytes=MAX_BLOB, tick_seconds=0.05)
+    cfg.update(settings)
+    app = create_app(Settings(**cfg))
+    url, stop_server = serve(app)
     coord = Coordinator(url, app.state.ctx, home)
 
     def stop() -> None:
         for c in coord.clients:
             c.close()
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+        stop_server()
 
     return coord, stop
 

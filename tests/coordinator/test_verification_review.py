@@ -13,7 +13,6 @@ reply), the daemon's own round-start bookkeeping (``Worker._mark_round_start`` /
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,12 +22,11 @@ from typing import Any
 import httpx
 import pytest
 import torch
-import uvicorn
 from sqlalchemy import select
 
 from aitbc.client import ApiError
 from aitbc.coordinator import retention
-from aitbc.coordinator.app import KEEP_ALIVE_SECONDS, create_app
+from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.models import Update
 from aitbc.core.compression import build_codec
@@ -43,7 +41,7 @@ from aitbc.training.proof import Recorder, boundaries
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.daemon import JobState, Worker
 
-from .conftest import wait_for
+from .conftest import serve, wait_for
 
 MODEL_OPTIONS = {"hidden": [8]}  # d = 610
 COORD = {"heartbeat_flush_seconds": 0.05, "max_blob_bytes": 1 << 20}
@@ -109,39 +107,13 @@ def _start_stepped(databases: Any, home: Path, **settings: Any) -> tuple[Stepped
     url = databases.new(home)
     cfg = {"home": home, "lease_seconds": 600.0, "tick_seconds": 0.05, "db_url": url, **COORD, **settings}
     app = create_app(Settings(**cfg), run_driver=False)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            ws="none",
-            timeout_keep_alive=KEEP_ALIVE_SECONDS,  # as `aitbc coordinator serve`
-        )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="coordinator", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(base + "/v1/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline and thread.is_alive(), "coordinator did not come up"
-        time.sleep(0.02)
+    base, stop_server = serve(app)
     st = Stepped(base, app)
 
     def stop() -> None:
         for c in st.clients:
             c.close()
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+        stop_server()
         databases.drop(url)
 
     return st, stop
