@@ -125,7 +125,7 @@ class GossipLoop:
             self.outbox.put((r, None if w.server is not None else blob, signed))
             own = self.decode(blob)  # what its neighbours receive (a lossy codec: the same rounding)
             received, weights = [own if own is not None else local], [float(self.samples)]
-            ahead = r
+            ahead, stale = r, 0
             for j in self.neighbours.of(r, self.me):
                 got = self._neighbour(self.roster[j], r)
                 if got is not None:
@@ -133,18 +133,20 @@ class GossipLoop:
                     received.append(model)
                     weights.append(float(samples))
                     ahead = max(ahead, their_round)
+                    stale += their_round < r
             mixed = robust_combine(
                 received, weights, aggregator=self.aggregator, norm_bound=self.bound, round_index=r
             ).result
             self.params = mixed if mixed is not None else received[0]
             w.metrics.rounds.inc()
             log.info(
-                "gossip round %d/%d of %s: loss %.4f, mixed %d models, %.2f s",
+                "gossip round %d/%d of %s: loss %.4f, mixed %d models (%d stale), %.2f s",
                 r,
                 self.rounds,
                 self.training_id,
                 res.loss,
                 len(received),
+                stale,
                 time.perf_counter() - t0,
             )
             self.next = max(r + 1, ahead)  # behind its neighbours: catch up to their clock
