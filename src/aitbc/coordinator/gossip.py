@@ -11,9 +11,17 @@ while it restarts. What the coordinator keeps:
   (:mod:`aitbc.ledger.records`) naming the CID of its model. A record is refused, nothing
   written, when it is not the signer's own job's, names another run, job or worker, is
   for a round already closed or past the run's last, names no CID, does not verify against
-  the worker's key, or contradicts the record it published for that round before.
+  the worker's key, or contradicts the record it published for that round before (that
+  one is equivocation: flagged, below).
   Records of a later round are kept until their round closes; a worker that could not
   reach the coordinator publishes its backlog when it is back.
+- **Equivocation** (:func:`witness`, ``POST /v1/records/witnessed``; :func:`publish`):
+  workers report the neighbours' records they mixed; each is checked against its signer's
+  own key, so a report cannot frame anyone. Two records of one job and round signed by its
+  worker with different CIDs (published, or reported) are proof: the worker is flagged
+  ``equivocation`` once a round and its model of a still-open round is rejected (unpaid).
+  A reported CID the coordinator does not hold yet is kept (``gossip_witnesses``) until
+  the job publishes the round.
 - **Closing a round** (:func:`close_round`, the round driver, when every active job
   published the round or a later one, or at the run's deadline with ``quorum`` records):
   the coordinator fetches every published model (its own blob store for workers that
@@ -169,6 +177,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
         s.flush()
         _equivocation(s, run, job, r, seen, rec["cid"], now)
         s.commit()
+        ctx.notifier.poke_driver()  # the round has its record (rejected): it may be due
         raise conflict(
             "conflicting_record",
             f"a peer received job {job.id}'s record of round {r} naming {seen}; two signed records of one "
@@ -313,7 +322,9 @@ def _equivocation(s: Session, run: Run, job: Job, r: int, one: str, other: str, 
     if offer is not None:
         offer.flags += 1
     up = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
-    open_round = run.status == RunStatus.TRAINING and r >= run.round
+    # open: a later round than the record's (its next may be aggregating meanwhile), or the
+    # record's round before its aggregation starts
+    open_round = r > run.round or (r == run.round and run.status == RunStatus.TRAINING)
     if up is not None and up.status == UpdateStatus.ACCEPTED and open_round:
         up.status, up.reason = UpdateStatus.REJECTED, reason
 
