@@ -12,6 +12,10 @@ the coordinator only records the signed model CIDs, judges them and pays.
   it is down), and once it restarts on the same database and home the record resumes
   (every round gets a record, the run completes).
 - A worker without ``--listen`` still takes part: its models go through the coordinator.
+- A worker serving corrupt blobs (``--cheat bad-blobs``) is flagged ``bad_peer_blob``; one
+  signing two records a round (``--cheat equivocate``) is flagged ``equivocation``; a worker
+  SIGKILLed mid-run and restarted never signs a round twice (so is never flagged for it).
+- One configuration simulated and run live: the same CIDs and consensus losses.
 """
 
 from __future__ import annotations
