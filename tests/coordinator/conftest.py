@@ -44,7 +44,7 @@ from aitbc.storage.cid import cid_of_bytes
 MAX_BLOB = 256 << 10  # small, so an oversized upload is cheap; the digits shards fit
 LEASE = 600.0  # no lease expires during a test: the workers here send no heartbeats
 MODEL_OPTIONS = {"hidden": [8]}  # a tiny mlp: d = 64*8 + 8 + 8*10 + 10 = 610
-TABLES = ("runs", "offers", "contracts", "jobs", "updates", "rounds", "flags")
+TABLES = ("runs", "offers", "contracts", "jobs", "updates", "rounds", "flags", "gossip_witnesses")
 
 
 # --- the coordinator -------------------------------------------------------------------

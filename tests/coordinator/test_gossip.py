@@ -4,6 +4,7 @@ and a round's record closing on the consensus of the published models."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aitbc.ledger.records import make_record
@@ -162,13 +163,7 @@ def test_bad_records_are_refused_and_change_nothing(new_coordinator, api):
 
     assert wa.post(f"/jobs/{job_a}/records", good)["duplicate"] is False
     assert wa.post(f"/jobs/{job_a}/records", good)["duplicate"] is True  # its reply was lost: sent again
-    try:
-        wa.post(f"/jobs/{job_a}/records", _publish(wa, t, 1, OTHER_CID))
-    except api.ApiError as e:
-        assert (e.status, e.code) == (409, "conflicting_record"), e
-    else:
-        raise AssertionError("a second CID for one round accepted")
-    assert _count(t) == 1
+    assert _count(t) == 1  # (a second CID for the round: equivocation, the test below)
     assert wb.get(f"/jobs/{job_a}/records", params={"round": 1}) == good  # a neighbour's view of it
 
     # the other two publish: round 1's record closes on the consensus of the three models
@@ -186,7 +181,7 @@ def test_bad_records_are_refused_and_change_nothing(new_coordinator, api):
     # a record for the closed round: 409, nothing written
     n = _count(t)
     try:
-        wa.post(f"/jobs/{job_a}/records", _publish(wa, t, 1, OTHER_CID))
+        wa.post(f"/jobs/{job_a}/records", good)
     except api.ApiError as e:
         assert (e.status, e.code) == (409, "round_closed"), e
     else:
@@ -220,3 +215,133 @@ def _put(w, blob: bytes) -> str:
     cid = cid_of_bytes(blob)
     w.put_blob(cid, blob)
     return cid
+
+
+def _witness(w, *signed):
+    return w.post("/records/witnessed", {"records": list(signed)})["data"]
+
+
+def _flags(t) -> list[tuple[str, int, str]]:
+    rows = t.coord.rows("SELECT worker_id, round, kind FROM flags WHERE run_id = :r ORDER BY id", r=t.run_id)
+    return [(r["worker_id"], r["round"], r["kind"]) for r in rows]
+
+
+def _status(t, w, r: int) -> str:
+    rows = t.coord.rows("SELECT status FROM updates WHERE job_id = :j AND round = :r", j=t.jobs[w.wallet.address], r=r)
+    return rows[0]["status"]
+
+
+def test_equivocation_is_proved_by_two_signed_records_and_flagged(new_coordinator, api):
+    """A worker that signs two records of one round naming different models (one served to
+    a neighbour, another published) is flagged ``equivocation`` whichever the coordinator
+    sees first, and its model of the round is not counted; an honest worker is never."""
+    t = api.start_training_run(new_coordinator(), 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    base = round_params(t, 0)
+    cids = {}
+    for i, name in enumerate(["a1", "a2", "b1", "b2", "c1"]):
+        blob = update_blob(base + 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(i)))
+        cids[name] = _put(wa, blob)
+
+    # A served a1 to B (B reports what it received: nothing to compare yet, kept), then
+    # publishes a2 for the same round: caught at publish
+    a1 = _publish(wa, t, 1, cids["a1"])
+    assert [v["verdict"] for v in _witness(wb, a1)] == ["kept"]
+    assert [v["verdict"] for v in _witness(wc, a1)] == ["consistent"]  # C received the same: one copy kept
+    assert t.coord.rows("SELECT count(*) AS n FROM gossip_witnesses")[0]["n"] == 1
+    with pytest.raises(api.ApiError) as e:
+        wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/records", _publish(wa, t, 1, cids["a2"]))
+    api.assert_api_error(e, 409, "conflicting_record", "equivocation")
+    assert _flags(t) == [(wa.wallet.address, 1, "equivocation")]
+    assert _status(t, wa, 1) == "rejected"  # its published model of the round is not counted
+
+    # B publishes b1, then C reports the b2 that B served it: caught at the report
+    assert wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/records", _publish(wb, t, 1, cids["b1"]))["duplicate"] is False
+    assert [v["verdict"] for v in _witness(wc, _publish(wb, t, 1, cids["b1"]))] == ["consistent"]
+    reply = _witness(wc, _publish(wb, t, 1, cids["b2"]))
+    assert [(v["worker"], v["round"], v["verdict"]) for v in reply] == [(wb.wallet.address, 1, "equivocation")]
+    assert _flags(t) == [(wa.wallet.address, 1, "equivocation"), (wb.wallet.address, 1, "equivocation")]
+    assert _status(t, wb, 1) == "rejected"
+    _witness(wa, _publish(wb, t, 1, cids["b2"]))  # reported again: flagged once a round
+    assert len(_flags(t)) == 2
+    assert t.coord.rows("SELECT count(*) AS n FROM offers WHERE flags > 0")[0]["n"] == 2
+
+    # B publishes the other CID too: still one flag; the record it published first stays
+    with pytest.raises(api.ApiError) as e:
+        wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/records", _publish(wb, t, 1, cids["b2"]))
+    api.assert_api_error(e, 409, "conflicting_record")
+    assert (
+        len(_flags(t)) == 2
+        and wc.get(f"/jobs/{t.jobs[wb.wallet.address]}/records", params={"round": 1})["record"]["cid"] == cids["b1"]
+    )
+
+    # C is honest: round 1 closes on its model alone (the equivocators' are not counted)
+    wc.post(f"/jobs/{t.jobs[wc.wallet.address]}/records", _publish(wc, t, 1, cids["c1"]))
+    wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    c1 = t.coord.ctx.store.get_bytes(cids["c1"])
+    from aitbc.core.compression import decode
+
+    assert torch.equal(round_params(t, 1), decode(c1).to(round_params(t, 1).dtype))
+    assert not [f for f in _flags(t) if f[0] == wc.wallet.address]
+
+    # a record of the closed round: the same CID is refused as closed; another is equivocation
+    with pytest.raises(api.ApiError) as e:
+        wc.post(f"/jobs/{t.jobs[wc.wallet.address]}/records", _publish(wc, t, 1, cids["c1"]))
+    api.assert_api_error(e, 409, "round_closed")
+    assert not [f for f in _flags(t) if f[0] == wc.wallet.address]
+
+
+def test_a_witness_report_cannot_frame_an_honest_worker(new_coordinator, api):
+    """Every record in a report must verify against its signer's own key, name its run and
+    job, a round of the run and a CID: a forged, unsigned, altered or other-run record is
+    refused with a one-line 4xx and nothing changes (a bad record in a batch refuses the
+    batch)."""
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    job_c = t.jobs[wc.wallet.address]
+    cid = _put(wa, update_blob(round_params(t, 0)))
+    published = _publish(wc, t, 1, cid)
+    wc.post(f"/jobs/{job_c}/records", published)
+    forger = Wallet.generate("forger")
+    forged = make_record(forger, training_id=t.run_id, job_id=job_c, round=1, cid=OTHER_CID, samples=10, train_loss=0.5)
+    forged["record"]["worker"] = wc.wallet.address  # claims to be C, signed by another key
+    altered = _publish(wc, t, 1, cid)
+    altered["record"]["cid"] = OTHER_CID  # changed after C signed it
+    other_run = make_record(
+        wc.wallet, training_id="training_000000000000", job_id=job_c, round=1, cid=OTHER_CID, samples=1, train_loss=None
+    )
+    stranger = coord.client("stranger")  # signs its requests, but registered nowhere
+    outsider = api.register_worker(coord, "outsider")  # a worker with no job in the run
+    cases = [
+        (wa, [forged], 422, "bad_record", "signature does not verify"),
+        (wa, [{"record": published["record"], "signature": "00" * 64}], 422, "bad_record", "signature does not verify"),
+        (wa, [altered], 422, "bad_record", "signature does not verify"),
+        (wa, [published, altered], 422, "bad_record", "records[1]"),  # one bad record refuses the batch
+        (wa, [other_run], 422, "wrong_record", "for run 'training_000000000000'"),
+        (
+            wa,
+            [{**published, "record": {**published["record"], "job_id": "job_nonexistent"}}],
+            422,
+            "bad_record",
+            "no job",
+        ),
+        (wa, [_publish(wc, t, 4, OTHER_CID)], 422, "bad_record", "[1, 3]"),
+        (wa, [_publish(wc, t, 1, "not-a-cid")], 422, "bad_cid", "CIDv1"),
+        (wa, [], 422, None, None),
+        (wa, [{"record": published["record"]}], 422, None, None),
+        (outsider, [_publish(wc, t, 1, OTHER_CID)], 403, "forbidden", "no job in run"),
+        (stranger, [_publish(wc, t, 1, OTHER_CID)], 404, "unknown_worker", None),
+    ]
+    before = coord.snapshot()
+    for w, records, status, code, words in cases:
+        with pytest.raises(api.ApiError) as e:
+            w.post("/records/witnessed", {"records": records})
+        assert e.value.status == status and (code is None or e.value.code == code), (records, e.value)
+        assert words is None or words in e.value.detail, (words, e.value.detail)
+        assert "\n" not in e.value.detail
+        assert coord.snapshot() == before, records  # nothing written
+    assert not _flags(t)
+    assert [v["verdict"] for v in _witness(wa, published)] == ["consistent"]  # the real one is C's published record
+    after = coord.snapshot()
+    assert not _flags(t) and all(after[k] == before[k] for k in ("updates", "flags", "gossip_witnesses", "offers"))

@@ -375,7 +375,8 @@ def start(
         str | None,
         typer.Option(
             hidden=True,
-            help="Testing: skip-half: train half the steps and claim them all; bad-blobs: serve peers corrupt blobs.",
+            help="Testing: skip-half: train half the steps and claim them all; bad-blobs: serve peers corrupt blobs; "
+            "equivocate: sign two gossip records a round (one served to neighbours, one published).",
         ),
     ] = None,
     proof_memory_mb: Annotated[

@@ -11,9 +11,17 @@ while it restarts. What the coordinator keeps:
   (:mod:`aitbc.ledger.records`) naming the CID of its model. A record is refused, nothing
   written, when it is not the signer's own job's, names another run, job or worker, is
   for a round already closed or past the run's last, names no CID, does not verify against
-  the worker's key, or contradicts the record it published for that round before.
+  the worker's key, or contradicts the record it published for that round before (that
+  one is equivocation: flagged, below).
   Records of a later round are kept until their round closes; a worker that could not
   reach the coordinator publishes its backlog when it is back.
+- **Equivocation** (:func:`witness`, ``POST /v1/records/witnessed``; :func:`publish`):
+  workers report the neighbours' records they mixed; each is checked against its signer's
+  own key, so a report cannot frame anyone. Two records of one job and round signed by its
+  worker with different CIDs (published, or reported) are proof: the worker is flagged
+  ``equivocation`` once a round and its model of a still-open round is rejected (unpaid).
+  A reported CID the coordinator does not hold yet is kept (``gossip_witnesses``) until
+  the job publishes the round.
 - **Closing a round** (:func:`close_round`, the round driver, when every active job
   published the round or a later one, or at the run's deadline with ``quorum`` records):
   the coordinator fetches every published model (its own blob store for workers that
@@ -45,13 +53,13 @@ from typing import Any
 
 import httpx
 import torch
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 from torch import Tensor
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.errors import conflict, not_found, unprocessable
-from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update
+from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update, Witness
 from aitbc.coordinator.repository import lock_run, round_updates, row
 from aitbc.coordinator.rounds import RoundResult, commit_round
 from aitbc.coordinator.runtime import drop_runtime, runtime
@@ -127,19 +135,25 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     if loss is not None and (not isinstance(loss, int | float) or isinstance(loss, bool) or not math.isfinite(loss)):
         raise unprocessable("bad_record", f"train_loss must be a finite number or null, got {loss!r}")
     lock_run(s, run)
+    now = time.time()
+    before = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
+    if before is not None and before.cid != rec["cid"]:  # two records of one round, both signed by it
+        _equivocation(s, run, job, r, before.cid, rec["cid"], now)
+        s.commit()
+        raise conflict(
+            "conflicting_record",
+            f"job {job.id} already published round {r} as {before.cid}; two signed records of one round "
+            "are equivocation: flagged",
+        )
     if r < run.round or s.get(RoundRecord, (run.id, r)) is not None:
         s.rollback()
         raise conflict("round_closed", f"round {r} of {run.id} is closed; the record is at round {run.round}")
-    before = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
     if before is not None:
         s.rollback()
-        if before.cid == rec["cid"]:
-            return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": True}
-        raise conflict(
-            "conflicting_record",
-            f"job {job.id} already published round {r} as {before.cid}; a record is published once",
-        )
-    now = time.time()
+        return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": True}
+    seen = s.scalar(
+        select(Witness.cid).where(Witness.job_id == job.id, Witness.round == r, Witness.cid != rec["cid"]).limit(1)
+    )
     samples = int(run.data_manifest["shards"][job.shard_index]["samples"])  # the coordinator's count, not the claim
     s.add(
         Update(
@@ -152,11 +166,23 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
             shard_index=job.shard_index,
             samples=samples,
             train_loss=float(loss) if loss is not None else None,
-            status=UpdateStatus.ACCEPTED,
+            status=UpdateStatus.ACCEPTED if seen is None else UpdateStatus.REJECTED,
+            reason=None if seen is None else f"a peer received another record of round {r} signed by it: {seen}",
             record=signed,
             created_at=now,
         )
     )
+    s.execute(delete(Witness).where(Witness.job_id == job.id, Witness.round == r, Witness.cid == rec["cid"]))
+    if seen is not None:  # a neighbour received another record of this round signed by it
+        s.flush()
+        _equivocation(s, run, job, r, seen, rec["cid"], now)
+        s.commit()
+        ctx.notifier.poke_driver()  # the round has its record (rejected): it may be due
+        raise conflict(
+            "conflicting_record",
+            f"a peer received job {job.id}'s record of round {r} naming {seen}; two signed records of one "
+            "round are equivocation: flagged, this one kept as the proof",
+        )
     if loss is not None:
         job.loss = float(loss)
     job.progress, job.worker_status, job.progress_round, job.updated_at = 100.0, f"published round {r}", r, now
@@ -183,6 +209,124 @@ def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
     if up is None or up.record is None:
         raise not_found("no_record", f"job {job_id} has published no model record yet")
     return up.record
+
+
+MAX_WITNESSED = 64  # records in one report
+
+
+def witness(s: Session, reporter: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records of other workers that ``reporter`` received (its neighbours', from their
+    servers): each is checked as :func:`publish` checks one (the signature against the
+    signer's own key: a report cannot frame anyone), all or none (a 422 names the first
+    bad one, nothing written). Each is then compared with what the coordinator holds for
+    its job and round: a different CID (published, or witnessed before) flags the signer
+    ``equivocation``; the same one is ``consistent``; none yet: ``kept`` until its job
+    publishes the round (a different CID then is caught by :func:`publish`)."""
+    checked: list[tuple[Job, dict[str, Any], dict[str, Any]]] = []
+    run: Run | None = None
+    for k, signed in enumerate(records):
+        rec = signed.get("record")
+        job_id = rec.get("job_id") if isinstance(rec, dict) else None
+        job = s.get(Job, job_id) if isinstance(job_id, str) else None
+        if job is None:
+            raise unprocessable("bad_record", f"records[{k}] names no job of this coordinator: {job_id!r}")
+        problem = record_problem(signed, row(s, Offer, job.worker_id).public_key)
+        if problem is not None:
+            raise unprocessable("bad_record", f"records[{k}]: {problem}")
+        assert isinstance(rec, dict)  # record_problem checked it
+        if rec["training_id"] != job.run_id:
+            raise unprocessable(
+                "wrong_record", f"records[{k}] is for run {rec['training_id']!r}; its job {job.id} is of {job.run_id}"
+            )
+        if run is None:
+            run = row(s, Run, job.run_id)
+        elif job.run_id != run.id:
+            raise unprocessable(
+                "wrong_record", f"records[{k}] is of run {job.run_id}; a report is of one run ({run.id})"
+            )
+        r = rec["round"]
+        if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= run.cfg.rounds:
+            raise unprocessable(
+                "bad_record", f"records[{k}]: round must be an integer in [1, {run.cfg.rounds}], got {r!r}"
+            )
+        if not isinstance(rec["cid"], str) or not is_cid(rec["cid"]):
+            raise unprocessable("bad_cid", f"records[{k}]: {rec['cid']!r} is not a CIDv1 (base32, starts with 'b')")
+        checked.append((job, rec, signed))
+    assert run is not None  # the schema asks for at least one
+    if run.cfg.mode != "gossip":
+        raise conflict("not_gossip", f"run {run.id} is a {run.cfg.mode} run: its workers sign no records")
+    if s.scalar(select(Job.id).where(Job.run_id == run.id, Job.worker_id == reporter).limit(1)) is None:
+        raise forbidden(f"{reporter} has no job in run {run.id}: only its workers report its records")
+    lock_run(s, run)
+    now = time.time()
+    out = []
+    for job, rec, signed in checked:
+        r, cid = rec["round"], rec["cid"]
+        published = s.scalar(select(Update.cid).where(Update.job_id == job.id, Update.round == r))
+        other = published if published is not None and published != cid else None
+        if other is None:
+            other = s.scalar(
+                select(Witness.cid).where(Witness.job_id == job.id, Witness.round == r, Witness.cid != cid).limit(1)
+            )
+        held = (
+            published == cid
+            or s.scalar(
+                select(Witness.id).where(Witness.job_id == job.id, Witness.round == r, Witness.cid == cid).limit(1)
+            )
+            is not None
+        )
+        if not held and not _flagged(s, run.id, job.worker_id, r):
+            s.add(
+                Witness(
+                    run_id=run.id,
+                    job_id=job.id,
+                    worker_id=job.worker_id,
+                    round=r,
+                    cid=cid,
+                    record=signed,
+                    reporter=reporter,
+                    created_at=now,
+                )
+            )
+            s.flush()
+        if other is not None:
+            _equivocation(s, run, job, r, other, cid, now)
+            verdict = "equivocation"
+        else:
+            verdict = "consistent" if held else "kept"
+        out.append({"worker": job.worker_id, "job_id": job.id, "round": r, "cid": cid, "verdict": verdict})
+    s.commit()
+    return out
+
+
+def _flagged(s: Session, run_id: str, worker: str, r: int) -> bool:
+    return (
+        s.scalar(
+            select(Flag.id)
+            .where(Flag.run_id == run_id, Flag.worker_id == worker, Flag.round == r, Flag.kind == "equivocation")
+            .limit(1)
+        )
+        is not None
+    )
+
+
+def _equivocation(s: Session, run: Run, job: Job, r: int, one: str, other: str, now: float) -> None:
+    """Job ``job``'s worker signed records of round ``r`` naming ``one`` and ``other``: flag
+    it ``equivocation`` (once a round); its published model of the round, while the round
+    is still open, is rejected (unpaid: :func:`score`)."""
+    if _flagged(s, run.id, job.worker_id, r):
+        return
+    reason = f"signed two different records of round {r} of job {job.id}: {one} and {other}"
+    s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=r, kind="equivocation", reason=reason, created_at=now))
+    offer = s.get(Offer, job.worker_id)
+    if offer is not None:
+        offer.flags += 1
+    up = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
+    # open: a later round than the record's (its next may be aggregating meanwhile), or the
+    # record's round before its aggregation starts
+    open_round = r > run.round or (r == run.round and run.status == RunStatus.TRAINING)
+    if up is not None and up.status == UpdateStatus.ACCEPTED and open_round:
+        up.status, up.reason = UpdateStatus.REJECTED, reason
 
 
 def named_by_record(ctx: Context, worker: str, cid: str) -> bool:

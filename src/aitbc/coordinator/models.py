@@ -257,6 +257,26 @@ class Flag(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class Witness(Base):
+    """A gossip record of a worker's, as another worker received it (reported with
+    ``POST /v1/records/witnessed``, signature checked): kept while the coordinator holds no
+    record of that job and round with the same CID, so a different record the worker signs
+    for the round later is caught (:func:`aitbc.coordinator.gossip.witness`)."""
+
+    __tablename__ = "gossip_witnesses"
+    __table_args__ = (UniqueConstraint("job_id", "round", "cid"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    job_id: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str] = mapped_column(String(64))  # who signed it
+    round: Mapped[int] = mapped_column(Integer)
+    cid: Mapped[str] = mapped_column(String(100))
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"record": ..., "signature": ...} as signed
+    reporter: Mapped[str] = mapped_column(String(64))  # the worker that received it
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Score(Base):
     """One worker's contribution to one round (see :mod:`aitbc.core.scoring`)."""
 

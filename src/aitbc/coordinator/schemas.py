@@ -299,3 +299,9 @@ class RecordPublish(Body):
 
     record: dict[str, Any]
     signature: str = Field(max_length=200)
+
+
+class WitnessReport(Body):
+    """Gossip records of other workers of one run, as the reporter received them."""
+
+    records: list[RecordPublish] = Field(min_length=1, max_length=64)

@@ -28,9 +28,11 @@ import torch
 from torch import Tensor
 
 from aitbc.core.compression import decode as decode_update
-from aitbc.core.gossip import neighbours
+from aitbc.core.gossip import neighbours, robust_combine
 from aitbc.core.staleness import async_weight
 from aitbc.core.staleness import buffer_size as buffer_size_of
+from aitbc.errors import IntegrityError
+from aitbc.storage.cid import cid_of_bytes
 
 if TYPE_CHECKING:  # the runner calls these loops; they only use it
     from aitbc.sim.runner import Simulation
@@ -121,8 +123,9 @@ def run_gossip(sim: Simulation) -> None:
     models = [sim.params.clone() for _ in range(n)]  # (d,) each worker's own model
     honest = [i for i in range(n) if i not in sim.byzantine]
     for r in range(1, cfg.rounds + 1):
-        # Workers train from their own models; only models travel (encoded), not updates.
-        sent = sim.work(list(range(n)), dict(enumerate(models)), 0, count_bytes=False)
+        # Workers train from their own models on the round's own batch order (as a live
+        # worker: aitbc.worker.gossip); only models travel (encoded), not updates.
+        sent = sim.work(list(range(n)), dict(enumerate(models)), 0, count_bytes=False, data_round=r)
         local = [models[s.worker] - s.update for s in sent]  # start minus (possibly crafted) update
         messages = [sim.plain_codec.encode(m) for m in local]
         peers = peers_of()
@@ -130,7 +133,8 @@ def run_gossip(sim: Simulation) -> None:
         accepted = 0
         new_models = list(models)
         for i in honest:
-            received, weights = [local[i]], [float(sim.samples[i])]
+            own = sim.receive(messages[i])  # what its neighbours get (a lossy codec: the same rounding)
+            received, weights = [own if own is not None else local[i]], [float(sim.samples[i])]
             for j in peers[i]:
                 m = sim.receive(messages[j])
                 sim.updates_sent += 1
@@ -141,8 +145,8 @@ def run_gossip(sim: Simulation) -> None:
                     received.append(m)
                     weights.append(float(sim.samples[j]))
             accepted += len(received) - 1
-            mixed = sim.aggregate(received, weights)  # (k+1, d) -> (d,)
-            new_models[i] = mixed if mixed is not None else local[i]
+            mixed = sim.aggregate(received, weights, round_index=r)  # (k+1, d) -> (d,), as a live worker's mix
+            new_models[i] = mixed if mixed is not None else received[0]
         for s in sent:
             seconds[s.worker] += s.seconds
         models = new_models
@@ -151,13 +155,46 @@ def run_gossip(sim: Simulation) -> None:
         sim.spread = float((stack - sim.params).norm(dim=1).mean())
         sim.clock += max(seconds)
         sim.round = r
+        extra = {
+            "spread": sim.spread,
+            # each worker's published model's CID: what a live worker on that shard signs
+            "published": [cid_of_bytes(m) for m in messages],
+            "consensus_val_loss": _consensus_loss(sim, messages, r),
+        }
         if sim.record(
             train_losses=[s.loss for s in sent if s.loss is not None],
             train_accuracies=[s.accuracy for s in sent if s.accuracy is not None],
             accepted=accepted,
-            extra={"spread": sim.spread},
+            extra=extra,
         ):
             return
+
+
+def _consensus_loss(sim: Simulation, messages: list[bytes], r: int) -> float | None:
+    """The validation loss of what a live coordinator records as round ``r``'s model (its
+    consensus: :func:`aitbc.core.gossip.robust_combine` over every published model, as
+    :func:`aitbc.coordinator.gossip.close_round`); None on a round that is not evaluated."""
+    if r % sim.cfg.eval_every and r != sim.cfg.rounds:
+        return None
+    models, weights = [], []
+    for i, blob in enumerate(messages):
+        try:
+            m = decode_update(blob, max_numel=sim.d)
+        except IntegrityError:
+            continue
+        if m.shape == (sim.d,) and torch.isfinite(m).all():
+            models.append(m.to(torch.float32))
+            weights.append(float(sim.samples[i]))
+    if not models:
+        return None
+    out = robust_combine(
+        models,
+        weights,
+        aggregator=sim.aggregator,
+        norm_bound=sim.norm_bound,
+        round_index=r,
+    ).result
+    return None if out is None else sim.evaluate(out)[0]
 
 
 MODE_LOOPS: dict[str, Callable[[Simulation], None]] = {"sync": run_sync, "async": run_async, "gossip": run_gossip}

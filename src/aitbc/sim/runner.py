@@ -282,17 +282,20 @@ class Simulation:
         colluding: list[Tensor] | None = None,
         *,
         count_bytes: bool = True,
+        data_round: int | None = None,
     ) -> list[Sent]:
         """Workers ``ids`` each train from ``starts[i]`` and send an encoded update.
 
         Honest workers go first; Byzantine workers then see the honest updates of this
-        batch (plus ``colluding``, e.g. recent ones in async mode) and craft theirs."""
+        batch (plus ``colluding``, e.g. recent ones in async mode) and craft theirs.
+        ``data_round``: the round's own batch order (``LocalTrainer.train_round(round=)``,
+        what a live worker trains on); None walks one order across rounds."""
         sent: dict[int, Sent] = {}
         honest_view: list[Tensor] = list(colluding or [])
         for i in ids:
             if i in self.byzantine:
                 continue
-            res = self.trainers[i].train_round(starts[i])
+            res = self.trainers[i].train_round(starts[i], round=data_round)
             blob = self.codecs[i].encode(res.delta)
             honest_view.append(decode_update(blob))
             sent[i] = Sent(i, res.delta, blob, res.loss, self._seconds(i, down_bytes, len(blob)), res.accuracy)
@@ -302,7 +305,7 @@ class Simulation:
             assert self.attack is not None
             own, loss, accuracy = None, None, None
             if self.attack.trains:
-                res = self.trainers[i].train_round(starts[i])
+                res = self.trainers[i].train_round(starts[i], round=data_round)
                 own, loss, accuracy = res.delta, res.loss, res.accuracy
             view = AttackView(
                 own=own,
@@ -346,19 +349,25 @@ class Simulation:
         return u.to(torch.float32)
 
     def aggregate(
-        self, updates: list[Tensor], weights: list[float], *, reference: Tensor | None = None
+        self,
+        updates: list[Tensor],
+        weights: list[float],
+        *,
+        reference: Tensor | None = None,
+        round_index: int | None = None,
     ) -> Tensor | None:
         """The run's rule over ``updates``; ``None`` (and counted) when too few arrived for
         its conditions (e.g. stragglers dropped below krum's n >= f+3): the round is
         skipped, as a coordinator would wait, not averaged with a weaker rule.
         ``reference``: the trend a ``trend`` stage compares with (the coordinator's: the
-        global model's last step; gossip mixes models, not steps, and passes none)."""
+        global model's last step; gossip mixes models, not steps, and passes none).
+        ``round_index``: the round the rule is seeded with (bucketing); default ``self.round``."""
         out = robust_combine(  # the same rule a live worker mixes with, and the coordinator judges by
             updates,
             weights,
             aggregator=self.aggregator,
             norm_bound=self.norm_bound,
-            round_index=self.round,
+            round_index=self.round if round_index is None else round_index,
             reference=reference,
         )
         self.rejected += len(out.rejected)

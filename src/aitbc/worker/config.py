@@ -44,8 +44,9 @@ class WorkerSettings(BaseSettings):
     step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)
     attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
     # testing: skip-half: do half the local steps and claim all (worker/cheats.py); bad-blobs: serve peers
-    # every blob with its first byte flipped (worker/peers.py)
-    cheat: Literal["skip-half", "bad-blobs"] | None = None
+    # every blob with its first byte flipped (worker/peers.py); equivocate: a gossip worker signs two
+    # records a round, one served to its neighbours and one published (worker/gossip.py)
+    cheat: Literal["skip-half", "bad-blobs", "equivocate"] | None = None
     metrics_port: int | None = Field(None, ge=1, le=65535)  # serve Prometheus metrics here (none: not served)
     metrics_host: str = Field("127.0.0.1", min_length=1)  # the metrics server's address (0.0.0.0: every interface)
     # module prefixes whose module:callable models this worker may import (none by default)

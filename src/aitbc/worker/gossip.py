@@ -7,10 +7,12 @@ Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
 2. encode ``local`` with the run's codec (a value codec: whole models), keep the blob and
    serve it by CID on its peer server (``--listen``); a worker that cannot be reached
    uploads it to the coordinator instead;
-3. sign a record of it (:mod:`aitbc.ledger.records`), serve the record
-   (``GET /v1/records/{job}``) and queue it for the coordinator (a publisher thread sends
-   the queue in order, retrying through an outage, so training never waits for the
-   coordinator and a restarted coordinator gets the backlog);
+3. sign a record of it (:mod:`aitbc.ledger.records`), write it to its log on disk (a
+   restarted worker serves its records again and resumes past the last: it never signs a
+   round twice), serve the record (``GET /v1/records/{job}``); a worker without a server
+   queues it for the coordinator now (a publisher thread sends the queue in order,
+   retrying through an outage, so training never waits for the coordinator and a
+   restarted coordinator gets the backlog);
 4. for each neighbour of the round's topology draw (:class:`aitbc.core.gossip.RoundNeighbours`,
    the simulator's draw): fetch its record (its peer server, else the coordinator), check
    the signature against the roster's key and that it is this run's and that job's, wait
@@ -19,7 +21,11 @@ Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
    coordinator; bytes that do not hash to the CID it signed are reported and dropped),
    decode and check it;
 5. mix: the run's norm bound and robust rule over its own and the neighbours' models
-   (:func:`aitbc.core.gossip.robust_combine`, the simulator's code); that is its next model.
+   (:func:`aitbc.core.gossip.robust_combine`, the simulator's code); that is its next model;
+6. queue the neighbours' records it mixed (``POST /v1/records/witnessed``: the coordinator
+   flags a neighbour that signed another record of the round, equivocation), then, with a
+   server, its own record: the round cannot close on every record before its neighbours'
+   records are compared.
 
 A worker beside a slower neighbour does not wait past ``wait``, and not at all once that
 neighbour was behind at its last look (it takes its newest model, within max_staleness); a
@@ -29,7 +35,9 @@ have no record of it).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -57,9 +65,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aitbc.worker.gossip")
 
+Outgoing = tuple[int, bytes | None, dict[str, Any] | None, list[dict[str, Any]]]
 KEEP = 32  # rounds of its own models and records a worker keeps (the coordinator may fetch late)
 DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
 POLL = 0.1  # seconds between asks for a neighbour's record
+ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
 
 
 class GossipLoop:
@@ -84,11 +94,16 @@ class GossipLoop:
         load_checkpoint_file(state.trainer.model, worker._global_model(job["global_model_cid"], []))
         self.params: Tensor = flat_params(state.trainer.model).cpu()  # (d,) this worker's own model
         self.incoming = LocalBlobStore(worker.home / "worker-gossip-in" / worker.wallet.name, durable=False)
-        self.outbox: queue.Queue[tuple[int, bytes | None, dict[str, Any]] | None] = queue.Queue()
+        # (round, a blob to upload first, its own record, the neighbours' records it mixed)
+        self.outbox: queue.Queue[Outgoing | None] = queue.Queue()
+        self.signed_log = worker.home / "worker-gossip-records" / worker.wallet.name / f"{self.job_id}.jsonl"
+        self._restore(published=self.next - 1)
         self.publisher = threading.Thread(target=self._publish_all, name="gossip-publisher", daemon=True)
         self.publisher.start()
         self.ended = False  # the coordinator said the job or run is over
         self.lagging: dict[str, bool] = {}  # neighbours behind this worker at their last look
+        self.unreached = False  # a neighbour's server did not answer (or it named none) this round
+        self.roster_read = time.monotonic()
 
     def refresh(self, job: dict[str, Any]) -> None:
         """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
@@ -102,6 +117,7 @@ class GossipLoop:
     def run(self) -> None:
         w = self.w
         while self.next <= self.rounds and not w.stop.is_set() and not self.ended:
+            self._reread_roster()
             r = self.next
             t0 = time.perf_counter()
             res = self.state.trainer.train_round(self.params, round=r, on_step=self._step)
@@ -110,44 +126,63 @@ class GossipLoop:
             blob = self.state.codec.encode(local)
             cid = cid_of_bytes(blob)
             w.gossip_keep(cid, blob)
-            signed = make_record(
-                w.wallet,
-                training_id=self.training_id,
-                job_id=self.job_id,
-                round=r,
-                cid=cid,
-                samples=self.samples,
-                train_loss=res.loss,
-            )
-            w.gossip_records[(self.job_id, r)] = signed
-            for old in [k for k in w.gossip_records if k[0] == self.job_id and k[1] <= r - KEEP]:
-                del w.gossip_records[old]
-            self.outbox.put((r, None if w.server is not None else blob, signed))
+            signed = self._sign(r, cid, res.loss)
+            self._keep_signed(signed)  # on disk before anyone can see it: a restart never signs round r again
+            published, published_blob = signed, blob
+            if w.cfg.cheat == "equivocate":  # testing: publish another model than the one it serves
+                published_blob = self.state.codec.encode(local + 1e-3)
+                w.gossip_keep(cid_of_bytes(published_blob), published_blob)
+                published = self._sign(r, cid_of_bytes(published_blob), res.loss)
+            if w.server is None:  # its neighbours read its record and model at the coordinator: send them now
+                self.outbox.put((r, published_blob, published, []))
             own = self.decode(blob)  # what its neighbours receive (a lossy codec: the same rounding)
             received, weights = [own if own is not None else local], [float(self.samples)]
-            ahead = r
+            ahead, stale = r, 0
+            witnessed: list[dict[str, Any]] = []  # the neighbours' records it mixed: the coordinator compares
             for j in self.neighbours.of(r, self.me):
                 got = self._neighbour(self.roster[j], r)
                 if got is not None:
-                    model, samples, their_round = got
+                    model, samples, their_round, their_record = got
                     received.append(model)
                     weights.append(float(samples))
                     ahead = max(ahead, their_round)
+                    stale += their_round < r
+                    witnessed.append(their_record)
+            # a worker with a server: the records it mixed go first, then its own (the round cannot
+            # close on every record before they are compared); without one: only the records now
+            self.outbox.put((r, None, published if w.server is not None else None, witnessed))
             mixed = robust_combine(
                 received, weights, aggregator=self.aggregator, norm_bound=self.bound, round_index=r
             ).result
             self.params = mixed if mixed is not None else received[0]
             w.metrics.rounds.inc()
             log.info(
-                "gossip round %d/%d of %s: loss %.4f, mixed %d models, %.2f s",
+                "gossip round %d/%d of %s: loss %.4f, mixed %d models (%d stale), %.2f s",
                 r,
                 self.rounds,
                 self.training_id,
                 res.loss,
                 len(received),
+                stale,
                 time.perf_counter() - t0,
             )
             self.next = max(r + 1, ahead)  # behind its neighbours: catch up to their clock
+
+    def _reread_roster(self) -> None:
+        """A neighbour's server did not answer: it may have restarted elsewhere (a new URL),
+        or announced one to a restarted coordinator. Read the job view again (at most every
+        ROSTER_EVERY seconds); the coordinator unreachable: go on with the roster it has."""
+        if not self.unreached or time.monotonic() - self.roster_read < ROSTER_EVERY:
+            return
+        self.unreached, self.roster_read = False, time.monotonic()
+        try:
+            view = self.w.client.get(f"/workers/{self.w.wallet.address}/job", sign=True)
+        except (ApiError, Unreachable) as e:
+            log.debug("roster not re-read: %s", e)
+            return
+        job = view.get("job")
+        if job and job.get("job_id") == self.job_id and job.get("gossip"):
+            self.refresh(job)
 
     def _step(self, step: int, loss: float) -> None:
         if self.w.cfg.step_delay:
@@ -165,9 +200,9 @@ class GossipLoop:
 
     # --- neighbours -----------------------------------------------------------------------
 
-    def _neighbour(self, entry: dict[str, Any], r: int) -> tuple[Tensor, int, int] | None:
+    def _neighbour(self, entry: dict[str, Any], r: int) -> tuple[Tensor, int, int, dict[str, Any]] | None:
         """Neighbour ``entry``'s model of round ``r`` (or its newest within max_staleness):
-        (model, its samples, its round), or None."""
+        (model, its samples, its round, its signed record), or None."""
         # a neighbour that was a round or more behind last time is slow: its newest is taken
         # at once (within max_staleness), not waited for every round
         deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
@@ -196,7 +231,7 @@ class GossipLoop:
         model = self._model(entry, rec["cid"])
         if model is None:
             return None
-        return model, int(rec["samples"]), int(rec["round"])
+        return model, int(rec["samples"]), int(rec["round"]), best
 
     def _record(self, entry: dict[str, Any], r: int) -> dict[str, Any] | None:
         """Its signed record of round ``r`` (else its newest), checked; from its server, else
@@ -212,6 +247,7 @@ class GossipLoop:
             except (httpx.HTTPError, ValueError) as e:
                 log.debug("record from %s: %s", entry["url"], e)
         if signed is None:
+            self.unreached = True
             try:
                 signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params={"round": r})
             except (ApiError, Unreachable) as e:
@@ -272,7 +308,11 @@ class GossipLoop:
             item = self.outbox.get()
             if item is None:
                 return
-            r, blob, signed = item
+            r, blob, signed, witnessed = item
+            if witnessed:
+                self._report_witnessed(r, witnessed)
+            if signed is None:
+                continue
             if blob is not None:  # cannot be reached: its neighbours and the coordinator read it there
                 cid = signed["record"]["cid"]
                 if w._retry(lambda cid=cid, blob=blob: w.client.put_blob(cid, blob)) is None:
@@ -289,3 +329,67 @@ class GossipLoop:
                     return
                 log.warning("record of round %d refused (%s): %s", r, e.code, e.detail)
             w._announce()
+
+    def _report_witnessed(self, r: int, witnessed: list[dict[str, Any]]) -> None:
+        """Send the neighbours' records it mixed in round ``r``: the coordinator flags a
+        neighbour that signed another record of that round (equivocation)."""
+        w = self.w
+        try:
+            reply = w._retry(lambda: w.client.post("/records/witnessed", {"records": witnessed}))
+        except ApiError as e:
+            log.warning("records witnessed in round %d refused (%s): %s", r, e.code, e.detail)
+            return
+        for v in (reply or {}).get("data", []):
+            if v["verdict"] == "equivocation":
+                log.warning("neighbour %s signed two records of round %d: flagged", v["worker"], v["round"])
+
+    # --- its own signed records ---------------------------------------------------------------
+
+    def _sign(self, r: int, cid: str, loss: float) -> dict[str, Any]:
+        return make_record(
+            self.w.wallet,
+            training_id=self.training_id,
+            job_id=self.job_id,
+            round=r,
+            cid=cid,
+            samples=self.samples,
+            train_loss=loss,
+        )
+
+    def _keep_signed(self, signed: dict[str, Any]) -> None:
+        """Serve ``signed`` (the last KEEP rounds) after writing it to its log on disk."""
+        self.signed_log.parent.mkdir(parents=True, exist_ok=True)
+        with self.signed_log.open("a") as f:
+            f.write(json.dumps(signed, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        r = int(signed["record"]["round"])
+        records = self.w.gossip_records
+        records[(self.job_id, r)] = signed
+        for old in [k for k in records if k[0] == self.job_id and k[1] <= r - KEEP]:
+            del records[old]
+
+    def _restore(self, *, published: int) -> None:
+        """A restarted worker: the records it signed for this job before (its log) are served
+        again, those the coordinator has not recorded (rounds past ``published``) are queued
+        for it, and its clock goes past the last one, so it never signs a round twice (two
+        records of one round are equivocation, whatever the reason)."""
+        if not self.signed_log.exists():
+            return
+        me = self.w.wallet.address
+        kept: dict[int, dict[str, Any]] = {}
+        for line in self.signed_log.read_text().splitlines():
+            try:
+                signed = json.loads(line)
+                rec = signed["record"]
+                if rec["job_id"] == self.job_id and rec["worker"] == me and isinstance(rec["round"], int):
+                    kept.setdefault(rec["round"], signed)  # the first it signed of a round stands
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a crash
+        for r in sorted(kept):
+            self.w.gossip_records[(self.job_id, r)] = kept[r]
+            if r > published:
+                self.outbox.put((r, None, kept[r], []))
+        if kept:
+            self.next = max(self.next, max(kept) + 1)
+            log.info("job %s: %d signed records restored; next round %d", self.job_id, len(kept), self.next)

@@ -532,6 +532,18 @@ class SignedRecord(Reply):
     signature: str
 
 
+class Witnessed(Reply):
+    worker: str = Field(description="who signed the record")
+    job_id: str
+    round: int
+    cid: str
+    verdict: Literal["consistent", "kept", "equivocation"] = Field(
+        description="consistent: the coordinator holds this record's CID for its job and round; kept: it holds "
+        "none yet, and a different one published later is caught; equivocation: it holds another CID the "
+        "same worker signed for that round (flagged)"
+    )
+
+
 class RecordAccepted(Reply):
     status: Literal["recorded"]
     round: int

@@ -22,11 +22,20 @@ from aitbc.coordinator.api.responses import (
     Revealed,
     SignedRecord,
     UpdateAccepted,
+    Witnessed,
     WorkerJob,
     errors,
 )
 from aitbc.coordinator.errors import forbidden
-from aitbc.coordinator.schemas import Holdings, Progress, ProofReveal, RecordPublish, UpdateSubmit, WorkerRegister
+from aitbc.coordinator.schemas import (
+    Holdings,
+    Progress,
+    ProofReveal,
+    RecordPublish,
+    UpdateSubmit,
+    WitnessReport,
+    WorkerRegister,
+)
 
 router = APIRouter(tags=["workers"])
 
@@ -144,6 +153,18 @@ def job_record(
     """A gossip job's signed model record (how a worker gets the record of a neighbour that
     cannot be reached; it checks the signature itself)."""
     return gossip.record_of(s, job_id, round)
+
+
+@router.post("/records/witnessed", response_model=Page[Witnessed], responses=errors(403, 404, 409, 422))
+def witnessed(body: WitnessReport, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+    """Gossip runs: records of other workers of the signer's run, as it received them (its
+    neighbours' servers). Each must verify against its signer's own key (a report cannot
+    frame anyone; a bad one: 422, nothing written). A record whose job published, or
+    another worker received, a different CID for the same round is proof of equivocation:
+    the signer of both is flagged ``equivocation`` and its model of the round rejected."""
+    workers.require_known(ctx, signer.address)
+    data = gossip.witness(s, signer.address, [r.model_dump() for r in body.records])
+    return {"data": data, "count": len(data)}
 
 
 @router.post("/jobs/{job_id}/proofs", response_model=Revealed, responses=OWNED)
