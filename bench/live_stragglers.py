@@ -32,7 +32,7 @@ time, met "reliably" here when the worst repeat meets it. The machine is shared 
 sessions' loads): the load average is recorded before and after.
 
 Usage: python bench/live_stragglers.py [--repeats 3] [--rounds 7] [--local-steps 40] [--target 0.3] [--buffers 2]
-       [--only gossip]  (the all-fast reference and the gossip row only: live_stragglers_gossip)
+       [--only gossip|async]  (the all-fast reference and that row only: live_stragglers_gossip, _async)
 """
 
 from __future__ import annotations
@@ -122,14 +122,18 @@ def configurations(args: argparse.Namespace, delay: float, deadline: float) -> l
     )
     if args.only == "gossip":
         return [gossip]
-    configs = [
-        ("sync", "one slow, sync", common),
-        (
-            "deadline",
-            f"one slow, sync + deadline {deadline:g} s (quorum 3)",
-            {**common, "deadline": deadline, "quorum": 3},
-        ),
-    ]
+    configs = (
+        []
+        if args.only == "async"
+        else [
+            ("sync", "one slow, sync", common),
+            (
+                "deadline",
+                f"one slow, sync + deadline {deadline:g} s (quorum 3)",
+                {**common, "deadline": deadline, "quorum": 3},
+            ),
+        ]
+    )
     for k in args.buffers:
         async_opts = {"mode": "async", "buffer": k, "max_staleness": 4, "staleness": "polynomial:a=0.5"}
         versions = -(-args.rounds * WORKERS // k)  # as many updates as the sync runs apply
@@ -140,7 +144,7 @@ def configurations(args: argparse.Namespace, delay: float, deadline: float) -> l
                 {**common, **async_opts, "rounds": versions},
             )
         )
-    return [*configs, gossip]
+    return configs if args.only == "async" else [*configs, gossip]
 
 
 def spread(values: list[float | None]) -> tuple[float | None, float | None, float | None]:
@@ -216,7 +220,11 @@ def main() -> None:
         default=[2],
         help="async buffer sizes to run (the first is the verdict's: 2 = half the workers, the default K)",
     )
-    ap.add_argument("--only", choices=["gossip"], help="run only the all-fast reference and this row")
+    ap.add_argument(
+        "--only",
+        choices=["gossip", "async"],
+        help="run only the all-fast reference and this row (async: each of --buffers)",
+    )
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -269,10 +277,12 @@ def main() -> None:
     )
     print(f"load average (1, 5, 15 min): before {load_before}, after {load_after}")
     by_key = {key: sm for (key, _, _), sm in zip(configs, summaries[1:], strict=True)}
-    verdicts = (
-        [] if args.only else [mode_verdict(f"async (buffer {args.buffers[0]})", by_key[f"async{args.buffers[0]}"])]
-    )
-    verdict = "; ".join([*verdicts, mode_verdict("gossip (ring)", by_key["gossip"])])
+    verdicts = []
+    if args.only != "gossip":
+        verdicts.append(mode_verdict(f"async (buffer {args.buffers[0]})", by_key[f"async{args.buffers[0]}"]))
+    if args.only != "async":
+        verdicts.append(mode_verdict("gossip (ring)", by_key["gossip"]))
+    verdict = "; ".join(verdicts)
     print(verdict)
     write_json(
         "live_stragglers" if args.only is None else f"live_stragglers_{args.only}",

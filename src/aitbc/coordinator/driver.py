@@ -216,10 +216,16 @@ class RoundDriver:
                 is_due = gossip.round_due if run.configured and run.cfg.mode == "gossip" else rounds.round_due
                 if status != RunStatus.TRAINING or is_due(self.ctx, s, run, now=now):
                     due.append(run_id)
+        moved = False
         for run_id in due:
             if not self.ctx.lease.holds():
                 break  # the lease ran out meanwhile (a long close): the next driver takes the rest
-            self._advance(run_id)
+            moved |= self._advance(run_id)
+        if moved:
+            # Look again now, not a tick later: the next round may be due already (a gossip
+            # run's records arrive ahead of their round's close; an async buffer fills
+            # while the last version closes), and nothing else would poke for it.
+            self.ctx.notifier.poke_driver()
         return bool(due)
 
     def tick_books(self) -> None:
@@ -282,22 +288,27 @@ class RoundDriver:
         except Exception:  # money steps are idempotent: retried next tick, logged in full
             log.exception("run %s: scoring/settlement step failed; retrying next tick", run_id)
 
-    def _advance(self, run_id: str) -> None:
-        """Open the first round or close the current one. A run whose round fails the same
-        way MAX_FAILURES times (a bug, a corrupt blob) is failed with the error, instead of
-        retried for ever."""
+    def _advance(self, run_id: str) -> bool:
+        """Open the first round or close the current one; whether the run moved (its status
+        or round changed). A run whose round fails the same way MAX_FAILURES times (a bug,
+        a corrupt blob) is failed with the error, instead of retried for ever."""
         ctx = self.ctx
         try:
             with ctx.session() as s:
-                status = s.scalar(select(Run.status).where(Run.id == run_id))
-                config = s.scalar(select(Run.config).where(Run.id == run_id)) or {}
+                before = s.execute(select(Run.status, Run.round, Run.config).where(Run.id == run_id)).first()
+            if before is None:
+                return False
+            status, round_, config = before
             if status == RunStatus.DISTRIBUTING:
                 rounds.start_training(ctx, run_id)
-            elif config.get("mode") == "gossip":
+            elif (config or {}).get("mode") == "gossip":
                 gossip.close_round(ctx, run_id)
             else:
                 rounds.close_round(ctx, run_id)
             self._failures.pop(run_id, None)
+            with ctx.session() as s:
+                after = s.execute(select(Run.status, Run.round).where(Run.id == run_id)).first()
+            return after is not None and tuple(after) != (status, round_)
         except Exception as e:
             n = self._failures[run_id] = self._failures.get(run_id, 0) + 1
             log.exception("run %s: round step failed (attempt %d of %d)", run_id, n, MAX_FAILURES)
@@ -315,3 +326,4 @@ class RoundDriver:
                         s.commit()
                 self._failures.pop(run_id, None)
                 ctx.notifier.bump()
+            return False

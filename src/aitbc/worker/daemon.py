@@ -202,6 +202,7 @@ class Worker:
                 connections=self.cfg.peer_connections,
                 corrupt=self.cfg.cheat == "bad-blobs",
                 records=self._record,
+                pace=self._gossip_pace,
             )
             log.info("serving held blobs to peers on %s:%d as %s", host, self.server.port, self.advertise)
         if len(self.devices) > 1:
@@ -357,6 +358,12 @@ class Worker:
             self._gossip_kept.append(cid)
             while len(self._gossip_kept) > KEEP:
                 (self._gossip_store.dir / self._gossip_kept.pop(0)).unlink(missing_ok=True)
+
+    def _gossip_pace(self, job_id: str) -> str | None:
+        """Where this worker's training of gossip job ``job_id`` is (the peer server's
+        ``X-Aitbc-Pace`` header), or None when it is not training that job."""
+        loop = self._gossip
+        return loop.pace() if loop is not None and loop.job_id == job_id else None
 
     def _record(self, job_id: str, round: int | None) -> dict[str, Any] | None:
         """A signed record this worker published for ``job_id``: of ``round`` if kept, else its newest."""

@@ -27,16 +27,21 @@ Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
    server, its own record: the round cannot close on every record before its neighbours'
    records are compared.
 
-A worker beside a slower neighbour does not wait past ``wait``, and not at all once that
+A worker beside a slower neighbour does not wait past ``wait``, nor once that neighbour's
+own pace says it cannot publish the round within it (its peer server tells where its
+training is, :data:`aitbc.worker.peers.PACE_HEADER`: at its seconds a step so far, the
+steps it has left, from :data:`PACE_MIN_STEPS` steps into a round), and not at all once that
 neighbour was behind at its last look (it takes its newest model, within max_staleness); a
 slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
-have no record of it).
+have no record of it). The pace is advisory and unsigned: a neighbour that lies about it can
+only make others wait up to ``wait`` (as without it) or leave its own model out.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -58,7 +63,7 @@ from aitbc.ledger.records import make_record, record_problem
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file
-from aitbc.worker.peers import PeerUnavailable
+from aitbc.worker.peers import PACE_HEADER, PeerUnavailable
 
 if TYPE_CHECKING:
     from aitbc.worker.daemon import JobState, Worker
@@ -70,6 +75,7 @@ KEEP = 32  # rounds of its own models and records a worker keeps (the coordinato
 DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
 POLL = 0.1  # seconds between asks for a neighbour's record
 ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
+PACE_MIN_STEPS = 4  # a neighbour's pace is judged from this many steps into its round (the first is slower)
 
 
 class GossipLoop:
@@ -104,6 +110,9 @@ class GossipLoop:
         self.lagging: dict[str, bool] = {}  # neighbours behind this worker at their last look
         self.unreached = False  # a neighbour's server did not answer (or it named none) this round
         self.roster_read = time.monotonic()
+        self.steps = int(state.trainer.cfg.steps)
+        # (round, steps done, when its training began, when it ended or None), for pace()
+        self._pace: tuple[int, int, float, float | None] = (0, 0, 0.0, None)
 
     def refresh(self, job: dict[str, Any]) -> None:
         """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
@@ -120,7 +129,9 @@ class GossipLoop:
             self._reread_roster()
             r = self.next
             t0 = time.perf_counter()
+            self._pace = (r, 0, time.monotonic(), None)
             res = self.state.trainer.train_round(self.params, round=r, on_step=self._step)
+            self._pace = (r, self._pace[1], self._pace[2], time.monotonic())
             delta = res.delta if w.attack is None else w._craft(res.delta)
             local = self.params - delta  # (d,) the model it publishes
             blob = self.state.codec.encode(local)
@@ -188,6 +199,17 @@ class GossipLoop:
         if self.w.cfg.step_delay:
             time.sleep(self.w.cfg.step_delay)
         self.w.metrics.steps.inc()
+        r, _, began, _ = self._pace
+        self._pace = (r, step, began, None)
+
+    def pace(self) -> str | None:
+        """Where this worker's training is (its peer server's ``X-Aitbc-Pace``), or None
+        before its first round: ``round=R; step=S; steps=N; seconds=T``, T the seconds from
+        the start of round R's training to now (to its end, once it ended)."""
+        r, step, began, ended = self._pace
+        if r == 0:
+            return None
+        return f"round={r}; step={step}; steps={self.steps}; seconds={(ended or time.monotonic()) - began:.3f}"
 
     def decode(self, blob: bytes) -> Tensor | None:
         try:
@@ -208,10 +230,22 @@ class GossipLoop:
         deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
         best: dict[str, Any] | None = None
         while not self.w.stop.is_set():
-            signed = self._record(entry, r)
+            signed, pace = self._record(entry, r)
             if signed is not None and (best is None or signed["record"]["round"] >= best["record"]["round"]):
                 best = signed
             if (best is not None and best["record"]["round"] >= r) or time.monotonic() >= deadline:
+                break
+            eta = None if pace is None else eta_of(pace, r)
+            if pace is not None and eta is not None and time.monotonic() + eta > deadline:  # cannot make it
+                log.info(
+                    "neighbour %s is at round %d, step %d of %d: about %.2f s from round %d, past the wait",
+                    entry["worker"],
+                    pace[0],
+                    pace[1],
+                    pace[2],
+                    eta,
+                    r,
+                )
                 break
             time.sleep(POLL)
         self.lagging[entry["worker"]] = best is None or best["record"]["round"] < r
@@ -233,15 +267,18 @@ class GossipLoop:
             return None
         return model, int(rec["samples"]), int(rec["round"]), best
 
-    def _record(self, entry: dict[str, Any], r: int) -> dict[str, Any] | None:
-        """Its signed record of round ``r`` (else its newest), checked; from its server, else
-        the coordinator."""
-        signed = None
+    def _record(
+        self, entry: dict[str, Any], r: int
+    ) -> tuple[dict[str, Any] | None, tuple[int, int, int, float] | None]:
+        """Its signed record of round ``r`` (else its newest), checked, from its server, else
+        the coordinator (or None); and its pace as its server told it (or None)."""
+        signed = pace = None
         if entry.get("url"):
             try:
                 reply = self.w.fetcher.http.get(
                     f"{entry['url']}/v1/records/{entry['job_id']}", params={"round": r}, timeout=3.0
                 )
+                pace = parse_pace(reply.headers.get(PACE_HEADER), self.rounds)
                 if reply.status_code == 200:
                     signed = reply.json()
             except (httpx.HTTPError, ValueError) as e:
@@ -252,7 +289,7 @@ class GossipLoop:
                 signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params={"round": r})
             except (ApiError, Unreachable) as e:
                 log.debug("record of %s from the coordinator: %s", entry["job_id"], e)
-                return None
+                return None, pace
         problem = record_problem(signed, entry["public_key"])
         if problem is None:
             rec = signed["record"]
@@ -262,8 +299,8 @@ class GossipLoop:
                 problem = f"a record of round {rec['round']!r}"
         if problem is not None:
             log.warning("neighbour %s: record refused: %s", entry["worker"], problem)
-            return None
-        return signed
+            return None, pace
+        return signed, pace
 
     def _model(self, entry: dict[str, Any], cid: str) -> Tensor | None:
         """The model ``cid`` from the neighbour's server (CID-checked; a mismatch is
@@ -393,3 +430,43 @@ class GossipLoop:
         if kept:
             self.next = max(self.next, max(kept) + 1)
             log.info("job %s: %d signed records restored; next round %d", self.job_id, len(kept), self.next)
+
+
+# --- a neighbour's pace ---------------------------------------------------------------------
+
+
+def parse_pace(text: str | None, rounds: int) -> tuple[int, int, int, float] | None:
+    """A peer server's ``X-Aitbc-Pace`` (``round=R; step=S; steps=N; seconds=T``) as
+    (R, S, N, T), or None when absent or not of that form (it is advisory: ignored)."""
+    if not text or len(text) > 200:
+        return None
+    fields: dict[str, str] = {}
+    for part in text.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if not sep or key in fields:
+            return None
+        fields[key] = value
+    if set(fields) != {"round", "step", "steps", "seconds"}:
+        return None
+    try:
+        r, step, steps = int(fields["round"]), int(fields["step"]), int(fields["steps"])
+        seconds = float(fields["seconds"])
+    except ValueError:
+        return None
+    if not (1 <= r <= rounds and steps >= 1 and 0 <= step <= steps and math.isfinite(seconds) and seconds >= 0):
+        return None
+    return r, step, steps, seconds
+
+
+def eta_of(pace: tuple[int, int, int, float], r: int) -> float | None:
+    """Seconds until a neighbour at ``pace`` (:func:`parse_pace`) trains round ``r`` to its
+    end, at its own seconds a step so far in its round: the steps left of its round and of
+    every round up to ``r``; ``inf`` when it is past ``r`` (a worker that caught up skips
+    rounds: no record of ``r`` will come); None when too early in its round to tell
+    (fewer than :data:`PACE_MIN_STEPS` steps)."""
+    at, step, steps, seconds = pace
+    if at > r:
+        return math.inf
+    if step < min(PACE_MIN_STEPS, steps) or seconds <= 0:
+        return None
+    return ((r - at) * steps + steps - step) * seconds / step

@@ -9,6 +9,11 @@ copies and its shard cache), at most ``connections`` at a time (503 past it). A 
 worker is fetching itself right now (a *seed*: the coordinator already handed it out) is
 waited for up to :data:`PENDING_WAIT` seconds, then served.
 
+A gossip worker also serves its signed model records, ``GET /v1/records/{job_id}[?round=R]``
+(the round's, else its newest), with a header :data:`PACE_HEADER` saying where its training
+of that job is (``round=R; step=S; steps=N; seconds=T``: step S of N of round R, T seconds
+into that round's training; see :mod:`aitbc.worker.gossip`).
+
 The fetcher (:class:`PeerFetcher`) streams ``{url}/v1/blobs/{cid}`` into a
 :class:`~aitbc.storage.blobstore.LocalBlobStore` writer (hashed as it arrives, renamed to
 the CID only if it matches), with a connect timeout, a read timeout and an overall deadline,
@@ -39,6 +44,9 @@ log = logging.getLogger("aitbc.worker.peers")
 
 PREFIX = "/v1/blobs/"
 RECORDS = "/v1/records/"  # gossip: signed model records
+# gossip: beside a record (or its 404), where the worker's training of that job is, so a
+# neighbour can tell a slow worker from a late one (aitbc.worker.gossip); advisory, unsigned
+PACE_HEADER = "X-Aitbc-Pace"
 PENDING_WAIT = 6.0  # seconds a request for a blob being fetched here waits for it
 NOT_YET_WAIT = 2.0  # seconds a request for a blob not held waits for this worker to start fetching it
 _CHUNK = 1 << 20
@@ -70,8 +78,9 @@ class BlobServer:
         connections: int = 8,
         corrupt: bool = False,
         records: Callable[[str, int | None], dict[str, Any] | None] | None = None,
+        pace: Callable[[str], str | None] | None = None,
     ) -> None:
-        self.find, self.corrupt, self.records = find, corrupt, records
+        self.find, self.corrupt, self.records, self.pace = find, corrupt, records, pace
         self.slots = threading.BoundedSemaphore(connections)
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Condition()
@@ -185,11 +194,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "bad_request", "GET /v1/records/{job_id}[?round=R]")
             return
         signed = blobs.records(job_id, int(raw) if raw else None)
+        pace = blobs.pace(job_id) if blobs.pace is not None else None
+        extra = {PACE_HEADER: pace} if pace is not None else {}
         if signed is None:
-            self._error(404, "no_record", "this worker published no record for that job")
+            self._error(404, "no_record", "this worker published no record for that job", extra)
             return
         data = json.dumps(signed).encode()
         self.send_response(200)
+        for k, v in extra.items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Connection", "close")
@@ -212,9 +225,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "unknown_blob", "this worker does not hold that blob")
         return path
 
-    def _error(self, status: int, code: str, detail: str) -> None:
+    def _error(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
         data = json.dumps({"error": code, "detail": detail}).encode()
         self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Connection", "close")
