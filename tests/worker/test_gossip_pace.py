@@ -165,7 +165,8 @@ def test_a_neighbour_about_to_publish_is_waited_for(tmp_path):
     try:
         got = loop._neighbour(late.entry, 1)
         assert got is not None and late.asks == 3
-        model, samples, their_round = got
+        model, samples, their_round, signed = got
+        assert signed["record"]["round"] == 1  # the record it mixed, for its witness report
         assert torch.equal(model, torch.arange(D, dtype=torch.float32)) and (samples, their_round) == (7, 1)
         assert loop.lagging[late.entry["worker"]] is False
     finally:
