@@ -40,6 +40,10 @@ from aitbc.core.compression import build_codec
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import cid_of_bytes
+from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.local import LocalConfig, LocalTrainer
+from aitbc.training.models import build_model
 
 MAX_BLOB = 256 << 10  # small, so an oversized upload is cheap; the digits shards fit
 LEASE = 600.0  # no lease expires during a test: the workers here send no heartbeats
@@ -390,6 +394,26 @@ def put_update(client: CoordinatorClient, t: torch.Tensor | bytes) -> str:
     cid = cid_of_bytes(blob)
     client.put_blob(cid, blob)
     return cid
+
+
+def job_order(worker: CoordinatorClient) -> dict[str, Any] | None:
+    """The worker's open job as the coordinator hands it out (None: none)."""
+    assert worker.wallet is not None
+    return worker.get(f"/workers/{worker.wallet.address}/job", sign=True)["job"]
+
+
+def honest_update(worker: CoordinatorClient, spec: dict[str, Any], model_options: dict[str, Any]) -> torch.Tensor:
+    """What an honest worker sends for its open round: ``global - local`` after 30 real SGD
+    steps of its MLP (``model_options``) on its shard, so the round is scored above zero and
+    paid (a random update is noise to scoring, and noise is not paid)."""
+    order = job_order(worker)
+    assert order is not None, "the worker has no open job"
+    spec_ = DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"]))
+    model = build_model("mlp", spec_, model_options)
+    load_checkpoint(model, worker.get_blob(order["global_model_cid"]))
+    x, y = load_shard(worker.get_blob(order["shard_cid"]))
+    trainer = LocalTrainer(model, x, y, LocalConfig(steps=30, batch_size=32, optimizer="sgd", lr=0.1), seed=1)
+    return trainer.train_round(flat_params(model)).delta
 
 
 def update_body(round: int, cid: str, **kw: Any) -> dict[str, Any]:

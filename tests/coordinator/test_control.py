@@ -1027,7 +1027,8 @@ def manual_run_to_complete(coord, api, prefix: str) -> Manual:
     """A budget-100 manual run whose one round (two workers) is aggregated and complete."""
     t = manual_training(coord, api, 2, prefix=prefix, config={**CONFIG, "rounds": 1})
     p = f"/runs/{t.run_id}"
-    cids = [submit(api, w, j, 1, small_update(t.d, 60 + i)) for i, (w, j) in enumerate(zip(t.workers, t.jobs))]
+    spec = json.loads(t.owner.get_blob(t.owner.get(p)["manifest_cid"]))["spec"]
+    cids = [submit(api, w, j, 1, api.honest_update(w, spec, MODEL_OPTIONS)) for w, j in zip(t.workers, t.jobs)]
     t.owner.post(f"{p}/phase", {"phase": "aggregating"})
     t.owner.post(f"{p}/aggregate", {"updates": cids})
     t.owner.post(f"{p}/phase", {"phase": "complete"})

@@ -27,10 +27,12 @@ from aitbc.coordinator.models import Run
 from aitbc.coordinator.runs import _require_pausable
 from aitbc.ledger.chain import audit
 from aitbc.storage.cid import cid_of_bytes
-from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, tensors_to_bytes
+from aitbc.training.checkpoint import tensors_to_bytes
 from aitbc.training.data_spec import DataSpec
-from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
+from aitbc.training.local import epoch_steps
 from aitbc.training.models import build_model
+
+from .conftest import honest_update, job_order
 
 MODEL_OPTIONS = {"hidden": [8]}
 RUN_BODY = {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 2}
@@ -71,24 +73,6 @@ def automatic_run(coord, owner, **body) -> str:
     run = owner.post("/runs", {**RUN_BODY, **body})
     assert run["control"] == "automatic" and run["status"] == "initializing", run
     return run["training_id"]
-
-
-def job_order(worker) -> dict:
-    return worker.get(f"/workers/{worker.wallet.address}/job", sign=True)["job"]
-
-
-def honest_update(worker, spec: dict) -> torch.Tensor:
-    """What an honest worker sends for its open round: ``global - local`` after a few real
-    steps on its shard (so the round is scored above zero and paid)."""
-    order = job_order(worker)
-    model = build_model(
-        "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), MODEL_OPTIONS
-    )
-    load_checkpoint(model, worker.get_blob(order["global_model_cid"]))
-    x, y = load_shard(worker.get_blob(order["shard_cid"]))
-    start = flat_params(model)
-    trainer = LocalTrainer(model, x, y, LocalConfig(steps=30, batch_size=32, optimizer="sgd", lr=0.1), seed=1)
-    return trainer.train_round(start).delta
 
 
 def state_dict_blob(manifest: dict, params: torch.Tensor | None = None) -> bytes:
@@ -251,7 +235,7 @@ def test_taking_over_a_training_run_keeps_the_driver_s_rounds_paid(new_coordinat
     p = f"/runs/{t.run_id}"
     spec = json.loads(t.owner.get_blob(t.owner.get(p)["manifest_cid"]))["spec"]
     for w in t.workers:  # round 1: the driver closes it
-        cid = api.put_update(w, honest_update(w, spec))
+        cid = api.put_update(w, honest_update(w, spec, MODEL_OPTIONS))
         w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(1, cid))
     api.wait_status(t.owner, t.run_id, "training")
     deadline = time.monotonic() + 20
@@ -279,7 +263,7 @@ def test_taking_over_a_training_run_keeps_the_driver_s_rounds_paid(new_coordinat
     t.owner.post(f"{p}/phase", {"phase": "training"})  # the owner opens round 3, its workers train it
     cids = []
     for w in t.workers:
-        cids.append(api.put_update(w, honest_update(w, spec)))
+        cids.append(api.put_update(w, honest_update(w, spec, MODEL_OPTIONS)))
         w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(3, cids[-1]))
     t.owner.post(f"{p}/phase", {"phase": "aggregating"})
     t.owner.post(f"{p}/aggregate", {"updates": cids})

@@ -271,6 +271,7 @@ FLAG_KINDS = (
     "resend_requested",
     "verification_failed",
     "challenge_unanswered",
+    "equivocation",
 )
 VERDICTS = ("unchecked", "challenged", "revealed", "passed", "failed", "unanswered", "error")  # updates.verification
 
