@@ -160,7 +160,9 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
 def test_killed_worker_is_replaced_and_the_run_completes(stack):
     stack.start_coordinator(lease=2.0)
     for i in range(4):  # three are hired; the fourth is a free live offer to take over
-        stack.start_worker(f"w{i}", price=f"1.{i}0")
+        # 10 ms a step: a round takes >= 2 s however fast the machine, so the run outlasts
+        # the victim's lease (2 s) and the replacement gets rounds to do
+        stack.start_worker(f"w{i}", price=f"1.{i}0", step_delay=0.01)
     stack.wait_offers(4)
     run_id = stack.init_run()
     stack.start_run(run_id, workers=3, rounds=8, local_steps=200, deadline=60)

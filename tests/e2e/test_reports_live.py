@@ -203,7 +203,7 @@ def test_ctrl_c_detaches_distribute_and_one_writer_per_folder(stack, tmp_path):
         assert r.returncode == 0, r.stderr
     tb = tmp_path / "tb"
     proc = subprocess.Popen([str(AITBC), "distributed-training", "distribute", "--training-id", run_id, "--rounds",
-                             "50", "--local-steps", "5", "--log-to", f"tensorboard:{tb}"], stdout=subprocess.PIPE,
+                             "500", "--local-steps", "5", "--log-to", f"tensorboard:{tb}"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=stack.env)  # fmt: skip
     try:
         stack.wait_run(run_id, lambda run: run["rounds_completed"] >= 1, timeout=120, what="a round closed")
