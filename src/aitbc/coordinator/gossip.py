@@ -48,12 +48,10 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import torch
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -62,6 +60,7 @@ from torch import Tensor
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update, Witness
+from aitbc.coordinator.peers import stream_from_peer, warm_peer_http
 from aitbc.coordinator.repository import lock_run, round_updates, row
 from aitbc.coordinator.rounds import RoundResult, commit_round
 from aitbc.coordinator.runtime import drop_runtime, runtime
@@ -76,10 +75,6 @@ log = logging.getLogger("aitbc.coordinator")
 
 OUTLIER = 3.0  # a model this many times the round's median distance from the consensus is an outlier
 WORSE = 1.5  # a model whose validation loss is this many times the round's median is an outlier
-FETCH_TIMEOUT = 10.0  # seconds for one read from a worker's peer server
-_http: httpx.Client | None = None  # one client for every fetch (see _peer_http)
-_http_lock = threading.Lock()
-_http_warming = False
 FETCH_THREADS = 8  # a round's models fetched at once, at most
 
 
@@ -350,7 +345,7 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     serves blobs announces where (in memory) after each record, so a restarted coordinator
     waits for that, up to ``2 x lease_seconds`` from its start, before it closes a round
     without a model it could have had."""
-    _warm_peer_http()
+    warm_peer_http()
     if not _due(s, run, now=now):
         return False
     if now - max(ctx.started_at, run.round_started_at or 0.0) >= 2 * ctx.settings.lease_seconds:
@@ -393,33 +388,13 @@ def fetch_model(ctx: Context, worker: str, cid: str) -> str:
     if url is None:
         return "gone"
     try:
-        with ctx.store.writer(cid) as w, _peer_http().stream("GET", f"{url}/v1/blobs/{cid}") as r:
-            if r.status_code != 200:
+        with ctx.store.writer(cid) as w:
+            if not stream_from_peer(url, cid, w.write):  # over the store's max_blob_bytes: an AitbcError
                 return "gone"
-            deadline = time.monotonic() + 3 * FETCH_TIMEOUT
-            for block in r.iter_bytes(1 << 20):
-                w.write(block)  # over the store's max_blob_bytes: an AitbcError
-                if time.monotonic() > deadline:
-                    return "gone"
             w.commit()
-    except IntegrityError:
+    except AitbcError:  # bytes that do not hash to the CID it signed (IntegrityError), or too many
         return "bad"
-    except AitbcError:
-        return "bad"  # more bytes than any blob may have, for a CID it signed
-    except httpx.HTTPError:
-        return "gone"
     return "ok"
-
-
-def _peer_http() -> httpx.Client:
-    """The client that fetches models from workers' peer servers, made once: making one
-    loads its TLS trust store, tens of ms of CPU, which a client per model cost every round
-    close (measured: half of a close's time on the 2-core bench machine)."""
-    global _http
-    with _http_lock:
-        if _http is None:
-            _http = httpx.Client(timeout=httpx.Timeout(FETCH_TIMEOUT, connect=3.0), follow_redirects=False)
-        return _http
 
 
 def _fetch_all(ctx: Context, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -431,17 +406,6 @@ def _fetch_all(ctx: Context, wanted: list[tuple[str, str]]) -> dict[tuple[str, s
         return {w: fetch_model(ctx, *w) for w in wanted}
     with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(wanted)), thread_name_prefix="gossip-fetch") as pool:
         return dict(zip(wanted, pool.map(lambda w: fetch_model(ctx, *w), wanted), strict=True))
-
-
-def _warm_peer_http() -> None:
-    """Make that client in the background, once, while a gossip run's first round trains:
-    under load it took 0.45 s, which the first close waited for."""
-    global _http_warming
-    with _http_lock:
-        if _http is not None or _http_warming:
-            return
-        _http_warming = True
-    threading.Thread(target=_peer_http, name="gossip-http", daemon=True).start()
 
 
 def close_round(ctx: Context, run_id: str) -> None:

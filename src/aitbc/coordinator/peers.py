@@ -55,7 +55,7 @@ PEERS_GIVEN = 3  # holders handed to one asker (it tries them in turn, then the 
 SEEDS = 1  # askers per CID sent to the coordinator before peers are handed out
 DISTRUST_REPORTS = 3  # distinct reporters after which a peer is no longer handed out
 MAX_CIDS = 1024  # CIDs the book tracks seeds for (the oldest are forgotten)
-CHECK_TIMEOUT = 10.0  # seconds for the coordinator's own fetch from an accused peer
+CHECK_TIMEOUT = 10.0  # seconds for one read by the coordinator from a worker's peer server
 
 
 class PeerBook:
@@ -198,27 +198,72 @@ def check_report(
     return {"verdict": verdict, "reports": reports}
 
 
+class _TooLong(Exception):
+    pass
+
+
 def _fetch_and_check(url: str, cid: str, size: int) -> str:
     """``bad``: the peer answered 200 with bytes that are not ``cid`` (more bytes than the
     blob's own size included); ``gone``: no usable answer (refused, 404, timeout); ``ok``."""
     hasher = BlobHasher()
+
+    def take(block: bytes) -> None:
+        hasher.update(block)
+        if hasher.size > size:
+            raise _TooLong
+
     try:
-        with (
-            httpx.Client(timeout=httpx.Timeout(CHECK_TIMEOUT, connect=3.0), follow_redirects=False) as http,
-            http.stream("GET", f"{url}/v1/blobs/{cid}") as r,
-        ):
+        if not stream_from_peer(url, cid, take):
+            return "gone"
+    except _TooLong:
+        return "bad"
+    return "ok" if hasher.size == size and hasher.matches(cid) else "bad"
+
+
+def stream_from_peer(url: str, cid: str, take: Callable[[bytes], None]) -> bool:
+    """``GET {url}/v1/blobs/{cid}`` from a worker's peer server, each block of the body
+    handed to ``take`` (which raises to stop); True when the whole body came, False when
+    there was no usable answer (refused, not 200, a transport error, or slower than
+    ``3 x CHECK_TIMEOUT`` in all)."""
+    try:
+        with peer_http().stream("GET", f"{url}/v1/blobs/{cid}") as r:
             if r.status_code != 200:
-                return "gone"
+                return False
             deadline = time.monotonic() + 3 * CHECK_TIMEOUT
             for block in r.iter_bytes(1 << 20):
-                hasher.update(block)
-                if hasher.size > size:
-                    return "bad"
+                take(block)
                 if time.monotonic() > deadline:
-                    return "gone"
+                    return False
     except httpx.HTTPError:
-        return "gone"
-    return "ok" if hasher.size == size and hasher.matches(cid) else "bad"
+        return False
+    return True
+
+
+_http: httpx.Client | None = None  # one client for every fetch from a peer (see peer_http)
+_http_lock = threading.Lock()
+_http_warming = False
+
+
+def peer_http() -> httpx.Client:
+    """The client that fetches blobs from workers' peer servers, made once: making one
+    loads its TLS trust store, tens of ms of CPU, which a client per model cost every gossip
+    round close (measured: half of a close's time on the 2-core bench machine)."""
+    global _http
+    with _http_lock:
+        if _http is None:
+            _http = httpx.Client(timeout=httpx.Timeout(CHECK_TIMEOUT, connect=3.0), follow_redirects=False)
+        return _http
+
+
+def warm_peer_http() -> None:
+    """Make that client in the background, once (a gossip run's first round trains
+    meanwhile): under load it took 0.45 s, which the first close waited for."""
+    global _http_warming
+    with _http_lock:
+        if _http is not None or _http_warming:
+            return
+        _http_warming = True
+    threading.Thread(target=peer_http, name="peer-http", daemon=True).start()
 
 
 def _flag_peer(ctx: Context, worker: str, reason: str) -> None:
