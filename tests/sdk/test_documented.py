@@ -348,15 +348,17 @@ def test_example3_replaces_a_killed_worker_beside_a_live_run(stack, tmp_path):
         with _agent(home, None) as reader:
             jobs = reader.get_training_status(tid)["workers"]
             shards = {sh["shard_index"]: sh for sh in reader.get_shards(tid)}
-        old = next(j for j in jobs if j["job_id"] == victim["job_id"])
-        assert old["job_status"] == "failed" and old["end_reason"] == "marked failed by the owner", (old, out)
-        new = [j for j in jobs if j["replaces"] == victim["job_id"]]
-        assert len(new) == 1 and new[0]["worker_id"] == by[1] != victim["worker_id"], (new, out)
-        # The replacement took the victim's shard. It may have moved once since: example 3
-        # split it as a straggler (it keeps the first half), or, with example 3's added
-        # workers over the target, the coordinator moved it to the shard of a released one.
-        took = (new[0]["shard_index"], new[0]["moved_from"], shards[new[0]["shard_index"]]["split_from"])
-        assert old["shard_index"] in took, (new, shards, out)
+            old = next(j for j in jobs if j["job_id"] == victim["job_id"])
+            assert old["job_status"] == "failed" and old["end_reason"] == "marked failed by the owner", (old, out)
+            new = [j for j in jobs if j["replaces"] == victim["job_id"]]
+            assert len(new) == 1 and new[0]["worker_id"] == by[1] != victim["worker_id"], (new, out)
+            trained = [u["shard_index"] for u in reader.get_worker_checkpoints(new[0]["job_id"])]
+        # The replacement took the victim's shard. It may have moved since, more than once:
+        # example 3 splits a straggler (it keeps the first half), and with example 3's added
+        # workers over the target the coordinator moves a worker to the shard of a released
+        # one. Its job keeps only its last move; its updates name every shard it trained.
+        took = {new[0]["shard_index"], new[0]["moved_from"], shards[new[0]["shard_index"]]["split_from"], *trained}
+        assert old["shard_index"] in took, (new, trained, shards, out)
     finally:
         if example is not None and example.poll() is None:
             example.kill()
