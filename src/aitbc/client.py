@@ -105,9 +105,15 @@ def coordinator_urls(base_url: str) -> list[str]:
 class CoordinatorClient:
     """``base_url``: one coordinator, or several replicas separated by commas. Requests go
     to one of them; when it cannot be connected to (refused, unreachable: the request was
-    never sent) the same signed request goes to the next at once; when a request was sent
+    never sent) the request goes to the next at once; when a request was sent
     and its answer lost (the coordinator died mid-request) it fails :class:`Unreachable`
-    as with one coordinator, and the next request goes to the next replica."""
+    as with one coordinator, and the next request goes to the next replica.
+
+    An idempotent request (a GET, a blob PUT: content-addressed) whose pooled keep-alive
+    connection the server closed as it was sent (``Server disconnected``, a reset) is
+    sent once more, signed afresh, on a new connection: the race between a server's
+    keep-alive timeout and the client's reuse of the connection. Other requests (a signed
+    POST may have been applied) fail :class:`Unreachable` as before."""
 
     def __init__(
         self,
@@ -139,14 +145,20 @@ class CoordinatorClient:
         for c in self.clients:
             c.close()
 
-    def send(self, call: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+    def send(self, call: Callable[[httpx.Client], httpx.Response], *, retry_dropped: bool = False) -> httpx.Response:
         """``call`` on the current coordinator, failing over to the next replicas while
-        none can be connected to."""
+        none can be connected to; ``retry_dropped`` (idempotent calls only): sent twice at
+        most when the connection drops as it is sent (see the class)."""
         start = self._current
         for k in range(len(self.urls)):
             i = (start + k) % len(self.urls)
             try:
-                r = call(self.clients[i])
+                try:
+                    r = call(self.clients[i])
+                except DROPPED:
+                    if not retry_dropped:
+                        raise
+                    r = call(self.clients[i])  # the dropped connection left the pool
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 error: httpx.TransportError = e
                 continue  # never sent: the next replica may take it
@@ -192,19 +204,23 @@ class CoordinatorClient:
         if params:
             target += "?" + str(httpx.QueryParams({k: v for k, v in params.items() if v is not None}))
         body = b"" if json_body is None else json.dumps(json_body).encode()
-        headers = {"content-type": "application/json"} if json_body is not None else {}
-        if sign or (sign is None and method != "GET"):
-            headers.update(self._headers(method, target, body))
-        r = self.send(
-            lambda http: http.request(
+        signed = sign or (sign is None and method != "GET")
+        if signed:
+            self._headers(method, target, body)  # no wallet: refused before anything is sent
+
+        def call(http: httpx.Client) -> httpx.Response:  # signed afresh (a new nonce) for each send
+            headers = {"content-type": "application/json"} if json_body is not None else {}
+            if signed:
+                headers.update(self._headers(method, target, body))
+            return http.request(
                 method,
                 target,
                 content=body,
                 headers=headers,
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
-        )
-        return _result(r)
+
+        return _result(self.send(call, retry_dropped=idempotent(method, target)))
 
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
@@ -217,22 +233,23 @@ class CoordinatorClient:
     def put_blob(self, cid: str, data: bytes | Path) -> dict[str, Any]:
         """Upload a blob (bytes, or a file streamed in chunks) under its CID."""
         target = f"/v1/blobs/{cid}"
-        headers = self._headers("PUT", target, b"", unsigned_payload=True)
+        self._headers("PUT", target, b"", unsigned_payload=True)  # no wallet: refused before anything is sent
         # Streamed in 1 MiB pieces either way: from the file, or sliced from the caller's
         # bytes (a 100 MB update is not copied whole on its way to the socket).
-        headers["content-length"] = str(data.stat().st_size if isinstance(data, Path) else len(data))
+        size = str(data.stat().st_size if isinstance(data, Path) else len(data))
 
-        def put(http: httpx.Client) -> httpx.Response:  # the pieces are made again for each replica tried
+        def put(http: httpx.Client) -> httpx.Response:  # pieces and signature made again for each send
+            headers = {**self._headers("PUT", target, b"", unsigned_payload=True), "content-length": size}
             content = _file_chunks(data) if isinstance(data, Path) else _byte_chunks(data)
             return http.put(target, content=content, headers=headers)
 
-        return _result(self.send(put))
+        return _result(self.send(put, retry_dropped=True))
 
     def get_blob(self, cid: str) -> bytes:
         """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
         from aitbc.storage.cid import cid_of_bytes
 
-        r = self.send(lambda http: http.get(f"/v1/blobs/{cid}"))
+        r = self.send(lambda http: http.get(f"/v1/blobs/{cid}"), retry_dropped=True)
         if r.status_code != 200:
             _result(r)
         data = r.content
@@ -249,7 +266,10 @@ class CoordinatorClient:
         each leaves no file."""
         with store.writer(cid) as w:
             try:  # the first replica that can be connected to answers (send), streamed
-                r = self.send(lambda http: http.send(http.build_request("GET", f"/v1/blobs/{cid}"), stream=True))
+                r = self.send(
+                    lambda http: http.send(http.build_request("GET", f"/v1/blobs/{cid}"), stream=True),
+                    retry_dropped=True,
+                )
                 try:
                     if r.status_code != 200:
                         r.read()
@@ -271,6 +291,16 @@ class CoordinatorClient:
                     f"{w.hasher.found()}); nothing kept"
                 ) from None
             return w.size
+
+
+# A connection the server closed as the request went out: the keep-alive race.
+DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def idempotent(method: str, target: str) -> bool:
+    """Whether sending a request twice is the same as once: reads, and blob uploads (the
+    path is the content's hash). Signed POSTs move money and state: never sent again."""
+    return method == "GET" or (method == "PUT" and target.startswith("/v1/blobs/"))
 
 
 def _byte_chunks(data: bytes) -> Iterator[bytes]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from aitbc.client import tls_verify, unreachable_detail
+from aitbc.client import DROPPED, idempotent, tls_verify, unreachable_detail
 from aitbc.errors import AitbcError
 from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import money as _money  # noqa: F401 - registers its operations
@@ -127,7 +127,13 @@ class Agent(_Core, AgentMethods):
             for _ in self.config.resolved_coordinator_urls:  # the next replica while none can be connected to
                 url = self._url
                 try:
-                    return self._send(req, target, body, headers)
+                    try:
+                        return self._send(req, target, body, headers)
+                    except DROPPED:  # a pooled connection closed as it was sent: once more, signed afresh
+                        if not idempotent(req.method, target):
+                            raise
+                        target, body, headers = self._signed(req)
+                        return self._send(req, target, body, headers)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never sent
                     error = e
                     _close(self._next_replica())
@@ -212,7 +218,13 @@ class AsyncAgent(_Core, AsyncAgentMethods):
             for _ in self.config.resolved_coordinator_urls:  # the next replica while none can be connected to
                 url = self._url
                 try:
-                    return await self._send(req, target, body, headers)
+                    try:
+                        return await self._send(req, target, body, headers)
+                    except DROPPED:  # a pooled connection closed as it was sent: once more, signed afresh
+                        if not idempotent(req.method, target):
+                            raise
+                        target, body, headers = self._signed(req)
+                        return await self._send(req, target, body, headers)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never sent
                     error = e
                     await _aclose(self._next_replica())

@@ -23,7 +23,7 @@ def fetch_tree(coordinator: str, ca_cert: Path | None, cid: str) -> Path:
     with CoordinatorClient(coordinator, timeout=60.0, ca_cert=ca_cert) as client:
 
         def get(c: str) -> bytes:
-            r = client.send(lambda http: http.get(f"/v1/blobs/{c}"))
+            r = client.send(lambda http: http.get(f"/v1/blobs/{c}"), retry_dropped=True)
             if r.status_code != 200:
                 raise IntegrityError(f"blob {c} of dataset {cid}: the coordinator answered {r.status_code}")
             return r.content
