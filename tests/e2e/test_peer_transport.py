@@ -10,13 +10,15 @@ whose own fetch confirms it; one worker's report alone cannot get an honest peer
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from tests.e2e.conftest import free_port
 from tests.e2e.test_metrics import by, scrape
 
-from aitbc.client import CoordinatorClient
-from aitbc.ledger.wallet import ensure_wallet
+from aitbc.client import ApiError, CoordinatorClient
+from aitbc.ledger.wallet import ensure_wallet, load_wallet
 
 pytestmark = pytest.mark.long
 
@@ -127,3 +129,24 @@ def test_a_peer_serving_corrupt_blobs_is_caught_reported_and_flagged(stack):
     assert {w for w, _ in flags} == {bad}
     offers = {o["worker_id"]: o for o in stack.api("/market/offers?all=true")["data"]}
     assert offers[bad]["flags"] >= 1
+
+    # Caught once is remembered: the book is in memory, the flag is not. After a coordinator
+    # restart the worker is refused as a peer, whether it registers again or announces.
+    stack.kill("bad")
+    stack.kill("coordinator")
+    stack.start_coordinator()
+    model = stack.api(f"/runs/{run_id}")["global_model_cid"]
+    with CoordinatorClient(stack.url, load_wallet(stack.root / "bad", "bad")) as c:
+        deadline = time.monotonic() + 60
+        while True:  # its old process's lease runs out first (registering over a live one is refused)
+            try:
+                c.post("/workers", {"gpu": "RTX3090", "price": "1.00", "advertise": "http://127.0.0.1:1"})
+                break
+            except ApiError as e:
+                assert e.code == "duplicate_registration" and time.monotonic() < deadline, e
+                time.sleep(0.5)
+        with pytest.raises(ApiError, match="serves no peers") as refused:
+            c.post("/workers/holdings", {"advertise": "http://127.0.0.1:1", "cids": [model]})
+    assert refused.value.status == 403
+    holders = httpx.get(f"{stack.url}/v1/blobs/{model}/holders", timeout=10).json()["data"]
+    assert bad not in {p["worker"] for p in holders}

@@ -5,7 +5,9 @@ The book is in memory, like heartbeats (:class:`~aitbc.coordinator.context.Liven
 worker started with ``--listen`` tells where it serves (``advertise``, in its registration
 and in each announcement) and which CIDs it holds (``POST /v1/workers/holdings``, after it
 fetched a model). After a coordinator restart the book starts empty and every worker fetches
-from the coordinator until the next announcements: a cost, never a fault.
+from the coordinator until the next announcements: a cost, never a fault. Who was caught
+serving corrupt bytes is not forgotten: the flag ``bad_peer_blob`` is in the database, and a
+worker it names is refused as a peer again after a restart, or by another replica.
 
 Who gets whom (:meth:`PeerBook.holders_for`): up to :data:`PEERS_GIVEN` live holders of the
 CID other than the asker, picked at random (the load spreads); while nobody holds it yet, the
@@ -156,6 +158,12 @@ class PeerBook:
             elif verdict == "gone":
                 self._drop(cid, accused)
                 self._held.get(accused, set()).discard(cid)
+
+    def ban(self, worker: str) -> None:
+        """Never hand ``worker`` out again (caught serving corrupt bytes)."""
+        with self._lock:
+            self.banned.add(worker)
+            self._forget(worker)
 
     def _forget(self, worker: str) -> None:
         self._urls.pop(worker, None)

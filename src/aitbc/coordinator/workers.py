@@ -74,7 +74,7 @@ def register(
     offer.registration = request.as_dict() if request is not None and max_bond > 0 else None
     s.commit()
     ctx.liveness.touch(worker_id, now)
-    ctx.peers.advertise(worker_id, body.advertise)
+    ctx.peers.advertise(worker_id, None if _serves_no_peers(ctx, s, worker_id) else body.advertise)
     ctx.notifier.poke_driver()  # a joiner may take an orphaned shard
     return offer
 
@@ -177,10 +177,25 @@ def _alive(ctx: Context, worker_id: str) -> bool:
     return ctx.liveness.alive(worker_id, time.time(), ctx.settings.lease_seconds)
 
 
+def _serves_no_peers(ctx: Context, s: Session, worker_id: str) -> bool:
+    """Caught serving bytes that did not hash to their CID (flag ``bad_peer_blob``): by this
+    process (the book's ``banned``), or before its restart or by another replica (the flag
+    in the database; the book learns it)."""
+    if worker_id in ctx.peers.banned:
+        return True
+    flagged = select(Flag.id).where(Flag.worker_id == worker_id, Flag.kind == "bad_peer_blob").limit(1)
+    if s.scalar(flagged) is None:
+        return False
+    ctx.peers.ban(worker_id)
+    return True
+
+
 def announce_holdings(ctx: Context, worker_id: str, body: Holdings) -> None:
     """A worker serves ``body.cids`` at ``body.advertise`` (peer transport; in memory)."""
     require_known(ctx, worker_id)
-    if worker_id in ctx.peers.banned:
+    with ctx.session() as s:
+        banned = _serves_no_peers(ctx, s, worker_id)
+    if banned:
         raise forbidden(f"worker {worker_id} served a blob that did not hash to its CID; it serves no peers")
     for cid in body.cids:
         if not is_cid(cid):
