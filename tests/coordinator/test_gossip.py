@@ -290,6 +290,71 @@ def test_equivocation_is_proved_by_two_signed_records_and_flagged(new_coordinato
     api.assert_api_error(e, 409, "round_closed")
     assert not [f for f in _flags(t) if f[0] == wc.wallet.address]
 
+    # Two records under one key are proof: at round 1's settlement both equivocators are
+    # unpaid, their contracts slashed and their jobs ended; C is paid its price.
+    paid = _paid_when_settled(t, 1, 3)
+    assert paid[wa.wallet.address] == paid[wb.wallet.address] == 0 and paid[wc.wallet.address] > 0
+    assert _contracts(t) == {wa.wallet.address: "slashed", wb.wallet.address: "slashed", wc.wallet.address: "working"}
+    assert _job_status(t) == {wa.wallet.address: "failed", wb.wallet.address: "failed", wc.wallet.address: "active"}
+
+
+def _paid_when_settled(t, r: int, n: int) -> dict[str, int]:
+    q = "SELECT worker_id, paid FROM settlements WHERE run_id = :r AND round = :n"
+    rows = wait_for(f"round {r} settled", lambda: t.coord.rows(q, r=t.run_id, n=r), lambda rows: len(rows) == n, 60)
+    return {row["worker_id"]: row["paid"] for row in rows}
+
+
+def _contracts(t) -> dict[str, str]:
+    rows = t.coord.rows("SELECT worker_id, status FROM contracts WHERE run_id = :r", r=t.run_id)
+    return {row["worker_id"]: row["status"] for row in rows}
+
+
+def _job_status(t) -> dict[str, str]:
+    rows = t.coord.rows("SELECT worker_id, status FROM jobs WHERE run_id = :r", r=t.run_id)
+    return {row["worker_id"]: row["status"] for row in rows}
+
+
+def test_a_proof_that_comes_after_the_round_was_paid_still_slashes(new_coordinator, api):
+    """The round closed and was paid before anyone reported the second record: what it
+    was paid stays paid, and the contract is slashed at once (its bond answers for it). A
+    proof of an unsettled round (C, scored but waiting its turn to be paid) makes that
+    round unpaid instead, and the settlement slashes."""
+    coord = new_coordinator(settle_delay=3.0)  # contracts are settled one by one, 3 s apart
+    t = api.start_training_run(coord, 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    base = round_params(t, 0)
+    cids = {}
+    for i, name in enumerate(["a1", "b1", "c1", "a2", "c2"]):
+        cids[name] = _put(wa, update_blob(base + 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(i))))
+    for w, name in ((wa, "a1"), (wb, "b1"), (wc, "c1")):
+        w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, 1, cids[name]))
+    order = sorted(
+        t.workers,
+        key=lambda w: t.coord.rows(
+            "SELECT id FROM contracts WHERE run_id = :r AND worker_id = :w", r=t.run_id, w=w.wallet.address
+        )[0]["id"],
+    )
+    first, last = order[0], order[-1]  # settled first, and last (the contracts' order)
+    q = "SELECT worker_id, paid FROM settlements WHERE run_id = :r AND round = 1"
+    wait_for("the first settlement", lambda: t.coord.rows(q, r=t.run_id), lambda rows: len(rows) >= 1, timeout=60)
+    assert len(t.coord.rows(q, r=t.run_id)) < 3  # the last contract waits its turn
+    second = {first.wallet.address: "a2", last.wallet.address: "c2"}
+    names = {wa.wallet.address: "a1", wb.wallet.address: "b1", wc.wallet.address: "c1"}
+    reporter = next(w for w in t.workers if w not in (first, last))
+    for w in (first, last):
+        reply = _witness(reporter, _publish(w, t, 1, cids[second[w.wallet.address]]))
+        assert [v["verdict"] for v in reply] == ["equivocation"], (names, reply)
+    paid = _paid_when_settled(t, 1, 3)
+    assert paid[first.wallet.address] > 0  # paid before the proof: stays paid
+    assert paid[last.wallet.address] == 0  # not yet paid: unpaid
+    assert paid[reporter.wallet.address] > 0
+    contracts = _contracts(t)
+    assert contracts[first.wallet.address] == contracts[last.wallet.address] == "slashed"
+    assert contracts[reporter.wallet.address] == "working"
+    kinds = {(w, k) for w, _, k in _flags(t)}
+    assert {(first.wallet.address, "slashed"), (last.wallet.address, "slashed")} <= kinds
+    assert not [k for w, k in kinds if w == reporter.wallet.address]
+
 
 def test_a_witness_report_cannot_frame_an_honest_worker(new_coordinator, api):
     """Every record in a report must verify against its signer's own key, name its run and

@@ -238,39 +238,58 @@ def test_live_gossip_follows_the_simulated_trajectory(stack, tmp_path):
     assert live[-1] < live[0] / 2 and sim_consensus[-1] < sim_consensus[0] / 2, (live, sim_consensus)
 
 
-def test_an_equivocating_worker_is_caught_and_flagged(stack):
+def test_an_equivocating_worker_is_caught_flagged_and_slashed(stack):
     """``--cheat equivocate``: each round the worker serves its neighbours a record of one
     model and publishes another (both signed by it). Its neighbours report the records they
     mixed (``POST /v1/records/witnessed``); the coordinator holds two signed records of one
     round with different CIDs: flagged ``equivocation``, its model of the round rejected and
-    unpaid. No honest worker is flagged; the run completes."""
+    unpaid, and, as that is proof, its bond burned and the worker ejected at the round's
+    settlement. No honest worker is flagged; the run completes without it."""
     rounds = 4
     stack.start_coordinator()
     names = ["h0", "h1", "h2", "two"]
-    _start_workers(stack, names, two={"cheat": "equivocate"})
-    run_id = _gossip_run(stack, rounds=rounds)
+    for name in names:
+        stack.start_worker(
+            name,
+            max_bond="5",
+            funds="10",
+            extra=("--listen", f"127.0.0.1:{free_port()}"),
+            **({"cheat": "equivocate"} if name == "two" else {}),
+        )
+    stack.wait_offers(4)
+    run_id = stack.init_run("--bond", "2", workers=4)
+    stack.start_run(
+        run_id, workers=4, rounds=rounds, local_steps=20, mode="gossip", topology="ring", aggregator="median"
+    )
     run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
     assert run["status"] == "complete", run["error"]
     two = stack.worker_id("two")
     flags = stack.rows("SELECT worker_id, kind, round FROM flags WHERE run_id = :r", r=run_id)
     caught = {r for w, kind, r in flags if w == two and kind == "equivocation"}
-    assert caught == set(range(1, rounds + 1)), flags  # every round: its neighbours mixed the record it served
+    assert 1 in caught, flags  # its neighbours mixed the record it served in round 1
     assert all(w == two for w, *_ in flags), flags  # nobody else flagged
     ups = stack.rows("SELECT round, status FROM updates WHERE run_id = :r AND worker_id = :w", r=run_id, w=two)
-    assert sorted(ups) == [(r, "rejected") for r in range(1, rounds + 1)], ups
+    assert {r for r, _ in ups} == caught and all(st == "rejected" for _, st in ups), (ups, caught)
     proofs = stack.rows("SELECT round, cid FROM gossip_witnesses WHERE worker_id = :w", w=two)
     published = dict(stack.rows("SELECT round, cid FROM updates WHERE worker_id = :w", w=two))
-    assert {r for r, _ in proofs} == set(range(1, rounds + 1)) and all(c != published[r] for r, c in proofs), proofs
+    # (a proof of a later round, published by nobody, may be kept: it served records until ejected)
+    assert caught <= {r for r, _ in proofs} and all(c != published[r] for r, c in proofs if r in caught), proofs
+    # Slashed at the first settlement: its bond burned, its job ended, not paid for any round.
+    (job,) = [w for w in run["workers"] if w["worker_id"] == two]
+    assert job["job_status"] == "failed" and "provable misbehaviour" in job["end_reason"], job
     recs = stack.api(f"/runs/{run_id}/rounds")["data"]
     assert recs[-1]["val_loss"] < recs[0]["val_loss"], recs
     deadline = time.monotonic() + 120
     while not stack.api(f"/runs/{run_id}/payments")["finalized"]:
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    paid = stack.rows(
-        "SELECT coalesce(sum(paid), 0) FROM settlements WHERE run_id = :r AND worker_id = :w", r=run_id, w=two
-    )
-    assert paid[0][0] == 0  # never paid for a round it equivocated in
+    pay = {p["worker_id"]: p for p in stack.api(f"/runs/{run_id}/payments")["data"]}
+    assert pay[two]["status"] == "slashed" and pay[two]["slashed_micro"] == 2_000_000 and pay[two]["paid_micro"] == 0
+    for name in ("h0", "h1", "h2"):
+        honest = pay[stack.worker_id(name)]
+        assert honest["status"] == "released" and honest["slashed_micro"] == 0 and honest["paid_micro"] > 0, honest
+    burned = stack.rows("SELECT coalesce(sum(amount), 0) FROM ledger_entries WHERE kind = 'slash'")
+    assert burned[0][0] == 2_000_000
 
 
 def test_a_worker_restarted_mid_run_never_signs_a_round_twice(stack):

@@ -37,8 +37,10 @@ while it restarts. What the coordinator keeps:
   models to their mean (``monitor`` shows it).
 - **Pay** (:func:`score`, then :func:`aitbc.coordinator.settlement.settle`): per round, a
   contract whose published model was fetched, checked and kept is paid its price (quality
-  1); an outlier, a corrupt or unfetchable model, or no record is paid nothing. Nothing is
-  slashed: an outlier is a statistical judgment, not a proof.
+  1); an outlier, a corrupt or unfetchable model, or no record is paid nothing. An outlier
+  is not slashed: it is a statistical judgment, not a proof. Equivocation is a proof (two
+  records under the worker's key): its round is unpaid and its contract slashed, also when
+  the proof arrives after the round was paid.
 
 Shape letters: ``n`` models in the round, ``d`` parameters.
 """
@@ -59,12 +61,21 @@ from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Score, Update, Witness
+from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update, Witness
 from aitbc.coordinator.peers import stream_from_peer, warm_peer_http
 from aitbc.coordinator.repository import lock_run, round_updates, row
 from aitbc.coordinator.rounds import RoundResult, commit_round
 from aitbc.coordinator.runtime import drop_runtime, runtime
-from aitbc.coordinator.states import Control, JobStatus, RunStatus, ScoreStatus, UpdateStatus, transition
+from aitbc.coordinator.settlement import slash
+from aitbc.coordinator.states import (
+    ContractStatus,
+    Control,
+    JobStatus,
+    RunStatus,
+    ScoreStatus,
+    UpdateStatus,
+    transition,
+)
 from aitbc.core.compression import decode as decode_model
 from aitbc.core.gossip import robust_combine
 from aitbc.errors import AitbcError, IntegrityError
@@ -139,7 +150,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     now = time.time()
     before = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
     if before is not None and before.cid != rec["cid"]:  # two records of one round, both signed by it
-        _equivocation(s, run, job, r, before.cid, rec["cid"], now)
+        _equivocation(ctx, s, run, job, r, before.cid, rec["cid"], now)
         s.commit()
         raise conflict(
             "conflicting_record",
@@ -176,7 +187,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     s.execute(delete(Witness).where(Witness.job_id == job.id, Witness.round == r, Witness.cid == rec["cid"]))
     if seen is not None:  # a neighbour received another record of this round signed by it
         s.flush()
-        _equivocation(s, run, job, r, seen, rec["cid"], now)
+        _equivocation(ctx, s, run, job, r, seen, rec["cid"], now)
         s.commit()
         ctx.notifier.poke_driver()  # the round has its record (rejected): it may be due
         raise conflict(
@@ -215,7 +226,7 @@ def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
 MAX_WITNESSED = 64  # records in one report
 
 
-def witness(s: Session, reporter: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records of other workers that ``reporter`` received (its neighbours', from their
     servers): each is checked as :func:`publish` checks one (the signature against the
     signer's own key: a report cannot frame anyone), all or none (a 422 names the first
@@ -291,7 +302,7 @@ def witness(s: Session, reporter: str, records: list[dict[str, Any]]) -> list[di
             )
             s.flush()
         if other is not None:
-            _equivocation(s, run, job, r, other, cid, now)
+            _equivocation(ctx, s, run, job, r, other, cid, now)
             verdict = "equivocation"
         else:
             verdict = "consistent" if held else "kept"
@@ -311,10 +322,14 @@ def _flagged(s: Session, run_id: str, worker: str, r: int) -> bool:
     )
 
 
-def _equivocation(s: Session, run: Run, job: Job, r: int, one: str, other: str, now: float) -> None:
+def _equivocation(ctx: Context, s: Session, run: Run, job: Job, r: int, one: str, other: str, now: float) -> None:
     """Job ``job``'s worker signed records of round ``r`` naming ``one`` and ``other``: flag
     it ``equivocation`` (once a round); its published model of the round, while the round
-    is still open, is rejected (unpaid: :func:`score`)."""
+    is still open, is rejected. Two records under one key are proof anyone can check, so
+    the contract is slashed (bond burned, worker ejected: :func:`aitbc.coordinator.
+    settlement.slash`): by the round's settlement (:func:`score` marks it provable, unpaid),
+    or at once when the proof comes after the round was settled (what it was paid stays
+    paid; the bond answers for it)."""
     if _flagged(s, run.id, job.worker_id, r):
         return
     reason = f"signed two different records of round {r} of job {job.id}: {one} and {other}"
@@ -328,6 +343,20 @@ def _equivocation(s: Session, run: Run, job: Job, r: int, one: str, other: str, 
     open_round = r > run.round or (r == run.round and run.status == RunStatus.TRAINING)
     if up is not None and up.status == UpdateStatus.ACCEPTED and open_round:
         up.status, up.reason = UpdateStatus.REJECTED, reason
+    scored = s.scalar(
+        select(Score).where(Score.run_id == run.id, Score.round == r, Score.contract_id == job.contract_id)
+    )
+    if scored is None:
+        return  # score() sees the flag
+    settled = s.scalar(
+        select(Settlement.id).where(Settlement.contract_id == job.contract_id, Settlement.round == r).limit(1)
+    )
+    if settled is None:  # scored, not yet paid: its settlement slashes it, and pays nothing
+        scored.status, scored.flags, scored.quality, scored.provable = ScoreStatus.REJECTED, ["equivocation"], 0.0, True
+        return
+    contract = row(s, Contract, job.contract_id)
+    if contract.status != ContractStatus.SLASHED:
+        slash(ctx, s, run, contract, reason=f"round {r}: equivocation")
 
 
 def named_by_record(ctx: Context, worker: str, cid: str) -> bool:
@@ -555,6 +584,9 @@ def score(ctx: Context, run_id: str, r: int) -> None:
             return
         jobs = s.scalars(select(Job).where(Job.run_id == run_id, Job.joined_round <= r)).all()
         ups = {u.job_id: u for u in s.scalars(select(Update).where(Update.run_id == run_id, Update.round == r))}
+        equivocated = set(
+            s.scalars(select(Flag.worker_id).where(Flag.run_id == run_id, Flag.round == r, Flag.kind == "equivocation"))
+        )
         seen: set[str] = set()
         for j in jobs:
             if j.contract_id in seen:
@@ -563,7 +595,10 @@ def score(ctx: Context, run_id: str, r: int) -> None:
             if u is None and j.status != JobStatus.ACTIVE:
                 continue  # a job that ended before publishing this round: nothing due
             seen.add(j.contract_id)
-            if u is None:
+            provable = j.worker_id in equivocated  # two records of the round under its key: slashed
+            if provable:
+                status, flags, quality = ScoreStatus.REJECTED, ["equivocation"], 0.0
+            elif u is None:
                 status, flags, quality = ScoreStatus.MISSING, ["missing"], 0.0
             elif u.status == UpdateStatus.ACCEPTED:
                 status, flags, quality = ScoreStatus.ACCEPTED, [], 1.0
@@ -579,7 +614,7 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                     worker_id=j.worker_id,
                     status=status,
                     flags=flags,
-                    provable=False,
+                    provable=provable,
                     quality=quality,
                 )
             )

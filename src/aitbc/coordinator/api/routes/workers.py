@@ -163,7 +163,7 @@ def witnessed(body: WitnessReport, ctx: CtxDep, s: SessionDep, signer: SignerDep
     another worker received, a different CID for the same round is proof of equivocation:
     the signer of both is flagged ``equivocation`` and its model of the round rejected."""
     workers.require_known(ctx, signer.address)
-    data = gossip.witness(s, signer.address, [r.model_dump() for r in body.records])
+    data = gossip.witness(ctx, s, signer.address, [r.model_dump() for r in body.records])
     return {"data": data, "count": len(data)}
 
 
