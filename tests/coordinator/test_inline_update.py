@@ -6,6 +6,7 @@ durably before the update naming it commits, and nothing is written for a refuse
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 import torch
@@ -20,15 +21,15 @@ def training(new_coordinator, api):
     return api.start_training_run(new_coordinator(max_json_bytes=200_000), N_TRAINING)
 
 
-def inline_body(api, blob: bytes, round: int = 1, **kw) -> dict:
+def inline_body(api: Any, blob: bytes, round: int = 1, **kw: Any) -> dict:
     return api.update_body(round, cid_of_bytes(blob), blob=base64.b64encode(blob).decode(), **kw)
 
 
-def updates_of(coord, job_id: str) -> list[dict]:
+def updates_of(coord: Any, job_id: str) -> list[dict]:
     return coord.rows("SELECT round, cid, status, size FROM updates WHERE job_id = :j ORDER BY id", j=job_id)
 
 
-def flags_of(coord, worker_id: str) -> list[tuple[str, str]]:
+def flags_of(coord: Any, worker_id: str) -> list[tuple[str, str]]:
     return [
         (f["kind"], f["reason"])
         for f in coord.rows("SELECT kind, reason FROM flags WHERE worker_id = :w ORDER BY id", w=worker_id)
