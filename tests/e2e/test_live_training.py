@@ -205,3 +205,26 @@ def test_coordinator_killed_mid_run_restarts_from_its_database(stack):
     r = stack.cli("distributed-training", "verify", "--training-id", run_id)
     assert r.returncode == 0 and "All 9 checkpoints verified" in r.stdout, r.stdout + r.stderr
     assert run["val_loss"] < run["initial_val_loss"]
+
+
+@pytest.mark.long  # about a minute of real processes: make test-long (and test-pg)
+def test_workers_upload_update_blobs_first_to_a_coordinator_that_takes_none_inline(stack):
+    """A worker sends a small update's blob inside its update message (one request a round);
+    a coordinator whose JSON limit is below that message refuses it (413 body_too_large),
+    and the worker then uploads each blob first (PUT, then the message), as before: the
+    run completes with every update accepted."""
+    stack.start_coordinator(extra=("--max-json-kb", "16"))  # an MLP update of digits: ~69 kB
+    for i in range(2):
+        stack.start_worker(f"w{i}")
+    stack.wait_offers(2)
+    run_id = stack.init_run(workers=2)
+    stack.start_run(run_id, workers=2, rounds=3, local_steps=5)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=120, what="the end")
+    assert run["status"] == "complete", run["error"]
+    rounds = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert [r["accepted"] for r in rounds[1:]] == [2, 2, 2], rounds
+    for name in ("w0", "w1"):
+        log = stack.log(name)
+        assert log.count("coordinator takes no inline update") == 1, log  # once, then PUT first
+        assert log.count('"HTTP/1.1 413') == 1, log  # the first inline update only
+        assert log.count("PUT http") >= 3, log  # then each round's blob uploaded first

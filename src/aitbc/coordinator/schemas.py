@@ -193,6 +193,10 @@ class UpdateSubmit(Body):
     # the global model it trained from: the round's (the default), or, in a run with
     # overlap 1, the one before it (the worker began the round before the last one closed)
     base_cid: str | None = Field(None, max_length=100)
+    # the update blob itself, base64 (standard alphabet, padded): stored under ``cid`` as a
+    # ``PUT /v1/blobs/{cid}`` would, in the same request (a small model's update: one
+    # request a round, not two). Bounded by the coordinator's JSON body limit.
+    blob: str | None = Field(None, min_length=1)
 
 
 class ProofReveal(Body):

@@ -31,7 +31,7 @@ from aitbc.errors import AitbcError, IntegrityError, NotFoundError
 from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
-from aitbc.storage.cid import is_cid
+from aitbc.storage.cid import cid_of_bytes, is_cid
 from aitbc.units import MICRO, parse_price
 
 
@@ -278,19 +278,24 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     _round_gate(s, job, run, body)
     if not is_cid(body.cid):
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")
-    if not ctx.store.has(body.cid):
+    inline = None if body.blob is None else _inline_blob(ctx, signer, body.cid, body.blob)
+    if inline is None and not ctx.store.has(body.cid):
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     is_async = run.cfg.mode == "async"
     # 422 before anything is written; async: any recent version (its staleness is checked under the lock)
     base = async_base(s, run, body.base_cid) if is_async else update_base(s, run, body.base_cid)
     with _CHECKING:  # at most UPDATE_CHECKS update blobs in memory at once, whatever the workers
-        blob = ctx.store.get_bytes(body.cid)  # re-hashed: a blob swapped on disk is refused too
+        # re-hashed: a blob swapped on disk is refused too (an inline blob was hashed above)
+        blob = inline if inline is not None else ctx.store.get_bytes(body.cid)
         commitment = verification.parse_commitment(  # 422 before anything is written
             s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
         )
         reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
         size = len(blob)
         del blob  # not held through the commit: the next check may take its place
+    if inline is not None:  # stored (fsynced) before the update naming it can commit
+        _store_inline(ctx, body.cid, inline)
+        del inline
     if body.train_loss is not None and not math.isfinite(body.train_loss):
         reason = reason or f"reported training loss is {body.train_loss}"
     lock_run(s, run)
@@ -353,6 +358,35 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         "verification": upd.verification,
         "challenge": verification.challenge_view(upd),
     }
+
+
+def _inline_blob(ctx: Context, signer: str, cid: str, blob: str) -> bytes:
+    """The bytes of an update sent inside its message (``UpdateSubmit.blob``), checked
+    as a ``PUT /v1/blobs/{cid}`` checks them: base64 (422 ``bad_blob``), within the
+    coordinator's blob size limit (413), hashing to ``cid`` (400 ``cid_mismatch``, the
+    uploader flagged ``bad_blob``). Nothing is stored here."""
+    try:
+        data = base64.b64decode(blob, validate=True)
+    except ValueError:
+        raise unprocessable("bad_blob", "blob is not base64 (standard alphabet, padded)") from None
+    limit = ctx.settings.max_blob_bytes
+    if len(data) > limit:
+        raise ApiError(413, "blob_too_large", f"blob is {len(data)} bytes; this coordinator takes at most {limit}")
+    if cid_of_bytes(data) != cid:
+        detail = f"uploaded bytes do not hash to {cid}; nothing stored"
+        flag_blob(ctx, signer, detail)
+        raise ApiError(400, "cid_mismatch", detail)
+    return data
+
+
+def _store_inline(ctx: Context, cid: str, data: bytes) -> None:
+    """Store an inline update blob (checked by :func:`_inline_blob`) durably, as a PUT
+    would; one held already is touched (retention's grace period starts again)."""
+    if ctx.store.touch(cid):
+        return
+    with ctx.store.writer(cid) as w:
+        w.write(data)
+        w.commit()
 
 
 def update_base(s: Session, run: Run, base_cid: str | None) -> str:

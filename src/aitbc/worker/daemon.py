@@ -51,6 +51,11 @@ log = logging.getLogger("aitbc.worker")
 # A global model of at most this many bytes comes inside the job poll's answer (the
 # coordinator's own cap is 4 MiB): a small model's round starts without a second request.
 INLINE_MODEL = 1 << 20
+# An update blob of at most this many bytes goes inside its update message (base64, 4/3 the
+# size: well within the coordinator's default 1 MiB JSON limit, a proof beside it): one
+# request a round instead of PUT + POST. A larger one, or one the coordinator refuses
+# inline (a lower JSON limit: 413 body_too_large), is uploaded first as before.
+INLINE_UPDATE = 256 << 10
 
 
 class ModelRefused(AitbcError):
@@ -158,6 +163,7 @@ class Worker:
         self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
+        self._inline_updates = True  # update blobs up to INLINE_UPDATE go inside the update message
         # gossip: this worker's own published models (served by CID) and signed records
         self._gossip_store = LocalBlobStore(home / "worker-gossip" / self.wallet.name, durable=False)
         shutil.rmtree(self._gossip_store.dir, ignore_errors=True)
@@ -549,12 +555,17 @@ class Worker:
         blob, body, cid = done.blob, done.body, done.body["cid"]
         # The round's work is done: the upload is retried through an outage, never retrained.
         t_upload = time.perf_counter()
-        self._retry(lambda: self.client.put_blob(cid, blob))
+        inline = len(blob) <= INLINE_UPDATE and self._inline_updates
+        if not inline:
+            self._retry(lambda: self.client.put_blob(cid, blob))
         self.metrics.bytes.labels("up").inc(len(blob))
         if not drained:
             self.reporter.drain()  # no progress report of this round may land after its update
         try:
-            reply = self._post_update(job, body)
+            if inline:
+                reply = self._post_inline(job, body, blob)
+            else:
+                reply = self._post_update(job, body)
         except ApiError as e:
             if not drained and done.recorder is not None and e.code not in ("update_rejected", "duplicate_update"):
                 self._restore_round_start(state)  # not recorded: as if never trained
@@ -586,6 +597,22 @@ class Worker:
             t["upload"],
             " trained ahead" if "base_cid" in body and job.get("mode") != "async" else "",
         )
+
+    def _post_inline(self, job: dict[str, Any], body: dict[str, Any], blob: bytes) -> Any:
+        """Send the update with its blob inside the message (one request). A coordinator
+        that will not take it so (its JSON limit is lower: 413 ``body_too_large``; an older
+        one: 422 ``invalid_request`` naming ``blob``) gets the blob uploaded first, as
+        before, from then on."""
+        try:
+            return self._post_update(job, {**body, "blob": base64.b64encode(blob).decode()})
+        except ApiError as e:
+            refused = e.code == "body_too_large" or (e.code == "invalid_request" and "blob" in e.detail)
+            if not refused:
+                raise
+            log.info("coordinator takes no inline update (%s): uploading update blobs first", e.detail)
+            self._inline_updates = False
+        self._retry(lambda: self.client.put_blob(body["cid"], blob))
+        return self._post_update(job, body)
 
     def _post_update(self, job: dict[str, Any], body: dict[str, Any]) -> Any:
         """Send the message naming the update. Async: while the coordinator applies a
