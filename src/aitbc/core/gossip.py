@@ -30,6 +30,7 @@ from aitbc.errors import UsageError
 TOPOLOGIES = "ring, random:K"
 GOSSIP_CODECS = {"none", "fp16", "bf16", "int8", "int4"}  # value codecs: fit for whole models
 GOSSIP_SEED_OFFSET = 3  # the simulator's mode generator: seed + 3
+PACE_MIN_STEPS = 4  # a worker's pace is judged from this many steps into its round (the first is slower)
 
 
 def check_topology(topology: str, n: int) -> int:

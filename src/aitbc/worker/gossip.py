@@ -34,7 +34,11 @@ steps it has left, from :data:`PACE_MIN_STEPS` steps into a round), and not at a
 neighbour was behind at its last look (it takes its newest model, within max_staleness); a
 slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
 have no record of it). The pace is advisory and unsigned: a neighbour that lies about it can
-only make others wait up to ``wait`` (as without it) or leave its own model out.
+only make others wait up to ``wait`` (as without it) or leave its own model out. The worker
+also reports its progress (round, step) to the coordinator, signed, from a round's first
+and :data:`PACE_MIN_STEPS`-th step: the coordinator's record of a round does not wait until
+the deadline for a worker whose speed, measured on its clock, says it cannot publish the
+round before it (:func:`aitbc.coordinator.gossip.cannot_make_it`).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from torch import Tensor
 from aitbc.client import ApiError, Unreachable
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import decode as decode_model
-from aitbc.core.gossip import RoundNeighbours, robust_combine
+from aitbc.core.gossip import PACE_MIN_STEPS, RoundNeighbours, robust_combine
 from aitbc.core.norms import NormBound
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import make_record, record_problem
@@ -75,7 +79,6 @@ KEEP = 32  # rounds of its own models and records a worker keeps (the coordinato
 DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
 POLL = 0.1  # seconds between asks for a neighbour's record
 ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
-PACE_MIN_STEPS = 4  # a neighbour's pace is judged from this many steps into its round (the first is slower)
 
 
 class GossipLoop:
@@ -113,6 +116,7 @@ class GossipLoop:
         self.steps = int(state.trainer.cfg.steps)
         # (round, steps done, when its training began, when it ended or None), for pace()
         self._pace: tuple[int, int, float, float | None] = (0, 0, 0.0, None)
+        self._reported = -math.inf  # when it last reported progress (monotonic)
 
     def refresh(self, job: dict[str, Any]) -> None:
         """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
@@ -196,11 +200,27 @@ class GossipLoop:
             self.refresh(job)
 
     def _step(self, step: int, loss: float) -> None:
-        if self.w.cfg.step_delay:
-            time.sleep(self.w.cfg.step_delay)
-        self.w.metrics.steps.inc()
+        w = self.w
+        if w.cfg.step_delay:
+            time.sleep(w.cfg.step_delay)
+        w.metrics.steps.inc()
         r, _, began, _ = self._pace
         self._pace = (r, step, began, None)
+        # Progress to the coordinator (its own thread: training never waits): the round's
+        # first step and its PACE_MIN_STEPS-th (the coordinator measures the speed between
+        # two reports of a round, early enough to close its record of a round this worker
+        # cannot publish before the deadline), then as a sync worker reports.
+        now = time.monotonic()
+        every = max(1, min(w.cfg.progress_every, self.steps // 4 or 1))
+        if step in (1, min(PACE_MIN_STEPS, self.steps)) or (
+            step % every == 0 and step < self.steps and now - self._reported >= w.cfg.progress_seconds
+        ):
+            self._reported = now
+            body = w._progress_body(
+                {"round": r}, 100.0 * step / self.steps, loss, w._epoch(self.state), "training", step=step
+            )
+            body["seconds"] = round(time.monotonic() - began, 4)  # its own clock: the coordinator judges its pace
+            w.reporter.report(self.job_id, body)
 
     def pace(self) -> str | None:
         """Where this worker's training is (its peer server's ``X-Aitbc-Pace``), or None
