@@ -117,6 +117,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
                 "norm_clip": ctx.settings.norm_clip,
                 "norm_reject": ctx.settings.norm_reject,
                 "max_staleness": cfg.max_staleness,
+                "staleness": cfg.staleness,  # a neighbour's older model counts this rule's weight
                 "wait": cfg.deadline,
             }
         }

@@ -17,9 +17,10 @@ Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
    the simulator's draw): fetch its record (its peer server, else the coordinator), check
    the signature against the roster's key and that it is this run's and that job's, wait
    up to ``wait`` seconds for its round ``r`` (else take its newest if at most
-   ``max_staleness`` rounds old, else nothing), fetch the model by CID (its server, else the
-   coordinator; bytes that do not hash to the CID it signed are reported and dropped),
-   decode and check it;
+   ``max_staleness`` rounds old, weighted by the run's staleness rule at its age:
+   :func:`aitbc.core.gossip.mix_weight`, else nothing), fetch the model by CID (its
+   server, else the coordinator; bytes that do not hash to the CID it signed are reported
+   and dropped), decode and check it;
 5. mix: the run's norm bound and robust rule over its own and the neighbours' models
    (:func:`aitbc.core.gossip.robust_combine`, the simulator's code); that is its next model;
 6. queue the neighbours' records it mixed (``POST /v1/records/witnessed``: the coordinator
@@ -33,7 +34,8 @@ training is, :data:`aitbc.worker.peers.PACE_HEADER`: at its seconds a step so fa
 steps it has left, from :data:`PACE_MIN_STEPS` steps into a round), and not at all once that
 neighbour was behind at its last look (it takes its newest model, within max_staleness); a
 slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
-have no record of it). The pace is advisory and unsigned: a neighbour that lies about it can
+have no record of it): it mixes the newest model of a neighbour whose pace puts it two or
+more rounds past the record it served, not that old one. The pace is advisory and unsigned: a neighbour that lies about it can
 only make others wait up to ``wait`` (as without it) or leave its own model out. The worker
 also reports its progress (round, step) to the coordinator, signed, from a round's first
 and :data:`PACE_MIN_STEPS`-th step: the coordinator's record of a round does not wait until
@@ -60,8 +62,10 @@ from torch import Tensor
 from aitbc.client import ApiError, Unreachable
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import decode as decode_model
-from aitbc.core.gossip import PACE_MIN_STEPS, RoundNeighbours, robust_combine
+from aitbc.core.gossip import PACE_MIN_STEPS, RoundNeighbours, mix_weight, robust_combine
 from aitbc.core.norms import NormBound
+from aitbc.core.options import parse_spec
+from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import make_record, record_problem
 from aitbc.storage.blobstore import LocalBlobStore
@@ -94,6 +98,8 @@ class GossipLoop:
         self.aggregator = parse_aggregator(g["aggregator"], default_f=int(g["f"]))
         self.bound = NormBound(clip=float(g["norm_clip"]), reject=float(g["norm_reject"]))
         self.max_staleness = int(g["max_staleness"])
+        # a neighbour's model of an older round counts this rule's weight (an older coordinator: 1)
+        self.staleness = build_staleness(*parse_spec(g.get("staleness") or "constant", what="staleness rule"))
         self.wait = float(g["wait"] or DEFAULT_WAIT)
         self.d = int(job["d"])
         self.state = state
@@ -158,8 +164,11 @@ class GossipLoop:
                 got = self._neighbour(self.roster[j], r)
                 if got is not None:
                     model, samples, their_round, their_record = got
+                    weight = mix_weight(float(samples), max(0, r - their_round), self.staleness, self.max_staleness)
+                    if weight is None:  # (_neighbour left out those past max_staleness)
+                        continue
                     received.append(model)
-                    weights.append(float(samples))
+                    weights.append(weight)
                     ahead = max(ahead, their_round)
                     stale += their_round < r
                     witnessed.append(their_record)
@@ -249,6 +258,7 @@ class GossipLoop:
         # at once (within max_staleness), not waited for every round
         deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
         best: dict[str, Any] | None = None
+        pace: tuple[int, int, int, float] | None = None
         while not self.w.stop.is_set():
             signed, pace = self._record(entry, r)
             if signed is not None and (best is None or signed["record"]["round"] >= best["record"]["round"]):
@@ -268,6 +278,13 @@ class GossipLoop:
                 )
                 break
             time.sleep(POLL)
+        if best is not None and pace is not None and pace[0] >= best["record"]["round"] + 2:
+            # it is rounds ahead of the record it served (this worker is the slow one): its
+            # newest model, not its old one of round r (mixing that would leave this worker
+            # as far behind, and its neighbours would mix its model back)
+            newest, _ = self._record(entry, None)
+            if newest is not None and newest["record"]["round"] > best["record"]["round"]:
+                best = newest
         self.lagging[entry["worker"]] = best is None or best["record"]["round"] < r
         if best is None:
             log.info("no record from neighbour %s for round %d", entry["worker"], r)
@@ -288,15 +305,17 @@ class GossipLoop:
         return model, int(rec["samples"]), int(rec["round"]), best
 
     def _record(
-        self, entry: dict[str, Any], r: int
+        self, entry: dict[str, Any], r: int | None
     ) -> tuple[dict[str, Any] | None, tuple[int, int, int, float] | None]:
-        """Its signed record of round ``r`` (else its newest), checked, from its server, else
-        the coordinator (or None); and its pace as its server told it (or None)."""
+        """Its signed record of round ``r`` (else, or with ``r`` None, its newest), checked,
+        from its server, else the coordinator (or None); and its pace as its server told it
+        (or None)."""
         signed = pace = None
+        params = {} if r is None else {"round": r}
         if entry.get("url"):
             try:
                 reply = self.w.fetcher.http.get(
-                    f"{entry['url']}/v1/records/{entry['job_id']}", params={"round": r}, timeout=3.0
+                    f"{entry['url']}/v1/records/{entry['job_id']}", params=params, timeout=3.0
                 )
                 pace = parse_pace(reply.headers.get(PACE_HEADER), self.rounds)
                 if reply.status_code == 200:
@@ -306,7 +325,7 @@ class GossipLoop:
         if signed is None:
             self.unreached = True
             try:
-                signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params={"round": r})
+                signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params=params)
             except (ApiError, Unreachable) as e:
                 log.debug("record of %s from the coordinator: %s", entry["job_id"], e)
                 return None, pace
