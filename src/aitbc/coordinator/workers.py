@@ -216,9 +216,10 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
     a loss keeps the last one (a new round's first report has none yet).
 
     A gossip job reports on its own clock (any round of the run: no round waits for the
-    record), with its own seconds into the round (its pace: :func:`aitbc.coordinator.gossip.note_pace`);
-    a report of the record's open round may let that round close without it
-    (:func:`aitbc.coordinator.gossip.cannot_make_it`): the driver looks again."""
+    record), with its own seconds into the round (its pace:
+    :func:`aitbc.coordinator.gossip.note_pace`); a report of the record's open round may
+    let that round close without it (:func:`aitbc.coordinator.gossip.cannot_make_it`):
+    the driver looks again."""
     job, run = own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")

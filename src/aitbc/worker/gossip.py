@@ -35,12 +35,13 @@ steps it has left, from :data:`PACE_MIN_STEPS` steps into a round), and not at a
 neighbour was behind at its last look (it takes its newest model, within max_staleness); a
 slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
 have no record of it): it mixes the newest model of a neighbour whose pace puts it two or
-more rounds past the record it served, not that old one. The pace is advisory and unsigned: a neighbour that lies about it can
-only make others wait up to ``wait`` (as without it) or leave its own model out. The worker
-also reports its progress (round, step) to the coordinator, signed, from a round's first
-and :data:`PACE_MIN_STEPS`-th step: the coordinator's record of a round does not wait until
-the deadline for a worker whose speed, measured on its clock, says it cannot publish the
-round before it (:func:`aitbc.coordinator.gossip.cannot_make_it`).
+more rounds past the record it served, not that old one. The pace is advisory and
+unsigned: a neighbour that lies about it can only make others wait up to ``wait`` (as
+without it) or leave its own model out. The worker also reports its progress to the
+coordinator, signed (round, step, its own seconds into the round), from a round's first
+and :data:`PACE_MIN_STEPS`-th step: the coordinator's record of a round does not wait
+for the deadline for a worker whose own pace puts it past twice the deadline
+(:func:`aitbc.coordinator.gossip.cannot_make_it`).
 """
 
 from __future__ import annotations
@@ -216,9 +217,9 @@ class GossipLoop:
         r, _, began, _ = self._pace
         self._pace = (r, step, began, None)
         # Progress to the coordinator (its own thread: training never waits): the round's
-        # first step and its PACE_MIN_STEPS-th (the coordinator measures the speed between
-        # two reports of a round, early enough to close its record of a round this worker
-        # cannot publish before the deadline), then as a sync worker reports.
+        # first step and its PACE_MIN_STEPS-th (its pace, early enough for the coordinator
+        # to close its record of a round this worker cannot publish before the deadline),
+        # then as a sync worker reports.
         now = time.monotonic()
         every = max(1, min(w.cfg.progress_every, self.steps // 4 or 1))
         if step in (1, min(PACE_MIN_STEPS, self.steps)) or (
