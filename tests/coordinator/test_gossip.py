@@ -4,6 +4,8 @@ and a round's record closing on the consensus of the published models."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -410,3 +412,79 @@ def test_a_witness_report_cannot_frame_an_honest_worker(new_coordinator, api):
     assert [v["verdict"] for v in _witness(wa, published)] == ["consistent"]  # the real one is C's published record
     after = coord.snapshot()
     assert not _flags(t) and all(after[k] == before[k] for k in ("updates", "flags", "gossip_witnesses", "offers"))
+
+
+def _progress(w, job: str, r: int, step: int, seconds: float) -> None:
+    w.post(
+        f"/jobs/{job}/progress",
+        {"progress": 100.0 * step / 40, "status": "training", "round": r, "step": step, "seconds": seconds},
+    )
+
+
+def _due_now(t) -> bool:
+    from aitbc.coordinator.gossip import _due
+    from aitbc.coordinator.models import Run
+
+    with t.coord.ctx.session() as s:
+        return _due(s, s.get(Run, t.run_id), now=time.time())
+
+
+def test_the_record_leaves_out_early_only_a_worker_whose_own_pace_misses_the_deadline(new_coordinator, api):
+    """With the quorum in, the record of a round closes before the deadline without a worker
+    whose own signed progress (40 steps a round, 10 s a step: past twice the 60 s deadline)
+    says it cannot publish the round in time; a worker that claims to be fast is waited for
+    (as without reports), another worker cannot report for it (403, nothing written), and a
+    report past the run's rounds is refused."""
+    t = api.start_training_run(
+        new_coordinator(), 4, mode="gossip", topology="ring", aggregator="mean", deadline=60, quorum=3, local_steps=40
+    )
+    wa, wb, wc, wd = t.workers
+    job = {w: t.jobs[w.wallet.address] for w in t.workers}
+    base = round_params(t, 0)
+    gen = torch.Generator().manual_seed(0)
+
+    def publish(w, r: int) -> None:
+        cid = _put(w, update_blob(base + 1e-3 * torch.randn(t.d, generator=gen)))
+        w.post(f"/jobs/{job[w]}/records", _publish(w, t, r, cid))
+
+    # round 1: A, B and C publish; D is missing and has said nothing of its pace: waited for
+    for w in (wa, wb, wc):
+        publish(w, 1)
+    assert not _due_now(t)
+    # C (it published) cannot report for D's job to have it left out
+    before = t.coord.snapshot()
+    with pytest.raises(api.ApiError) as e:
+        _progress(wc, job[wd], 1, 4, 40.0)
+    assert e.value.status == 403 and "\n" not in e.value.detail
+    assert t.coord.snapshot() == before and not _due_now(t)
+    # D claims to be fast (its report is not trusted, and need not be: it only keeps the
+    # record waiting for D, up to the deadline, as without reports)
+    _progress(wd, job[wd], 1, 1, 0.01)
+    _progress(wd, job[wd], 1, 39, 0.1)
+    assert not _due_now(t)
+    assert t.owner.get(f"/runs/{t.run_id}")["round"] == 1
+    publish(wd, 1)  # and it did publish: the round closes on all four
+    wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+
+    # round 2: a report past the run's 3 rounds is refused, nothing written
+    t.coord.settled()
+    before = t.coord.snapshot()
+    with pytest.raises(api.ApiError) as e:
+        _progress(wa, job[wa], 4, 4, 0.1)
+    assert (e.value.status, e.value.code) == (409, "wrong_round") and "3 rounds" in e.value.detail
+    assert t.coord.snapshot() == before
+    _progress(wa, job[wa], 3, 4, 0.1)  # a gossip worker ahead of the record reports its own round: taken
+    # A, B and D publish; C, one round behind, reports its own pace: 4 steps in 40 s (10 s a
+    # step, 36 steps left: past 2 x 60 s): the record closes now, without C
+    for w in (wa, wb, wd):
+        publish(w, 2)
+    _progress(wc, job[wc], 2, 1, 10.0)
+    assert not _due_now(t)  # one step in: too early to judge its pace
+    _progress(wc, job[wc], 2, 4, 40.0)
+    wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+    rows = t.coord.rows("SELECT worker_id FROM updates WHERE run_id = :r AND round = 2", r=t.run_id)
+    assert sorted(r["worker_id"] for r in rows) == sorted(w.wallet.address for w in (wa, wb, wd))
+    # its record of the closed round comes too late: refused, nothing written
+    with pytest.raises(api.ApiError) as e:
+        publish(wc, 2)
+    assert (e.value.status, e.value.code) == (409, "round_closed")

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from aitbc.core.aggregation import parse_aggregator
-from aitbc.core.gossip import RoundNeighbours, check_topology, neighbours, robust_combine
+from aitbc.core.gossip import RoundNeighbours, check_topology, mix_weight, neighbours, robust_combine
 from aitbc.core.norms import NormBound
+from aitbc.core.options import parse_spec
+from aitbc.core.staleness import build_staleness
 from aitbc.errors import UsageError
 
 
@@ -39,3 +41,14 @@ def test_combine_drops_a_huge_model_then_applies_the_rule():
     )
     assert out.rejected == (3,) and out.result is not None
     assert torch.allclose(out.result, torch.full((4,), 1.0))
+
+
+@pytest.mark.parametrize("spec", ["constant", "polynomial", "polynomial:a=1", "hinge:a=10,b=0"])
+def test_a_neighbours_stale_model_counts_the_staleness_rules_weight(spec):
+    rule = build_staleness(*parse_spec(spec, what="staleness rule"))
+    assert mix_weight(120.0, 0, rule, 4) == 120.0  # a neighbour of the same round (the simulator's): its samples
+    for s in range(1, 5):
+        assert mix_weight(120.0, s, rule, 4) == pytest.approx(120.0 * rule(s))
+    assert mix_weight(120.0, 5, rule, 4) is None  # past max_staleness: left out
+    if spec != "constant":
+        assert mix_weight(120.0, 4, rule, 4) < mix_weight(120.0, 1, rule, 4) < 120.0

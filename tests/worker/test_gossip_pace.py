@@ -182,3 +182,38 @@ def test_a_neighbour_with_no_pace_is_waited_for_as_before(tmp_path):
         assert got is not None and late.asks == 4
     finally:
         late.server.close()
+
+
+class _Ahead(_Neighbour):
+    """A neighbour that keeps its records of rounds 1 and 4: a round's when asked for it,
+    else its newest (as a worker's peer server)."""
+
+    def __init__(self, tmp: Path, pace: str) -> None:
+        super().__init__(tmp, pace, ready=1)
+        self.newest = make_record(
+            self.wallet, training_id="t", job_id="job_n", round=4, cid=self.cid, samples=7, train_loss=None
+        )
+        self.asked: list[int | None] = []
+
+    def _records(self, job: str, r: int | None) -> dict[str, Any] | None:
+        self.asked.append(r)
+        return self.record if r == 1 else self.newest
+
+
+@pytest.mark.parametrize(
+    ("pace", "mixed"), [("round=5; step=2; steps=40; seconds=0.02", 4), ("round=2; step=2; steps=40; seconds=0.02", 1)]
+)
+def test_a_slow_worker_mixes_the_newest_model_of_a_neighbour_rounds_ahead(tmp_path, pace, mixed):
+    # at round 1, its neighbour's server still keeps round 1; its pace says it trains round 5:
+    # its newest (round 4) is mixed, not the old one. One round ahead (jitter between equal
+    # workers): round 1's, as the simulator mixes
+    ahead = _Ahead(tmp_path, pace)
+    loop = _loop(tmp_path, wait=60.0)
+    try:
+        got = loop._neighbour(ahead.entry, 1)
+        assert got is not None
+        _, _, their_round, signed = got
+        assert their_round == mixed and signed["record"]["round"] == mixed
+        assert ahead.asked == ([1, None] if mixed == 4 else [1])
+    finally:
+        ahead.server.close()

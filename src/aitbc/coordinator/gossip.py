@@ -23,7 +23,9 @@ while it restarts. What the coordinator keeps:
   A reported CID the coordinator does not hold yet is kept (``gossip_witnesses``) until
   the job publishes the round.
 - **Closing a round** (:func:`close_round`, the round driver, when every active job
-  published the round or a later one, or at the run's deadline with ``quorum`` records):
+  published the round or a later one; or ``quorum`` did and each of the others is two or
+  more rounds behind or, by its own pace (its signed progress reports), cannot publish
+  the round before twice the deadline (:func:`cannot_make_it`); or at the run's deadline with ``quorum`` records):
   the coordinator fetches every published model (its own blob store for workers that
   cannot be reached, else the worker's peer server; CID-checked as it arrives), and
   computes the **consensus**: the run's norm bound and robust rule over the round's models
@@ -63,7 +65,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update, Witness
 from aitbc.coordinator.peers import stream_from_peer, warm_peer_http
-from aitbc.coordinator.repository import lock_run, round_updates, row
+from aitbc.coordinator.repository import job_settings, lock_run, round_updates, row
 from aitbc.coordinator.rounds import RoundResult, commit_round
 from aitbc.coordinator.runtime import drop_runtime, runtime
 from aitbc.coordinator.settlement import slash
@@ -77,7 +79,7 @@ from aitbc.coordinator.states import (
     transition,
 )
 from aitbc.core.compression import decode as decode_model
-from aitbc.core.gossip import robust_combine
+from aitbc.core.gossip import PACE_MIN_STEPS, robust_combine
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import record_problem
 from aitbc.storage.cid import is_cid
@@ -369,8 +371,10 @@ def named_by_record(ctx: Context, worker: str, cid: str) -> bool:
 
 
 def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
-    """Every active job published this round or a later one, or ``quorum`` did and the rest
-    are two or more rounds behind, or the deadline passed with ``quorum`` records of it; and every published model can be fetched: a worker that
+    """Every active job published this round or a later one, or ``quorum`` did and each
+    of the rest is two or more rounds behind or, by its own pace, cannot publish the round
+    in time (:func:`cannot_make_it`), or the deadline passed with
+    ``quorum`` records of it; and every published model can be fetched: a worker that
     serves blobs announces where (in memory) after each record, so a restarted coordinator
     waits for that, up to ``2 x lease_seconds`` from its start, before it closes a round
     without a model it could have had."""
@@ -384,27 +388,77 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
 
 
 def _due(s: Session, run: Run, *, now: float) -> bool:
-    active = s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
+    active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     last = dict(
         s.execute(
             select(Update.job_id, func.max(Update.round)).where(Update.run_id == run.id).group_by(Update.job_id)
         ).all()
     )
-    if active and all((last.get(j) or 0) >= run.round for j in active):
+    if active and all((last.get(j.id) or 0) >= run.round for j in active):
         return True
     # A worker two or more rounds behind the record is slow, not late: with the quorum in,
     # the record does not wait for it (its own record of this round, if it ever trains it,
-    # comes after the close: refused, unpaid, as a straggler's update). One round behind is
-    # jitter between equal workers, waited for up to the deadline.
-    behind = [j for j in active if (last.get(j) or 0) < run.round]
+    # comes after the close: refused, unpaid, as a straggler's update). One round behind
+    # (or none yet: round 1) is waited for up to the deadline unless its own pace says it
+    # cannot publish the round before it (with slack): closing at the deadline would leave
+    # it out all the same.
+    behind = [j for j in active if (last.get(j.id) or 0) < run.round]
     published = len(active) - len(behind)
-    if published >= run.cfg.quorum and behind and all((last.get(j) or 0) <= run.round - 2 for j in behind):
+    if (
+        published >= run.cfg.quorum
+        and behind
+        and all((last.get(j.id) or 0) <= run.round - 2 or cannot_make_it(run, j, last.get(j.id) or 0) for j in behind)
+    ):
         return True
     deadline = run.cfg.deadline
     if deadline and run.round_started_at and now >= run.round_started_at + deadline:
         n = s.scalar(select(func.count(Update.id)).where(Update.run_id == run.id, Update.round == run.round)) or 0
         return n >= run.cfg.quorum
     return False
+
+
+PACE_SLACK = 2.0  # a worker is left out early when its own pace puts it past this many deadlines
+
+
+def note_pace(run: Run, job: Job, r: int, step: int, seconds: float | None, *, now: float) -> None:
+    """Job ``job``'s worker reports it is at ``step`` of its round ``r``, ``seconds`` into
+    the round on its own clock (a signed progress report): kept for :func:`cannot_make_it`.
+    Its speed (samples a second) is its own: ``step`` steps' samples over ``seconds``, from
+    :data:`~aitbc.core.gossip.PACE_MIN_STEPS` steps into the round (the first is slower)."""
+    job.step, job.progress_at, job.progress_round = step, now, r
+    own = job_settings(run, job)
+    if seconds and step >= min(PACE_MIN_STEPS, int(own["local_steps"])):
+        samples = int(run.data_manifest["shards"][job.shard_index]["samples"])
+        job.speed = step * min(int(own["batch_size"]), samples) / seconds
+
+
+def cannot_make_it(run: Run, job: Job, published: int) -> bool:
+    """Whether job ``job`` (its last record: round ``published``), by its own pace
+    (:func:`note_pace`), cannot publish the record's round in time: at its speed, the steps
+    left of the round it reports and of every round up to the record's end after
+    ``round_started_at + PACE_SLACK x deadline`` (the slack: a worker that would only
+    just miss the deadline, or whose first steps were slow, is waited for up to it). False
+    when there is no deadline, no pace yet, or its report is of a round it published
+    already (it says nothing of the rounds since) or of a later round than the record's
+    (its record of this one may be on its way: a report is sent beside the record, and can
+    overtake it).
+
+    Only a job's own reports judge it, so nothing in them needs trusting: a worker that
+    claims to be slow leaves itself out (unpaid for the round), one that claims to be fast
+    is waited for up to the deadline, as without reports; nobody can report for another's
+    job (403), and the quorum is still needed."""
+    deadline = run.cfg.deadline
+    r, at, step, speed = job.progress_round, job.progress_at, job.step, job.speed
+    if not deadline or not run.round_started_at or r is None or at is None or step is None or not speed:
+        return False
+    if not published < r <= run.round:
+        return False
+    own = job_settings(run, job)
+    steps = int(own["local_steps"])
+    samples = int(run.data_manifest["shards"][job.shard_index]["samples"])
+    per_step = min(int(own["batch_size"]), samples) / speed  # its seconds a step
+    left = (run.round - r) * steps + max(0, steps - step)
+    return at + left * per_step > run.round_started_at + PACE_SLACK * deadline
 
 
 def fetch_model(ctx: Context, worker: str, cid: str) -> str:

@@ -173,6 +173,8 @@ class Progress(Body):
     status: str = Field(min_length=1, max_length=32)
     round: int | None = Field(None, ge=1, le=10_000_000)  # the round reported on (older workers: none)
     step: int | None = Field(None, ge=0, le=100_000)  # local steps done in it (at most local_steps' bound)
+    # gossip: seconds from the start of the round's training to ``step``, on the worker's own clock
+    seconds: float | None = Field(None, ge=0, le=1e7)
 
 
 class UpdateSubmit(Body):

@@ -117,6 +117,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
                 "norm_clip": ctx.settings.norm_clip,
                 "norm_reject": ctx.settings.norm_reject,
                 "max_staleness": cfg.max_staleness,
+                "staleness": cfg.staleness,  # a neighbour's older model counts this rule's weight
                 "wait": cfg.deadline,
             }
         }
@@ -227,15 +228,26 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
     (samples per second) is measured here, on the coordinator's clock: the samples of the
     steps done since its previous report of the same round over the seconds between the
     two reports, averaged with what was measured before (half and half). A report without
-    a loss keeps the last one (a new round's first report has none yet)."""
+    a loss keeps the last one (a new round's first report has none yet).
+
+    A gossip job reports on its own clock (any round of the run: no round waits for the
+    record), with its own seconds into the round (its pace:
+    :func:`aitbc.coordinator.gossip.note_pace`); a report of the record's open round may
+    let that round close without it (:func:`aitbc.coordinator.gossip.cannot_make_it`):
+    the driver looks again."""
     job, run = own_job(s, job_id, signer)
     if body.loss is not None and not math.isfinite(body.loss):
         raise unprocessable("bad_progress", f"loss must be a finite number, got {body.loss}")
+    is_gossip = run.configured and run.cfg.mode == "gossip"
+    if is_gossip and body.round is not None and body.round > run.cfg.rounds:
+        raise conflict("wrong_round", f"progress for round {body.round}; run {run.id} has {run.cfg.rounds} rounds")
     ahead = run.cfg.overlap if run.configured else 0  # overlap 1: the next round may be under way already
-    if body.round is not None and body.round > run.round + ahead:
+    if not is_gossip and body.round is not None and body.round > run.round + ahead:
         raise conflict("wrong_round", f"progress for round {body.round}; the open round of {run.id} is {run.round}")
     now = time.time()
-    if body.round == run.round and body.step is not None:  # a late report of a closed round measures nothing
+    if is_gossip and body.step is not None and body.round is not None:
+        gossip.note_pace(run, job, body.round, body.step, body.seconds, now=now)
+    elif body.round == run.round and body.step is not None:  # a late report of a closed round measures nothing
         _reached(run, job, body.round, body.step, now=now)
     if body.round is not None:
         job.progress_round = body.round
@@ -244,6 +256,8 @@ def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Pr
         job.loss = body.loss
     job.updated_at = now
     s.commit()
+    if is_gossip and body.round == run.round:
+        ctx.notifier.poke_driver()
 
 
 def _reached(run: Run, job: Job, round: int, step: int, *, now: float) -> None:

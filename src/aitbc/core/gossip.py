@@ -11,6 +11,9 @@ models (:mod:`aitbc.coordinator.gossip`):
 - :func:`robust_combine`: the run's norm bound then its robust rule over a list of vectors
   (updates in sync and async, whole models in gossip); ``None`` when too few are left for
   the rule's conditions.
+- :func:`mix_weight`: what a neighbour's model counts for in a mix: its samples, scaled by
+  the run's staleness rule when it is of an older round than the mixer's (a live worker
+  beside a slower one; the simulator's neighbours are never stale).
 
 Shape letters: ``k`` vectors combined, ``d`` parameters.
 """
@@ -25,11 +28,13 @@ from torch import Tensor
 
 from aitbc.core.aggregation.pipeline import AggregatorPipeline
 from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
+from aitbc.core.staleness import async_weight
 from aitbc.errors import UsageError
 
 TOPOLOGIES = "ring, random:K"
 GOSSIP_CODECS = {"none", "fp16", "bf16", "int8", "int4"}  # value codecs: fit for whole models
 GOSSIP_SEED_OFFSET = 3  # the simulator's mode generator: seed + 3
+PACE_MIN_STEPS = 4  # a worker's pace is judged from this many steps into its round (the first is slower)
 
 
 def check_topology(topology: str, n: int) -> int:
@@ -80,6 +85,16 @@ class RoundNeighbours:
         while len(self._draws) < r:  # a ring returns one list each time: cheap to keep
             self._draws.append(self._next())
         return self._draws[r - 1][i]
+
+
+def mix_weight(samples: float, staleness: int, rule: Callable[[int], float], max_staleness: int) -> float | None:
+    """A neighbour's model ``staleness`` rounds older than the mixer's round: its weight in
+    the mix, ``samples`` times the run's staleness rule's weight (as an async update that
+    many versions old: :func:`aitbc.core.staleness.async_weight`), or None (left out) past
+    ``max_staleness``. A stale model is a point training has moved on from, not a step: at
+    full weight it pulls its neighbours back (measured: bench/live_stragglers.py)."""
+    w = async_weight(rule, staleness, max_staleness)
+    return None if w is None else samples * w
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from aitbc.core.compression import decode as decode_update
-from aitbc.core.gossip import neighbours, robust_combine
+from aitbc.core.gossip import mix_weight, neighbours, robust_combine
 from aitbc.core.staleness import async_weight
 from aitbc.core.staleness import buffer_size as buffer_size_of
 from aitbc.errors import IntegrityError
@@ -141,9 +141,10 @@ def run_gossip(sim: Simulation) -> None:
                 sim.bytes_up += len(messages[j])
                 sim.bytes_down += len(messages[j])
                 seconds[i] += sim.profiles[i].transfer_seconds(len(messages[j]))
-                if m is not None:
+                weight = mix_weight(float(sim.samples[j]), 0, sim.staleness_weight, cfg.max_staleness)  # as live
+                if m is not None and weight is not None:  # (live: its newest may be rounds old)
                     received.append(m)
-                    weights.append(float(sim.samples[j]))
+                    weights.append(weight)
             accepted += len(received) - 1
             mixed = sim.aggregate(received, weights, round_index=r)  # (k+1, d) -> (d,), as a live worker's mix
             new_models[i] = mixed if mixed is not None else received[0]

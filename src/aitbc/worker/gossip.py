@@ -17,9 +17,10 @@ Each round ``r`` (the worker's own clock; see :class:`GossipLoop`):
    the simulator's draw): fetch its record (its peer server, else the coordinator), check
    the signature against the roster's key and that it is this run's and that job's, wait
    up to ``wait`` seconds for its round ``r`` (else take its newest if at most
-   ``max_staleness`` rounds old, else nothing), fetch the model by CID (its server, else the
-   coordinator; bytes that do not hash to the CID it signed are reported and dropped),
-   decode and check it;
+   ``max_staleness`` rounds old, weighted by the run's staleness rule at its age:
+   :func:`aitbc.core.gossip.mix_weight`, else nothing), fetch the model by CID (its
+   server, else the coordinator; bytes that do not hash to the CID it signed are reported
+   and dropped), decode and check it;
 5. mix: the run's norm bound and robust rule over its own and the neighbours' models
    (:func:`aitbc.core.gossip.robust_combine`, the simulator's code); that is its next model;
 6. queue the neighbours' records it mixed (``POST /v1/records/witnessed``: the coordinator
@@ -33,8 +34,14 @@ training is, :data:`aitbc.worker.peers.PACE_HEADER`: at its seconds a step so fa
 steps it has left, from :data:`PACE_MIN_STEPS` steps into a round), and not at all once that
 neighbour was behind at its last look (it takes its newest model, within max_staleness); a
 slow worker that finds its neighbours ahead jumps its clock to theirs (the rounds it skipped
-have no record of it). The pace is advisory and unsigned: a neighbour that lies about it can
-only make others wait up to ``wait`` (as without it) or leave its own model out.
+have no record of it): it mixes the newest model of a neighbour whose pace puts it two or
+more rounds past the record it served, not that old one. The pace is advisory and
+unsigned: a neighbour that lies about it can only make others wait up to ``wait`` (as
+without it) or leave its own model out. The worker also reports its progress to the
+coordinator, signed (round, step, its own seconds into the round), from a round's first
+and :data:`PACE_MIN_STEPS`-th step: the coordinator's record of a round does not wait
+for the deadline for a worker whose own pace puts it past twice the deadline
+(:func:`aitbc.coordinator.gossip.cannot_make_it`).
 """
 
 from __future__ import annotations
@@ -56,8 +63,10 @@ from torch import Tensor
 from aitbc.client import ApiError, Unreachable
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import decode as decode_model
-from aitbc.core.gossip import RoundNeighbours, robust_combine
+from aitbc.core.gossip import PACE_MIN_STEPS, RoundNeighbours, mix_weight, robust_combine
 from aitbc.core.norms import NormBound
+from aitbc.core.options import parse_spec
+from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import make_record, record_problem
 from aitbc.storage.blobstore import LocalBlobStore
@@ -75,7 +84,6 @@ KEEP = 32  # rounds of its own models and records a worker keeps (the coordinato
 DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
 POLL = 0.1  # seconds between asks for a neighbour's record
 ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
-PACE_MIN_STEPS = 4  # a neighbour's pace is judged from this many steps into its round (the first is slower)
 
 
 class GossipLoop:
@@ -91,6 +99,8 @@ class GossipLoop:
         self.aggregator = parse_aggregator(g["aggregator"], default_f=int(g["f"]))
         self.bound = NormBound(clip=float(g["norm_clip"]), reject=float(g["norm_reject"]))
         self.max_staleness = int(g["max_staleness"])
+        # a neighbour's model of an older round counts this rule's weight (an older coordinator: 1)
+        self.staleness = build_staleness(*parse_spec(g.get("staleness") or "constant", what="staleness rule"))
         self.wait = float(g["wait"] or DEFAULT_WAIT)
         self.d = int(job["d"])
         self.state = state
@@ -113,6 +123,7 @@ class GossipLoop:
         self.steps = int(state.trainer.cfg.steps)
         # (round, steps done, when its training began, when it ended or None), for pace()
         self._pace: tuple[int, int, float, float | None] = (0, 0, 0.0, None)
+        self._reported = -math.inf  # when it last reported progress (monotonic)
 
     def refresh(self, job: dict[str, Any]) -> None:
         """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
@@ -154,8 +165,11 @@ class GossipLoop:
                 got = self._neighbour(self.roster[j], r)
                 if got is not None:
                     model, samples, their_round, their_record = got
+                    weight = mix_weight(float(samples), max(0, r - their_round), self.staleness, self.max_staleness)
+                    if weight is None:  # (_neighbour left out those past max_staleness)
+                        continue
                     received.append(model)
-                    weights.append(float(samples))
+                    weights.append(weight)
                     ahead = max(ahead, their_round)
                     stale += their_round < r
                     witnessed.append(their_record)
@@ -196,11 +210,27 @@ class GossipLoop:
             self.refresh(job)
 
     def _step(self, step: int, loss: float) -> None:
-        if self.w.cfg.step_delay:
-            time.sleep(self.w.cfg.step_delay)
-        self.w.metrics.steps.inc()
+        w = self.w
+        if w.cfg.step_delay:
+            time.sleep(w.cfg.step_delay)
+        w.metrics.steps.inc()
         r, _, began, _ = self._pace
         self._pace = (r, step, began, None)
+        # Progress to the coordinator (its own thread: training never waits): the round's
+        # first step and its PACE_MIN_STEPS-th (its pace, early enough for the coordinator
+        # to close its record of a round this worker cannot publish before the deadline),
+        # then as a sync worker reports.
+        now = time.monotonic()
+        every = max(1, min(w.cfg.progress_every, self.steps // 4 or 1))
+        if step in (1, min(PACE_MIN_STEPS, self.steps)) or (
+            step % every == 0 and step < self.steps and now - self._reported >= w.cfg.progress_seconds
+        ):
+            self._reported = now
+            body = w._progress_body(
+                {"round": r}, 100.0 * step / self.steps, loss, w._epoch(self.state), "training", step=step
+            )
+            body["seconds"] = round(time.monotonic() - began, 4)  # its own clock: the coordinator judges its pace
+            w.reporter.report(self.job_id, body)
 
     def pace(self) -> str | None:
         """Where this worker's training is (its peer server's ``X-Aitbc-Pace``), or None
@@ -229,6 +259,7 @@ class GossipLoop:
         # at once (within max_staleness), not waited for every round
         deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
         best: dict[str, Any] | None = None
+        pace: tuple[int, int, int, float] | None = None
         while not self.w.stop.is_set():
             signed, pace = self._record(entry, r)
             if signed is not None and (best is None or signed["record"]["round"] >= best["record"]["round"]):
@@ -248,6 +279,13 @@ class GossipLoop:
                 )
                 break
             time.sleep(POLL)
+        if best is not None and pace is not None and pace[0] >= best["record"]["round"] + 2:
+            # it is rounds ahead of the record it served (this worker is the slow one): its
+            # newest model, not its old one of round r (mixing that would leave this worker
+            # as far behind, and its neighbours would mix its model back)
+            newest, _ = self._record(entry, None)
+            if newest is not None and newest["record"]["round"] > best["record"]["round"]:
+                best = newest
         self.lagging[entry["worker"]] = best is None or best["record"]["round"] < r
         if best is None:
             log.info("no record from neighbour %s for round %d", entry["worker"], r)
@@ -268,15 +306,17 @@ class GossipLoop:
         return model, int(rec["samples"]), int(rec["round"]), best
 
     def _record(
-        self, entry: dict[str, Any], r: int
+        self, entry: dict[str, Any], r: int | None
     ) -> tuple[dict[str, Any] | None, tuple[int, int, int, float] | None]:
-        """Its signed record of round ``r`` (else its newest), checked, from its server, else
-        the coordinator (or None); and its pace as its server told it (or None)."""
+        """Its signed record of round ``r`` (else, or with ``r`` None, its newest), checked,
+        from its server, else the coordinator (or None); and its pace as its server told it
+        (or None)."""
         signed = pace = None
+        params = {} if r is None else {"round": r}
         if entry.get("url"):
             try:
                 reply = self.w.fetcher.http.get(
-                    f"{entry['url']}/v1/records/{entry['job_id']}", params={"round": r}, timeout=3.0
+                    f"{entry['url']}/v1/records/{entry['job_id']}", params=params, timeout=3.0
                 )
                 pace = parse_pace(reply.headers.get(PACE_HEADER), self.rounds)
                 if reply.status_code == 200:
@@ -286,7 +326,7 @@ class GossipLoop:
         if signed is None:
             self.unreached = True
             try:
-                signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params={"round": r})
+                signed = self.w.client.get(f"/jobs/{entry['job_id']}/records", params=params)
             except (ApiError, Unreachable) as e:
                 log.debug("record of %s from the coordinator: %s", entry["job_id"], e)
                 return None, pace

@@ -524,6 +524,7 @@ class GossipOrder(Reply):
     norm_clip: float
     norm_reject: float
     max_staleness: int = Field(description="a neighbour's model at most this many rounds old is still mixed")
+    staleness: str = Field(description="the rule weighting a neighbour's model of an older round (its samples x it)")
     wait: float | None = Field(description="seconds to wait for a neighbour's model of the round (None: the default)")
 
 
