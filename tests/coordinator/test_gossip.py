@@ -488,3 +488,29 @@ def test_the_record_leaves_out_early_only_a_worker_whose_own_pace_misses_the_dea
     with pytest.raises(api.ApiError) as e:
         publish(wc, 2)
     assert (e.value.status, e.value.code) == (409, "round_closed")
+
+
+def test_reported_records_are_kept_only_while_they_can_still_be_compared(new_coordinator, api):
+    """A reported record of a job that has not published its round is kept to compare with
+    the job's own record; once the round is closed that record can no longer come (refused
+    as closed), so the close drops what was kept, and a report of a closed round stores
+    nothing. A proof of equivocation stays: it is the signed record."""
+    t = api.start_training_run(
+        new_coordinator(), 3, mode="gossip", topology="ring", aggregator="mean", deadline=2, quorum=2
+    )
+    wa, wb, wc = t.workers
+    base = round_params(t, 0)
+    cids = {}
+    for i, name in enumerate(["a1", "b1", "b2", "c1", "c2"]):
+        cids[name] = _put(wa, update_blob(base + 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(i))))
+    assert [v["verdict"] for v in _witness(wa, _publish(wc, t, 1, cids["c1"]))] == ["kept"]  # C served it; silent since
+    wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/records", _publish(wa, t, 1, cids["a1"]))
+    wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/records", _publish(wb, t, 1, cids["b1"]))
+    assert [v["verdict"] for v in _witness(wc, _publish(wb, t, 1, cids["b2"]))] == ["equivocation"]
+    assert t.coord.rows("SELECT count(*) AS n FROM gossip_witnesses")[0]["n"] == 2
+    wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    kept = t.coord.rows("SELECT worker_id, round, cid FROM gossip_witnesses")
+    assert [(k["worker_id"], k["round"], k["cid"]) for k in kept] == [(wb.wallet.address, 1, cids["b2"])]  # the proof
+    # a report of the closed round: nothing to compare with, and nothing stored
+    assert [v["verdict"] for v in _witness(wa, _publish(wc, t, 1, cids["c2"]))] == ["unmatched"]
+    assert t.coord.rows("SELECT count(*) AS n FROM gossip_witnesses")[0]["n"] == 1

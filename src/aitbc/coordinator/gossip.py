@@ -235,7 +235,8 @@ def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any
     bad one, nothing written). Each is then compared with what the coordinator holds for
     its job and round: a different CID (published, or witnessed before) flags the signer
     ``equivocation``; the same one is ``consistent``; none yet: ``kept`` until its job
-    publishes the round (a different CID then is caught by :func:`publish`)."""
+    publishes the round (a different CID then is caught by :func:`publish`), or, the round
+    closed without its record (none can come now), ``unmatched``, and not stored."""
     checked: list[tuple[Job, dict[str, Any], dict[str, Any]]] = []
     run: Run | None = None
     for k, signed in enumerate(records):
@@ -289,7 +290,9 @@ def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any
             )
             is not None
         )
-        if not held and not _flagged(s, run.id, job.worker_id, r):
+        # kept to compare with the job's own record, which can come only while the round is
+        # open (a record of a closed round is refused); a proof is kept whenever it comes
+        if not held and not _flagged(s, run.id, job.worker_id, r) and (other is not None or _open(run, r)):
             s.add(
                 Witness(
                     run_id=run.id,
@@ -307,7 +310,7 @@ def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any
             _equivocation(ctx, s, run, job, r, other, cid, now)
             verdict = "equivocation"
         else:
-            verdict = "consistent" if held else "kept"
+            verdict = "consistent" if held else "kept" if _open(run, r) else "unmatched"
         out.append({"worker": job.worker_id, "job_id": job.id, "round": r, "cid": cid, "verdict": verdict})
     s.commit()
     return out
@@ -322,6 +325,12 @@ def _flagged(s: Session, run_id: str, worker: str, r: int) -> bool:
         )
         is not None
     )
+
+
+def _open(run: Run, r: int) -> bool:
+    """Round ``r`` still takes records: a later round than the record's (the record's may be
+    aggregating meanwhile), or the record's round before its aggregation starts."""
+    return r > run.round or (r == run.round and run.status == RunStatus.TRAINING)
 
 
 def _equivocation(ctx: Context, s: Session, run: Run, job: Job, r: int, one: str, other: str, now: float) -> None:
@@ -340,10 +349,7 @@ def _equivocation(ctx: Context, s: Session, run: Run, job: Job, r: int, one: str
     if offer is not None:
         offer.flags += 1
     up = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
-    # open: a later round than the record's (its next may be aggregating meanwhile), or the
-    # record's round before its aggregation starts
-    open_round = r > run.round or (r == run.round and run.status == RunStatus.TRAINING)
-    if up is not None and up.status == UpdateStatus.ACCEPTED and open_round:
+    if up is not None and up.status == UpdateStatus.ACCEPTED and _open(run, r):
         up.status, up.reason = UpdateStatus.REJECTED, reason
     scored = s.scalar(
         select(Score).where(Score.run_id == run.id, Score.round == r, Score.contract_id == job.contract_id)
@@ -576,6 +582,19 @@ def close_round(ctx: Context, run_id: str) -> None:
             skipped=consensus is before,
             spread=spread,
         )
+        # reported records of this round or older kept to compare with records that can no
+        # longer come: gone with the close; a proof of equivocation stays (the signed record)
+        proof = (
+            select(Flag.id)
+            .where(
+                Flag.run_id == Witness.run_id,
+                Flag.worker_id == Witness.worker_id,
+                Flag.round == Witness.round,
+                Flag.kind == "equivocation",
+            )
+            .exists()
+        )
+        s.execute(delete(Witness).where(Witness.run_id == run.id, Witness.round <= r, ~proof))
         commit_round(ctx, s, run, rt, res, ups, accepted, round=r, fenced=True)
         if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING):
             drop_runtime(ctx, run.id)

@@ -84,6 +84,7 @@ KEEP = 32  # rounds of its own models and records a worker keeps (the coordinato
 DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
 POLL = 0.1  # seconds between asks for a neighbour's record
 ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
+ROSTER_PERIOD = 5.0  # seconds at most between two reads, whether or not every neighbour answered
 
 
 class GossipLoop:
@@ -118,6 +119,9 @@ class GossipLoop:
         self.publisher.start()
         self.ended = False  # the coordinator said the job or run is over
         self.lagging: dict[str, bool] = {}  # neighbours behind this worker at their last look
+        # neighbours the coordinator found signing two records of a round (equivocation): never
+        # mixed again, even before their ejection reaches the roster
+        self.distrusted: set[str] = set()
         self.unreached = False  # a neighbour's server did not answer (or it named none) this round
         self.roster_read = time.monotonic()
         self.steps = int(state.trainer.cfg.steps)
@@ -126,11 +130,26 @@ class GossipLoop:
         self._reported = -math.inf  # when it last reported progress (monotonic)
 
     def refresh(self, job: dict[str, Any]) -> None:
-        """A newer job view: the roster may have changed (a worker replaced: new URL, key)."""
-        roster = job["gossip"]["roster"]
-        if len(roster) == len(self.roster):  # the topology is over positions: same size, same draws
-            self.roster = roster
-        self.next = max(self.next, int(job["gossip"]["next_round"]))
+        """A newer job view: the roster may have changed. A worker replaced (a new URL, key)
+        keeps the positions: same size, same draws. A worker gone for good (ejected, its
+        shard not taken over) or one more (a split) changes the size: the topology's draws
+        are made again over the new positions (the same seed: every worker that reads this
+        roster gets the same neighbours), so nobody keeps mixing a worker the run let go."""
+        g = job["gossip"]
+        roster = g["roster"]
+        me = next((i for i, e in enumerate(roster) if e["worker"] == self.w.wallet.address), None)
+        if me is None:
+            return  # not in it: its own job ended (the job view will say so)
+        if len(roster) != len(self.roster):
+            try:
+                neighbours = RoundNeighbours(g["topology"], len(roster), int(g["seed"]))
+            except AitbcError as e:  # too few left for the topology: keep the old draws
+                log.warning("roster of %d workers kept: %s", len(self.roster), e)
+                return
+            log.info("roster changed: %d -> %d workers; neighbours drawn again", len(self.roster), len(roster))
+            self.neighbours = neighbours
+        self.roster, self.me = roster, me
+        self.next = max(self.next, int(g["next_round"]))
 
     # --- the rounds -----------------------------------------------------------------------
 
@@ -162,6 +181,8 @@ class GossipLoop:
             ahead, stale = r, 0
             witnessed: list[dict[str, Any]] = []  # the neighbours' records it mixed: the coordinator compares
             for j in self.neighbours.of(r, self.me):
+                if self.roster[j]["worker"] in self.distrusted:
+                    continue
                 got = self._neighbour(self.roster[j], r)
                 if got is not None:
                     model, samples, their_round, their_record = got
@@ -196,8 +217,11 @@ class GossipLoop:
     def _reread_roster(self) -> None:
         """A neighbour's server did not answer: it may have restarted elsewhere (a new URL),
         or announced one to a restarted coordinator. Read the job view again (at most every
-        ROSTER_EVERY seconds); the coordinator unreachable: go on with the roster it has."""
-        if not self.unreached or time.monotonic() - self.roster_read < ROSTER_EVERY:
+        ROSTER_EVERY seconds), and every ROSTER_PERIOD seconds anyway (a worker ejected
+        while its server still answers); the coordinator unreachable: go on with the roster
+        it has."""
+        since = time.monotonic() - self.roster_read
+        if since < ROSTER_EVERY or (not self.unreached and since < ROSTER_PERIOD):
             return
         self.unreached, self.roster_read = False, time.monotonic()
         try:
@@ -418,7 +442,12 @@ class GossipLoop:
             return
         for v in (reply or {}).get("data", []):
             if v["verdict"] == "equivocation":
-                log.warning("neighbour %s signed two records of round %d: flagged", v["worker"], v["round"])
+                self.distrusted.add(v["worker"])
+                log.warning(
+                    "neighbour %s signed two records of round %d: flagged; not mixed from now on",
+                    v["worker"],
+                    v["round"],
+                )
 
     # --- its own signed records ---------------------------------------------------------------
 

@@ -538,9 +538,10 @@ class Witnessed(Reply):
     job_id: str
     round: int
     cid: str
-    verdict: Literal["consistent", "kept", "equivocation"] = Field(
+    verdict: Literal["consistent", "kept", "unmatched", "equivocation"] = Field(
         description="consistent: the coordinator holds this record's CID for its job and round; kept: it holds "
-        "none yet, and a different one published later is caught; equivocation: it holds another CID the "
+        "none yet, and a different one published later is caught; unmatched: the round closed without the "
+        "job's record, so there is nothing to compare (not stored); equivocation: it holds another CID the "
         "same worker signed for that round (flagged)"
     )
 
