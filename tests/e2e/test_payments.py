@@ -92,7 +92,9 @@ def test_settlement_is_exactly_once_across_a_coordinator_kill(stack):
         if n >= 1:
             break
         time.sleep(0.05)
-    assert n == 1, n  # killed between the first and the second settlement of round 1
+    # killed between two settlements of round 1 (its 3 contracts are settled 4 s apart; a
+    # loaded machine may poll late, after the second)
+    assert 1 <= n < 3, n
     stack.kill("coordinator", signal.SIGKILL)
     stack.start_coordinator()
 

@@ -41,12 +41,14 @@ class Watch(threading.Thread):
         self.urls, self.run_id = dict(urls), run_id
         self.failures: list[str] = []
         self.answers = 0
+        self.before_drop = 0  # answers before a replica was dropped (killed)
         self.stop = threading.Event()
         self.lock = threading.Lock()
 
     def drop(self, name: str) -> None:
         with self.lock:
             del self.urls[name]
+            self.before_drop = self.answers
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -114,7 +116,8 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
     wait_until(lambda: stack.api(f"/runs/{run_id}/payments")["settled_round"] == ROUNDS, "every round settled", 120)
     watch.stop.set()
     watch.join(timeout=30)
-    assert watch.answers > 20 and watch.failures == []
+    # it watched on both sides of the kill (how many times depends on the machine's speed)
+    assert watch.before_drop > 0 and watch.answers > watch.before_drop and watch.failures == []
 
     # every round recorded once, by one of the two drivers
     rounds = stack.rows("SELECT round FROM rounds WHERE run_id = :r ORDER BY round", r=run_id)

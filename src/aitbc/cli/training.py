@@ -792,49 +792,51 @@ def monitor(
     home = resolve_home(home)
     checks.more_than(interval, 0, "--interval")
     t0 = time.monotonic()
-    tracker = _open_tracker(log_to, training_id)
-    # Ctrl-C is taken between looks (see _CtrlC), then ends the command as any Ctrl-C does (exit 130).
-    with _agent(home, coordinator, training_id) as a, _closing(tracker), _CtrlC() as ctrl_c:
+    # Ctrl-C is taken between looks (see _CtrlC), then ends the command as any Ctrl-C does (exit 130);
+    # from before the tracker locks its folder, so a Ctrl-C once it is locked always closes it.
+    with _CtrlC() as ctrl_c:
+        tracker = _open_tracker(log_to, training_id)
+        with _closing(tracker), _agent(home, coordinator, training_id) as a:
 
-        def look() -> dict[str, Any]:
-            run = _api_view(a.get_training_status(training_id))
-            _track(a, training_id, tracker)
-            return run
+            def look() -> dict[str, Any]:
+                run = _api_view(a.get_training_status(training_id))
+                _track(a, training_id, tracker)
+                return run
 
-        run = look()
-        if once or json_out:
-            while True:
-                if json_out:
-                    _emit_json(run)
-                else:
-                    out.print(_run_view(run))
-                if once or run["status"] in ENDED:
-                    break
-                _check_timeout(t0, timeout, training_id)
-                time.sleep(interval)
-                ctrl_c.check()
-                run = look()
-            if not once:
-                _drain(a, run, tracker, ctrl_c)
-                _finished(run)
-            return
-        if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
-            _log(_changes(None, run))
-            while run["status"] not in ENDED:
-                _check_timeout(t0, timeout, training_id)
-                time.sleep(interval)
-                ctrl_c.check()
-                before, run = run, look()
-                _log(_changes(before, run))
-        else:
-            with Live(_run_view(run), console=out, refresh_per_second=4, transient=False) as live:
-                while run["status"] not in ENDED:
+            run = look()
+            if once or json_out:
+                while True:
+                    if json_out:
+                        _emit_json(run)
+                    else:
+                        out.print(_run_view(run))
+                    if once or run["status"] in ENDED:
+                        break
                     _check_timeout(t0, timeout, training_id)
                     time.sleep(interval)
                     ctrl_c.check()
                     run = look()
-                    live.update(_run_view(run))
-        _drain(a, run, tracker, ctrl_c)
+                if not once:
+                    _drain(a, run, tracker, ctrl_c)
+                    _finished(run)
+                return
+            if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
+                _log(_changes(None, run))
+                while run["status"] not in ENDED:
+                    _check_timeout(t0, timeout, training_id)
+                    time.sleep(interval)
+                    ctrl_c.check()
+                    before, run = run, look()
+                    _log(_changes(before, run))
+            else:
+                with Live(_run_view(run), console=out, refresh_per_second=4, transient=False) as live:
+                    while run["status"] not in ENDED:
+                        _check_timeout(t0, timeout, training_id)
+                        time.sleep(interval)
+                        ctrl_c.check()
+                        run = look()
+                        live.update(_run_view(run))
+            _drain(a, run, tracker, ctrl_c)
     _finished(run)
     out.print(_ended_line(run), highlight=False)
     out.file.flush()
