@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
@@ -45,9 +45,20 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
+def _read_again_if_unconfigured(run: Run) -> None:
+    """A run with a job has its config (distribute writes both in one transaction), but
+    each SELECT sees the latest commit (SQLite, PostgreSQL's read committed): a run read
+    before that commit and its jobs after it. Read the run again, so one view agrees."""
+    session = object_session(run)
+    if not run.configured and session is not None:
+        session.refresh(run)
+
+
 def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     now = time.time()
     jobs = s.scalars(select(Job).where(Job.run_id == run.id).order_by(Job.shard_index, Job.created_at)).all()
+    if jobs:
+        _read_again_if_unconfigured(run)
     contracts = s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
     submitted = {
         (u.job_id): u.status
@@ -231,6 +242,7 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
     before its first report, the validation loss of the model it starts from (the run's);
     None only before training has started. ``speed``: samples per second, measured by the
     coordinator between the worker's progress reports and its update (0.0 until measured)."""
+    _read_again_if_unconfigured(run)
     seen = ctx.liveness.last_seen(j.worker_id)
     progress, status = j.progress, j.worker_status
     if this_round is not None:  # its update for the round is in: its work there is done, ended or not
