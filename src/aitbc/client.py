@@ -189,6 +189,14 @@ class CoordinatorClient:
             raise AitbcError(f"{method} {target} must be signed; this client has no wallet")
         return sign_request(self.wallet, method, target, body, unsigned_payload=unsigned_payload)
 
+    def _signatures(
+        self, method: str, target: str, body: bytes, *, unsigned_payload: bool = False
+    ) -> Callable[[], dict[str, str]]:
+        """Signed headers for each send of one request: the first made now (no wallet:
+        refused before anything is sent), a resend's afresh (a new nonce)."""
+        first = [self._headers(method, target, body, unsigned_payload=unsigned_payload)]
+        return lambda: first.pop() if first else self._headers(method, target, body, unsigned_payload=unsigned_payload)
+
     def request(
         self,
         method: str,
@@ -205,13 +213,12 @@ class CoordinatorClient:
             target += "?" + str(httpx.QueryParams({k: v for k, v in params.items() if v is not None}))
         body = b"" if json_body is None else json.dumps(json_body).encode()
         signed = sign or (sign is None and method != "GET")
-        if signed:
-            self._headers(method, target, body)  # no wallet: refused before anything is sent
+        signatures = self._signatures(method, target, body) if signed else None
 
-        def call(http: httpx.Client) -> httpx.Response:  # signed afresh (a new nonce) for each send
+        def call(http: httpx.Client) -> httpx.Response:
             headers = {"content-type": "application/json"} if json_body is not None else {}
-            if signed:
-                headers.update(self._headers(method, target, body))
+            if signatures is not None:
+                headers.update(signatures())
             return http.request(
                 method,
                 target,
@@ -233,13 +240,13 @@ class CoordinatorClient:
     def put_blob(self, cid: str, data: bytes | Path) -> dict[str, Any]:
         """Upload a blob (bytes, or a file streamed in chunks) under its CID."""
         target = f"/v1/blobs/{cid}"
-        self._headers("PUT", target, b"", unsigned_payload=True)  # no wallet: refused before anything is sent
+        signatures = self._signatures("PUT", target, b"", unsigned_payload=True)
         # Streamed in 1 MiB pieces either way: from the file, or sliced from the caller's
         # bytes (a 100 MB update is not copied whole on its way to the socket).
         size = str(data.stat().st_size if isinstance(data, Path) else len(data))
 
-        def put(http: httpx.Client) -> httpx.Response:  # pieces and signature made again for each send
-            headers = {**self._headers("PUT", target, b"", unsigned_payload=True), "content-length": size}
+        def put(http: httpx.Client) -> httpx.Response:  # the pieces made again for each send
+            headers = {**signatures(), "content-length": size}
             content = _file_chunks(data) if isinstance(data, Path) else _byte_chunks(data)
             return http.put(target, content=content, headers=headers)
 

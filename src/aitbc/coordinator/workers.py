@@ -396,11 +396,8 @@ def _inline_blob(ctx: Context, signer: str, cid: str, blob: str) -> bytes:
 def _store_inline(ctx: Context, cid: str, data: bytes) -> None:
     """Store an inline update blob (checked by :func:`_inline_blob`) durably, as a PUT
     would; one held already is touched (retention's grace period starts again)."""
-    if ctx.store.touch(cid):
-        return
-    with ctx.store.writer(cid) as w:
-        w.write(data)
-        w.commit()
+    if not ctx.store.touch(cid):
+        ctx.store.put_bytes(data)
 
 
 def update_base(s: Session, run: Run, base_cid: str | None) -> str:
