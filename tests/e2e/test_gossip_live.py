@@ -15,6 +15,7 @@ the coordinator only records the signed model CIDs, judges them and pays.
 - A worker serving corrupt blobs (``--cheat bad-blobs``) is flagged ``bad_peer_blob``; one
   signing two records a round (``--cheat equivocate``) is flagged ``equivocation``; a worker
   SIGKILLed mid-run and restarted never signs a round twice (so is never flagged for it).
+- A worker SIGKILLed for good leaves the roster; the others draw the ring again without it.
 - One configuration simulated and run live: the same CIDs and consensus losses.
 """
 
@@ -349,3 +350,53 @@ def test_a_worker_restarted_mid_run_never_signs_a_round_twice(stack):
     # the others went on, may be judged outliers: statistical, unpaid, not a proof)
     assert not [f for f in flags if f[1] in ("equivocation", "bad_peer_blob", "rejected_update")], flags
     assert not [f for f in flags if f[0] != stack.worker_id("v")], flags
+
+
+def test_a_neighbour_that_dies_leaves_the_ring_and_the_others_close_it(stack):
+    """A worker SIGKILLed mid-run (not restarted) leaves the roster once its lease runs
+    out: its two ring neighbours stop waiting for it and mixing its last model. Each live
+    worker reads the roster again (every ``ROSTER_PERIOD`` s, sooner when a neighbour does
+    not answer), sees it shrink and draws the ring again over the four left, so no round
+    after that names the dead worker. The run completes with a record every round, its job
+    ends for the lost lease, and nobody left is flagged."""
+    rounds = 14
+    stack.start_coordinator()  # a 3 s worker lease
+    # 20 ms a step: a round takes at least 0.8 s, so most of the run comes after the kill
+    slow = {"step_delay": 0.02}
+    names = ["r0", "r1", "r2", "r3", "gone"]
+    _start_workers(stack, names, **dict.fromkeys(names, slow))
+    stack.wait_offers(5)
+    run_id = stack.init_run(workers=5)
+    stack.start_run(
+        run_id, workers=5, rounds=rounds, local_steps=40, mode="gossip", topology="ring", aggregator="median"
+    )
+
+    def text(name: str) -> str:  # the whole log (Stack.log is a tail)
+        return (stack.root / f"{name}.log").read_text(errors="replace")
+
+    deadline = time.monotonic() + 120
+    while not all(text(n).count("gossip round") >= 2 for n in names):
+        assert time.monotonic() < deadline, {n: stack.log(n) for n in names}
+        time.sleep(0.1)
+    stack.kill("gone")
+    left = names[:4]
+    assert all(text(n).count("gossip round") <= rounds - 5 for n in left), {n: stack.log(n) for n in left}
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+
+    gone = stack.worker_id("gone")
+    job = next(w for w in run["workers"] if w["worker_id"] == gone)
+    assert job["job_status"] == "failed" and "lease" in (job["end_reason"] or ""), job
+    for n in left:
+        log = text(n)
+        changed = log.find("roster changed: 5 -> 4 workers")
+        assert changed >= 0, stack.log(n)
+        assert gone not in log[changed:], log[changed:][-3000:]  # never waited for, fetched or mixed again
+    ups = stack.rows("SELECT worker_id, round FROM updates WHERE run_id = :r", r=run_id)
+    for n in left:  # every worker left published every round
+        assert {r for w, r in ups if w == stack.worker_id(n)} == set(range(1, rounds + 1)), n
+    recs = stack.api(f"/runs/{run_id}/rounds")["data"]
+    assert [r["round"] for r in recs] == list(range(rounds + 1))
+    assert recs[-1]["val_loss"] < recs[0]["val_loss"] * 0.75, (recs[0]["val_loss"], recs[-1]["val_loss"])
+    flags = stack.rows("SELECT worker_id, kind FROM flags WHERE run_id = :r AND worker_id != :g", r=run_id, g=gone)
+    assert not [f for f in flags if f[1] != "straggler"], flags
