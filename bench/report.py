@@ -20,11 +20,16 @@ BENCHES = [
     ("stragglers", "Stragglers", "python bench/stragglers.py"),
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
     ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
-    ("live_stragglers", "Live stragglers: sync, deadline, async", "python bench/live_stragglers.py"),
+    ("live_stragglers", "Live stragglers: sync, deadline, async, gossip", "python bench/live_stragglers.py"),
     (
         "live_stragglers_gossip",
         "Live stragglers: gossip (with the all-fast sync reference)",
-        "python bench/live_stragglers.py --only gossip",
+        "python bench/live_stragglers.py --only gossip --repeats 5",
+    ),
+    (
+        "live_stragglers_async",
+        "Live stragglers: async (with the all-fast sync reference)",
+        "python bench/live_stragglers.py --only async --repeats 5",
     ),
     ("live_large", "A large model live: round-time breakdown", "OMP_NUM_THREADS=1 python bench/live_large.py"),
     ("overlap_loss", "Overlapping rounds: loss", "python bench/overlap_loss.py"),
