@@ -13,6 +13,12 @@ update is about ``x* - p_{r-2}``, so ``p_r = p_{r-1} + w (x* - p_{r-2})``; the e
 w = 1 it never shrinks (the model circles); w = 1/4 shrinks it fastest (by 1/2 a round);
 with short local training (small steps along the gradient) the delay costs little at w = 1.
 
+The eager start (what a live worker does since migration 0011, as "eager updates" for
+overlapped DiLoCo): the worker trains round r from round r-2's model less its own round
+r-1 update, i.e. where its own last round ended, moved by what the global model gained
+since; that start is about round r-1's model, so the update counts in full (w = 1):
+``p_r = p_{r-1} + (x* - (p_{r-2} + u_{r-1}))`` with ``u_{r-1} ~ p_{r-1} - p_{r-2}``.
+
 The same simulator code as ``aitbc simulate`` (training, codec, rule, outer step) drives
 the rounds in one process: digits MLP, 2 workers, H = 50, mean, fedavg, the live
 utilization bench's settings. Prints the validation loss per round for each schedule.
@@ -33,8 +39,9 @@ from _sims import machine
 from aitbc.sim.runner import SimConfig, Simulation
 
 
-def play(args: argparse.Namespace, weight: float | None) -> list[float]:
-    """Validation loss after each round; ``weight`` None: synchronous rounds."""
+def play(args: argparse.Namespace, weight: float | None, eager: bool = False) -> list[float]:
+    """Validation loss after each round; ``weight`` None: synchronous rounds; ``eager``:
+    each worker starts from the model before the round's less its own previous update."""
     cfg = SimConfig(
         model="mlp",
         dataset="digits",
@@ -53,10 +60,13 @@ def play(args: argparse.Namespace, weight: float | None) -> list[float]:
         weights = [float(sim.samples[i]) for i in ids]
         history = [sim.params]  # p_0, p_1, ...: the published models
         losses = [sim.evaluate(sim.params)[0]]
+        prior: dict[int, Any] = {}  # worker -> its last update (start - end)
         for r in range(1, cfg.rounds + 1):
             stale = weight is not None and r >= 2
             start = history[-2] if stale else history[-1]
-            sent = sim.work(ids, dict.fromkeys(ids, start), 0)
+            starts = {i: start - prior[i] if stale and eager else start for i in ids}
+            sent = sim.work(ids, starts, 0)
+            prior = {s.worker: s.update for s in sent}
             scale = weight if stale else 1.0
             sim.apply([scale * s.update for s in sent], weights)
             history.append(sim.params)
@@ -72,13 +82,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    schedules: dict[str, float | None] = {
-        "synchronous": None,
-        "overlap, w=1": 1.0,
-        "overlap, w=0.5 (the run's rule)": 0.5,
-        "overlap, w=0.25": 0.25,
+    schedules: dict[str, tuple[float | None, bool]] = {
+        "synchronous": (None, False),
+        "overlap, eager start, w=1 (live workers)": (1.0, True),
+        "overlap, stale start, w=1": (1.0, False),
+        "overlap, stale start, w=0.5 (the run's rule for it)": (0.5, False),
+        "overlap, stale start, w=0.25": (0.25, False),
     }
-    curves = {name: play(args, w) for name, w in schedules.items()}
+    curves = {name: play(args, w, eager) for name, (w, eager) in schedules.items()}
     shown = sorted({1, 2, 3, 5, 10, 15, 20, args.rounds} & set(range(1, args.rounds + 1)))
     print_table(
         f"validation loss per round: digits MLP, {args.workers} workers, H = {args.local_steps}, mean, fedavg",

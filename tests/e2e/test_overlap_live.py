@@ -7,8 +7,10 @@ so from round 2 on its updates name the model before the round's as their base; 
 coordinator is killed (SIGKILL) and restarted mid-run. Then:
 
 - the run completes with every round closed on the honest workers' updates (none lost);
-- every honest update passed its spot check, replayed from the base it named, and at
-  least one per worker was trained ahead (its base is round r-2's checkpoint);
+- every honest update passed its spot check, replayed from the start it named, and at
+  least one per worker was trained ahead: its base is round r-2's checkpoint and its
+  prior its own round r-1 update (an eager start: base less that update), and it counts
+  in full;
 - the cheater is still caught by the replay, slashed and ejected;
 - each honest worker is paid the agreed price once for every round (nothing settled
   twice across the restart), and ``aitbc ledger verify`` passes.
@@ -46,22 +48,28 @@ def test_overlapping_rounds_are_verified_paid_once_and_survive_a_coordinator_kil
     ckpt = {r["round"]: r["checkpoint_cid"] for r in rounds}
 
     ups = stack.rows(
-        "SELECT worker_id, round, status, verification, challenge FROM updates WHERE run_id = :r", r=run_id
+        "SELECT worker_id, round, status, verification, challenge, cid, prior_cid FROM updates WHERE run_id = :r",
+        r=run_id,
     )
     ahead: dict[str, int] = {}
     for name in honest:
         wid = stack.worker_id(name)
         mine = sorted((u for u in ups if u[0] == wid), key=lambda u: u[1])
         assert [u[1] for u in mine] == list(range(1, ROUNDS + 1)), mine
-        for _, r, status, verdict, challenge in mine:
+        own = {u[1]: u[5] for u in mine}  # round -> its update's CID
+        for _, r, status, verdict, challenge, _, prior in mine:
             assert (status, verdict) == ("accepted", "passed"), (name, r, status, verdict)
-            start = (json.loads(challenge) if isinstance(challenge, str) else challenge)["start_cid"]
+            ch = json.loads(challenge) if isinstance(challenge, str) else challenge
+            start = ch["start_cid"]
             assert start in (ckpt[r - 1], ckpt.get(r - 2)), (name, r, start)
-            ahead[name] = ahead.get(name, 0) + (r >= 2 and start == ckpt[r - 2])
+            trained_ahead = r >= 2 and start == ckpt[r - 2]
+            # trained ahead: from its own round r-1 update too, and replayed from there
+            assert (prior, ch["prior_cid"]) == ((own[r - 1],) * 2 if trained_ahead else (None, None)), (name, r)
+            ahead[name] = ahead.get(name, 0) + trained_ahead
     assert all(ahead.get(n, 0) >= 1 for n in honest), ahead  # trained ahead, replayed from that base
 
     cheat_id = stack.worker_id("skipper")
-    cheats = [(r, st, v) for w, r, st, v, _ in ups if w == cheat_id]
+    cheats = [(r, st, v) for w, r, st, v, *_ in ups if w == cheat_id]
     assert (1, "rejected", "failed") in cheats and all(st == "rejected" for _, st, _ in cheats), cheats
 
     deadline = time.monotonic() + 120

@@ -11,11 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.testing import assert_close
 
-from aitbc.errors import UsageError
+from aitbc.core.compression import build_codec
+from aitbc.core.compression import decode as decode_update
+from aitbc.errors import IntegrityError, UsageError
 from aitbc.training.checkpoint import flat_params, set_flat_params
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.datasets import load_dataset
-from aitbc.training.local import LocalConfig, LocalTrainer, evaluate, local_config
+from aitbc.training.local import LocalConfig, LocalTrainer, eager_start, evaluate, local_config
 from aitbc.training.models import build_model
 
 
@@ -257,3 +259,19 @@ def test_a_seeded_step_draws_what_torch_manual_seed_draws():
     c, opt_c = fresh()
     _, logits_c = train_step(c, opt_c, xb, yb, cfg, seed=1235)
     assert not torch.equal(logits_a, logits_c)  # the seed is what decides the dropout mask
+
+
+def test_an_eager_start_is_the_base_less_the_previous_update_as_it_decodes():
+    """Overlap 1: a round trained ahead starts from the newest model less the worker's own
+    last update as the coordinator decodes it (int8 here: lossy, so not the update it
+    meant), bit for bit what the coordinator's spot check computes; a blob of another size
+    is an IntegrityError, not a start."""
+    g = torch.Generator().manual_seed(3)
+    base, update = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+    blob = build_codec("int8", {}).encode(update)
+    start = eager_start(base, blob)
+    assert start.dtype == torch.float32 and start.shape == (1000,)
+    assert torch.equal(start, base - decode_update(blob).to(torch.float32))
+    assert not torch.equal(start, base - update)  # the decoded bytes, not the worker's own float32
+    with pytest.raises(IntegrityError):
+        eager_start(base[:999], blob)

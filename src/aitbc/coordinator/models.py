@@ -202,6 +202,8 @@ class Update(Base):
     train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # as the worker reports it (0004)
     # the model it was trained from when not its round's own (overlap 1: round r-2's checkpoint; 0006)
     base_cid: Mapped[str | None] = mapped_column(String(100), default=None)
+    # overlap 1, eager start: its worker's own round r-1 update, taken from base_cid (0011)
+    prior_cid: Mapped[str | None] = mapped_column(String(100), default=None)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)
     reason: Mapped[str | None] = mapped_column(Text, default=None)

@@ -267,8 +267,12 @@ def aggregate_round(
 
 
 def _staleness(run: Run, u: Update) -> float:
-    """What ``u`` counts for: 1, or, trained from the model before its round's (overlap 1:
-    one aggregation late), the run's staleness rule at 1 (:mod:`aitbc.core.staleness`).
+    """What ``u`` counts for: 1, or, trained from the model before its round's alone
+    (overlap 1: one aggregation late), the run's staleness rule at 1
+    (:mod:`aitbc.core.staleness`). One trained ahead from that model plus its worker's own
+    previous update (``prior_cid``, an eager start) began about where the round's model
+    is: it counts 1 (bench/overlap_loss.py: the synchronous loss, where the stale start at
+    half weight lags it).
     Async: the run's staleness rule at the versions applied since its base (checked
     against max_staleness when it was accepted)."""
     if run.cfg.mode == "async":
@@ -278,7 +282,7 @@ def _staleness(run: Run, u: Update) -> float:
             build_staleness(*parse_spec(run.cfg.staleness, what="staleness rule")), lag, run.cfg.max_staleness
         )
         return 0.0 if w is None else w  # None cannot happen: the staleness was checked when it was accepted
-    if u.base_cid is None:
+    if u.base_cid is None or u.prior_cid is not None:
         return 1.0
     return build_staleness(*parse_spec(run.cfg.overlap_staleness, what="staleness rule"))(1)
 

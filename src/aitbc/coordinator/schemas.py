@@ -195,6 +195,10 @@ class UpdateSubmit(Body):
     # the global model it trained from: the round's (the default), or, in a run with
     # overlap 1, the one before it (the worker began the round before the last one closed)
     base_cid: str | None = Field(None, max_length=100)
+    # overlap 1, trained ahead: this job's own update of the round before, which the worker
+    # took from base_cid to start where its last round ended (it started from
+    # ``base - decode(prior)``; see aitbc.coordinator.workers.update_prior)
+    prior_cid: str | None = Field(None, max_length=100)
     # the update blob itself, base64 (standard alphabet, padded): stored under ``cid`` as a
     # ``PUT /v1/blobs/{cid}`` would, in the same request (a small model's update: one
     # request a round, not two). Bounded by the coordinator's JSON body limit.

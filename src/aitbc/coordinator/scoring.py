@@ -59,8 +59,12 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
         rows: list[Score] = []
         if accepted and not rec.skipped:
-            # async: each update is judged against the version it was trained from (its base)
-            bases = [u.base_cid or rec_before.checkpoint_cid for u, _ in accepted]
+            # async: each update is judged against the version it was trained from (its base);
+            # overlap with an eager start (prior_cid): against the round's model, near where it began
+            bases = [
+                rec_before.checkpoint_cid if u.prior_cid is not None else (u.base_cid or rec_before.checkpoint_cid)
+                for u, _ in accepted
+            ]
             judged = _judge(ctx, run, runtime(ctx, run), bases, accepted, r)
             for (u, j), sc in zip(accepted, judged):
                 if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone

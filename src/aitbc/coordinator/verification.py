@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
@@ -55,11 +56,11 @@ from aitbc.coordinator.states import JobStatus, UpdateStatus
 from aitbc.coordinator.workforce import end_job
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import AitbcError, NotFoundError, UsageError
+from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.cid import is_cid
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, load_shard
-from aitbc.training.local import LocalConfig
+from aitbc.training.local import LocalConfig, eager_start
 from aitbc.training.proof import (
     Commitment,
     Replay,
@@ -76,22 +77,31 @@ from aitbc.training.proof import (
 log = logging.getLogger("aitbc.coordinator")
 
 PENDING = ("challenged", "revealed")  # a round waits for these
-_digests: dict[str, str] = {}  # checkpoint CID -> digest of its flat parameters
+_digests: dict[tuple[str, str | None], str] = {}  # (checkpoint CID, prior CID) -> digest of the start
 _digests_lock = threading.Lock()
 
 
-def _start_digest(ctx: Context, run: Run, cid: str) -> str:
-    """The digest of the model checkpoint ``cid`` an update starts from, computed once."""
-    with _digests_lock:
-        if cid in _digests:
-            return _digests[cid]
+def start_params(ctx: Context, run: Run, cid: str, prior_cid: str | None = None) -> Tensor:
+    """(d,) the parameters an update started from: the checkpoint ``cid``, less its
+    worker's own previous update ``prior_cid`` when it names one (overlap 1, eager start:
+    :func:`aitbc.coordinator.workers.update_prior`), computed as the worker does."""
     model = build_initial_model(run, ctx.settings.allow_code)
     load_checkpoint(model, ctx.store.get_bytes(cid))
-    digest = tensor_digest(flat_params(model))
+    start = flat_params(model)
+    return start if prior_cid is None else eager_start(start, ctx.store.get_bytes(prior_cid))
+
+
+def _start_digest(ctx: Context, run: Run, cid: str, prior_cid: str | None = None) -> str:
+    """The digest of the start an update names (see :func:`start_params`), computed once."""
+    key = (cid, prior_cid)
+    with _digests_lock:
+        if key in _digests:
+            return _digests[key]
+    digest = tensor_digest(start_params(ctx, run, cid, prior_cid))
     with _digests_lock:
         if len(_digests) > 256:
             _digests.clear()
-        _digests[cid] = digest
+        _digests[key] = digest
     return digest
 
 
@@ -181,14 +191,21 @@ def _check_chain(s: Session, run: Run, job: Job, c: Commitment) -> None:
 
 
 def on_submit(
-    ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int, *, start_cid: str
+    ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int, *, start_cid: str, prior_cid: str | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """The update's spot check, drawn now: ``(fields for the Update row, reason)`` where
     ``reason`` is set when the free check already failed (the update is then rejected).
     ``start_cid``: the model it says it trained from (the round's, or with overlap the one
-    before: :func:`aitbc.coordinator.workers.update_base`)."""
-    if not check_start(c, _start_digest(ctx, run, start_cid)).ok:
-        detail = "its first committed state is not the round's model (trained from another model)"
+    before: :func:`aitbc.coordinator.workers.update_base`), less ``prior_cid``, the
+    worker's own previous update, when it names one (an eager start)."""
+    try:
+        digest = _start_digest(ctx, run, start_cid, prior_cid)
+    except IntegrityError as e:  # its own previous update does not decode to this model's size
+        digest, why = "", f"the previous update it names does not give a start: {e}"
+    else:
+        why = "its first committed state is not the round's model (trained from another model)"
+    if not check_start(c, digest).ok:
+        detail = why
         return {
             "proof": c.to_json(),
             "verification": "failed",
@@ -214,6 +231,7 @@ def on_submit(
         "seed": job_seed(run, job),
         "shard_index": shard_index,
         "start_cid": start_cid,
+        "prior_cid": prior_cid,
     }
     return {"proof": c.to_json(), "challenge": challenge, "verification": "challenged"}, None
 
@@ -329,8 +347,7 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
         verdicts.append(v)
         if not v.ok:
             return verdicts
-    start_model = build_initial_model(run, ctx.settings.allow_code)
-    load_checkpoint(start_model, ctx.store.get_bytes(ch["start_cid"]))
+    start = start_params(ctx, run, ch["start_cid"], ch.get("prior_cid"))  # a challenge before 0011: none
     residual = None
     if ch["residual"]:
         residual = bytes_to_tensors(ctx.store.get_bytes(rev["residual"])).get("residual")
@@ -338,9 +355,7 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
             return [*verdicts, Verdict(False, "update", None, None, f"the revealed residual is not float32 ({d},)")]
     name, opts = parse_spec(run.cfg.compression, what="codec")
     codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=ch["residual"])
-    verdicts.append(
-        check_update(c, ctx.store.get_bytes(upd.cid), flat_params(start_model), states[c.intervals], residual, codec)
-    )
+    verdicts.append(check_update(c, ctx.store.get_bytes(upd.cid), start, states[c.intervals], residual, codec))
     return verdicts
 
 

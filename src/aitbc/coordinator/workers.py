@@ -298,6 +298,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     is_async = run.cfg.mode == "async"
     # 422 before anything is written; async: any recent version (its staleness is checked under the lock)
     base = async_base(s, run, body.base_cid) if is_async else update_base(s, run, body.base_cid)
+    prior = update_prior(s, run, job, body, base)
     with _CHECKING:  # at most UPDATE_CHECKS update blobs in memory at once, whatever the workers
         # re-hashed: a blob swapped on disk is refused too (an inline blob was hashed above)
         blob = inline if inline is not None else ctx.store.get_bytes(body.cid)
@@ -326,7 +327,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     trained = trained_shard(run, job, body.shard_cid)
     checks: dict[str, Any] = {}
     if commitment is not None and reason is None:
-        checks, failed = verification.on_submit(ctx, run, job, commitment, trained, start_cid=base)
+        checks, failed = verification.on_submit(ctx, run, job, commitment, trained, start_cid=base, prior_cid=prior)
         reason = failed
     upd = Update(
         run_id=run.id,
@@ -341,6 +342,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         train_accuracy=body.train_accuracy if reason is None else None,
         compute_seconds=body.compute_seconds,
         base_cid=base if is_async else (None if base == run.global_cid else base),
+        prior_cid=prior,
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
@@ -421,6 +423,32 @@ def update_base(s: Session, run: Run, base_cid: str | None) -> str:
             "wrong_base", f"base_cid {base_cid!r} is not a model round {run.round} may train from: {allowed}"
         )
     return before
+
+
+def update_prior(s: Session, run: Run, job: Job, body: UpdateSubmit, base: str) -> str | None:
+    """The worker's own previous update that an update trained ahead (overlap 1) started
+    from, on top of its base (``base - decode(prior)``: where its own last round ended,
+    moved by what the global model gained since; an eager start, which keeps overlap's loss
+    at the synchronous one: bench/overlap_loss.py), or None. ``prior_cid`` must name this
+    job's own update of the round before (stored, whatever its verdict), and only an update
+    trained from the model before the round's may name one; anything else is a 422 that
+    records nothing. The spot check replays such an update from that start."""
+    if body.prior_cid is None:
+        return None
+    if run.cfg.mode != "sync" or run.cfg.overlap < 1 or base == run.global_cid:
+        raise unprocessable(
+            "wrong_prior",
+            "prior_cid is only for an update trained ahead in a sync run with overlap 1 "
+            "(its base_cid the model before the round's)",
+        )
+    found = s.scalar(
+        select(Update.id).where(Update.job_id == job.id, Update.round == body.round - 1, Update.cid == body.prior_cid)
+    )
+    if found is None:
+        raise unprocessable(
+            "wrong_prior", f"prior_cid {body.prior_cid!r} is not this job's update of round {body.round - 1}"
+        )
+    return body.prior_cid
 
 
 def async_base(s: Session, run: Run, base_cid: str | None) -> str:

@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aitbc.core.compression import decode as decode_update
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
+from aitbc.errors import IntegrityError
 from aitbc.training.batches import BatchOrder, data_seed, step_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
 from aitbc.training.devices import autocast, check_precision
@@ -74,6 +76,20 @@ class LocalResult:
     samples: int  # samples seen this round
     epoch: float  # passes over the shard so far
     accuracy: float | None = None  # share of the round's training samples predicted right (None: language data)
+
+
+def eager_start(base: Tensor, prior_blob: bytes) -> Tensor:
+    """(d,) where a round trained ahead (overlap 1) starts: the newest global model ``base``
+    less the worker's own previous update as its blob decodes (an update is ``start -
+    end``), i.e. where that round ended, moved by what the global model gained since (the
+    "eager" start of overlapped DiLoCo). The worker and the coordinator's spot check both
+    compute it from the same published bytes, so it is the same on both sides. A blob that
+    does not decode to ``base``'s size is an ``IntegrityError``."""
+    d = base.numel()
+    step = decode_update(prior_blob, max_numel=d)
+    if step.shape != (d,):
+        raise IntegrityError(f"a previous update of shape {tuple(step.shape)}, not ({d},)")
+    return base - step.to(torch.float32)
 
 
 def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:

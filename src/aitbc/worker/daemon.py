@@ -36,7 +36,7 @@ from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, tensors_to_bytes
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.devices import resolve_devices
-from aitbc.training.local import LocalConfig, LocalTrainer, epoch_steps
+from aitbc.training.local import LocalConfig, LocalTrainer, eager_start, epoch_steps
 from aitbc.training.models import build_model
 from aitbc.training.parallel import Ranks
 from aitbc.training.proof import Recorder, TrainState, boundaries, commit_every
@@ -383,7 +383,9 @@ class Worker:
     def train_round(self, job: dict[str, Any]) -> None:
         """Train the job's open round (or take the one trained ahead for it, if it still
         fits: same job, round and settings), send its update, and, in a run with
-        ``overlap`` 1, train the next round at once from this round's model."""
+        ``overlap`` 1, train the next round at once from this round's model less this
+        round's update (an eager start: where this round ended, moved by what the global
+        model gained since)."""
         t0 = time.perf_counter()
         self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
         state = self._job_state(job)
@@ -394,11 +396,12 @@ class Worker:
             self._submit(job, state, done, t0)
             return
         # Overlap: this round's update goes out from the sender thread while the next round
-        # trains here, from this round's model (the newest there is); that round's update
-        # names it as its base. If this one is refused, the next is dropped (_settle_sent).
+        # trains here, from this round's model (the newest there is) less this round's update
+        # as the coordinator decodes it; that round's update names both (base_cid, prior_cid).
+        # If this one is refused, the next is dropped (_settle_sent).
         self.reporter.drain()  # no progress report of this round may land after its update
         self._sending = (job, done, _Sender(lambda: self._send_and_look(job, state, done, t0)))
-        self._ahead = self._train(job, state, job["round"] + 1)
+        self._ahead = self._train(job, state, job["round"] + 1, prior=done)
 
     def _send_and_look(self, job: dict[str, Any], state: JobState, done: Trained, t0: float) -> dict[str, Any] | None:
         """The sender thread: send the round's update, then wait for the next round to open
@@ -456,10 +459,13 @@ class Worker:
         self._restore_round_start(state, ahead.start)
         return None
 
-    def _train(self, job: dict[str, Any], state: JobState, round: int) -> Trained:
+    def _train(self, job: dict[str, Any], state: JobState, round: int, prior: Trained | None = None) -> Trained:
         """Round ``round``'s update from the job view's global model: H local steps, the
         codec, the proof if asked. A ``round`` past the view's is trained ahead (overlap 1):
-        from the newest model there is, which the coordinator takes as its update's base."""
+        from the newest model there is (its update's ``base_cid``), less ``prior``, this
+        worker's update of the view's round as its blob decodes (``prior_cid``): an eager
+        start, where that round ended moved by what the global model gained since, so the
+        coordinator counts the update in full (``aitbc.coordinator.workers.update_prior``)."""
         base = job["global_model_cid"]
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
@@ -468,6 +474,8 @@ class Worker:
         load_checkpoint_file(state.trainer.model, model)
         download = time.perf_counter() - t_download
         start = flat_params(state.trainer.model).cpu()  # (d,)
+        if ahead and prior is not None:
+            start = eager_start(start, prior.blob)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
         last_report = -math.inf
 
@@ -533,6 +541,8 @@ class Worker:
         }
         if ahead or job.get("mode") == "async":  # async: the version it trained from sets its weight
             body["base_cid"] = base
+        if ahead and prior is not None:
+            body["prior_cid"] = prior.body["cid"]
         if proof is not None:
             body["proof"] = proof
         return Trained(
