@@ -118,19 +118,12 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
             if isinstance(val, dict) and val.get("cid"):
                 live.add(str(val["cid"]))
         live.update(s.scalars(select(Job.shard_cid).where(Job.run_id == run.id)).all())
-        live.update(
-            s.scalars(select(Update.cid).where(Update.run_id == run.id, Update.round > run.settled_round)).all()
-        )
-        # overlap, eager start: a spot check replays from base - prior, the round before's update
-        live.update(
-            c
-            for c in s.scalars(
-                select(Update.prior_cid).where(
-                    Update.run_id == run.id, Update.round > run.settled_round, Update.prior_cid.is_not(None)
-                )
-            ).all()
-            if c
-        )
+        # each unsettled update, and its prior (overlap, eager start: a spot check replays
+        # from base - prior, the round before's update)
+        for cid, prior in s.execute(
+            select(Update.cid, Update.prior_cid).where(Update.run_id == run.id, Update.round > run.settled_round)
+        ).all():
+            live.update(c for c in (cid, prior) if c)
         # the states a spot check's reveal names: the driver has yet to read them (or they are a failure's evidence)
         for rev in s.scalars(
             select(Update.revealed).where(
