@@ -246,3 +246,26 @@ def test_a_cache_store_writes_without_fsync_and_still_checks_the_cid(tmp_path, m
         with pytest.raises(IntegrityError):
             w.commit()
     assert sorted(p.name for p in store.dir.iterdir()) == [cid]
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_every_way_into_a_store_syncs_only_a_durable_one(tmp_path, monkeypatch, durable):
+    # put_bytes, put_file and put_many too, not only an upload's writer: a worker's gossip
+    # store (durable=False) took an fsync a round through put_bytes that it never needed.
+    synced = []
+    real_fsync, real_sync = os.fsync, os.sync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append("fsync"), real_fsync(fd)))
+    monkeypatch.setattr(os, "sync", lambda: (synced.append("sync"), real_sync()))
+    store = LocalBlobStore(tmp_path / "store", durable=durable)
+    source = tmp_path / "file.bin"
+    source.write_bytes(b"a file" * 100)
+    many = b"many" * 10
+    stored = [
+        store.put_bytes(b"bytes" * 100),
+        store.put_file(source),
+        *store.put_many([(cid_of_bytes(many), many)]),
+    ]
+    assert [store.get_bytes(c) for c in stored] == [b"bytes" * 100, source.read_bytes(), many]
+    assert bool(synced) is durable, synced
+    if durable:  # each of the three made its bytes and its name durable
+        assert synced.count("fsync") >= 4 and "sync" in synced, synced

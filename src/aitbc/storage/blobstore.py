@@ -97,7 +97,8 @@ class LocalBlobStore:
         self._check_size(len(data))
         cid = cid_of_bytes(data)
         self.dir.mkdir(parents=True, exist_ok=True)
-        _commit(_write_temp(self.dir, lambda f: f.write(data)), self.dir / cid)
+        temp = _write_temp(self.dir, lambda f: f.write(data), durable=self.durable)
+        _commit(temp, self.dir / cid, durable=self.durable)
         return cid
 
     def put_file(self, path: Path) -> str:
@@ -114,9 +115,9 @@ class LocalBlobStore:
         hasher = CidHasher()
         with source:
             # The CID is known only at the end, so copy under a temporary name first.
-            temp = _write_temp(self.dir, _copier(source, hasher, self._check_size))
+            temp = _write_temp(self.dir, _copier(source, hasher, self._check_size), durable=self.durable)
         cid = str(hasher.cid())
-        _commit(temp, self.dir / cid)
+        _commit(temp, self.dir / cid, durable=self.durable)
         return cid
 
     def put_blob(self, cid: str, data: bytes) -> str:
@@ -164,10 +165,12 @@ class LocalBlobStore:
                     what = source if isinstance(source, Path) else "a blob"
                     raise IntegrityError(f"{what} changed while it was being stored: it no longer hashes to {cid}")
             if pending:
-                os.sync()
+                if self.durable:
+                    os.sync()
                 for temp, cid in pending:
                     os.replace(temp, self.dir / cid)
-                _fsync_dir(self.dir)
+                if self.durable:
+                    _fsync_dir(self.dir)
         except BaseException:
             for temp, _ in pending:
                 temp.unlink(missing_ok=True)
@@ -460,8 +463,8 @@ def _new_temp(directory: Path) -> tuple[int, Path]:
             continue
 
 
-def _write_temp(directory: Path, write: Callable[[BinaryIO], object]) -> Path:
-    """Run ``write`` on a new temporary file in ``directory``, then fsync it.
+def _write_temp(directory: Path, write: Callable[[BinaryIO], object], *, durable: bool = True) -> Path:
+    """Run ``write`` on a new temporary file in ``directory``, then (``durable``) fsync it.
 
     On any error (including one ``write`` raises to stop early) the file is removed.
     """
@@ -470,7 +473,8 @@ def _write_temp(directory: Path, write: Callable[[BinaryIO], object]) -> Path:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
