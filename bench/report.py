@@ -48,8 +48,9 @@ def main() -> None:
     parts = [
         "# Benchmark results",
         "",
-        f"Produced by one `make bench` (finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
-        "Each section holds the table the program printed and the command that printed it; the "
+        f"Gathered by `python bench/report.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}) from the "
+        "tables each benchmark printed in its last run (`make bench` runs them all, then this; the summary dates "
+        "each run). Each section holds the table the program printed and the command that printed it; the "
         "JSON beside it in `bench/results/` has every number. A target that is missed is "
         "reported as it is.",
         "",
