@@ -156,6 +156,31 @@ def test_worker_start_on_a_gpu_this_machine_lacks_is_one_line_and_exit_2(tmp_pat
         assert not home.exists()  # refused before its wallet is made
 
 
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:8700", "127.0.0.1:8700", "http://", "http://127.0.0.1:9,ws://x"])
+def test_worker_start_with_a_coordinator_url_no_request_can_reach_is_one_line_and_exit_2(tmp_path, url):
+    """Such a URL was retried as an outage for ever (every 5 s, "is it running?")."""
+    home = tmp_path / "home"
+    cmd = [str(AITBC), "worker", "start", "--home", str(home), "--coordinator", url]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not allowed: give http://HOST[:PORT] or https://HOST[:PORT]" in lines[0], r.stderr
+    assert not home.exists()  # refused before its wallet is made
+
+
+def test_a_worker_flag_is_checked_without_importing_torch():
+    """The worker's settings (every flag's check, ``--device`` spelled right included) load
+    without torch: a mistyped flag is refused in a fraction of a second, not after the second
+    torch takes to import. Only a device that needs the hardware looked at imports it."""
+    code = (
+        "import sys; from aitbc.worker.config import WorkerSettings; from aitbc.training import devices; "
+        "devices.check_device_spec('cuda:1'); assert 'torch' not in sys.modules, 'torch imported'; "
+        "devices.resolve_devices('cpu'); assert 'torch' in sys.modules"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_every_setting_has_its_variable():
     assert env_name(Settings, "db_url") == "AITBC_DB_URL"
     assert env_name(Settings, "home") == "AITBC_HOME"

@@ -10,11 +10,13 @@ processes (the gloo backend: how data parallelism is tested on a machine without
 from __future__ import annotations
 
 import re
-
-import torch
+from typing import TYPE_CHECKING
 
 from aitbc.errors import UsageError
 from aitbc.run_defaults import PRECISIONS  # a run's inner-step arithmetic: float32, or bfloat16 autocast
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved: a bad flag is refused without it (1 s)
+    import torch
 
 _SPEC = re.compile(r"^(auto|cpu|cuda)(?::(\d{1,4}))?$")
 
@@ -38,6 +40,8 @@ def check_precision(precision: str) -> str:
 def resolve_devices(spec: str, gpus: int = 1) -> list[torch.device]:
     """The device of each rank (``gpus`` of them) for ``spec`` on this machine; a
     ``UsageError`` naming what is missing when the machine does not have it."""
+    import torch
+
     s = check_device_spec(spec)
     if gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {gpus}")
@@ -65,4 +69,6 @@ def resolve_devices(spec: str, gpus: int = 1) -> list[torch.device]:
 def autocast(device: torch.device, precision: str) -> torch.autocast:
     """The inner step's autocast: bfloat16 where ``precision`` is bf16 (on the CPU too),
     off for fp32."""
+    import torch
+
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
