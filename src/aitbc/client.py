@@ -12,10 +12,11 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from aitbc.errors import AitbcError, IntegrityError
+from aitbc.errors import AitbcError, IntegrityError, UsageError
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet
 
@@ -99,6 +100,10 @@ def coordinator_urls(base_url: str) -> list[str]:
     urls = [u.strip().rstrip("/") for u in base_url.split(",")]
     if not all(urls):
         raise AitbcError(f"coordinator URL {base_url!r}: give one URL, or several separated by commas, none empty")
+    for u in urls:  # a wrong scheme would be retried as an outage for ever: refused here, once
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"coordinator URL {u!r} is not allowed: give http://HOST[:PORT] or https://HOST[:PORT]")
     return urls
 
 

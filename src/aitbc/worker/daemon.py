@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from aitbc.client import ApiError, CoordinatorClient, Unreachable
+from aitbc.client import ApiError, CoordinatorClient, Unreachable, coordinator_urls
 from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, IntegrityError, UsageError
@@ -144,6 +144,7 @@ class Worker:
         self.cfg, self.coordinator, self.home = cfg, coordinator, home
         # first: a device this machine lacks is refused before anything is written
         self.devices = resolve_devices(cfg.device, cfg.gpus)  # one per data-parallel rank
+        coordinator_urls(coordinator)  # a URL no request can go to (ftp://, no host): refused before the wallet too
         self.metrics = metrics or WorkerMetrics()  # served on --metrics-port by the caller, if asked
         self.wallet = ensure_wallet(home, cfg.wallet)
         self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
