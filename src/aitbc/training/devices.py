@@ -64,11 +64,3 @@ def resolve_devices(spec: str, gpus: int = 1) -> list[torch.device]:
     if gpus > have:
         raise UsageError(f"--gpus {gpus}: this machine has {have} CUDA GPU{'s' if have != 1 else ''}")
     return [torch.device("cuda", r) for r in range(gpus)]
-
-
-def autocast(device: torch.device, precision: str) -> torch.autocast:
-    """The inner step's autocast: bfloat16 where ``precision`` is bf16 (on the CPU too),
-    off for fp32."""
-    import torch
-
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

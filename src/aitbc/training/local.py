@@ -25,7 +25,7 @@ from aitbc.core.registry import Registry
 from aitbc.errors import IntegrityError
 from aitbc.training.batches import BatchOrder, data_seed, step_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
-from aitbc.training.devices import autocast, check_precision
+from aitbc.training.devices import check_precision
 
 if TYPE_CHECKING:
     from aitbc.training.parallel import Group
@@ -138,6 +138,12 @@ def train_step(
         else:
             torch.manual_seed(seed)
         return _step(model, opt, xb, yb, cfg, scale)
+
+
+def autocast(device: torch.device, precision: str) -> torch.autocast:
+    """The inner step's autocast: bfloat16 where ``precision`` is bf16 (on the CPU too),
+    off for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def _step(
