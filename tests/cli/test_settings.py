@@ -168,6 +168,27 @@ def test_worker_start_with_a_coordinator_url_no_request_can_reach_is_one_line_an
     assert not home.exists()  # refused before its wallet is made
 
 
+def test_worker_start_with_a_ca_cert_that_is_missing_writes_nothing(tmp_path):
+    home = tmp_path / "home"
+    ca = tmp_path / "no-such-ca.pem"
+    cmd = [
+        str(AITBC),
+        "worker",
+        "start",
+        "--home",
+        str(home),
+        "--coordinator",
+        "https://127.0.0.1:9",
+        "--ca-cert",
+        str(ca),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"CA certificate {ca} not found" in lines[0], r.stderr
+    assert not home.exists()  # refused before its wallet is made
+
+
 def test_a_worker_flag_is_checked_without_importing_torch():
     """The worker's settings (every flag's check, ``--device`` spelled right included) load
     without torch: a mistyped flag is refused in a fraction of a second, not after the second

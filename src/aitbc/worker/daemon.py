@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from aitbc.client import ApiError, CoordinatorClient, Unreachable, coordinator_urls
+from aitbc.client import ApiError, CoordinatorClient, Unreachable
 from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, IntegrityError, UsageError
@@ -144,10 +144,10 @@ class Worker:
         self.cfg, self.coordinator, self.home = cfg, coordinator, home
         # first: a device this machine lacks is refused before anything is written
         self.devices = resolve_devices(cfg.device, cfg.gpus)  # one per data-parallel rank
-        coordinator_urls(coordinator)  # a URL no request can go to (ftp://, no host): refused before the wallet too
+        # then the coordinator's URL and CA (ftp://, no host, an unreadable --ca-cert): before the wallet too
+        self.client = CoordinatorClient(coordinator, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
         self.metrics = metrics or WorkerMetrics()  # served on --metrics-port by the caller, if asked
-        self.wallet = ensure_wallet(home, cfg.wallet)
-        self.client = CoordinatorClient(coordinator, self.wallet, timeout=cfg.poll_seconds + 30, ca_cert=ca_cert)
+        self.wallet = self.client.wallet = ensure_wallet(home, cfg.wallet)
         self.cache = BlobCache(home / "worker-cache" / self.wallet.name, max_bytes=cfg.cache_bytes)
         self.device = detect_device(self.devices)
         self.ranks: Ranks | None = None  # ranks 1..N-1 with --gpus N (started by run())
