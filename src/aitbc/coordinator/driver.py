@@ -3,7 +3,9 @@
 The rounds thread, each tick (or sooner, when a request pokes it), first closes the rounds
 that are due (a round's last update pokes it: nothing stands between that update and the
 next round), then flushes heartbeats, fails workers whose lease ran out (reassigning their
-shards), finishes distributions and fills orphaned shards. The books thread, woken when a
+shards), finishes distributions and fills orphaned shards. That housekeeping runs at most
+once a tick: a small model's rounds poke several times a tick (each update, each close),
+and on a machine the workers share, every pass was CPU taken from their training. The books thread, woken when a
 round closes, does what no worker waits for: it evaluates closed rounds' models, scores
 and settles them (exactly once, by key), finalizes ended runs and collects blobs; so the
 next round trains while the last one is scored and paid. Runs under manual control are
@@ -53,12 +55,13 @@ class RoundDriver:
         self._wake_books = threading.Event()
         self._threads = [
             threading.Thread(
-                target=self._loop, args=(ctx.notifier.wake_driver, self.tick_rounds), name="round-driver", daemon=True
+                target=self._loop, args=(ctx.notifier.wake_driver, self._poked_rounds), name="round-driver", daemon=True
             ),
             threading.Thread(target=self._loop, args=(self._wake_books, self.tick_books), name="books", daemon=True),
             threading.Thread(target=self._keep_lease, name="driver-lease", daemon=True),
         ]
         self._last_flush = 0.0
+        self._last_housekeeping = 0.0  # the rounds thread's leases, refills and failures last ran
         self._last_gc = 0.0  # blob retention (.retention) last ran
         self._failures: dict[str, int] = {}  # consecutive failed attempts to move a run
         self._term: float | None = None  # when this replica took the lease it drives under
@@ -95,7 +98,15 @@ class RoundDriver:
         self.tick_rounds()
         self.tick_books()
 
-    def tick_rounds(self) -> None:
+    def _poked_rounds(self) -> None:
+        """The rounds thread's pass: its housekeeping only when a tick has gone by since the
+        last (a poke comes for a round that may be due; a stream of pokes still gets its
+        housekeeping every ``tick_seconds``)."""
+        self.tick_rounds(housekeeping=time.time() - self._last_housekeeping >= self.ctx.settings.tick_seconds)
+
+    def tick_rounds(self, *, housekeeping: bool = True) -> None:
+        """Close or open the rounds that are due; with ``housekeeping``, also expire leases,
+        fill orphaned shards, expire challenges and fail runs that cannot go on."""
         ctx, now = self.ctx, time.time()
         flushed = self._share_heartbeats(now)  # every replica: its workers are live for the driver
         self._notice_changes()
@@ -103,6 +114,11 @@ class RoundDriver:
             return  # another replica drives: no round, lease, refill or failure is ours to move
         verification.verify_pending(ctx)  # first: a round waits for its spot checks
         advanced = self._advance_due(now)  # then the rounds whose last update just arrived
+        if not housekeeping:
+            if advanced:
+                self._wake_books.set()
+            return
+        self._last_housekeeping = now
         changed = flushed
         with ctx.session() as s:
             # Leases are judged only once this coordinator has been up (or driving) a full
