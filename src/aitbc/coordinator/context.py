@@ -134,6 +134,8 @@ class Context:
     # Per live run, the round driver's books thread's own copy of that model (it evaluates
     # and scores with it, so a round's close never waits for a scoring; coordinator.scoring).
     books_models: dict[str, Any] = field(default_factory=dict)
+    # Decoded shards by content id, for scoring (coordinator.books.ShardCache).
+    books_shards: Any = None
     # The process's own Prometheus counters and the app's registry (coordinator.metrics).
     metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
     # Which workers serve which blobs (peer transport), in memory (coordinator.peers).

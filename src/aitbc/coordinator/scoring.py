@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from sqlalchemy import func, select
 from torch import Tensor, nn
 
-from aitbc.coordinator.books import books_model
+from aitbc.coordinator.books import books_model, books_shards
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import row
@@ -30,7 +30,7 @@ from aitbc.coordinator.states import ScoreStatus, UpdateStatus
 from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
 from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, aggregate_stream, read_row
 from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
-from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard, set_flat_params
+from aitbc.training.checkpoint import flat_params, load_checkpoint, set_flat_params
 
 SCORING = ScoringConfig()
 # The most bytes of a round's updates the books thread scores from memory (one float32 column
@@ -189,7 +189,7 @@ def _judge_decoded(
     trained = [
         u.shard_index if u.shard_index is not None else j.shard_index for u, j in accepted
     ]  # the shard each trained on
-    all_shards = [load_shard(ctx.store.get_bytes(e["cid"])) for e in run.data_manifest["shards"]]
+    all_shards = books_shards(ctx, [e["cid"] for e in run.data_manifest["shards"]])
     split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
     w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
     with rt.lock:  # the rule is the one the rounds thread aggregates with
@@ -249,33 +249,59 @@ def judge(
     database): the live coordinator and bench/honest_runs.py run exactly this."""
     g = torch.Generator().manual_seed(seed)
     vx, vy = val[0][:samples], val[1][:samples]
-    base_vals: dict[int, Tensor] = {}  # (B,) per distinct base model
-    gains, gain_se, own, own_se, other, other_se = [], [], [], [], [], []
-    for i, k in enumerate(trained):
-        b = before[i] if isinstance(before, list) else before  # (d,) the model this update was trained from
-        if id(b) not in base_vals:
-            base_vals[id(b)] = _losses(model, b, vx, vy)
-        base_val = base_vals[id(b)]
+    n = len(trained)
+    # Each update's two batches (its own shard's, then the others'), drawn in that order.
+    own_batches: list[tuple[Tensor, Tensor]] = []
+    other_batches: list[tuple[Tensor, Tensor]] = []
+    rests: dict[int, tuple[Tensor, Tensor]] = {}  # the others' samples, per shard trained on
+    for k in trained:
+        ox, oy = shards[k]
+        pick = torch.randperm(ox.shape[0], generator=g)[:samples]
+        own_batches.append((ox[pick], oy[pick]))
+        if k not in rests:
+            rest = [sh for m_, sh in enumerate(shards) if m_ != k and not split[m_]] or [shards[k]]
+            rests[k] = (torch.cat([sh[0] for sh in rest]), torch.cat([sh[1] for sh in rest]))
+        rx, ry = rests[k]
+        pick = torch.randperm(rx.shape[0], generator=g)[:samples]
+        other_batches.append((rx[pick], ry[pick]))
+    # One forward pass per model (a per-sample loss does not depend on the batch it is in):
+    # each base over the validation batch and the batches of every update trained from it,
+    # then each update applied alone over the validation batch and its own two batches.
+    base_of = [before[i] if isinstance(before, list) else before for i in range(n)]  # (d,) each
+    groups: dict[int, list[int]] = {}
+    for i, b in enumerate(base_of):
+        groups.setdefault(id(b), []).append(i)
+    base_val: dict[int, Tensor] = {}  # (B,) per distinct base
+    base_own: list[Tensor] = [torch.zeros(0)] * n
+    base_other: list[Tensor] = [torch.zeros(0)] * n
+    for key, ids in groups.items():
+        parts = [(vx, vy)] + [bt for i in ids for bt in (own_batches[i], other_batches[i])]
+        out = _split(_losses(model, base_of[ids[0]], *_joined(parts)), parts)
+        base_val[key] = out[0]
+        for j, i in enumerate(ids):
+            base_own[i], base_other[i] = out[1 + 2 * j], out[2 + 2 * j]
+    gains: list[float] = []
+    gain_se: list[float] = []
+    own: list[float] = []
+    own_se: list[float] = []
+    other: list[float] = []
+    other_se: list[float] = []
+    for i in range(n):
+        b = base_of[i]
         if isinstance(U, Tensor):
             after = b - U[i]  # (d,) this update alone applied
         else:  # a fresh row read from disk: the difference is written over it, no second (d,)
             row = read_row(U, i)
             after = torch.sub(b, row, out=row)
-        m, e = _gain(base_val, _losses(model, after, vx, vy))
-        gains.append(m)
-        gain_se.append(e)
-        ox, oy = shards[k]
-        pick = torch.randperm(ox.shape[0], generator=g)[:samples]
-        m, e = _gain(_losses(model, b, ox[pick], oy[pick]), _losses(model, after, ox[pick], oy[pick]))
-        own.append(m)
-        own_se.append(e)
-        rest = [sh for m_, sh in enumerate(shards) if m_ != k and not split[m_]] or [shards[k]]
-        rx = torch.cat([sh[0] for sh in rest])
-        ry = torch.cat([sh[1] for sh in rest])
-        pick = torch.randperm(rx.shape[0], generator=g)[:samples]
-        m, e = _gain(_losses(model, b, rx[pick], ry[pick]), _losses(model, after, rx[pick], ry[pick]))
-        other.append(m)
-        other_se.append(e)
+        parts = [(vx, vy), own_batches[i], other_batches[i]]
+        val_after, own_after, other_after = _split(_losses(model, after, *_joined(parts)), parts)
+        for (m, e), means, ses in (
+            (_gain(base_val[id(b)], val_after), gains, gain_se),
+            (_gain(base_own[i], own_after), own, own_se),
+            (_gain(base_other[i], other_after), other, other_se),
+        ):
+            means.append(m)
+            ses.append(e)
     return score_round(
         gains,
         own,
@@ -290,14 +316,31 @@ def judge(
     )
 
 
+def _joined(parts: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """The batches ``parts`` as one ``(sum B, ...)``."""
+    return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+
+def _split(losses: Tensor, parts: Sequence[tuple[Tensor, Tensor]]) -> list[Tensor]:
+    """Per-sample losses of :func:`_joined` batches, back into one ``(B,)`` per batch."""
+    return list(torch.split(losses, [x.shape[0] for x, _ in parts]))
+
+
+# A scoring forward pass takes at most this many input elements (a batch of digits: 1024
+# rows; of 64-token sequences: 1024; of 512-token ones: 128): few passes for a small model,
+# bounded activations for a large one.
+LOSS_CHUNK_ELEMENTS = 1 << 16
+
+
 @torch.no_grad()
-def _losses(model: nn.Module, params: Tensor, x: Tensor, y: Tensor, *, batch_size: int = 256) -> Tensor:
+def _losses(model: nn.Module, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
     """Per-sample loss ``(B,)`` of ``model`` with ``params`` (a sequence's: its mean over tokens)."""
     set_flat_params(model, params)
     model.eval()
     out = []
-    for i in range(0, x.shape[0], batch_size):
-        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+    rows = max(1, LOSS_CHUNK_ELEMENTS // max(1, x[0].numel())) if x.shape[0] else 1
+    for i in range(0, x.shape[0], rows):
+        xb, yb = x[i : i + rows], y[i : i + rows]
         logits = model(xb)
         per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1).long(), reduction="none")
         out.append(per.reshape(yb.shape[0], -1).mean(dim=1).to(torch.float64))
