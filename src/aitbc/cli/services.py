@@ -362,7 +362,7 @@ def start(
     ] = None,
     progress_every: Annotated[int | None, typer.Option(help="Report progress every this many local steps.")] = None,
     progress_seconds: Annotated[
-        float | None, typer.Option(help="Seconds at least between two progress reports within a round.")
+        float | None, typer.Option(help="Seconds at least between two progress reports (a job's first is always sent).")
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     step_delay: Annotated[

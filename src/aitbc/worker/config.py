@@ -36,7 +36,7 @@ class WorkerSettings(BaseSettings):
     backoff_seconds: float = Field(0.2, gt=0)  # first wait before retrying an unreachable coordinator
     max_backoff_seconds: float = Field(5.0, gt=0)  # the wait doubles up to this
     progress_every: int = Field(10, ge=1)  # report progress every this many local steps
-    progress_seconds: float = Field(1.0, ge=0)  # and at most once in this many seconds (the round's first step always)
+    progress_seconds: float = Field(1.0, ge=0)  # and at most once in this many seconds (a job's first report always)
     # a verifying run's committed states stay in memory up to this size a round, else go to disk
     proof_memory_bytes: int = Field(256 << 20, ge=0)
     cache_bytes: int = Field(512 << 20, ge=0)  # models and shards kept on disk, least recently used evicted first

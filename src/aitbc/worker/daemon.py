@@ -156,6 +156,7 @@ class Worker:
         self.refused: set[str] = set()  # jobs whose model this machine will not build
         self.registered = threading.Event()
         self.reporter = Reporter(self._send_progress)  # progress goes out beside training, never in its way
+        self._last_report: tuple[str, float] = ("", -math.inf)  # (job, when) of the last progress report
         # the last two global models, as files by CID (a round trained again reuses one; with
         # overlap the sender thread fetches the next while the main thread trains from the last);
         # any left by an earlier process go
@@ -478,20 +479,24 @@ class Worker:
         if ahead and prior is not None:
             start = eager_start(start, prior.blob)
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
-        last_report = -math.inf
+        job_id = job["job_id"]
 
         def report(step: int, loss: float) -> None:
-            # The first step opens the round's reports (its loss is the job's own from then on);
-            # then every `every` steps, at most one per progress_seconds. The last step goes
-            # with the update itself: an owner who sees the job complete reads its final step.
-            nonlocal last_report
+            # The first step opens the round's reports (its loss is the job's own from then on),
+            # then every `every` steps; at most one report per progress_seconds, except the
+            # job's first (a round shorter than that, a small model's, reports its first step
+            # once in progress_seconds: each report is a request the coordinator serves while
+            # the workers train). The last step goes with the update itself: an owner who sees
+            # the job complete reads its final step.
             if self.cfg.step_delay:
                 time.sleep(self.cfg.step_delay)
             self.metrics.steps.inc()
             now = time.perf_counter()
             self.metrics.steps_per_second.set(step / max(now - t_compute, 1e-9))
-            if step == 1 or (step % every == 0 and step < steps and now - last_report >= self.cfg.progress_seconds):
-                last_report = now
+            last_job, last_at = self._last_report
+            due = last_job != job_id or now - last_at >= self.cfg.progress_seconds
+            if due and (step == 1 or (step % every == 0 and step < steps)):
+                self._last_report = (job_id, now)
                 body = self._progress_body(job, 100.0 * step / steps, loss, self._epoch(state), "training", step=step)
                 self.reporter.report(job["job_id"], body)
 
