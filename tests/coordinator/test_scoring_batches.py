@@ -116,3 +116,18 @@ def test_the_cache_keeps_at_most_its_bound_least_recently_used_leaving_first(tmp
     big = ShardCache(limit_bytes=size - 1)  # a shard larger than the bound is read, not kept
     bx, _ = big.get(store, cids[3])
     assert bx.shape == (10, 8) and len(big) == 0 and big.nbytes == 0
+
+
+def test_a_finalized_run_s_shards_leave_the_cache(tmp_path):
+    store = LocalBlobStore(tmp_path)
+    cids = [store.put_bytes(shard_bytes(*_data(10, s), dataset="t", index=s, count=3)) for s in range(3)]
+    cache = ShardCache()
+    cache.get(store, cids[0], "run_a")
+    cache.get(store, cids[1], "run_a")
+    cache.get(store, cids[2], "run_b")
+    cache.drop_run("run_a")
+    assert len(cache) == 1 and set(cache._shards) == {cids[2]}
+    assert cache.nbytes == 10 * 8 * 4 + 10 * 8
+    cache.drop_run("run_a")  # twice, or a run that never asked: nothing
+    cache.drop_run("run_c")
+    assert len(cache) == 1

@@ -189,7 +189,7 @@ def _judge_decoded(
     trained = [
         u.shard_index if u.shard_index is not None else j.shard_index for u, j in accepted
     ]  # the shard each trained on
-    all_shards = books_shards(ctx, [e["cid"] for e in run.data_manifest["shards"]])
+    all_shards = books_shards(ctx, run.id, [e["cid"] for e in run.data_manifest["shards"]])
     split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
     w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
     with rt.lock:  # the rule is the one the rounds thread aggregates with
