@@ -100,9 +100,14 @@ def coordinator_urls(base_url: str) -> list[str]:
     urls = [u.strip().rstrip("/") for u in base_url.split(",")]
     if not all(urls):
         raise AitbcError(f"coordinator URL {base_url!r}: give one URL, or several separated by commas, none empty")
-    for u in urls:  # a wrong scheme would be retried as an outage for ever: refused here, once
-        parts = urlsplit(u)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+    for u in urls:  # a URL no request can reach would be retried as an outage for ever: refused here, once
+        try:
+            parts = urlsplit(u)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            parts.port  # noqa: B018 - raises on a port that is not a number from 0 to 65535
+        except ValueError:  # "http://[::1" (an unclosed IPv6 host), "http://x:abc"
+            ok = False
+        if not ok:
             raise UsageError(f"coordinator URL {u!r} is not allowed: give http://HOST[:PORT] or https://HOST[:PORT]")
     return urls
 

@@ -156,7 +156,10 @@ def test_worker_start_on_a_gpu_this_machine_lacks_is_one_line_and_exit_2(tmp_pat
         assert not home.exists()  # refused before its wallet is made
 
 
-@pytest.mark.parametrize("url", ["ftp://127.0.0.1:8700", "127.0.0.1:8700", "http://", "http://127.0.0.1:9,ws://x"])
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://127.0.0.1:8700", "127.0.0.1:8700", "http://", "http://127.0.0.1:9,ws://x", "http://[::1", "http://x:abc"],
+)
 def test_worker_start_with_a_coordinator_url_no_request_can_reach_is_one_line_and_exit_2(tmp_path, url):
     """Such a URL was retried as an outage for ever (every 5 s, "is it running?")."""
     home = tmp_path / "home"
