@@ -5,14 +5,14 @@ that are due (a round's last update pokes it: nothing stands between that update
 next round), then flushes heartbeats, fails workers whose lease ran out (reassigning their
 shards), finishes distributions and fills orphaned shards. That housekeeping runs at most
 once a tick: a small model's rounds poke several times a tick (each update, each close),
-and on a machine the workers share, every pass was CPU taken from their training. The books thread, woken when a
-round closes, does what no worker waits for: it evaluates closed rounds' models, scores
-and settles them (exactly once, by key), finalizes ended runs and collects blobs; so the
-next round trains while the last one is scored and paid. Runs under manual control are
-left to their owner's agent (:mod:`.control`); the driver only scores their aggregated
-rounds. After a restart it simply finds runs where they were: ``distributing`` is
-finished, ``aggregating`` is redone from the persisted updates, an unscored round is
-scored.
+and on a machine the workers share, every pass was CPU taken from their training. The
+books thread, woken when a round closes, does what no worker waits for: it evaluates
+closed rounds' models, scores and settles them (exactly once, by key), finalizes ended
+runs and collects blobs; so the next round trains while the last one is scored and paid.
+Runs under manual control are left to their owner's agent (:mod:`.control`); the driver
+only scores their aggregated rounds. After a restart it simply finds runs where they
+were: ``distributing`` is finished, ``aggregating`` is redone from the persisted updates,
+an unscored round is scored.
 
 Several coordinator processes (replicas) may share one database and blob folder: each
 answers every request, and each runs these threads, but only the holder of the driver

@@ -272,8 +272,8 @@ def judge(
     for i, b in enumerate(base_of):
         groups.setdefault(id(b), []).append(i)
     base_val: dict[int, Tensor] = {}  # (B,) per distinct base
-    base_own: list[Tensor] = [torch.zeros(0)] * n
-    base_other: list[Tensor] = [torch.zeros(0)] * n
+    base_own: dict[int, Tensor] = {}  # (B,) per update: its base on its own batches
+    base_other: dict[int, Tensor] = {}
     for key, ids in groups.items():
         parts = [(vx, vy)] + [bt for i in ids for bt in (own_batches[i], other_batches[i])]
         out = _split(_losses(model, base_of[ids[0]], *_joined(parts)), parts)
