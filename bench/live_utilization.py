@@ -476,7 +476,8 @@ def main() -> None:
         "--overlap",
         default="0,1",
         help="comma-separated values of the run option overlap to measure each config under "
-        "(0: synchronous rounds; 1: a worker trains round r+1 while round r closes, one-step delay)",
+        "(0: synchronous rounds; 1: a worker trains round r+1 while round r closes, one-step delay; "
+        "2: two rounds ahead, the next round's update sent before it opens)",
     )
     ap.add_argument(
         "--repeats",
@@ -489,8 +490,8 @@ def main() -> None:
     args = ap.parse_args()
     names = [s.strip() for s in args.configs.split(",") if s.strip()]
     overlaps = [int(s) for s in args.overlap.split(",") if s.strip().isdigit()]
-    if not overlaps or any(o not in (0, 1) for o in overlaps):
-        ap.error(f"--overlap takes 0, 1 or both (0,1), got {args.overlap!r}")
+    if not overlaps or any(o not in (0, 1, 2) for o in overlaps):
+        ap.error(f"--overlap takes values of 0, 1 and 2, comma-separated (0,1), got {args.overlap!r}")
     for n in names:
         if n not in CONFIGS:
             ap.error(f"unknown config {n!r}; one of: {', '.join(CONFIGS)}")

@@ -33,7 +33,8 @@ EVAL_EVERY = 1  # evaluate every N rounds (and after the last)
 VERIFY_RATE = 0.0  # spot checks: the expected share of each update's local steps the coordinator re-runs
 # Overlapping rounds: 0, each round trains from the model the previous round made; 1, a
 # worker starts round r+1 as soon as it has sent round r, from the newest published model
-# (one round older), and its update is applied to the newest one (one-step delay).
+# (one round older), and its update is applied to the newest one (one-step delay); 2, two
+# rounds ahead, the next round's update sent before that round opens (two-step delay).
 OVERLAP = 0
 # The workers' inner steps: fp32, or bf16 (bfloat16 autocast on CPU and CUDA; parameters,
 # gradients and optimizer state stay float32).

@@ -96,11 +96,11 @@ def test_overlap_is_bounded(new_coordinator, api):
     coord = new_coordinator()
     owner = coord.client("bounded")
     run_id = api.create_run(owner)
-    for bad in (2, -1):
+    for bad in (3, -1):
         try:
             owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, "overlap": bad})
         except api.ApiError as e:
-            assert e.status == 422 and "overlap must be in [0, 1]" in e.detail, e
+            assert e.status == 422 and "overlap must be in [0, 2]" in e.detail, e
         else:
             raise AssertionError(f"overlap {bad} accepted")
 
@@ -217,3 +217,166 @@ def test_without_overlap_no_update_names_a_prior(new_coordinator, api):
     else:
         raise AssertionError("a prior accepted without overlap")
     assert t.coord.rows("SELECT id FROM updates WHERE round = 2") == []
+
+
+# --- overlap 2: an update sent before its round opens, trained from up to two rounds back ---
+
+
+def _post(w, t, body):
+    return w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", body)
+
+
+def _view(w):
+    return w.get(f"/workers/{w.wallet.address}/job", sign=True)["job"]
+
+
+def _refused(api, w, t, body, status: int, code: str, says: str, *, flagged: bool = False) -> None:
+    """``body`` is refused with ``status``/``code`` naming ``says``; nothing of its round is
+    recorded (no update row; a ``wrong_round`` flag only where ``flagged``)."""
+    r = body["round"]
+    flags = "SELECT id FROM flags WHERE worker_id = :w AND kind = 'wrong_round'"
+    before = t.coord.rows(flags, w=w.wallet.address)
+    try:
+        _post(w, t, body)
+    except api.ApiError as e:
+        assert (e.status, e.code) == (status, code), e
+        assert says in e.detail, e
+    else:
+        raise AssertionError(f"{body} accepted")
+    assert t.coord.rows("SELECT id FROM updates WHERE round = :r AND worker_id = :w", r=r, w=w.wallet.address) == []
+    after = t.coord.rows(flags, w=w.wallet.address)
+    assert (len(after) > len(before)) == flagged, (before, after)
+
+
+def test_with_overlap_2_the_next_rounds_update_is_taken_before_its_round_opens(new_coordinator, api):
+    """A job whose update of the open round is in may send the next round's at once: its
+    view says ``train`` with ``send_round`` r+1 (and ``wait`` once that is in too); the
+    update names its base (round r-1's model, or the one before) and, trained ahead, its
+    own updates since as a chain of priors (round r+1's names r's, which names r-1's while
+    the base is older). Once round r closes, round r+1 opens with it in and closes as soon
+    as the rest arrive, the eager start counting in full."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=2, aggregator="mean", outer="fedavg", rounds=4)
+    (wa, wb) = t.workers
+    ckpt = _checkpoints(t)
+    u1 = api.put_update(wa, _distinct(t.d, 1))
+    _post(wa, t, api.update_body(1, u1))
+    view = _view(wa)
+    assert (view["round"], view["send_round"], view["action"], view["overlap"]) == (1, 2, "train", 2), view
+    assert view["global_model_cid"] == ckpt[0]
+    u2 = api.put_update(wa, torch.full((t.d,), 1e-3))
+    assert _post(wa, t, api.update_body(2, u2, base_cid=ckpt[0], prior_cid=u1))["round"] == 2
+    view = _view(wa)
+    assert (view["round"], view["send_round"], view["action"]) == (1, 2, "wait"), view
+    assert t.owner.get(f"/runs/{t.run_id}")["round"] == 1  # round 1 waits for wb
+
+    _post(wb, t, api.update_body(1, api.put_update(wb, _distinct(t.d, 2))))
+    wait_for("round 2 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    ckpt = _checkpoints(t)
+    view = _view(wa)
+    assert (view["round"], view["send_round"], view["action"]) == (2, 3, "train"), view
+    # round 3 ahead from round 0's model: its chain covers rounds 2 and 1 (u2 names u1)
+    u3 = api.put_update(wa, _distinct(t.d, 3))
+    assert _post(wa, t, api.update_body(3, u3, base_cid=ckpt[0], prior_cid=u2))["status"] == "accepted"
+    assert _view(wb)["send_round"] == 2  # wb has not sent round 2 yet
+    _post(wb, t, api.update_body(2, api.put_update(wb, torch.full((t.d,), 2e-3))))
+    wait_for("round 3 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+    rows = {
+        (r["worker_id"], r["round"]): r
+        for r in t.coord.rows("SELECT worker_id, round, samples, base_cid, prior_cid, status FROM updates")
+    }
+    a2, b2, a3 = rows[(wa.wallet.address, 2)], rows[(wb.wallet.address, 2)], rows[(wa.wallet.address, 3)]
+    assert (a2["base_cid"], a2["prior_cid"], a2["status"]) == (ckpt[0], u1, "accepted")
+    assert (a3["base_cid"], a3["prior_cid"]) == (ckpt[0], u2)
+    assert (b2["base_cid"], b2["prior_cid"]) == (None, None)
+    # round 2: wa's eager start counts in full, as wb's own-model update does
+    ckpt = _checkpoints(t)
+    one, two = (bytes_to_tensors(t.owner.get_blob(ckpt[r])) for r in (1, 2))
+    moved = torch.cat([(two[k] - one[k]).flatten() for k in sorted(one)])
+    expected = (a2["samples"] * 1e-3 + b2["samples"] * 2e-3) / (a2["samples"] + b2["samples"])
+    assert torch.allclose(moved, torch.full_like(moved, -expected), atol=1e-6), (moved.min().item(), expected)
+
+
+def test_an_update_sent_ahead_is_refused_unless_it_fits(new_coordinator, api):
+    """What an update of the next round must be (each refusal a 4xx that records nothing):
+    sent after its job's update of the open round (409 ``wrong_round``, no flag: a protocol
+    slip, not a lie), naming a base (422 ``wrong_base``), a base at most two rounds before
+    its round's (a third is 422), a prior chain that reaches down to its base's round (a
+    link with no prior of its own leaves a round out: 422 ``wrong_prior``), and two rounds
+    ahead is a lie (409 ``wrong_round``, flagged). Overlap 1 takes no update ahead."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=2, rounds=4)
+    (wa, wb) = t.workers
+    ckpt = _checkpoints(t)
+    early = api.put_update(wa, _distinct(t.d, 10))
+    _refused(api, wa, t, api.update_body(2, early, base_cid=ckpt[0]), 409, "wrong_round", "sends round 1's first")
+    u1 = api.put_update(wa, _distinct(t.d, 11))
+    _post(wa, t, api.update_body(1, u1))
+    _refused(api, wa, t, api.update_body(2, early), 422, "wrong_base", "names its base_cid")
+    _refused(
+        api, wa, t, api.update_body(3, early, base_cid=ckpt[0]), 409, "wrong_round", "the open round is 1", flagged=True
+    )
+    _post(wb, t, api.update_body(1, api.put_update(wb, _distinct(t.d, 12))))
+    wait_for("round 2 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    ckpt = _checkpoints(t)
+    u2 = api.put_update(wa, _distinct(t.d, 13))
+    _post(wa, t, api.update_body(2, u2))  # from round 1's model, its own: no prior
+    # round 3 from round 0's model names u2, which names nothing: round 1's update is left out
+    _refused(
+        api, wa, t, api.update_body(3, early, base_cid=ckpt[0], prior_cid=u2), 422, "wrong_prior", "leaves out round 1"
+    )
+    # from round 1's model the chain is u2 alone: taken
+    assert _post(wa, t, api.update_body(3, early, base_cid=ckpt[1], prior_cid=u2))["status"] == "accepted"
+    _post(wb, t, api.update_body(2, api.put_update(wb, _distinct(t.d, 14))))
+    wait_for("round 3 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+    # round 4 ahead: round 0's model is three rounds before its round's (round 3's)
+    ckpt = _checkpoints(t)
+    _post(wb, t, api.update_body(3, api.put_update(wb, _distinct(t.d, 15))))
+    late = api.put_update(wb, _distinct(t.d, 16))
+    _refused(api, wb, t, api.update_body(4, late, base_cid=ckpt[0]), 422, "wrong_base", "(overlap 2)")
+    assert _post(wb, t, api.update_body(4, late, base_cid=ckpt[1]))["status"] == "accepted"  # stale, no prior
+
+    t1 = api.start_training_run(new_coordinator(), 2, overlap=1, rounds=4)
+    (w1, _) = t1.workers
+    _post(w1, t1, api.update_body(1, api.put_update(w1, _distinct(t1.d, 17))))
+    base = _checkpoints(t1)[0]
+    _refused(
+        api,
+        w1,
+        t1,
+        api.update_body(2, api.put_update(w1, _distinct(t1.d, 18)), base_cid=base),
+        409,
+        "wrong_round",
+        "the open round is 1",
+        flagged=True,
+    )
+    assert _view(w1)["send_round"] == 1
+
+
+def test_an_update_sent_ahead_by_a_job_rejected_meanwhile_is_withdrawn(new_coordinator, api):
+    """A job's round-2 update arrives while round 1 is open; its round-1 update is then
+    rejected at the close (past the norm bound; it is slashed and ejected when round 1 is
+    settled): when round 2 opens its update is withdrawn, never aggregated, scored or paid,
+    and its bytes no longer counted."""
+    t = api.start_training_run(new_coordinator(), 3, overlap=2, rounds=3)
+    (wa, wb, wx) = t.workers
+    ckpt = _checkpoints(t)
+    g = torch.Generator().manual_seed(5)
+    base = 1e-3 * torch.randn(t.d, generator=g)
+    ux = api.put_update(wx, torch.full((t.d,), 3e38))  # finite, correctly shaped, grossly large
+    _post(wx, t, api.update_body(1, ux))
+    ahead = api.put_update(wx, base)
+    assert _post(wx, t, api.update_body(2, ahead, base_cid=ckpt[0], prior_cid=ux))["status"] == "accepted"
+    bytes_with = t.coord.rows("SELECT bytes_up FROM runs WHERE id = :r", r=t.run_id)[0]["bytes_up"]
+    for w in (wa, wb):
+        _post(w, t, api.update_body(1, api.put_update(w, base + 1e-4 * torch.randn(t.d, generator=g))))
+    wait_for("round 2 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    rows = t.coord.rows("SELECT worker_id, round, status FROM updates WHERE worker_id = :w", w=wx.wallet.address)
+    assert [(r["round"], r["status"]) for r in rows] == [(1, "rejected")], rows
+    size = t.coord.rows("SELECT size FROM updates WHERE round = 1 AND worker_id = :w", w=wa.wallet.address)[0]["size"]
+    # the two round-1 updates in, the withdrawn one out (every update here is the same size)
+    assert t.coord.rows("SELECT bytes_up FROM runs WHERE id = :r", r=t.run_id)[0]["bytes_up"] == bytes_with + size
+    # round 2 closes on the two others, without it
+    for w in (wa, wb):
+        _post(w, t, api.update_body(2, api.put_update(w, base + 1e-4 * torch.randn(t.d, generator=g))))
+    wait_for("round 3 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+    rec = t.owner.get(f"/runs/{t.run_id}/rounds")["data"][2]
+    assert (rec["accepted"], rec["rejected"]) == (2, 0), rec

@@ -269,9 +269,23 @@ def test_an_eager_start_is_the_base_less_the_previous_update_as_it_decodes():
     g = torch.Generator().manual_seed(3)
     base, update = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
     blob = build_codec("int8", {}).encode(update)
-    start = eager_start(base, blob)
+    start = eager_start(base, [blob])
     assert start.dtype == torch.float32 and start.shape == (1000,)
     assert torch.equal(start, base - decode_update(blob).to(torch.float32))
     assert not torch.equal(start, base - update)  # the decoded bytes, not the worker's own float32
     with pytest.raises(IntegrityError):
-        eager_start(base[:999], blob)
+        eager_start(base[:999], [blob])
+
+
+def test_an_eager_start_two_rounds_ahead_takes_both_previous_updates_in_order():
+    """Overlap 2: a round trained from the model two rounds back starts from it less the
+    worker's own two updates since, each as its blob decodes; no priors is the base itself."""
+    g = torch.Generator().manual_seed(4)
+    base, u1, u2 = (torch.randn(500, generator=g) for _ in range(3))
+    codec = build_codec("int8", {})
+    b1, b2 = codec.encode(u1), codec.encode(u2)
+    start = eager_start(base, [b2, b1])
+    assert torch.equal(start, base - decode_update(b2).to(torch.float32) - decode_update(b1).to(torch.float32))
+    assert torch.equal(eager_start(base, []), base)
+    with pytest.raises(IntegrityError):
+        eager_start(base, [b2, codec.encode(torch.randn(499, generator=g))])

@@ -403,10 +403,12 @@ def distribute(
         int,
         typer.Option(
             min=0,
-            max=1,
+            max=2,
             help="Overlapping rounds: 1 lets a worker start round r+1 from the newest published model as soon "
-            "as it has sent round r, its update applied to the newer model (one-step delay: less idle time, "
-            "a slightly staler update). 0: synchronous rounds.",
+            "as it has sent round r, its update applied to the newer model (one-step delay: less idle time). "
+            "2 lets it train two rounds ahead and send the next round's update before that round opens "
+            "(two-step delay: for rounds whose close and model download take longer than their compute). "
+            "0: synchronous rounds.",
         ),
     ] = defaults.OVERLAP,
     precision: Annotated[
@@ -493,10 +495,16 @@ def _say_distributed(run: dict[str, Any], strategy: str) -> None:
         f"Rounds: {cfg['rounds']} x {cfg['local_steps']} local steps",
         f"Aggregator: {cfg['aggregator']}   Compression: {cfg['compression']}   Outer: {cfg['outer']}",
         f"Verification: {_verification_line(cfg)}",
-        f"Rounds overlap: {'yes (one-step delay)' if cfg.get('overlap') else 'no (synchronous)'}",
+        f"Rounds overlap: {_overlap_line(cfg.get('overlap') or 0)}",
         f"Estimated cost: {format_price(per_round * cfg['rounds'])} AIT",
         f"Status: {run['status']}",
     )
+
+
+def _overlap_line(overlap: int) -> str:
+    if not overlap:
+        return "no (synchronous)"
+    return "yes (one-step delay)" if overlap == 1 else f"yes ({overlap} rounds ahead, {overlap}-step delay)"
 
 
 def _verification_line(cfg: dict[str, Any]) -> str:

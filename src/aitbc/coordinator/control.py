@@ -24,7 +24,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, unprocessable
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import get_run, owned_job, round_updates, shard_index
-from aitbc.coordinator.rounds import aggregate_round, commit_round, start_training
+from aitbc.coordinator.rounds import aggregate_round, commit_round, open_round, start_training
 from aitbc.coordinator.runs import configure
 from aitbc.coordinator.runtime import drop_runtime, runtime
 from aitbc.coordinator.schemas import (
@@ -122,8 +122,7 @@ def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: Reque
                 "rounds_done", f"all {run.cfg.rounds} rounds of run {run.id} are aggregated; set phase complete"
             )
         _require_jobs(s, run)
-        run.round, run.round_started_at = run.round + 1, now
-        transition(run, RunStatus.TRAINING, now=now)
+        open_round(s, run, run.round + 1, now=now)
     elif to == RunStatus.AGGREGATING:
         require_status(run, RunStatus.TRAINING, action="close the round")
         transition(run, RunStatus.AGGREGATING, now=now)

@@ -200,9 +200,11 @@ class Update(Base):
     shard_index: Mapped[int | None] = mapped_column(Integer, default=None)  # the shard it was trained on
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
     train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # as the worker reports it (0004)
-    # the model it was trained from when not its round's own (overlap 1: round r-2's checkpoint; 0006)
+    # the model it was trained from when not its round's own (overlap k: one of rounds r-1-k..r-2's
+    # checkpoints; 0006); always set on an update sent ahead of its round (overlap 2)
     base_cid: Mapped[str | None] = mapped_column(String(100), default=None)
-    # overlap 1, eager start: its worker's own round r-1 update, taken from base_cid (0011)
+    # overlap, eager start: its worker's own round r-1 update, taken from base_cid (0011), with
+    # that update's own prior in turn while the base is older than its round's (overlap 2)
     prior_cid: Mapped[str | None] = mapped_column(String(100), default=None)
     compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)

@@ -118,10 +118,14 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
             if isinstance(val, dict) and val.get("cid"):
                 live.add(str(val["cid"]))
         live.update(s.scalars(select(Job.shard_cid).where(Job.run_id == run.id)).all())
-        # each unsettled update, and its prior (overlap, eager start: a spot check replays
-        # from base - prior, the round before's update)
+        # each unsettled update, and its priors (overlap, eager start: a spot check replays
+        # from base - prior - ..., the job's own updates of the rounds before, up to overlap
+        # of them: those rounds' updates are kept too, with their own priors)
+        depth = run.cfg.overlap if run.config else 0
         for cid, prior in s.execute(
-            select(Update.cid, Update.prior_cid).where(Update.run_id == run.id, Update.round > run.settled_round)
+            select(Update.cid, Update.prior_cid).where(
+                Update.run_id == run.id, Update.round > run.settled_round - depth
+            )
         ).all():
             live.update(c for c in (cid, prior) if c)
         # the states a spot check's reveal names: the driver has yet to read them (or they are a failure's evidence)

@@ -11,6 +11,8 @@
    run ``diverged``: the coordinator's own aggregate is never blamed on a provider, and no
    model a provider receives is one the coordinator did not check.
    Manual control (:mod:`.control`) calls the same two with the owner's choice of updates.
+   With ``overlap`` 2 a job's update of the next round may arrive while this one is open
+   (:func:`sends_ahead`); :func:`open_round` withdraws those of jobs ended or rejected since.
 4. :func:`evaluate_round`: the validation loss of a round's model, after the next round
    is open (so workers never wait for it): the driver's books thread finds the rounds
    due one with :func:`pending_evaluations` (a restart's missed ones too).
@@ -21,6 +23,7 @@ Shape letters: ``n`` accepted updates, ``d`` parameters.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -48,6 +51,8 @@ from aitbc.core.staleness import async_weight, build_staleness
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate
+
+log = logging.getLogger("aitbc.coordinator")
 
 # --- opening the first round ----------------------------------------------------------
 
@@ -139,6 +144,52 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     if deadline and run.round_started_at and now >= run.round_started_at + deadline:
         return accepted >= run.cfg.quorum
     return False
+
+
+def sends_ahead(run: Run) -> bool:
+    """Whether the run takes a job's update of the round after the open one (``overlap`` 2,
+    an automatic sync run, not in its last round): the worker sends it as soon as it has
+    trained it, so that round can close as soon as it opens."""
+    return (
+        run.configured
+        and run.cfg.mode == "sync"
+        and run.cfg.overlap >= 2
+        and run.control == Control.AUTOMATIC
+        and run.round < run.cfg.rounds
+    )
+
+
+def open_round(s: Session, run: Run, r: int, *, now: float) -> None:
+    """Open round ``r`` (the run goes back to ``training``). Updates sent ahead for it
+    (:func:`sends_ahead`) whose job has ended since, or has had an update rejected (it is
+    slashed and ejected when that round is settled, and sends nothing more), are withdrawn:
+    deleted, never aggregated, scored or paid, their bytes and compute no longer counted.
+    An update sent ahead is never in a closed round's books, so nothing else names it."""
+    run.round, run.round_started_at = r, now
+    transition(run, RunStatus.TRAINING, now=now)
+    ahead = s.scalars(select(Update).where(Update.run_id == run.id, Update.round == r)).all()
+    if not ahead:
+        return
+    active = set(s.scalars(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all())
+    ejecting = set(
+        s.scalars(
+            select(Update.job_id).where(
+                Update.run_id == run.id,
+                Update.round < r,
+                Update.status == UpdateStatus.REJECTED,
+                Update.verification.is_(None) | (Update.verification != "unanswered"),
+            )
+        ).all()
+    )
+    for u in ahead:
+        if u.job_id in active and u.job_id not in ejecting:
+            continue
+        log.info("run %s: round %d's update from job %s withdrawn (its job ended or was rejected)", run.id, r, u.job_id)
+        run.bytes_up -= u.size
+        job = s.get(Job, u.job_id)
+        if job is not None:
+            job.compute_seconds = max(0.0, job.compute_seconds - u.compute_seconds)
+        s.delete(u)
 
 
 def close_round(ctx: Context, run_id: str) -> None:
@@ -267,12 +318,12 @@ def aggregate_round(
 
 
 def _staleness(run: Run, u: Update) -> float:
-    """What ``u`` counts for: 1, or, trained from the model before its round's alone
-    (overlap 1: one aggregation late), the run's staleness rule at 1
+    """What ``u`` counts for: 1, or, trained from a model before its round's alone
+    (overlap: one or two aggregations late), the run's staleness rule at that lag
     (:mod:`aitbc.core.staleness`). One trained ahead from that model plus its worker's own
-    previous update (``prior_cid``, an eager start) began about where the round's model
-    is: it counts 1 (bench/overlap_loss.py: the synchronous loss, where the stale start at
-    half weight lags it).
+    previous updates (``prior_cid`` and its chain, an eager start) began about where the
+    round's model is: it counts 1 (bench/overlap_loss.py: the synchronous loss, where the
+    stale start at half weight lags it).
     Async: the run's staleness rule at the versions applied since its base (checked
     against max_staleness when it was accepted)."""
     if run.cfg.mode == "async":
@@ -284,7 +335,10 @@ def _staleness(run: Run, u: Update) -> float:
         return 0.0 if w is None else w  # None cannot happen: the staleness was checked when it was accepted
     if u.base_cid is None or u.prior_cid is not None:
         return 1.0
-    return build_staleness(*parse_spec(run.cfg.overlap_staleness, what="staleness rule"))(1)
+    s = object_session(u)
+    found = None if s is None else base_round(s, run.id, u.base_cid, before=u.round)
+    lag = 1 if found is None else max(1, u.round - 1 - found)  # overlap 2: one or two rounds late
+    return build_staleness(*parse_spec(run.cfg.overlap_staleness, what="staleness rule"))(lag)
 
 
 def base_round(s: Session, run_id: str, cid: str, *, before: int) -> int | None:
@@ -426,8 +480,7 @@ def commit_round(
     else:
         if not is_async:
             drop_slowest(s, run, active, ups, now=now)
-        run.round, run.round_started_at = r + 1, now
-        transition(run, RunStatus.TRAINING, now=now)
+        open_round(s, run, r + 1, now=now)
     res.wait_stored()  # no row names a checkpoint before it is on disk (an error: nothing recorded)
     s.commit()
     if rt.params is not None:  # the step just taken is the next round's trend

@@ -40,7 +40,7 @@ class RunConfig(BaseModel):
     max_workers: int = Field(ge=1)
     eval_every: int = Field(1, ge=1)
     verify_rate: float = Field(0.0, ge=0, le=1)  # spot checks (a config stored before 0005: none)
-    overlap: int = Field(0, ge=0, le=1)  # 1: updates may start from the model before the round's
+    overlap: int = Field(0, ge=0, le=2)  # k: updates may start from one of the k models before the round's
     # how much an update trained from the model before its round's counts (core/staleness.py):
     # (1 + s)^-1, a half for one round late. At 1 (full weight) a long local round's update
     # overshoots and the model circles (bench/overlap_loss.py)

@@ -146,7 +146,7 @@ def _check_gossip(body: Distribute, *, workers: int) -> int | None:
         raise unprocessable("bad_config", f"mode gossip: {why}")
 
     if body.overlap:
-        refuse("overlap 1 is for sync runs; gossip workers never wait for a global model: give overlap 0")
+        refuse("overlap is for sync runs; gossip workers never wait for a global model: give overlap 0")
     if body.verify_rate > 0:
         refuse("spot checks (verify_rate > 0) replay an update from a global model, which gossip has not: give 0")
     if body.buffer is not None:
@@ -177,7 +177,7 @@ def _check_async(body: Distribute, *, workers: int, max_workers: int) -> int | N
     if body.overlap:
         raise unprocessable(
             "bad_config",
-            "overlap 1 is for sync runs; async already lets workers train from any recent version: give overlap 0",
+            "overlap is for sync runs; async already lets workers train from any recent version: give overlap 0",
         )
     if body.verify_rate > 0:
         # a spot check replays an update from the model it names; an async update's base may be

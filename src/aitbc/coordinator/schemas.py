@@ -82,7 +82,7 @@ CONFIG_RANGES: dict[str, tuple[float, float]] = {
     "learning_rate": (1e-8, 1.0),  # a job's lr, by its documented name
     "epochs": (1, 1_000),  # a job's passes over its shard per round (the worker computes the steps)
     "verify_rate": (0.0, 1.0),  # the expected share of each update's steps the coordinator re-runs
-    "overlap": (0, 1),  # rounds a worker may train ahead of the newest model (one-step delay)
+    "overlap": (0, 2),  # rounds a worker may train ahead of the newest model (1: one-step delay; 2: two)
     "buffer": (1, 10_000),  # async: accepted updates applied together (FedBuff's K)
     "max_staleness": (0, 1_000),  # async: aggregations an update may be behind; older ones are refused
 }
@@ -136,7 +136,10 @@ class Distribute(Body):
     # (0: none; every update then keeps the heuristic score)
     verify_rate: Annotated[float, Field(allow_inf_nan=False), *_in_range("verify_rate")] = 0.0
     # overlapping rounds (1): a worker trains round r+1 from the model round r started from while
-    # round r closes; its update is applied to the newest model (one-step delay). 0: synchronous
+    # round r closes; its update is applied to the newest model (one-step delay). 2: it trains
+    # round r+2 while rounds r and r+1 close, and sends round r+1's update while round r is
+    # still open (two-step delay: the close and the next model's way back get two rounds of
+    # compute to hide in). 0: synchronous
     overlap: Annotated[int, *_in_range("overlap")] = 0
     # the inner steps' arithmetic on every worker: fp32, or bf16 (bfloat16 autocast, CPU and CUDA)
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -193,11 +196,13 @@ class UpdateSubmit(Body):
     # run verifies work (verify_rate > 0), checked against the round's local steps
     proof: dict[str, Any] | None = None
     # the global model it trained from: the round's (the default), or, in a run with
-    # overlap 1, the one before it (the worker began the round before the last one closed)
+    # overlap k, one of the k before it (the worker began the round before the last one
+    # closed); an update sent ahead of its round (overlap 2) always names it
     base_cid: str | None = Field(None, max_length=100)
-    # overlap 1, trained ahead: this job's own update of the round before, which the worker
-    # took from base_cid to start where its last round ended (it started from
-    # ``base - decode(prior)``; see aitbc.coordinator.workers.update_prior)
+    # overlap, trained ahead: this job's own update of the round before, which the worker
+    # took from base_cid, with that update's own priors back to the base's round, to start
+    # where its last round ended (it started from ``base - decode(prior) - ...``; see
+    # aitbc.coordinator.workers.update_prior)
     prior_cid: str | None = Field(None, max_length=100)
     # the update blob itself, base64 (standard alphabet, padded): stored under ``cid`` as a
     # ``PUT /v1/blobs/{cid}`` would, in the same request (a small model's update: one

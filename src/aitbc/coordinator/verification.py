@@ -39,6 +39,7 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -77,27 +78,35 @@ from aitbc.training.proof import (
 log = logging.getLogger("aitbc.coordinator")
 
 PENDING = ("challenged", "revealed")  # a round waits for these
-_digests: dict[tuple[str, str | None], str] = {}  # (checkpoint CID, prior CID) -> digest of the start
+_digests: dict[tuple[str, tuple[str, ...]], str] = {}  # (checkpoint CID, prior CIDs) -> digest of the start
 _digests_lock = threading.Lock()
 
 
-def start_params(ctx: Context, run: Run, cid: str, prior_cid: str | None = None) -> Tensor:
+def start_params(ctx: Context, run: Run, cid: str, priors: Sequence[str] = ()) -> Tensor:
     """(d,) the parameters an update started from: the checkpoint ``cid``, less its
-    worker's own previous update ``prior_cid`` when it names one (overlap 1, eager start:
+    worker's own previous updates ``priors`` when it names them (overlap, eager start:
     :func:`aitbc.coordinator.workers.update_prior`), computed as the worker does."""
     model = build_initial_model(run, ctx.settings.allow_code)
     load_checkpoint(model, ctx.store.get_bytes(cid))
     start = flat_params(model)
-    return start if prior_cid is None else eager_start(start, ctx.store.get_bytes(prior_cid))
+    return eager_start(start, [ctx.store.get_bytes(p) for p in priors]) if priors else start
 
 
-def _start_digest(ctx: Context, run: Run, cid: str, prior_cid: str | None = None) -> str:
+def challenge_priors(ch: dict[str, Any]) -> list[str]:
+    """The priors a stored challenge names: ``prior_cids`` (newest first), or the single
+    ``prior_cid`` of a challenge stored before overlap 2 (before 0011: none)."""
+    if ch.get("prior_cids") is not None:
+        return [str(c) for c in ch["prior_cids"]]
+    return [ch["prior_cid"]] if ch.get("prior_cid") else []
+
+
+def _start_digest(ctx: Context, run: Run, cid: str, priors: Sequence[str] = ()) -> str:
     """The digest of the start an update names (see :func:`start_params`), computed once."""
-    key = (cid, prior_cid)
+    key = (cid, tuple(priors))
     with _digests_lock:
         if key in _digests:
             return _digests[key]
-    digest = tensor_digest(start_params(ctx, run, cid, prior_cid))
+    digest = tensor_digest(start_params(ctx, run, cid, priors))
     with _digests_lock:
         if len(_digests) > 256:
             _digests.clear()
@@ -191,17 +200,17 @@ def _check_chain(s: Session, run: Run, job: Job, c: Commitment) -> None:
 
 
 def on_submit(
-    ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int, *, start_cid: str, prior_cid: str | None = None
+    ctx: Context, run: Run, job: Job, c: Commitment, shard_index: int, *, start_cid: str, priors: Sequence[str] = ()
 ) -> tuple[dict[str, Any], str | None]:
     """The update's spot check, drawn now: ``(fields for the Update row, reason)`` where
     ``reason`` is set when the free check already failed (the update is then rejected).
     ``start_cid``: the model it says it trained from (the round's, or with overlap the one
-    before: :func:`aitbc.coordinator.workers.update_base`), less ``prior_cid``, the
-    worker's own previous update, when it names one (an eager start)."""
+    before: :func:`aitbc.coordinator.workers.update_base`), less ``priors``, the
+    worker's own previous updates, when it names them (an eager start)."""
     try:
-        digest = _start_digest(ctx, run, start_cid, prior_cid)
+        digest = _start_digest(ctx, run, start_cid, priors)
     except IntegrityError as e:  # its own previous update does not decode to this model's size
-        digest, why = "", f"the previous update it names does not give a start: {e}"
+        digest, why = "", f"the previous updates it names do not give a start: {e}"
     else:
         why = "its first committed state is not the round's model (trained from another model)"
     if not check_start(c, digest).ok:
@@ -231,7 +240,8 @@ def on_submit(
         "seed": job_seed(run, job),
         "shard_index": shard_index,
         "start_cid": start_cid,
-        "prior_cid": prior_cid,
+        "prior_cid": priors[0] if priors else None,
+        "prior_cids": list(priors),
     }
     return {"proof": c.to_json(), "challenge": challenge, "verification": "challenged"}, None
 
@@ -347,7 +357,7 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
         verdicts.append(v)
         if not v.ok:
             return verdicts
-    start = start_params(ctx, run, ch["start_cid"], ch.get("prior_cid"))  # a challenge before 0011: none
+    start = start_params(ctx, run, ch["start_cid"], challenge_priors(ch))
     residual = None
     if ch["residual"]:
         residual = bytes_to_tensors(ctx.store.get_bytes(rev["residual"])).get("residual")

@@ -22,7 +22,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.repository import job_settings, lock_run, row
-from aitbc.coordinator.rounds import base_round
+from aitbc.coordinator.rounds import base_round, sends_ahead
 from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.core.compression import decode_pieces, split_blob
@@ -100,7 +100,16 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
     job, run = row
     cfg = run.cfg  # a job exists only once its run is configured
     done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
-    action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
+    # overlap 2: once its update of the open round is in, a job's next is the next round's,
+    # sent before that round opens (also while this one closes)
+    send = run.round
+    sent_ahead = None
+    if done is not None and run.status in (RunStatus.TRAINING, RunStatus.AGGREGATING) and sends_ahead(run):
+        send = run.round + 1
+        sent_ahead = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == send))
+        action = "train" if sent_ahead is None else "wait"
+    else:
+        action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
     gossip_view: dict[str, Any] = {}
     if cfg.mode == "gossip":  # workers keep their own round clock; the record follows them
         nxt = gossip.next_round(s, job)
@@ -123,6 +132,8 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
         }
     # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
     challenge = None if done is None else verification.challenge_view(done)
+    if challenge is None and sent_ahead is not None:
+        challenge = verification.challenge_view(sent_ahead)
     deadline = cfg.deadline
     peers: list[dict[str, str]] = []
     if action == "train" and run.global_cid and cfg.mode != "gossip":  # who else holds the model it is about to fetch
@@ -147,6 +158,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
             "action": action,
             "run_status": run.status,
             "round": run.round,
+            "send_round": send,  # the round its next update is for (overlap 2: may be the next one)
             "rounds": cfg.rounds,
             "global_model_cid": run.global_cid,
             "shard_cid": job.shard_cid,
@@ -297,8 +309,11 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         raise unprocessable("missing_blob", f"update blob {body.cid} was not uploaded; PUT /v1/blobs/{body.cid} first")
     is_async = run.cfg.mode == "async"
     # 422 before anything is written; async: any recent version (its staleness is checked under the lock)
-    base = async_base(s, run, body.base_cid) if is_async else update_base(s, run, body.base_cid)
-    prior = update_prior(s, run, job, body, base)
+    if is_async:
+        base, base_r = async_base(s, run, body.base_cid), run.round - 1
+    else:
+        base, base_r = update_base(s, run, body.round, body.base_cid)
+    priors = update_prior(s, run, job, body, base_r)
     with _CHECKING:  # at most UPDATE_CHECKS update blobs in memory at once, whatever the workers
         # re-hashed: a blob swapped on disk is refused too (an inline blob was hashed above)
         blob = inline if inline is not None else ctx.store.get_bytes(body.cid)
@@ -327,7 +342,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     trained = trained_shard(run, job, body.shard_cid)
     checks: dict[str, Any] = {}
     if commitment is not None and reason is None:
-        checks, failed = verification.on_submit(ctx, run, job, commitment, trained, start_cid=base, prior_cid=prior)
+        checks, failed = verification.on_submit(ctx, run, job, commitment, trained, start_cid=base, priors=priors)
         reason = failed
     upd = Update(
         run_id=run.id,
@@ -341,8 +356,9 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         train_loss=body.train_loss if reason is None else None,
         train_accuracy=body.train_accuracy if reason is None else None,
         compute_seconds=body.compute_seconds,
-        base_cid=base if is_async else (None if base == run.global_cid else base),
-        prior_cid=prior,
+        # sent ahead (overlap 2): named, since the round's own model is not made yet
+        base_cid=base if is_async or round > run.round or base != run.global_cid else None,
+        prior_cid=priors[0] if priors else None,
         status=UpdateStatus.ACCEPTED if reason is None else UpdateStatus.REJECTED,
         reason=reason,
         created_at=now,
@@ -353,7 +369,8 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     job.compute_seconds += body.compute_seconds
     # The update is the round's last progress report too (the worker sends no other after it):
     # its steps as claimed, at most the job's own (a claim is not a measurement).
-    _reached(run, job, round, min(body.steps, job_settings(run, job)["local_steps"]), now=now)
+    if round == run.round:  # one sent ahead (overlap 2) measures no speed: its round is not open
+        _reached(run, job, round, min(body.steps, job_settings(run, job)["local_steps"]), now=now)
     job.progress, job.worker_status = 100.0, "uploaded"
     if body.epoch is not None:
         job.epoch = body.epoch
@@ -402,53 +419,97 @@ def _store_inline(ctx: Context, cid: str, data: bytes) -> None:
         ctx.store.put_bytes(data)
 
 
-def update_base(s: Session, run: Run, base_cid: str | None) -> str:
-    """The global model an update of the open round was trained from: the round's own
-    (``run.global_cid``, also when ``base_cid`` is not given), or, in a run with
-    ``overlap`` 1, the one before it (round ``r - 2``'s checkpoint: the worker began
-    round ``r`` from the newest model it had while round ``r - 1`` was closing). Anything
-    else is a 422 naming the models it may be. The update is applied to the newest model
-    either way; a spot check re-runs it from this one."""
+def update_base(s: Session, run: Run, round: int, base_cid: str | None) -> tuple[str, int]:
+    """The global model an update of ``round`` was trained from, and that model's round:
+    the round's own (``run.global_cid``, also when ``base_cid`` is not given), or, in a
+    run with ``overlap`` k, one of the k checkpoints before it (rounds ``round - 1 - k`` to
+    ``round - 2``: the worker began the round before the last ones closed). An update sent
+    ahead of its round (overlap 2) names its base, the newest model there is at most.
+    Anything else is a 422 naming the models it may be. The update is applied to the
+    newest model either way; a spot check re-runs it from this one."""
     cid = run.global_cid or ""
-    if base_cid is None or base_cid == cid:
-        return cid
-    before = None
-    if run.cfg.overlap >= 1 and run.round >= 2:
-        before = s.scalar(
-            select(RoundRecord.checkpoint_cid).where(RoundRecord.run_id == run.id, RoundRecord.round == run.round - 2)
+    newest = run.round - 1  # the round whose checkpoint run.global_cid is
+    ahead = round > run.round
+    if not ahead and (base_cid is None or base_cid == cid):
+        return cid, newest
+    k = run.cfg.overlap
+    oldest = max(0, round - 1 - k) if k else newest
+    found = None
+    if base_cid == cid and ahead:
+        found = newest
+    elif base_cid is not None and k:
+        found = s.scalar(
+            select(RoundRecord.round)
+            .where(
+                RoundRecord.run_id == run.id,
+                RoundRecord.checkpoint_cid == base_cid,
+                RoundRecord.round >= oldest,
+                RoundRecord.round < newest,
+            )
+            .order_by(RoundRecord.round.desc())
+            .limit(1)
         )
-    if base_cid != before:
-        allowed = cid if before is None else f"{cid} or, with overlap 1, {before}"
-        raise unprocessable(
-            "wrong_base", f"base_cid {base_cid!r} is not a model round {run.round} may train from: {allowed}"
+    if found is None:
+        allowed = list(
+            s.scalars(
+                select(RoundRecord.checkpoint_cid)
+                .where(RoundRecord.run_id == run.id, RoundRecord.round >= oldest, RoundRecord.round <= newest)
+                .order_by(RoundRecord.round.desc())
+            ).all()
         )
-    return before
+        if not k:
+            allowed = [cid]
+        names = " or ".join(dict.fromkeys(allowed)) or cid
+        if base_cid is None:
+            detail = f"an update sent ahead of its round (round {round}; {run.round} is open) names its base_cid"
+        else:
+            detail = f"base_cid {base_cid!r} is not a model round {round} may train from" + (
+                f" (overlap {k})" if k else ""
+            )
+        raise unprocessable("wrong_base", f"{detail}: {names}")
+    return base_cid or cid, found
 
 
-def update_prior(s: Session, run: Run, job: Job, body: UpdateSubmit, base: str) -> str | None:
-    """The worker's own previous update that an update trained ahead (overlap 1) started
-    from, on top of its base (``base - decode(prior)``: where its own last round ended,
-    moved by what the global model gained since; an eager start, which keeps overlap's loss
-    at the synchronous one: bench/overlap_loss.py), or None. ``prior_cid`` must name this
-    job's own update of the round before (stored, whatever its verdict), and only an update
-    trained from the model before the round's may name one; anything else is a 422 that
-    records nothing. The spot check replays such an update from that start."""
+def update_prior(s: Session, run: Run, job: Job, body: UpdateSubmit, base_round: int) -> list[str]:
+    """The worker's own previous updates that an update trained ahead (overlap) started
+    from, on top of its base, newest first (``base - decode(p1) - decode(p2) ...``: where
+    its own last round ended, moved by what the global model gained since; an eager start,
+    which keeps overlap's loss at the synchronous one: bench/overlap_loss.py), or [].
+    ``prior_cid`` must name this job's own update of the round before (stored, whatever
+    its verdict); while that one's round is still past the base's, its own ``prior_cid``
+    is the next of the chain, down to the round after the base's (overlap 2: two). Only an
+    update trained from a model before its round's may name one; anything else is a 422
+    that records nothing. The spot check replays such an update from that start."""
     if body.prior_cid is None:
-        return None
-    if run.cfg.mode != "sync" or run.cfg.overlap < 1 or base == run.global_cid:
+        return []
+    if run.cfg.mode != "sync" or run.cfg.overlap < 1 or base_round >= body.round - 1:
         raise unprocessable(
             "wrong_prior",
-            "prior_cid is only for an update trained ahead in a sync run with overlap 1 "
-            "(its base_cid the model before the round's)",
+            "prior_cid is only for an update trained ahead in a sync run with overlap 1 or 2 "
+            "(its base_cid a model before the round's)",
         )
-    found = s.scalar(
-        select(Update.id).where(Update.job_id == job.id, Update.round == body.round - 1, Update.cid == body.prior_cid)
-    )
-    if found is None:
-        raise unprocessable(
-            "wrong_prior", f"prior_cid {body.prior_cid!r} is not this job's update of round {body.round - 1}"
-        )
-    return body.prior_cid
+    chain: list[str] = []
+    r, cid = body.round - 1, body.prior_cid
+    while r > base_round:
+        link = s.execute(
+            select(Update.prior_cid).where(Update.job_id == job.id, Update.round == r, Update.cid == cid)
+        ).first()
+        if link is None:
+            raise unprocessable(
+                "wrong_prior",
+                f"prior_cid {cid!r} is not this job's update of round {r}"
+                + ("" if not chain else f" (named by its update of round {r + 1}, {chain[-1]})"),
+            )
+        chain.append(cid)
+        r, found = r - 1, link.prior_cid
+        if r > base_round and found is None:
+            raise unprocessable(
+                "wrong_prior",
+                f"base_cid is round {base_round}'s model, but this job's update of round {r + 1} names no prior: "
+                f"an eager start from it leaves out round {r}; name round {r + 1}'s model as the base",
+            )
+        cid = found or ""
+    return chain
 
 
 def async_base(s: Session, run: Run, base_cid: str | None) -> str:
@@ -518,13 +579,22 @@ def _round_gate(s: Session, job: Job, run: Run, body: UpdateSubmit) -> None:
         refuse(
             conflict("round_closed", f"round {run.round} of {run.id} closed before this update arrived (a straggler)")
         )
-    if run.status != RunStatus.TRAINING:
+    # overlap 2: the next round's update may come while this one is open or closing
+    ahead = body.round == run.round + 1 and sends_ahead(run)
+    if run.status != RunStatus.TRAINING and not (ahead and run.status == RunStatus.AGGREGATING):
         refuse(conflict("not_accepting", f"run {run.id} is {run.status}; it accepts updates only while training"))
     if body.round < run.round:  # a straggler: the round closed before it arrived
         refuse(conflict("round_closed", f"round {body.round} of {run.id} has closed; the open round is {run.round}"))
-    if body.round > run.round:  # a round not yet opened: no honest worker can have trained it
+    if body.round > run.round and not ahead:  # a round not yet opened: no honest worker can have trained it
         reason = f"update is for round {body.round}; the open round is {run.round}"
         refuse(conflict("wrong_round", reason), flag=reason)
+    if ahead and s.scalar(select(Update.id).where(Update.job_id == job.id, Update.round == run.round)) is None:
+        refuse(
+            conflict(
+                "wrong_round",
+                f"update is for round {body.round}, sent ahead; job {job.id} sends round {run.round}'s first",
+            )
+        )
     _refuse_ejected(s, job, refuse)
 
 

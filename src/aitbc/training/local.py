@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,18 +78,22 @@ class LocalResult:
     accuracy: float | None = None  # share of the round's training samples predicted right (None: language data)
 
 
-def eager_start(base: Tensor, prior_blob: bytes) -> Tensor:
-    """(d,) where a round trained ahead (overlap 1) starts: the newest global model ``base``
-    less the worker's own previous update as its blob decodes (an update is ``start -
-    end``), i.e. where that round ended, moved by what the global model gained since (the
-    "eager" start of overlapped DiLoCo). The worker and the coordinator's spot check both
-    compute it from the same published bytes, so it is the same on both sides. A blob that
-    does not decode to ``base``'s size is an ``IntegrityError``."""
+def eager_start(base: Tensor, prior_blobs: Sequence[bytes]) -> Tensor:
+    """(d,) where a round trained ahead (overlap) starts: the newest global model ``base``
+    less the worker's own previous updates not yet in it, as their blobs decode (an update
+    is ``start - end``; overlap 1: one, overlap 2: up to two), i.e. where its last round
+    ended, moved by what the global model gained since (the "eager" start of overlapped
+    DiLoCo). The worker and the coordinator's spot check both compute it from the same
+    published bytes, in the same order, so it is the same on both sides. A blob that does
+    not decode to ``base``'s size is an ``IntegrityError``."""
     d = base.numel()
-    step = decode_update(prior_blob, max_numel=d)
-    if step.shape != (d,):
-        raise IntegrityError(f"a previous update of shape {tuple(step.shape)}, not ({d},)")
-    return base - step.to(torch.float32)
+    start = base
+    for blob in prior_blobs:
+        step = decode_update(blob, max_numel=d)
+        if step.shape != (d,):
+            raise IntegrityError(f"a previous update of shape {tuple(step.shape)}, not ({d},)")
+        start = start - step.to(torch.float32)
+    return start
 
 
 def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:

@@ -164,7 +164,8 @@ class Worker:
         shutil.rmtree(self._models.dir, ignore_errors=True)
         self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
-        self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap 1)
+        self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap)
+        self._sent: tuple[str, int, str, bytes] | None = None  # (job, round, CID, blob) of the last update sent
         self._inline_updates = True  # update blobs up to INLINE_UPDATE go inside the update message
         # gossip: this worker's own published models (served by CID) and signed records
         self._gossip_store = LocalBlobStore(home / "worker-gossip" / self.wallet.name, durable=False)
@@ -383,27 +384,47 @@ class Worker:
     # --- one round ------------------------------------------------------------------
 
     def train_round(self, job: dict[str, Any]) -> None:
-        """Train the job's open round (or take the one trained ahead for it, if it still
-        fits: same job, round and settings), send its update, and, in a run with
-        ``overlap`` 1, train the next round at once from this round's model less this
-        round's update (an eager start: where this round ended, moved by what the global
-        model gained since)."""
+        """Train the round the job's view asks an update for (``send_round``: the open
+        round, or with ``overlap`` 2 the next one once this one's update is in), or take the
+        one trained ahead for it, if it still fits (same job, round and settings), and send
+        its update. In a run with ``overlap`` k, then train the next round at once from the
+        view's model less this worker's own updates not yet in it (an eager start: where its
+        last round ended, moved by what the global model gained since), up to k rounds
+        past the view's model."""
         t0 = time.perf_counter()
         self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
         state = self._job_state(job)
-        done = self._take_ahead(job, state)
+        n = int(job.get("send_round") or job["round"])  # a coordinator before overlap 2: the open round
+        done = self._take_ahead(job, state, n)
         if done is None:
-            done = self._train(job, state, job["round"])
-        if not (job.get("overlap") and job["round"] < (job["rounds"] or 1)):
+            # sent ahead of its round (overlap 2) without one trained ahead (a restart): from
+            # the view's model less this worker's update of the open round, if it holds it
+            mine = self._mine_of(job, n - 1) if n > job["round"] else None
+            done = self._train(job, state, n, priors=[mine] if mine else [])
+        depth = int(job.get("overlap") or 0)
+        chain = [(done.body["cid"], done.blob)]
+        if n > job["round"]:  # the next round also starts past this worker's update of the open round
+            mine = self._mine_of(job, n - 1)
+            chain = chain + [mine] if mine is not None else []
+        if not (depth and n < (job["rounds"] or 1) and n + 1 - job["round"] <= depth and chain):
             self._submit(job, state, done, t0)
             return
-        # Overlap: this round's update goes out from the sender thread while the next round
-        # trains here, from this round's model (the newest there is) less this round's update
-        # as the coordinator decodes it; that round's update names both (base_cid, prior_cid).
-        # If this one is refused, the next is dropped (_settle_sent).
+        # Overlap: this update goes out from the sender thread while the next round trains
+        # here, from the view's model (the newest there is) less this worker's updates not
+        # in it (this one, and with overlap 2 the open round's) as the coordinator decodes
+        # them; that round's update names its base and the newest of them (base_cid,
+        # prior_cid). If this one is refused, the next is dropped (_settle_sent).
         self.reporter.drain()  # no progress report of this round may land after its update
         self._sending = (job, done, _Sender(lambda: self._send_and_look(job, state, done, t0)))
-        self._ahead = self._train(job, state, job["round"] + 1, prior=done)
+        self._ahead = self._train(job, state, n + 1, priors=chain)
+
+    def _mine_of(self, job: dict[str, Any], round: int) -> tuple[str, bytes] | None:
+        """This worker's own update of ``round`` for this job as it was recorded (CID,
+        blob), if it is the last one it sent; else None."""
+        sent = self._sent
+        if sent is None or sent[0] != job["job_id"] or sent[1] != round:
+            return None
+        return sent[2], sent[3]
 
     def _send_and_look(self, job: dict[str, Any], state: JobState, done: Trained, t0: float) -> dict[str, Any] | None:
         """The sender thread: send the round's update, then wait for the next round to open
@@ -435,7 +456,9 @@ class Worker:
         try:
             return sender.wait()
         except ApiError as e:
-            if e.code != "duplicate_update":  # duplicate: recorded before (its reply was lost)
+            if e.code == "duplicate_update":  # recorded before (its reply was lost): the chain goes on from it
+                self._sent = (job["job_id"], done.round, done.body["cid"], done.blob)
+            else:
                 ahead, self._ahead = self._ahead, None
                 state = self.job
                 if state is not None and state.job_id == job["job_id"]:
@@ -448,26 +471,30 @@ class Worker:
             log.warning("%s", e)
         return None
 
-    def _take_ahead(self, job: dict[str, Any], state: JobState) -> Trained | None:
+    def _take_ahead(self, job: dict[str, Any], state: JobState, round: int) -> Trained | None:
         """The round trained ahead for ``job`` (its update not yet sent), if the job's view
-        still asks for exactly it; otherwise it is dropped and the optimizer and residual go
-        back to where the last sent update left them."""
+        still asks for exactly it (``round``, the view's ``send_round``); otherwise it is
+        dropped and the optimizer and residual go back to where the last sent update left
+        them."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        if ahead.key == _ahead_key(job):
+        if ahead.key == _ahead_key({**job, "round": round}):
             return ahead
-        log.info("round %d trained ahead is dropped: the job now asks for round %d", ahead.round, job["round"])
+        log.info("round %d trained ahead is dropped: the job now asks for round %d", ahead.round, round)
         self._restore_round_start(state, ahead.start)
         return None
 
-    def _train(self, job: dict[str, Any], state: JobState, round: int, prior: Trained | None = None) -> Trained:
+    def _train(
+        self, job: dict[str, Any], state: JobState, round: int, priors: list[tuple[str, bytes]] | None = None
+    ) -> Trained:
         """Round ``round``'s update from the job view's global model: H local steps, the
-        codec, the proof if asked. A ``round`` past the view's is trained ahead (overlap 1):
-        from the newest model there is (its update's ``base_cid``), less ``prior``, this
-        worker's update of the view's round as its blob decodes (``prior_cid``): an eager
-        start, where that round ended moved by what the global model gained since, so the
-        coordinator counts the update in full (``aitbc.coordinator.workers.update_prior``)."""
+        codec, the proof if asked. A ``round`` past the view's is trained ahead (overlap):
+        from the newest model there is (its update's ``base_cid``), less ``priors``, this
+        worker's updates (CID, blob; newest first) of the rounds since that model as their
+        blobs decode (the newest is ``prior_cid``, each names the one before): an eager
+        start, where its last round ended moved by what the global model gained since, so
+        the coordinator counts the update in full (``aitbc.coordinator.workers.update_prior``)."""
         base = job["global_model_cid"]
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
@@ -476,8 +503,8 @@ class Worker:
         load_checkpoint_file(state.trainer.model, model)
         download = time.perf_counter() - t_download
         start = flat_params(state.trainer.model).cpu()  # (d,)
-        if ahead and prior is not None:
-            start = eager_start(start, prior.blob)
+        if ahead and priors:
+            start = eager_start(start, [blob for _, blob in priors])
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
         job_id = job["job_id"]
 
@@ -547,8 +574,8 @@ class Worker:
         }
         if ahead or job.get("mode") == "async":  # async: the version it trained from sets its weight
             body["base_cid"] = base
-        if ahead and prior is not None:
-            body["prior_cid"] = prior.body["cid"]
+        if ahead and priors:
+            body["prior_cid"] = priors[0][0]
         if proof is not None:
             body["proof"] = proof
         return Trained(
@@ -589,7 +616,8 @@ class Worker:
         done.timings["upload"] = time.perf_counter() - t_upload  # the blob and the message naming it
         for phase, seconds in done.timings.items():
             self.metrics.seconds.labels(phase).inc(seconds)
-        state.done.add(job["round"])
+        state.done.add(done.round)
+        self._sent = (job["job_id"], done.round, cid, blob)  # the next rounds' eager start names it
         if reply and reply.get("challenge"):
             self._answer(job, reply["challenge"])
         compute = body["compute_seconds"]
@@ -599,7 +627,7 @@ class Worker:
         log.info(
             "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing; "
             "download %.3f s, compute %.3f s, encode %.3f s, upload %.3f s)%s",
-            job["round"],
+            done.round,
             job["rounds"] or 1,
             job["training_id"],
             body["steps"],

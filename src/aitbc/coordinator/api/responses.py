@@ -561,6 +561,10 @@ class JobOrder(Reply):
     action: Literal["train", "wait"]
     run_status: RunStatus
     round: int
+    send_round: int = Field(
+        description="the round this job's next update is for: the open one, or with overlap 2 the next "
+        "once its update of the open one is in (sent before that round opens)"
+    )
     rounds: int | None
     global_model_cid: str | None
     shard_cid: str
@@ -582,7 +586,9 @@ class JobOrder(Reply):
     deadline_at: float | None
     verify_rate: float = Field(description="the run spot-checks updates (> 0): each must carry its proof")
     overlap: int = Field(
-        0, description="1: the worker may train the next round from this round's model as soon as it has sent this one"
+        0,
+        description="1: the worker may train the next round from this round's model as soon as it has sent this one; "
+        "2: it may also send the next round's update while this round is open (send_round), and train two ahead",
     )
     precision: str = Field("fp32", description="the inner steps' arithmetic: fp32, or bf16 (bfloat16 autocast)")
     mode: str = Field(
