@@ -22,9 +22,11 @@ non-compute time (model download, checkpoint load, progress and update requests,
 upload), wait = A_last - A_w (idle until the slowest update), close = C - A_last (driver
 wake-up, aggregation, evaluation, checkpoint, commit).
 
-Each config runs once per value of ``--overlap`` (default both): 0, synchronous rounds
+Each config runs once per value of ``--overlap`` (default all three): 0, synchronous rounds
 (the run default); 1, overlapping rounds (``distribute --overlap 1``: a worker trains round
-r+1 while round r closes, one-step delay). With overlap a worker's update was computed
+r+1 while round r closes, one-step delay); 2, two rounds ahead (``--overlap 2``: round r+1's
+update is sent while round r is open, round r+2 trains meanwhile, and neither the sends nor
+the next model's long poll hold the training thread). With overlap a worker's update was computed
 before its round opened, so the pickup, I/O, wait and close columns do not apply ('-'),
 and a single round's share can pass 100%; the run's utilization is still compute over
 W x wall time. The rows also give the run's throughput (steps/s of all workers) and the
@@ -42,7 +44,7 @@ the table reports, and judges, the median run (the lower middle of an even count
 every run's figure beside it.
 
 Usage: python bench/live_utilization.py [--quick] [--workers 2] [--local-steps 50]
-       [--configs transformer,mlp] [--rounds N] [--eval-every 1] [--overlap 0,1] [--repeats N]
+       [--configs transformer,mlp] [--rounds N] [--eval-every 1] [--overlap 0,1,2] [--repeats N]
        [--keep DIR]
 """
 
@@ -474,7 +476,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     ap.add_argument(
         "--overlap",
-        default="0,1",
+        default="0,1,2",
         help="comma-separated values of the run option overlap to measure each config under "
         "(0: synchronous rounds; 1: a worker trains round r+1 while round r closes, one-step delay; "
         "2: two rounds ahead, the next round's update sent before it opens)",

@@ -8,6 +8,8 @@ model is a base. Progress of the round after the open one is taken only with ove
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from aitbc.training.checkpoint import bytes_to_tensors
@@ -380,3 +382,20 @@ def test_an_update_sent_ahead_by_a_job_rejected_meanwhile_is_withdrawn(new_coord
     wait_for("round 3 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
     rec = t.owner.get(f"/runs/{t.run_id}/rounds")["data"][2]
     assert (rec["accepted"], rec["rejected"]) == (2, 0), rec
+
+
+def test_a_long_poll_after_a_round_waits_for_the_next_model_not_for_the_jobs_own_sends(new_coordinator, api):
+    """``GET /workers/{id}/job?wait=..&after=r`` (overlap 2's look-ahead): a job whose view
+    says ``train`` (send round 2 ahead) is not answered while round 1 is open, only once a
+    round past it is; without ``after`` it is answered at once."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=2, rounds=4)
+    (wa, wb) = t.workers
+    _post(wa, t, api.update_body(1, api.put_update(wa, _distinct(t.d, 30))))
+    path = f"/workers/{wa.wallet.address}/job"
+    assert wa.get(path, params={"wait": 5}, sign=True)["job"]["send_round"] == 2  # at once: train
+    t0 = time.monotonic()
+    held = wa.get(path, params={"wait": 0.5, "after": 1}, sign=True)["job"]
+    assert time.monotonic() - t0 >= 0.45 and held["round"] == 1, held  # held to its wait: round 1 is open
+    _post(wb, t, api.update_body(1, api.put_update(wb, _distinct(t.d, 31))))
+    view = wa.get(path, params={"wait": 30, "after": 1}, sign=True)["job"]
+    assert (view["round"], view["send_round"], view["action"]) == (2, 2, "train"), view

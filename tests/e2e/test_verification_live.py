@@ -69,7 +69,8 @@ def test_a_worker_skipping_half_its_steps_is_caught_slashed_and_ejected(stack):
     assert 0 < summary["steps_replayed"] <= summary["steps_trained"]
 
     spilled = stack.root / "honest0" / "worker-proofs" / "honest0"
-    assert {p.name for p in spilled.iterdir()} == {str(ROUNDS - 1), str(ROUNDS)}  # the last two rounds'
+    # the last three rounds' (overlap 2: two earlier rounds' spot checks may still be answered)
+    assert {p.name for p in spilled.iterdir()} == {str(ROUNDS - 2), str(ROUNDS - 1), str(ROUNDS)}
     assert {p.name for p in (spilled / str(ROUNDS)).iterdir()} == {f"{s}.safetensors" for s in range(0, 21, 2)}
 
     metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text

@@ -124,10 +124,12 @@ def unanswered_reason(timeout: float) -> str:
 
 
 def parse_commitment(
-    s: Session, run: Run, job: Job, proof: dict[str, Any] | None, steps: int, shard: int
+    s: Session, run: Run, job: Job, proof: dict[str, Any] | None, steps: int, shard: int, *, round: int | None = None
 ) -> Commitment | None:
     """The update's commitment, for a run that verifies (None otherwise). A missing or
-    malformed one is a 422 (nothing recorded): the worker can send it again.
+    malformed one is a 422 (nothing recorded): the worker can send it again. ``round``:
+    the update's (the open one by default; overlap 2: the next one, sent ahead): its data
+    seed is that round's, and it starts where the job's update of an earlier round ended.
 
     The settings it states it trained with (steps, batch size, lr) must be the job's for
     the shard it trained (``shard``): its current ones, or, if the owner changed them
@@ -157,9 +159,10 @@ def parse_commitment(
         c = Commitment.from_json(proof, steps=steps)
     except UsageError as e:
         raise unprocessable("bad_proof", str(e)) from None
-    seed = data_seed(job_seed(run, job), run.round)
+    r = run.round if round is None else round
+    seed = data_seed(job_seed(run, job), r)
     if c.data_seed != seed:
-        raise unprocessable("bad_proof", f"proof.data_seed must be this job's seed for round {run.round}: {seed}")
+        raise unprocessable("bad_proof", f"proof.data_seed must be this job's seed for round {r}: {seed}")
     claimed = (c.steps, c.batch_size, c.lr)
     if not any(claimed == (a["local_steps"], a["batch_size"], a["lr"]) for a in allowed):
         said = ", ".join(f"{a['local_steps']} steps of batch {a['batch_size']} at lr {a['lr']:g}" for a in allowed)
@@ -167,7 +170,7 @@ def parse_commitment(
             "bad_proof",
             f"the proof states {c.steps} steps of batch {c.batch_size} at lr {c.lr}; this round's job trains {said}",
         )
-    _check_chain(s, run, job, c)
+    _check_chain(s, run, job, c, r)
     return c
 
 
@@ -181,10 +184,10 @@ def _zero_digest(d: int) -> str:
     return _zeros[d]
 
 
-def _check_chain(s: Session, run: Run, job: Job, c: Commitment) -> None:
+def _check_chain(s: Session, run: Run, job: Job, c: Commitment, round: int) -> None:
     prev = s.scalars(
         select(Update.proof)
-        .where(Update.job_id == job.id, Update.round < run.round, Update.proof.is_not(None))
+        .where(Update.job_id == job.id, Update.round < round, Update.proof.is_not(None))
         .order_by(Update.round.desc())
         .limit(1)
     ).first()

@@ -318,7 +318,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         # re-hashed: a blob swapped on disk is refused too (an inline blob was hashed above)
         blob = inline if inline is not None else ctx.store.get_bytes(body.cid)
         commitment = verification.parse_commitment(  # 422 before anything is written
-            s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid)
+            s, run, job, body.proof, body.steps, trained_shard(run, job, body.shard_cid), round=body.round
         )
         reason = _check_update(blob, run.cfg.d)  # the costly decode, outside the lock
         size = len(blob)

@@ -11,6 +11,7 @@ coordinator's database says the run is.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import logging
 import math
@@ -73,10 +74,10 @@ class JobState:
     rounds: int | None
     shard_cid: str = ""
     done: set[int] = field(default_factory=set)
-    # the last round's committed states (runs that verify work), kept until its spot check
-    proof_round: int | None = None
-    recorder: Recorder | None = None
-    residual_in: Any = None
+    # the last rounds' committed states and the residual each began with (runs that verify
+    # work), by round, each kept until its spot check is answered (overlap 2: the next
+    # round's update may be sent while this one's spot check is still to answer)
+    proofs: dict[int, tuple[Recorder, Any]] = field(default_factory=dict)
     # where the optimizer and residual stood when the round began (round, optimizer state,
     # residual): restored if the round's update is not recorded, so the next round starts
     # where the last recorded update ended, as a verifying coordinator requires
@@ -122,6 +123,14 @@ class _Sender:
         if self._error is not None:
             raise self._error
         return self._result
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
+class _Dropped(Exception):
+    """An update not sent (overlap 2): the one queued before it was refused, and it began
+    where that one ended."""
 
 
 def _ahead_key(job: dict[str, Any]) -> tuple[Any, ...]:
@@ -175,6 +184,10 @@ class Worker:
         self._gossip: GossipLoop | None = None
         # overlap 1: a round's update is sent by a thread of its own while the next round trains
         self._sending: tuple[dict[str, Any], Trained, _Sender] | None = None
+        # overlap 2: updates being sent, in order (each waits for the one before it), and the
+        # next job view being fetched, while the main thread trains on
+        self._sends: list[tuple[dict[str, Any], Trained, _Sender]] = []
+        self._look: _Sender | None = None
         # peer transport: fetch blobs from the workers the coordinator names; serve ours if --listen
         self.advertise = cfg.advertise_url()
         self.fetcher = PeerFetcher(timeout=cfg.peer_timeout_seconds)
@@ -231,7 +244,8 @@ class Worker:
         hb.start()
         while not self.stop.is_set():
             # with overlap, the sender thread asked for the next round after sending the last update
-            view = self._settle_sent() or self._retry(self._poll)
+            # overlap 2: a thread of its own asked for it while the main thread trained
+            view = self._settle_sent() or self._settle_look() or self._retry(self._poll)
             if view is None:
                 break  # stopping
             job = view.get("job")
@@ -240,13 +254,25 @@ class Worker:
             if job is None:
                 if self.job is not None:
                     log.info("job %s released", self.job.job_id)
-                    self.job, self._ahead = None, None
+                    self.job, self._ahead, self._sends, self._look = None, None, [], None
                     self.metrics.clear_job()
                 continue
             if job["job_id"] in self.refused:
                 self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
                 continue
-            if job["action"] == "wait" and job.get("challenge"):
+            if (
+                job["action"] == "wait"
+                and job.get("mode") != "gossip"
+                and (self.job is None or self.job.job_id != job["job_id"])
+            ):
+                try:  # a new job before its first round: its shard fetched, its model built, now
+                    self._job_state(job)
+                except ModelRefused as e:
+                    self._decline(job, e)
+                    continue
+                except (ApiError, Unreachable, IntegrityError) as e:  # fetched again when it trains
+                    log.info("job %s not prepared ahead: %s", job["job_id"], e)
+            if job.get("challenge"):  # overlap 2: also in a view that says train (the next round's)
                 try:
                     self._answer(job, job["challenge"])  # its reply was lost: the job view repeats it
                 except ApiError as e:  # a refused upload (413, 429): asked again at the next poll
@@ -267,10 +293,16 @@ class Worker:
         self.reporter.close()  # an update still being sent is left: a stopped worker's round is not recorded
         self.client.close()
 
-    def _poll(self) -> dict[str, Any]:
+    def _poll(self, after: int | None = None) -> dict[str, Any]:
         """The job's view: a long poll, answered when there is a round to train (a model of
-        at most INLINE_MODEL bytes inside it: no second request before the round trains)."""
-        params = {"wait": self.cfg.poll_seconds, "inline": INLINE_MODEL}
+        at most INLINE_MODEL bytes inside it: no second request before the round trains);
+        ``after``: in a round past that one (overlap 2: the next model, not the updates this
+        worker is still sending)."""
+        # known: a new job is news at once, so its shard and model are ready before its first round
+        known = self.job.job_id if self.job is not None else ""
+        params: dict[str, Any] = {"wait": self.cfg.poll_seconds, "inline": INLINE_MODEL, "known": known}
+        if after is not None:
+            params["after"] = after
         return self.client.get(f"/workers/{self.wallet.address}/job", params=params, sign=True)
 
     def register(self) -> None:
@@ -394,33 +426,144 @@ class Worker:
         t0 = time.perf_counter()
         self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
         state = self._job_state(job)
-        n = int(job.get("send_round") or job["round"])  # a coordinator before overlap 2: the open round
+        if int(job.get("overlap") or 0) >= 2:
+            self._train_two_ahead(job, state, t0)
+            return
+        n = job["round"]
         done = self._take_ahead(job, state, n)
         if done is None:
-            # sent ahead of its round (overlap 2) without one trained ahead (a restart): from
-            # the view's model less this worker's update of the open round, if it holds it
-            mine = self._mine_of(job, n - 1) if n > job["round"] else None
-            done = self._train(job, state, n, priors=[mine] if mine else [])
-        depth = int(job.get("overlap") or 0)
+            done = self._train(job, state, n)
         chain = [(done.body["cid"], done.blob)]
-        if n > job["round"]:  # the next round also starts past this worker's update of the open round
-            mine = self._mine_of(job, n - 1)
-            chain = chain + [mine] if mine is not None else []
-        if not (depth and n < (job["rounds"] or 1) and n + 1 - job["round"] <= depth and chain):
+        if not (job.get("overlap") and n < (job["rounds"] or 1)):
             self._submit(job, state, done, t0)
             return
-        # Overlap: this update goes out from the sender thread while the next round trains
-        # here, from the view's model (the newest there is) less this worker's updates not
-        # in it (this one, and with overlap 2 the open round's) as the coordinator decodes
-        # them; that round's update names its base and the newest of them (base_cid,
-        # prior_cid). If this one is refused, the next is dropped (_settle_sent).
+        # Overlap 1: this update goes out from the sender thread while the next round trains
+        # here, from the view's model (the newest there is) less this update as the
+        # coordinator decodes it; that round's update names both (base_cid, prior_cid). If
+        # this one is refused, the next is dropped (_settle_sent).
         self.reporter.drain()  # no progress report of this round may land after its update
         self._sending = (job, done, _Sender(lambda: self._send_and_look(job, state, done, t0)))
         self._ahead = self._train(job, state, n + 1, priors=chain)
 
+    def _train_two_ahead(self, job: dict[str, Any], state: JobState, t0: float) -> None:
+        """Overlap 2: send the update the view asks for (``send_round``: the open round's,
+        or the next one's once that is in; later than the updates still being sent), the
+        one trained ahead for it if it still fits, queued behind those being sent; then
+        train the round after it at once from the view's model less this worker's updates
+        not in it (this one, and the open round's: a chain of priors). The main thread
+        never waits for a send, only for the model it trains from (:meth:`_poll` ``after``)."""
+        self._reap_sends()
+        m = job["round"]
+        n = int(job.get("send_round") or m)
+        # the view may not have seen the updates sent or being sent since it was read
+        sent = [d.round for j, d, _ in self._sends if j["job_id"] == job["job_id"]]
+        if self._sent is not None and self._sent[0] == job["job_id"]:
+            sent.append(self._sent[1])
+        if sent and n <= max(sent):
+            n = max(sent) + 1
+        if n > m + 1:  # nothing to send before round m closes: the oldest send first, then look again
+            self._settle_sends(1)
+            return
+        done = self._take_ahead(job, state, n)
+        if done is None:  # none trained ahead (the first round, a restart, a dropped one)
+            mine = self._mine_of(job, n - 1) if n > m else None
+            done = self._train(job, state, n, priors=[mine] if mine else [])
+        self.reporter.drain()  # no progress report of this round may land after its update
+        before = self._sends[-1][2] if self._sends else None
+        self._sends.append((job, done, _Sender(lambda: self._send_after(before, job, state, done, t0))))
+        chain = [(done.body["cid"], done.blob)]
+        if n > m:  # the next round starts past this worker's update of the open round too
+            mine = self._mine_of(job, n - 1)
+            chain = chain + [mine] if mine is not None else []
+        if n >= (job["rounds"] or 1) or not chain:  # the run's last update, or no eager start to make
+            self._settle_sends()
+            return
+        # round n+1 goes out once round n is open: its view and model are fetched meanwhile
+        self._look = _Sender(lambda: self._look_past(n - 1))
+        self._ahead = self._train(job, state, n + 1, priors=chain)
+
+    def _look_past(self, after: int) -> dict[str, Any] | None:
+        """A thread of its own (overlap 2): the job's view once round ``after`` has closed,
+        its model fetched, so the main thread, done training ahead, finds both at hand.
+        None: the main thread asks itself."""
+        try:
+            view = self._retry(lambda: self._poll(after))
+            nxt = (view or {}).get("job")
+            if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
+                self._expect(nxt)
+                self._global_model(
+                    nxt["global_model_cid"], nxt.get("model_peers") or [], inline=nxt.get("global_model")
+                )
+            return view
+        except (ApiError, Unreachable, IntegrityError) as e:
+            log.info("next round not fetched ahead: %s", e)
+            return None
+
+    def _settle_look(self) -> dict[str, Any] | None:
+        """The view the look-ahead thread fetched (overlap 2), if one is under way."""
+        look, self._look = self._look, None
+        return None if look is None else look.wait()
+
+    def _send_after(
+        self, before: _Sender | None, job: dict[str, Any], state: JobState, done: Trained, t0: float
+    ) -> None:
+        """A sender thread (overlap 2): once the update queued before this one is sent, send
+        this one; if that one was refused, this one is not sent (it began where that ended)."""
+        if before is not None:
+            try:
+                before.wait()
+            except ApiError as e:
+                if e.code != "duplicate_update":
+                    raise _Dropped(f"round {done.round} not sent: round {done.round - 1}'s was refused") from None
+            except BaseException:  # noqa: BLE001 - dropped, or stopping: this one is not sent either
+                raise _Dropped(f"round {done.round} not sent") from None
+        self._submit(job, state, done, t0, drained=True)
+
+    def _reap_sends(self) -> None:
+        """Settle the sends that have finished, oldest first, without waiting."""
+        while self._sends and self._sends[0][2].done():
+            self._settle_sends(1)
+
+    def _settle_sends(self, count: int | None = None) -> None:
+        """Wait for the oldest ``count`` sends (all: None) in order. A refused update drops
+        the round trained ahead and every update queued after it (each began where the one
+        before ended), and the optimizer and residual go back to where the first that was
+        not recorded began, as if none of them trained."""
+        while self._sends and (count is None or count > 0):
+            count = None if count is None else count - 1
+            job, done, sender = self._sends.pop(0)
+            try:
+                sender.wait()
+            except ApiError as e:
+                if e.code == "duplicate_update":  # recorded before (its reply was lost): the chain goes on
+                    self._sent = (job["job_id"], done.round, done.body["cid"], done.blob)
+                    continue
+                later = [d for _, d, _ in self._sends]
+                for _, _, s in self._sends:  # each raises _Dropped at once
+                    with contextlib.suppress(BaseException):
+                        s.wait()
+                self._sends = []
+                ahead, self._ahead = self._ahead, None
+                state = self.job
+                if state is not None and state.job_id == job["job_id"]:
+                    # recorded as rejected: the chain goes on from it, to the first not recorded
+                    nxt = [d for d in (done, *later, ahead) if d is not None]
+                    first = nxt[1:] if e.code == "update_rejected" else nxt
+                    if first:
+                        self._restore_round_start(state, first[0].start)
+                self._refused(job, e)
+                return
+            except _Dropped:
+                continue
+            except (Unreachable, IntegrityError) as e:  # stopping (sends are retried through outages)
+                log.warning("%s", e)
+
     def _mine_of(self, job: dict[str, Any], round: int) -> tuple[str, bytes] | None:
-        """This worker's own update of ``round`` for this job as it was recorded (CID,
-        blob), if it is the last one it sent; else None."""
+        """This worker's own update of ``round`` for this job (CID, blob): the last one
+        recorded, or one being sent (overlap 2); else None."""
+        for j, d, _ in reversed(self._sends):
+            if j["job_id"] == job["job_id"] and d.round == round:
+                return d.body["cid"], d.blob
         sent = self._sent
         if sent is None or sent[0] != job["job_id"] or sent[1] != round:
             return None
@@ -594,7 +737,9 @@ class Worker:
         ``drained``: the caller drained the progress reports (the sender thread: the
         reports now waiting are the next round's)."""
         if done.recorder is not None:  # kept until its spot check
-            state.proof_round, state.recorder, state.residual_in = done.round, done.recorder, done.residual_in
+            state.proofs[done.round] = (done.recorder, done.residual_in)
+            for old in [r for r in state.proofs if r < done.round - 2]:
+                state.proofs.pop(old, None)
         blob, body, cid = done.blob, done.body, done.body["cid"]
         # The round's work is done: the upload is retried through an outage, never retrained.
         t_upload = time.perf_counter()
@@ -697,15 +842,16 @@ class Worker:
         """Reveal the states the spot check of our update asks for: each uploaded as a blob,
         then named to the coordinator, which re-runs the intervals between them."""
         state = self.job
-        if state is None or state.job_id != job["job_id"] or state.proof_round != challenge["round"]:
+        kept_proof = None if state is None or state.job_id != job["job_id"] else state.proofs.get(challenge["round"])
+        if state is None or kept_proof is None:
             log.warning("spot check of round %s: its states are no longer kept", challenge["round"])
             return
-        assert state.recorder is not None
-        steps = boundaries(state.recorder.steps, state.recorder.every)
+        recorder, residual_in = kept_proof
+        steps = boundaries(recorder.steps, recorder.every)
         cids: dict[str, str] = {}
         for b in challenge["boundaries"]:
             step = steps[int(b)]
-            kept = state.recorder.states.get(step)
+            kept = recorder.states.get(step)
             data = (
                 kept.to_bytes()
                 if kept is not None
@@ -716,7 +862,7 @@ class Worker:
             cids[str(b)] = cid
         body: dict[str, Any] = {"round": challenge["round"], "states": cids}
         if challenge.get("residual"):
-            data = tensors_to_bytes({"residual": state.residual_in})
+            data = tensors_to_bytes({"residual": residual_in})
             body["residual"] = cid_of_bytes(data)
             self._retry(lambda: self.client.put_blob(body["residual"], data))
         try:
@@ -724,7 +870,7 @@ class Worker:
             log.info("round %s: revealed %d states for its spot check", challenge["round"], len(cids))
         except ApiError as e:
             log.warning("spot check of round %s: %s", challenge["round"], e.detail)
-        state.proof_round = state.recorder = None  # answered once: the states go
+        state.proofs.pop(challenge["round"], None)  # answered once: the states go
 
     @property
     def _proofs(self) -> Path:
@@ -732,14 +878,14 @@ class Worker:
 
     def _spill(self, round: int, d: int, steps: int) -> Callable[[TrainState], None] | None:
         """Where a round's committed states go: memory while they are small, else files
-        under ``HOME/worker-proofs/<wallet>/<round>`` (the rounds before the last go: with
-        overlap the last one's spot check may still be answered while this one trains)."""
+        under ``HOME/worker-proofs/<wallet>/<round>`` (the rounds before the last two go: with
+        overlap the last ones' spot checks may still be answered while this one trains)."""
         per_state = 3 * 4 * d  # float32 parameters and, at most, two moments (Adam)
         if per_state * len(boundaries(steps, commit_every(steps))) <= self.cfg.proof_memory_bytes:
             return None
         folder = self._proofs / str(round)
         for old in self._proofs.glob("*") if self._proofs.is_dir() else ():
-            if not old.name.isdigit() or int(old.name) < round - 1 or int(old.name) == round:
+            if not old.name.isdigit() or int(old.name) < round - 2 or int(old.name) == round:
                 shutil.rmtree(old, ignore_errors=True)
         folder.mkdir(parents=True)
 

@@ -82,6 +82,18 @@ async def job(
     ctx: CtxDep,
     signer: SignerDep,
     wait: float = Query(0.0, ge=0, le=60, description="seconds to hold the request until there is something to train"),
+    after: int | None = Query(
+        None,
+        ge=0,
+        description="with wait: hold until there is something to train in a round past this one "
+        "(overlap 2: a worker whose updates are still being sent waits for the next model, not for them)",
+    ),
+    known: str | None = Query(
+        None,
+        max_length=64,
+        description="with wait: the job the worker already holds (empty: none); a job other than this one "
+        "answers at once, even one still waiting for its first round, so its shard and model are ready when it opens",
+    ),
     inline: int = Query(
         0,
         ge=0,
@@ -92,7 +104,9 @@ async def job(
 ) -> dict:
     """The worker's current job and what to do (``train`` or ``wait``). With ``wait``, a
     long poll: answered as soon as there is something to train, or after ``wait`` seconds.
-    With ``inline``, a small model to train comes with the answer."""
+    With ``after``, only a round past that one is something to train. With ``known``, a
+    job other than that one is news too. With ``inline``, a small model to train comes
+    with the answer."""
     if signer.address != worker_id:
         raise forbidden(f"{signer.address} may not read the job of worker {worker_id}")
     if not ctx.liveness.knows(worker_id):  # registered with another replica: looked up once
@@ -106,7 +120,10 @@ async def job(
     while True:
         seen = ctx.notifier.version
         view = await run_in_threadpool(look)
-        if (view["job"] and view["job"]["action"] == "train") or time.monotonic() >= deadline:
+        job = view["job"]
+        ready = job is not None and job["action"] == "train" and (after is None or job["round"] > after)
+        new = job is not None and known is not None and job["job_id"] != known
+        if ready or new or time.monotonic() >= deadline:
             return view
         await ctx.notifier.changed(seen, max(0.0, deadline - time.monotonic()))
 

@@ -1,0 +1,35 @@
+"""The job long poll's ``known``: a worker tells the coordinator which job it holds, and a
+job other than that one is news at once, even while it waits (its run not yet training,
+or its update of the open round in), so the worker fetches its shard and builds its model
+before its first round; its own job that says ``wait`` is held to the poll's ``wait``."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def test_a_job_the_worker_does_not_hold_answers_at_once_even_while_it_waits(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 2)
+    w = t.workers[0]
+    job = t.jobs[w.wallet.address]
+    cid = api.put_update(w, 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(1)))
+    w.post(f"/jobs/{job}/updates", api.update_body(1, cid))  # round 1 waits for the other worker
+    path = f"/workers/{w.wallet.address}/job"
+    t0 = time.monotonic()
+    view = w.get(path, params={"wait": 10, "known": ""}, sign=True)["job"]
+    assert time.monotonic() - t0 < 5 and (view["job_id"], view["action"]) == (job, "wait"), view
+    t0 = time.monotonic()
+    view = w.get(path, params={"wait": 0.5, "known": job}, sign=True)["job"]
+    assert time.monotonic() - t0 >= 0.45 and view["action"] == "wait", view  # its own job: held
+    t0 = time.monotonic()
+    view = w.get(path, params={"wait": 10, "known": "job_someotherone"}, sign=True)["job"]
+    assert time.monotonic() - t0 < 5 and view["job_id"] == job, view  # a job it no longer holds: news
+    for bad in ("x" * 65,):
+        try:
+            w.get(path, params={"wait": 0, "known": bad}, sign=True)
+        except api.ApiError as e:
+            assert e.status == 422 and "known" in e.detail, e
+        else:
+            raise AssertionError("a 65-character job id accepted")
