@@ -399,3 +399,36 @@ def test_a_long_poll_after_a_round_waits_for_the_next_model_not_for_the_jobs_own
     _post(wb, t, api.update_body(1, api.put_update(wb, _distinct(t.d, 31))))
     view = wa.get(path, params={"wait": 30, "after": 1}, sign=True)["job"]
     assert (view["round"], view["send_round"], view["action"]) == (2, 2, "train"), view
+
+
+def test_a_rejected_update_sent_ahead_stays_as_evidence_when_its_job_ends(new_coordinator, api):
+    """A job sends a NaN update ahead of its round (recorded rejected, 422), then its owner
+    ends the job before that round opens: the accepted updates of a gone job are withdrawn
+    when their round opens, but a rejected one stays, and its round's settlement slashes
+    the worker on it (leaving cannot erase the evidence)."""
+    t = api.start_training_run(new_coordinator(), 3, overlap=2, rounds=3)
+    (wa, wb, wx) = t.workers
+    ckpt = _checkpoints(t)
+    g = torch.Generator().manual_seed(7)
+    ux = api.put_update(wx, 1e-3 * torch.randn(t.d, generator=g))
+    _post(wx, t, api.update_body(1, ux))
+    bad = torch.zeros(t.d)
+    bad[3] = float("nan")
+    try:
+        _post(wx, t, api.update_body(2, api.put_update(wx, bad), base_cid=ckpt[0], prior_cid=ux))
+    except api.ApiError as e:
+        assert (e.status, e.code) == (422, "update_rejected") and "NaN" in e.detail, e
+    else:
+        raise AssertionError("a NaN update sent ahead was accepted")
+    t.owner.post(f"/jobs/{t.jobs[wx.wallet.address]}/end", {"status": "released", "reason": "leaving"})
+    for r in (1, 2):
+        for w in (wa, wb):
+            _post(w, t, api.update_body(r, api.put_update(w, 1e-3 * torch.randn(t.d, generator=g))))
+        wait_for(f"round {r + 1} open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda n, r=r: n == r + 1)
+    rows = t.coord.rows("SELECT round, status FROM updates WHERE worker_id = :w ORDER BY round", w=wx.wallet.address)
+    assert [(r["round"], r["status"]) for r in rows] == [(1, "accepted"), (2, "rejected")], rows
+    settled = "SELECT settled_round FROM runs WHERE id = :r"
+    wait_for("round 2 settled", lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"], lambda n: n >= 2)
+    pay = {row["worker_id"]: row for row in t.owner.get(f"/runs/{t.run_id}/payments")["data"]}
+    assert pay[wx.wallet.address]["status"] == "slashed", pay[wx.wallet.address]
+    assert pay[wa.wallet.address]["status"] != "slashed" and pay[wb.wallet.address]["status"] != "slashed"

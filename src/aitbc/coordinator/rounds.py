@@ -160,11 +160,13 @@ def sends_ahead(run: Run) -> bool:
 
 
 def open_round(s: Session, run: Run, r: int, *, now: float) -> None:
-    """Open round ``r`` (the run goes back to ``training``). Updates sent ahead for it
-    (:func:`sends_ahead`) whose job has ended since, or has had an update rejected (it is
-    slashed and ejected when that round is settled, and sends nothing more), are withdrawn:
-    deleted, never aggregated, scored or paid, their bytes and compute no longer counted.
-    An update sent ahead is never in a closed round's books, so nothing else names it."""
+    """Open round ``r`` (the run goes back to ``training``). Accepted updates sent ahead
+    for it (:func:`sends_ahead`) whose job has ended since, or has had an update rejected
+    (it is slashed and ejected when that round is settled, and sends nothing more), are
+    withdrawn: deleted, never aggregated, scored or paid, their bytes and compute no longer
+    counted. An update sent ahead is never in a closed round's books, so nothing else names
+    it. A rejected one stays (a failed spot check, a NaN): its round's settlement slashes on
+    it, whether or not its job is still there."""
     run.round, run.round_started_at = r, now
     transition(run, RunStatus.TRAINING, now=now)
     ahead = s.scalars(select(Update).where(Update.run_id == run.id, Update.round == r)).all()
@@ -182,7 +184,8 @@ def open_round(s: Session, run: Run, r: int, *, now: float) -> None:
         ).all()
     )
     for u in ahead:
-        if u.job_id in active and u.job_id not in ejecting:
+        # a rejected one stays: it is the evidence its round's settlement slashes on
+        if u.status != UpdateStatus.ACCEPTED or (u.job_id in active and u.job_id not in ejecting):
             continue
         log.info("run %s: round %d's update from job %s withdrawn (its job ended or was rejected)", run.id, r, u.job_id)
         run.bytes_up -= u.size
