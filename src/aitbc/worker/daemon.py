@@ -738,7 +738,7 @@ class Worker:
         reports now waiting are the next round's)."""
         if done.recorder is not None:  # kept until its spot check
             state.proofs[done.round] = (done.recorder, done.residual_in)
-            for old in [r for r in state.proofs if r < done.round - 2]:
+            for old in [r for r in list(state.proofs) if r < done.round - 2]:  # a copy: _answer pops too
                 state.proofs.pop(old, None)
         blob, body, cid = done.blob, done.body, done.body["cid"]
         # The round's work is done: the upload is retried through an outage, never retrained.
