@@ -457,7 +457,8 @@ class AgentMethods:
         update's local steps the coordinator re-runs (a verified update is paid in full; one
         that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
         r+1 from the newest published model as soon as it has sent round r, and its update is
-        applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
+        applied to the newer model (one-step delay); 2: two rounds ahead, the next round's
+        update sent before that round opens (two-step delay); 0: synchronous rounds. ``precision``
         ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
         ``mode`` ``async``: no round barrier; every ``buffer`` accepted updates (default half
         the workers; or ``deadline`` seconds with at least one) are applied as a new version,
@@ -1024,7 +1025,8 @@ class AsyncAgentMethods:
         update's local steps the coordinator re-runs (a verified update is paid in full; one
         that fails is rejected and its worker slashed). ``overlap`` 1: a worker starts round
         r+1 from the newest published model as soon as it has sent round r, and its update is
-        applied to the newer model (one-step delay); 0: synchronous rounds. ``precision``
+        applied to the newer model (one-step delay); 2: two rounds ahead, the next round's
+        update sent before that round opens (two-step delay); 0: synchronous rounds. ``precision``
         ``bf16``: the workers' inner steps run under bfloat16 autocast (``fp32``: none).
         ``mode`` ``async``: no round barrier; every ``buffer`` accepted updates (default half
         the workers; or ``deadline`` seconds with at least one) are applied as a new version,

@@ -34,7 +34,7 @@ def test_refused_combinations_are_one_line_422s(new_coordinator, api):
     _, owner, run_id = api.hired_run(new_coordinator(), 2, prefix="c")
     cases = [
         ({"mode": "async", "topology": "ring"}, "topology is for mode gossip"),
-        ({"mode": "async", "overlap": 1}, "overlap 1 is for sync runs"),
+        ({"mode": "async", "overlap": 1}, "overlap is for sync runs"),
         ({"mode": "async", "verify_rate": 0.1}, "spot checks (verify_rate > 0) are not available with mode async"),
         ({"mode": "async", "staleness": "bogus"}, "unknown staleness rule 'bogus'"),
         ({"mode": "async", "staleness": "polynomial:a=-1"}, "a must be >= 0"),

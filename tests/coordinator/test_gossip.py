@@ -25,7 +25,7 @@ def test_refused_combinations_are_one_line_422s(new_coordinator, api):
         ({"mode": "gossip", "topology": "random:x"}, "needs an integer K"),
         ({"mode": "gossip", "topology": "ring:2"}, "unknown --topology 'ring:2'"),
         ({"mode": "sync", "topology": "ring"}, "topology is for mode gossip"),
-        ({"mode": "gossip", "overlap": 1}, "overlap 1 is for sync runs"),
+        ({"mode": "gossip", "overlap": 1}, "overlap is for sync runs"),
         ({"mode": "gossip", "verify_rate": 0.1}, "spot checks (verify_rate > 0)"),
         ({"mode": "gossip", "buffer": 2}, "buffer is for mode async"),
         ({"mode": "gossip", "error_feedback": True}, "error feedback has nothing to carry"),
