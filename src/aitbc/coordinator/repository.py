@@ -12,15 +12,24 @@ from __future__ import annotations
 import time
 from typing import Any, TypeVar
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Base, Job, Run, Update
-from aitbc.coordinator.states import RUNNING, JobStatus, require_status
+from aitbc.coordinator.states import RUNNING, JobStatus, UpdateStatus, require_status
 from aitbc.training.local import epoch_steps
 
 R = TypeVar("R", bound=Base)
+
+
+def provably_bad() -> ColumnElement[bool]:
+    """Updates that get their job slashed and ejected when their round is settled: rejected
+    (malformed, NaN, past the norm bound, a failed spot check), but not a spot check left
+    unanswered (no proof that the work was bad). Such a job sends nothing more meanwhile."""
+    return (Update.status == UpdateStatus.REJECTED) & (
+        Update.verification.is_(None) | (Update.verification != "unanswered")
+    )
 
 
 def lock_run(s: Session, run: Run) -> Run:

@@ -38,7 +38,7 @@ from torch import Tensor
 from aitbc.coordinator.books import books_model
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import job_settings, lock_run, round_updates
+from aitbc.coordinator.repository import job_settings, lock_run, provably_bad, round_updates
 from aitbc.coordinator.round_updates import aggregate_updates
 from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime, write_behind
@@ -178,8 +178,7 @@ def open_round(s: Session, run: Run, r: int, *, now: float) -> None:
             select(Update.job_id).where(
                 Update.run_id == run.id,
                 Update.round < r,
-                Update.status == UpdateStatus.REJECTED,
-                Update.verification.is_(None) | (Update.verification != "unanswered"),
+                provably_bad(),
             )
         ).all()
     )

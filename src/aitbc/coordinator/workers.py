@@ -21,7 +21,7 @@ from aitbc.coordinator import gossip, verification
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import job_settings, lock_run, row
+from aitbc.coordinator.repository import job_settings, lock_run, provably_bad, row
 from aitbc.coordinator.rounds import base_round, sends_ahead
 from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
@@ -606,8 +606,7 @@ def _refuse_ejected(s: Session, job: Job, refuse: Callable[..., None]) -> None:
         select(Update.round, Update.reason)
         .where(
             Update.job_id == job.id,
-            Update.status == UpdateStatus.REJECTED,
-            Update.verification.is_(None) | (Update.verification != "unanswered"),  # unanswered: no proof
+            provably_bad(),
         )
         .limit(1)
     ).first()

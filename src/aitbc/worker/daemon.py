@@ -482,10 +482,10 @@ class Worker:
         self._look = _Sender(lambda: self._look_past(n - 1))
         self._ahead = self._train(job, state, n + 1, priors=chain)
 
-    def _look_past(self, after: int) -> dict[str, Any] | None:
-        """A thread of its own (overlap 2): the job's view once round ``after`` has closed,
-        its model fetched, so the main thread, done training ahead, finds both at hand.
-        None: the main thread asks itself."""
+    def _look_past(self, after: int | None) -> dict[str, Any] | None:
+        """On a thread of its own: the job's view once there is a round to train (overlap 2:
+        once round ``after`` has closed), its model fetched, so the main thread, done
+        training ahead, finds both at hand. None: the main thread asks itself."""
         try:
             view = self._retry(lambda: self._poll(after))
             nxt = (view or {}).get("job")
@@ -495,7 +495,7 @@ class Worker:
                     nxt["global_model_cid"], nxt.get("model_peers") or [], inline=nxt.get("global_model")
                 )
             return view
-        except (ApiError, Unreachable, IntegrityError) as e:
+        except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
             log.info("next round not fetched ahead: %s", e)
             return None
 
@@ -536,27 +536,40 @@ class Worker:
                 sender.wait()
             except ApiError as e:
                 if e.code == "duplicate_update":  # recorded before (its reply was lost): the chain goes on
-                    self._sent = (job["job_id"], done.round, done.body["cid"], done.blob)
+                    self._note_sent(job, done)
                     continue
                 later = [d for _, d, _ in self._sends]
                 for _, _, s in self._sends:  # each raises _Dropped at once
                     with contextlib.suppress(BaseException):
                         s.wait()
                 self._sends = []
-                ahead, self._ahead = self._ahead, None
-                state = self.job
-                if state is not None and state.job_id == job["job_id"]:
-                    # recorded as rejected: the chain goes on from it, to the first not recorded
-                    nxt = [d for d in (done, *later, ahead) if d is not None]
-                    first = nxt[1:] if e.code == "update_rejected" else nxt
-                    if first:
-                        self._restore_round_start(state, first[0].start)
+                self._drop_after_refusal(job, e, done, later)
                 self._refused(job, e)
                 return
             except _Dropped:
                 continue
             except (Unreachable, IntegrityError) as e:  # stopping (sends are retried through outages)
                 log.warning("%s", e)
+
+    def _note_sent(self, job: dict[str, Any], done: Trained) -> None:
+        """``done`` is recorded: the last update sent, the next rounds' eager start names it."""
+        self._sent = (job["job_id"], done.round, done.body["cid"], done.blob)
+
+    def _drop_after_refusal(
+        self, job: dict[str, Any], e: ApiError, done: Trained, later: list[Trained] | None = None
+    ) -> None:
+        """``done`` was refused (not a duplicate): the round trained ahead goes, as do
+        ``later``, the updates queued after it (each began where the one before ended), and
+        the optimizer and residual go back to where the first of them not recorded began (an
+        update recorded as rejected: the chain goes on from it)."""
+        ahead, self._ahead = self._ahead, None
+        state = self.job
+        if state is None or state.job_id != job["job_id"]:
+            return
+        dropped = [d for d in (done, *(later or []), ahead) if d is not None]
+        first = dropped[1:] if e.code == "update_rejected" else dropped
+        if first:
+            self._restore_round_start(state, first[0].start)
 
     def _mine_of(self, job: dict[str, Any], round: int) -> tuple[str, bytes] | None:
         """This worker's own update of ``round`` for this job (CID, blob): the last one
@@ -574,18 +587,7 @@ class Worker:
         and fetch its model, so the main thread, done training ahead, finds both at hand.
         Returns the job's view (None: the main thread asks itself)."""
         self._submit(job, state, done, t0, drained=True)
-        try:
-            view = self._retry(self._poll)
-            nxt = (view or {}).get("job")
-            if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
-                self._expect(nxt)
-                self._global_model(
-                    nxt["global_model_cid"], nxt.get("model_peers") or [], inline=nxt.get("global_model")
-                )
-            return view
-        except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
-            log.info("next round not fetched ahead: %s", e)
-            return None
+        return self._look_past(None)
 
     def _settle_sent(self) -> dict[str, Any] | None:
         """Wait for the update the sender thread is sending and return the job's view it
@@ -600,15 +602,9 @@ class Worker:
             return sender.wait()
         except ApiError as e:
             if e.code == "duplicate_update":  # recorded before (its reply was lost): the chain goes on from it
-                self._sent = (job["job_id"], done.round, done.body["cid"], done.blob)
+                self._note_sent(job, done)
             else:
-                ahead, self._ahead = self._ahead, None
-                state = self.job
-                if state is not None and state.job_id == job["job_id"]:
-                    if e.code != "update_rejected":  # recorded as rejected: the chain goes on from it
-                        self._restore_round_start(state, done.start)
-                    elif ahead is not None:
-                        self._restore_round_start(state, ahead.start)
+                self._drop_after_refusal(job, e, done)
             self._refused(job, e)
         except (Unreachable, IntegrityError) as e:  # stopping (sends are retried through outages)
             log.warning("%s", e)
@@ -762,7 +758,7 @@ class Worker:
         for phase, seconds in done.timings.items():
             self.metrics.seconds.labels(phase).inc(seconds)
         state.done.add(done.round)
-        self._sent = (job["job_id"], done.round, cid, blob)  # the next rounds' eager start names it
+        self._note_sent(job, done)
         if reply and reply.get("challenge"):
             self._answer(job, reply["challenge"])
         compute = body["compute_seconds"]
