@@ -1,7 +1,8 @@
 """The job long poll's ``known``: a worker tells the coordinator which job it holds, and a
 job other than that one is news at once, even while it waits (its run not yet training,
 or its update of the open round in), so the worker fetches its shard and builds its model
-before its first round; its own job that says ``wait`` is held to the poll's ``wait``."""
+before its first round; its own job that says ``wait`` is held to the poll's ``wait``.
+A bad ``known`` or ``after`` is a 422, and no other signer reads the view."""
 
 from __future__ import annotations
 
@@ -26,10 +27,18 @@ def test_a_job_the_worker_does_not_hold_answers_at_once_even_while_it_waits(new_
     t0 = time.monotonic()
     view = w.get(path, params={"wait": 10, "known": "job_someotherone"}, sign=True)["job"]
     assert time.monotonic() - t0 < 5 and view["job_id"] == job, view  # a job it no longer holds: news
-    for bad in ("x" * 65,):
+    for name, bad in (("known", "x" * 65), ("after", -1), ("after", "one")):
         try:
-            w.get(path, params={"wait": 0, "known": bad}, sign=True)
+            w.get(path, params={"wait": 0, name: bad}, sign=True)
         except api.ApiError as e:
-            assert e.status == 422 and "known" in e.detail, e
+            assert e.status == 422 and name in e.detail, e
         else:
-            raise AssertionError("a 65-character job id accepted")
+            raise AssertionError(f"{name}={bad!r} accepted")
+    # another signer cannot read this worker's view, whatever it asks
+    other = t.workers[1]
+    try:
+        other.get(path, params={"wait": 0, "known": "", "after": 0}, sign=True)
+    except api.ApiError as e:
+        assert e.status == 403, e
+    else:
+        raise AssertionError("another worker read this worker's job view")
