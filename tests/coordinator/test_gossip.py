@@ -514,3 +514,30 @@ def test_reported_records_are_kept_only_while_they_can_still_be_compared(new_coo
     # a report of the closed round: nothing to compare with, and nothing stored
     assert [v["verdict"] for v in _witness(wa, _publish(wc, t, 1, cids["c2"]))] == ["unmatched"]
     assert t.coord.rows("SELECT count(*) AS n FROM gossip_witnesses")[0]["n"] == 1
+
+
+def test_a_round_closing_keeps_the_records_of_later_rounds(new_coordinator, api):
+    """Gossip workers keep their own clocks: a record of a later round published while the
+    record is at an earlier one is the worker's, whatever an earlier round's judgement of
+    it. The outlier flagged in round 1 still has its rounds 2 and 3 once round 2 closes
+    (withdrawing updates sent ahead is for sync runs with overlap 2 only)."""
+    t = api.start_training_run(new_coordinator(), 4, mode="gossip", topology="ring", aggregator="median")
+    bad = t.workers[-1]
+    base = round_params(t, 0)
+    gen = torch.Generator().manual_seed(0)
+
+    def publish(w, r: int) -> None:
+        scale = 100.0 if w is bad else 1e-3  # far from the consensus: an outlier
+        cid = _put(w, update_blob(base + scale * torch.randn(t.d, generator=gen)))
+        w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, r, cid))
+
+    for w in t.workers:
+        publish(w, 1)
+    publish(bad, 2)
+    publish(bad, 3)  # ahead of the record by two rounds
+    wait_for("round 1 judged", lambda: _flags(t), lambda f: (bad.wallet.address, 1, "gossip_outlier") in f, 60)
+    for w in t.workers[:-1]:
+        publish(w, 2)
+    wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r >= 3, timeout=30)
+    rows = t.coord.rows("SELECT round FROM updates WHERE job_id = :j ORDER BY round", j=t.jobs[bad.wallet.address])
+    assert [r["round"] for r in rows] == [1, 2, 3]

@@ -166,9 +166,12 @@ def open_round(s: Session, run: Run, r: int, *, now: float) -> None:
     withdrawn: deleted, never aggregated, scored or paid, their bytes and compute no longer
     counted. An update sent ahead is never in a closed round's books, so nothing else names
     it. A rejected one stays (a failed spot check, a NaN): its round's settlement slashes on
-    it, whether or not its job is still there."""
+    it, whether or not its job is still there. Only a sync run with overlap 2 sends ahead: a
+    gossip worker's record of a later round is its own clock's, and stays."""
     run.round, run.round_started_at = r, now
     transition(run, RunStatus.TRAINING, now=now)
+    if not (run.cfg.mode == "sync" and run.cfg.overlap >= 2):
+        return
     ahead = s.scalars(select(Update).where(Update.run_id == run.id, Update.round == r)).all()
     if not ahead:
         return

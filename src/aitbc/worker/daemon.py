@@ -175,6 +175,7 @@ class Worker:
         self._models_lock = threading.Lock()
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap)
         self._sent: tuple[str, int, str, bytes] | None = None  # (job, round, CID, blob) of the last update sent
+        self._seen_job = ""  # the last job a view named (the long poll's ``known``)
         self._inline_updates = True  # update blobs up to INLINE_UPDATE go inside the update message
         # gossip: this worker's own published models (served by CID) and signed records
         self._gossip_store = LocalBlobStore(home / "worker-gossip" / self.wallet.name, durable=False)
@@ -249,6 +250,7 @@ class Worker:
             if view is None:
                 break  # stopping
             job = view.get("job")
+            self._seen_job = "" if job is None else job["job_id"]
             if job is not None and job["action"] == "train":
                 self._expect(job)
             if job is None:
@@ -298,9 +300,10 @@ class Worker:
         at most INLINE_MODEL bytes inside it: no second request before the round trains);
         ``after``: in a round past that one (overlap 2: the next model, not the updates this
         worker is still sending)."""
-        # known: a new job is news at once, so its shard and model are ready before its first round
-        known = self.job.job_id if self.job is not None else ""
-        params: dict[str, Any] = {"wait": self.cfg.poll_seconds, "inline": INLINE_MODEL, "known": known}
+        # known: a new job is news at once, so its shard and model are ready before its first
+        # round; the last job seen, not the last prepared (one not prepared, or a gossip job,
+        # would answer every poll at once)
+        params: dict[str, Any] = {"wait": self.cfg.poll_seconds, "inline": INLINE_MODEL, "known": self._seen_job}
         if after is not None:
             params["after"] = after
         return self.client.get(f"/workers/{self.wallet.address}/job", params=params, sign=True)
