@@ -39,9 +39,13 @@ def _staleness(rounds: dict[int, str], r: int, base: str) -> int:
 def test_async_run_does_not_wait_for_a_slow_worker_and_settles_each_update_once(stack):
     stack.start_coordinator()
     fast = [f"fast{i}" for i in range(3)]
+    # 40 steps: the slow worker's version takes >= 2 s; a fast one's >= 0.4 s, so the 32
+    # updates of the run take the fast three >= 4 s, whatever the machine: the run is still
+    # going when the slow worker's first update comes (a run without sleeps in the fast
+    # workers could end first once their jobs were prepared before the first version)
     for name in fast:
-        stack.start_worker(name)
-    stack.start_worker("slow", step_delay=0.05)  # 40 steps: >= 2 s a version; a fast one takes ~0.1-0.3 s
+        stack.start_worker(name, step_delay=0.01)
+    stack.start_worker("slow", step_delay=0.05)
     stack.wait_offers(4)
     run_id = stack.init_run(workers=4)
     stack.start_run(
