@@ -4,7 +4,7 @@ Every round's checkpoint CID stays recorded in the ``rounds`` table; only bytes 
 is *live* (kept) when it is:
 
 - a checkpoint (or outer-optimizer state) of one of the last ``keep_checkpoints`` rounds of
-  its run (at least the last two in a run with ``overlap`` 1), the run's current model (``global_cid``, ``outer_state_cid``) or its chosen
+  its run (at least the last 1 + k in a run with ``overlap`` k), the run's current model (``global_cid``, ``outer_state_cid``) or its chosen
   result (``result_cid``);
 - a checkpoint a pending step still reads: the model before the oldest unsettled round
   (scoring judges updates against it) and any round whose evaluation is missing;
@@ -97,8 +97,8 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
             .where(RoundRecord.run_id == run.id)
             .order_by(RoundRecord.round.desc())
         ).all()
-        # overlap 1: an update of the open round may start from the model before its own (the
-        # spot check's start digest and replay read it), so that one is needed too
+        # overlap k: an update may start from one of the k models before its round's own (the
+        # spot check's start digest and replay read it), so those are needed too
         recent = max(keep_checkpoints, 1 + (run.cfg.overlap if run.config else 0))
         # async: an update is judged against its base, up to max_staleness versions before its round's
         lag = run.cfg.max_staleness + 1 if run.config and run.cfg.mode == "async" else 0
