@@ -541,3 +541,36 @@ def test_a_round_closing_keeps_the_records_of_later_rounds(new_coordinator, api)
     wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r >= 3, timeout=30)
     rows = t.coord.rows("SELECT round FROM updates WHERE job_id = :j ORDER BY round", j=t.jobs[bad.wallet.address])
     assert [r["round"] for r in rows] == [1, 2, 3]
+
+
+def test_a_proven_equivocator_records_no_more_rounds_and_is_not_waited_for(new_coordinator, api):
+    """Once a worker is flagged ``equivocation`` its job records no new round (a one-line
+    409, nothing written) until settlement ejects it, and the record's rounds close on the
+    others: a worker proven dishonest adds nothing more to the consensus."""
+    t = api.start_training_run(new_coordinator(), 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    base = round_params(t, 0)
+    gen = torch.Generator().manual_seed(0)
+
+    def cid() -> str:
+        return _put(wa, update_blob(base + 1e-3 * torch.randn(t.d, generator=gen)))
+
+    def post(w, r: int, c: str):
+        return w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, r, c))
+
+    post(wa, 1, cid())
+    with pytest.raises(api.ApiError) as e:
+        post(wa, 1, cid())  # a second record of round 1: proof
+    api.assert_api_error(e, 409, "conflicting_record", "equivocation")
+    a2 = cid()
+    before = t.coord.snapshot()
+    with pytest.raises(api.ApiError) as e:
+        post(wa, 2, a2)
+    api.assert_api_error(e, 409, "ejection_pending", "round 1")
+    assert "\n" not in e.value.detail and t.coord.snapshot() == before  # nothing written
+    for r in (1, 2):
+        post(wb, r, cid())
+        post(wc, r, cid())
+    wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r >= 3, timeout=30)
+    rows = t.coord.rows("SELECT worker_id FROM updates WHERE run_id = :r AND round = 2", r=t.run_id)
+    assert sorted(r["worker_id"] for r in rows) == sorted(w.wallet.address for w in (wb, wc))

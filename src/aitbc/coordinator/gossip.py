@@ -12,7 +12,10 @@ while it restarts. What the coordinator keeps:
   written, when it is not the signer's own job's, names another run, job or worker, is
   for a round already closed or past the run's last, names no CID, does not verify against
   the worker's key, or contradicts the record it published for that round before (that
-  one is equivocation: flagged, below).
+  one is equivocation: flagged, below). Once its worker is flagged ``equivocation`` a job
+  records no new round (409 ``ejection_pending``: it is slashed and ejected when that round
+  is settled), and no round waits for it meanwhile: a worker proven dishonest adds nothing
+  more to the consensus (its neighbours stop mixing it, so would not witness it again).
   Records of a later round are kept until their round closes; a worker that could not
   reach the coordinator publishes its backlog when it is back.
 - **Equivocation** (:func:`witness`, ``POST /v1/records/witnessed``; :func:`publish`):
@@ -165,6 +168,14 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     if before is not None:
         s.rollback()
         return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": True}
+    proved = _equivocated(s, run).get(job.worker_id)
+    if proved is not None:
+        s.rollback()
+        raise conflict(
+            "ejection_pending",
+            f"job {job.id}'s worker signed two records of round {proved} (equivocation); it records no more "
+            "rounds (slashed and ejected when that round is settled)",
+        )
     seen = s.scalar(
         select(Witness.cid).where(Witness.job_id == job.id, Witness.round == r, Witness.cid != rec["cid"]).limit(1)
     )
@@ -393,8 +404,24 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     return all(ctx.peers.url(w) is not None or ctx.store.has(cid) for w, cid in cids)
 
 
+def _equivocated(s: Session, run: Run) -> dict[str, int]:
+    """The run's workers flagged ``equivocation``, each with the first round proved."""
+    rows = s.execute(
+        select(Flag.worker_id, func.min(Flag.round))
+        .where(Flag.run_id == run.id, Flag.kind == "equivocation")
+        .group_by(Flag.worker_id)
+    ).all()
+    return {w: int(r or 0) for w, r in rows}
+
+
 def _due(s: Session, run: Run, *, now: float) -> bool:
-    active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
+    # a proven equivocator publishes nothing more (publish): not waited for until it is ejected
+    proved = _equivocated(s, run)
+    active = [
+        j
+        for j in s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
+        if j.worker_id not in proved
+    ]
     last = dict(
         s.execute(
             select(Update.job_id, func.max(Update.round)).where(Update.run_id == run.id).group_by(Update.job_id)
