@@ -12,7 +12,9 @@ import time
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from aitbc.cli.main import app
 from aitbc.client import ApiError
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import bytes_to_tensors
@@ -71,7 +73,8 @@ def test_an_update_with_a_bad_epoch_is_refused_and_changes_nothing(new_coordinat
     assert t.coord.snapshot() == before
 
 
-def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_once(new_coordinator, api):
+def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_once(new_coordinator, api, tmp_path):
+    home = tmp_path / "home"
     coord = new_coordinator(settle_delay=1.5)  # 2 contracts: round 1's settlement takes >= 3 s
     t = api.start_training_run(coord, 2)
     run = f"/runs/{t.run_id}"
@@ -90,6 +93,20 @@ def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_o
     view = wait_for("round 3 open", lambda: t.owner.get(run), lambda v: v["round"] == 3, timeout=30)
     assert time.monotonic() - t0 < 2.5, "round 2 closed only after round 1 was paid"
     assert t.owner.get(f"{run}/payments")["settled_round"] < 2, view  # paid after, not before
+    res = t.owner.get(f"{run}/results")  # the results say how far their scores reach
+    assert res["rounds_completed"] == 2 and res["settled_round"] < 2
+    cli = [
+        "distributed-training",
+        "results",
+        "--training-id",
+        t.run_id,
+        "--coordinator",
+        coord.url,
+        "--home",
+        str(home),
+    ]
+    shown = CliRunner().invoke(app, cli, env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "of 2 rounds settled so far" in shown.output, shown.output
     send(3)
     wait_for(
         "complete and settled", lambda: t.owner.get(f"{run}/payments")["settled_round"], lambda r: r == 3, timeout=60
@@ -98,6 +115,10 @@ def test_a_slow_settlement_does_not_hold_the_next_round_and_each_round_settles_o
         "SELECT round, COUNT(*) AS n FROM settlements WHERE run_id = :r GROUP BY round ORDER BY round", r=t.run_id
     )
     assert settled == [{"round": r, "n": 2} for r in (1, 2, 3)]  # each contract once a round
+    res = t.owner.get(f"{run}/results")
+    assert res["settled_round"] == 3 and all(w["score"] is not None for w in res["workers"])
+    shown = CliRunner().invoke(app, cli, env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "Contribution scores" in shown.output and "so far" not in shown.output
     scores = coord.rows("SELECT round, COUNT(*) AS n FROM scores WHERE run_id = :r GROUP BY round", r=t.run_id)
     assert sorted((s["round"], s["n"]) for s in scores) == [(1, 2), (2, 2), (3, 2)]
     evaluated = wait_for(

@@ -136,6 +136,10 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     # Every worker's score in every round, once settled; their means are the results' scores.
     stack.wait_run(run_id, lambda _: stack.api(f"/runs/{run_id}/payments")["settled_round"] == 4, what="settlement")
     scores = stack.api(f"/runs/{run_id}/scores")["data"]
+    # The results' scores are the settled rounds' means: read them again now that all 4 are
+    # settled (settlement runs behind the rounds, so the read above may have seen fewer).
+    res = json.loads(stack.cli("distributed-training", "results", "--training-id", run_id, "--json").stdout)
+    assert res["settled_round"] == 4
     assert sorted((s["round"], s["worker_id"]) for s in scores) == sorted(
         (r, w["worker_id"]) for r in range(1, 5) for w in res["workers"]
     )

@@ -990,7 +990,11 @@ def results(
         t.add_row(k, str(v))
     out.print(fit(t, whole=("value",) if not res.get("error") else ()))  # the CID whole; an error wraps
     if res.get("workers"):
-        w = Table(title="Contribution scores (mean quality of scored rounds, 0-1)")
+        settled = res.get("settled_round", 0)
+        behind = ""
+        if settled < res["rounds_completed"]:  # settlement runs behind the rounds
+            behind = f"; {settled} of {res['rounds_completed']} rounds settled so far"
+        w = Table(title=f"Contribution scores (mean quality of scored rounds, 0-1{behind})")
         for col in ("worker", "contract", "score", "last round", "flags"):
             w.add_column(col)
         for r in res["workers"]:

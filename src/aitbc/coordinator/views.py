@@ -349,6 +349,7 @@ def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         "updates_accepted": sum(u.status == UpdateStatus.ACCEPTED for u in updates),
         "updates_rejected": sum(u.status == UpdateStatus.REJECTED for u in updates),
         "wall_seconds": (run.finished_at or time.time()) - run.started_at if run.started_at else None,
+        "settled_round": run.settled_round,
         "checkpoints": [{"round": r["round"], "cid": r["checkpoint_cid"]} for r in rounds],
         "workers": [
             {"worker_id": c.worker_id, "contract_id": c.id, "status": c.status, **scores.get(c.id, _NO_SCORE)}

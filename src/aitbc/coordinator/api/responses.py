@@ -336,6 +336,10 @@ class Results(Reply):
     updates_accepted: int
     updates_rejected: int
     wall_seconds: float | None
+    settled_round: int = Field(
+        description="rounds scored and paid so far: the workers' scores are means over these "
+        "(settlement runs behind the rounds, so a just-finished run may show fewer)"
+    )
     checkpoints: list[Checkpoint]
     workers: list[ResultWorker]
 
