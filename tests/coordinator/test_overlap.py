@@ -8,6 +8,7 @@ model is a base. Progress of the round after the open one is taken only with ove
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -432,3 +433,32 @@ def test_a_rejected_update_sent_ahead_stays_as_evidence_when_its_job_ends(new_co
     pay = {row["worker_id"]: row for row in t.owner.get(f"/runs/{t.run_id}/payments")["data"]}
     assert pay[wx.wallet.address]["status"] == "slashed", pay[wx.wallet.address]
     assert pay[wa.wallet.address]["status"] != "slashed" and pay[wb.wallet.address]["status"] != "slashed"
+
+
+def test_an_eager_update_is_scored_at_the_point_it_was_trained_from(new_coordinator, api):
+    """An update trained ahead from an eager start (base less the worker's own update not yet
+    in it) is judged applied to that start, as the spot check replays it, not to its
+    round's model: the same honest step applied elsewhere is not the work it did. Round 1:
+    A sends u, B sends -u (the mean leaves the model where it was). Round 2: A, trained from
+    round 0's model less u, sends -u: from its start that step goes back to round 0's model
+    (a large gain); applied to round 1's model (round 0's) it would add u, a large loss."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=1, aggregator="mean", outer="fedavg", rounds=2)
+    (wa, wb) = t.workers
+    u = 1.0 * torch.randn(t.d, generator=torch.Generator().manual_seed(5))
+    ua = api.put_update(wa, u)
+    wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/updates", api.update_body(1, ua))
+    wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/updates", api.update_body(1, api.put_update(wb, -u)))
+    wait_for("round 2 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    ckpt = _checkpoints(t)
+    body = api.update_body(2, api.put_update(wa, -u), base_cid=ckpt[0], prior_cid=ua)
+    assert wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/updates", body)["status"] == "accepted"
+    wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/updates", api.update_body(2, api.put_update(wb, _distinct(t.d, 9))))
+    scored = wait_for(
+        "round 2 scored",
+        lambda: t.coord.rows("SELECT worker_id, gain, own_gain, flags, quality FROM scores WHERE round = 2"),
+        lambda rows: len(rows) == 2,
+        timeout=60,
+    )
+    a = next(r for r in scored if r["worker_id"] == wa.wallet.address)
+    assert a["gain"] > 0.05 and a["own_gain"] > 0.05, a  # judged at round 1's model: both well below 0
+    assert json.loads(a["flags"]) == [] and a["quality"] > 0, a

@@ -130,3 +130,35 @@ def round_updates(s: Session, run_id: str, r: int) -> list[tuple[Update, int]]:
         .order_by(Job.shard_index, Update.id)
     ).all()
     return [(u, shard) for u, shard in rows]
+
+
+def prior_chain(s: Session, job_id: str, round: int, prior_cid: str | None, base_round: int) -> list[str]:
+    """The chain of priors an update of ``round`` trained ahead (overlap, eager start) names:
+    ``prior_cid``, this job's update of the round before, then that update's own
+    ``prior_cid`` while its round is still past ``base_round`` (the round whose model the
+    update started from), newest first. A link that is not this job's stored update, or a
+    gap in the chain, is a 422 ``wrong_prior`` naming it (nothing is written)."""
+    if prior_cid is None:
+        return []
+    chain: list[str] = []
+    r, cid = round - 1, prior_cid
+    while r > base_round:
+        link = s.execute(
+            select(Update.prior_cid).where(Update.job_id == job_id, Update.round == r, Update.cid == cid)
+        ).first()
+        if link is None:
+            raise unprocessable(
+                "wrong_prior",
+                f"prior_cid {cid!r} is not this job's update of round {r}"
+                + ("" if not chain else f" (named by its update of round {r + 1}, {chain[-1]})"),
+            )
+        chain.append(cid)
+        r, found = r - 1, link.prior_cid
+        if r > base_round and found is None:
+            raise unprocessable(
+                "wrong_prior",
+                f"base_cid is round {base_round}'s model, but this job's update of round {r + 1} names no prior: "
+                f"an eager start from it leaves out round {r}; name round {r + 1}'s model as the base",
+            )
+        cid = found or ""
+    return chain

@@ -18,19 +18,22 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 from torch import Tensor, nn
 
 from aitbc.coordinator.books import books_model, books_shards
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
-from aitbc.coordinator.repository import row
+from aitbc.coordinator.repository import prior_chain, row
 from aitbc.coordinator.round_updates import decoded
+from aitbc.coordinator.rounds import base_round
 from aitbc.coordinator.runtime import RunRuntime, runtime
 from aitbc.coordinator.states import ScoreStatus, UpdateStatus
 from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
 from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, aggregate_stream, read_row
 from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
 from aitbc.training.checkpoint import flat_params, load_checkpoint, set_flat_params
+from aitbc.training.local import eager_start
 
 SCORING = ScoringConfig()
 # The most bytes of a round's updates the books thread scores from memory (one float32 column
@@ -59,12 +62,7 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
         rows: list[Score] = []
         if accepted and not rec.skipped:
-            # async: each update is judged against the version it was trained from (its base);
-            # overlap with an eager start (prior_cid): against the round's model, near where it began
-            bases = [
-                rec_before.checkpoint_cid if u.prior_cid is not None else (u.base_cid or rec_before.checkpoint_cid)
-                for u, _ in accepted
-            ]
+            bases = [_start_of(s, u, rec_before.checkpoint_cid) for u, _ in accepted]
             judged = _judge(ctx, run, runtime(ctx, run), bases, accepted, r)
             for (u, j), sc in zip(accepted, judged):
                 if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
@@ -141,6 +139,25 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         s.commit()
 
 
+def _start_of(s: Session, u: Update, round_model: str) -> tuple[str, tuple[str, ...]]:
+    """Where update ``u`` was trained from, as (checkpoint CID, priors newest first), the
+    point it is judged at: the round's model; async, or an update trained ahead (overlap),
+    the model it names (``base_cid``); with an eager start (``prior_cid``), that model less
+    this worker's own updates not yet in it, as the worker and the spot check compute it
+    (:func:`aitbc.coordinator.verification.start_params`). An update alone applied to any
+    other point is not the work it did: on small shards near convergence an honest eager
+    update judged at its round's model looked harmful to its own shard in half the rounds
+    (own-shard loss up 100-300%) and went unpaid."""
+    if u.base_cid is None:
+        return round_model, ()
+    if u.prior_cid is None:
+        return u.base_cid, ()
+    b = base_round(s, u.run_id, u.base_cid, before=u.round - 1)
+    if b is None:  # its base's round record is gone (cannot be: checked when it was sent)
+        return u.base_cid, ()
+    return u.base_cid, tuple(prior_chain(s, u.job_id, u.round, u.prior_cid, b))
+
+
 def verified(sc: UpdateScore) -> UpdateScore:
     """A score whose update passed its spot check: quality 1 (the work was re-run and
     matched), the heuristic's figures kept for the record, its flags replaced by
@@ -159,17 +176,26 @@ def _finite(x: float) -> float | None:
 
 
 def _judge(
-    ctx: Context, run: Run, rt: RunRuntime, before_cids: list[str], accepted: Sequence[tuple[Update, Job]], r: int
+    ctx: Context,
+    run: Run,
+    rt: RunRuntime,
+    starts: list[tuple[str, tuple[str, ...]]],
+    accepted: Sequence[tuple[Update, Job]],
+    r: int,
 ) -> list[UpdateScore]:
     """Load what :func:`judge` needs for the round's accepted updates, then judge them
     (on the books thread's own model: the runtime's lock is held only for the rule's verdict).
-    ``before_cids``: the model each update is applied to alone (its base)."""
+    ``starts``: where each update is applied alone (:func:`_start_of`)."""
     model = books_model(ctx, run.id, rt)
-    models: dict[str, Tensor] = {}
-    for cid in dict.fromkeys(before_cids):
-        load_checkpoint(model, ctx.store.get_bytes(cid))
-        models[cid] = flat_params(model)  # (d,)
-    before: Tensor | list[Tensor] = models[before_cids[0]] if len(models) == 1 else [models[c] for c in before_cids]
+    checkpoints: dict[str, Tensor] = {}
+    models: dict[tuple[str, tuple[str, ...]], Tensor] = {}
+    for cid, priors in dict.fromkeys(starts):
+        if cid not in checkpoints:
+            load_checkpoint(model, ctx.store.get_bytes(cid))
+            checkpoints[cid] = flat_params(model)  # (d,)
+        base = checkpoints[cid]
+        models[(cid, priors)] = eager_start(base, [ctx.store.get_bytes(p) for p in priors]) if priors else base
+    before: Tensor | list[Tensor] = models[starts[0]] if len(models) == 1 else [models[k] for k in starts]
     # (n, d): in memory while it fits one column block, else from a spill file on disk
     with decoded(ctx, [u.cid for u, _ in accepted], rt.d, limit_bytes=SCORING_MEMORY) as U:
         return _judge_decoded(ctx, run, rt, model, before, U, accepted, r)

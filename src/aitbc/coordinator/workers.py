@@ -21,7 +21,7 @@ from aitbc.coordinator import gossip, verification
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.models import Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import job_settings, lock_run, provably_bad, row
+from aitbc.coordinator.repository import job_settings, lock_run, prior_chain, provably_bad, row
 from aitbc.coordinator.rounds import base_round, sends_ahead
 from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
@@ -488,28 +488,7 @@ def update_prior(s: Session, run: Run, job: Job, body: UpdateSubmit, base_round:
             "prior_cid is only for an update trained ahead in a sync run with overlap 1 or 2 "
             "(its base_cid a model before the round's)",
         )
-    chain: list[str] = []
-    r, cid = body.round - 1, body.prior_cid
-    while r > base_round:
-        link = s.execute(
-            select(Update.prior_cid).where(Update.job_id == job.id, Update.round == r, Update.cid == cid)
-        ).first()
-        if link is None:
-            raise unprocessable(
-                "wrong_prior",
-                f"prior_cid {cid!r} is not this job's update of round {r}"
-                + ("" if not chain else f" (named by its update of round {r + 1}, {chain[-1]})"),
-            )
-        chain.append(cid)
-        r, found = r - 1, link.prior_cid
-        if r > base_round and found is None:
-            raise unprocessable(
-                "wrong_prior",
-                f"base_cid is round {base_round}'s model, but this job's update of round {r + 1} names no prior: "
-                f"an eager start from it leaves out round {r}; name round {r + 1}'s model as the base",
-            )
-        cid = found or ""
-    return chain
+    return prior_chain(s, job.id, body.round, body.prior_cid, base_round)
 
 
 def async_base(s: Session, run: Run, base_cid: str | None) -> str:
