@@ -18,6 +18,8 @@ from aitbc.training.checkpoint import (
     load_checkpoint_file,
     load_shard,
     load_shard_file,
+    param_layout,
+    params_from_file,
     read_metadata,
     set_flat_params,
     shard_bytes,
@@ -161,6 +163,48 @@ def test_checkpoint_file_with_a_nan_is_refused_and_changes_nothing(tmp_path):
     with pytest.raises(IntegrityError, match=f"tensor {last!r} in blob contains NaN or Inf"):
         load_checkpoint_file(model, _file(tmp_path, tensors_to_bytes(state)))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: mlp(0, hidden="8x8"),
+        lambda: build_model("transformer", DataSpec("language", (16,), 64), {"context": 16, "d_model": 16}),
+    ],
+)
+def test_flat_parameters_read_from_a_file_are_the_loaded_models(tmp_path, build):
+    """The look-ahead thread's read of the next model: without the model, exactly the
+    flat parameters a load into it would give."""
+    src, model = build(), build()
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(torch.randn_like(p))
+    layout = param_layout(model)
+    assert layout is not None
+    path = _file(tmp_path, checkpoint_bytes(src, model_name="m", model_options={}, round=1))
+    read = params_from_file(path, layout)
+    load_checkpoint_file(model, path)
+    assert read.dtype == torch.float32 and torch.equal(read, flat_params(model))
+
+
+def test_a_model_with_buffers_has_no_layout_and_a_file_that_does_not_fit_is_refused(tmp_path):
+    assert param_layout(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))) is None  # running stats
+    assert param_layout(nn.Linear(2, 1).to(torch.float64)) is None
+    layout = param_layout(mlp(0))
+    assert layout is not None
+    with pytest.raises(IntegrityError, match="checkpoint does not fit this model"):
+        params_from_file(
+            _file(tmp_path, checkpoint_bytes(mlp(0, hidden="16"), model_name="m", model_options={}, round=0)), layout
+        )
+    with pytest.raises(IntegrityError, match="checkpoint does not fit this model: missing"):
+        params_from_file(_file(tmp_path, tensors_to_bytes({"w": torch.zeros(2)})), layout)
+    state = _state(mlp(0))
+    last = sorted(state)[-1]
+    state[last].view(-1)[0] = float("inf")
+    with pytest.raises(IntegrityError, match=f"tensor {last!r} in blob contains NaN or Inf"):
+        params_from_file(_file(tmp_path, tensors_to_bytes(state)), layout)
+    with pytest.raises(IntegrityError, match="not a valid safetensors blob"):
+        params_from_file(_file(tmp_path, b"garbage"), layout)
 
 
 @pytest.mark.parametrize("data", [b"", b"garbage bytes that are not safetensors", b"\xff" * 64])

@@ -98,6 +98,17 @@ def load_checkpoint(model: nn.Module, data: bytes) -> dict[str, str]:
     return read_metadata(data)
 
 
+def _same_names(names: set[str], model: set[str]) -> None:
+    if names != model:
+        missing, extra = sorted(model - names), sorted(names - model)
+        raise IntegrityError(f"checkpoint does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}")
+
+
+def _same_shape(name: str, shape: tuple[int, ...], model: tuple[int, ...]) -> None:
+    if shape != model:
+        raise IntegrityError(f"checkpoint does not fit this model: {name} has shape {shape}, the model's is {model}")
+
+
 def load_checkpoint_file(model: nn.Module, path: Path) -> dict[str, str]:
     """:func:`load_checkpoint` from a file, one tensor at a time: each is read (memory-mapped)
     and copied into its parameter, so no second whole copy of the model is ever held (a
@@ -107,17 +118,10 @@ def load_checkpoint_file(model: nn.Module, path: Path) -> dict[str, str]:
     try:
         with safe_open(str(path), framework="pt") as f:
             names = set(f.keys())
-            if names != set(state):
-                missing, extra = sorted(set(state) - names), sorted(names - set(state))
-                raise IntegrityError(
-                    f"checkpoint does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}"
-                )
+            _same_names(names, set(state))
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in names}
             for k, t in state.items():
-                if shapes[k] != tuple(t.shape):
-                    raise IntegrityError(
-                        f"checkpoint does not fit this model: {k} has shape {shapes[k]}, the model's is {tuple(t.shape)}"
-                    )
+                _same_shape(k, shapes[k], tuple(t.shape))
             checked: list[str] = []
             for k in sorted(names):  # all checked before any is copied: a bad file changes nothing
                 t = f.get_tensor(k)
@@ -165,6 +169,45 @@ def load_shard_file(path: Path) -> tuple[Tensor, Tensor]:
     if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
         raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
     return t["x"], t["y"]
+
+
+Layout = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def param_layout(model: nn.Module) -> Layout | None:
+    """The model's parameters as (name, shape), in :func:`flat_params` order, when they are
+    its whole state, all float32 (no buffers, no shared or other-typed tensors): then
+    :func:`params_from_file` reads a checkpoint's flat parameters without the model. None
+    otherwise."""
+    named = list(model.named_parameters())
+    state = model.state_dict()
+    if set(state) != {n for n, _ in named} or len(state) != len(named):
+        return None
+    if any(p.dtype != torch.float32 for _, p in named):
+        return None
+    return tuple((n, tuple(p.shape)) for n, p in named)
+
+
+def params_from_file(path: Path, layout: Layout) -> Tensor:
+    """(d,) float32: what :func:`flat_params` gives after :func:`load_checkpoint_file` of
+    ``path`` into a model whose :func:`param_layout` is ``layout``, read without that
+    model, so a thread other than the one training on it can ready the next round's start.
+    Checked as that load is: the names and shapes exactly the layout's, every tensor
+    finite; otherwise an ``IntegrityError``."""
+    expected = dict(layout)
+    parts: list[Tensor] = []
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            _same_names(set(f.keys()), set(expected))
+            for k, shape in layout:
+                t = f.get_tensor(k)
+                _same_shape(k, tuple(t.shape), shape)
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    raise IntegrityError(f"tensor {k!r} in blob contains NaN or Inf")
+                parts.append(t.reshape(-1).to(torch.float32))
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    return torch.cat(parts) if parts else torch.zeros(0)
 
 
 def flat_params(model: nn.Module) -> Tensor:

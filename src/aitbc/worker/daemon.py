@@ -15,10 +15,12 @@ import contextlib
 import copy
 import logging
 import math
+import queue
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,15 @@ from aitbc.market.gpus import detect_device
 from aitbc.storage.blobstore import BlobCache, LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
-from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, tensors_to_bytes
+from aitbc.training.checkpoint import (
+    Layout,
+    flat_params,
+    load_checkpoint_file,
+    load_shard_file,
+    param_layout,
+    params_from_file,
+    tensors_to_bytes,
+)
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.devices import resolve_devices
 from aitbc.training.local import LocalConfig, LocalTrainer, eager_start, epoch_steps
@@ -82,6 +92,9 @@ class JobState:
     # residual): restored if the round's update is not recorded, so the next round starts
     # where the last recorded update ended, as a verifying coordinator requires
     round_start: tuple[int, dict[str, Any], Any] | None = None
+    # its model's parameters as (name, shape) when they are its whole state (param_layout):
+    # a checkpoint's flat parameters can then be read without the model
+    layout: Layout | None = None
 
 
 @dataclass
@@ -101,31 +114,58 @@ class Trained:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+class _Threads:
+    """Daemon threads that run the calls handed to them, each kept for the next call once
+    done. Handing one a call costs the caller a queue put: a thread start would make the
+    caller wait until the new thread holds the GIL (up to a switch interval, 5 ms, on the
+    training thread's clock, twice a round with overlap 2: 4% of its time on the digits
+    MLP). A call that finds none idle starts one more. Daemon threads: a stopping worker
+    does not wait for a long poll."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # that one takes this call (or another queued before it)
+        self._calls.put((future, call))
+        if start:
+            threading.Thread(target=self._serve, name=self._name, daemon=True).start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            future, call = self._calls.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as e:  # noqa: BLE001 - not swallowed: the caller's result() raises it
+                    future.set_exception(e)
+            with self._lock:
+                self._idle += 1
+
+
+_SENDERS = _Threads("sender")  # sends, and the look-ahead's long polls
+
+
 class _Sender:
-    """One call on a daemon thread of its own; :meth:`wait` returns its result or raises
-    its error (a daemon thread: a stopping worker does not wait for a long poll)."""
+    """One call on a daemon thread (:class:`_Threads`); :meth:`wait` returns its result or
+    raises its error."""
 
     def __init__(self, call: Callable[[], Any]) -> None:
-        self._call = call
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="sender", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._call()
-        except BaseException as e:  # noqa: BLE001 - not swallowed: wait() raises it in the main thread
-            self._error = e
+        self._future = _SENDERS.submit(call)
 
     def wait(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
+        return self._future.result()
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._future.done()
 
 
 class _Dropped(Exception):
@@ -173,6 +213,11 @@ class Worker:
         shutil.rmtree(self._models.dir, ignore_errors=True)
         self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
+        # the last two of those models as flat parameters, by (job, CID), read by the
+        # look-ahead thread (overlap 2): the training thread, done with a round, starts the
+        # next without a file read, each of whose system calls may cost it a GIL switch
+        # interval while the sender threads run; never written to once kept
+        self._ready: dict[tuple[str, str], torch.Tensor] = {}
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap)
         self._sent: tuple[str, int, str, bytes] | None = None  # (job, round, CID, blob) of the last update sent
         self._seen_job = ""  # the last job a view named (the long poll's ``known``)
@@ -494,9 +539,15 @@ class Worker:
             nxt = (view or {}).get("job")
             if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
                 self._expect(nxt)
-                self._global_model(
-                    nxt["global_model_cid"], nxt.get("model_peers") or [], inline=nxt.get("global_model")
-                )
+                cid = nxt["global_model_cid"]
+                path = self._global_model(cid, nxt.get("model_peers") or [], inline=nxt.get("global_model"))
+                state = self.job
+                if state is not None and state.job_id == nxt["job_id"] and state.layout is not None:
+                    params = params_from_file(path, state.layout)
+                    with self._models_lock:
+                        self._ready[(state.job_id, cid)] = params
+                        while len(self._ready) > 2:
+                            self._ready.pop(next(iter(self._ready)))  # the oldest
             return view
         except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
             log.info("next round not fetched ahead: %s", e)
@@ -641,10 +692,13 @@ class Worker:
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
         t_download = time.perf_counter()
-        model = self._global_model(base, job.get("model_peers") or [], inline=job.get("global_model"))
-        load_checkpoint_file(state.trainer.model, model)
+        with self._models_lock:  # read ahead by the look-ahead thread (overlap 2), if it was
+            start = self._ready.get((state.job_id, base))
+        if start is None:
+            model = self._global_model(base, job.get("model_peers") or [], inline=job.get("global_model"))
+            load_checkpoint_file(state.trainer.model, model)
+            start = flat_params(state.trainer.model).cpu()  # (d,)
         download = time.perf_counter() - t_download
-        start = flat_params(state.trainer.model).cpu()  # (d,)
         if ahead and priors:
             start = eager_start(start, [blob for _, blob in priors])
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
@@ -976,7 +1030,12 @@ class Worker:
             name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=bool(job["error_feedback"])
         )
         self.job = JobState(
-            job_id=job["job_id"], trainer=trainer, codec=codec, rounds=job["rounds"], shard_cid=job["shard_cid"]
+            job_id=job["job_id"],
+            trainer=trainer,
+            codec=codec,
+            rounds=job["rounds"],
+            shard_cid=job["shard_cid"],
+            layout=param_layout(model),
         )
         log.info(
             "job %s: shard %d (%d samples) of %s", job["job_id"], job["shard_index"], x.shape[0], job["training_id"]
