@@ -435,22 +435,17 @@ def test_a_rejected_update_sent_ahead_stays_as_evidence_when_its_job_ends(new_co
     assert pay[wa.wallet.address]["status"] != "slashed" and pay[wb.wallet.address]["status"] != "slashed"
 
 
-def test_an_eager_update_is_scored_at_the_point_it_was_trained_from(new_coordinator, api):
-    """An update trained ahead from an eager start (base less the worker's own update not yet
-    in it) is judged applied to that start, as the spot check replays it, not to its
-    round's model: the same honest step applied elsewhere is not the work it did. Round 1:
-    A sends u, B sends -u (the mean leaves the model where it was). Round 2: A, trained from
-    round 0's model less u, sends -u: from its start that step goes back to round 0's model
-    (a large gain); applied to round 1's model (round 0's) it would add u, a large loss."""
-    t = api.start_training_run(new_coordinator(), 2, overlap=1, aggregator="mean", outer="fedavg", rounds=2)
+def _eager_round_two(api, t, u: torch.Tensor, d: torch.Tensor) -> dict:
+    """Round 1: worker A sends ``u``, B sends ``-u`` (the mean leaves round 0's model as it
+    was). Round 2: A, trained from round 0's model less ``u`` (an eager start), sends ``d``;
+    B sends an update of its own. A's round-2 score once the books thread has it."""
     (wa, wb) = t.workers
-    u = 1.0 * torch.randn(t.d, generator=torch.Generator().manual_seed(5))
     ua = api.put_update(wa, u)
     wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/updates", api.update_body(1, ua))
     wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/updates", api.update_body(1, api.put_update(wb, -u)))
     wait_for("round 2 open", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
     ckpt = _checkpoints(t)
-    body = api.update_body(2, api.put_update(wa, -u), base_cid=ckpt[0], prior_cid=ua)
+    body = api.update_body(2, api.put_update(wa, d), base_cid=ckpt[0], prior_cid=ua)
     assert wa.post(f"/jobs/{t.jobs[wa.wallet.address]}/updates", body)["status"] == "accepted"
     wb.post(f"/jobs/{t.jobs[wb.wallet.address]}/updates", api.update_body(2, api.put_update(wb, _distinct(t.d, 9))))
     scored = wait_for(
@@ -459,6 +454,76 @@ def test_an_eager_update_is_scored_at_the_point_it_was_trained_from(new_coordina
         lambda rows: len(rows) == 2,
         timeout=60,
     )
-    a = next(r for r in scored if r["worker_id"] == wa.wallet.address)
-    assert a["gain"] > 0.05 and a["own_gain"] > 0.05, a  # judged at round 1's model: both well below 0
-    assert json.loads(a["flags"]) == [] and a["quality"] > 0, a
+    return next(r for r in scored if r["worker_id"] == wa.wallet.address)
+
+
+def _descent(api, t, params: torch.Tensor, lr: float) -> torch.Tensor:
+    """(d,) ``lr`` x the gradient of the loss of the model ``params`` on worker A's shard:
+    a step of honest training (the update a worker sends is start - end)."""
+    from aitbc.training.checkpoint import load_shard, set_flat_params
+    from aitbc.training.data_spec import DataSpec
+    from aitbc.training.models import build_model
+
+    manifest_cid = t.coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=t.run_id)[0]["manifest_cid"]
+    manifest = json.loads(t.owner.get_blob(manifest_cid))
+    shard = t.coord.rows("SELECT shard_index FROM jobs WHERE id = :j", j=t.jobs[t.workers[0].wallet.address])
+    x, y = load_shard(t.owner.get_blob(manifest["shards"][shard[0]["shard_index"]]["cid"]))
+    spec = manifest["spec"]
+    model = build_model(
+        "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), api.MODEL_OPTIONS
+    )
+    set_flat_params(model, params)
+    loss = torch.nn.functional.cross_entropy(model(x.float() / 255.0 if x.dtype == torch.uint8 else x), y.long())
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return lr * torch.cat([g.flatten() for g in grads])
+
+
+def test_an_eager_update_is_credited_for_the_point_its_training_reached(new_coordinator, api):
+    """An honest eager update: from its start (round 0's model less its own round-1 update
+    ``u``) it trains a step ``g`` down its shard's loss, so it sends ``-u + g`` and ends at
+    round 0's model less ``g``, better than round 1's model (round 0's here). Its gains are
+    measured from the round's model to that end point: credited. Applied to the round's
+    model instead (the rule before), ``-u + g`` lands at round 0's model plus ``u``: a
+    large loss, unpaid."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=1, aggregator="mean", outer="fedavg", rounds=2)
+    u = 1.0 * torch.randn(t.d, generator=torch.Generator().manual_seed(5))
+    g = _descent(api, t, api.round_params(t, 0), lr=0.5)
+    a = _eager_round_two(api, t, u, -u + g)
+    assert a["own_gain"] > 0.01 and json.loads(a["flags"]) == [] and a["quality"] > 0, a
+
+
+def test_an_eager_update_that_only_undoes_its_own_last_one_earns_nothing(new_coordinator, api):
+    """Paid for leaving a bad start of its own making: a worker sends a worthless ``u``,
+    then ``-u`` from its eager start (round 0's model less ``u``): from that start, a large
+    gain; but it ends at round 0's model, which round 1's model already is. Measured from
+    the round's model to where it ended, it gained nothing and earns nothing."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=1, aggregator="mean", outer="fedavg", rounds=2)
+    u = 1.0 * torch.randn(t.d, generator=torch.Generator().manual_seed(5))
+    a = _eager_round_two(api, t, u, -u)
+    assert abs(a["gain"]) < 1e-3 and abs(a["own_gain"]) < 1e-3 and a["quality"] < 1e-3, a  # noise: a sliver
+
+
+def test_an_eager_start_is_kept_until_scored_and_a_broken_chain_falls_back(new_coordinator, api):
+    """Blob retention keeps an unsettled update's base (its eager start is rebuilt from it);
+    a chain whose blobs are gone is judged at its round's model, not retried for ever."""
+    from sqlalchemy import select
+
+    from aitbc.coordinator import retention, scoring
+    from aitbc.coordinator.models import Update
+
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 2, overlap=1, aggregator="mean", outer="fedavg", rounds=3)
+    u = 1.0 * torch.randn(t.d, generator=torch.Generator().manual_seed(5))
+    _eager_round_two(api, t, u, -u)
+    ckpt = _checkpoints(t)
+    wait_for("round 2 settled", lambda: t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"], lambda r: r == 2)
+    with coord.ctx.session() as s:
+        # keep 1: the newest 1 + overlap checkpoints (rounds 2 and 1) and those from the
+        # settled round on; round 0's stays only as round 2's eager update's base
+        assert ckpt[0] in retention.live_cids(s, keep_checkpoints=1)
+        upd = s.scalars(
+            select(Update).where(Update.run_id == t.run_id, Update.round == 2, Update.prior_cid.is_not(None))
+        ).one()
+        assert scoring._judged_at(coord.ctx, s, upd, ckpt[1]) == (ckpt[1], (ckpt[0], (upd.prior_cid,)))
+        (coord.ctx.store.dir / upd.prior_cid).unlink()
+        assert scoring._judged_at(coord.ctx, s, upd, ckpt[1]) == (ckpt[1], None)

@@ -121,13 +121,16 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
         # each unsettled update, and its priors (overlap, eager start: a spot check replays
         # from base - prior - ..., the job's own updates of the rounds before, up to overlap
         # of them: those rounds' updates are kept too, with their own priors)
+        # and the model each was trained from (an eager start is rebuilt from it when its
+        # update is scored, up to overlap + 1 rounds before its round's: older than the
+        # newest checkpoints kept above when scoring lags)
         depth = run.cfg.overlap if run.config else 0
-        for cid, prior in s.execute(
-            select(Update.cid, Update.prior_cid).where(
+        for cid, prior, base in s.execute(
+            select(Update.cid, Update.prior_cid, Update.base_cid).where(
                 Update.run_id == run.id, Update.round > run.settled_round - depth
             )
         ).all():
-            live.update(c for c in (cid, prior) if c)
+            live.update(c for c in (cid, prior, base) if c)
         # the states a spot check's reveal names: the driver has yet to read them (or they are a failure's evidence)
         for rev in s.scalars(
             select(Update.revealed).where(

@@ -11,8 +11,9 @@ Shape letters: ``n`` accepted updates, ``d`` parameters, ``B`` batch.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from aitbc.coordinator.books import books_model, books_shards
 from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import ApiError
 from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import prior_chain, row
 from aitbc.coordinator.round_updates import decoded
@@ -41,6 +43,7 @@ SCORING = ScoringConfig()
 # next round's close may hold its own matrix meanwhile, and the two together grew with the
 # workers (three 25M-parameter updates: 306 MB each, and scoring's float64 copies on top).
 SCORING_MEMORY = BLOCK_BYTES
+log = logging.getLogger("aitbc.coordinator")
 
 
 def score(ctx: Context, run_id: str, r: int) -> None:
@@ -62,8 +65,8 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
         rows: list[Score] = []
         if accepted and not rec.skipped:
-            bases = [_start_of(s, u, rec_before.checkpoint_cid) for u, _ in accepted]
-            judged = _judge(ctx, run, runtime(ctx, run), bases, accepted, r)
+            points = [_judged_at(ctx, s, u, rec_before.checkpoint_cid) for u, _ in accepted]
+            judged = _judge(ctx, run, runtime(ctx, run), points, accepted, r)
             for (u, j), sc in zip(accepted, judged):
                 if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
                     sc = verified(sc)
@@ -139,23 +142,37 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         s.commit()
 
 
-def _start_of(s: Session, u: Update, round_model: str) -> tuple[str, tuple[str, ...]]:
-    """Where update ``u`` was trained from, as (checkpoint CID, priors newest first), the
-    point it is judged at: the round's model; async, or an update trained ahead (overlap),
-    the model it names (``base_cid``); with an eager start (``prior_cid``), that model less
-    this worker's own updates not yet in it, as the worker and the spot check compute it
-    (:func:`aitbc.coordinator.verification.start_params`). An update alone applied to any
-    other point is not the work it did: on small shards near convergence an honest eager
-    update judged at its round's model looked harmful to its own shard in half the rounds
-    (own-shard loss up 100-300%) and went unpaid."""
+Start = tuple[str, tuple[str, ...]]  # a checkpoint's CID, less the updates named (newest first)
+
+
+def _judged_at(ctx: Context, s: Session, u: Update, round_model: str) -> tuple[str, Start | None]:
+    """Where update ``u``'s gains are measured: (the model they are measured from, where
+    the update began if elsewhere). An update of the round's own model, or one trained from
+    an older model (async, or overlap without an eager start): from that model, the update
+    applied to it. An eager start (overlap, ``prior_cid``): from the round's model, to the
+    point the worker's training reached, its start (its base less its own updates not yet in
+    it, as the spot check replays it) less the update. Applied to the round's model instead,
+    an honest eager update on the digits MLP's small shards raised its own shard's loss in
+    half the rounds past 15 and went unpaid; measured from its own start, a worker could
+    pick a bad start with a worthless update and be paid for leaving it (``r`` then ``-r``).
+    The end point against the round's model is neither: what it reached must beat what the
+    run has. A chain that no longer resolves (an owner's resend dropped a link) or a blob
+    retention has removed falls back to the update applied to the round's model."""
     if u.base_cid is None:
-        return round_model, ()
+        return round_model, None
     if u.prior_cid is None:
-        return u.base_cid, ()
+        return u.base_cid, None
     b = base_round(s, u.run_id, u.base_cid, before=u.round - 1)
-    if b is None:  # its base's round record is gone (cannot be: checked when it was sent)
-        return u.base_cid, ()
-    return u.base_cid, tuple(prior_chain(s, u.job_id, u.round, u.prior_cid, b))
+    try:
+        chain = tuple(prior_chain(s, u.job_id, u.round, u.prior_cid, b)) if b is not None else None
+    except ApiError:
+        chain = None
+    if chain is None or not all(ctx.store.has(c) for c in (u.base_cid, *chain)):
+        log.warning(
+            "round %d: update %s judged at its round's model (its eager start cannot be rebuilt)", u.round, u.cid
+        )
+        return round_model, None
+    return round_model, (u.base_cid, chain)
 
 
 def verified(sc: UpdateScore) -> UpdateScore:
@@ -179,26 +196,35 @@ def _judge(
     ctx: Context,
     run: Run,
     rt: RunRuntime,
-    starts: list[tuple[str, tuple[str, ...]]],
+    points: list[tuple[str, Start | None]],
     accepted: Sequence[tuple[Update, Job]],
     r: int,
 ) -> list[UpdateScore]:
     """Load what :func:`judge` needs for the round's accepted updates, then judge them
     (on the books thread's own model: the runtime's lock is held only for the rule's verdict).
-    ``starts``: where each update is applied alone (:func:`_start_of`)."""
+    ``points``: where each update is judged (:func:`_judged_at`); an eager start is built
+    when its update is judged, so the round never holds one per update."""
     model = books_model(ctx, run.id, rt)
     checkpoints: dict[str, Tensor] = {}
-    models: dict[tuple[str, tuple[str, ...]], Tensor] = {}
-    for cid, priors in dict.fromkeys(starts):
+
+    def checkpoint(cid: str) -> Tensor:  # (d,)
         if cid not in checkpoints:
             load_checkpoint(model, ctx.store.get_bytes(cid))
-            checkpoints[cid] = flat_params(model)  # (d,)
-        base = checkpoints[cid]
-        models[(cid, priors)] = eager_start(base, [ctx.store.get_bytes(p) for p in priors]) if priors else base
-    before: Tensor | list[Tensor] = models[starts[0]] if len(models) == 1 else [models[k] for k in starts]
+            checkpoints[cid] = flat_params(model)
+        return checkpoints[cid]
+
+    befores = [checkpoint(cid) for cid, _ in points]
+    before: Tensor | list[Tensor] = befores[0] if len(checkpoints) == 1 else befores
+
+    def start(i: int) -> Tensor | None:
+        eager = points[i][1]
+        if eager is None:
+            return None
+        return eager_start(checkpoint(eager[0]), [ctx.store.get_bytes(p) for p in eager[1]])
+
     # (n, d): in memory while it fits one column block, else from a spill file on disk
     with decoded(ctx, [u.cid for u, _ in accepted], rt.d, limit_bytes=SCORING_MEMORY) as U:
-        return _judge_decoded(ctx, run, rt, model, before, U, accepted, r)
+        return _judge_decoded(ctx, run, rt, model, before, U, accepted, r, start)
 
 
 def _judge_decoded(
@@ -210,6 +236,7 @@ def _judge_decoded(
     source: ColumnSource,
     accepted: Sequence[tuple[Update, Job]],
     r: int,
+    starts: Callable[[int], Tensor | None] | None = None,
 ) -> list[UpdateScore]:
     U = source.updates if isinstance(source, TensorSource) else source  # in memory: the tensor, as before
     trained = [
@@ -231,6 +258,7 @@ def _judge_decoded(
         kept,
         samples=ctx.settings.score_samples,
         seed=run.seed * 1_000_003 + r,
+        starts=starts,
     )
 
 
@@ -268,10 +296,13 @@ def judge(
     samples: int,
     seed: int,
     cfg: ScoringConfig = SCORING,
+    starts: Callable[[int], Tensor | None] | None = None,
 ) -> list[UpdateScore]:
     """The signals for each update ``U[i]`` (trained on shard ``trained[i]``) applied
     alone to ``before`` ``(d,)``, each with the standard error measured from its own batch,
-    then :func:`score_round`. ``samples``: batch size ``B`` of each measurement. Pure (no
+    then :func:`score_round`. ``starts(i)``, when it gives one, is where update ``i`` began
+    if not at ``before`` (an eager start): its gains are then measured from ``before`` to
+    that start less the update. ``samples``: batch size ``B`` of each measurement. Pure (no
     database): the live coordinator and bench/honest_runs.py run exactly this."""
     g = torch.Generator().manual_seed(seed)
     vx, vy = val[0][:samples], val[1][:samples]
@@ -314,11 +345,14 @@ def judge(
     other_se: list[float] = []
     for i in range(n):
         b = base_of[i]
+        began = starts(i) if starts is not None else None
+        origin = b if began is None else began
         if isinstance(U, Tensor):
-            after = b - U[i]  # (d,) this update alone applied
+            after = origin - U[i]  # (d,) this update alone applied
         else:  # a fresh row read from disk: the difference is written over it, no second (d,)
             row = read_row(U, i)
-            after = torch.sub(b, row, out=row)
+            after = torch.sub(origin, row, out=row)
+        del began
         parts = [(vx, vy), own_batches[i], other_batches[i]]
         val_after, own_after, other_after = _split(_losses(model, after, *_joined(parts)), parts)
         for (m, e), means, ses in (
