@@ -134,6 +134,12 @@ def load_checkpoint_file(model: nn.Module, path: Path) -> dict[str, str]:
             raw = (f.metadata() or {}).get(META_KEY)
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise IntegrityError(f"not a valid safetensors blob: {e}") from None
+    return _metadata(raw)
+
+
+def _metadata(raw: str | None) -> dict[str, str]:
+    """Our metadata string (sorted JSON under META_KEY) as a dict; an IntegrityError if it
+    is not a JSON object."""
     try:
         meta = json.loads(raw) if raw is not None else {}
     except ValueError as e:
@@ -205,6 +211,7 @@ def params_from_file(path: Path, layout: Layout) -> Tensor:
                 if t.is_floating_point() and not torch.isfinite(t).all():
                     raise IntegrityError(f"tensor {k!r} in blob contains NaN or Inf")
                 parts.append(t.reshape(-1).to(torch.float32))
+            _metadata((f.metadata() or {}).get(META_KEY))  # refused as a load refuses it
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise IntegrityError(f"not a valid safetensors blob: {e}") from None
     return torch.cat(parts) if parts else torch.zeros(0)

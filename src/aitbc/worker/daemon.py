@@ -213,10 +213,10 @@ class Worker:
         shutil.rmtree(self._models.dir, ignore_errors=True)
         self._kept_models: list[str] = []
         self._models_lock = threading.Lock()
-        # the last two of those models as flat parameters, by (job, CID), read by the
-        # look-ahead thread (overlap 2): the training thread, done with a round, starts the
-        # next without a file read, each of whose system calls may cost it a GIL switch
-        # interval while the sender threads run; never written to once kept
+        # the next model as flat parameters, by (job, CID), read by the look-ahead thread
+        # (overlap 2; at most two kept, each taken once, none past its job): the training
+        # thread, done with a round, starts the next without a file read, each of whose
+        # system calls may cost it a GIL switch interval while the sender threads run
         self._ready: dict[tuple[str, str], torch.Tensor] = {}
         self._ahead: Trained | None = None  # the next round, trained while this one closed (overlap)
         self._sent: tuple[str, int, str, bytes] | None = None  # (job, round, CID, blob) of the last update sent
@@ -302,6 +302,8 @@ class Worker:
                 if self.job is not None:
                     log.info("job %s released", self.job.job_id)
                     self.job, self._ahead, self._sends, self._look = None, None, [], None
+                    with self._models_lock:
+                        self._ready.clear()  # no copy of its models is held past the job
                     self.metrics.clear_job()
                 continue
             if job["job_id"] in self.refused:
@@ -549,7 +551,7 @@ class Worker:
                         while len(self._ready) > 2:
                             self._ready.pop(next(iter(self._ready)))  # the oldest
             return view
-        except (ApiError, Unreachable, IntegrityError) as e:  # the main thread polls and downloads again
+        except (ApiError, Unreachable, IntegrityError, OSError) as e:  # the main thread polls and downloads again
             log.info("next round not fetched ahead: %s", e)
             return None
 
@@ -693,7 +695,7 @@ class Worker:
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)
         t_download = time.perf_counter()
         with self._models_lock:  # read ahead by the look-ahead thread (overlap 2), if it was
-            start = self._ready.get((state.job_id, base))
+            start = self._ready.pop((state.job_id, base), None)  # used once: not held on
         if start is None:
             model = self._global_model(base, job.get("model_peers") or [], inline=job.get("global_model"))
             load_checkpoint_file(state.trainer.model, model)
