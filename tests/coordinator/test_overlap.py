@@ -532,3 +532,26 @@ def test_an_eager_start_is_kept_until_scored_and_a_broken_chain_falls_back(new_c
         assert scoring._judged_at(coord.ctx, s, upd, ckpt[1]) == (ckpt[1], (ckpt[0], (upd.prior_cid,)))
         (coord.ctx.store.dir / upd.prior_cid).unlink()
         assert scoring._judged_at(coord.ctx, s, upd, ckpt[1]) == (ckpt[1], None)
+
+
+def test_an_update_a_later_one_sent_ahead_names_cannot_be_dropped_alone(new_coordinator, api):
+    """Overlap 2: a job's round-2 update, sent ahead, names its round-1 update as its prior.
+    An owner's resend of round 1 would leave that chain pointing at nothing: a 409 naming
+    why, and both updates stay."""
+    t = api.start_training_run(new_coordinator(), 2, overlap=2, aggregator="mean", outer="fedavg", rounds=4)
+    wa = t.workers[0]
+    ckpt = _checkpoints(t)
+    u1 = api.put_update(wa, _distinct(t.d, 1))
+    _post(wa, t, api.update_body(1, u1))
+    u2 = api.put_update(wa, _distinct(t.d, 2))
+    _post(wa, t, api.update_body(2, u2, base_cid=ckpt[0], prior_cid=u1))
+    job = t.jobs[wa.wallet.address]
+    try:
+        t.owner.post(f"/jobs/{job}/resend", {})
+    except api.ApiError as e:
+        assert (e.status, e.code) == (409, "update_sent_ahead") and "round 2" in e.detail, e
+    else:
+        raise AssertionError("resend of an update a later one names was taken")
+    rows = t.coord.rows("SELECT round, cid FROM updates WHERE job_id = :j ORDER BY round", j=job)
+    assert [(r["round"], r["cid"]) for r in rows] == [(1, u1), (2, u2)]
+    assert t.coord.rows("SELECT count(*) AS n FROM flags WHERE kind = 'resend_requested'")[0]["n"] == 0

@@ -483,6 +483,13 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
             "verification_pending" if upd.verification != "failed" else "verification_failed",
             f"job {job_id}'s update of round {run.round} is {upd.verification} in its spot check; it cannot be dropped",
         )
+    later = s.scalar(select(Update.round).where(Update.job_id == job.id, Update.prior_cid == upd.cid))
+    if later is not None:  # overlap 2: its chain of priors would name an update no longer there
+        raise conflict(
+            "update_sent_ahead",
+            f"job {job_id}'s update of round {later} was sent ahead from where its round {run.round} update ended "
+            f"(its prior_cid); the round {run.round} update cannot be dropped alone",
+        )
     now = time.time()
     reason = f"owner asked for round {run.round} again (was {upd.cid}, {upd.status})"
     s.add(
