@@ -370,17 +370,28 @@ def start_training_run(
     return TrainingRun(coord, owner, run_id, workers, jobs, run["config"]["d"])
 
 
-def round_params(t: TrainingRun, r: int) -> torch.Tensor:
-    """Round ``r``'s checkpoint of run ``t`` as one ``(d,)`` vector in the order updates use."""
-    from aitbc.training.checkpoint import flat_params, load_checkpoint
+def run_manifest(t: TrainingRun) -> dict[str, Any]:
+    """Run ``t``'s data manifest (its shards' and validation set's CIDs, the data spec)."""
+    manifest = t.coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=t.run_id)[0]["manifest_cid"]
+    return json.loads(t.owner.get_blob(manifest))
+
+
+def run_model(t: TrainingRun) -> torch.nn.Module:
+    """A fresh model of run ``t``'s kind (the tiny mlp these tests run)."""
     from aitbc.training.data_spec import DataSpec
     from aitbc.training.models import build_model
 
-    manifest = t.coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=t.run_id)[0]["manifest_cid"]
-    spec = json.loads(t.owner.get_blob(manifest))["spec"]
-    model = build_model(
+    spec = run_manifest(t)["spec"]
+    return build_model(
         "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), MODEL_OPTIONS
     )
+
+
+def round_params(t: TrainingRun, r: int) -> torch.Tensor:
+    """Round ``r``'s checkpoint of run ``t`` as one ``(d,)`` vector in the order updates use."""
+    from aitbc.training.checkpoint import flat_params, load_checkpoint
+
+    model = run_model(t)
     load_checkpoint(model, t.owner.get_blob(t.owner.get(f"/runs/{t.run_id}/rounds")["data"][r]["checkpoint_cid"]))
     return flat_params(model)
 

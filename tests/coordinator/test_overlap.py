@@ -466,19 +466,14 @@ def _descent(api, t, params: torch.Tensor, lr: float) -> torch.Tensor:
     """(d,) ``lr`` x the gradient of the loss of the model ``params`` on worker A's shard:
     a step of honest training (the update a worker sends is start - end)."""
     from aitbc.training.checkpoint import load_shard, set_flat_params
-    from aitbc.training.data_spec import DataSpec
-    from aitbc.training.models import build_model
+    from aitbc.training.local import loss_fn
 
-    manifest_cid = t.coord.rows("SELECT manifest_cid FROM runs WHERE id = :r", r=t.run_id)[0]["manifest_cid"]
-    manifest = json.loads(t.owner.get_blob(manifest_cid))
+    manifest = api.run_manifest(t)
     shard = t.coord.rows("SELECT shard_index FROM jobs WHERE id = :j", j=t.jobs[t.workers[0].wallet.address])
     x, y = load_shard(t.owner.get_blob(manifest["shards"][shard[0]["shard_index"]]["cid"]))
-    spec = manifest["spec"]
-    model = build_model(
-        "mlp", DataSpec(spec["task"], tuple(spec["input_shape"]), int(spec["num_classes"])), api.MODEL_OPTIONS
-    )
+    model = api.run_model(t)
     set_flat_params(model, params)
-    loss = torch.nn.functional.cross_entropy(model(x.float() / 255.0 if x.dtype == torch.uint8 else x), y.long())
+    loss = loss_fn(model(x), y)  # as the worker's trainer takes it
     grads = torch.autograd.grad(loss, list(model.parameters()))
     return lr * torch.cat([g.flatten() for g in grads])
 

@@ -990,9 +990,9 @@ def results(
         t.add_row(k, str(v))
     out.print(fit(t, whole=("value",) if not res.get("error") else ()))  # the CID whole; an error wraps
     if res.get("workers"):
-        settled = res.get("settled_round", 0)
+        settled = res.get("settled_round")  # None: a coordinator that does not say
         behind = ""
-        if settled < res["rounds_completed"]:  # settlement runs behind the rounds
+        if settled is not None and settled < res["rounds_completed"]:  # settlement runs behind the rounds
             behind = f"; {settled} of {res['rounds_completed']} rounds settled so far"
         w = Table(title=f"Contribution scores (mean quality of scored rounds, 0-1{behind})")
         for col in ("worker", "contract", "score", "last round", "flags"):

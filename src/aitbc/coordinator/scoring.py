@@ -213,8 +213,7 @@ def _judge(
             checkpoints[cid] = flat_params(model)
         return checkpoints[cid]
 
-    befores = [checkpoint(cid) for cid, _ in points]
-    before: Tensor | list[Tensor] = befores[0] if len(checkpoints) == 1 else befores
+    before = [checkpoint(cid) for cid, _ in points]  # judge groups equal ones (one pass per model)
 
     def start(i: int) -> Tensor | None:
         eager = points[i][1]

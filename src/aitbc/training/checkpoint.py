@@ -38,9 +38,14 @@ def bytes_to_tensors(data: bytes) -> dict[str, Tensor]:
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise IntegrityError(f"not a valid safetensors blob: {e}") from None
     for name, t in tensors.items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise IntegrityError(f"tensor {name!r} in blob contains NaN or Inf")
+        _finite(name, t)
     return tensors
+
+
+def _finite(name: str, t: Tensor) -> None:
+    """A floating tensor from others' bytes must be finite (an IntegrityError naming it)."""
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        raise IntegrityError(f"tensor {name!r} in blob contains NaN or Inf")
 
 
 def _header_bytes(data: bytes) -> bytes:
@@ -124,9 +129,7 @@ def load_checkpoint_file(model: nn.Module, path: Path) -> dict[str, str]:
                 _same_shape(k, shapes[k], tuple(t.shape))
             checked: list[str] = []
             for k in sorted(names):  # all checked before any is copied: a bad file changes nothing
-                t = f.get_tensor(k)
-                if t.is_floating_point() and not torch.isfinite(t).all():
-                    raise IntegrityError(f"tensor {k!r} in blob contains NaN or Inf")
+                _finite(k, f.get_tensor(k))
                 checked.append(k)
             with torch.no_grad():
                 for k in checked:
@@ -170,8 +173,7 @@ def load_shard_file(path: Path) -> tuple[Tensor, Tensor]:
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise IntegrityError(f"not a valid safetensors blob: {e}") from None
     for name, v in t.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise IntegrityError(f"tensor {name!r} in blob contains NaN or Inf")
+        _finite(name, v)
     if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
         raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
     return t["x"], t["y"]
@@ -208,8 +210,7 @@ def params_from_file(path: Path, layout: Layout) -> Tensor:
             for k, shape in layout:
                 t = f.get_tensor(k)
                 _same_shape(k, tuple(t.shape), shape)
-                if t.is_floating_point() and not torch.isfinite(t).all():
-                    raise IntegrityError(f"tensor {k!r} in blob contains NaN or Inf")
+                _finite(k, t)
                 parts.append(t.reshape(-1).to(torch.float32))
             _metadata((f.metadata() or {}).get(META_KEY))  # refused as a load refuses it
     except (SafetensorError, ValueError, RuntimeError) as e:
