@@ -227,6 +227,7 @@ def test_bad_environment_value_is_one_line_and_exit_2(tmp_path):
     for args, var, value, allowed in [
         (["coordinator", "serve"], "AITBC_LEASE_SECONDS", "soon", "valid number"),
         (["coordinator", "serve"], "AITBC_LOG_LEVEL", "loud", "'debug', 'info', 'warning' or 'error'"),
+        (["coordinator", "serve"], "AITBC_BOOKS_NICE", "20", "less than or equal to 19"),
         (["worker", "start"], "AITBC_WORKER_AVAILABILITY", "2", "less than or equal to 1"),
     ]:
         env = clean_env(**{var: value}, AITBC_HOME=str(tmp_path / "home"))

@@ -41,6 +41,7 @@ SERVE_FLAGS = {
     "heartbeat_flush_seconds": "--heartbeat-flush",
     "eval_samples": "--eval-samples",
     "score_samples": "--score-samples",
+    "books_nice": "--books-nice",
     "network": "--network",
     "manual_idle_seconds": "--manual-idle",
     "owner_pay_seconds": "--owner-pay",
@@ -172,6 +173,13 @@ def serve(
     ] = None,
     eval_samples: Annotated[int | None, typer.Option(help="Validation samples scored each round.")] = None,
     score_samples: Annotated[int | None, typer.Option(help="Samples per batch when scoring one update.")] = None,
+    books_nice: Annotated[
+        int | None,
+        typer.Option(
+            help="Nice levels (0-19) the books thread (evaluation, scoring, settlement) runs below the rest of "
+            "the coordinator, so it takes only CPU the rounds and the workers on this machine leave (Linux)."
+        ),
+    ] = None,
     network: Annotated[str | None, typer.Option(help="Ledger network this coordinator settles on (local).")] = None,
     manual_idle: Annotated[
         float | None,
@@ -279,6 +287,7 @@ def serve(
         "heartbeat_flush_seconds": heartbeat_flush,
         "eval_samples": eval_samples,
         "score_samples": score_samples,
+        "books_nice": books_nice,
         "network": network,
         "manual_idle_seconds": manual_idle,
         "owner_pay_seconds": owner_pay,

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     heartbeat_flush_seconds: float = Field(2.0, gt=0)  # in-memory heartbeats -> database
     eval_samples: int = Field(512, ge=1)  # validation samples scored each round
     score_samples: int = Field(512, ge=1)  # samples per batch when scoring one update
+    # The books thread (evaluation, scoring, settlement, retention: nothing a worker waits for)
+    # runs this many nice levels below the rest of the coordinator (Linux; 0: as the rest).
+    books_nice: int = Field(10, ge=0, le=19)
     network: str = "local"  # the ledger this coordinator settles on (aitbc.ledger.chain.NETWORKS)
     manual_idle_seconds: float = Field(
         3600.0, gt=0
