@@ -34,6 +34,11 @@ validation loss before and after: on a machine whose cores are saturated, comput
 grow with contention (a step waits for a core), so compare steps/s too, and the loss says
 what the overlap's staler updates cost.
 
+Each run also says how far the coordinator's books (evaluation, scoring, settlement, which
+run behind the rounds at a lower priority: ``--books-nice``) were when the run completed,
+and how long after that every round was settled: what keeping them off the workers' cores
+costs the owner and the providers.
+
 Note: the compute seconds a worker reports cover its H local steps and the encoding of
 its update (progress reports go from a thread of their own), so they slightly overstate
 pure compute.
@@ -301,6 +306,15 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int, rep
             busy1, cpu1 = machine_busy_seconds(), coord.cpu_seconds() + workers.cpu_seconds()
             if view["status"] != "complete":
                 raise RuntimeError(f"{name}: run ended {view['status']}: {view.get('error')}")
+            # The books (evaluation, scoring, settlement) run behind the rounds, at a lower
+            # priority: how far they were when the run ended, and how long they took to catch up.
+            settled_at_end = c.get(f"/runs/{rid}/results").get("settled_round")
+            t_end = time.time()
+            settled = settled_at_end
+            while settled is not None and settled < rounds and time.time() - t_end < args.timeout:
+                time.sleep(0.1)
+                settled = c.get(f"/runs/{rid}/results").get("settled_round")
+            settle_lag = time.time() - t_end if settled is not None and settled >= rounds else None
             rounds_view = c.get(f"/runs/{rid}/rounds")["data"]
             close_work = _close_seconds(coord.url)
             setup_s = time.perf_counter() - t_setup
@@ -445,6 +459,10 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int, rep
         # round's evaluation too), mean over the run's closes; the rest of "close" is the
         # driver's wake-up and the wait for its lock
         "close_work_mean_s": close_work,
+        # rounds scored and paid when the run completed, and the seconds until all were
+        # (None: not all within --timeout)
+        "settled_at_end": settled_at_end,
+        "settle_lag_s": settle_lag,
         "phases": phases,
         "per_round": per_round,
         "worker_jobs": list(worker_addr.values()),
@@ -458,6 +476,12 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row = dict(ranked[(len(ranked) - 1) // 2])
     row["runs_utilization"] = [r["utilization"] for r in runs]
     return row
+
+
+def _settled(r: dict[str, Any]) -> str:
+    """How far the books were when the run ended, and when they caught up."""
+    caught_up = "not all within --timeout" if r["settle_lag_s"] is None else f"all {r['settle_lag_s']:.1f} s later"
+    return f"{r['settled_at_end']} of {r['rounds']} rounds settled at the run's end, {caught_up}"
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -522,7 +546,7 @@ def main() -> None:
                     runs.append(row)
                     print(
                         f"  {n} overlap {o} run {k + 1}/{repeats}: utilization {row['utilization']:.1%} "
-                        f"({row['wall_s']:.0f} s)",
+                        f"({row['wall_s']:.0f} s; {_settled(row)})",
                         flush=True,
                     )
                 rows.append(_median_run(runs))
