@@ -60,8 +60,8 @@ def lower_priority(nice: int) -> int | None:
     this touches only the books thread. Measured on a 2-core machine shared with two
     digits-MLP workers: the books thread at the coordinator's priority took the cores the
     rounds' critical path and the workers' steps wanted; 10 levels below, the run's
-    utilization went from 72-75% to 80% (``bench/SUMMARY.md``), and the books still ran
-    on every idle cycle. Elsewhere (macOS, Windows) a process's priority is the unit, so
+    utilization went from a median of 72% to 79% (``bench/SUMMARY.md``), and the books
+    still had every idle cycle (settlement ends a second or so later). Elsewhere (macOS, Windows) a process's priority is the unit, so
     the thread is left as it is.
     """
     if nice <= 0 or not sys.platform.startswith("linux"):
