@@ -15,6 +15,8 @@ from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
 from aitbc.coordinator.driver import RoundDriver, lower_priority
 
+from .conftest import wait_for
+
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 
 
@@ -46,11 +48,8 @@ def test_only_the_books_thread_runs_lower(tmp_path, nice):
     driver.start()
     try:
         threads = {t.name: t for t in driver._threads}
-        for _ in range(200):  # the thread lowers itself as it starts
-            if _nice(threads["books"]) == min(base + nice, 19):
-                break
-            threading.Event().wait(0.01)
-        assert _nice(threads["books"]) == min(base + nice, 19)
+        # the thread lowers itself as it starts
+        wait_for("the books thread's nice", lambda: _nice(threads["books"]), lambda v: v == min(base + nice, 19))
         assert _nice(threads["round-driver"]) == base  # the rounds' critical path keeps its priority
         assert _nice(threads["driver-lease"]) == base
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # and so does the caller

@@ -61,8 +61,8 @@ def lower_priority(nice: int) -> int | None:
     digits-MLP workers: the books thread at the coordinator's priority took the cores the
     rounds' critical path and the workers' steps wanted; 10 levels below, the run's
     utilization went from a median of 72% to 79% (``bench/SUMMARY.md``), and the books
-    still had every idle cycle (settlement ends a second or so later). Elsewhere (macOS, Windows) a process's priority is the unit, so
-    the thread is left as it is.
+    still had every idle cycle (settlement ends a second or so later). Elsewhere (macOS,
+    Windows) a process's priority is the unit, so the thread is left as it is.
     """
     if nice <= 0 or not sys.platform.startswith("linux"):
         return None
