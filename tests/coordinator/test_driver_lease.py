@@ -11,14 +11,15 @@ import time
 
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import select, update
+from tests.conftest import wait_until
 
 from aitbc.coordinator.db import make_engine, make_sessions
 from aitbc.coordinator.lease import DriverLease
 from aitbc.coordinator.models import DriverLease as LeaseRow
 from aitbc.coordinator.models import Offer
 
-PERIOD = 4.0
+PERIOD = 30.0  # long: no lease in these tests runs out by itself unless a test waits for it
 
 
 @pytest.fixture
@@ -30,48 +31,110 @@ def sessions(tmp_path, databases):
     databases.drop(url)
 
 
+class Clock:
+    """A replica's monotonic clock, moved by the test: how long it believes its lease."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def _holder(sessions) -> str | None:
     with sessions() as s:
         return s.scalar(select(LeaseRow.holder))
 
 
+def _run_out(sessions) -> None:
+    """The holder stopped renewing and a whole period went by, on the database's clock."""
+    with sessions() as s:
+        s.execute(update(LeaseRow).values(expires_at=LeaseRow.expires_at - 2 * PERIOD))
+        s.commit()
+
+
+def _skew(monkeypatch, seconds: float) -> None:
+    """This process's wall clock (as a replica on another machine would have it) off by ``seconds``."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + seconds)
+
+
 def test_one_holder_until_its_lease_runs_out(sessions):
+    ca, cb = Clock(), Clock()
+    a = DriverLease(sessions, "replica_a", PERIOD, clock=ca)
+    b = DriverLease(sessions, "replica_b", PERIOD, clock=cb)
+    assert a.tick() and not b.tick()
+    assert a.holds() and not b.holds() and _holder(sessions) == "replica_a"
+    holder, left = a.holder() or ("", 0.0)
+    assert holder == "replica_a" and 0 < left <= PERIOD  # a period from the database's now
+    ca.t += 0.3 * PERIOD
+    assert a.tick()  # renewed (a quarter period passed)
+    cb.t += 10 * PERIOD
+    assert not b.tick()  # B's own clock says nothing about A's lease
+    ca.t += 0.75 * PERIOD + 0.01
+    assert not a.holds()  # A stops believing, a quarter period before the database lets B in
+    _run_out(sessions)
+    assert b.tick() and _holder(sessions) == "replica_b"
+    assert not a.tick() and not a.holds()  # A comes back: standing by
+    assert b.tick()
+
+
+def test_the_lease_runs_out_by_the_databases_clock(sessions):
+    """No test hand: a short lease left to run out is taken by the next claim."""
+    a, b = DriverLease(sessions, "replica_a", 0.5), DriverLease(sessions, "replica_b", PERIOD)
+    assert a.tick()
+    wait_until(b.tick, "A's 0.5 s lease run out by the database's clock", 30)
+    assert _holder(sessions) == "replica_b" and not a.tick()
+
+
+@pytest.mark.parametrize("skew", [30.0, 3600.0])
+def test_a_replica_whose_clock_runs_ahead_cannot_take_a_live_lease(sessions, monkeypatch, skew):
+    """Issue 33: a replica 30 s ahead took the lease from its live holder (the expiry was
+    judged by each replica's own clock) and failed every worker. Now the database judges."""
     a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
-    t = 1000.0
-    assert a.tick(t) and not b.tick(t)
-    assert a.holds(t) and not b.holds(t) and _holder(sessions) == "replica_a"
-    assert a.tick(t + 1.5)  # renewed: runs to t + 5.5
-    assert not b.tick(t + 5.4)  # not yet out
-    assert not a.holds(t + 1.5 + 0.75 * PERIOD + 0.01)  # A stops believing before B may take it
-    assert b.tick(t + 5.6) and _holder(sessions) == "replica_b"
-    assert not a.tick(t + 5.7) and not a.holds(t + 5.7)  # A comes back: standing by
-    assert b.tick(t + 5.7)
+    assert a.tick()
+    _skew(monkeypatch, skew)
+    assert not b.tick() and not b.holds()
+    assert _holder(sessions) == "replica_a" and a.tick() and a.holds()
+    assert b.offset == pytest.approx(-skew, abs=5)  # B knows how far off it is (and logs it)
+    b.release()  # standing by, it gives up nothing
+    assert _holder(sessions) == "replica_a" and not b.tick()
+
+
+def test_a_replica_whose_clock_runs_behind_takes_an_expired_lease_at_once(sessions, monkeypatch):
+    """The other way: a clock 30 s behind would have waited 30 s past the expiry (a stall)."""
+    a = DriverLease(sessions, "replica_a", 0.5)
+    assert a.tick()
+    _skew(monkeypatch, -30.0)
+    b = DriverLease(sessions, "replica_b", PERIOD)
+    wait_until(b.tick, "B (30 s behind) taking A's 0.5 s lease", 20)
+    holder, left = b.holder() or ("", 0.0)
+    assert holder == "replica_b" and 0 < left <= PERIOD
 
 
 def test_a_fenced_write_of_an_ex_holder_is_refused(sessions):
     a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
-    t = time.time()
-    assert a.tick(t)
-    assert b.tick(t + 0.1, steal=True)  # (SQLite: a restarted coordinator takes over at once)
-    assert a.holds(t + 0.2)  # A, paused, still believes ...
+    assert a.tick()
+    assert b.tick(steal=True)  # (SQLite: a restarted coordinator takes over at once)
+    assert a.holds()  # A, paused, still believes ...
     with sessions() as s:
-        assert not a.fence(s, t + 0.2)  # ... but its transaction finds the row taken
+        assert not a.fence(s)  # ... but its transaction finds the row taken
         s.rollback()
-    assert not a.holds(t + 0.2)
+    assert not a.holds()
     with sessions() as s:
-        assert b.fence(s, t + 0.3)
+        assert b.fence(s)
         s.commit()
 
 
 def test_racing_claims_never_both_win(sessions):
-    leases = [DriverLease(sessions, f"replica_{i}", PERIOD) for i in range(3)]
-    for k in range(10):
-        t = 5000.0 + k * 10 * PERIOD  # each race after the last winner's lease ran out
+    clock = Clock()
+    leases = [DriverLease(sessions, f"replica_{i}", PERIOD, clock=clock) for i in range(3)]
+    for _ in range(10):
         go, won = threading.Barrier(len(leases)), []
 
-        def claim(lease: DriverLease, t: float = t, go: threading.Barrier = go, won: list[str] = won) -> None:
+        def claim(lease: DriverLease, go: threading.Barrier = go, won: list[str] = won) -> None:
             go.wait()
-            if lease.tick(t):
+            if lease.tick():
                 won.append(lease.me)
 
         threads = [threading.Thread(target=claim, args=(x,)) for x in leases]
@@ -81,6 +144,8 @@ def test_racing_claims_never_both_win(sessions):
             th.join(30)
         assert len(won) == 1, won
         assert _holder(sessions) == won[0]
+        clock.t += PERIOD  # the next race after the winner's lease ran out
+        _run_out(sessions)
 
 
 def test_the_local_lock_lets_one_live_process_take_over_at_start(tmp_path, sessions):
@@ -100,8 +165,7 @@ def test_the_local_lock_lets_one_live_process_take_over_at_start(tmp_path, sessi
 
 def test_a_released_lease_is_taken_at_once(sessions):
     a, b = DriverLease(sessions, "replica_a", PERIOD), DriverLease(sessions, "replica_b", PERIOD)
-    t = time.time()
-    assert a.tick(t) and not b.tick(t)
+    assert a.tick() and not b.tick()
     a.release()
     assert not a.holds() and b.tick()
 

@@ -42,10 +42,15 @@ class Stack:
             os.environ, OMP_NUM_THREADS="1", COLUMNS="200", AITBC_COORDINATOR=self.url, AITBC_HOME=str(root / "owner")
         )
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``env``: variables added to the stack's for this process alone."""
         log = (self.root / f"{name}.log").open("ab")
         p = subprocess.Popen(
-            [str(AITBC), *args], stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            [str(AITBC), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**self.env, **(env or {})},
+            start_new_session=True,
         )
         self.procs[name] = p
         return p
@@ -58,9 +63,11 @@ class Stack:
         name: str = "coordinator",
         port: int | None = None,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         """Start coordinator ``name`` on ``port`` (default: the stack's), with home
-        ``root/coordinator`` (every replica of a stack shares it: blobs and wallet)."""
+        ``root/coordinator`` (every replica of a stack shares it: blobs and wallet);
+        ``env``: variables of its process alone."""
         port = self.port if port is None else port
         self._spawn(
             name,
@@ -81,6 +88,7 @@ class Stack:
                 str(settle_delay),
                 *extra,
             ],
+            env,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

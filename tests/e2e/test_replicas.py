@@ -11,6 +11,10 @@ throughout, and the CLI (``ledger verify`` at the end) found B by itself.
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
+import re
 import signal
 import socket
 import threading
@@ -142,3 +146,77 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
     assert holder == [(_health(urls[survivor])["replica"],)]
     r = stack.cli("ledger", "verify")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- a replica whose wall clock is wrong ----------------------------------------------------
+
+SKEW = 30.0
+
+
+def _libfaketime() -> str:
+    """Debian's libfaketime (``apt-get install faketime``; .ci/run installs it): a skip
+    without it, or with ``AITBC_REQUIRE_FAKETIME=1`` (CI) a failure."""
+    for pattern in ("/usr/lib/*/faketime/libfaketimeMT.so.1", "/usr/lib/faketime/libfaketimeMT.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    why = "libfaketime is not installed (apt-get install faketime)"
+    if os.environ.get("AITBC_REQUIRE_FAKETIME") == "1":
+        pytest.fail(f"AITBC_REQUIRE_FAKETIME=1 but {why}")
+    pytest.skip(f"{why}; AITBC_REQUIRE_FAKETIME=1 makes this a failure")
+
+
+class DrivingWatch(threading.Thread):
+    """Asks one replica every 0.2 s whether it drives; keeps every yes."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.asked, self.drove = url, 0, []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            with contextlib.suppress(httpx.TransportError):
+                health = _health(self.url)
+                self.asked += 1
+                if health["driving"]:
+                    self.drove.append(health["time"])
+
+
+def test_a_replica_whose_clock_runs_ahead_never_takes_the_rounds(stack, databases):
+    """Issue 33: a replica whose clock ran 30 s ahead took the driver lease from the live
+    holder at once (it judged the expiry by its own clock), failed every worker's job as
+    silent and left the run stuck. B here runs 30 s ahead (libfaketime, its process alone)
+    and serves requests; A drives the whole run, which completes with no worker failed."""
+    if databases.backend != "postgresql":
+        pytest.skip("replicas on several machines share a PostgreSQL database: AITBC_TEST_DB=postgresql (make test-pg)")
+    ahead = {"LD_PRELOAD": _libfaketime(), "FAKETIME": f"+{SKEW:g}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    urls = {"a": stack.url, "b": f"http://127.0.0.1:{_free_port()}"}
+    flags = ("--driver-lease", str(DRIVER_LEASE), "--heartbeat-flush", "0.5")
+    stack.start_coordinator(name="a", lease=6.0, extra=flags)
+    wait_until(lambda: _health(urls["a"])["driving"], "a driving", 30)
+    stack.start_coordinator(name="b", lease=6.0, port=int(urls["b"].rsplit(":", 1)[1]), extra=flags, env=ahead)
+    b = _health(urls["b"])
+    assert b["time"] - time.time() > SKEW - 5, "libfaketime did not move B's clock"  # or this proves nothing
+    watch = DrivingWatch(urls["b"])
+    watch.start()
+    # (the workers and the CLI talk to A: B, its clock 30 s ahead, refuses for its first 30 s
+    # every request signed before its own start, as it sees it)
+    both = f"{urls['a']},{urls['b']}"
+    stack.env["AITBC_COORDINATOR"] = both
+    for i in range(3):
+        stack.start_worker(f"w{i}", price=f"1.{i}0", step_delay=0.03, coordinator=both)
+    stack.wait_offers(3)
+    run_id = stack.init_run()
+    stack.start_run(run_id, workers=3, rounds=ROUNDS, local_steps=20)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    watch.stop.set()
+    watch.join(timeout=30)
+    assert run["status"] == "complete", run["error"]
+    assert watch.asked > 0 and watch.drove == [], f"B drove at {watch.drove}"
+    assert stack.rows("SELECT holder FROM driver_lease WHERE name = 'rounds'") == [(_health(urls["a"])["replica"],)]
+    assert stack.rows("SELECT worker_id, reason FROM flags WHERE kind = 'lease_expired'") == []
+    assert stack.rows("SELECT count(*) FROM jobs WHERE run_id = :r AND status = 'failed'", r=run_id) == [(0,)]
+    wait_until(lambda: stack.api(f"/runs/{run_id}/payments")["settled_round"] == ROUNDS, "every round settled", 120)
+    said = re.search(r"clock is \+(\d+\.\d) s from the database's", (stack.root / "b.log").read_text(errors="replace"))
+    assert said and abs(float(said[1]) - SKEW) < 5  # B said how far off it is

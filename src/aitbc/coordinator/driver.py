@@ -182,7 +182,7 @@ class RoundDriver:
         (this replica took the lease, first or again) starts as after a restart: the
         caches are rebuilt from the database."""
         ctx = self.ctx
-        if not ctx.lease.holds(now):
+        if not ctx.lease.holds():
             if self._term is not None:  # lost it: the caches would go stale
                 ctx.runtimes.clear()
                 ctx.books_models.clear()
@@ -280,7 +280,7 @@ class RoundDriver:
         """Evaluate, score and settle closed rounds; finalize ended runs; collect blobs
         (the driver lease's holder only)."""
         ctx, now = self.ctx, time.time()
-        if not ctx.lease.holds(now):
+        if not ctx.lease.holds():
             return
         with ctx.session() as s:
             missing = rounds.pending_evaluations(s)

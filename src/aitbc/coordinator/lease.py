@@ -8,17 +8,28 @@ replica id and an expiry; it is taken and renewed only by a conditional UPDATE (
 compare-and-set on holder and expiry), so two replicas never both hold it: the database
 applies the two UPDATEs one after the other, and the second no longer matches.
 
-The holder renews it every quarter of ``driver_lease_seconds``; a replica believes it
-holds the lease only until three quarters of the period after it last wrote it, so a holder that stops renewing (killed,
-paused, cut off from the database) stops driving before anyone else may take over. Its
-writes are fenced as well: :meth:`DriverLease.fence` renews the row inside the driver's own
-transaction, which then holds the row's lock until it commits; a paused ex-holder's
-transaction finds the row taken and is rolled back. Settlement stays exactly once by key
-in any case (``settle:<contract>:<round>``, unique settlement rows).
+Clocks: the row is judged by the database's clock alone. Its expiry is written as the
+database's time plus the period, and a claim matches only a row whose expiry is past by
+the database's time, both read by the database engine in the UPDATE itself
+(:func:`db_now`: PostgreSQL's ``clock_timestamp()``, SQLite's ``julianday('now')``). No
+replica's wall clock enters it, so a replica whose clock runs ahead cannot take the lease
+from a live holder, and one whose clock runs behind cannot keep it past its expiry.
 
-Clocks: expiries are the writer's wall clock; replicas on several machines need clocks in
-step (NTP) to well under a lease, as signed requests already need theirs within
-``max_skew_seconds``.
+The holder renews it every quarter of ``driver_lease_seconds``; a replica believes it
+holds the lease only until three quarters of the period after it *sent* the renewal that
+succeeded, counted on its own monotonic clock (which measures durations, whatever its wall
+clock says): the database wrote an expiry a full period after it ran that statement, later
+still, so a holder that stops renewing (killed, paused, cut off from the database) stops
+driving before anyone else may take over, as long as the two clocks tick at about the same
+rate. Its writes are fenced as well: :meth:`DriverLease.fence` renews the row inside the
+driver's own transaction, which then holds the row's lock until it commits; a paused
+ex-holder's transaction finds the row taken and is rolled back. Settlement stays exactly
+once by key in any case (``settle:<contract>:<round>``, unique settlement rows).
+
+Each renewal also reads the database's time, so a replica knows how far its own wall
+clock is from the database's (:attr:`DriverLease.offset`) and logs a warning
+when that is more than a second: the lease no longer depends on it, but the timestamps a
+replica writes (heartbeats, round openings) still do.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -34,14 +46,17 @@ try:
 except ImportError:  # not POSIX: no local lock, a restart on SQLite waits out its old lease
     fcntl = None  # type: ignore[assignment]
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Float, cast, extract, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
 
 from aitbc.coordinator.models import DriverLease as LeaseRow
 
 log = logging.getLogger("aitbc.coordinator")
 ROUNDS = "rounds"
+UNIX_EPOCH_JULIAN_DAY = 2440587.5  # julianday('1970-01-01')
+SKEW_WARNING_SECONDS = 1.0  # a replica's wall clock this far from the database's is logged
 
 
 def replica_id() -> str:
@@ -49,12 +64,23 @@ def replica_id() -> str:
     return f"replica_{secrets.token_hex(6)}"
 
 
+def db_now(dialect: str) -> ColumnElement[float]:
+    """The database's current time in Unix seconds, as an expression the database itself
+    evaluates in the statement that holds it. PostgreSQL: ``clock_timestamp()``, the
+    server's time when it is read (``now()`` would be the transaction's start, stale in a
+    long transaction); SQLite, a library in the calling process: ``julianday('now')``,
+    the time of the machine every SQLite replica shares (its local lock keeps them there)."""
+    if dialect == "postgresql":
+        return cast(extract("epoch", func.clock_timestamp()), Float)
+    return (func.julianday("now") - UNIX_EPOCH_JULIAN_DAY) * 86400.0
+
+
 class DriverLease:
     """One replica's view of the ``rounds`` lease.
 
-    ``held_until`` is the expiry this replica last wrote while holding it (0: not held);
-    :meth:`holds` trusts it without a query. :meth:`tick` takes or renews the lease as due
-    and returns whether this replica holds it now."""
+    ``held_until`` is when, on ``clock`` (monotonic seconds), this replica stops believing
+    it holds the lease (0: not held); :meth:`holds` trusts it without a query. :meth:`tick`
+    takes or renews the lease as due and returns whether this replica holds it now."""
 
     def __init__(
         self,
@@ -64,10 +90,13 @@ class DriverLease:
         *,
         name: str = ROUNDS,
         local_lock: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sessions, self.me, self.period, self.name = sessions, me, period, name
+        self.clock = clock  # durations only: never compared with the row's (database) times
         self.held_until = 0.0
-        self.since = 0.0  # when this replica last took it
+        self.since = 0.0  # on ``clock``: when this replica last took it (a term's mark)
+        self.offset: float | None = None  # the database's time less this replica's wall clock
         self._renewed = 0.0
         self.local_lock = local_lock  # SQLite: a file beside the database (see sole_local)
         self._lock_file: IO[bytes] | None = None
@@ -99,31 +128,38 @@ class DriverLease:
     def _session(self) -> Session:
         return self.sessions()
 
-    def holds(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) < self.held_until
+    def _now(self, s: Session) -> ColumnElement[float]:
+        return db_now(s.get_bind().dialect.name)
 
-    def tick(self, now: float | None = None, *, steal: bool = False) -> bool:
-        """Take the lease if it is free (or expired, or ``steal``), renew it if ours and a
-        quarter of the period has passed; whether this replica holds it now."""
-        now = time.time() if now is None else now
-        if self.holds(now) and now - self._renewed < self.period / 4:
+    def holds(self) -> bool:
+        return self.clock() < self.held_until
+
+    def tick(self, *, steal: bool = False) -> bool:
+        """Take the lease if it is free (expired by the database's clock, or ``steal``),
+        renew it if ours and a quarter of the period has passed; whether this replica holds
+        it now."""
+        sent = self.clock()
+        if sent < self.held_until and sent - self._renewed < self.period / 4:
             return True
+        wall = time.time()
         with self._session() as s:
-            held = self._claim(s, now, steal=steal)
+            held = self._claim(s, steal=steal)
+            self._measure(s, wall)
             s.commit()
-        self._record(held, now)
+        self._record(held, sent)
         return held
 
-    def fence(self, s: Session, now: float | None = None) -> bool:
+    def fence(self, s: Session) -> bool:
         """Renew the lease inside ``s``'s transaction (whose commit then waits on no other
         replica's claim: the row stays locked until it ends); False: it is no longer ours
-        and the caller must roll back."""
-        now = time.time() if now is None else now
-        if not self.holds(now):
+        and the caller must roll back. It extends nothing this replica believes (the
+        transaction may still roll back): the lease thread's committed renewals do."""
+        if not self.holds():
             return False
-        held = self._renew(s, now)
-        self._record(held, now)
-        return held
+        if self._renew(s):
+            return True
+        self._record(False, self.clock())
+        return False
 
     def release(self) -> None:
         """Give the lease up at a clean stop, so another replica takes over at once."""
@@ -145,14 +181,18 @@ class DriverLease:
             log.warning("could not release the driver lease; it expires in %g s", self.period)
 
     def holder(self) -> tuple[str, float] | None:
-        """The current holder and its expiry (None: never taken)."""
+        """The current holder and how long its lease has left by the database's clock, in
+        seconds (negative: expired; None: never taken)."""
         with self._session() as s:
-            row = s.execute(select(LeaseRow.holder, LeaseRow.expires_at).where(LeaseRow.name == self.name)).first()
-        return None if row is None else (row[0], row[1])
+            row = s.execute(
+                select(LeaseRow.holder, LeaseRow.expires_at - self._now(s)).where(LeaseRow.name == self.name)
+            ).first()
+        return None if row is None else (row[0], float(row[1]))
 
-    # --- the compare-and-set ------------------------------------------------------------
+    # --- the compare-and-set, on the database's clock --------------------------------------
 
-    def _renew(self, s: Session, now: float) -> bool:
+    def _renew(self, s: Session) -> bool:
+        now = self._now(s)
         done = s.execute(
             update(LeaseRow)
             .where(LeaseRow.name == self.name, LeaseRow.holder == self.me, LeaseRow.expires_at > now)
@@ -160,9 +200,10 @@ class DriverLease:
         )
         return bool(done.rowcount)  # type: ignore[attr-defined]
 
-    def _claim(self, s: Session, now: float, *, steal: bool) -> bool:
-        if self._renew(s, now):
+    def _claim(self, s: Session, *, steal: bool) -> bool:
+        if self._renew(s):
             return True
+        now = self._now(s)
         free = LeaseRow.expires_at <= now
         taken = s.execute(
             update(LeaseRow)
@@ -182,14 +223,27 @@ class DriverLease:
             return False
         return True
 
-    def _record(self, held: bool, now: float) -> None:
+    def _measure(self, s: Session, wall: float) -> None:
+        """How far this replica's wall clock is from the database's (read just after it)."""
+        offset = float(s.scalar(select(self._now(s))) or 0.0) - wall
+        if abs(offset) > SKEW_WARNING_SECONDS and (self.offset is None or abs(self.offset) <= SKEW_WARNING_SECONDS):
+            log.warning(
+                "replica %s: this machine's clock is %+.1f s from the database's; the driver lease is judged "
+                "by the database's, but heartbeats and round times this replica writes are not (run NTP)",
+                self.me,
+                -offset,
+            )
+        self.offset = offset
+
+    def _record(self, held: bool, sent: float) -> None:
         was = self.held_until > 0
         if held:
             if not was:
-                self.since = now
+                self.since = sent
                 log.info("replica %s now drives the rounds (lease %g s)", self.me, self.period)
-            # believed a quarter period less than written: ours stops before anyone else's may start
-            self.held_until, self._renewed = now + self.period * 0.75, now
+            # believed a quarter period less than the database wrote, counted from before the
+            # statement was sent: ours stops before anyone else's may start
+            self.held_until, self._renewed = sent + self.period * 0.75, sent
         else:
             if was:
                 log.warning("replica %s lost the driver lease; standing by", self.me)

@@ -21,5 +21,5 @@ def health(ctx: CtxDep) -> dict:
         "version": __version__,
         "time": now,
         "replica": ctx.lease.me,
-        "driving": ctx.lease.holds(now),
+        "driving": ctx.lease.holds(),
     }
