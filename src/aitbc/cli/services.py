@@ -34,6 +34,10 @@ SERVE_FLAGS = {
     "max_blob_bytes": "--max-blob-mb",
     "max_json_bytes": "--max-json-kb",
     "max_uploads": "--max-uploads",
+    "max_uploads_per_signer": "--max-uploads-per-signer",
+    "min_upload_rate": "--min-upload-kb-s",
+    "upload_rate_window_seconds": "--upload-rate-window",
+    "eval_memory_mb": "--eval-memory-mb",
     "lease_seconds": "--lease",
     "max_skew_seconds": "--max-skew",
     "tick_seconds": "--tick",
@@ -158,6 +162,26 @@ def serve(
     ] = None,
     lease: Annotated[float | None, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = None,
     max_skew: Annotated[
+    max_uploads_per_signer: Annotated[
+        int | None, typer.Option(help="Of those, the most one signer (wallet) may hold at once; more are refused 429.")
+    ] = None,
+    min_upload_kb_s: Annotated[
+        float | None,
+        typer.Option(
+            help="KiB/s an upload's body must bring over every --upload-rate-window seconds; "
+            "a slower one is cut off 408 and its slot freed."
+        ),
+    ] = None,
+    upload_rate_window: Annotated[
+        float | None, typer.Option(help="Seconds over which an upload's pace is judged (--min-upload-kb-s).")
+    ] = None,
+    eval_memory_mb: Annotated[
+        float | None,
+        typer.Option(
+            help="MiB of activations one evaluation or scoring forward pass may hold (at least 128: one sample "
+            "of the largest model the bounds admit); batches are cut to fit."
+        ),
+    ] = None,
         float | None, typer.Option(help="Seconds a signed request's timestamp may be off before it is refused.")
     ] = None,
     tick: Annotated[float | None, typer.Option(help="Seconds between two looks of the round driver.")] = None,
@@ -296,6 +320,10 @@ def serve(
         "settle_delay": settle_delay,
         "keep_checkpoints": keep_checkpoints,
         "gc_grace_seconds": gc_grace,
+        "max_uploads_per_signer": max_uploads_per_signer,
+        "min_upload_rate": None if min_upload_kb_s is None else round(min_upload_kb_s * 1024),
+        "upload_rate_window_seconds": upload_rate_window,
+        "eval_memory_mb": eval_memory_mb,
         "gc_interval_seconds": gc_interval,
         "max_pinned_bytes": None if max_pinned_mb is None else round(max_pinned_mb * MIB),
         "max_pinned_bytes_total": None if max_pinned_total_mb is None else round(max_pinned_total_mb * MIB),

@@ -34,6 +34,7 @@ from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
 from aitbc.coordinator.metrics import CountResponses
 from aitbc.coordinator.metrics import install as install_metrics
+from aitbc.coordinator.uploads import TOO_MANY, UploadSlots
 from aitbc.coordinator.web import STATIC_DIR
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import (
@@ -44,6 +45,7 @@ from aitbc.ledger.signing import (
     SignatureError,
     precheck_headers,
 )
+from aitbc.ledger.wallet import address_of
 from aitbc.units import UnitError
 
 log = logging.getLogger("aitbc.coordinator")
@@ -112,13 +114,15 @@ class Limits:
       ``max_json_bytes``, or, as it is read, as soon as the bytes received pass it (a chunked
       body declares nothing), so no more than the limit is ever held;
     - at most ``max_uploads`` blob uploads are in flight at once (429 ``too_many_uploads``);
-      a blob's own size limit is the upload route's (``max_blob_bytes``)."""
+      the upload route then holds each signer to its share of them and each body to a
+      minimum pace (:mod:`aitbc.coordinator.uploads`); a blob's own size limit is the
+      upload route's (``max_blob_bytes``)."""
 
-    def __init__(self, app: ASGIApp, ctx: Context, routes: list[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, ctx: Context, routes: list[BaseRoute], uploads: UploadSlots) -> None:
         self.app = app
         self.ctx = ctx
         self.routes = routes
-        self.uploads = 0  # one event loop: a plain counter
+        self.uploads = uploads
         self.kinds: dict[int, tuple[bool, bool]] = {}
 
     def _kind(self, scope: Scope) -> tuple[bool, bool]:
@@ -161,15 +165,22 @@ class Limits:
                 await _error(401, e.code, e.detail)(scope, receive, send)
                 return
         if streamed:
-            if self.uploads >= self.ctx.settings.max_uploads:
-                detail = f"{self.uploads} uploads are in flight, the most this coordinator takes; try again later"
-                await _error(429, "too_many_uploads", detail)(scope, receive, send)
+            # the claimed signer's share first (its own verified uploads), so a signer at its
+            # share never takes one of the slots, not even for the moment its signature is checked
+            over = self.uploads.over_share(address_of(headers[HEADER_KEY])) if is_signed else None
+            if over is not None:
+                await _error(429, TOO_MANY, over)(scope, receive, send)
                 return
-            self.uploads += 1
+            if not self.uploads.take():
+                detail = (
+                    f"{self.uploads.in_flight} uploads are in flight, the most this coordinator takes; try again later"
+                )
+                await _error(429, TOO_MANY, detail)(scope, receive, send)
+                return
             try:
                 await self.app(scope, receive, send)
             finally:
-                self.uploads -= 1
+                self.uploads.give()
             return
         received = 0
 
@@ -266,7 +277,8 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     app.include_router(dashboard.pages)  # the dashboard page at / and /runs/{id} (outside /v1)
     app.include_router(api_docs.router)  # /docs and /redoc, offline (outside /v1, not in the schema)
     install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits
-    app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
+    app.state.uploads = uploads = UploadSlots(settings.max_uploads, settings.max_uploads_per_signer)
+    app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes], uploads=uploads)
     app.add_middleware(InternalErrors)  # a bug in Limits is a 500 too
     app.add_middleware(CountResponses, metrics=ctx.metrics)  # the outermost: every answer's status, 500s included
     app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]
@@ -318,7 +330,7 @@ def _openapi(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
         if route.body_field is not None or is_signed:  # the body is read: bounded (Limits)
             implied.append(413)
         if _uses(route.dependant, signed_stream):
-            implied.append(429)
+            implied.append(429)  # the upload slots (Limits, then the signer's share)
         for method in route.methods or ():
             op = doc["paths"][PREFIX + route.path_format].get(method.lower())
             if op is None:

@@ -32,6 +32,14 @@ class Settings(BaseSettings):
     # a round whose n x d float32 updates would pass this is aggregated from disk, in bounded memory
     aggregation_memory_mb: float = Field(1024.0, gt=0)
     max_uploads: int = Field(16, ge=1)  # blob uploads in flight at once; more are refused 429
+    # Each party's share (coordinator/uploads.py): one signer holds at most this many of them, and
+    # a body bringing under min_upload_rate bytes/s over any upload_rate_window seconds is cut off 408.
+    max_uploads_per_signer: int = Field(4, ge=1)
+    min_upload_rate: int = Field(16 << 10, ge=1)
+    upload_rate_window_seconds: float = Field(10.0, gt=0)
+    # Activations one evaluation or scoring forward pass may hold: batches are cut to fit. At least
+    # one sample of the largest model the bounds admit (training.models.MAX_SAMPLE_BYTES, 128 MiB).
+    eval_memory_mb: float = Field(256.0, ge=128)
     lease_seconds: float = Field(10.0, gt=0)  # a worker silent this long has failed
     max_skew_seconds: float = Field(120.0, gt=0)  # signed timestamps this far off are refused
     tick_seconds: float = Field(0.2, gt=0)  # how often the round driver looks at the clock

@@ -68,7 +68,7 @@ REASON_CODES: tuple[str, ...] = (*(code for code, _ in REASONS), OTHER)
 # the HTTP status codes counted by their own label (the coordinator's answers; any other is "other")
 RESPONSE_CODES: tuple[str, ...] = (
     *("200", "201", "204", "206", "304"),
-    *("400", "401", "403", "404", "405", "409", "410", "413", "415", "422", "429"),
+    *("400", "401", "403", "404", "405", "408", "409", "410", "413", "415", "422", "429"),
     *("500", "503", OTHER),
 )
 

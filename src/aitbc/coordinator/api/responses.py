@@ -51,7 +51,8 @@ _WHY = {
     404: "No such run, job, worker, contract or blob",
     409: "Refused in the current state (run ended, wrong phase, a conflict with what exists; a pin over max_pinned_bytes or of an incomplete folder)",
     413: "The body is larger than this coordinator takes (blob_too_large: max_blob_bytes; body_too_large: a JSON body over max_json_bytes)",
-    429: "Too many blob uploads in flight at once (too_many_uploads, max_uploads); try again later",
+    408: "The upload's body came slower than this coordinator's floor (upload_too_slow: min_upload_rate over upload_rate_window); nothing stored",
+    429: "Too many blob uploads in flight at once, or from this signer (too_many_uploads: max_uploads, max_uploads_per_signer); try again later",
     422: "A field is missing, of the wrong type, out of range, or not allowed here",
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
 from aitbc.coordinator.peers import check_report
 from aitbc.coordinator.schemas import BadPeer
+from aitbc.coordinator.uploads import UploadSlots, paced
 from aitbc.coordinator.workers import flag_blob, holders, require_known
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.cid import is_cid
@@ -121,20 +123,34 @@ def bad_peer(cid: str, body: BadPeer, ctx: CtxDep, signer: SignerDep) -> dict:
     "/{cid}",
     status_code=201,
     response_model=BlobStored,
-    responses=errors(400, 413),
+    responses=errors(400, 408, 413),
     openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": BINARY}}},
 )
 async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSignerDep) -> dict:
     """Store the request body under ``cid``; refused (400) unless the bytes hash to it,
-    (413) over the size limit. Storing a blob already held is a no-op."""
+    (413) over the size limit, (429) past the signer's share of the upload slots, (408) a
+    body slower than ``min_upload_rate`` (:mod:`aitbc.coordinator.uploads`). Storing a blob
+    already held is a no-op."""
     _check_cid(cid)
     limit = ctx.settings.max_blob_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "blob_too_large", f"blob is {declared} bytes; this coordinator takes at most {limit}")
+    slots: UploadSlots = request.app.state.uploads
+    with slots.signer(signer.address):
+        body = paced(
+            request.stream(), rate=ctx.settings.min_upload_rate, window=ctx.settings.upload_rate_window_seconds
+        )
+        return await _store(ctx, cid, signer.address, body, declared, limit)
+
+
+async def _store(
+    ctx: Context, cid: str, signer: str, body: AsyncIterator[bytes], declared: str | None, limit: int
+) -> dict:
+    """The upload's ``body`` stored under ``cid`` (``declared``: its Content-Length, if any)."""
     if ctx.store.touch(cid):  # held already; touched, so blob retention's grace period starts again
         received = 0
-        async for chunk in request.stream():  # drain: the client is sending it anyway
+        async for chunk in body:  # drain: the client is sending it anyway
             received += len(chunk)
             if received > limit:  # a chunked body has no declared length: count it
                 raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes")
@@ -145,7 +161,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
         # behind the round driver's threads, and this upload stands between a worker's
         # compute and the round's close (bench/live_utilization.py).
         data = bytearray()
-        async for chunk in request.stream():
+        async for chunk in body:
             data += chunk
             if len(data) > limit:  # the declared length is checked above; this is what came
                 raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes")
@@ -153,7 +169,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
             size = await run_in_threadpool(_store_whole, ctx, cid, bytes(data))
         except IntegrityError:
             detail = f"uploaded bytes do not hash to {cid}; nothing stored"
-            await run_in_threadpool(flag_blob, ctx, signer.address, detail)
+            await run_in_threadpool(flag_blob, ctx, signer, detail)
             raise bad_request("cid_mismatch", detail) from None
         except AitbcError:
             raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes") from None
@@ -164,7 +180,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
     with w:
         block = bytearray()
         try:
-            async for chunk in request.stream():
+            async for chunk in body:
                 block += chunk
                 if len(block) >= _BLOCK:
                     await run_in_threadpool(w.write, bytes(block))
@@ -176,7 +192,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
             await run_in_threadpool(w.commit)
         except IntegrityError:
             detail = f"uploaded bytes do not hash to {cid}; nothing stored"
-            await run_in_threadpool(flag_blob, ctx, signer.address, detail)
+            await run_in_threadpool(flag_blob, ctx, signer, detail)
             raise bad_request("cid_mismatch", detail) from None
         return {"cid": cid, "size": w.size, "stored": True}
 
