@@ -21,6 +21,7 @@ from aitbc.ledger.wallet import (
     ensure_wallet,
     list_wallets,
     load_wallet,
+    record_path,
     verify_signature,
 )
 
@@ -82,6 +83,7 @@ def test_signatures_match_rfc8032_test_vector(tmp_path):
     # A key.json holding the RFC's seed must give the RFC's public key and signature.
     create_wallet(tmp_path, "rfc")
     _rewrite(tmp_path, "rfc", private_key=RFC_SEED, public_key=RFC_PUBLIC, address=address_of(RFC_PUBLIC))
+    record_path(tmp_path, "rfc").unlink()  # replaced on purpose (else refused: not the wallet created)
     wallet = load_wallet(tmp_path, "rfc")
     assert wallet.public_key == RFC_PUBLIC
     assert wallet.sign(b"") == RFC_SIGNATURE

@@ -13,6 +13,16 @@ The directory is 0700 and the file 0600; the file appears whole or not at all (w
 to a temporary file, fsynced, then hard-linked into place so two creators cannot both
 win). Every load re-derives the public key and address from the private key and refuses
 a file whose stored ones differ.
+
+What a wallet was created as is also recorded outside its own directory, in
+``HOME/wallets/.records/NAME.json`` (``{"name", "address", "public_key", "encrypted"}``,
+0600; a dot name is never a wallet's): a ``key.json`` (or a whole ``NAME/`` folder) put in
+place of the one created is refused by every load and by ``wallet show``, before any
+passphrase is asked for: a plaintext key where an encrypted one was (it would have been
+used without a passphrase or a word), or any key of another address. A wallet made
+before records existed is recorded at its first load (trusted then); one encrypted by
+hand later is recorded as encrypted from then on, never back. A key replaced on purpose
+(a restored backup) is accepted again once its record is deleted, as the error says.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import json
 import os
 import re
 import secrets
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +54,7 @@ letter or digit (so no hidden names, no '..', nothing that leaves ``HOME/wallets
 ADDRESS_PREFIX = "ait1"
 KEY_FILE = "key.json"
 WALLETS_DIR = "wallets"
+RECORDS_DIR = ".records"  # under WALLETS_DIR: what each wallet was created as
 
 _KEY_HEX_LEN = 64  # 32 bytes, public key and private seed alike
 _SIG_HEX_LEN = 128  # 64 bytes
@@ -270,6 +282,11 @@ def create_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wa
         raise AitbcError(f"cannot create wallet '{name}' in {path.parent}: {e.strerror or e}") from None
     if not written:
         raise WalletExistsError(f"wallet '{name}' already exists ({path.parent})")
+    # this creator alone won the name: a record left by a wallet deleted before is replaced
+    try:
+        _write_record(home, wallet, encrypted=passphrase is not None)
+    except OSError as e:
+        raise AitbcError(f"cannot record wallet '{name}' in {record_path(home, name)}: {e.strerror or e}") from None
     return wallet
 
 
@@ -291,7 +308,15 @@ def load_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wall
         ) from None
     except OSError as e:
         raise AitbcError(f"cannot read wallet '{name}' ({path}): {e.strerror or e}") from None
-    return _parse_key_file(name, path, text, passphrase)
+    record = _key_record(name, path, text)
+    encrypted = _is_sealed(record)
+    if encrypted:  # its stored address (the sealed key is bound to it), before a passphrase is asked for
+        _check_recorded(home, name, path, record.get("address"), encrypted=True)
+    wallet = _parse_key_record(name, path, record, passphrase)
+    if not encrypted:  # the address its key gives
+        _check_recorded(home, name, path, wallet.address, encrypted=False)
+    _remember(home, wallet, encrypted=encrypted)
+    return wallet
 
 
 def _aad(record: dict[str, Any]) -> bytes:
@@ -299,17 +324,30 @@ def _aad(record: dict[str, Any]) -> bytes:
     return f"aitbc-wallet\n{record['name']}\n{record['address']}\n{record['public_key']}".encode()
 
 
-def _parse_key_file(name: str, path: Path, text: bytes, passphrase: str | None = None) -> Wallet:
-    def corrupt(why: str) -> IntegrityError:
-        return IntegrityError(f"wallet '{name}' is corrupt ({path}): {why}")
+def _corrupt(name: str, path: Path, why: str) -> IntegrityError:
+    return IntegrityError(f"wallet '{name}' is corrupt ({path}): {why}")
 
+
+def _key_record(name: str, path: Path, text: bytes) -> dict[str, Any]:
+    """``key.json``'s JSON object (nothing checked inside it yet)."""
     try:
         record = json.loads(text)
     except (ValueError, UnicodeDecodeError):
-        raise corrupt("not valid JSON") from None
+        raise _corrupt(name, path, "not valid JSON") from None
     if not isinstance(record, dict):
-        raise corrupt("not a JSON object")
-    if "encrypted_key" in record and "private_key" not in record:
+        raise _corrupt(name, path, "not a JSON object")
+    return record
+
+
+def _is_sealed(record: dict[str, Any]) -> bool:
+    return "encrypted_key" in record and "private_key" not in record
+
+
+def _parse_key_record(name: str, path: Path, record: dict[str, Any], passphrase: str | None = None) -> Wallet:
+    def corrupt(why: str) -> IntegrityError:
+        return _corrupt(name, path, why)
+
+    if _is_sealed(record):
         if not all(isinstance(record.get(f), str) for f in ("name", "address", "public_key")):
             raise corrupt("missing or non-string name, address or public_key")
         opened = unseal(name, record["encrypted_key"], passphrase_for(name, passphrase), _aad(record))
@@ -329,19 +367,107 @@ def _parse_key_file(name: str, path: Path, text: bytes, passphrase: str | None =
 
 
 def wallet_info(home: Path, name: str) -> WalletInfo:
-    """A wallet's public facts; an encrypted one is not opened (its stored public key and
-    address are checked against each other instead)."""
-    path = wallet_path(Path(home), name)
+    """A wallet's public facts, checked as a load checks them: a plaintext key is loaded
+    (its address derived from it); an encrypted one is not opened, its stored public key
+    and address are checked against each other (the sealed key is bound to both) and
+    against the wallet's record."""
+    home = Path(home)
+    path = wallet_path(home, name)
     try:
         record = json.loads(path.read_bytes())
     except (OSError, ValueError, UnicodeDecodeError):
         record = None
-    if not (isinstance(record, dict) and "encrypted_key" in record and "private_key" not in record):
+    if not (isinstance(record, dict) and _is_sealed(record)):
         return load_wallet(home, name).info()
     address, public, created = (str(record.get(f, "")) for f in ("address", "public_key", "created"))
     if _hex32(public) is None or address_of(public) != address:
         raise IntegrityError(f"wallet '{name}' is corrupt ({path}): its address does not match its public key")
+    _check_recorded(home, name, path, address, encrypted=True)
     return WalletInfo(name, address, public.lower(), created)
+
+
+# --- what each wallet was created as ---------------------------------------------------
+
+
+def record_path(home: Path, name: str) -> Path:
+    """``HOME/wallets/.records/NAME.json``: outside the wallet's own folder, so replacing
+    ``key.json`` or the folder leaves it."""
+    return wallets_dir(home) / RECORDS_DIR / f"{check_wallet_name(name)}.json"
+
+
+def _read_record(home: Path, name: str) -> dict[str, Any] | None:
+    """The wallet's record (None: none yet); ``IntegrityError`` for one that is not ours."""
+    path = record_path(home, name)
+    try:
+        record = json.loads(path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise AitbcError(f"cannot read wallet '{name}''s record ({path}): {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError):
+        record = None
+    if not (isinstance(record, dict) and isinstance(record.get("address"), str)) or not isinstance(
+        record.get("encrypted"), bool
+    ):
+        raise IntegrityError(
+            f"wallet '{name}''s record is corrupt ({path}): want a JSON object with an address and "
+            "encrypted true or false (delete it to record the wallet as it is now)"
+        )
+    return record
+
+
+def _check_recorded(home: Path, name: str, path: Path, address: Any, *, encrypted: bool) -> None:
+    """Refuse a key file that is not the wallet recorded under ``name``: a plaintext key
+    for a wallet created encrypted, or another address."""
+    recorded = _read_record(home, name)
+    if recorded is None:
+        return
+    undo = f"restore the key created, or, if you replaced it on purpose, delete {record_path(home, name)}"
+    if recorded["encrypted"] and not encrypted:
+        raise IntegrityError(
+            f"wallet '{name}' was created encrypted, but {path} holds a plaintext key: refused "
+            f"(a key file put in its place would be used without your passphrase); {undo}"
+        )
+    if isinstance(address, str) and address != recorded["address"]:
+        raise IntegrityError(
+            f"wallet '{name}' is not the wallet created under this name: {path} gives address {address}, "
+            f"it was created as {recorded['address']}; refused; {undo}"
+        )
+
+
+def _write_record(home: Path, wallet: Wallet, *, encrypted: bool) -> None:
+    folder = wallets_dir(home) / RECORDS_DIR
+    _mkdir_private(folder)
+    data = json.dumps(
+        {"name": wallet.name, "address": wallet.address, "public_key": wallet.public_key, "encrypted": encrypted}
+    )
+    temp = folder / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, record_path(home, wallet.name))
+    finally:
+        temp.unlink(missing_ok=True)
+    _fsync_dir(folder)
+
+
+def _remember(home: Path, wallet: Wallet, *, encrypted: bool) -> None:
+    """Record a loaded wallet that has no record yet (made before records existed), or
+    that is encrypted now and was not: from then on it loads only as it is now."""
+    recorded = _read_record(home, wallet.name)
+    if recorded is not None and (recorded["encrypted"] or not encrypted):
+        return
+    try:
+        _write_record(home, wallet, encrypted=encrypted)
+    except OSError as e:  # a read-only home still loads its wallets, unrecorded
+        warnings.warn(
+            f"wallet '{wallet.name}' could not be recorded in {record_path(home, wallet.name)} ({e.strerror or e}); "
+            "a key file put in its place would not be noticed",
+            stacklevel=3,
+        )
 
 
 def ensure_wallet(home: Path, name: str) -> Wallet:
