@@ -112,6 +112,28 @@ def coordinator_urls(base_url: str) -> list[str]:
     return urls
 
 
+class HttpsRequired(UsageError):
+    """A CA certificate is given, so the client means to know whom it talks to, but a
+    coordinator URL is ``http://``: its signed requests would go in the clear, to whoever
+    answers. Refused before any request is sent."""
+
+    code = "https_required"
+
+
+def require_https(urls: list[str], ca_cert: Path | None) -> None:
+    """Refuse every ``http://`` URL among ``urls`` when ``ca_cert`` is given (``--ca-cert``,
+    ``AITBC_CA_CERT``, or the local stack's): one line naming the first such URL. The one
+    check for every client (this one, the worker's, the SDK's agents)."""
+    if ca_cert is None:
+        return
+    for u in urls:
+        if urlsplit(u).scheme != "https":
+            raise HttpsRequired(
+                f"coordinator URL {u!r} is plain http, but a CA certificate is given ({ca_cert}): "
+                "https is required when a CA is given (give https://HOST[:PORT], or no CA to talk plain http)"
+            )
+
+
 class CoordinatorClient:
     """``base_url``: one coordinator, or several replicas separated by commas. Requests go
     to one of them; when it cannot be connected to (refused, unreachable: the request was
@@ -134,10 +156,13 @@ class CoordinatorClient:
         ca_cert: str | Path | None = None,
     ) -> None:
         """``ca_cert``: the CA an ``https://`` coordinator's certificate must chain to
-        (default: ``AITBC_CA_CERT``, else the system's CAs)."""
+        (default: ``AITBC_CA_CERT``, else the system's CAs); with one, every URL must be
+        ``https://`` (:class:`HttpsRequired`)."""
         self.urls = coordinator_urls(base_url)
         self.wallet = wallet
-        verify = tls_verify(ca_cert_path(ca_cert))
+        ca = ca_cert_path(ca_cert)
+        require_https(self.urls, ca)
+        verify = tls_verify(ca)
         self.clients = [httpx.Client(base_url=u, timeout=timeout, verify=verify) for u in self.urls]
         self._current = 0
         self._lock = threading.Lock()

@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aitbc.client import ca_cert_path, coordinator_url, coordinator_urls
+from aitbc.client import ca_cert_path, coordinator_url, coordinator_urls, require_https
 from aitbc.errors import AitbcError
 from aitbc.ledger.chain import NETWORKS
-from aitbc_agent_sdk.errors import InvalidArgument
+from aitbc_agent_sdk.errors import HttpsRequired, InvalidArgument
 
 #: The networks this build settles on (the ledger's list); the documentation's others are refused clearly.
 SUPPORTED_NETWORKS = NETWORKS
@@ -26,7 +26,8 @@ class AgentConfig:
     ``http://127.0.0.1:8700``; ``home``: default ``AITBC_HOME`` or ``~/.aitbc``;
     ``timeout``: seconds per HTTP request; ``ca_cert``: the CA an ``https://``
     coordinator's certificate must chain to (default ``AITBC_CA_CERT``, else the local
-    stack's from ``aitbc up --tls``, else the system's CAs)."""
+    stack's from ``aitbc up --tls``, else the system's CAs); with one, every coordinator
+    URL must be ``https://`` (:class:`HttpsRequired`)."""
 
     name: str
     blockchain_network: str = "local"
@@ -59,6 +60,10 @@ class AgentConfig:
         except AitbcError as e:
             raise InvalidArgument("bad_config", str(e)) from None
         self._resolved_ca = ca_cert_path(self.ca_cert, self._resolved_home)
+        try:
+            require_https(self._resolved_urls, self._resolved_ca)
+        except AitbcError as e:
+            raise HttpsRequired("https_required", str(e)) from None
 
     @property
     def resolved_home(self) -> Path:

@@ -68,6 +68,12 @@ class InvalidArgument(AgentError, ValueError):
     exit_code = 2  # a usage error, as the command line reports its own
 
 
+class HttpsRequired(InvalidArgument):
+    """A CA certificate is configured but a coordinator URL is ``http://`` (code
+    ``https_required``): signed requests would go in the clear. Raised by
+    :class:`AgentConfig`, before any request."""
+
+
 class TrainingFailed(AgentError):
     """``wait_for_completion``: the run ended as ``failed``."""
 
