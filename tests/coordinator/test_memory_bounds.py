@@ -8,6 +8,11 @@ way it replaced, so a count that sees nothing cannot pass."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 from collections.abc import Callable
 
@@ -15,14 +20,21 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from aitbc.client import ApiError
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
+from aitbc.coordinator.errors import ApiError as CoordinatorApiError
+from aitbc.coordinator.models import Run
 from aitbc.coordinator.round_updates import aggregate_updates, decode_rows
+from aitbc.coordinator.runtime import build_run_config
+from aitbc.coordinator.schemas import Distribute
 from aitbc.coordinator.workers import _check_update
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import build_codec, decode
 from aitbc.core.norms import CLIP, KEEP, REJECT, NormBound, NormVerdict, apply_verdict
 from aitbc.core.scoring import alignments, copies
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.models import MAX_SAMPLE_BYTES, build_model, model_config, sample_bytes, step_bytes
 
 D = 8_000_000  # values an update: 32 MB in float32, two decoded pieces (4M values each)
 
@@ -164,3 +176,148 @@ def test_copies_and_alignments_of_a_large_round_hold_a_block_not_float64_copies_
     assert torch_peak(lambda: alignments(U, block_bytes=whole)) > 2 * U.nbytes
     assert torch_peak(lambda: copies(U, block_bytes=block)) < U.nbytes / 4
     assert torch_peak(lambda: alignments(U, block_bytes=block)) < U.nbytes / 4
+
+
+# --- evaluation within eval_memory_mb (issue 33 part 4) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "spec"),
+    [
+        (
+            "transformer",
+            {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 1024},
+            DataSpec("language", (1024,), 256),
+        ),
+        (
+            "transformer",
+            {"d_model": 256, "n_layers": 1, "n_heads": 4, "context": 256},
+            DataSpec("language", (256,), 256),
+        ),
+        ("mlp", {"hidden": [512, 256]}, DataSpec("classification", (1, 28, 28), 10)),
+        ("cnn", {"channels": [16, 32], "hidden": 64}, DataSpec("classification", (3, 32, 32), 10)),
+    ],
+)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "step"])
+def test_sample_bytes_counts_at_least_what_a_pass_holds(name, options, spec, training):
+    """The model bounds and the evaluation batches trust ``sample_bytes`` (and the replay's
+    bound ``step_bytes``): they must not undercount what torch allocates (a forward pass
+    with its loss; a training step's forward and backward, the gradients included)."""
+    torch.manual_seed(0)
+    model = build_model(name, spec, options)
+    b = 4
+    x = torch.randint(0, 256, (b, *spec.input_shape), dtype=torch.uint8 if spec.task == "language" else torch.int64)
+    x = x if spec.task == "language" else x.float()
+    y = torch.randint(0, spec.num_classes, (b, *spec.input_shape) if spec.task == "language" else (b,))
+
+    def run() -> None:
+        with torch.set_grad_enabled(training):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            if training:
+                loss.backward()
+
+    model.train(training)
+    held = torch_peak(run)
+    cfg = model_config(name, options)
+    counted = step_bytes(name, cfg, spec, b) if training else b * sample_bytes(name, cfg, spec)
+    assert 0 < held <= counted, (held, counted)
+
+
+EVAL_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from aitbc.coordinator.models import Run
+    from aitbc.coordinator.runtime import eval_rows
+    from aitbc.coordinator.scoring import _losses
+    from aitbc.training.checkpoint import flat_params
+    from aitbc.training.data_spec import DataSpec
+    from aitbc.training.local import evaluate
+    from aitbc.training.models import build_model
+
+    from aitbc.coordinator.heap import return_large_frees
+
+    return_large_frees()  # as `aitbc coordinator serve` starts
+    budget, n = int(sys.argv[1]), int(sys.argv[2])
+    T, opts = 8192, {"d_model": 128, "n_layers": 2, "n_heads": 4, "context": 8192}  # the issue's 1.5M
+    spec = {"task": "language", "input_shape": [T], "num_classes": 256}
+    run = Run(model_type="transformer", model_options=opts, manifest={"spec": spec})
+    model = build_model("transformer", DataSpec("language", (T,), 256), opts)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (n, T), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 256, (n, T), dtype=torch.uint8, generator=g)
+    params = flat_params(model)
+    rows = eval_rows(run, budget) if budget else n  # 0: the whole batch at once, as before
+
+    def status(field):  # kB in /proc/self/status
+        line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+        return int(line.split()[1]) * 1024
+
+    before = status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from here
+    evaluate(model, x, y, batch_size=rows)  # what the runtime's evaluation and guard run
+    if budget:
+        _losses(model, params, x, y, rows=rows)  # what scoring runs
+    print(json.dumps({"rows": rows, "growth": status("VmHWM") - before}))
+    """
+)
+
+
+def _eval_growth(budget: int, n: int) -> dict:
+    """Peak RSS growth (VmHWM, reset first, over VmRSS before) of a fresh process evaluating
+    ``n`` samples of the context-8192 transformer (``budget``: eval_memory_mb in bytes; 0:
+    all at once)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [sys.executable, "-c", EVAL_SCRIPT, str(budget), str(n)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads and resets the peak RSS in /proc/self")
+def test_evaluating_a_context_8192_transformer_stays_within_the_budget():
+    """The issue's model (d_model 128, 2 blocks, context 8192: 1.5M parameters, inside the
+    bounds) took 30-120 MiB a sample, and evaluation took 256 samples a pass (3.4 GB RSS).
+    At the smallest budget a coordinator may set (eval_memory_mb 128, one sample of the
+    largest model the bounds admit) a pass takes one sample, and the process's peak grows by
+    less than the budget: far inside the documented bound (1.5 GB above the baseline)."""
+    budget = MAX_SAMPLE_BYTES
+    bounded = _eval_growth(budget, 2)
+    assert bounded["rows"] == 1
+    assert 0 < bounded["growth"] < budget, bounded
+    whole = _eval_growth(0, 3)  # the way it replaced: every sample in one pass
+    assert whole["growth"] > budget, whole
+
+
+def test_a_run_whose_one_sample_cannot_fit_is_refused_at_creation(server, api):
+    """Twice the issue's width at context 8192: 144 MiB a sample, past the bound every
+    coordinator's eval_memory_mb holds; POST /v1/runs says which contexts fit, and writes
+    nothing."""
+    owner = server.client("wide")
+    owner.post("/wallets/fund", {"amount": "100"})
+    before = server.snapshot()
+    options = {"d_model": 256, "n_layers": 2, "n_heads": 4, "context": 8192}
+    body = {"model_type": "transformer", "model_options": options, "dataset_size": "1GB", "target_workers": 1}
+    with pytest.raises(ApiError) as e:
+        owner.post("/runs", {**body, "budget": "10"})
+    api.assert_api_error(e, 422, "bad_model", "context must be in [1, 7281]", "MiB")
+    assert server.snapshot() == before
+    run = owner.post("/runs", {**body, "model_options": {**options, "context": 7281}, "budget": "10"})
+    assert run["training_id"]
+
+
+def test_a_spot_checked_step_past_the_replay_bound_is_refused_at_distribute():
+    """A spot check replays one whole step on the coordinator: with verify_rate > 0 the
+    batch must fit MAX_STEP_BYTES (the issue's transformer at context 8192: 2 samples)."""
+    opts = {"d_model": 128, "n_layers": 2, "n_heads": 4, "context": 8192}
+    spec = {"task": "language", "input_shape": [8192], "num_classes": 256}
+    run = Run(id="r", model_type="transformer", model_options=opts, manifest={"spec": spec}, seed=0, target_workers=1)
+    with pytest.raises(CoordinatorApiError) as e:
+        build_run_config(run, Distribute(rounds=1, verify_rate=0.1, batch_size=32), workers=1, allow_code=())
+    assert (e.value.status, e.value.code) == (422, "bad_config")
+    assert "batch_size must be in [1, 2] with verify_rate > 0" in e.value.detail and "\n" not in e.value.detail
+    assert build_run_config(run, Distribute(rounds=1, verify_rate=0.1, batch_size=2), workers=1, allow_code=())
+    assert build_run_config(run, Distribute(rounds=1, batch_size=32), workers=1, allow_code=())  # nothing replayed

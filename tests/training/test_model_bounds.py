@@ -14,11 +14,13 @@ from aitbc.training.allow_code import check_prefixes, code_allowed
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.models import (
     MAX_PARAMS,
+    MAX_SAMPLE_BYTES,
     CodeNotAllowed,
     build_model,
     check_model,
     count_params,
     model_config,
+    sample_bytes,
 )
 
 DIGITS = DataSpec("classification", (8, 8), 10)
@@ -71,6 +73,31 @@ def test_out_of_range_options_are_refused_naming_the_option_and_range(name, opti
         check_model(name, options)
     for w in words:
         assert w in str(e.value)
+
+
+def test_a_sample_past_the_activation_bound_is_refused_naming_the_option_and_range():
+    """One sample's evaluation is counted from the config (context x width, plus the logits):
+    the issue's transformer (context 8192 at d_model 128, 1.5M parameters) fits one sample in
+    MAX_SAMPLE_BYTES; twice the width at that context does not, and the refusal says which
+    contexts would."""
+    issue = {"d_model": 128, "n_layers": 2, "n_heads": 4, "context": 8192}
+    assert sample_bytes("transformer", model_config("transformer", issue), None) <= MAX_SAMPLE_BYTES
+    wide = {**issue, "d_model": 256}
+    most = MAX_SAMPLE_BYTES // (4 * (16 * 256 + 2 * 256))
+    with pytest.raises(UsageError) as e:
+        check_model("transformer", wide)
+    assert "context must be in [1, 7281]" in str(e.value) and most == 7281, str(e.value)
+    assert "\n" not in str(e.value)
+    check_model("transformer", {**wide, "context": most})  # the top of the range is admitted
+    with pytest.raises(UsageError, match=r"context must be in \[1, 1985\] at this d_model"):
+        check_model("transformer", {"d_model": 1024, "n_heads": 8, "context": 8192, "n_layers": 1})
+
+
+def test_a_cnn_whose_sample_is_past_the_bound_for_its_data_is_refused_before_it_is_built():
+    check_model("cnn", {"channels": [512], "hidden": 8})  # the options alone are within bounds
+    big = DataSpec("classification", (3, 512, 512), 10)  # 512 channels of 512 x 512 floats: 1.5 GB a sample
+    with pytest.raises(UsageError, match="make channels smaller or the inputs smaller"):
+        build_model("cnn", big, {"channels": [512], "hidden": 8})
 
 
 def test_a_model_too_big_for_its_data_is_refused_before_it_is_built():

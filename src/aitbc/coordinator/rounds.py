@@ -549,7 +549,7 @@ def evaluate_round(ctx: Context, run_id: str, r: int, params: Tensor | None = No
         else:
             set_flat_params(model, params)
         t0 = time.perf_counter()
-        loss, acc = evaluate(model, rt.val_x, rt.val_y)
+        loss, acc = evaluate(model, rt.val_x, rt.val_y, batch_size=rt.eval_rows)
         ctx.metrics.round_evaluation.observe(time.perf_counter() - t0)
         lock_run(s, run)
         s.refresh(rec)

@@ -11,6 +11,7 @@ Shape letters: ``d`` parameters.
 
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
@@ -45,9 +46,17 @@ from aitbc.training.checkpoint import (
 )
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import GLOBAL_RNG, LocalConfig, evaluate
-from aitbc.training.models import build_model, model_config
+from aitbc.training.models import build_model, model_config, sample_bytes, step_bytes
 
 OUTER_FORMAT = "aitbc.outer-state/1"
+# Activations a spot check's replay of one training step may hold (a step of batch_size samples
+# runs whole: cut in pieces it would not be the step the worker took). With eval_memory_mb for
+# the books thread's pass and the close's guard pass beside it, the coordinator's passes stay
+# inside its documented bound (docs/ARCHITECTURE.md, "The coordinator's memory on a large model").
+MAX_STEP_BYTES = 512 << 20
+# A code model's (module:callable) activations cannot be counted: a pass takes at most this
+# many input values (a batch of digits: 1024 rows; of 512-token sequences: 128).
+CODE_CHUNK_ELEMENTS = 1 << 16
 # Writes the rounds' checkpoints behind their closes (RunRuntime.checkpoint_behind): one
 # thread, so the writes land in the order they were made.
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
@@ -64,6 +73,37 @@ def build_initial_model(run: Run, allow_code: AllowCode) -> torch.nn.Module:
     with GLOBAL_RNG:  # not while a replay's seeded step draws its dropout (another thread)
         torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
         return build_model(run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code)
+
+
+def eval_rows(run: Run, budget_bytes: int) -> int:
+    """Samples one evaluation or scoring forward pass of ``run``'s model takes: as many as
+    fit ``budget_bytes`` of activations (``Settings.eval_memory_mb``), at least one (the
+    model bounds keep one sample within every coordinator's budget)."""
+    spec = data_spec(run.data_manifest)
+    cfg = model_config(run.model_type, run.model_options)
+    if cfg is None:
+        return max(1, CODE_CHUNK_ELEMENTS // max(1, math.prod(spec.input_shape)))
+    return max(1, budget_bytes // sample_bytes(run.model_type, cfg, spec))
+
+
+def _check_replay(run: Run, body: Distribute) -> None:
+    """422 when a spot check's replay of one step of ``body.batch_size`` samples would hold
+    more than :data:`MAX_STEP_BYTES` of activations on the coordinator."""
+    cfg = model_config(run.model_type, run.model_options)
+    if body.verify_rate <= 0 or cfg is None:
+        return
+    spec = data_spec(run.data_manifest)
+    fixed = step_bytes(run.model_type, cfg, spec, 0)  # gradients and optimizer state
+    per_sample = sample_bytes(run.model_type, cfg, spec, training=True)
+    most = max(0, MAX_STEP_BYTES - fixed) // per_sample
+    if body.batch_size > most:
+        need = step_bytes(run.model_type, cfg, spec, body.batch_size)
+        raise unprocessable(
+            "bad_config",
+            f"batch_size {body.batch_size}: a spot check replays a step of it on the coordinator, "
+            f"{need / 2**20:.0f} MiB for this model and data, more than the {MAX_STEP_BYTES >> 20} MiB allowed; "
+            + (f"batch_size must be in [1, {most}] with verify_rate > 0" if most else "give verify_rate 0"),
+        )
 
 
 def default_f(workers: int) -> int:
@@ -100,6 +140,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
             precision=body.precision,
         )
         model = build_initial_model(run, allow_code)
+        _check_replay(run, body)
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
         agg = parse_aggregator(body.aggregator, default_f=f)
@@ -213,6 +254,8 @@ class RunRuntime:
         self.val_x, self.val_y = val[0][:k], val[1][:k]
         g = ctx.settings.guard_samples  # what the divergence check scores before a round commits
         self.guard_x, self.guard_y = val[0][:g], val[1][:g]
+        # samples a forward pass takes (evaluation, the guard, scoring): within eval_memory_mb
+        self.eval_rows = eval_rows(run, int(ctx.settings.eval_memory_mb * 2**20))
         self.guard_cache: tuple[str | None, float] | None = None  # (params cid, its guard loss)
         self.norm_bound = NormBound(clip=ctx.settings.norm_clip, reject=ctx.settings.norm_reject)
         self.divergence_factor = ctx.settings.divergence_factor
@@ -301,7 +344,7 @@ class RunRuntime:
 
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
         set_flat_params(self.model, params)
-        return evaluate(self.model, self.val_x, self.val_y)
+        return evaluate(self.model, self.val_x, self.val_y, batch_size=self.eval_rows)
 
     def guard_loss(self, params: Tensor, cid: str | None = None) -> float:
         """The loss of ``params`` on the guard samples (the divergence check's); cached for
@@ -309,7 +352,7 @@ class RunRuntime:
         if cid is not None and self.guard_cache is not None and self.guard_cache[0] == cid:
             return self.guard_cache[1]
         set_flat_params(self.model, params)
-        loss = evaluate(self.model, self.guard_x, self.guard_y)[0]
+        loss = evaluate(self.model, self.guard_x, self.guard_y, batch_size=self.eval_rows)[0]
         if cid is not None:
             self.guard_cache = (cid, loss)
         return loss

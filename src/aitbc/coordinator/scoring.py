@@ -29,7 +29,7 @@ from aitbc.coordinator.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.repository import prior_chain, row
 from aitbc.coordinator.round_updates import decoded
 from aitbc.coordinator.rounds import base_round
-from aitbc.coordinator.runtime import RunRuntime, runtime
+from aitbc.coordinator.runtime import CODE_CHUNK_ELEMENTS, RunRuntime, runtime
 from aitbc.coordinator.states import ScoreStatus, UpdateStatus
 from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
 from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, aggregate_stream, read_row
@@ -101,9 +101,10 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                 )
         for u, j in ups:
             # malformed, wrong shape, NaN/Inf, or failed its spot check: provable from the blob or the
-            # replay; a spot check not answered in time is not (a crash is not proof): unpaid, not slashed
+            # replay; a spot check not answered in time is not (a crash is not proof), nor a replay
+            # that missed within its drift bound (honest drift could do that): unpaid, not slashed
             if u.status == UpdateStatus.REJECTED:
-                unanswered = u.verification == "unanswered"
+                unprovable = u.verification in ("unanswered", "drift")
                 rows.append(
                     Score(
                         run_id=run_id,
@@ -112,11 +113,13 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                         worker_id=j.worker_id,
                         status=ScoreStatus.REJECTED,
                         flags=[
-                            {"failed": "verification_failed", "unanswered": "challenge_unanswered"}.get(
-                                u.verification or "", "rejected"
-                            )
+                            {
+                                "failed": "verification_failed",
+                                "unanswered": "challenge_unanswered",
+                                "drift": "replay_drift",
+                            }.get(u.verification or "", "rejected")
                         ],
-                        provable=not unanswered,
+                        provable=not unprovable,
                         quality=0.0,
                     )
                 )
@@ -258,6 +261,7 @@ def _judge_decoded(
         samples=ctx.settings.score_samples,
         seed=run.seed * 1_000_003 + r,
         starts=starts,
+        rows=rt.eval_rows,
     )
 
 
@@ -296,12 +300,15 @@ def judge(
     seed: int,
     cfg: ScoringConfig = SCORING,
     starts: Callable[[int], Tensor | None] | None = None,
+    rows: int | None = None,
 ) -> list[UpdateScore]:
     """The signals for each update ``U[i]`` (trained on shard ``trained[i]``) applied
     alone to ``before`` ``(d,)``, each with the standard error measured from its own batch,
     then :func:`score_round`. ``starts(i)``, when it gives one, is where update ``i`` began
     if not at ``before`` (an eager start): its gains are then measured from ``before`` to
-    that start less the update. ``samples``: batch size ``B`` of each measurement. Pure (no
+    that start less the update. ``samples``: batch size ``B`` of each measurement; ``rows``:
+    samples a forward pass takes (the runtime's ``eval_rows``, within ``eval_memory_mb``;
+    None: :data:`~aitbc.coordinator.runtime.CODE_CHUNK_ELEMENTS` input values). Pure (no
     database): the live coordinator and bench/honest_runs.py run exactly this."""
     g = torch.Generator().manual_seed(seed)
     vx, vy = val[0][:samples], val[1][:samples]
@@ -332,7 +339,7 @@ def judge(
     base_other: dict[int, Tensor] = {}
     for key, ids in groups.items():
         parts = [(vx, vy)] + [bt for i in ids for bt in (own_batches[i], other_batches[i])]
-        out = _split(_losses(model, base_of[ids[0]], *_joined(parts)), parts)
+        out = _split(_losses(model, base_of[ids[0]], *_joined(parts), rows=rows), parts)
         base_val[key] = out[0]
         for j, i in enumerate(ids):
             base_own[i], base_other[i] = out[1 + 2 * j], out[2 + 2 * j]
@@ -353,7 +360,7 @@ def judge(
             after = torch.sub(origin, row, out=row)
         del began
         parts = [(vx, vy), own_batches[i], other_batches[i]]
-        val_after, own_after, other_after = _split(_losses(model, after, *_joined(parts)), parts)
+        val_after, own_after, other_after = _split(_losses(model, after, *_joined(parts), rows=rows), parts)
         for (m, e), means, ses in (
             (_gain(base_val[id(b)], val_after), gains, gain_se),
             (_gain(base_own[i], own_after), own, own_se),
@@ -385,19 +392,15 @@ def _split(losses: Tensor, parts: Sequence[tuple[Tensor, Tensor]]) -> list[Tenso
     return list(torch.split(losses, [x.shape[0] for x, _ in parts]))
 
 
-# A scoring forward pass takes at most this many input elements (a batch of digits: 1024
-# rows; of 64-token sequences: 1024; of 512-token ones: 128): few passes for a small model,
-# bounded activations for a large one.
-LOSS_CHUNK_ELEMENTS = 1 << 16
-
-
 @torch.no_grad()
-def _losses(model: nn.Module, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
-    """Per-sample loss ``(B,)`` of ``model`` with ``params`` (a sequence's: its mean over tokens)."""
+def _losses(model: nn.Module, params: Tensor, x: Tensor, y: Tensor, *, rows: int | None = None) -> Tensor:
+    """Per-sample loss ``(B,)`` of ``model`` with ``params`` (a sequence's: its mean over
+    tokens), ``rows`` samples a forward pass (None: ``CODE_CHUNK_ELEMENTS`` input values)."""
     set_flat_params(model, params)
     model.eval()
     out = []
-    rows = max(1, LOSS_CHUNK_ELEMENTS // max(1, x[0].numel())) if x.shape[0] else 1
+    if rows is None:
+        rows = max(1, CODE_CHUNK_ELEMENTS // max(1, x[0].numel())) if x.shape[0] else 1
     for i in range(0, x.shape[0], rows):
         xb, yb = x[i : i + rows], y[i : i + rows]
         logits = model(xb)

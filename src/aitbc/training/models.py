@@ -5,8 +5,9 @@ provider builds it locally (see DESIGN.md, trust boundaries). Every model maps a
 of inputs to logits: ``(B, C)`` for classification, ``(B, T, V)`` for language data.
 
 Trust: a built-in model's options are bounded (:data:`MAX_LAYERS`, :data:`MAX_WIDTH`,
-:data:`MAX_CONTEXT`, and :data:`MAX_PARAMS` parameters, counted from the config before
-anything is built). A ``module:callable`` is imported only where this machine's operator
+:data:`MAX_CONTEXT`, :data:`MAX_PARAMS` parameters, and :data:`MAX_SAMPLE_BYTES` of
+activations for one sample's forward pass, each counted from the config before anything
+is built). A ``module:callable`` is imported only where this machine's operator
 allowed its module prefix (``allow_code``; ``True`` for ``aitbc simulate``, the user's own
 code on the user's own machine); otherwise it is refused without importing anything.
 
@@ -42,6 +43,12 @@ MAX_LAYERS = 48  # mlp hidden layers, cnn stages, transformer blocks
 MAX_WIDTH = 8192  # mlp hidden size, cnn channels and hidden size, transformer d_model
 MAX_CONTEXT = 8192  # transformer context (tokens)
 MAX_PARAMS = 50_000_000  # parameters (200 MB in float32)
+# Activations one sample's evaluation forward pass may need (float32, counted by
+# sample_bytes): the coordinator evaluates and scores in batches cut to its eval_memory_mb
+# (at least this), so however long the sequences or wide the layers, one pass fits it. The
+# largest transformer context at the default width fits (8192 tokens at d_model 128: 80 MiB).
+MAX_SAMPLE_BYTES = 128 << 20
+VOCAB = 256  # a language model's classes: bytes
 
 
 class CodeNotAllowed(UsageError):
@@ -222,7 +229,72 @@ def model_config(name: str, options: dict[str, Any] | None = None) -> Any:
     n = count_params(name, cfg, None)  # a lower bound before the data is known
     if n > MAX_PARAMS:
         raise UsageError(f"model {name!r} has at least {n:,} parameters; at most {MAX_PARAMS:,} are allowed")
+    check_sample_bytes(name, cfg, None)  # a transformer's at its full context; the others' once the data is known
     return cfg
+
+
+def sample_bytes(name: str, cfg: Any, spec: DataSpec | None, *, training: bool = False) -> int:
+    """Bytes of float32 activations one sample of built-in model ``name`` holds at most in
+    a forward pass (``training``: a training step's, whose backward pass keeps every
+    layer's), counted from the config without building anything; with ``spec`` None, a
+    transformer's at its full context and the others' for a one-value input (a lower
+    bound). An upper estimate of what torch allocates (measured on the CPU: a transformer's
+    evaluation holds about 15 x T x D values at its peak, counted here as 16 x T x D plus
+    2 x T x V for the logits and their loss; tests/training/test_model_bounds.py)."""
+    shape = spec.input_shape if spec is not None else (1,)
+    classes = spec.num_classes if spec is not None else (VOCAB if name == "transformer" else 1)
+    if name == "mlp":
+        values = math.prod(shape) + sum(2 * h for h in cfg.hidden) + 3 * classes
+        return 4 * values * (3 if training else 1)
+    if name == "cnn":
+        c, size = (shape[0] if len(shape) == 3 else 1), min(shape[-2:]) if len(shape) >= 2 else 1
+        h, w = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, 1)
+        values = c * h * w
+        for ch in cfg.channels:
+            values += 3 * ch * h * w  # conv, ReLU, pool (or the next stage's input)
+            if size >= 4:
+                h, w, size = h // 2, w // 2, size // 2
+        values += 2 * cfg.hidden + 3 * classes
+        return 4 * values * (3 if training else 1)
+    if name == "transformer":
+        t = shape[0] if spec is not None else cfg.context
+        d = cfg.d_model
+        if training:  # every block's activations kept for the backward pass
+            return 4 * t * (cfg.n_layers * 16 * d + 8 * d + 4 * classes)
+        return 4 * t * (16 * d + 2 * classes)
+    raise UsageError(f"unknown model {name!r}; allowed: {', '.join(MODELS.names())}")
+
+
+def step_bytes(name: str, cfg: Any, spec: DataSpec, batch: int) -> int:
+    """Bytes one training step of ``batch`` samples holds at most: each sample's kept
+    activations, and the parameters' gradients with an optimizer's state (Adam's two
+    moments) and one spare copy, 4 x the parameters in float32."""
+    return batch * sample_bytes(name, cfg, spec, training=True) + 16 * count_params(name, cfg, spec)
+
+
+def check_sample_bytes(name: str, cfg: Any, spec: DataSpec | None) -> None:
+    """Refuse (``UsageError`` naming the option and its allowed range) a built-in model one
+    of whose samples needs more than :data:`MAX_SAMPLE_BYTES` of activations to evaluate."""
+    need = sample_bytes(name, cfg, spec)
+    if need <= MAX_SAMPLE_BYTES:
+        return
+    cap = f"{MAX_SAMPLE_BYTES >> 20} MiB"
+    if name == "transformer":
+        t = spec.input_shape[0] if spec is not None else cfg.context
+        per_token = 4 * (16 * cfg.d_model + 2 * (spec.num_classes if spec is not None else VOCAB))
+        most = MAX_SAMPLE_BYTES // per_token
+        what = "context" if spec is None else "the data's sequence length (and so context)"
+        raise UsageError(
+            f"model 'transformer': one sample of {t} tokens at d_model {cfg.d_model} needs {need / 2**20:.0f} MiB "
+            f"of activations to evaluate, more than the {cap} allowed; {what} must be in [1, {most}] at this "
+            "d_model (the width bound keeps that range from being empty)"
+        )
+    shape = spec.input_shape if spec is not None else (1,)
+    option = "hidden" if name == "mlp" else "channels"
+    raise UsageError(
+        f"model {name!r}: one sample of shape {tuple(shape)} needs {need / 2**20:.0f} MiB of activations to "
+        f"evaluate with these options, more than the {cap} allowed; make {option} smaller or the inputs smaller"
+    )
 
 
 def count_params(name: str, cfg: Any, spec: DataSpec | None) -> int:
@@ -287,6 +359,7 @@ def build_model(
         raise UsageError(
             f"model {name!r} with these options has {n:,} parameters for this data; at most {MAX_PARAMS:,} are allowed"
         )
+    check_sample_bytes(name, cfg, spec)
     return MODELS.get(name)(cfg, spec)
 
 
