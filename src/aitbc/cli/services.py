@@ -160,8 +160,6 @@ def serve(
     max_uploads: Annotated[
         int | None, typer.Option(help="Blob uploads in flight at once; more are refused 429.")
     ] = None,
-    lease: Annotated[float | None, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = None,
-    max_skew: Annotated[
     max_uploads_per_signer: Annotated[
         int | None, typer.Option(help="Of those, the most one signer (wallet) may hold at once; more are refused 429.")
     ] = None,
@@ -182,6 +180,8 @@ def serve(
             "of the largest model the bounds admit); batches are cut to fit."
         ),
     ] = None,
+    lease: Annotated[float | None, typer.Option(help="Seconds without a heartbeat before a worker is failed.")] = None,
+    max_skew: Annotated[
         float | None, typer.Option(help="Seconds a signed request's timestamp may be off before it is refused.")
     ] = None,
     tick: Annotated[float | None, typer.Option(help="Seconds between two looks of the round driver.")] = None,
