@@ -134,3 +134,57 @@ def test_json_errors_are_json_on_stdout(added):
 
     assert result.returncode == 1
     assert json.loads(result.stdout)["error"]
+
+
+# Names whoever made a folder chose: ESC sequences (clear the screen, retitle the terminal),
+# BEL, a newline and a tab (a fake line, a fake column), a bidi override, and a quote and
+# an escape's letters (which must not read as an escape).
+HOSTILE = [
+    "clear\x1b[2J\x1b[H.txt",
+    "title\x1b]0;pwned\x07.txt",
+    "two\nlines.txt",
+    "tab\tbed.txt",
+    "rtl\u202etxt.exe",
+    "'x1b.txt",
+]
+
+
+def test_ls_escapes_the_names_it_prints(tmp_path: Path):
+    """Issue 33: such names were stored and printed raw. They are stored as kubo stores them
+    (the same CID as ``ipfs add -r``: UnixFS names are any bytes but '/'), and ``ls`` prints
+    each, quoted, with its control characters escaped: one line per entry, no ESC or BEL
+    written. ``--json`` and ``get`` keep the exact names."""
+    root = tmp_path / "hostile"
+    root.mkdir()
+    for name in HOSTILE:
+        (root / name).write_text(name)
+    home = tmp_path / "home"
+    result = aitbc(home, "add", "-r", str(root))
+    assert result.returncode == 0, result.stderr.decode()
+    cid = result.stdout.decode().strip()
+    assert cid == add_path(root).root
+
+    listed = aitbc(home, "ls", cid)
+    assert listed.returncode == 0, listed.stderr.decode()
+    text = listed.stdout.decode()
+    assert not {"\x1b", "\x07", "\u202e"} & set(text)
+    lines = text.splitlines()
+    assert len(lines) == len(HOSTILE) and all(line.count("\t") == 2 for line in lines)
+    assert sorted(line.split("\t")[2] for line in lines) == sorted(repr(n) for n in HOSTILE)
+    assert r"'clear\x1b[2J\x1b[H.txt'" in text and r"'two\nlines.txt'" in text and '"\'x1b.txt"' in text
+
+    data = json.loads(aitbc(home, "ls", "--json", cid).stdout)
+    assert sorted(e["name"] for e in data["data"]) == sorted(HOSTILE)
+    got = aitbc(home, "get", cid, "-o", str(tmp_path / "back"))
+    assert got.returncode == 0, got.stderr.decode()
+    assert sorted(os.listdir(tmp_path / "back")) == sorted(HOSTILE)
+
+
+def test_add_refuses_a_name_with_a_backslash_in_one_line(tmp_path: Path):
+    """Every read of a folder refuses such a name (written back, it is a path on Windows):
+    add refuses it too, naming it, rather than storing a folder nobody can read."""
+    root = tmp_path / "bs"
+    root.mkdir()
+    (root / "a\\b.txt").write_text("x")
+    message = one_line_error(aitbc(tmp_path / "home", "add", "-r", str(root)), 2)
+    assert "a\\\\b.txt" in message and "backslash" in message

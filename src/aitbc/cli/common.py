@@ -38,6 +38,32 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+def shown(text: str) -> str:
+    """``text`` safe to print: every character a terminal would act on or that hides what
+    follows (control characters: ESC, BEL, newline, tab, backspace, ...; format characters:
+    bidi overrides, zero-width ones) written as its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``), the rest as it is. For every text another party wrote (a file name in a
+    peer's folder, a provider's GPU or device name, a coordinator's error or reason): printed
+    raw, an ESC sequence would rewrite the terminal (clear it, retitle it, fake lines)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shown_name(name: str) -> str:
+    """A name (of a file, a folder) as :func:`shown`, quoted as Python writes it when it has
+    anything escaped (or a backslash or a leading quote, which would read as an escape), so
+    no two names print alike: ``'a\\x1b[2Jb'`` is the name with an ESC, not those letters."""
+    if name.isprintable() and "\\" not in name and not name.startswith(("'", '"')):
+        return name
+    return repr(name)
+
+
+def others(text: object) -> Text:
+    """A table cell of another party's text: :func:`shown`, and never read as markup."""
+    return Text(shown(str(text)))
+
+
 def agent(home: Path, coordinator: str | None = None, wallet: str | None = None, network: str = "local") -> Agent:
     """The SDK's agent that every command talking to a coordinator drives: signed by
     ``wallet`` (``None``: read-only, it signs nothing), at ``--coordinator`` or the

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, err, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, err, resolve_home, shown_name
 from aitbc.cli.progress import MIN_ADD_BYTES, at_terminal, bars
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
@@ -267,7 +267,9 @@ def ls(
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """List a folder: one line per entry, its CID, its size in bytes (the DAG's) and its
-    name (folders end with '/'). Without a CID: the local blobs, CID and size."""
+    name (folders end with '/'; a name with a control character, which whoever made the
+    folder chose, is printed quoted with it escaped, as Python writes it, never raw).
+    Without a CID: the local blobs, CID and size."""
     if target is None:
         store = _store(home)
         blobs = store.list()
@@ -290,7 +292,7 @@ def ls(
         typer.echo(json.dumps({"cid": cid, "data": data, "count": len(data)}))
         return
     for name, c, size, kind in rows:
-        typer.echo(f"{c}\t{size}\t{name}{'/' if kind == 'dir' else ''}")
+        typer.echo(f"{c}\t{size}\t{shown_name(name)}{'/' if kind == 'dir' else ''}")
 
 
 def _kind(blobs: Blobs, cid: str) -> str:

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from aitbc import __version__
-from aitbc.cli.common import err
+from aitbc.cli.common import err, shown
 from aitbc.errors import AitbcError
 
 try:  # typer >= 0.22 vendors click; its parser errors derive from TyperException
@@ -159,7 +159,7 @@ def _fail(message: str, code: int, error: str = "error") -> None:
     if _wants_json(sys.argv[1:]):
         sys.stdout.write(json.dumps({"error": error, "detail": message}) + "\n")
         sys.stdout.flush()
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(shown(message))}", highlight=False)  # a coordinator's words too
     sys.exit(code)
 
 

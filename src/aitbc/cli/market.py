@@ -9,7 +9,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, fit, out, page, resolve_home
+from aitbc.cli.common import (
+    DEFAULT_HOME,
+    CoordinatorOption,
+    HomeOption,
+    agent,
+    err,
+    fit,
+    others,
+    out,
+    page,
+    resolve_home,
+)
 from aitbc.units import format_price
 
 app = typer.Typer(help="The marketplace of provider offers.", no_args_is_help=True)
@@ -42,8 +53,8 @@ def offers(
         score = offer_score(market_offer(o))
         t.add_row(
             o["worker_id"],
-            o["gpu_type"],
-            str(o["device"].get("name", "?")),
+            others(o["gpu_type"]),  # the provider's words, as its device's name
+            others(o["device"].get("name", "?")),
             format_price(o["price_micro"]),
             f"{o['reputation']:.2f}",
             f"{o['availability']:.2f}",

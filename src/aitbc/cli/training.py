@@ -26,6 +26,7 @@ import typer
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from aitbc import run_defaults as defaults
 from aitbc.cli import checks
@@ -37,9 +38,11 @@ from aitbc.cli.common import (
     err,
     fit,
     naming_wallet,
+    others,
     out,
     page,
     resolve_home,
+    shown,
 )
 from aitbc.cli.options import (
     Aggregator,
@@ -331,7 +334,7 @@ def discover_workers(
         t.add_row(
             str(i),
             r["worker_id"],
-            r["gpu_type"],
+            others(r["gpu_type"]),  # the provider's words
             f"{r['price']:.2f}",
             f"{r['reputation']:.2f}",
             f"{r['availability']:.2f}",
@@ -594,8 +597,8 @@ def _run_view(run: dict[str, Any]) -> Group:
         )
     fit(t, whole=("worker",), drop=RUN_VIEW_DROPS)
     parts: list[Any] = [head, t]
-    if run.get("error"):
-        parts.append(f"[red]{run['error']}[/red]")
+    if run.get("error"):  # may quote others' words: escaped, and never read as markup
+        parts.append(Text(shown(run["error"]), style="red"))
     return Group(*parts)
 
 
@@ -987,7 +990,7 @@ def results(
     if res.get("error"):
         rows.append(("error", res["error"]))
     for k, v in rows:
-        t.add_row(k, str(v))
+        t.add_row(k, others(v))
     out.print(fit(t, whole=("value",) if not res.get("error") else ()))  # the CID whole; an error wraps
     if res.get("workers"):
         settled = res.get("settled_round")  # None: a coordinator that does not say

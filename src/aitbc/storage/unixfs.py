@@ -402,6 +402,12 @@ def _add_dir(
             name = entry.name.encode("utf-8")
         except UnicodeEncodeError:
             raise UsageError(f"{entry.path!r}: a name that is not UTF-8 cannot be stored in a folder") from None
+        try:  # what every read of the folder checks (a backslash: a separator where it is written back)
+            check_name(entry.name)
+        except ValueError:
+            raise UsageError(
+                f"{entry.path!r}: a name with a backslash cannot be stored in a folder (it reads back as a path)"
+            ) from None
         sub = f"{rel}/{entry.name}" if rel else entry.name
         child_path = Path(entry.path)
         if entry.is_symlink():
