@@ -29,6 +29,11 @@ AGGREGATOR = "trend+centered-clip"
 COMPRESSION = "none"  # update codec spec
 ERROR_FEEDBACK = False
 MODE = "sync"
+# Seconds a round waits at most (sync: then it closes with the quorum, and a job that sent
+# nothing for it loses its place; async: a buffer's time bound). Every run has one: without
+# it one silent hired provider would hold a run at its round for ever. Ten minutes: far
+# above the built-in models' rounds on a CPU at the default plan.
+DEADLINE = 600.0
 EVAL_EVERY = 1  # evaluate every N rounds (and after the last)
 VERIFY_RATE = 0.0  # spot checks: the expected share of each update's local steps the coordinator re-runs
 # Overlapping rounds: 0, each round trains from the model the previous round made; 1, a

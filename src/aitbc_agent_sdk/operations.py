@@ -516,7 +516,10 @@ def hire_workers(
     hire the best ``required_workers`` for the run at their asking price, in one step.
     Returns ``{ranked: [{worker_id, gpu_type, price, reputation, availability, score,
     hired}], contracts: [{contract_id, worker_id, price, ...}], count (hired)}``. Too few
-    match: :class:`Conflict` (``not_enough_workers``) and nobody is hired."""
+    match: :class:`Conflict` (``not_enough_workers``) and nobody is hired. The owner's money
+    comes first: an owner whose wallet and run escrow cannot pay every contract of the run
+    at its price for the run's rounds (the default plan's until distribute) gets
+    :class:`Conflict` (``insufficient_funds``, naming the shortfall) and nobody is hired."""
     _check_workers(required_workers)
     training_id = yield from resolve_run(self, training_id)
     body: dict[str, Any] = {"required_workers": required_workers, "min_gpu": min_gpu}
@@ -595,8 +598,9 @@ def start_training(
     ``trimmed-mean:beta=0.2``) and the ``outer`` optimizer (fedavg, diloco; its
     ``outer_options``), updates sent through ``compression`` (e.g. ``int8``,
     ``topk:ratio=0.01``; ``error_feedback`` keeps each worker's residual). ``deadline``:
-    seconds a round waits at most, then closes with ``quorum`` accepted updates (default
-    ``min_workers``, default 1); ``max_workers``: joiners included (default: target
+    seconds a round waits at most (default :data:`aitbc.run_defaults.DEADLINE`), then
+    closes with ``quorum`` accepted updates (default ``min_workers``, default 1); a worker
+    that sent nothing by then loses its place; ``max_workers``: joiners included (default: target
     workers); the model is evaluated every ``eval_every`` rounds. A run without a budget
     escrows the contracts' cost now; unless ``max_cost`` is given it is the contracts'
     price x rounds. ``verify_rate`` in [0, 1]: spot checks, the expected share of each
@@ -773,7 +777,8 @@ def negotiate_worker_contract(
 ) -> Op[dict[str, Any]]:
     """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
     per round (default: its asking price): accepted when it is at least the provider's
-    asking price (else ``Conflict`` with code ``price_rejected``). Returns
+    asking price (else ``Conflict`` with code ``price_rejected``), and the owner can pay
+    for it (else ``Conflict`` ``insufficient_funds``, as :meth:`hire_workers`). Returns
     ``{contract_id, price (a number of AIT), price_micro (exact), worker_id,
     training_id, status}``: pay it with :meth:`process_payment` (``amount=contract["price"]``)."""
     training_id = yield from resolve_run(self, training_id)

@@ -856,10 +856,12 @@ def test_phase_distributing_escrows_the_signed_max_cost(coord, api):
     run = owner.get(f"/runs/{run_id}")
     assert (run["status"], run["escrowed"], run["config"]) == ("initializing", "0", {})
 
-    # a wallet that cannot pay: refused by the ledger, nothing written
-    poor_owner, poor = manual_run(coord, budget=None, fund="4")
+    # a wallet that cannot pay: refused by the ledger, nothing written. (Hiring checked the
+    # owner could pay, issue 33; the money left the wallet since.)
+    poor_owner, poor = manual_run(coord, budget=None, fund="15")
     api.upload_digits(poor_owner, poor, 2)
     hire(poor_owner, poor, api.register_worker(coord, "pp", price="1.5"), price="1.5")
+    poor_owner.post("/wallets/send", {"to": coord.client("elsewhere").wallet.address, "amount": "11"})
     before = ledger_state(coord)
     refused(
         coord,

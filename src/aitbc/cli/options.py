@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from aitbc import run_defaults
+
 Rounds = Annotated[int, typer.Option(help="Aggregation rounds.")]
 LocalSteps = Annotated[int, typer.Option(help="Inner steps per worker per round (H).")]
 BatchSize = Annotated[int, typer.Option(help="Samples per inner step.")]
@@ -46,8 +48,9 @@ Staleness = Annotated[
 Deadline = Annotated[
     float | None,
     typer.Option(
-        help="sync: seconds a round waits at most, then closes with the quorum; later workers are left out "
-        "(simulate: virtual seconds)."
+        help="sync: seconds a round waits at most, then closes with the quorum; a worker that sent nothing "
+        f"by then loses its place (default for a live run: {run_defaults.DEADLINE:g}; simulate: virtual seconds, "
+        "none by default)."
     ),
 ]
 Quorum = Annotated[

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     stuck_seconds: float = Field(
         300.0, gt=0
     )  # an automatic run with no active worker and no offer to hire this long fails
+    hire_seconds: float = Field(
+        3600.0, gt=0
+    )  # contracts of a run that has not distributed this long after hiring expire; their bonds go back
+    pause_seconds: float = Field(
+        86400.0, gt=0
+    )  # a run paused this long is stopped (its delivered updates paid, bonds returned, escrow refunded)
     log_level: LogLevel = "info"
     settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
     # A round's aggregate is not committed if non-finite, or if its validation loss (on the first
@@ -75,6 +81,9 @@ class Settings(BaseSettings):
     # A worker whose update was spot-checked reveals the states asked for within this long, or
     # its update is rejected unpaid and its job ends (coordinator/verification.py).
     verify_timeout: float = Field(120.0, gt=0)
+    # The most torch threads a spot check's re-run takes (None: the CPUs this process may use).
+    # A re-run uses the thread count the worker's commitment states, up to this: then bit-exact.
+    verify_threads: int | None = Field(None, ge=1, le=1024)
     keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
     gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
     gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy

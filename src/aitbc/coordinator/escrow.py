@@ -1,8 +1,20 @@
 """The run's money held in trust: the owner's escrow, the providers' bonds, and their
 release when a run ends. Every movement is one ledger entry (:mod:`aitbc.ledger`) with a key
 the ledger never writes twice (``escrow:<run>:<n>``, ``bond:<contract>``,
-``bond-return:<contract>``, ``owed:<contract>:<paid before>``, ``refund:<run>``), so a
-restart cannot move money twice.
+``bond-return:<contract>``, ``owed:<contract>:<paid before>``, ``refund:<run>``,
+``settle:<contract>:<round>``), so a restart cannot move money twice.
+
+Fair exchange (:func:`pay_delivered`): update blobs are content-addressed and readable by
+anyone who knows their CID, the owner included, as soon as they are accepted. So an accepted
+update is paid whatever its owner does next: when a run ends (stopped, failed, paused too
+long, abandoned) with a round that never closed, each accepted update of that round is paid
+the contract's full price for it, exactly once, before the escrow goes back.
+
+Hiring checks the owner's money first (:func:`require_hire_funds`): a contract is made only
+while the owner's wallet and the run's escrow cover every contract it holds at its price for
+the run's rounds (the default plan's until ``distribute`` names them), less what the owner's
+other runs' hires already count on. Hires of a run that never distributes expire
+(:func:`expire_hires`) and their bonds go back.
 
 An owner-driven (manual) run's owner pays its providers (``POST .../payments``), but can
 never take back what their scores earned: the escrow goes back to the owner only after
@@ -12,19 +24,24 @@ topped up from escrow (:func:`pay_owed`) when the owner paid less.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterable
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from aitbc import run_defaults
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, unprocessable
-from aitbc.coordinator.models import Contract, Offer, Run, Settlement
+from aitbc.coordinator.models import Contract, Job, Offer, RoundRecord, Run, Settlement, Update
 from aitbc.coordinator.repository import lock_run, row
-from aitbc.coordinator.states import ENDED, ContractStatus, Control
+from aitbc.coordinator.states import ENDED, ENGAGED, ContractStatus, Control, RunStatus, UpdateStatus
 from aitbc.ledger.book import LedgerError, RequestAuth, check_network
 from aitbc.ledger.chain import bond_account, escrow_account, wallet_account
 from aitbc.units import format_price
+
+log = logging.getLogger("aitbc.coordinator")
 
 
 def ledger_error(e: LedgerError, *, wallet_hint: str | None = None) -> ApiError:
@@ -110,12 +127,190 @@ def post_bond(ctx: Context, s: Session, run: Run, contract: Contract, offer: Off
     contract.bond = run.bond
 
 
-def distribution_cost(rounds: int, contracts: list[Contract]) -> int:
+def distribution_cost(rounds: int, contracts: Iterable[Contract]) -> int:
     """Agreed price x rounds, summed over the workers that will train."""
     return sum(c.price for c in contracts) * rounds
 
 
+# --- hiring: the owner's money first ------------------------------------------------------
+
+
+def planned_rounds(run: Run) -> int:
+    """The rounds a run's contracts are counted for: its config's, or, before
+    ``distribute`` names them, the default plan's."""
+    return run.cfg.rounds if run.configured else run_defaults.ROUNDS
+
+
+def hire_commitment(ctx: Context, s: Session, run: Run, extra: int = 0) -> int:
+    """What ``run``'s engaged contracts (and ``extra`` micro-AIT of price per round more)
+    may still cost its owner beyond the run's escrow: (prices x planned rounds) less the
+    escrow, at least 0. A distributed run's escrow was sized for its contracts."""
+    prices = s.scalar(
+        select(func.coalesce(func.sum(Contract.price), 0)).where(
+            Contract.run_id == run.id, Contract.status.in_(ENGAGED)
+        )
+    )
+    cost = (int(prices or 0) + extra) * planned_rounds(run)
+    return max(0, cost - ctx.ledger.balance(s, escrow_account(run.id)))
+
+
+def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]) -> None:
+    """409 ``insufficient_funds`` (nothing written) unless the owner can pay for hiring at
+    ``prices`` (micro-AIT per round, one per new contract): the run's contracts with the new
+    ones, for the planned rounds, covered by its escrow and the owner's wallet less what the
+    owner's other live, undistributed runs' hires count on. An owner with nothing hires
+    nobody, and one wallet cannot back the same money's hires on many runs."""
+    new = list(prices)
+    need = hire_commitment(ctx, s, run, sum(new))
+    if need == 0:
+        return
+    others = 0
+    for other in s.scalars(
+        select(Run).where(
+            Run.owner == run.owner, Run.id != run.id, Run.config.is_(None), Run.status.not_in(tuple(ENDED))
+        )
+    ).all():
+        others += hire_commitment(ctx, s, other)
+    have = ctx.ledger.balance(s, wallet_account(run.owner))
+    if need + others <= have:
+        return
+    rounds = planned_rounds(run)
+    held_by = f"; the hires of the owner's other runs count on {format_price(others)} AIT of it" if others else ""
+    raise ApiError(
+        409,
+        "insufficient_funds",
+        f"hiring {len(new)} worker{'s' if len(new) != 1 else ''} at {format_price(sum(new))} AIT per round "
+        f"for {rounds} rounds{'' if run.configured else ' (the default plan until distribute names the rounds)'} "
+        f"needs {format_price(need)} AIT beyond run {run.id}'s escrow; wallet {run.owner} holds "
+        f"{format_price(have)} AIT{held_by}; short by {format_price(need + others - have)} AIT; "
+        f"{_fund_hint(need + others - have)}; no contract was made",
+    )
+
+
+def release_contract(ctx: Context, s: Session, run: Run, contract: Contract, *, why: str) -> None:
+    """Release an engaged contract and return its bond now (``bond-return:<contract>``;
+    the caller commits)."""
+    contract.status = ContractStatus.RELEASED
+    held = ctx.ledger.balance(s, bond_account(contract.id))
+    if held > 0:
+        ctx.ledger.post(
+            s,
+            kind="bond_return",
+            debit=bond_account(contract.id),
+            credit=wallet_account(contract.worker_id),
+            amount=held,
+            memo={"run": run.id, "contract": contract.id, "why": why},
+            key=f"bond-return:{contract.id}",
+        )
+
+
+def expire_hires(ctx: Context, s: Session, *, now: float) -> bool:
+    """Contracts of runs that never distributed (``initializing``, or paused there), older
+    than ``hire_seconds``: released, their bonds returned, so a provider is never held by
+    a run that does not start. The run stays; its owner may hire again. The caller commits.
+    Returns whether any expired."""
+    limit = now - ctx.settings.hire_seconds
+    rows = s.execute(
+        select(Contract.id, Run.id)
+        .join(Run, Run.id == Contract.run_id)
+        .where(
+            Contract.status.in_(ENGAGED),
+            Contract.created_at < limit,
+            Run.config.is_(None),
+            Run.status.in_((RunStatus.INITIALIZING, RunStatus.PAUSED)),
+        )
+        .order_by(Contract.id)
+    ).all()
+    changed = False
+    for contract_id, run_id in rows:
+        run = lock_run(s, row(s, Run, run_id))
+        contract = row(s, Contract, contract_id)
+        if run.configured or run.status in ENDED or contract.status not in ENGAGED:
+            continue  # distributed or ended meanwhile
+        why = f"hired {now - contract.created_at:.0f} s ago by run {run.id}, which never distributed"
+        release_contract(ctx, s, run, contract, why=why)
+        log.info("contract %s (worker %s) expired: %s", contract.id, contract.worker_id, why)
+        changed = True
+    return changed
+
+
 # --- end of run ---------------------------------------------------------------------------
+
+
+def driver_pays(run: Run, r: int) -> bool:
+    """Whether round ``r`` is paid from escrow by the coordinator: every round of an
+    automatic run, and the rounds a run's driver closed before its owner took it over."""
+    return run.control == Control.AUTOMATIC or (run.manual_from_round is not None and r < run.manual_from_round)
+
+
+def pay_delivered(ctx: Context, s: Session, run: Run) -> int:
+    """An ended run's accepted updates of rounds that never closed (no round record: the
+    owner stopped it, it failed, was paused too long or abandoned, before the round's
+    close): each contract is due its full price for each such round it delivered an
+    update for, recorded as that round's settlement (quality 1) and paid from escrow
+    (``settle:<contract>:<round>``, the key a closed round's pay would have had: money
+    moves once either way). A manual run's owner pays it, topped up from escrow when the
+    escrow goes back (:func:`pay_owed`). Not paid: an update that failed its spot check,
+    a slashed contract's, and gossip records (a gossip round's models are judged at its
+    close). The caller holds the run's lock and commits. Returns the micro-AIT paid."""
+    if run.status not in ENDED or not run.configured or run.cfg.mode == "gossip":
+        return 0
+    closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
+    delivered = s.execute(
+        select(Update.round, Contract)
+        .join(Job, Job.id == Update.job_id)
+        .join(Contract, Contract.id == Job.contract_id)
+        .where(
+            Update.run_id == run.id,
+            Update.round > closed,
+            Update.status == UpdateStatus.ACCEPTED,
+            Contract.status != ContractStatus.SLASHED,
+            (Update.verification.is_(None)) | (Update.verification != "failed"),
+        )
+        .order_by(Update.round, Contract.id)
+    ).all()
+    total, now = 0, time.time()
+    for r, c in delivered:
+        if s.scalar(select(Settlement.id).where(Settlement.contract_id == c.id, Settlement.round == r)):
+            continue  # paid before (a restart), or a second update of one contract's round
+        paid, seq = 0, None
+        if driver_pays(run, r):
+            paid = min(c.price, ctx.ledger.balance(s, escrow_account(run.id)))
+            if paid > 0:
+                entry = ctx.ledger.post(
+                    s,
+                    kind="settle",
+                    debit=escrow_account(run.id),
+                    credit=wallet_account(c.worker_id),
+                    amount=paid,
+                    memo={"run": run.id, "contract": c.id, "round": r, "delivered": True, "status": run.status},
+                    key=f"settle:{c.id}:{r}",
+                )
+                seq = entry.seq
+        s.add(
+            Settlement(
+                run_id=run.id,
+                contract_id=c.id,
+                worker_id=c.worker_id,
+                round=r,
+                quality=1.0,
+                due=c.price,
+                paid=paid,
+                entry_seq=seq,
+                created_at=now,
+            )
+        )
+        s.flush()
+        total += paid
+        log.info(
+            "run %s (%s): round %d was never closed; %s paid %d micro-AIT for its update",
+            run.id,
+            run.status,
+            r,
+            c.worker_id,
+            paid,
+        )
+    return total
 
 
 def owner_may_still_pay(ctx: Context, run: Run, now: float) -> bool:
@@ -175,6 +370,7 @@ def finalize(ctx: Context, run_id: str, *, refund_escrow: bool | None = None) ->
             return
         if refund_escrow is None:
             refund_escrow = not owner_may_still_pay(ctx, run, time.time())
+        pay_delivered(ctx, s, run)  # first: what the owner received is paid before anything goes back
         for c in s.scalars(select(Contract).where(Contract.run_id == run_id).order_by(Contract.id)).all():
             held = ctx.ledger.balance(s, bond_account(c.id))
             if held > 0 and c.status != ContractStatus.SLASHED:

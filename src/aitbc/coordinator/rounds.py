@@ -44,7 +44,7 @@ from aitbc.coordinator.run_config import RunConfig
 from aitbc.coordinator.runtime import OUTER_FORMAT, RunRuntime, drop_runtime, runtime, write_behind
 from aitbc.coordinator.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
 from aitbc.coordinator.verification import pending_in_round
-from aitbc.coordinator.workforce import drop_slowest, end_run
+from aitbc.coordinator.workforce import drop_silent_job, drop_slowest, end_run, missed_deadline
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import async_weight, build_staleness
@@ -136,7 +136,7 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
         return False  # a spot check is under way: its update must not be aggregated unjudged
     if active and all(j in answered for j in active):
         return True  # nobody left to wait for (if none was accepted, the round is skipped)
-    deadline = run.cfg.deadline
+    deadline = run.cfg.round_deadline
     if run.cfg.mode == "async":  # a buffer: K accepted updates, or its time bound with at least one
         if accepted >= (run.cfg.buffer or 1):
             return True
@@ -434,11 +434,21 @@ def commit_round(
     answered = {u.job_id for u, _ in ups}
     # async: nobody is waited for, so nobody is late (a slow worker's update lands in a later version)
     is_async = run.cfg.mode in ("async", "gossip")  # gossip: nobody waits at a barrier either
-    stragglers = [] if is_async else sorted(j.worker_id for j in active if j.id not in answered and j.joined_round <= r)
-    for wid in stragglers:
+    late = (
+        []
+        if is_async
+        else sorted((j for j in active if j.id not in answered and j.joined_round <= r), key=lambda j: j.worker_id)
+    )
+    stragglers = [j.worker_id for j in late]
+    for j in late:
+        # past its own deadline (an automatic sync run): it loses its place, as drop_silent does
+        # to a job of a round still open; a manual run's owner decides who stays
+        if run.control == Control.AUTOMATIC and missed_deadline(run, j, now=now):
+            drop_silent_job(s, run, j, now=now)
+            continue
         s.add(
             Flag(
-                worker_id=wid,
+                worker_id=j.worker_id,
                 run_id=run.id,
                 round=r,
                 kind="straggler",
@@ -446,6 +456,7 @@ def commit_round(
                 created_at=now,
             )
         )
+    active = [j for j in active if j.status == JobStatus.ACTIVE]  # less those that lost their place
     train_losses = [u.train_loss for u, _ in accepted if u.train_loss is not None]
     train_accs = [u.train_accuracy for u, _ in accepted if u.train_accuracy is not None]
     prev_size = ctx.store.size(run.global_cid) if run.global_cid else 0  # a stat: not a read and hash under the lock

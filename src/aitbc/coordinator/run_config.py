@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from aitbc import run_defaults
+
 
 class RunConfig(BaseModel):
     # extra="ignore": a config stored by an earlier release may carry a key since dropped.
@@ -34,7 +36,9 @@ class RunConfig(BaseModel):
     max_staleness: int = 4  # async: older updates are refused
     staleness: str = "polynomial"  # async: the down-weighting rule (core/staleness.py)
     topology: str | None = None  # gossip: ring or random:K (core/gossip.py)
-    deadline: float | None = None  # seconds a round waits at most
+    deadline: float | None = (
+        None  # seconds a round waits at most, as the owner gave it (None: round_deadline's default)
+    )
     quorum: int = Field(ge=1)  # accepted updates a round needs to close at its deadline
     min_workers: int = Field(ge=1)
     max_workers: int = Field(ge=1)
@@ -50,6 +54,13 @@ class RunConfig(BaseModel):
     d: int = Field(ge=1)  # parameters of the model
     f: int = Field(ge=0)  # attackers the robust rule tolerates when the owner named none
     model_options_full: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def round_deadline(self) -> float:
+        """Seconds a round waits at most: the owner's ``deadline``, else
+        :data:`aitbc.run_defaults.DEADLINE`. Every run has one: without it one silent hired
+        provider would hold the run at its round for ever."""
+        return run_defaults.DEADLINE if self.deadline is None else self.deadline
 
     def eval_due(self, r: int) -> bool:
         """Whether round ``r``'s model is evaluated on the validation split."""

@@ -24,6 +24,7 @@ from aitbc.coordinator.escrow import (
     finalize,
     ledger_error,
     post_bond,
+    require_hire_funds,
     require_network,
 )
 from aitbc.coordinator.models import Contract, Job, Offer, RoundRecord, Run, new_id
@@ -173,7 +174,8 @@ def load_manifest(ctx: Context, cid: str) -> dict[str, Any]:
 
 
 def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, Any]:
-    """Rank the free live offers and hire the top ``required_workers``; too few: 409, no contracts."""
+    """Rank the free live offers and hire the top ``required_workers``; too few, or an owner
+    who cannot pay for them (:func:`.escrow.require_hire_funds`): 409, no contracts, no bonds."""
     require_status(run, RunStatus.INITIALIZING, action="hire workers")
     min_gpu = None
     if body.min_gpu:
@@ -184,6 +186,8 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, An
     max_price = parse_price(body.max_price, field="max price") / MICRO if body.max_price is not None else None
     now = time.time()
     taken = busy_workers(s)
+    # a provider this run hired before (its hire expired) is not hired twice: one contract per run and worker
+    taken |= set(s.scalars(select(Contract.worker_id).where(Contract.run_id == run.id)).all())
     pool = [o for o in market_offers(ctx, s) if o.worker_id not in taken]
     unbonded = [o for o in pool if not can_bond(ctx, s, row(s, Offer, o.worker_id), run.bond)]
     pool = [o for o in pool if o not in unbonded]
@@ -197,9 +201,12 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, An
             f"found {len(ranked)} free live offer{'s' if len(ranked) != 1 else ''}{asked} "
             f"(of {len(pool)} free, {len(taken)} busy); {body.required_workers} required; no contracts made",
         )
+    chosen = ranked[: body.required_workers]
+    prices = {r.offer.worker_id: row(s, Offer, r.offer.worker_id).price for r in chosen}  # exact integers
+    require_hire_funds(ctx, s, run, prices.values())  # the owner's money first: nothing written if short
     contracts = []
-    for r in ranked[: body.required_workers]:
-        price = row(s, Offer, r.offer.worker_id).price  # the exact integer, not the float view
+    for r in chosen:
+        price = prices[r.offer.worker_id]
         c = Contract(
             id=new_id("contract"),
             run_id=run.id,
@@ -345,8 +352,9 @@ def configure(
 
 def stop(ctx: Context, s: Session, run: Run) -> Run:
     """The owner ends the run now: ``stopped`` (not a failure). Its jobs and contracts are
-    released; the driver then settles its closed rounds, returns honest bonds and refunds
-    the escrow, as for every other end."""
+    released; the driver then settles its closed rounds, pays the accepted updates of a
+    round that never closed in full (:func:`.escrow.pay_delivered`: the owner could read
+    them), returns honest bonds and refunds the rest of the escrow, as for every other end."""
     if run.status in ENDED:
         raise conflict("run_ended", f"run {run.id} has already ended ({run.status})")
     end_run(s, run, RunStatus.STOPPED, reason="stopped by the owner")

@@ -17,7 +17,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.escrow import owner_may_still_pay
+from aitbc.coordinator.escrow import driver_pays, owner_may_still_pay
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement
 from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus
@@ -49,12 +49,6 @@ def settle(ctx: Context, run_id: str, r: int) -> None:
         run = lock_run(s, row(s, Run, run_id))
         run.settled_round = max(run.settled_round, r)
         s.commit()
-
-
-def driver_pays(run: Run, r: int) -> bool:
-    """Whether round ``r`` is paid from escrow by the coordinator: every round of an
-    automatic run, and the rounds a run's driver closed before its owner took it over."""
-    return run.control == Control.AUTOMATIC or (run.manual_from_round is not None and r < run.manual_from_round)
 
 
 def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:

@@ -134,7 +134,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
     challenge = None if done is None else verification.challenge_view(done)
     if challenge is None and sent_ahead is not None:
         challenge = verification.challenge_view(sent_ahead)
-    deadline = cfg.deadline
+    deadline = cfg.round_deadline if cfg.mode != "gossip" else cfg.deadline
     peers: list[dict[str, str]] = []
     if action == "train" and run.global_cid and cfg.mode != "gossip":  # who else holds the model it is about to fetch
         run_id = run.id

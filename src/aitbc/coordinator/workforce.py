@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
-from aitbc.coordinator.escrow import can_bond, post_bond
+from aitbc.coordinator.escrow import can_bond, expire_hires, post_bond, require_hire_funds
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, Run, Update, new_id
 from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.states import (
@@ -82,6 +82,7 @@ def hire_offer(ctx: Context, s: Session, run: Run, worker_id: str, price: int | 
         )
     if not can_bond(ctx, s, offer, run.bond):
         raise conflict("cannot_bond", f"worker {offer.id} cannot post this run's bond of {format_price(run.bond)} AIT")
+    require_hire_funds(ctx, s, run, [price])  # the owner's money before the provider's bond
     c = Contract(
         id=new_id("contract"),
         run_id=run.id,
@@ -176,6 +177,52 @@ def end_run(s: Session, run: Run, status: RunStatus, *, reason: str | None, now:
 # --- failures, replacements, joiners and the slowest ----------------------------------------
 
 
+def missed_deadline(run: Run, job: Job, *, now: float) -> bool:
+    """Whether ``job`` has had the open round's whole deadline (from the round's opening,
+    or from its own start if it joined later) and sent nothing for it."""
+    start = max(run.round_started_at or now, job.created_at)
+    return job.joined_round <= run.round and now >= start + run.cfg.round_deadline
+
+
+def drop_silent_job(s: Session, run: Run, job: Job, *, now: float) -> None:
+    """``job`` sent no update for the open round within its deadline: it loses its place
+    (ended ``failed``, its contract failed, its offer flagged; an automatic run gives the
+    shard to a spare or a free offer, :func:`fill_shards`). Its bond is not slashed: a
+    missed deadline is not provable misbehaviour (a slow link looks the same); it is
+    returned when the run ends. The caller commits."""
+    r, deadline = run.round, run.cfg.round_deadline
+    reason = f"no update for round {r} within its deadline of {deadline:g} s: lost its place"
+    end_job(s, job, JobStatus.FAILED, reason, now=now)
+    s.add(Flag(worker_id=job.worker_id, run_id=run.id, round=r, kind="straggler", reason=reason, created_at=now))
+    offer = s.get(Offer, job.worker_id)
+    if offer is not None:
+        offer.flags += 1
+
+
+def drop_silent(s: Session, run: Run, *, now: float) -> bool:
+    """An automatic sync run's round still open past its deadline (fewer accepted updates
+    than its quorum): every job that sent nothing for it within its deadline loses its
+    place (:func:`drop_silent_job`), so a silent hired provider cannot hold the round.
+    (A round that closes at its deadline drops them at its close, ``commit_round``.)
+    Returns whether any was dropped; the caller commits."""
+    if run.status != RunStatus.TRAINING or run.control != Control.AUTOMATIC or run.cfg.mode != "sync":
+        return False
+    answered = set(s.scalars(select(Update.job_id).where(Update.run_id == run.id, Update.round == run.round)).all())
+    active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).order_by(Job.id)).all()
+    silent = [j for j in active if j.id not in answered and missed_deadline(run, j, now=now)]
+    if not silent:
+        return False
+    lock_run(s, run)
+    if run.status != RunStatus.TRAINING:
+        return False
+    for job in silent:
+        s.refresh(job)
+        if job.status == JobStatus.ACTIVE:
+            drop_silent_job(s, run, job, now=now)
+    s.flush()
+    return True
+
+
 def expire_leases(ctx: Context, s: Session, *, now: float) -> bool:
     """Fail every active job whose worker missed heartbeats past its lease and give its
     shard to a spare or another live offer. Returns whether anything changed."""
@@ -257,9 +304,10 @@ def assign_worker(
 
 
 def fill_shards(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
-    """Give orphaned shards (their worker failed, nobody was free) to workers that became
-    free or joined since; then grow towards ``max_workers`` with joiners on the shards
-    that have the fewest workers."""
+    """Give orphaned shards (their worker failed or missed the round's deadline,
+    :func:`drop_silent`; nobody was free) to workers that became free or joined since; then
+    grow towards ``max_workers`` with joiners on the shards that have the fewest workers."""
+    changed = drop_silent(s, run, now=now)
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     counts = [0] * len(run.data_manifest["shards"])
     for j in active:
@@ -267,7 +315,6 @@ def fill_shards(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     open_shards = [
         i for i, e in enumerate(run.data_manifest["shards"]) if "split_into" not in e
     ]  # a split shard lives on in its halves
-    changed = False
     n_active = len(active)
     while n_active < run.cfg.max_workers:
         shard = min(open_shards, key=lambda i: (counts[i], i))
@@ -286,14 +333,16 @@ def fail_stuck_runs(ctx: Context, s: Session, *, now: float) -> bool:
     no free live offer that can bond) cannot proceed: once that has lasted ``stuck_seconds``,
     counted from its last job ending (or its last change, or this coordinator's start), it
     fails with the reason; the driver then settles its closed rounds, returns the bonds of
-    providers not slashed and refunds the escrow. Returns whether any run failed."""
+    providers not slashed and refunds the escrow. Also, first: hires of runs that never
+    distributed expire (:func:`.escrow.expire_hires`) and runs paused too long stop
+    (:func:`stop_long_pauses`). Returns whether anything changed."""
+    changed = expire_hires(ctx, s, now=now) | stop_long_pauses(ctx, s, now=now)
     wait = ctx.settings.stuck_seconds
     runs = s.scalars(
         select(Run).where(
             Run.control == Control.AUTOMATIC, Run.status == RunStatus.TRAINING, Run.updated_at < now - wait
         )
     ).all()
-    changed = False
     for run in runs:
         if s.scalar(select(Job.id).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).limit(1)):
             continue
@@ -313,6 +362,26 @@ def fail_stuck_runs(ctx: Context, s: Session, *, now: float) -> bool:
                 f"(round {run.round}; escrow refunded, bonds of providers not slashed returned)"
             ),
         )
+        changed = True
+    return changed
+
+
+def stop_long_pauses(ctx: Context, s: Session, *, now: float) -> bool:
+    """A run paused for ``pause_seconds`` is stopped: a pause must not hold its providers,
+    their bonds and their delivered updates' pay for ever. The driver then pays the updates
+    of the round that never closed (:func:`.escrow.pay_delivered`), returns bonds and
+    refunds the escrow, as for any stop. Returns whether any stopped; the caller commits."""
+    wait = ctx.settings.pause_seconds
+    runs = s.scalars(
+        select(Run).where(Run.status == RunStatus.PAUSED, Run.updated_at < now - wait).order_by(Run.id)
+    ).all()
+    changed = False
+    for run in runs:
+        paused_at = run.updated_at  # lock_run stamps it
+        lock_run(s, run)
+        if run.status != RunStatus.PAUSED or now - paused_at < wait:
+            continue
+        end_run(s, run, RunStatus.STOPPED, now=now, reason=f"paused for over {wait:g} s")
         changed = True
     return changed
 

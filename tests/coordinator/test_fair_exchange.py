@@ -1,0 +1,306 @@
+"""Fair exchange between an owner and its providers (issue 33, part 2), and hiring that
+cannot hold the market without money (part 5).
+
+- An accepted update is paid whatever the owner does next: a run stopped, failed or
+  paused too long before its round closed pays each delivered update the contract's full
+  price, once (``settle:<contract>:<round>``), before the escrow goes back; a manual
+  run's owner who stops without paying has it paid from escrow at the refund.
+- Every run has a round deadline (``run_defaults.DEADLINE`` unless the owner gave one): a
+  job that sent nothing for its round within it loses its place (failed, flagged
+  ``straggler``), whether the round then closes with the quorum or still waits.
+- Hiring checks the owner's money first: an owner who cannot pay hires nobody (409
+  ``insufficient_funds`` naming the shortfall, nothing written, no bond locked), one
+  wallet cannot back hires on many runs, and hires of a run that never distributes
+  expire with their bonds returned.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aitbc import run_defaults
+from aitbc.ledger.chain import escrow_account, wallet_account
+
+AIT = 1_000_000
+
+
+def balance(coord, address: str) -> int:
+    with coord.ctx.session() as s:
+        return coord.ctx.ledger.balance(s, wallet_account(address))
+
+
+def account(coord, name: str) -> int:
+    with coord.ctx.session() as s:
+        return coord.ctx.ledger.balance(s, name)
+
+
+def entries(coord, key: str) -> list[dict]:
+    return coord.rows("SELECT * FROM ledger_entries WHERE key = :k", k=key)
+
+
+def contract_of(coord, run_id: str, worker) -> str:
+    rows = coord.rows(
+        "SELECT id FROM contracts WHERE run_id = :r AND worker_id = :w", r=run_id, w=worker.wallet.address
+    )
+    return rows[0]["id"]
+
+
+def deliver(api, t, worker, seed: int) -> str:
+    """``worker`` sends a small valid update for round 1 of ``t``: accepted."""
+    upd = torch.randn(t.d, generator=torch.Generator().manual_seed(seed)) * 1e-3
+    cid = api.put_update(worker, upd)
+    res = worker.post(f"/jobs/{t.jobs[worker.wallet.address]}/updates", api.update_body(1, cid))
+    assert res["status"] == "accepted", res
+    return cid
+
+
+def finalized(api, t) -> dict:
+    return api.wait_for(
+        "the run's escrow to be finalized", lambda: t.owner.get(f"/runs/{t.run_id}/payments"), lambda p: p["finalized"]
+    )
+
+
+# --- fair exchange ------------------------------------------------------------------------
+
+
+def test_an_owner_who_reads_the_updates_and_stops_before_the_close_pays_each_one(new_coordinator, api):
+    """The free-riding owner: two providers deliver, a third (its sybil) stays silent so the
+    round cannot close; the owner fetches the delivered blobs and stops. Each delivered
+    update is paid its contract's full price, once; the silent one earns nothing."""
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 3, prefix="fr")
+    honest, sybil = t.workers[:2], t.workers[2]
+    cids = [deliver(api, t, w, 100 + i) for i, w in enumerate(honest)]
+    for cid in cids:  # what the free rider came for: the bytes are readable
+        assert len(t.owner.get_blob(cid)) > 0
+    escrow_before = account(coord, escrow_account(t.run_id))
+    owner_before = balance(coord, t.owner.wallet.address)
+    before = {w.wallet.address: balance(coord, w.wallet.address) for w in t.workers}
+    assert t.owner.post(f"/runs/{t.run_id}/stop")["status"] == "stopped"
+    pay = finalized(api, t)
+    assert pay["rounds_closed"] == 0
+    for w in honest:
+        c = contract_of(coord, t.run_id, w)
+        [entry] = entries(coord, f"settle:{c}:1")  # exactly one entry, at the full price (1 AIT per round)
+        assert entry["amount"] == AIT and entry["credit"] == wallet_account(w.wallet.address)
+        assert balance(coord, w.wallet.address) == before[w.wallet.address] + AIT
+    assert balance(coord, sybil.wallet.address) == before[sybil.wallet.address]
+    assert not entries(coord, f"settle:{contract_of(coord, t.run_id, sybil)}:1")
+    by_worker = {r["worker_id"]: r for r in pay["data"]}
+    assert [by_worker[w.wallet.address]["paid_micro"] for w in t.workers] == [AIT, AIT, 0]
+    # the owner got back exactly the escrow less what it received
+    assert balance(coord, t.owner.wallet.address) == owner_before + escrow_before - 2 * AIT
+    assert account(coord, escrow_account(t.run_id)) == 0
+    # the refund and the driver's next ticks move nothing more
+    ledger = coord.rows("SELECT seq FROM ledger_entries ORDER BY seq")
+    t.owner.post(f"/runs/{t.run_id}/refund")
+    coord.settled()
+    assert coord.rows("SELECT seq FROM ledger_entries ORDER BY seq") == ledger
+
+
+def test_a_run_paused_too_long_is_stopped_and_pays_its_delivered_updates(new_coordinator, api):
+    coord = new_coordinator(pause_seconds=1.0)
+    t = api.start_training_run(coord, 2, prefix="pz")
+    w = t.workers[0]
+    deliver(api, t, w, 7)
+    t.owner.post(f"/runs/{t.run_id}/pause")
+    run = api.wait_for(
+        "the paused run to stop", lambda: t.owner.get(f"/runs/{t.run_id}"), lambda r: r["status"] == "stopped"
+    )
+    assert "paused for over 1 s" in run["error"]
+    finalized(api, t)
+    [entry] = entries(coord, f"settle:{contract_of(coord, t.run_id, w)}:1")
+    assert entry["amount"] == AIT
+
+
+def test_a_manual_owner_who_stops_unpaid_has_the_delivered_update_paid_at_the_refund(new_coordinator, api):
+    """Manual control: the owner pays by hand, but a delivered update of a round it never
+    aggregated is due the full price; the refund pays it from escrow before anything
+    goes back to the owner."""
+    coord = new_coordinator()
+    w = api.register_worker(coord, "mw0")
+    owner = coord.client("mowner")
+    owner.post("/wallets/fund", {"amount": "100"})
+    run_id = owner.post(
+        "/runs",
+        {
+            "model_type": "mlp",
+            "model_options": api.MODEL_OPTIONS,
+            "dataset_size": "1GB",
+            "target_workers": 1,
+            "budget": "20",
+            "control": "manual",
+        },
+    )["training_id"]
+    api.upload_digits(owner, run_id, 2)  # two shards (the test coordinator's largest blob); one job
+    owner.post(f"/runs/{run_id}/contracts", {"worker_id": w.wallet.address, "price": "2"})
+    owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": {"rounds": 3, "local_steps": 1}})
+    shard = owner.get(f"/runs/{run_id}/shards")["data"][0]["shard_id"]
+    job = owner.post(f"/runs/{run_id}/jobs", {"worker_id": w.wallet.address, "shard_id": shard})["job_id"]
+    run = owner.post(f"/runs/{run_id}/phase", {"phase": "training"})
+    cid = api.put_update(w, torch.full((run["config"]["d"],), 1e-3))
+    assert w.post(f"/jobs/{job}/updates", api.update_body(1, cid))["status"] == "accepted"
+    owner.get_blob(cid)
+    owner.post(f"/runs/{run_id}/stop")
+    coord.settled()
+    before = balance(coord, w.wallet.address)
+    out = owner.post(f"/runs/{run_id}/refund")
+    assert out["finalized"] and out["data"][0]["due_micro"] == 2 * AIT and out["data"][0]["paid_micro"] == 2 * AIT
+    assert balance(coord, w.wallet.address) == before + 2 * AIT
+    assert balance(coord, owner.wallet.address) == 80 * AIT + 18 * AIT
+
+
+# --- the default round deadline -------------------------------------------------------------
+
+
+def test_every_run_has_a_round_deadline_by_default(new_coordinator, api):
+    t = api.start_training_run(new_coordinator(), 2, prefix="dd")
+    order = api.job_order(t.workers[0])
+    run = t.owner.get(f"/runs/{t.run_id}")
+    assert run["config"]["deadline"] is None  # the owner gave none ...
+    started = coord_round_start(t)
+    assert order["deadline_at"] == pytest.approx(started + run_defaults.DEADLINE)  # ... the default holds
+
+
+def coord_round_start(t) -> float:
+    return t.coord.rows("SELECT round_started_at FROM runs WHERE id = :r", r=t.run_id)[0]["round_started_at"]
+
+
+def _lost_place(coord, run_id: str, worker) -> dict:
+    rows = coord.rows(
+        "SELECT status, end_reason FROM jobs WHERE run_id = :r AND worker_id = :w", r=run_id, w=worker.wallet.address
+    )
+    return rows[0]
+
+
+def test_a_silent_job_loses_its_place_when_its_round_cannot_close(new_coordinator, api):
+    """Quorum 2 of 2, one provider silent: at the deadline the round cannot close, so the
+    silent job loses its place (failed, flagged, bond kept for the end); with nobody to
+    replace it the one who answered is all the round waits for, and it closes."""
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 2, prefix="sq", deadline=1.0, quorum=2)
+    talker, silent = t.workers
+    deliver(api, t, talker, 3)
+    run = api.wait_for("round 1 to close", lambda: t.owner.get(f"/runs/{t.run_id}"), lambda r: r["round"] >= 2)
+    job = _lost_place(coord, t.run_id, silent)
+    assert job["status"] == "failed" and "within its deadline of 1 s: lost its place" in job["end_reason"]
+    flags = coord.rows("SELECT kind, round FROM flags WHERE worker_id = :w", w=silent.wallet.address)
+    assert flags == [{"kind": "straggler", "round": 1}]
+    contract = [c for c in run["contracts"] if c["worker_id"] == silent.wallet.address][0]
+    assert contract["status"] == "failed"
+
+
+def test_a_silent_job_loses_its_place_when_its_round_closes_at_the_deadline(new_coordinator, api):
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 2, prefix="sc", deadline=1.0, quorum=1)
+    talker, silent = t.workers
+    deliver(api, t, talker, 4)
+    api.wait_for("round 1 to close", lambda: t.owner.get(f"/runs/{t.run_id}"), lambda r: r["round"] >= 2)
+    rec = t.owner.get(f"/runs/{t.run_id}/rounds")["data"][1]
+    assert rec["stragglers"] == [silent.wallet.address]
+    assert _lost_place(coord, t.run_id, silent)["status"] == "failed"
+    with pytest.raises(api.ApiError) as e:  # its late update finds its place gone
+        cid = api.put_update(silent, torch.zeros(t.d))
+        silent.post(f"/jobs/{t.jobs[silent.wallet.address]}/updates", api.update_body(1, cid))
+    api.assert_api_error(e, 409, "job_not_active", "lost its place")
+
+
+# --- hiring: the owner's money first --------------------------------------------------------------
+
+
+def _unfunded_run(coord, api, owner, *, budget: str | None = None) -> str:
+    body = {"model_type": "mlp", "model_options": api.MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 2}
+    if budget is not None:
+        body["budget"] = budget
+    run_id = owner.post("/runs", body)["training_id"]
+    api.upload_digits(owner, run_id, 2)
+    return run_id
+
+
+def _bonded_worker(coord, name: str):
+    w = coord.client(name)
+    w.post("/wallets/fund", {"amount": "5"})
+    w.post("/workers", {"gpu": "RTX4090", "price": "1", "availability": 0.99, "max_bond": "2"})
+    return w
+
+
+def test_an_owner_with_nothing_hires_nobody(new_coordinator, api):
+    coord = new_coordinator()
+    workers = [_bonded_worker(coord, f"nf{i}") for i in range(2)]
+    owner = coord.client("broke")
+    run_id = owner.post(
+        "/runs",
+        {
+            "model_type": "mlp",
+            "model_options": api.MODEL_OPTIONS,
+            "dataset_size": "1GB",
+            "target_workers": 2,
+            "bond": "2",
+        },
+    )["training_id"]
+    api.upload_digits(owner, run_id, 2)
+    before = coord.snapshot()
+    with pytest.raises(api.ApiError) as e:
+        owner.post(f"/runs/{run_id}/discover", {"required_workers": 2})
+    api.assert_api_error(e, 409, "insufficient_funds", "needs 20 AIT", "holds 0 AIT", "short by 20 AIT", "no contract")
+    with pytest.raises(api.ApiError) as e:
+        owner.post(f"/runs/{run_id}/contracts", {"worker_id": workers[0].wallet.address, "price": "1"})
+    api.assert_api_error(e, 409, "insufficient_funds", "short by 10 AIT", "aitbc wallet fund")
+    assert coord.snapshot() == before  # no contract, no bond locked
+    assert [balance(coord, w.wallet.address) for w in workers] == [5 * AIT, 5 * AIT]
+    # funded, the same owner hires
+    owner.post("/wallets/fund", {"amount": "20"})
+    assert owner.post(f"/runs/{run_id}/discover", {"required_workers": 2})["count"] == 2
+    assert [balance(coord, w.wallet.address) for w in workers] == [3 * AIT, 3 * AIT]
+
+
+def test_one_wallet_cannot_back_hires_on_many_runs(new_coordinator, api):
+    coord = new_coordinator()
+    a, b = (api.register_worker(coord, f"mr{i}") for i in range(2))
+    owner = coord.client("spread")
+    owner.post("/wallets/fund", {"amount": "15"})
+    first, second = _unfunded_run(coord, api, owner), _unfunded_run(coord, api, owner)
+    owner.post(f"/runs/{first}/contracts", {"worker_id": a.wallet.address, "price": "1"})  # counts on 10 AIT
+    with pytest.raises(api.ApiError) as e:
+        owner.post(f"/runs/{second}/contracts", {"worker_id": b.wallet.address, "price": "1"})
+    api.assert_api_error(e, 409, "insufficient_funds", "other runs count on 10 AIT of it", "short by 5 AIT")
+    # a budget covers its own run's hires
+    funded = _unfunded_run(coord, api, owner, budget="5")
+    with pytest.raises(api.ApiError) as e:
+        owner.post(f"/runs/{funded}/contracts", {"worker_id": b.wallet.address, "price": "1"})
+    api.assert_api_error(e, 409, "insufficient_funds", "needs 5 AIT beyond run")
+
+
+def test_hires_of_a_run_that_never_distributes_expire_and_their_bonds_come_back(new_coordinator, api):
+    coord = new_coordinator(hire_seconds=1.0)
+    w = _bonded_worker(coord, "ex0")
+    owner = coord.client("slowpoke")
+    owner.post("/wallets/fund", {"amount": "100"})
+    run_id = owner.post(
+        "/runs",
+        {
+            "model_type": "mlp",
+            "model_options": api.MODEL_OPTIONS,
+            "dataset_size": "1GB",
+            "target_workers": 1,
+            "bond": "2",
+        },
+    )["training_id"]
+    api.upload_digits(owner, run_id, 2)
+    [contract] = owner.post(f"/runs/{run_id}/discover", {"required_workers": 1})["contracts"]
+    assert balance(coord, w.wallet.address) == 3 * AIT
+    api.wait_for("the bond to come back", lambda: balance(coord, w.wallet.address), lambda b: b == 5 * AIT)
+    run = owner.get(f"/runs/{run_id}")
+    assert run["status"] == "initializing" and run["contracts"][0]["status"] == "released"
+    assert len(entries(coord, f"bond-return:{contract['contract_id']}")) == 1
+    with pytest.raises(api.ApiError) as e:  # nothing left to distribute to
+        owner.post(f"/runs/{run_id}/distribute", {"rounds": 1, "max_cost": "5"})
+    api.assert_api_error(e, 409, "no_workers")
+    # the provider is free again: another run may hire it
+    other = owner.post(
+        "/runs",
+        {"model_type": "mlp", "model_options": api.MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 1},
+    )["training_id"]
+    api.upload_digits(owner, other, 2)
+    assert owner.post(f"/runs/{other}/discover", {"required_workers": 1})["count"] == 1
