@@ -74,7 +74,7 @@ def pinning(tmp_path, databases, api):
 
 
 def collect_now(ctx):
-    """Blob retention with the coordinator's settings but no grace period."""
+    """Blob retention with the coordinator's settings but no grace period (nor in-flight window)."""
     st = ctx.settings
     return retention.collect(
         ctx.session,
@@ -82,6 +82,7 @@ def collect_now(ctx):
         keep_checkpoints=st.keep_checkpoints,
         grace_seconds=0,
         max_loose_bytes=st.max_loose_bytes,
+        in_flight_seconds=0,  # the keep rules alone: a blob just unpinned goes now
     )
 
 

@@ -11,11 +11,14 @@ stays under its cap.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
+
+from aitbc.coordinator.retention import IN_FLIGHT_SECONDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -29,7 +32,12 @@ def _held(stack) -> set[str]:
 
 
 def _gc(stack, *extra: str) -> dict:
+    """``aitbc coordinator gc --gc-grace 0`` with every blob aged past the in-flight window
+    (a blob written in its last minute is never deleted; the coordinator is stopped here)."""
     home = str(stack.root / "coordinator")
+    stamp = time.time() - 2 * IN_FLIGHT_SECONDS
+    for p in (stack.root / "coordinator" / "blobs").iterdir():
+        os.utime(p, (stamp, stamp))
     r = stack.cli("coordinator", "gc", "--home", home, "--db", stack.db_url, "--gc-grace", "0", "--json", *extra)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -125,6 +133,28 @@ def test_gc_keeps_what_the_run_needs_and_deletes_the_rest(stack):
         sizes = [p.stat().st_size for p in files if not p.name.startswith(".")]
         assert sizes and sum(sizes) <= max(CACHE_CAP, max(sizes)), (name, sizes)
         assert len(sizes) < ROUNDS  # models of old rounds were evicted
+
+
+def test_gc_at_grace_0_during_a_live_verified_run_deletes_nothing_referenced(stack):
+    """Issue 33: with ``--gc-grace 0`` (accepted) collections every 0.2 s deleted revealed
+    states and accepted updates in flight, and the run failed. Now a spot-checked run
+    completes with every update accepted and every check passed (none judged on a lost
+    blob), while retention runs all along."""
+    stack.start_coordinator(extra=("--gc-grace", "0", "--gc-interval", "0.2"))
+    for name in ("w0", "w1", "w2"):
+        stack.start_worker(name, max_bond="5", funds="10")
+    stack.wait_offers(3)
+    run_id = stack.init_run("--bond", "2", workers=3)
+    stack.start_run(run_id, workers=3, rounds=4, local_steps=20, verify_rate=0.5)
+    run = stack.wait_run(run_id, lambda r: r["status"] in ("complete", "failed"), timeout=300, what="the end")
+    assert run["status"] == "complete", run["error"]
+    ups = stack.rows("SELECT status, verification, verify_detail FROM updates WHERE run_id = :r", r=run_id)
+    assert len(ups) == 3 * 4 and all(st == "accepted" for st, _, _ in ups), ups
+    assert all(v in (None, "passed") for _, v, _ in ups), ups
+    assert run["verification"]["passed"] > 0 and run["verification"]["failed"] == 0, run["verification"]
+    pay = stack.finalized(run_id)
+    assert all(row["slashed_micro"] == 0 for row in pay["data"]), pay
+    assert "blob retention failed" not in stack.log("coordinator")
 
 
 def test_gc_refuses_a_bad_setting_in_one_line(stack, tmp_path: Path):

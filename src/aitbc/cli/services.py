@@ -234,7 +234,11 @@ def serve(
         int | None, typer.Option(help="Checkpoints whose bytes are kept per run: the last K rounds.")
     ] = None,
     gc_grace: Annotated[
-        float | None, typer.Option(help="Seconds an unreferenced blob is kept before blob retention deletes it.")
+        float | None,
+        typer.Option(
+            help="Seconds an unreferenced blob is kept before blob retention deletes it (0 allowed: "
+            "a blob written in the last minute, an upload its request has yet to name, is kept anyway)."
+        ),
     ] = None,
     gc_interval: Annotated[float | None, typer.Option(help="Seconds between two runs of blob retention.")] = None,
     max_pinned_mb: Annotated[
@@ -555,7 +559,7 @@ def gc_blobs(
     from aitbc.cli.common import out
     from aitbc.coordinator.config import Settings
     from aitbc.coordinator.db import make_engine, make_sessions
-    from aitbc.coordinator.retention import collect
+    from aitbc.coordinator.retention import IN_FLIGHT_SECONDS, collect
     from aitbc.settings import load_settings
     from aitbc.storage.blobstore import LocalBlobStore
 
@@ -580,7 +584,7 @@ def gc_blobs(
     out.print(
         f"{verb} {len(report.deleted)} blobs ({report.freed / MIB:.1f} MiB); kept {report.kept} "
         f"({report.kept_bytes / MIB:.1f} MiB); {report.young} unreferenced younger than "
-        f"{settings.gc_grace_seconds:g} s left ({report.young_bytes / MIB:.1f} MiB)"
+        f"{max(settings.gc_grace_seconds, IN_FLIGHT_SECONDS):g} s left ({report.young_bytes / MIB:.1f} MiB)"
         + (f"; {report.over_cap} of the deleted were younger, over the loose-blob cap" if report.over_cap else ""),
         highlight=False,
     )

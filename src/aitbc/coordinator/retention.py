@@ -17,15 +17,25 @@ is *live* (kept) when it is:
 Everything else is deleted once older than ``gc_grace_seconds`` (by mtime), and, because
 anyone with a wallet (wallets are free) can upload blobs and keep touching them, the
 unreferenced blobs inside the grace period are capped too: past ``max_loose_bytes`` in
-all, the least recently touched go first. Disk is then bounded by what runs reference,
-the pins' total cap and this cap (plus what arrives between two collections). Under
-such a flood an upload not yet referenced may go before its owner names it; it is the
-oldest one that goes. Race safety:
-the live set is read in one database snapshot; a blob written after that snapshot (a new
-checkpoint, an upload not yet referenced) is younger than the grace period, and a PUT of a
-blob already held refreshes its mtime (:meth:`LocalBlobStore.touch`), so neither is
-deleted. The round driver runs :func:`collect` every ``gc_interval_seconds``;
-``aitbc coordinator gc`` runs it on demand.
+all, the least recently touched go first.
+
+Nothing referenced is ever deleted, whatever the grace (0 included):
+
+- **in flight**: a blob is stored before the row that names it is committed (an update or
+  the states a spot check asked for, uploaded and then named by their request; a round's
+  checkpoint and outer state, written and then committed with the round). A blob written or
+  touched in the last :data:`IN_FLIGHT_SECONDS` is never deleted, not by the grace period
+  and not by the loose-bytes cap: a smaller ``gc_grace_seconds`` counts as this floor;
+- **named since the snapshot**: the live set is read in one database snapshot, and a row
+  committed after it (a reveal, an accepted update, a round's commit) names a blob the
+  snapshot did not see. So the blobs chosen for deletion are checked again just before they
+  go: a second snapshot, read after the choice, keeps any that became live, and a blob
+  touched meanwhile (a PUT of a blob already held, ``POST /v1/blobs/missing``) is kept too.
+
+Disk is then bounded by what runs reference, the pins' total cap and this cap, plus what
+arrives within the in-flight window (and between two collections). The round driver runs
+:func:`collect` every ``gc_interval_seconds``; ``aitbc coordinator gc`` runs it on demand,
+safely while the coordinator runs.
 """
 
 from __future__ import annotations
@@ -46,6 +56,11 @@ from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.unixfs import reachable
 
 log = logging.getLogger("aitbc.coordinator")
+# A blob this young is never deleted: the time a request has between storing a blob and
+# committing the row that names it (a worker's upload and its update or reveal; a round's
+# checkpoint and its commit). Loopback requests take milliseconds; this leaves a stalled
+# client, a retry and a slow commit ample room.
+IN_FLIGHT_SECONDS = 60.0
 
 
 @dataclass
@@ -163,6 +178,14 @@ def pinned_blobs(store: LocalBlobStore, roots: set[str]) -> set[str]:
     return kept
 
 
+def _referenced(sessions: Callable[[], Session], store: LocalBlobStore, keep_checkpoints: int) -> set[str]:
+    """Every blob the database keeps (:func:`live_cids`) or a pin does, in one snapshot."""
+    with sessions() as s:
+        live = live_cids(s, keep_checkpoints)
+        roots = set(s.scalars(select(Pin.cid)).all())  # the same snapshot
+    return live | pinned_blobs(store, roots)
+
+
 def collect(
     sessions: Callable[[], Session],
     store: LocalBlobStore,
@@ -172,16 +195,18 @@ def collect(
     max_loose_bytes: int | None = None,
     dry_run: bool = False,
     now: float | None = None,
+    in_flight_seconds: float = IN_FLIGHT_SECONDS,
 ) -> GcReport:
     """Delete (or, ``dry_run``, only list) the blobs no rule keeps that are older than
     ``grace_seconds``, then the least recently touched of the younger ones while they
-    hold more than ``max_loose_bytes``."""
-    with sessions() as s:
-        live = live_cids(s, keep_checkpoints)
-        roots = set(s.scalars(select(Pin.cid)).all())  # the same snapshot
-    live |= pinned_blobs(store, roots)
+    hold more than ``max_loose_bytes``; never one written or touched in the last
+    ``in_flight_seconds`` (:data:`IN_FLIGHT_SECONDS`; tests of the keep rules alone pass
+    0), and never one a snapshot read after the choice finds referenced."""
+    live = _referenced(sessions, store, keep_checkpoints)
     now = time.time() if now is None else now
+    grace = max(grace_seconds, in_flight_seconds)
     report = GcReport(dry_run=dry_run)
+    old: list[tuple[str, int]] = []  # (cid, size) past the grace period: deleted
     young: list[tuple[float, str, int]] = []  # (mtime, cid, size) of unreferenced blobs in their grace period
     for info in store.list():
         if info.cid in live:
@@ -192,27 +217,54 @@ def collect(
             mtime = os.stat(store.dir / info.cid).st_mtime
         except FileNotFoundError:
             continue  # deleted meanwhile (a concurrent collection)
-        if now - mtime < grace_seconds:
+        if now - mtime < grace:
             young.append((mtime, info.cid, info.size))
             continue
-        _delete(store, report, info.cid, info.size)
+        old.append((info.cid, info.size))
     young.sort()
     loose = sum(size for _, _, size in young)
-    for _, cid, size in young:
-        if max_loose_bytes is not None and loose > max_loose_bytes:
+    over: list[tuple[str, int]] = []  # past the loose-bytes cap: the least recently touched, not in flight
+    for mtime, cid, size in young:
+        if max_loose_bytes is not None and loose > max_loose_bytes and now - mtime >= in_flight_seconds:
             loose -= size
-            if _delete(store, report, cid, size):
-                report.over_cap += 1
+            over.append((cid, size))
             continue
         report.young += 1
         report.young_bytes += size
+    if old or over:
+        # Named or touched since the choice (a reveal, an accepted update, a round's commit
+        # committed after the first snapshot): kept. A row committed after this second read
+        # would have to name a blob nobody wrote, uploaded, pinned or asked about in the last
+        # in_flight_seconds, and every request that names a blob does one of those just before.
+        live = _referenced(sessions, store, keep_checkpoints)
+        for cid, size in old:
+            _delete(store, report, cid, size, live, now, in_flight_seconds)
+        for cid, size in over:
+            if _delete(store, report, cid, size, live, now, in_flight_seconds):
+                report.over_cap += 1
     if report.deleted and not dry_run:
         log.info("gc: deleted %d blobs, %d bytes freed; %d kept", len(report.deleted), report.freed, report.kept)
     return report
 
 
-def _delete(store: LocalBlobStore, report: GcReport, cid: str, size: int) -> bool:
-    """Delete one blob (a dry run only counts it); False if it was gone already."""
+def _delete(
+    store: LocalBlobStore, report: GcReport, cid: str, size: int, live: set[str], now: float, in_flight: float
+) -> bool:
+    """Delete one blob (a dry run only counts it) unless it is ``live`` now or was touched
+    in the last ``in_flight`` seconds (then it is counted kept or young); False if it was
+    not deleted."""
+    try:
+        touched = now - os.stat(store.dir / cid).st_mtime < in_flight
+    except FileNotFoundError:
+        return False  # deleted meanwhile (a concurrent collection)
+    if cid in live:
+        report.kept += 1
+        report.kept_bytes += size
+        return False
+    if touched:
+        report.young += 1
+        report.young_bytes += size
+        return False
     if not report.dry_run:
         try:
             store.delete(cid)
