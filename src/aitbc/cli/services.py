@@ -50,6 +50,8 @@ SERVE_FLAGS = {
     "manual_idle_seconds": "--manual-idle",
     "owner_pay_seconds": "--owner-pay",
     "stuck_seconds": "--stuck",
+    "hire_seconds": "--hire-expiry",
+    "pause_seconds": "--max-pause",
     "log_level": "--log-level",
     "settle_delay": "--settle-delay",
     "keep_checkpoints": "--keep-checkpoints",
@@ -226,6 +228,20 @@ def serve(
             "before it is failed (escrow refunded, bonds returned)."
         ),
     ] = None,
+    hire_expiry: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a run's hires may wait for it to distribute; then the contracts expire "
+            "and the providers' bonds go back."
+        ),
+    ] = None,
+    max_pause: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a run may stay paused before it is stopped (delivered updates paid, "
+            "bonds returned, escrow refunded)."
+        ),
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     settle_delay: Annotated[
         float | None, typer.Option(hidden=True, help="Testing: seconds between two settlements.")
@@ -320,6 +336,8 @@ def serve(
         "manual_idle_seconds": manual_idle,
         "owner_pay_seconds": owner_pay,
         "stuck_seconds": stuck,
+        "hire_seconds": hire_expiry,
+        "pause_seconds": max_pause,
         "log_level": log_level,
         "settle_delay": settle_delay,
         "keep_checkpoints": keep_checkpoints,
