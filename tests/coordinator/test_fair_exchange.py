@@ -304,3 +304,58 @@ def test_hires_of_a_run_that_never_distributes_expire_and_their_bonds_come_back(
     )["training_id"]
     api.upload_digits(owner, other, 2)
     assert owner.post(f"/runs/{other}/discover", {"required_workers": 1})["count"] == 1
+
+
+def test_an_owner_who_drops_a_delivered_update_pays_it_and_cannot_drop_that_round_again(new_coordinator, api):
+    """``resend`` of an accepted update: the owner had it, so it is paid as delivered first;
+    the same round cannot be asked for again for nothing (409, nothing changed)."""
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 2, prefix="rs")
+    w = t.workers[0]
+    job = t.jobs[w.wallet.address]
+    first = deliver(api, t, w, 21)
+    before = balance(coord, w.wallet.address)
+    assert t.owner.post(f"/jobs/{job}/resend")["dropped"] == first
+    [entry] = entries(coord, f"settle:{contract_of(coord, t.run_id, w)}:1")
+    assert entry["amount"] == AIT and balance(coord, w.wallet.address) == before + AIT
+    deliver(api, t, w, 22)  # trained and sent again
+    snap = coord.snapshot()
+    with pytest.raises(api.ApiError) as e:
+        t.owner.post(f"/jobs/{job}/resend")
+    api.assert_api_error(e, 409, "already_resent", "already dropped once and paid", "from round 2")
+    assert coord.snapshot() == snap and balance(coord, w.wallet.address) == before + AIT
+
+
+def test_a_manual_owner_who_leaves_delivered_updates_out_of_its_aggregate_pays_them(new_coordinator, api):
+    """Manual control: the owner aggregates none of the two delivered updates (the round is
+    skipped, both left out); each is still due its full price, paid from escrow at the
+    refund, once."""
+    coord = new_coordinator()
+    workers = [api.register_worker(coord, f"ex{i}") for i in range(2)]
+    owner = coord.client("exowner")
+    owner.post("/wallets/fund", {"amount": "100"})
+    body = {"model_type": "mlp", "model_options": api.MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 2}
+    run_id = owner.post("/runs", {**body, "budget": "30", "control": "manual"})["training_id"]
+    api.upload_digits(owner, run_id, 2)
+    for w in workers:
+        owner.post(f"/runs/{run_id}/contracts", {"worker_id": w.wallet.address, "price": "1"})
+    owner.post(f"/runs/{run_id}/phase", {"phase": "distributing", "config": {"rounds": 2, "local_steps": 1}})
+    shards = owner.get(f"/runs/{run_id}/shards")["data"]
+    jobs = [
+        owner.post(f"/runs/{run_id}/jobs", {"worker_id": w.wallet.address, "shard_id": sh["shard_id"]})["job_id"]
+        for w, sh in zip(workers, shards)
+    ]
+    d = owner.post(f"/runs/{run_id}/phase", {"phase": "training"})["config"]["d"]
+    for i, (w, job) in enumerate(zip(workers, jobs)):
+        cid = api.put_update(w, torch.full((d,), 1e-3 * (i + 1)))
+        assert w.post(f"/jobs/{job}/updates", api.update_body(1, cid))["status"] == "accepted"
+        owner.get_blob(cid)
+    owner.post(f"/runs/{run_id}/phase", {"phase": "aggregating"})
+    assert owner.post(f"/runs/{run_id}/aggregate", {"updates": []})["skipped"] is True
+    owner.post(f"/runs/{run_id}/phase", {"phase": "complete"})
+    coord.settled()
+    before = [balance(coord, w.wallet.address) for w in workers]
+    out = owner.post(f"/runs/{run_id}/refund")
+    assert [r["due_micro"] for r in out["data"]] == [AIT, AIT] and [r["paid_micro"] for r in out["data"]] == [AIT, AIT]
+    assert [balance(coord, w.wallet.address) for w in workers] == [b + AIT for b in before]
+    assert balance(coord, owner.wallet.address) == 70 * AIT + 28 * AIT

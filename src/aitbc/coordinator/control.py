@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator import workforce
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, unprocessable
-from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.repository import get_run, owned_job, round_updates, shard_index
+from aitbc.coordinator.escrow import pay_as_delivered
+from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Settlement, Update
+from aitbc.coordinator.repository import get_run, lock_run, owned_job, round_updates, shard_index
 from aitbc.coordinator.rounds import aggregate_round, commit_round, open_round, start_training
 from aitbc.coordinator.runs import configure
 from aitbc.coordinator.runtime import drop_runtime, runtime
@@ -472,7 +473,10 @@ def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConf
 
 def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]:
     """Drop the job's update for the open round (its blob failed a check, or the owner
-    wants it again): the worker is asked to train and send that round again."""
+    wants it again): the worker is asked to train and send that round again. An accepted
+    update is paid as delivered first (:func:`.escrow.pay_as_delivered`: the owner had it),
+    so a round is resent at most once for free to the provider: a second resend of the same
+    round is 409 ``already_resent``."""
     job, run = owned_job(s, job_id, signer, action="ask for a resend")
     require_status(run, RunStatus.TRAINING, action="ask for a resend (the round must be open)")
     upd = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
@@ -490,6 +494,18 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
             f"job {job_id}'s update of round {later} was sent ahead from where its round {run.round} update ended "
             f"(its prior_cid); the round {run.round} update cannot be dropped alone",
         )
+    contract = s.get(Contract, job.contract_id)
+    if upd.status == UpdateStatus.ACCEPTED and contract is not None:
+        # The owner received this update and could read it: it is paid as delivered before it is
+        # dropped (issue 33), once per round; the same round is not asked for a third time free.
+        if s.scalar(select(Settlement.id).where(Settlement.contract_id == contract.id, Settlement.round == run.round)):
+            raise conflict(
+                "already_resent",
+                f"job {job_id}'s round {run.round} update was already dropped once and paid as delivered; "
+                f"ask again from round {run.round + 1}",
+            )
+        lock_run(s, run)
+        pay_as_delivered(ctx, s, run, contract, run.round, why=f"dropped by the owner's resend of round {run.round}")
     now = time.time()
     reason = f"owner asked for round {run.round} again (was {upd.cid}, {upd.status})"
     s.add(

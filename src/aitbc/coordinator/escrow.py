@@ -269,48 +269,51 @@ def pay_delivered(ctx: Context, s: Session, run: Run) -> int:
         )
         .order_by(Update.round, Contract.id)
     ).all()
-    total, now = 0, time.time()
+    total = 0
     for r, c in delivered:
-        if s.scalar(select(Settlement.id).where(Settlement.contract_id == c.id, Settlement.round == r)):
-            continue  # paid before (a restart), or a second update of one contract's round
-        paid, seq = 0, None
-        if driver_pays(run, r):
-            paid = min(c.price, ctx.ledger.balance(s, escrow_account(run.id)))
-            if paid > 0:
-                entry = ctx.ledger.post(
-                    s,
-                    kind="settle",
-                    debit=escrow_account(run.id),
-                    credit=wallet_account(c.worker_id),
-                    amount=paid,
-                    memo={"run": run.id, "contract": c.id, "round": r, "delivered": True, "status": run.status},
-                    key=f"settle:{c.id}:{r}",
-                )
-                seq = entry.seq
-        s.add(
-            Settlement(
-                run_id=run.id,
-                contract_id=c.id,
-                worker_id=c.worker_id,
-                round=r,
-                quality=1.0,
-                due=c.price,
-                paid=paid,
-                entry_seq=seq,
-                created_at=now,
-            )
-        )
-        s.flush()
-        total += paid
-        log.info(
-            "run %s (%s): round %d was never closed; %s paid %d micro-AIT for its update",
-            run.id,
-            run.status,
-            r,
-            c.worker_id,
-            paid,
-        )
+        total += pay_as_delivered(ctx, s, run, c, r, why=f"round {r} never closed ({run.status})")
     return total
+
+
+def pay_as_delivered(ctx: Context, s: Session, run: Run, c: Contract, r: int, *, why: str) -> int:
+    """Contract ``c``'s accepted update of round ``r`` is paid as delivered: a settlement row
+    (quality 1, due the full price) and, where the coordinator pays the round
+    (:func:`driver_pays`), the price from escrow as far as it goes, keyed
+    ``settle:<contract>:<round>``. Nothing if the contract has a settlement for ``r``
+    already (a restart, or a second update of one contract's round). The caller commits.
+    Returns the micro-AIT paid."""
+    if s.scalar(select(Settlement.id).where(Settlement.contract_id == c.id, Settlement.round == r)):
+        return 0
+    paid, seq = 0, None
+    if driver_pays(run, r):
+        paid = min(c.price, ctx.ledger.balance(s, escrow_account(run.id)))
+        if paid > 0:
+            entry = ctx.ledger.post(
+                s,
+                kind="settle",
+                debit=escrow_account(run.id),
+                credit=wallet_account(c.worker_id),
+                amount=paid,
+                memo={"run": run.id, "contract": c.id, "round": r, "delivered": why},
+                key=f"settle:{c.id}:{r}",
+            )
+            seq = entry.seq
+    s.add(
+        Settlement(
+            run_id=run.id,
+            contract_id=c.id,
+            worker_id=c.worker_id,
+            round=r,
+            quality=1.0,
+            due=c.price,
+            paid=paid,
+            entry_seq=seq,
+            created_at=time.time(),
+        )
+    )
+    s.flush()
+    log.info("run %s: %s paid %d micro-AIT for its round %d update as delivered: %s", run.id, c.worker_id, paid, r, why)
+    return paid
 
 
 def owner_may_still_pay(ctx: Context, run: Run, now: float) -> bool:

@@ -86,7 +86,8 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                         quality=sc.quality,
                     )
                 )
-        else:  # a skipped round: nothing was applied, nothing earned
+        else:  # a skipped round (too few for the rule): nothing applied, but the owner received
+            # the accepted updates and could read them: each is paid as delivered (issue 33)
             for _, j in accepted:
                 rows.append(
                     Score(
@@ -96,7 +97,7 @@ def score(ctx: Context, run_id: str, r: int) -> None:
                         worker_id=j.worker_id,
                         status=ScoreStatus.ACCEPTED,
                         flags=["round_skipped"],
-                        quality=0.0,
+                        quality=1.0,
                     )
                 )
         for u, j in ups:

@@ -17,10 +17,10 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.escrow import driver_pays, owner_may_still_pay
-from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement
+from aitbc.coordinator.escrow import driver_pays, owner_may_still_pay, pay_as_delivered
+from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.repository import lock_run, row
-from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus
+from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus, UpdateStatus
 from aitbc.coordinator.workforce import assign_worker, end_job
 from aitbc.core.scoring import reputation_update
 from aitbc.ledger.chain import bond_account, burn_account, escrow_account, wallet_account
@@ -47,8 +47,30 @@ def settle(ctx: Context, run_id: str, r: int) -> None:
             time.sleep(ctx.settings.settle_delay)
     with ctx.session() as s:
         run = lock_run(s, row(s, Run, run_id))
+        _pay_excluded(ctx, s, run, r)
         run.settled_round = max(run.settled_round, r)
         s.commit()
+
+
+def _pay_excluded(ctx: Context, s: Session, run: Run, r: int) -> None:
+    """A manual run's owner left accepted updates of round ``r`` out of its aggregation: it
+    received them (and could read them), so each is paid as delivered (full price,
+    :func:`.escrow.pay_as_delivered`), once. Scoring does not judge them (they are not in
+    the round's model)."""
+    excluded = s.scalars(
+        select(Contract)
+        .join(Job, Job.contract_id == Contract.id)
+        .join(Update, Update.job_id == Job.id)
+        .where(
+            Update.run_id == run.id,
+            Update.round == r,
+            Update.status == UpdateStatus.EXCLUDED,
+            Contract.status != ContractStatus.SLASHED,
+        )
+        .order_by(Contract.id)
+    ).all()
+    for c in excluded:
+        pay_as_delivered(ctx, s, run, c, r, why=f"left out of round {r}'s aggregation by the owner")
 
 
 def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:
