@@ -68,6 +68,7 @@ SERVE_FLAGS = {
     "norm_reject": "--norm-reject",
     "aggregation_memory_mb": "--aggregation-memory-mb",
     "verify_timeout": "--verify-timeout",
+    "verify_threads": "--verify-threads",
     "allow_code": "--allow-code",
 }
 WORKER_FLAGS = {
@@ -301,6 +302,15 @@ def serve(
             "and its job ends (not slashed)."
         ),
     ] = None,
+    verify_threads: Annotated[
+        int | None,
+        typer.Option(
+            help="Most torch threads a spot check's re-run takes (default: the CPUs this process may use); it uses "
+            "the worker's stated thread count up to this. Fewer than the worker's: re-runs drift (never slashed).",
+            min=1,
+            max=1024,
+        ),
+    ] = None,
     allow_code: Annotated[
         list[str] | None,
         typer.Option(
@@ -358,6 +368,7 @@ def serve(
         "norm_reject": norm_reject,
         "aggregation_memory_mb": aggregation_memory_mb,
         "verify_timeout": verify_timeout,
+        "verify_threads": verify_threads,
         "allow_code": allow_code or None,
     }
     names = {

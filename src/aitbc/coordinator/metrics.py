@@ -61,6 +61,7 @@ REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("malformed", ("malformed update blob",)),  # workers.py: the codec refused the blob
     ("bad_loss", ("reported training loss is",)),  # workers.py: a non-finite training loss
     ("verification", ("verification failed",)),  # verification.py: its spot check failed
+    ("replay_drift", ("replay drift",)),  # verification.py: a replay missed within drift (unpaid, not slashed)
     ("unanswered", ("did not reveal",)),  # verification.py: its spot check was not answered in time
 )
 OTHER = "other"
@@ -270,10 +271,20 @@ FLAG_KINDS = (
     "marked_failed",
     "resend_requested",
     "verification_failed",
+    "replay_drift",
     "challenge_unanswered",
     "equivocation",
 )
-VERDICTS = ("unchecked", "challenged", "revealed", "passed", "failed", "unanswered", "error")  # updates.verification
+VERDICTS = (
+    "unchecked",
+    "challenged",
+    "revealed",
+    "passed",
+    "drift",
+    "failed",
+    "unanswered",
+    "error",
+)  # updates.verification
 
 
 MIN_SCRAPE_INTERVAL = 1.0  # seconds: scrapes closer together than this share one reading of the record

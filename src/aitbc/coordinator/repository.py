@@ -26,9 +26,10 @@ R = TypeVar("R", bound=Base)
 def provably_bad() -> ColumnElement[bool]:
     """Updates that get their job slashed and ejected when their round is settled: rejected
     (malformed, NaN, past the norm bound, a failed spot check), but not a spot check left
-    unanswered (no proof that the work was bad). Such a job sends nothing more meanwhile."""
+    unanswered nor a replay that missed within its drift bound (no proof that the work was
+    bad). Such a job sends nothing more meanwhile."""
     return (Update.status == UpdateStatus.REJECTED) & (
-        Update.verification.is_(None) | (Update.verification != "unanswered")
+        Update.verification.is_(None) | Update.verification.not_in(("unanswered", "drift"))
     )
 
 

@@ -10,17 +10,23 @@ states at the ends of each challenged interval (:func:`reveal`: blobs it uploads
 CID); the round driver re-runs each interval (:func:`verify_pending`,
 :func:`aitbc.training.proof.check_interval`) from its first state on the update's own shard
 with the settings the worker stated (checked against the job's when the update arrived),
-within the proof's tolerance (re-runs on other hardware drift slightly). A failed interval
-is the evidence: one interval anyone can re-run.
+on the thread count the worker stated. A failed interval is the evidence: one interval anyone
+can re-run.
 
-Verdicts:
+Verdicts (:class:`aitbc.training.proof.Verdict`; a failed replay accuses only with proof):
 
-- **passed**: the update is paid in full (quality 1) whatever its held-out gain
-  (:mod:`.scoring`);
-- **failed** (a state that is not the committed one, an interval that does not replay, an
-  update that is not the committed work, a first state that is not the round's model):
-  provable; the update is rejected and not aggregated, and settlement slashes the bond and
-  ejects the worker;
+- **passed**: every checked interval re-ran bit-exact or within the tolerance: the update is
+  paid in full (quality 1) whatever its held-out gain (:mod:`.scoring`). The replay runs on
+  the torch thread count the commitment states, so on like hardware it is bit-exact;
+- **drift** (``replay_drift``): an interval missed the tolerance by no more than its drift
+  bound, measured on that interval (:func:`aitbc.training.proof.probe_drift`): honest drift
+  of other kernels or thread counts could explain it. The update is rejected (not
+  aggregated, unpaid) and flagged; the bond is untouched and the job goes on;
+- **failed** (a fault drift cannot make: a state that is not the committed one, an interval
+  off by far more than its drift bound or whose optimizer state holds other tensors or
+  step counts, an update that is not the committed work, a first state that is not the
+  round's model): provable; the update is rejected and not aggregated, and settlement
+  slashes the bond and ejects the worker;
 - **unanswered** (no reveal within ``verify_timeout``): the update is rejected and unpaid,
   the job ends failed and its shard goes to another worker; no slash (a crash is not proof);
 - **error** (the check could not run for a reason that proves nothing against the worker: a
@@ -63,6 +69,8 @@ from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, load_shard
 from aitbc.training.local import LocalConfig, eager_start
 from aitbc.training.proof import (
+    DRIFT,
+    FAULT,
     Commitment,
     Replay,
     TrainState,
@@ -71,6 +79,8 @@ from aitbc.training.proof import (
     check_start,
     check_update,
     choose_intervals,
+    fault,
+    null_intervals,
     tensor_digest,
     tensors_digest,
 )
@@ -117,6 +127,11 @@ def _start_digest(ctx: Context, run: Run, cid: str, priors: Sequence[str] = ()) 
 def failed_reason(detail: str) -> str:
     """A rejected update's reason when its spot check failed (metrics count it by this start)."""
     return f"verification failed: {detail}"
+
+
+def drift_reason(detail: str) -> str:
+    """A rejected update's reason when its replay missed within drift (unpaid, not slashed)."""
+    return f"replay drift: {detail}"
 
 
 def unanswered_reason(timeout: float) -> str:
@@ -224,7 +239,8 @@ def on_submit(
             "verify_detail": detail,
         }, failed_reason(detail)
     gen = torch.Generator().manual_seed(secrets.randbits(63))  # drawn after the update is in
-    intervals = choose_intervals(c.intervals, run.cfg.verify_rate, gen)
+    # and every interval whose committed end is its start (free to find: a skipped one)
+    intervals = sorted(set(choose_intervals(c.intervals, run.cfg.verify_rate, gen)) | set(null_intervals(c)))
     if not intervals:
         return {"proof": c.to_json(), "verification": "unchecked"}, None
     last = c.intervals
@@ -329,7 +345,7 @@ def verify_pending(ctx: Context, *, limit: int = 8) -> bool:
                 _record_error(ctx, s, upd, run, f"a revealed state is gone from the store: {e}")
                 continue
             except AitbcError as e:  # a blob that is not a state: the worker revealed junk
-                verdicts = [Verdict(False, "reveal", None, None, f"a revealed blob is not a state: {e}")]
+                verdicts = [fault("reveal", None, f"a revealed blob is not a state: {e}")]
             except Exception as e:  # a fault of ours (or an input no check foresaw): unchecked, never a stall
                 log.exception("run %s: update %d's revealed states could not be re-run", run.id, uid)
                 why = (str(e).splitlines() or [type(e).__name__])[0][:200]
@@ -356,16 +372,16 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
     replay = Replay(model, x, y, cfg, data_seed(int(ch["seed"]), upd.round))
     verdicts = []
     for i in ch["intervals"]:  # one by one: drift across hardware grows with the steps re-run in one go
-        v = check_interval(c, i, states[i], states[i + 1], replay)
+        v = check_interval(c, i, states[i], states[i + 1], replay, max_threads=ctx.settings.verify_threads)
         verdicts.append(v)
-        if not v.ok:
+        if v.provable:  # a drift miss goes on: a fault in another interval is still proof
             return verdicts
     start = start_params(ctx, run, ch["start_cid"], challenge_priors(ch))
     residual = None
     if ch["residual"]:
         residual = bytes_to_tensors(ctx.store.get_bytes(rev["residual"])).get("residual")
         if residual is None or residual.shape != (d,) or residual.dtype != torch.float32:
-            return [*verdicts, Verdict(False, "update", None, None, f"the revealed residual is not float32 ({d},)")]
+            return [*verdicts, fault("update", None, f"the revealed residual is not float32 ({d},)")]
     name, opts = parse_spec(run.cfg.compression, what="codec")
     codec = build_codec(name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=ch["residual"])
     verdicts.append(check_update(c, ctx.store.get_bytes(upd.cid), start, states[c.intervals], residual, codec))
@@ -393,17 +409,23 @@ def _record(ctx: Context, s: Session, upd: Update, run: Run, verdicts: list[Verd
     if upd.verification != "revealed":  # judged meanwhile (another coordinator process)
         s.rollback()
         return
-    failed = next((v for v in verdicts if not v.ok), None)
+    failed = next((v for v in verdicts if v.outcome == FAULT), None)
+    drift = next((v for v in verdicts if v.outcome == DRIFT), None)
     upd.verify_steps = sum(v.steps_replayed for v in verdicts)
     upd.verify_seconds = seconds
-    if failed is None:
-        upd.verification = "passed"
-        upd.verify_detail = "; ".join(v.detail for v in verdicts)
-    else:
+    if failed is not None:  # proof: rejected, and its round's settlement slashes the bond
         upd.verification, upd.verify_detail = "failed", failed.detail
         if upd.status == UpdateStatus.ACCEPTED:
             upd.status, upd.reason = UpdateStatus.REJECTED, failed_reason(failed.detail)
         _flag(s, upd, "verification_failed", f"round {upd.round}: {failed.detail}")
+    elif drift is not None:  # could be honest drift: not aggregated, unpaid; never the bond
+        upd.verification, upd.verify_detail = "drift", drift.detail
+        if upd.status == UpdateStatus.ACCEPTED:
+            upd.status, upd.reason = UpdateStatus.REJECTED, drift_reason(drift.detail)
+        _flag(s, upd, "replay_drift", f"round {upd.round}: {drift.detail}")
+    else:
+        upd.verification = "passed"
+        upd.verify_detail = "; ".join(v.detail for v in verdicts)
     s.commit()
     ctx.notifier.bump()
     ctx.notifier.poke_driver()
@@ -478,8 +500,11 @@ def summary(s: Session, run: Run) -> dict[str, Any] | None:
     return {
         "rate": rate,
         "updates": sum(counts.values()),
-        "checked": sum(counts.get(k, 0) for k in ("passed", "failed", "revealed", "challenged", "unanswered", "error")),
+        "checked": sum(
+            counts.get(k, 0) for k in ("passed", "drift", "failed", "revealed", "challenged", "unanswered", "error")
+        ),
         "passed": counts.get("passed", 0),
+        "drift": counts.get("drift", 0),  # missed within drift: unpaid, not slashed
         "failed": counts.get("failed", 0),
         "unanswered": counts.get("unanswered", 0),
         "errors": counts.get("error", 0),

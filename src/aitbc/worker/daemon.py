@@ -755,7 +755,12 @@ class Worker:
             cfg = state.trainer.cfg
             after = state.codec.residual if feedback else None
             proof = recorder.commitment(
-                residual_in, after, batch_size=cfg.batch_size, lr=cfg.lr, data_seed=data_seed(job["seed"], round)
+                residual_in,
+                after,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                data_seed=data_seed(job["seed"], round),
+                threads=torch.get_num_threads(),  # the verifier re-runs on as many: bit-exact on like hardware
             ).to_json()
         cid = cid_of_bytes(blob)
         t_done = time.perf_counter()

@@ -445,7 +445,8 @@ class UpdateView(Reply):
     reason: str | None
     created_at: float
     verification: str | None = Field(
-        description="unchecked, challenged, revealed, passed, failed or unanswered; null: not verified"
+        description="unchecked, challenged, revealed, passed, drift (a replay missed within its drift bound: "
+        "unpaid, not slashed), failed (proof: slashed) or unanswered; null: not verified"
     )
     verify_detail: str | None
     verify_steps: int = Field(description="local steps the coordinator re-ran to check it")
@@ -650,7 +651,8 @@ class VerificationSummary(Reply):
     updates: int
     checked: int
     passed: int
-    failed: int
+    drift: int = Field(description="updates whose replay missed within its drift bound: unpaid, not slashed")
+    failed: int = Field(description="updates whose check proved a fault: rejected, the worker slashed")
     unanswered: int
     errors: int = Field(description="checks that could not run for a reason proving nothing against the worker")
     pending: int
