@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aitbc.errors import UsageError
-from aitbc.sim.verification import CHEATS, VerifyConfig, VerifyResult, run_verification
+from aitbc.sim.verification import CHEATS, DriftConfig, VerifyConfig, VerifyResult, drift_trial, run_verification
 
 SMALL = dict(workers=6, cheaters=2, rounds=3, local_steps=8, rate=1.0, eval_samples=256)
 
@@ -95,3 +95,36 @@ def test_same_seed_same_outcome():
 def test_bad_options_say_what_is_allowed(options, message):
     with pytest.raises(UsageError, match=message):
         VerifyConfig(**{**SMALL, **options})
+
+
+def test_a_skipper_of_one_interval_in_ten_is_caught_the_round_it_skips_at_a_low_rate():
+    """Issue 33: a skipped interval commits a no-op (its end is its start); the verifier
+    re-runs every such interval besides its draw, so at r = 0.1 the skipper is caught, with
+    proof, in its first round, not at ~10% a round."""
+    r = _run(cheat="skip", skip_fraction=0.1, rate=0.1, local_steps=20)
+    assert r.false_accusations == [] and r.honest_drift == []
+    assert set(r.caught_round.values()) == {1} and r.proved_round == r.caught_round
+    assert r.replay_share <= 0.2  # honest updates still cost about r (no no-op intervals of theirs)
+
+
+def test_workers_on_other_threads_than_the_verifier_are_never_accused():
+    r = _run(cheat="wrong-random", worker_threads=2, verify_threads=1, state_threads=False)
+    assert r.false_accusations == []
+    assert sorted(r.caught_round) == r.cheaters
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "transformer"])
+def test_a_drift_trial_accuses_no_honest_interval_and_judges_the_cheater(model):
+    out = drift_trial(DriftConfig(model=model, optimizer="adamw", lr=0.3, worker_threads=2, local_steps=6))
+    assert out["honest"]["fault"] == 0 and out["honest"]["intervals"] == 6
+    assert out["cheat"]["passed"] + out["cheat"]["drift"] + out["cheat"]["fault"] == 6
+    assert out["cheat"]["fault"] + out["cheat"]["drift"] > 0
+
+
+def test_drift_options_say_what_is_allowed():
+    with pytest.raises(UsageError, match="unknown model"):
+        DriftConfig(model="rnn")
+    with pytest.raises(UsageError, match="unknown size"):
+        DriftConfig(size="huge")
+    with pytest.raises(UsageError, match="threads must be at least 1"):
+        VerifyConfig(**{**SMALL, "worker_threads": 0})

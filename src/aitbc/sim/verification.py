@@ -6,8 +6,14 @@ encoded update; the verifier runs the coordinator's protocol on each update -- t
 at the verification rate and :func:`~aitbc.training.proof.check_interval` on each chosen
 interval with the states the worker *reveals* (as bytes, parsed as a coordinator would), and
 :func:`~aitbc.training.proof.check_update` whenever the last interval is among the chosen.
-A failed check is a caught worker: its update is left out of the round and it is ejected.
-The verifier knows only what a coordinator knows (each worker's assigned shard, job seed,
+A check that fails with proof (a fault: :data:`~aitbc.training.proof.FAULT`) ejects the worker
+(the coordinator slashes it); one that missed within its drift bound
+(:data:`~aitbc.training.proof.DRIFT`) only leaves the update out, unpaid: the worker stays.
+Either is a detected update; only faults count against honest workers (false accusations).
+The verifier also re-runs every interval whose committed end is its start
+(:func:`~aitbc.training.proof.null_intervals`), as the coordinator does. Workers train on
+``worker_threads`` torch threads, the verifier re-runs on ``verify_threads`` (or on the
+count the commitment states, with ``state_threads``). The verifier knows only what a coordinator knows (each worker's assigned shard, job seed,
 the round's model and the codec); nothing here tells it who cheats.
 
 The cheats (``CHEATS``) each fabricate the whole commitment consistently, so that only a
@@ -40,7 +46,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -54,6 +60,7 @@ from aitbc.core.outer import build_outer
 from aitbc.errors import IntegrityError, UsageError
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
+from aitbc.training.data_spec import DataSpec
 from aitbc.training.datasets import DataOptions, load_dataset
 from aitbc.training.local import LocalConfig, LocalTrainer, evaluate
 from aitbc.training.models import build_model
@@ -69,7 +76,10 @@ from aitbc.training.proof import (
     check_update,
     choose_intervals,
     commit_every,
+    fault,
+    null_intervals,
     replay,
+    replay_threads,
 )
 from aitbc.training.sharding import shard_indices
 
@@ -99,6 +109,9 @@ class VerifyConfig:
     eval_samples: int = 1024
     seed: int = 0
     stop_when_caught: bool = False  # end the run once every cheater is caught (detection trials)
+    worker_threads: int = 1  # torch threads each worker trains on
+    verify_threads: int = 1  # torch threads the verifier re-runs on ...
+    state_threads: bool = True  # ... unless the commitment states the worker's (then on those: bit-exact)
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -118,6 +131,8 @@ class VerifyConfig:
             raise UsageError(f"stale_by must be at least 1, got {self.stale_by}")
         if not self.copy_noise >= 0:
             raise UsageError(f"copy_noise must be >= 0, got {self.copy_noise}")
+        if self.worker_threads < 1 or self.verify_threads < 1:
+            raise UsageError("worker_threads and verify_threads must be at least 1")
 
 
 @dataclass(slots=True)
@@ -140,9 +155,11 @@ class VerifyResult:
     config: dict[str, Any]
     cheaters: list[int]
     rounds: int  # rounds played
-    caught_round: dict[int, int]  # cheater -> round its check failed (absent: never caught)
-    caught_by: dict[int, str]  # cheater -> the check that failed ("start", "interval", "reveal", "update")
-    false_accusations: list[dict[str, Any]]  # honest workers that failed a check (must be none)
+    caught_round: dict[int, int]  # cheater -> first round an update of it was detected (absent: never)
+    caught_by: dict[int, str]  # cheater -> the check that detected it ("start", "interval", "reveal", "update")
+    proved_round: dict[int, int]  # cheater -> round a check proved it (a fault: slashed, ejected)
+    false_accusations: list[dict[str, Any]]  # honest workers a check faulted (would be slashed: must be none)
+    honest_drift: list[dict[str, Any]]  # honest updates left out unpaid as possible drift (not slashed)
     cheater_updates: int  # cheaters' updates received (until ejected)
     cheater_updates_caught: int
     cheater_updates_accepted: int  # aggregated before their cheater was caught
@@ -161,6 +178,9 @@ class VerifyResult:
 
     def caught_within(self, rounds: int) -> int:
         return sum(1 for r in self.caught_round.values() if r <= rounds)
+
+    def proved_within(self, rounds: int) -> int:
+        return sum(1 for r in self.proved_round.values() if r <= rounds)
 
     @property
     def mean_detection_round(self) -> float | None:
@@ -181,6 +201,7 @@ class VerifyResult:
         out = asdict(self)
         out["caught_round"] = {str(k): v for k, v in self.caught_round.items()}
         out["caught_by"] = {str(k): v for k, v in self.caught_by.items()}
+        out["proved_round"] = {str(k): v for k, v in self.proved_round.items()}
         out["mean_detection_round"] = self.mean_detection_round
         out["replay_share"] = self.replay_share
         out["wall_share"] = self.wall_share
@@ -227,7 +248,8 @@ class Worker:
 
     def submit(self, view: RoundView) -> Submission:
         fabricate = _FABRICATIONS["honest" if self.cheat is None else self.cheat]
-        states = fabricate(self, view)
+        with replay_threads(self.cfg.worker_threads):
+            states = fabricate(self, view)
         res_in: Tensor | None = None
         if isinstance(self.codec, ErrorFeedback):
             if self.codec.residual is None:  # the first round starts from a zero residual, committed as such
@@ -238,7 +260,8 @@ class Worker:
         res_out = self.codec.residual if isinstance(self.codec, ErrorFeedback) else None
         rec = Recorder(self.cfg.local_steps)
         rec.states = {s.step: s for s in states}
-        return Submission(self.index, rec.commitment(res_in, res_out), blob, res_in, states)
+        threads = self.cfg.worker_threads if self.cfg.state_threads else None
+        return Submission(self.index, rec.commitment(res_in, res_out, threads=threads), blob, res_in, states)
 
     # helpers for fabrications
 
@@ -357,22 +380,30 @@ class Verifier:
         return TrainState.from_bytes(data, numel=sub.states[0].params.numel())
 
     def verify(self, sub: Submission, params: Tensor, round: int) -> tuple[Verdict | None, int]:
-        """The first failed verdict (None: the update passed) and the steps replayed."""
+        """The verdict that decides (a fault, else a drift miss; None: the update passed)
+        and the steps replayed."""
+        with replay_threads(self.cfg.verify_threads):
+            return self._verify(sub, params, round)
+
+    def _verify(self, sub: Submission, params: Tensor, round: int) -> tuple[Verdict | None, int]:
         c = sub.commitment
         v = check_start(c, params)
         if not v.ok:
             return v, 0
-        chosen = choose_intervals(c.intervals, self.cfg.rate, self.gen)
+        chosen = sorted(set(choose_intervals(c.intervals, self.cfg.rate, self.gen)) | set(null_intervals(c)))
         a = self.replays[sub.worker]
         r = Replay(a.model, a.x, a.y, a.cfg, data_seed(a.seed, round))
         replayed = 0
+        drift: Verdict | None = None
         try:
             for i in chosen:
                 start, end = self._reveal(sub, i), self._reveal(sub, i + 1)
                 v = check_interval(c, i, start, end, r)
                 replayed += v.steps_replayed
-                if not v.ok:
+                if v.provable:
                     return v, replayed
+                if not v.ok and drift is None:  # a drift miss goes on: a fault elsewhere is still proof
+                    drift = v
             if chosen and chosen[-1] == c.intervals - 1:
                 final = self._reveal(sub, c.intervals)
                 self.update_checks += 1
@@ -380,8 +411,8 @@ class Verifier:
                 if not v.ok:
                     return v, replayed
         except IntegrityError as e:  # a revealed blob that does not parse is a failed reveal
-            return Verdict(False, "reveal", None, None, str(e)), replayed
-        return None, replayed
+            return fault("reveal", None, str(e)), replayed
+        return drift, replayed
 
 
 def run_verification(cfg: VerifyConfig) -> VerifyResult:
@@ -432,7 +463,9 @@ def run_verification(cfg: VerifyConfig) -> VerifyResult:
     ejected: set[int] = set()
     caught_round: dict[int, int] = {}
     caught_by: dict[int, str] = {}
+    proved: dict[int, int] = {}
     false: list[dict[str, Any]] = []
+    honest_drift: list[dict[str, Any]] = []
     tally = dict(cu=0, cc=0, ca=0, hu=0, hts=0, hrs=0, rs=0)
     train_s = honest_verify_s = verify_s = 0.0
     rounds_run = 0
@@ -464,14 +497,18 @@ def run_verification(cfg: VerifyConfig) -> VerifyResult:
                 tally["hrs"] += replayed
             else:
                 tally["cu"] += 1
-            if verdict is not None:
-                ejected.add(s.worker)
+            if verdict is not None:  # left out of the round, unpaid
+                seen = {"round": rnd, "worker": s.worker, "check": verdict.check, "detail": verdict.detail}
+                if verdict.provable:  # proof: slashed and ejected
+                    ejected.add(s.worker)
                 if honest:
-                    false.append({"round": rnd, "worker": s.worker, "check": verdict.check, "detail": verdict.detail})
+                    (false if verdict.provable else honest_drift).append(seen)
                 else:
                     tally["cc"] += 1
-                    caught_round[s.worker] = rnd
-                    caught_by[s.worker] = verdict.check
+                    caught_round.setdefault(s.worker, rnd)
+                    caught_by.setdefault(s.worker, verdict.check)
+                    if verdict.provable:
+                        proved[s.worker] = rnd
                 continue
             if not honest:
                 tally["ca"] += 1
@@ -489,7 +526,9 @@ def run_verification(cfg: VerifyConfig) -> VerifyResult:
         rounds=rounds_run,
         caught_round=caught_round,
         caught_by=caught_by,
+        proved_round=proved,
         false_accusations=false,
+        honest_drift=honest_drift,
         cheater_updates=tally["cu"],
         cheater_updates_caught=tally["cc"],
         cheater_updates_accepted=tally["ca"],
@@ -506,3 +545,101 @@ def run_verification(cfg: VerifyConfig) -> VerifyResult:
         final_val_loss=loss,
         wall_seconds=time.perf_counter() - t0,
     )
+
+
+# --- honest drift across configs: what a replay on other threads makes of honest work -----------
+
+Task = Literal["classification", "language"]
+# model: (task, one sample's shape, classes or vocabulary, options) in two sizes: "small" (a
+# benchmark's default, seconds a trial on 2 cores) and "large" (the built-in defaults, or near:
+# kernels that split across threads, so other thread counts sum in other orders)
+DRIFT_MODELS: dict[str, dict[str, tuple[Task, tuple[int, ...], int, dict[str, Any]]]] = {
+    "small": {
+        "mlp": ("classification", (64,), 10, {"hidden": [64]}),
+        "cnn": ("classification", (1, 16, 16), 10, {"channels": [8, 16], "hidden": 32}),
+        "transformer": ("language", (32,), 64, {"context": 32, "d_model": 32, "n_layers": 1, "n_heads": 2}),
+    },
+    "large": {
+        "mlp": ("classification", (784,), 10, {"hidden": [256]}),
+        "cnn": ("classification", (1, 28, 28), 10, {}),
+        "transformer": ("language", (64,), 256, {}),
+    },
+}
+
+
+@dataclass(kw_only=True)
+class DriftConfig:
+    """One honest worker on ``worker_threads`` threads and a cheater training on random data
+    of the shard's shape, each re-run interval by interval by a verifier on
+    ``verify_threads`` (or, with ``state_threads``, on the count the commitment states)."""
+
+    model: str = "mlp"
+    optimizer: str = run_defaults.INNER_OPT
+    lr: float = run_defaults.LR
+    worker_threads: int = 2
+    verify_threads: int = 1
+    state_threads: bool = False
+    local_steps: int = 20
+    batch_size: int = 32
+    samples: int = 128
+    size: str = "small"  # DRIFT_MODELS' sizes
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size not in DRIFT_MODELS:
+            raise UsageError(f"unknown size {self.size!r}; allowed: {', '.join(DRIFT_MODELS)}")
+        if self.model not in DRIFT_MODELS[self.size]:
+            raise UsageError(f"unknown model {self.model!r}; allowed: {', '.join(DRIFT_MODELS[self.size])}")
+        if self.worker_threads < 1 or self.verify_threads < 1:
+            raise UsageError("worker_threads and verify_threads must be at least 1")
+
+
+def _drift_problem(cfg: DriftConfig) -> tuple[torch.nn.Module, Tensor, Tensor]:
+    task, shape, classes, opts = DRIFT_MODELS[cfg.size][cfg.model]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if task == "language":
+        x = torch.randint(0, classes, (cfg.samples, *shape), generator=gen)
+        y = x.roll(-1, 1)
+    else:
+        x = torch.randn((cfg.samples, *shape), generator=gen)
+        y = torch.randint(0, classes, (cfg.samples,), generator=gen)
+    torch.manual_seed(cfg.seed + 1)
+    return build_model(cfg.model, DataSpec(task, shape, classes), opts), x, y
+
+
+def drift_trial(cfg: DriftConfig) -> dict[str, Any]:
+    """Every interval of one honest round (after a round that gives the optimizer state)
+    and of one wrong-data cheater's round, judged: counts of each outcome, the largest
+    honest miss and the smallest cheat distance."""
+    t0 = time.perf_counter()
+    model, x, y = _drift_problem(cfg)
+    local = LocalConfig(steps=cfg.local_steps, batch_size=cfg.batch_size, optimizer=cfg.optimizer, lr=cfg.lr)
+    start = flat_params(model)
+    out: dict[str, Any] = {"config": asdict(cfg)}
+    junk = torch.Generator().manual_seed(cfg.seed + 7)
+    classes = DRIFT_MODELS[cfg.size][cfg.model][2]
+    if x.is_floating_point():
+        fake_x = torch.randn(x.shape, generator=junk)
+    else:
+        fake_x = torch.randint(0, classes, x.shape, generator=junk)
+    for who, tx in (("honest", x), ("cheat", fake_x)):
+        trainer = LocalTrainer(copy.deepcopy(model), tx, y, copy.deepcopy(local), seed=5)
+        rec = Recorder(cfg.local_steps)
+        with replay_threads(cfg.worker_threads):
+            trainer.train_round(start, round=1)
+            trainer.train_round(start, round=2, recorder=rec)
+        c = rec.commitment(None, None, threads=cfg.worker_threads if cfg.state_threads else None)
+        b = sorted(rec.states)
+        r = Replay(copy.deepcopy(model), x, y, copy.deepcopy(local), data_seed(5, 2))
+        counts = {"passed": 0, "drift": 0, "fault": 0}
+        worst = 0.0
+        least = float("inf")
+        with replay_threads(cfg.verify_threads):
+            for i in range(len(b) - 1):
+                v = check_interval(c, i, rec.states[b[i]], rec.states[b[i + 1]], r)
+                counts[v.outcome] += 1
+                err = v.error if v.error is not None else float("inf")
+                worst, least = max(worst, err), min(least, err)
+        out[who] = {**counts, "intervals": len(b) - 1, "max_error": worst, "min_error": least}
+    out["seconds"] = time.perf_counter() - t0
+    return out
