@@ -359,3 +359,20 @@ def test_a_manual_owner_who_leaves_delivered_updates_out_of_its_aggregate_pays_t
     assert [r["due_micro"] for r in out["data"]] == [AIT, AIT] and [r["paid_micro"] for r in out["data"]] == [AIT, AIT]
     assert [balance(coord, w.wallet.address) for w in workers] == [b + AIT for b in before]
     assert balance(coord, owner.wallet.address) == 70 * AIT + 28 * AIT
+
+
+def test_hiring_mid_run_counts_the_rounds_left_against_escrow_and_wallet(new_coordinator, api):
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 2, prefix="mid")  # 3 rounds, 100 AIT budget escrowed
+    t.owner.post("/wallets/send", {"to": coord.client("sink").wallet.address, "amount": "900"})  # the rest goes
+    dear = api.register_worker(coord, "dear", price="50")
+    before = coord.snapshot()
+    with pytest.raises(api.ApiError) as e:  # 3 rounds left x (1 + 1 + 50) = 156 > 100 escrowed + 0
+        t.owner.post(f"/runs/{t.run_id}/contracts", {"worker_id": dear.wallet.address, "price": "50"})
+    api.assert_api_error(e, 409, "insufficient_funds", "for 3 rounds left", "needs 56 AIT", "short by 56 AIT")
+    assert coord.snapshot() == before
+    cheap = api.register_worker(coord, "cheap", price="1")  # 3 x 3 = 9: the escrow covers it
+    assert (
+        t.owner.post(f"/runs/{t.run_id}/contracts", {"worker_id": cheap.wallet.address, "price": "1"})["status"]
+        == "hired"
+    )

@@ -136,9 +136,12 @@ def distribution_cost(rounds: int, contracts: Iterable[Contract]) -> int:
 
 
 def planned_rounds(run: Run) -> int:
-    """The rounds a run's contracts are counted for: its config's, or, before
-    ``distribute`` names them, the default plan's."""
-    return run.cfg.rounds if run.configured else run_defaults.ROUNDS
+    """The rounds a run's contracts are counted for: before ``distribute`` names them, the
+    default plan's; after, the rounds still to train (the open one included), since the
+    escrow left has paid for those before them."""
+    if not run.configured:
+        return run_defaults.ROUNDS
+    return max(1, run.cfg.rounds - max(run.round, 1) + 1)
 
 
 def hire_commitment(ctx: Context, s: Session, run: Run, extra: int = 0) -> int:
@@ -180,7 +183,8 @@ def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]
         409,
         "insufficient_funds",
         f"hiring {len(new)} worker{'s' if len(new) != 1 else ''} at {format_price(sum(new))} AIT per round "
-        f"for {rounds} rounds{'' if run.configured else ' (the default plan until distribute names the rounds)'} "
+        f"for {rounds} round{'s' if rounds != 1 else ''}"
+        f"{' left' if run.configured else ' (the default plan until distribute names the rounds)'} "
         f"needs {format_price(need)} AIT beyond run {run.id}'s escrow; wallet {run.owner} holds "
         f"{format_price(have)} AIT{held_by}; short by {format_price(need + others - have)} AIT; "
         f"{_fund_hint(need + others - have)}; no contract was made",
