@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from aitbc.core.compression import build_codec
 from aitbc.ledger.records import make_record
 from aitbc.ledger.wallet import Wallet
 
@@ -574,3 +575,161 @@ def test_a_proven_equivocator_records_no_more_rounds_and_is_not_waited_for(new_c
     wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r >= 3, timeout=30)
     rows = t.coord.rows("SELECT worker_id FROM updates WHERE run_id = :r AND round = 2", r=t.run_id)
     assert sorted(r["worker_id"] for r in rows) == sorted(w.wallet.address for w in (wb, wc))
+
+
+# --- copies: a model signed first by another job earns nothing ------------------------------
+
+
+def _models(t, n: int, seed: int = 100) -> list[torch.Tensor]:
+    base = round_params(t, 0)
+    return [base + 1e-3 * torch.randn(t.d, generator=torch.Generator().manual_seed(seed + i)) for i in range(n)]
+
+
+def test_a_model_signed_first_by_another_job_earns_nothing(new_coordinator, api):
+    """A worker that signs a neighbour's CID as its own is flagged ``gossip_copy`` and its
+    model is not counted, also when it publishes before the neighbour does (the neighbour
+    claimed its record first: a worker with a server reports its own record before it
+    serves it), and when the CID is of an earlier round; the neighbour is never blamed."""
+    t = api.start_training_run(new_coordinator(), 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    a1, b1, c1, c2 = (_put(wa, update_blob(m)) for m in _models(t, 4))
+    job = {w: t.jobs[w.wallet.address] for w in t.workers}
+
+    assert [v["verdict"] for v in _witness(wa, _publish(wa, t, 1, a1))] == ["kept"]  # A's claim, before serving it
+    wb.post(f"/jobs/{job[wb]}/records", _publish(wb, t, 1, a1))  # B copies it, and is first to publish
+    assert _flags(t) == [(wb.wallet.address, 1, "gossip_copy")] and _status(t, wb, 1) == "rejected"
+    wa.post(f"/jobs/{job[wa]}/records", _publish(wa, t, 1, a1))  # A's own: kept
+    assert _status(t, wa, 1) == "accepted"
+    wc.post(f"/jobs/{job[wc]}/records", _publish(wc, t, 1, c1))
+    wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+
+    # round 2: C signs A's round-1 model as its round 2: a CID another job published before
+    wa.post(f"/jobs/{job[wa]}/records", _publish(wa, t, 2, b1))
+    wc.post(f"/jobs/{job[wc]}/records", _publish(wc, t, 2, a1))
+    wb.post(f"/jobs/{job[wb]}/records", _publish(wb, t, 2, c2))
+    assert _flags(t) == [(wb.wallet.address, 1, "gossip_copy"), (wc.wallet.address, 2, "gossip_copy")]
+    wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+
+    paid = {}
+    for r in (1, 2):
+        for w, amount in _paid_when_settled(t, r, 3).items():
+            paid[w] = paid.get(w, 0) + amount
+    assert paid[wb.wallet.address] == _paid_when_settled(t, 2, 3)[wb.wallet.address] > 0  # its own round 2 only
+    assert paid[wc.wallet.address] == _paid_when_settled(t, 1, 3)[wc.wallet.address] > 0  # its own round 1 only
+    assert paid[wa.wallet.address] == 2 * paid[wb.wallet.address]
+
+
+def test_a_copy_with_small_noise_is_caught_and_the_original_kept(new_coordinator, api):
+    """B publishes A's model plus noise of 0.05% of the honest spread (another CID): at the
+    close it is far nearer A's model than honest training puts two models, and B signed it
+    after A claimed its own: B is flagged ``gossip_copy`` and left out of the consensus; A,
+    C and D are kept. In round 2, C publishes A's round-1 model with other noise: a copy of
+    an earlier round's model, flagged too."""
+    t = api.start_training_run(new_coordinator(), 4, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc, wd = t.workers
+    ma, mc, md, ma2, mb2, md2 = _models(t, 6)
+    spread = float((ma - mc).norm())
+    noise = torch.randn(t.d, generator=torch.Generator().manual_seed(7))
+    mb = ma + 0.0005 * spread * noise / noise.norm()
+    job = {w: t.jobs[w.wallet.address] for w in t.workers}
+    cid = {name: _put(wa, update_blob(m)) for name, m in dict(a=ma, b=mb, c=mc, d=md).items()}
+    _witness(wa, _publish(wa, t, 1, cid["a"]))  # A claims, then serves
+    _witness(wb, _publish(wb, t, 1, cid["b"]))  # B claims its copy after it read A's
+    for w, name in ((wb, "b"), (wa, "a"), (wc, "c"), (wd, "d")):
+        w.post(f"/jobs/{job[w]}/records", _publish(w, t, 1, cid[name]))
+    wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=30)
+    assert _flags(t) == [(wb.wallet.address, 1, "gossip_copy")]
+    assert [_status(t, w, 1) for w in t.workers] == ["accepted", "rejected", "accepted", "accepted"]
+    expected = torch.stack([ma, mc, md]).median(dim=0).values  # the consensus: without the copy
+    assert torch.allclose(round_params(t, 1), expected, atol=1e-6)
+
+    mc2 = ma + 0.0005 * spread * noise / noise.norm() * -1  # C: A's round-1 model, other noise
+    for w, m in ((wa, ma2), (wb, mb2), (wc, mc2), (wd, md2)):
+        w.post(f"/jobs/{job[w]}/records", _publish(w, t, 2, _put(wa, update_blob(m))))
+    wait_for("round 2 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 3, timeout=30)
+    assert _flags(t) == [(wb.wallet.address, 1, "gossip_copy"), (wc.wallet.address, 2, "gossip_copy")]
+
+
+# --- slow and endless peers -------------------------------------------------------------------
+
+
+class _BadPeer:
+    """A worker's real peer server (aitbc.worker.peers.BlobServer) holding one model and
+    serving it badly (``trickle``: a byte every 2 s; ``endless``: bytes for ever after it)."""
+
+    def __init__(self, tmp, blob: bytes, how: str) -> None:
+        from aitbc.storage.blobstore import LocalBlobStore
+        from aitbc.worker.peers import BlobServer
+
+        self.store = LocalBlobStore(tmp / "peer", durable=False)
+        self.cid = self.store.put_bytes(blob)
+        self.server = BlobServer("127.0.0.1", 0, lambda c: self.store.dir / c if self.store.has(c) else None)
+        self.server.misbehave = how
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+
+def test_a_slow_peer_holds_only_its_own_round_up_to_the_deadline(new_coordinator, api, tmp_path, monkeypatch):
+    """A's model comes a byte every 2 s. The round is due on records, but the driver does
+    not wait on the fetch: it runs on a thread of its own while a second gossip run on the
+    same coordinator closes two rounds; A's round closes once the fetch's wall-clock
+    deadline passed (whatever the trickle), A's model excluded: unpaid, not flagged."""
+    from aitbc.coordinator import peers
+
+    monkeypatch.setattr(peers, "FETCH_SECONDS", 20.0)
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 3, mode="gossip", topology="ring", aggregator="median")
+    other = api.start_training_run(coord, 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    ma, mb, mc = _models(t, 3)
+    slow = _BadPeer(tmp_path, update_blob(ma), "trickle")
+    try:
+        coord.ctx.peers.advertise(wa.wallet.address, slow.url)
+        for w, m in ((wa, None), (wb, mb), (wc, mc)):
+            cid = slow.cid if m is None else _put(w, update_blob(m))
+            w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, 1, cid))
+        key = (wa.wallet.address, slow.cid)
+        wait_for("the coordinator fetching A's model", lambda: coord.ctx.peers.fetches.pending(key), bool)
+        for r in (1, 2):
+            models = _models(other, 3, seed=200 + 10 * r)
+            for w, m in zip(other.workers, models, strict=True):
+                w.post(f"/jobs/{other.jobs[w.wallet.address]}/records", _publish(w, other, r, _put(w, update_blob(m))))
+            wait_for(
+                f"the other run's round {r}",
+                lambda: other.owner.get(f"/runs/{other.run_id}")["round"],
+                lambda n, r=r: n > r,
+                15,
+            )
+        assert coord.ctx.peers.fetches.pending(key)  # still fetching A's model...
+        assert t.owner.get(f"/runs/{t.run_id}")["round"] == 1  # ...and only its round waits for it
+        wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=90)
+        assert [_status(t, w, 1) for w in t.workers] == ["excluded", "accepted", "accepted"]
+        assert not _flags(t) and not coord.ctx.store.has(slow.cid)
+    finally:
+        slow.server.close()
+
+
+def test_an_endless_peer_is_refused_at_the_models_size_and_flagged(new_coordinator, api, tmp_path):
+    """A's server sends its model, then bytes for ever: the coordinator stops at the run's
+    model size (exactly known from its codec and parameter count), keeps nothing, and flags
+    A ``bad_peer_blob``: the bytes it served for the CID it signed are not that CID."""
+    from aitbc.core.gossip import model_bytes
+
+    coord = new_coordinator()
+    t = api.start_training_run(coord, 3, mode="gossip", topology="ring", aggregator="median")
+    wa, wb, wc = t.workers
+    ma, mb, mc = _models(t, 3)
+    run = t.owner.get(f"/runs/{t.run_id}")
+    blob = build_codec(run["config"]["compression"], {}).encode(ma)
+    assert len(blob) == model_bytes(run["config"]["compression"], t.d)
+    endless = _BadPeer(tmp_path, blob, "endless")
+    try:
+        coord.ctx.peers.advertise(wa.wallet.address, endless.url)
+        for w, m in ((wa, None), (wb, mb), (wc, mc)):
+            cid = endless.cid if m is None else _put(w, update_blob(m))
+            w.post(f"/jobs/{t.jobs[w.wallet.address]}/records", _publish(w, t, 1, cid))
+        wait_for("round 1 recorded", lambda: t.owner.get(f"/runs/{t.run_id}")["round"], lambda r: r == 2, timeout=60)
+        assert _flags(t) == [(wa.wallet.address, 1, "bad_peer_blob")]
+        assert [_status(t, w, 1) for w in t.workers] == ["rejected", "accepted", "accepted"]
+        assert not coord.ctx.store.has(endless.cid)
+    finally:
+        endless.server.close()

@@ -21,6 +21,7 @@ import torch
 
 from aitbc.client import CoordinatorClient
 from aitbc.core.compression import build_codec
+from aitbc.core.gossip import model_bytes
 from aitbc.ledger.records import make_record
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.blobstore import LocalBlobStore
@@ -142,6 +143,7 @@ def _loop(tmp: Path, wait: float) -> GossipLoop:
     loop.w, loop.training_id, loop.rounds, loop.d = worker, "t", ROUNDS, D  # type: ignore[assignment]
     loop.wait, loop.max_staleness, loop.lagging = wait, 4, {}
     loop.incoming = LocalBlobStore(tmp / "incoming", durable=False)
+    loop.model_size = model_bytes("none", D)
     return loop
 
 

@@ -17,6 +17,7 @@ from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.storage.peer_url import check_advertise
+from aitbc.worker import cheats
 from aitbc.worker.peers import BlobServer, PeerFetcher, PeerUnavailable, parse_listen
 
 DATA = bytes(range(256)) * 4000  # ~1 MB: more than one streamed piece
@@ -224,4 +225,89 @@ def test_a_listen_address_in_use_is_one_clear_error(held):
         with pytest.raises(AitbcError, match=f"--listen 127.0.0.1:{server.port}: cannot listen there: already in use"):
             BlobServer("127.0.0.1", server.port, lambda cid: None)
     finally:
+        server.close()
+
+
+# --- slow and endless peers (issue 33): a deadline however the bytes come, a cap at the size ---
+
+
+class _Counting(LocalBlobStore):
+    """A store that remembers the most bytes any of its writers held (what a fetch cost on disk)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, durable=False)
+        self.writers: list = []
+
+    def writer(self, cid: str):
+        w = super().writer(cid)
+        self.writers.append(w)
+        return w
+
+
+def test_a_trickling_peer_is_given_up_at_the_deadline_whatever_it_sends(held, tmp_path, monkeypatch):
+    """``misbehave="trickle"``: a byte every 0.1 s with an honest Content-Length, so every
+    read returns within the read timeout (0.5 s) and ~1 MB would take a day. The fetch's deadline
+    (4 x timeout, wall clock, enforced by shutting the socket down) ends it: PeerUnavailable,
+    nothing kept, the peer's connection closed."""
+    monkeypatch.setattr(cheats, "TRICKLE_SECONDS", 0.1)
+    server = _server(held)
+    server.misbehave = "trickle"
+    fetcher = PeerFetcher(timeout=0.5)
+    store = LocalBlobStore(tmp_path / "in", durable=False)
+    try:
+        with pytest.raises(PeerUnavailable, match=r"too slow: \d+ bytes of .* in 2 s"):
+            fetcher.download(f"http://127.0.0.1:{server.port}", CID, store)
+        assert not store.has(CID) and not list(store.dir.iterdir())
+    finally:
+        fetcher.close()
+        server.close()
+
+
+def test_headers_sent_a_byte_at_a_time_cannot_hold_a_fetch(tmp_path):
+    """A peer that never finishes its headers (a line every 0.2 s, each read well inside the
+    read timeout) is cut at the deadline too: the deadline covers the whole exchange."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.2):
+                try:
+                    conn.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    fetcher = PeerFetcher(timeout=0.5)
+    try:
+        with pytest.raises(PeerUnavailable, match="too slow"):
+            fetcher.download(f"http://127.0.0.1:{listener.getsockname()[1]}", CID, LocalBlobStore(tmp_path / "in"))
+    finally:
+        stop.set()
+        fetcher.close()
+        listener.close()
+
+
+def test_an_endless_peer_costs_at_most_the_blobs_size(held, tmp_path):
+    """``misbehave="endless"``: the blob, then bytes for ever (no Content-Length). Given the
+    blob's known size, the fetch stops at the byte past it: IntegrityError (reported as a bad
+    peer), nothing kept, and never more than that size written. Without a size only the
+    deadline bounds it (the coordinator's and a gossip worker's fetches always give one)."""
+    server = _server(held)
+    server.misbehave = "endless"
+    fetcher = PeerFetcher(timeout=5.0)
+    store = _Counting(tmp_path / "in")
+    try:
+        with pytest.raises(IntegrityError, match=f"longer than its {len(DATA)} bytes; refused at that byte"):
+            fetcher.download(f"http://127.0.0.1:{server.port}", CID, store, max_bytes=len(DATA))
+        assert [w.size for w in store.writers] == [len(DATA)]  # on disk at most: the blob's own size
+        assert not store.has(CID) and not list(store.dir.iterdir())
+        # the coordinator's check of an accused peer stops at the blob's size as well: bad
+        assert _fetch_and_check(f"http://127.0.0.1:{server.port}", CID, len(DATA)) == "bad"
+    finally:
+        fetcher.close()
         server.close()

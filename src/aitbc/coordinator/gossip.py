@@ -56,7 +56,6 @@ import logging
 import math
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -82,16 +81,16 @@ from aitbc.coordinator.states import (
     transition,
 )
 from aitbc.core.compression import decode as decode_model
-from aitbc.core.gossip import PACE_MIN_STEPS, robust_combine
+from aitbc.core.gossip import PACE_MIN_STEPS, model_bytes, near_copies, robust_combine
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import record_problem
 from aitbc.storage.cid import is_cid
+from aitbc.storage.peer_fetch import TooLong
 
 log = logging.getLogger("aitbc.coordinator")
 
 OUTLIER = 3.0  # a model this many times the round's median distance from the consensus is an outlier
 WORSE = 1.5  # a model whose validation loss is this many times the round's median is an outlier
-FETCH_THREADS = 8  # a round's models fetched at once, at most
 
 
 # --- the roster ------------------------------------------------------------------------
@@ -179,6 +178,11 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     seen = s.scalar(
         select(Witness.cid).where(Witness.job_id == job.id, Witness.round == r, Witness.cid != rec["cid"]).limit(1)
     )
+    # when the coordinator first held a record of this CID signed by this job's worker: its own
+    # claim (a worker with a server reports its record before it serves it), else now
+    claimed = s.scalar(select(func.min(Witness.created_at)).where(Witness.job_id == job.id, Witness.cid == rec["cid"]))
+    signed_at = min(claimed or now, now)
+    copied = None if seen is not None else _signed_before(s, run, job, rec["cid"], signed_at)
     samples = int(run.data_manifest["shards"][job.shard_index]["samples"])  # the coordinator's count, not the claim
     s.add(
         Update(
@@ -194,7 +198,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
             status=UpdateStatus.ACCEPTED if seen is None else UpdateStatus.REJECTED,
             reason=None if seen is None else f"a peer received another record of round {r} signed by it: {seen}",
             record=signed,
-            created_at=now,
+            created_at=signed_at,
         )
     )
     s.execute(delete(Witness).where(Witness.job_id == job.id, Witness.round == r, Witness.cid == rec["cid"]))
@@ -208,12 +212,48 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
             f"a peer received job {job.id}'s record of round {r} naming {seen}; two signed records of one "
             "round are equivocation: flagged, this one kept as the proof",
         )
+    if copied is not None:  # another job signed this CID first: not this worker's work
+        s.flush()
+        up = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
+        assert up is not None
+        other, other_round = copied
+        _judge(
+            s,
+            up,
+            r,
+            now,
+            "gossip_copy",
+            f"round {r} model {rec['cid']} was signed first by job {other}"
+            + (f" (its round {other_round})" if other_round is not None else ""),
+        )
     if loss is not None:
         job.loss = float(loss)
     job.progress, job.worker_status, job.progress_round, job.updated_at = 100.0, f"published round {r}", r, now
     s.commit()
     ctx.notifier.poke_driver()
     return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": False}
+
+
+def _signed_before(s: Session, run: Run, job: Job, cid: str, at: float) -> tuple[str, int | None] | None:
+    """Another job of the run whose worker the coordinator knew to have signed ``cid`` at or
+    before ``at`` (its published record of any round, or a record of it reported to the
+    coordinator: its own claim or a neighbour's report), with that record's round; None:
+    ``job`` signed it first."""
+    up = s.execute(
+        select(Update.job_id, Update.round)
+        .where(Update.run_id == run.id, Update.cid == cid, Update.job_id != job.id, Update.created_at <= at)
+        .order_by(Update.created_at)
+        .limit(1)
+    ).first()
+    if up is not None:
+        return up[0], int(up[1])
+    seen = s.execute(
+        select(Witness.job_id, Witness.round)
+        .where(Witness.run_id == run.id, Witness.cid == cid, Witness.job_id != job.id, Witness.created_at <= at)
+        .order_by(Witness.created_at)
+        .limit(1)
+    ).first()
+    return None if seen is None else (seen[0], int(seen[1]))
 
 
 def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
@@ -396,12 +436,36 @@ def round_due(ctx: Context, s: Session, run: Run, *, now: float) -> bool:
     waits for that, up to ``2 x lease_seconds`` from its start, before it closes a round
     without a model it could have had."""
     warm_peer_http()
+    _fetched(ctx, s, run, later=True)  # records ahead of their round: their models are fetched meanwhile
     if not _due(s, run, now=now):
         return False
-    if now - max(ctx.started_at, run.round_started_at or 0.0) >= 2 * ctx.settings.lease_seconds:
-        return True
-    cids = s.execute(select(Update.worker_id, Update.cid).where(Update.run_id == run.id, Update.round == run.round))
-    return all(ctx.peers.url(w) is not None or ctx.store.has(cid) for w, cid in cids)
+    if now - max(ctx.started_at, run.round_started_at or 0.0) < 2 * ctx.settings.lease_seconds:
+        cids = s.execute(select(Update.worker_id, Update.cid).where(Update.run_id == run.id, Update.round == run.round))
+        if not all(ctx.peers.url(w) is not None or ctx.store.has(cid) for w, cid in cids):
+            return False
+    return _fetched(ctx, s, run) is not None
+
+
+def _fetched(ctx: Context, s: Session, run: Run, *, later: bool = False) -> dict[tuple[str, str], str] | None:
+    """The verdict (:func:`fetch_model`) on each accepted model of the run's round (with
+    ``later``: of the rounds ahead of it too), or None while any is being fetched. The
+    fetches run on threads of their own (:class:`~aitbc.coordinator.peers.PeerFetches`),
+    never the round driver's: a round whose model comes slowly waits for it, up to the
+    fetch's deadline, while the driver moves every other run; the driver is poked when a
+    fetch ends."""
+    where = Update.round >= run.round if later else Update.round == run.round
+    wanted = [
+        (w, cid)
+        for w, cid in s.execute(
+            select(Update.worker_id, Update.cid).where(
+                Update.run_id == run.id, where, Update.status == UpdateStatus.ACCEPTED
+            )
+        ).all()
+    ]
+    size = model_bytes(run.cfg.compression, run.cfg.d)
+    return ctx.peers.fetches.verdicts(
+        wanted, lambda w, cid: fetch_model(ctx, w, cid, max_bytes=size), ctx.notifier.poke_driver
+    )
 
 
 def _equivocated(s: Session, run: Run) -> dict[str, int]:
@@ -494,34 +558,33 @@ def cannot_make_it(run: Run, job: Job, published: int) -> bool:
     return at + left * per_step > run.round_started_at + PACE_SLACK * deadline
 
 
-def fetch_model(ctx: Context, worker: str, cid: str) -> str:
+def fetch_model(ctx: Context, worker: str, cid: str, *, max_bytes: int | None = None) -> str:
     """Make sure the coordinator holds ``cid``: ``ok`` (held, or fetched from the worker's
     peer server and CID-checked), ``bad`` (the worker served bytes that do not hash to the
-    CID it signed), ``gone`` (not reachable, not held)."""
+    CID it signed, or more than ``max_bytes``, the run's model size, looked up from the
+    worker's record of ``cid`` when not given: refused at the byte past it), ``gone`` (not
+    reachable, not held, no record of it, or not served within
+    :data:`~aitbc.coordinator.peers.FETCH_SECONDS` however slowly it sent)."""
     if ctx.store.has(cid):
         return "ok"
     url = ctx.peers.url(worker)
     if url is None:
         return "gone"
+    if max_bytes is None:
+        with ctx.session() as s:
+            run_id = s.scalar(select(Update.run_id).where(Update.worker_id == worker, Update.cid == cid).limit(1))
+            run = s.get(Run, run_id) if run_id is not None else None
+            if run is None:
+                return "gone"
+            max_bytes = model_bytes(run.cfg.compression, run.cfg.d)
     try:
         with ctx.store.writer(cid) as w:
-            if not stream_from_peer(url, cid, w.write):  # over the store's max_blob_bytes: an AitbcError
+            if not stream_from_peer(url, cid, w.write, max_bytes=max_bytes):
                 return "gone"
             w.commit()
-    except AitbcError:  # bytes that do not hash to the CID it signed (IntegrityError), or too many
+    except (AitbcError, TooLong):  # bytes that do not hash to the CID it signed (IntegrityError), or too many
         return "bad"
     return "ok"
-
-
-def _fetch_all(ctx: Context, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """:func:`fetch_model` of each (worker, CID), all at once: each waits on another worker's
-    server (a busy one answers in 30-150 ms on the loaded 2-core bench machine), so a
-    round's fetches take the slowest one's time, not their sum."""
-    wanted = list(dict.fromkeys(wanted))
-    if len(wanted) <= 1:
-        return {w: fetch_model(ctx, *w) for w in wanted}
-    with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(wanted)), thread_name_prefix="gossip-fetch") as pool:
-        return dict(zip(wanted, pool.map(lambda w: fetch_model(ctx, *w), wanted), strict=True))
 
 
 def close_round(ctx: Context, run_id: str) -> None:
@@ -532,6 +595,8 @@ def close_round(ctx: Context, run_id: str) -> None:
             return
         if run.control != Control.AUTOMATIC:  # its owner's to move (gossip is refused for owner-driven runs)
             return
+        if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING) or _fetched(ctx, s, run) is None:
+            return  # its models are still coming: the driver goes on with other runs meanwhile
         if run.status == RunStatus.TRAINING:
             lock_run(s, run)
             if not ctx.lease.fence(s):
@@ -542,12 +607,14 @@ def close_round(ctx: Context, run_id: str) -> None:
             s.commit()
         if run.status != RunStatus.AGGREGATING:
             return
+        verdicts = _fetched(ctx, s, run)  # a record may have come before the round stopped taking them
+        if verdicts is None:
+            return
         r = run.round
         ups = round_updates(s, run.id, r)
         rt = runtime(ctx, run)
         now = time.time()
         models: list[tuple[Update, int, Tensor]] = []
-        verdicts = _fetch_all(ctx, [(u.worker_id, u.cid) for u, _ in ups if u.status == UpdateStatus.ACCEPTED])
         for u, shard in ups:
             if u.status != UpdateStatus.ACCEPTED:
                 continue
@@ -580,6 +647,7 @@ def close_round(ctx: Context, run_id: str) -> None:
             before = rt.params
             assert before is not None
             consensus, spread = before, None
+            models = _copies(ctx, s, run, r, models, before, now)
             if models:
                 combined = robust_combine(
                     [m for *_, m in models],
@@ -625,7 +693,52 @@ def close_round(ctx: Context, run_id: str) -> None:
         commit_round(ctx, s, run, rt, res, ups, accepted, round=r, fenced=True)
         if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING):
             drop_runtime(ctx, run.id)
+    ctx.peers.fetches.forget(list(verdicts))
     ctx.notifier.bump()
+
+
+def _copies(
+    ctx: Context, s: Session, run: Run, r: int, models: list[tuple[Update, int, Tensor]], before: Tensor, now: float
+) -> list[tuple[Update, int, Tensor]]:
+    """Flag ``gossip_copy`` (rejected, unpaid) each of the round's models that is another
+    worker's with small noise (:func:`aitbc.core.gossip.near_copies`: far nearer another's
+    model of this round or the last, or the last consensus ``before``, than honest training
+    ever puts two models); of two of this round too near each other, the one signed later
+    (a worker with a server claims its record before it serves it). The models kept."""
+    prev: list[Tensor] = []
+    prev_owners: list[str] = []
+    if r > 1:
+        for worker, cid in s.execute(
+            select(Update.worker_id, Update.cid).where(Update.run_id == run.id, Update.round == r - 1)
+        ).all():
+            blob = ctx.store.get_bytes(cid) if ctx.store.has(cid) else None
+            m = _decode(blob, run.cfg.d) if blob is not None else None
+            if m is not None:
+                prev.append(m)
+                prev_owners.append(worker)
+    found = near_copies(
+        [m for *_, m in models],
+        [u.worker_id for u, _, _ in models],
+        before=prev,
+        before_owners=prev_owners,
+        reference=before.to(torch.float32),
+    )
+    copiers: dict[int, str] = {}
+    for near in found:
+        kind, j = near.other
+        i = near.i
+        if kind == "now":  # the later of the two signed records copied the earlier
+            a, b = models[i][0], models[j][0]
+            i, j = (i, j) if a.created_at > b.created_at else (j, i)
+            what = f"job {models[j][0].job_id}'s round {r} model {models[j][0].cid}"
+        elif kind == "before":
+            what = f"{prev_owners[j]}'s round {r - 1} model"
+        else:
+            what = f"the round {r - 1} consensus"
+        copiers.setdefault(i, f"round {r} model is {near.ratio:.3g}x the round's median distance from {what}")
+    for i, why in copiers.items():
+        _judge(s, models[i][0], r, now, "gossip_copy", why)
+    return [m for i, m in enumerate(models) if i not in copiers]
 
 
 def _decode(blob: bytes, d: int) -> Tensor | None:

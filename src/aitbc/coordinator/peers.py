@@ -26,14 +26,17 @@ signal: a peer reported by :data:`DISTRUST_REPORTS` distinct workers is no longe
 (no flag, no money: it costs the coordinator bandwidth, never the peer its reputation).
 
 SSRF: a worker can advertise any http(s) URL. The coordinator fetches from it only to check
-a report, at most once per (peer, CID), only ``GET {url}/v1/blobs/{cid}``, without
-redirects, reading at most the blob's size, with a short timeout, and never returns what it
-read (only whether it hashed to the CID). Workers fetch only URLs the coordinator hands out,
+a report (or a gossip model it signed a record of), at most once per (peer, CID), only
+``GET {url}/v1/blobs/{cid}``, without redirects, reading at most the blob's size (a longer
+body is refused at the byte past it), within a wall-clock deadline that holds however
+slowly the peer sends (:func:`aitbc.storage.peer_fetch.bounded_get`), and never returns
+what it read (only whether it hashed to the CID). Workers fetch only URLs the coordinator hands out,
 and every byte they keep is CID-verified.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -44,10 +47,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from aitbc.coordinator.models import Flag, Offer
+from aitbc.storage.peer_fetch import TooLong, TooSlow, bounded_get
 from aitbc.storage.peer_url import MAX_URL, check_advertise
 from aitbc.storage.unixfs import BlobHasher
 
-__all__ = ["MAX_URL", "PeerBook", "check_advertise", "check_report"]
+__all__ = ["MAX_URL", "PeerBook", "PeerFetches", "check_advertise", "check_report"]
+
+log = logging.getLogger("aitbc.coordinator")
 
 if TYPE_CHECKING:
     from aitbc.coordinator.context import Context
@@ -58,6 +64,8 @@ SEEDS = 1  # askers per CID sent to the coordinator before peers are handed out
 DISTRUST_REPORTS = 3  # distinct reporters after which a peer is no longer handed out
 MAX_CIDS = 1024  # CIDs the book tracks seeds for (the oldest are forgotten)
 CHECK_TIMEOUT = 10.0  # seconds for one read by the coordinator from a worker's peer server
+FETCH_SECONDS = 3 * CHECK_TIMEOUT  # seconds for a whole fetch from a peer, however slowly it sends
+FETCH_THREADS = 8  # gossip models fetched from peers at once, at most
 
 
 class PeerBook:
@@ -73,6 +81,7 @@ class PeerBook:
         self._reports: dict[str, set[str]] = {}  # accused worker -> distinct reporters
         self._checked: dict[tuple[str, str], str] = {}  # (worker, CID) -> the coordinator's verdict
         self.banned: set[str] = set()  # workers caught serving corrupt bytes: never handed out again
+        self.fetches = PeerFetches()  # gossip models being fetched from workers (coordinator.gossip)
 
     def advertise(self, worker: str, url: str | None) -> None:
         with self._lock:
@@ -178,6 +187,63 @@ class PeerBook:
                 del self._holders[cid]
 
 
+class PeerFetches:
+    """The coordinator's fetches of gossip models from workers' peer servers, each on a
+    thread of its own, never the round driver's: the driver asks for verdicts
+    (:meth:`verdicts`) and moves on to other runs while they are pending, so a slow peer
+    holds only the round whose model it serves, and only until the fetch's wall-clock
+    deadline (:data:`FETCH_SECONDS`). At most :data:`FETCH_THREADS` fetch at once (the
+    rest queue); a verdict is kept until the round that wanted it closes (:meth:`forget`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: dict[tuple[str, str], str | None] = {}  # (worker, CID) -> verdict; None: fetching
+        self._slots = threading.BoundedSemaphore(FETCH_THREADS)
+
+    def verdicts(
+        self, wanted: list[tuple[str, str]], fetch: Callable[[str, str], str], done: Callable[[], None]
+    ) -> dict[tuple[str, str], str] | None:
+        """Each (worker, CID)'s verdict (``fetch``'s answer), or None while any is still
+        being fetched; each not asked for before is started now, on a thread of its own
+        (``done`` is called when it ends: the driver looks again)."""
+        with self._lock:
+            for key in wanted:
+                if key not in self._verdicts:
+                    self._verdicts[key] = None
+                    threading.Thread(
+                        target=self._fetch, args=(key, fetch, done), name="gossip-fetch", daemon=True
+                    ).start()
+            got = {key: self._verdicts[key] for key in wanted}
+        if any(v is None for v in got.values()):
+            return None
+        return {key: v for key, v in got.items() if v is not None}
+
+    def _fetch(self, key: tuple[str, str], fetch: Callable[[str, str], str], done: Callable[[], None]) -> None:
+        with self._slots:
+            try:
+                verdict = fetch(*key)
+            except Exception:  # a bug, a full disk: not the worker's fault, and asked again later
+                log.exception("fetching %s from %s failed", key[1], key[0])
+                with self._lock:
+                    self._verdicts.pop(key, None)
+                return
+        with self._lock:
+            self._verdicts[key] = verdict
+        done()
+
+    def pending(self, key: tuple[str, str]) -> bool:
+        """Whether (worker, CID) is being fetched now."""
+        with self._lock:
+            return key in self._verdicts and self._verdicts[key] is None
+
+    def forget(self, keys: list[tuple[str, str]]) -> None:
+        """The round that wanted these closed: their verdicts are not kept."""
+        with self._lock:
+            for key in keys:
+                if self._verdicts.get(key) is not None:
+                    del self._verdicts[key]
+
+
 def check_report(
     ctx: Context, reporter: str, accused: str, cid: str, *, signed: Callable[[], str] | None = None
 ) -> dict[str, Any]:
@@ -206,45 +272,40 @@ def check_report(
     return {"verdict": verdict, "reports": reports}
 
 
-class _TooLong(Exception):
-    pass
-
-
 def _fetch_and_check(url: str, cid: str, size: int) -> str:
     """``bad``: the peer answered 200 with bytes that are not ``cid`` (more bytes than the
-    blob's own size included); ``gone``: no usable answer (refused, 404, timeout); ``ok``."""
+    blob's own size included: refused at the byte past it); ``gone``: no usable answer
+    (refused, 404, past the deadline); ``ok``."""
     hasher = BlobHasher()
-
-    def take(block: bytes) -> None:
-        hasher.update(block)
-        if hasher.size > size:
-            raise _TooLong
-
     try:
-        if not stream_from_peer(url, cid, take):
+        if not stream_from_peer(url, cid, hasher.update, max_bytes=size):
             return "gone"
-    except _TooLong:
+    except TooLong:
         return "bad"
     return "ok" if hasher.size == size and hasher.matches(cid) else "bad"
 
 
-def stream_from_peer(url: str, cid: str, take: Callable[[bytes], None]) -> bool:
+def stream_from_peer(
+    url: str, cid: str, take: Callable[[bytes], None], *, max_bytes: int, seconds: float | None = None
+) -> bool:
     """``GET {url}/v1/blobs/{cid}`` from a worker's peer server, each block of the body
     handed to ``take`` (which raises to stop); True when the whole body came, False when
-    there was no usable answer (refused, not 200, a transport error, or slower than
-    ``3 x CHECK_TIMEOUT`` in all)."""
+    there was no usable answer (refused, not 200, a transport error, or not done within
+    ``seconds`` of the call, default :data:`FETCH_SECONDS`: a wall-clock deadline, however
+    slowly the peer sends). A body
+    longer than ``max_bytes`` (the blob's known size) is refused at that byte:
+    :class:`~aitbc.storage.peer_fetch.TooLong`."""
     try:
-        with peer_http().stream("GET", f"{url}/v1/blobs/{cid}") as r:
-            if r.status_code != 200:
-                return False
-            deadline = time.monotonic() + 3 * CHECK_TIMEOUT
-            for block in r.iter_bytes(1 << 20):
-                take(block)
-                if time.monotonic() > deadline:
-                    return False
-    except httpx.HTTPError:
+        answer = bounded_get(
+            peer_http(),
+            f"{url}/v1/blobs/{cid}",
+            seconds=FETCH_SECONDS if seconds is None else seconds,
+            max_bytes=max_bytes,
+            take=take,
+        )
+    except (httpx.HTTPError, TooSlow):
         return False
-    return True
+    return answer.status == 200
 
 
 _http: httpx.Client | None = None  # one client for every fetch from a peer (see peer_http)

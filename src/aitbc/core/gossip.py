@@ -20,14 +20,18 @@ Shape letters: ``k`` vectors combined, ``d`` parameters.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
 
 from aitbc.core.aggregation.pipeline import AggregatorPipeline
+from aitbc.core.compression import build_codec
 from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms
+from aitbc.core.options import parse_spec
 from aitbc.core.staleness import async_weight
 from aitbc.errors import UsageError
 
@@ -125,3 +129,128 @@ def robust_combine(
     w = torch.tensor([weights[i] for i in keep])  # (k',)
     out = aggregator(U, w, round_index=round_index, reference=reference)
     return Combined(out, tuple(verdict.rejected), tuple(verdict.clipped))
+
+
+# --- copies: a published model that is another's, with or without noise -------------------
+
+# A model this close to another worker's published model (a fraction of the round's median
+# distance between its published models) is a copy, not local training. Calibrated on honest
+# simulated gossip runs (tests/core/test_gossip_copies.py; digits MLP, 8-10 rounds, ring and
+# random:K, 4-8 workers, codecs none/int8/int4, mixing rules median/mean/trimmed-mean, adamw
+# lr 0.001-1, 5-20 local steps, seeds 0-1): at ordinary learning rates an honest worker's
+# nearest other model (another's of its round or the one before, or the last consensus) was
+# never nearer than 0.59 x the round's median distance; at lr 0.3 on random:2 with median
+# mixing it came to 0.009 (two workers that mixed the same three models start a round from
+# one point, and an unstable step leaves them close while the others fly apart). 0.002
+# leaves a 4.5x margin under the worst. A copier that adds more noise than that is not
+# caught by distance; its model is then judged as any other.
+COPY_FRACTION = 0.002
+
+
+@dataclass(frozen=True)
+class Near:
+    """Model ``i`` of the round is ``ratio`` x the round's median distance from ``other``:
+    ``("now", j)`` (model ``j`` of the same round), ``("before", k)`` (model ``k`` of the
+    previous round), or ``("reference", 0)`` (the previous round's consensus)."""
+
+    i: int
+    other: tuple[str, int]
+    ratio: float
+
+
+def _distances(
+    now: list[Tensor], owners: list[str], before: list[Tensor], before_owners: list[str], reference: Tensor | None
+) -> tuple[float, list[list[tuple[tuple[str, int], float]]]]:
+    """The round's median distance between its models, and each model's distance to every
+    model it is compared with (see :func:`near_copies`)."""
+    n = len(now)
+    stack = torch.stack([m.to(torch.float64) for m in now])  # (n, d)
+    dist = torch.cdist(stack, stack)  # (n, n)
+    scale = float(dist[tuple(torch.triu_indices(n, n, offset=1))].median())
+    out: list[list[tuple[tuple[str, int], float]]] = []
+    for i in range(n):
+        row = [(("now", j), float(dist[i, j])) for j in range(n) if owners[j] != owners[i]]
+        row += [
+            (("before", k), float((stack[i] - m.to(torch.float64)).norm()))
+            for k, (m, who) in enumerate(zip(before, before_owners, strict=True))
+            if who != owners[i]
+        ]
+        if reference is not None:
+            row.append((("reference", 0), float((stack[i] - reference.to(torch.float64)).norm())))
+        out.append(row)
+    return scale, out
+
+
+def near_copies(
+    now: list[Tensor],
+    owners: list[str],
+    *,
+    before: list[Tensor] | None = None,
+    before_owners: list[str] | None = None,
+    reference: Tensor | None = None,
+    fraction: float = COPY_FRACTION,
+) -> list[Near]:
+    """Pairs of published models too close to be two workers' own training (see
+    :data:`COPY_FRACTION`): each model of the round (``now``, each ``(d,)``, published by
+    ``owners[i]``) against the round's other owners' models, the previous round's models of
+    other owners (``before``, published by ``before_owners``), and the previous round's
+    consensus (``reference``). A pair of the same round is given once (``i < j``): which of
+    the two copied is for the caller to tell (who signed first). The scale is the median
+    distance between the round's models, so it needs at least 3 of them (with 2 there is no
+    typical distance to judge by): fewer, nothing is near. Pure: no I/O."""
+    if len(now) < 3:
+        return []
+    scale, rows = _distances(now, owners, before or [], before_owners or [], reference)
+    if not scale > 0:
+        return []
+    return [
+        Near(i, other, d / scale)
+        for i, row in enumerate(rows)
+        for other, d in row
+        if d < fraction * scale and not (other[0] == "now" and other[1] < i)
+    ]
+
+
+def nearest_ratio(
+    now: list[Tensor],
+    owners: list[str],
+    *,
+    before: list[Tensor] | None = None,
+    before_owners: list[str] | None = None,
+    reference: Tensor | None = None,
+) -> list[float]:
+    """Each model's nearest other (as :func:`near_copies` compares) over the round's median
+    distance: what :data:`COPY_FRACTION` is calibrated on (``inf``: nothing to compare)."""
+    if len(now) < 3:
+        return [math.inf] * len(now)
+    scale, rows = _distances(now, owners, before or [], before_owners or [], reference)
+    return [min(d for _, d in row) / scale if row and scale > 0 else math.inf for row in rows]
+
+
+@lru_cache(maxsize=64)
+def model_bytes(compression: str, d: int) -> int:
+    """The exact size of a gossip model's blob: ``d`` values encoded with the run's value
+    codec (header included; the values do not change it). A peer that sends more for a
+    model's CID is refused at the byte past it."""
+    name, opts = parse_spec(compression, what="codec")
+    return len(build_codec(name, opts).encode(torch.zeros(d)))
+
+
+def distinct(models: list[Tensor], owners: list[str], *, fraction: float = COPY_FRACTION) -> list[int]:
+    """The indices of ``models`` to mix, a copy counted once: of two owners' models that
+    are the same (equal, or :func:`near_copies` of each other), the later in the list is
+    left out (a mixer lists its own model first: a neighbour's copy of it is left out).
+    Honest models are never that near (:data:`COPY_FRACTION`), so an honest mix is
+    unchanged; a copier's model would otherwise count twice in its victim's mix (a median
+    of the victim, the copy and one other is the victim's own model: it stops mixing)."""
+    dropped: set[int] = set()
+    for j in range(len(models)):
+        for i in range(j):
+            if i not in dropped and owners[i] != owners[j] and torch.equal(models[i], models[j]):
+                dropped.add(j)
+                break
+    for near in near_copies(models, owners, fraction=fraction):
+        j = near.other[1]
+        if near.i not in dropped:
+            dropped.add(j)
+    return [k for k in range(len(models)) if k not in dropped]

@@ -1,5 +1,11 @@
 """Testing only: a worker that cheats, so the end-to-end tests can show it is caught.
 
+Gossip cheats: ``copy`` (sign a neighbour's published model, its very CID, as its own
+model), ``copy-noise`` (the same with a little noise added: another CID),
+(:func:`copy_neighbour`); ``trickle`` (its peer server sends each blob a byte every
+:data:`TRICKLE_SECONDS`) and ``endless`` (its peer server sends bytes for ever after each
+blob) (:func:`serve_badly`).
+
 ``skip-half`` (``aitbc worker start --cheat skip-half``, hidden): train half the round's
 local steps and claim all of them. Its commitment spreads the half it did over the round's
 committed steps (the state after ``j`` real steps is claimed as the state at step ``2j``),
@@ -10,13 +16,25 @@ claimed state.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, BinaryIO
 
+import torch
 from torch import Tensor
 
 from aitbc.training.local import LocalResult, LocalTrainer
 from aitbc.training.proof import Recorder, TrainState, boundaries
+
+if TYPE_CHECKING:
+    from aitbc.worker.gossip import GossipLoop
+
+log = logging.getLogger("aitbc.worker.cheats")
+
+TRICKLE_SECONDS = 2.0  # "trickle": seconds between two bytes of a blob it serves
 
 
 def skip_half(
@@ -40,3 +58,70 @@ def skip_half(
 def round_half(b: int, half: int, steps: int) -> int:
     """The real step whose state is claimed for committed step ``b``."""
     return (b * half + steps // 2) // steps
+
+
+def serve_badly(handler: BaseHTTPRequestHandler, f: BinaryIO, how: str, *, chunk: int) -> None:
+    """Testing only (:attr:`aitbc.worker.peers.BlobServer.misbehave`): ``trickle`` sends the blob a byte every
+    :data:`TRICKLE_SECONDS` (an honest Content-Length: only the time is wrong); ``endless``
+    sends the blob, then bytes for ever (no Content-Length: the body ends when the reader
+    hangs up). Logged when it starts and when the reader cuts it."""
+    data = f.read()
+    peer = handler.client_address[0]
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    if how == "trickle":
+        handler.send_header("Content-Length", str(len(data)))
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    sent = 0
+    log.warning("misbehaving (%s): serving %s to %s", how, handler.path, peer)
+    try:
+        if how == "trickle":
+            for k in range(len(data)):
+                handler.wfile.write(data[k : k + 1])
+                handler.wfile.flush()
+                sent += 1
+                time.sleep(TRICKLE_SECONDS)
+        else:
+            handler.wfile.write(data)
+            sent = len(data)
+            junk = bytes(chunk)
+            while True:
+                handler.wfile.write(junk)
+                sent += len(junk)
+    except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError) as e:
+        log.warning(
+            "misbehaving (%s): %s to %s cut after %d bytes (%s)", how, handler.path, peer, sent, type(e).__name__
+        )
+
+
+def copy_neighbour(loop: GossipLoop, r: int, local: Tensor, blob: bytes, *, noise: bool) -> tuple[Tensor, bytes]:
+    """``copy`` / ``copy-noise`` (a gossip worker, testing only): publish a neighbour's model
+    of round ``r`` (its newest if round ``r`` does not come within the run's wait) as its
+    own: the very blob (its CID), or with noise of 0.05% of the distance between that model
+    and its own trained one added (another CID, the same model give or take). Its own
+    ``local`` and ``blob`` when no neighbour's model could be had."""
+    for j in loop.neighbours.of(r, loop.me):
+        entry = loop.roster[j]
+        deadline = time.monotonic() + loop.wait
+        signed = None
+        while not loop.w.stop.is_set():
+            signed, _ = loop._record(entry, r)
+            if (signed is not None and signed["record"]["round"] >= r) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if signed is None:
+            continue
+        theirs = loop.blob(entry, signed["record"]["cid"])
+        model = None if theirs is None else loop.decode(theirs)
+        if theirs is None or model is None:
+            continue
+        log.warning("cheating (copy%s): round %d is %s's model", "-noise" if noise else "", r, entry["worker"])
+        if not noise:
+            return model, theirs
+        gen = torch.Generator().manual_seed(r)
+        eps = torch.randn(model.shape, generator=gen)  # (d,)
+        eps *= 0.0005 * float((model - local).norm()) / float(eps.norm())
+        noisy = model + eps
+        return noisy, loop.state.codec.encode(noisy)
+    return local, blob

@@ -45,8 +45,9 @@ class WorkerSettings(BaseSettings):
     attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
     # testing: skip-half: do half the local steps and claim all (worker/cheats.py); bad-blobs: serve peers
     # every blob with its first byte flipped (worker/peers.py); equivocate: a gossip worker signs two
-    # records a round, one served to its neighbours and one published (worker/gossip.py)
-    cheat: Literal["skip-half", "bad-blobs", "equivocate"] | None = None
+    # records a round, one served to its neighbours and one published (worker/gossip.py); copy,
+    # copy-noise, trickle, endless: gossip cheats (worker/cheats.py)
+    cheat: Literal["skip-half", "bad-blobs", "equivocate", "copy", "copy-noise", "trickle", "endless"] | None = None
     metrics_port: int | None = Field(None, ge=1, le=65535)  # serve Prometheus metrics here (none: not served)
     metrics_host: str = Field("127.0.0.1", min_length=1)  # the metrics server's address (0.0.0.0: every interface)
     # module prefixes whose module:callable models this worker may import (none by default)

@@ -63,7 +63,7 @@ from torch import Tensor
 from aitbc.client import ApiError, Unreachable
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import decode as decode_model
-from aitbc.core.gossip import PACE_MIN_STEPS, RoundNeighbours, mix_weight, robust_combine
+from aitbc.core.gossip import PACE_MIN_STEPS, RoundNeighbours, distinct, mix_weight, model_bytes, robust_combine
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.staleness import build_staleness
@@ -71,7 +71,9 @@ from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import make_record, record_problem
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
+from aitbc.storage.peer_fetch import TooLong, TooSlow, bounded_get
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file
+from aitbc.worker.cheats import copy_neighbour
 from aitbc.worker.peers import PACE_HEADER, PeerUnavailable
 
 if TYPE_CHECKING:
@@ -85,6 +87,9 @@ DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when 
 POLL = 0.1  # seconds between asks for a neighbour's record
 ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
 ROSTER_PERIOD = 5.0  # seconds at most between two reads, whether or not every neighbour answered
+RECORD_SECONDS = 3.0  # seconds one read of a neighbour's record may take in all, however slowly it sends
+MAX_RECORD_BYTES = 64 << 10  # a signed record is a few hundred bytes; a longer answer is refused
+CLAIM_SECONDS = 5.0  # seconds its own record's claim may take before it is served anyway
 
 
 class GossipLoop:
@@ -104,6 +109,10 @@ class GossipLoop:
         self.staleness = build_staleness(*parse_spec(g.get("staleness") or "constant", what="staleness rule"))
         self.wait = float(g["wait"] or DEFAULT_WAIT)
         self.d = int(job["d"])
+        # its neighbours' models' exact size: a peer that sends more is refused at the byte past it
+        self.model_size = model_bytes(str(job["compression"]), self.d)
+        if worker.server is not None and worker.cfg.cheat in ("trickle", "endless"):  # testing: a bad peer server
+            worker.server.misbehave = worker.cfg.cheat
         self.state = state
         self.samples = int(state.trainer.x.shape[0])
         self.next = int(g["next_round"])
@@ -165,6 +174,8 @@ class GossipLoop:
             delta = res.delta if w.attack is None else w._craft(res.delta)
             local = self.params - delta  # (d,) the model it publishes
             blob = self.state.codec.encode(local)
+            if w.cfg.cheat in ("copy", "copy-noise"):  # testing: publish a neighbour's model as its own
+                local, blob = copy_neighbour(self, r, local, blob, noise=w.cfg.cheat == "copy-noise")
             cid = cid_of_bytes(blob)
             w.gossip_keep(cid, blob)
             signed = self._sign(r, cid, res.loss)
@@ -178,6 +189,7 @@ class GossipLoop:
                 self.outbox.put((r, published_blob, published, []))
             own = self.decode(blob)  # what its neighbours receive (a lossy codec: the same rounding)
             received, weights = [own if own is not None else local], [float(self.samples)]
+            owners = [w.wallet.address]
             ahead, stale = r, 0
             witnessed: list[dict[str, Any]] = []  # the neighbours' records it mixed: the coordinator compares
             for j in self.neighbours.of(r, self.me):
@@ -191,12 +203,18 @@ class GossipLoop:
                         continue
                     received.append(model)
                     weights.append(weight)
+                    owners.append(self.roster[j]["worker"])
                     ahead = max(ahead, their_round)
                     stale += their_round < r
                     witnessed.append(their_record)
             # a worker with a server: the records it mixed go first, then its own (the round cannot
             # close on every record before they are compared); without one: only the records now
             self.outbox.put((r, None, published if w.server is not None else None, witnessed))
+            # a neighbour's copy of its own model, or of another neighbour's, counts once
+            keep = distinct(received, owners)
+            if len(keep) < len(received):
+                log.warning("round %d: %d copied model(s) left out of the mix", r, len(received) - len(keep))
+                received, weights = [received[k] for k in keep], [weights[k] for k in keep]
             mixed = robust_combine(
                 received, weights, aggregator=self.aggregator, norm_bound=self.bound, round_index=r
             ).result
@@ -338,14 +356,20 @@ class GossipLoop:
         signed = pace = None
         params = {} if r is None else {"round": r}
         if entry.get("url"):
+            body = bytearray()
             try:
-                reply = self.w.fetcher.http.get(
-                    f"{entry['url']}/v1/records/{entry['job_id']}", params=params, timeout=3.0
+                reply = bounded_get(
+                    self.w.fetcher.http,
+                    f"{entry['url']}/v1/records/{entry['job_id']}",
+                    params=params,
+                    seconds=RECORD_SECONDS,
+                    max_bytes=MAX_RECORD_BYTES,
+                    take=body.extend,
                 )
                 pace = parse_pace(reply.headers.get(PACE_HEADER), self.rounds)
-                if reply.status_code == 200:
-                    signed = reply.json()
-            except (httpx.HTTPError, ValueError) as e:
+                if reply.status == 200:
+                    signed = json.loads(body)
+            except (httpx.HTTPError, ValueError, TooSlow, TooLong) as e:
                 log.debug("record from %s: %s", entry["url"], e)
         if signed is None:
             self.unreached = True
@@ -367,13 +391,19 @@ class GossipLoop:
         return signed, pace
 
     def _model(self, entry: dict[str, Any], cid: str) -> Tensor | None:
-        """The model ``cid`` from the neighbour's server (CID-checked; a mismatch is
-        reported), else the coordinator's copy."""
+        """The model ``cid`` from the neighbour's server (CID-checked, at most its known
+        size, within the fetcher's deadline; a mismatch is reported), else the
+        coordinator's copy."""
+        blob = self.blob(entry, cid)
+        return None if blob is None else self.decode(blob)
+
+    def blob(self, entry: dict[str, Any], cid: str) -> bytes | None:
+        """The bytes of :meth:`_model`."""
         w = self.w
         path: Path | None = None
         if entry.get("url"):
             try:
-                size = w.fetcher.download(entry["url"], cid, self.incoming)
+                size = w.fetcher.download(entry["url"], cid, self.incoming, max_bytes=self.model_size)
                 w.metrics.bytes.labels("peer").inc(size)
                 path = self.incoming.dir / cid
             except PeerUnavailable as e:
@@ -393,7 +423,7 @@ class GossipLoop:
                 log.info("model %s of %s not fetched: %s", cid, entry["worker"], e)
                 return None
         try:
-            return self.decode(path.read_bytes())
+            return path.read_bytes()
         finally:
             path.unlink(missing_ok=True)
 
@@ -463,17 +493,33 @@ class GossipLoop:
         )
 
     def _keep_signed(self, signed: dict[str, Any]) -> None:
-        """Serve ``signed`` (the last KEEP rounds) after writing it to its log on disk."""
+        """Serve ``signed`` (the last KEEP rounds) after writing it to its log on disk and,
+        with a server, claiming it (:meth:`_claim`)."""
         self.signed_log.parent.mkdir(parents=True, exist_ok=True)
         with self.signed_log.open("a") as f:
             f.write(json.dumps(signed, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if self.w.server is not None:
+            self._claim(signed)
         r = int(signed["record"]["round"])
         records = self.w.gossip_records
         records[(self.job_id, r)] = signed
         for old in [k for k in records if k[0] == self.job_id and k[1] <= r - KEEP]:
             del records[old]
+
+    def _claim(self, signed: dict[str, Any]) -> None:
+        """Tell the coordinator of its own record before anyone can read it (its peer server
+        serves it only after this): the coordinator then knows this worker signed the CID
+        before any neighbour could copy it, so a copy of it signed by another is that
+        one's, never this one's (``POST /v1/records/witnessed``; its own record is a report
+        like any other: checked against its key, kept until it publishes the round). One
+        try, at most :data:`CLAIM_SECONDS`: the coordinator down or slow, it serves anyway
+        (training never waits for the coordinator; see the docs on copies in an outage)."""
+        try:
+            self.w.client.post("/records/witnessed", {"records": [signed]}, timeout=CLAIM_SECONDS)
+        except (ApiError, Unreachable) as e:
+            log.info("round %s not claimed before serving it: %s", signed["record"]["round"], e)
 
     def _restore(self, *, published: int) -> None:
         """A restarted worker: the records it signed for this job before (its log) are served

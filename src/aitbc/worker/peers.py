@@ -39,6 +39,8 @@ import httpx
 from aitbc.errors import AitbcError, IntegrityError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import parse_cid
+from aitbc.storage.peer_fetch import TooLong, TooSlow, bounded_get
+from aitbc.worker.cheats import serve_badly
 
 log = logging.getLogger("aitbc.worker.peers")
 
@@ -50,6 +52,7 @@ PACE_HEADER = "X-Aitbc-Pace"
 PENDING_WAIT = 6.0  # seconds a request for a blob being fetched here waits for it
 NOT_YET_WAIT = 2.0  # seconds a request for a blob not held waits for this worker to start fetching it
 _CHUNK = 1 << 20
+UNBOUNDED = 1 << 62  # a blob whose size the fetcher does not know: only the deadline bounds it
 
 
 class PeerUnavailable(AitbcError):
@@ -81,6 +84,9 @@ class BlobServer:
         pace: Callable[[str], str | None] | None = None,
     ) -> None:
         self.find, self.corrupt, self.records, self.pace = find, corrupt, records, pace
+        # testing only (aitbc.worker.cheats, set by a gossip cheat): "trickle" sends each blob
+        # a byte every TRICKLE_SECONDS; "endless" sends bytes for ever after each blob's own
+        self.misbehave: str | None = None
         self.slots = threading.BoundedSemaphore(connections)
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Condition()
@@ -162,6 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(404, "unknown_blob", "this worker does not hold that blob")
                 return
             with f:
+                if blobs.misbehave is not None and body:
+                    serve_badly(self, f, blobs.misbehave, chunk=_CHUNK)
+                    return
                 size = f.seek(0, 2)
                 f.seek(0)
                 self.send_response(200)
@@ -243,7 +252,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class PeerFetcher:
     """Fetch blobs from peers (see the module's docstring). ``timeout``: seconds one read
-    (or the connect) may wait; the whole download gets four times that."""
+    (or the connect) may wait; the whole download gets four times that, a wall-clock
+    deadline that holds however slowly the peer sends
+    (:func:`aitbc.storage.peer_fetch.bounded_get`)."""
 
     def __init__(self, *, timeout: float) -> None:
         self.timeout = timeout
@@ -252,23 +263,27 @@ class PeerFetcher:
     def close(self) -> None:
         self.http.close()
 
-    def download(self, url: str, cid: str, store: LocalBlobStore) -> int:
+    def download(self, url: str, cid: str, store: LocalBlobStore, *, max_bytes: int = UNBOUNDED) -> int:
         """Stream ``{url}/v1/blobs/{cid}`` into ``store``; its size. ``PeerUnavailable`` if
-        the peer did not serve it, ``IntegrityError`` if the bytes are not ``cid``."""
-        deadline = time.monotonic() + 4 * self.timeout
+        the peer did not serve it (within ``4 x timeout`` seconds), ``IntegrityError`` if
+        the bytes are not ``cid``, more than ``max_bytes`` (the blob's known size: refused
+        at the byte past it, nothing kept) included."""
+        seconds = 4 * self.timeout
         with store.writer(cid) as w:
             try:
-                with self.http.stream("GET", f"{url}{PREFIX}{cid}") as r:
-                    if r.status_code != 200:
-                        raise PeerUnavailable(f"peer {url} answered {r.status_code} for blob {cid}")
-                    for block in r.iter_bytes(_CHUNK):
-                        w.write(block)
-                        if time.monotonic() > deadline:
-                            raise PeerUnavailable(
-                                f"peer {url} too slow: {w.size} bytes of {cid} in {4 * self.timeout:g} s"
-                            )
+                answer = bounded_get(
+                    self.http, f"{url}{PREFIX}{cid}", seconds=seconds, max_bytes=max_bytes, take=w.write
+                )
+            except TooSlow:
+                raise PeerUnavailable(f"peer {url} too slow: {w.size} bytes of {cid} in {seconds:g} s") from None
+            except TooLong:
+                raise IntegrityError(
+                    f"blob {cid} from peer {url} is longer than its {max_bytes} bytes; refused at that byte, nothing kept"
+                ) from None
             except httpx.HTTPError as e:
                 raise PeerUnavailable(f"peer {url}: {type(e).__name__}: {e}") from None
+            if answer.status != 200:
+                raise PeerUnavailable(f"peer {url} answered {answer.status} for blob {cid}")
             try:
                 w.commit()
             except IntegrityError:
