@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, literal, select
 
 from aitbc.coordinator import metrics
 from aitbc.coordinator.metrics import REASON_CODES, reason_case, reason_code
-from aitbc.coordinator.verification import failed_reason, unanswered_reason
+from aitbc.coordinator.verification import drift_reason, failed_reason, unanswered_reason
 from aitbc.coordinator.workers import _check_update
 from aitbc.core.compression import build_codec
 from aitbc.core.norms import NormBound, judge_norms
@@ -64,6 +64,7 @@ def _reasons_the_coordinator_writes() -> dict[str, str]:
         "bad_loss": f"reported training loss is {math.inf}",  # workers.submit_update's words
         "verification": failed_reason("steps 0-2 do not replay: relative distance 0.5 > 0.01"),
         "unanswered": unanswered_reason(120.0),
+        "replay_drift": drift_reason("steps 0-2 replay off by 0.03 (the parameters): could be drift, not proof"),
     }
 
 
@@ -79,6 +80,7 @@ def test_every_reason_the_coordinator_writes_has_its_code():
         "bad_loss": "bad_loss",
         "verification": "verification",
         "unanswered": "unanswered",
+        "replay_drift": "replay_drift",
     }, reasons
     assert set(codes.values()) | {"other"} == set(REASON_CODES)
 
