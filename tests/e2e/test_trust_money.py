@@ -118,9 +118,13 @@ def test_in_range_config_that_diverges_fails_the_run_and_slashes_nobody(stack):
 
     balances = _balances(stack)
     paid = {r["worker_id"]: r["paid_micro"] for r in pay["data"]}
-    for name in names:  # bond back, plus what the committed rounds earned
+    for name in names:  # bond back, plus what the committed rounds earned and the diverged one's delivered update
         wid = stack.worker_id(name)
         assert balances[f"wallet:{wid}"] == FUNDS + paid[wid]
+    # The owner received the diverged round's updates (its outer lr made the aggregate diverge, the
+    # raw updates stay useful to it): each is paid as delivered, the full price, once (issue 33).
+    delivered = stack.rows("SELECT amount FROM ledger_entries WHERE kind = 'settle' AND key LIKE :k", k=f"%:{bad}")
+    assert sorted(a for (a,) in delivered) == [1_000_000, 1_000_000]
     owner_wallet = json.loads((stack.root / "owner" / "wallets" / "my-agent-wallet" / "key.json").read_text())
     assert balances[f"wallet:{owner_wallet['address']}"] <= OWNER
     assert balances.get(f"escrow:{run_id}", 0) == 0 and balances.get("burn:local", 0) == 0
