@@ -86,12 +86,14 @@ def small_put(coord: Coordinator, wallet: Wallet) -> tuple[int, dict]:
 
 def test_a_signer_holds_at_most_its_share_and_others_still_upload(patient, api):
     holder, other = Wallet.generate("holder"), Wallet.generate("other")
-    held = [open_upload(patient, holder) for _ in range(SHARE)]
+    held = []
     try:
-        # The holder's next upload is refused as soon as its share is in flight ...
-        status, body = api.wait_for(
-            "the holder's share in flight", lambda: small_put(patient, holder), lambda a: a[0] == 429
-        )
+        for i in range(SHARE):  # one at a time, each taken before the next
+            held.append(open_upload(patient, holder))
+            api.wait_for(f"upload {i} taken", lambda: patient.ctx.uploads.by_signer.get(holder.address, 0), i.__lt__)
+        # The holder's next upload is refused: its share is in flight ...
+        status, body = small_put(patient, holder)
+        assert status == 429, body
         assert body["error"] == "too_many_uploads" and "max_uploads_per_signer 2" in body["detail"], body
         # ... and refused before it takes a slot: other signers still have all the others
         for name in ("a", "b"):
@@ -201,7 +203,8 @@ def test_a_slot_holder_does_not_stall_another_runs_rounds(new_coordinator, api):
                 u = r * 1e-3 * (1 + 0.5 * side * sign)
                 cid = api.put_update(w, u)  # a PUT refused 429 would raise here
                 w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(r, cid))
-            api.wait_for(f"round {r} closed", lambda: len(t.owner.get(f"/runs/{t.run_id}/rounds")["data"]), r.__lt__)
+            rounds = lambda: len(t.owner.get(f"/runs/{t.run_id}/rounds")["data"])
+            api.wait_for(f"round {r} closed", rounds, r.__lt__, timeout=90)
         assert holder.thread.is_alive()  # it held to the end ...
         # ... refused past its share and cut off under the floor, over and over
         api.wait_for("the holder refused", lambda: list(holder.answers), seen(429, "max_uploads_per_signer"))

@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aitbc import __version__
-from aitbc.coordinator.api.deps import signed, signed_stream
+from aitbc.coordinator.api.deps import STREAM_SIGNER, signed, signed_stream, verify_stream
 from aitbc.coordinator.api.responses import ErrorBody, errors
 from aitbc.coordinator.api.routes import blobs, control, dashboard, health, ledger, runs, workers
 from aitbc.coordinator.api.routes import docs as api_docs
@@ -34,7 +34,7 @@ from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
 from aitbc.coordinator.metrics import CountResponses
 from aitbc.coordinator.metrics import install as install_metrics
-from aitbc.coordinator.uploads import TOO_MANY, UploadSlots
+from aitbc.coordinator.uploads import TOO_MANY
 from aitbc.coordinator.web import STATIC_DIR
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import (
@@ -45,7 +45,6 @@ from aitbc.ledger.signing import (
     SignatureError,
     precheck_headers,
 )
-from aitbc.ledger.wallet import address_of
 from aitbc.units import UnitError
 
 log = logging.getLogger("aitbc.coordinator")
@@ -118,11 +117,11 @@ class Limits:
       minimum pace (:mod:`aitbc.coordinator.uploads`); a blob's own size limit is the
       upload route's (``max_blob_bytes``)."""
 
-    def __init__(self, app: ASGIApp, ctx: Context, routes: list[BaseRoute], uploads: UploadSlots) -> None:
+    def __init__(self, app: ASGIApp, ctx: Context, routes: list[BaseRoute]) -> None:
         self.app = app
         self.ctx = ctx
         self.routes = routes
-        self.uploads = uploads
+        self.uploads = ctx.uploads
         self.kinds: dict[int, tuple[bool, bool]] = {}
 
     def _kind(self, scope: Scope) -> tuple[bool, bool]:
@@ -165,9 +164,15 @@ class Limits:
                 await _error(401, e.code, e.detail)(scope, receive, send)
                 return
         if streamed:
-            # the claimed signer's share first (its own verified uploads), so a signer at its
-            # share never takes one of the slots, not even for the moment its signature is checked
-            over = self.uploads.over_share(address_of(headers[HEADER_KEY])) if is_signed else None
+            # An upload's signature is checked here, before it holds anything (its body is not
+            # signed: the CID binds it), so its slot is counted against the signer proven, and a
+            # signer at its share never takes one, not even while its signature is checked.
+            try:
+                signer = await verify_stream(self.ctx, Request(scope))
+            except SignatureError as e:
+                await _error(401, e.code, e.detail)(scope, receive, send)
+                return
+            over = self.uploads.over_share(signer.address)
             if over is not None:
                 await _error(429, TOO_MANY, over)(scope, receive, send)
                 return
@@ -177,8 +182,10 @@ class Limits:
                 )
                 await _error(429, TOO_MANY, detail)(scope, receive, send)
                 return
+            scope.setdefault("state", {})[STREAM_SIGNER] = signer  # the route's signed_stream takes it
             try:
-                await self.app(scope, receive, send)
+                with self.uploads.signer(signer.address):
+                    await self.app(scope, receive, send)
             finally:
                 self.uploads.give()
             return
@@ -277,8 +284,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     app.include_router(dashboard.pages)  # the dashboard page at / and /runs/{id} (outside /v1)
     app.include_router(api_docs.router)  # /docs and /redoc, offline (outside /v1, not in the schema)
     install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits
-    app.state.uploads = uploads = UploadSlots(settings.max_uploads, settings.max_uploads_per_signer)
-    app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes], uploads=uploads)
+    app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
     app.add_middleware(InternalErrors)  # a bug in Limits is a 500 too
     app.add_middleware(CountResponses, metrics=ctx.metrics)  # the outermost: every answer's status, 500s included
     app.openapi = lambda: _openapi(app, routers)  # type: ignore[method-assign]

@@ -20,6 +20,7 @@ from aitbc.coordinator.metrics import CoordinatorMetrics
 from aitbc.coordinator.models import Offer
 from aitbc.coordinator.nonces import nonce_store
 from aitbc.coordinator.peers import PeerBook
+from aitbc.coordinator.uploads import UploadSlots
 from aitbc.ledger.book import Ledger
 from aitbc.ledger.signing import NonceStore
 from aitbc.ledger.wallet import ensure_wallet
@@ -125,6 +126,8 @@ class Context:
     ledger: Ledger
     # Which replica drives the rounds (coordinator.lease); this process's part in it.
     lease: DriverLease
+    # The blob uploads in flight, and each signer's (coordinator.uploads; the app's Limits holds them).
+    uploads: UploadSlots
     # Worker leases and spot checks are judged from here at the earliest: this process's
     # start, or when it took the rounds over (nobody could reach a driver that was not one).
     judging_since: float = 0.0
@@ -168,6 +171,7 @@ def build_context(settings: Settings) -> Context:
         started_at=time.time(),
         ledger=Ledger(ensure_wallet(settings.home, "coordinator"), settings.network),
         lease=DriverLease(sessions, replica_id(), settings.driver_lease_seconds, local_lock=_sqlite_lock(engine)),
+        uploads=UploadSlots(settings.max_uploads, settings.max_uploads_per_signer),
     )
     ctx.judging_since = ctx.started_at
     with ctx.session() as s:

@@ -4,9 +4,11 @@ A blob upload holds one of ``max_uploads`` slots from its first byte to its last
 one buffered whole in memory, a large one an open file). Two bounds keep one party from
 holding them:
 
-- **per signer**: one signer (a wallet; the route verifies the signature before a body
-  byte is read) holds at most ``max_uploads_per_signer`` of them at once (429
-  ``too_many_uploads``); there are no unsigned uploads (``PUT /v1/blobs/{cid}`` is signed);
+- **per signer**: one signer (a wallet; the app's ``Limits`` verifies an upload's signature
+  before the upload takes a slot or a body byte is read) holds at most
+  ``max_uploads_per_signer`` of them at once (429 ``too_many_uploads``), counted from the
+  check to the upload's end, so no burst of its requests ever holds more; there are no
+  unsigned uploads (``PUT /v1/blobs/{cid}`` is signed);
 - **pace**: a body must bring at least ``min_upload_rate`` bytes/s, judged over every
   ``upload_rate_window`` seconds the coordinator spends waiting for it: the wait is timed
   by the clock, not by the arrival of the next chunk, so a client that sends nothing at
@@ -52,9 +54,8 @@ class UploadSlots:
         self.in_flight -= 1
 
     def over_share(self, address: str) -> str | None:
-        """Why an upload by ``address`` is refused now (its share is held), else None. Asked
-        before a slot is taken, of the key a request claims: only uploads whose signature was
-        verified count, so claiming someone else's key refuses nobody but the claimant."""
+        """Why an upload by ``address`` (its signature verified) is refused now (its share is
+        held), else None. Asked before a slot is taken."""
         held = self.by_signer.get(address, 0)
         if held < self.per_signer:
             return None

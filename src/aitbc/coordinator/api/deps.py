@@ -50,6 +50,9 @@ class Signer:
         return dataclasses.replace(self.request, field=field)
 
 
+STREAM_SIGNER = "aitbc_stream_signer"  # the request's state attribute Limits leaves a verified upload's signer in
+
+
 def _target(request: Request) -> str:
     """The path exactly as the client sent (and signed) it: raw, not percent-decoded."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
@@ -93,12 +96,20 @@ async def signed(request: Request, ctx: Annotated[Context, Depends(get_context)]
     return _verify(ctx, request, body_digest(body), body)
 
 
-async def signed_stream(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:
-    """The signer of a streamed upload: the body is not read here; the CID in the path,
-    checked as the bytes arrive, binds the content instead of a digest."""
+async def verify_stream(ctx: Context, request: Request) -> Signer:
+    """The signer of a streamed upload, its signature checked (``SignatureError``: 401): the
+    body is not read; the CID in the path, checked as the bytes arrive, binds the content
+    instead of a digest."""
     if ctx.nonces.shared:
         return await run_in_threadpool(_verify, ctx, request, UNSIGNED_PAYLOAD)
     return _verify(ctx, request, UNSIGNED_PAYLOAD)
+
+
+async def signed_stream(request: Request, ctx: Annotated[Context, Depends(get_context)]) -> Signer:
+    """The signer of a streamed upload: the one the app's ``Limits`` verified before it gave
+    the upload a slot (its nonce is spent: checked once), else verified here."""
+    signer = getattr(request.state, STREAM_SIGNER, None)
+    return signer if isinstance(signer, Signer) else await verify_stream(ctx, request)
 
 
 CtxDep = Annotated[Context, Depends(get_context)]

@@ -19,7 +19,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
 from aitbc.coordinator.peers import check_report
 from aitbc.coordinator.schemas import BadPeer
-from aitbc.coordinator.uploads import UploadSlots, paced
+from aitbc.coordinator.uploads import paced
 from aitbc.coordinator.workers import flag_blob, holders, require_known
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.cid import is_cid
@@ -136,12 +136,9 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "blob_too_large", f"blob is {declared} bytes; this coordinator takes at most {limit}")
-    slots: UploadSlots = request.app.state.uploads
-    with slots.signer(signer.address):
-        body = paced(
-            request.stream(), rate=ctx.settings.min_upload_rate, window=ctx.settings.upload_rate_window_seconds
-        )
-        return await _store(ctx, cid, signer.address, body, declared, limit)
+    # the upload's slot, and its signer's share of them, are held by the app's Limits
+    body = paced(request.stream(), rate=ctx.settings.min_upload_rate, window=ctx.settings.upload_rate_window_seconds)
+    return await _store(ctx, cid, signer.address, body, declared, limit)
 
 
 async def _store(
