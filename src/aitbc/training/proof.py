@@ -481,20 +481,24 @@ def _nudged(state: TrainState, gen: torch.Generator) -> TrainState:
 
 
 def probe_drift(r: Replay, start: TrainState, steps: int, got: TrainState) -> tuple[float, int]:
-    """How far apart two honest re-runs of this interval land, measured: the re-run ``got``
-    against one from ``start`` nudged by rounding-level noise (:func:`_nudged`) and, where
-    the verifier has more than one thread, one on a single thread (other kernels' order of
-    summation). The larger relative distance, of parameters or any kind of moment: the
+    """How far apart two honest re-runs of this interval land, measured: the move of the
+    re-run ``got`` against the move of one from ``start`` nudged by rounding-level noise
+    (:func:`_nudged`) and, where the verifier has more than one thread, of one on a single
+    thread (other kernels' order of summation). The larger relative distance, of parameters or any kind of moment: the
     interval's own sensitivity, for this model, optimizer, lr, data and length; and the
     number of re-runs it took."""
     gen = torch.Generator().manual_seed(start.step * 1_000_003 + steps)
-    probes = [replay(r, _nudged(start, gen), steps)]
+    nudged = _nudged(start, gen)
+    probes = [(nudged, replay(r, nudged, steps))]
     if torch.get_num_threads() > 1:
         with replay_threads(1):
-            probes.append(replay(r, start, steps))
+            probes.append((start, replay(r, start, steps)))
+    moved = got.params.double() - start.params.double()
+    scale = max(float(torch.linalg.vector_norm(moved)), 1e-12)
     out = 0.0
-    for p in probes:
-        out = max(out, relative_error(p.params, got.params, start.params), optimizer_error(p.optim, got.optim))
+    for s, p in probes:  # the moves compared, not the ends: the nudge itself is no drift
+        off = float(torch.linalg.vector_norm(p.params.double() - s.params.double() - moved)) / scale
+        out = max(out, off, optimizer_error(p.optim, got.optim))
     return out, len(probes)
 
 
