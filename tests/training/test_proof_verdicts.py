@@ -100,14 +100,14 @@ def test_the_drift_bound_follows_the_measured_drift():
     assert drift_bound(float("nan")) == math.inf
 
 
-def test_a_chaotic_interval_accuses_nobody_by_distance():
-    """Adam at lr 1 on the mlp with a noisy start: the probe measures how far two honest
-    re-runs land apart; whatever the distance, a miss there is judged against that."""
+def test_the_probe_measures_the_interval_and_counts_its_reruns():
+    """probe_drift re-runs the interval from a nudged start (and on one thread where the
+    verifier has more): a distance above 0 for a real interval, and the re-runs it took."""
     tr, _, rec, *_ = trained(steps=STEPS)
     r = replayer(tr, 2)
     got = replay(r, rec.states[4], 1)
     probe, reruns = probe_drift(r, rec.states[4], 1, got)
-    assert probe > 0 and reruns >= 1
+    assert 0 < probe < BOUND_CHAOS and reruns == (2 if torch.get_num_threads() > 1 else 1)
     assert drift_bound(probe) >= BOUND_FLOOR
 
 

@@ -431,7 +431,8 @@ def _verified(v: dict[str, Any] | None) -> str:
     if not v:
         return "off (--verify-rate to spot-check updates)"
     return (
-        f"{v['passed']} passed, {v['failed']} failed, {v['unanswered']} unanswered of {v['updates']} updates; "
+        f"{v['passed']} passed, {v['failed']} failed, {v.get('drift', 0)} drift (unpaid, not slashed), "
+        f"{v['unanswered']} unanswered of {v['updates']} updates; "
         f"{v['steps_replayed']} of {v['steps_trained']} steps re-run ({v['extra_compute']:.1%})"
     )
 

@@ -543,7 +543,7 @@ def _run_view(run: dict[str, Any]) -> Group:
     if v:
         head.add_row(
             f"verified {v['passed']}",
-            f"failed {v['failed']}",
+            f"failed {v['failed']}" + (f", drift {v['drift']} (unpaid)" if v.get("drift") else ""),
             f"unanswered {v['unanswered']}",
             f"re-run {v['extra_compute']:.1%} of steps",
         )
