@@ -47,7 +47,7 @@ test-long: $(LINT_STAMP)
 # it). .ci/run starts the server and runs this after make test.
 PG_SUITES := tests/coordinator tests/ledger tests/e2e/test_payments.py tests/e2e/test_trust_money.py \
 	tests/e2e/test_stuck_runs.py tests/e2e/test_fault_tolerance.py tests/e2e/test_retention.py \
-	tests/e2e/test_fair_exchange.py \
+	tests/e2e/test_fair_exchange.py tests/e2e/test_gossip_fair.py \
 	tests/e2e/test_verification_live.py tests/e2e/test_replicas.py
 test-pg: $(LINT_STAMP)
 	@test -n "$$AITBC_TEST_PG_URL" || { echo "error: make test-pg needs AITBC_TEST_PG_URL (eval \"\$$(.ci/postgres start DIR)\")" >&2; exit 2; }
