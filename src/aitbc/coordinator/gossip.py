@@ -223,8 +223,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
             r,
             now,
             "gossip_copy",
-            f"round {r} model {rec['cid']} was signed first by job {other}"
-            + (f" (its round {other_round})" if other_round is not None else ""),
+            f"round {r} model {rec['cid']} was signed first by job {other} (its round {other_round})",
         )
     if loss is not None:
         job.loss = float(loss)
@@ -234,26 +233,21 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": False}
 
 
-def _signed_before(s: Session, run: Run, job: Job, cid: str, at: float) -> tuple[str, int | None] | None:
+def _signed_before(s: Session, run: Run, job: Job, cid: str, at: float) -> tuple[str, int] | None:
     """Another job of the run whose worker the coordinator knew to have signed ``cid`` at or
     before ``at`` (its published record of any round, or a record of it reported to the
     coordinator: its own claim or a neighbour's report), with that record's round; None:
     ``job`` signed it first."""
-    up = s.execute(
-        select(Update.job_id, Update.round)
-        .where(Update.run_id == run.id, Update.cid == cid, Update.job_id != job.id, Update.created_at <= at)
-        .order_by(Update.created_at)
-        .limit(1)
-    ).first()
-    if up is not None:
-        return up[0], int(up[1])
-    seen = s.execute(
-        select(Witness.job_id, Witness.round)
-        .where(Witness.run_id == run.id, Witness.cid == cid, Witness.job_id != job.id, Witness.created_at <= at)
-        .order_by(Witness.created_at)
-        .limit(1)
-    ).first()
-    return None if seen is None else (seen[0], int(seen[1]))
+    for kept in (Update, Witness):
+        first = s.execute(
+            select(kept.job_id, kept.round)
+            .where(kept.run_id == run.id, kept.cid == cid, kept.job_id != job.id, kept.created_at <= at)
+            .order_by(kept.created_at)
+            .limit(1)
+        ).first()
+        if first is not None:
+            return first[0], int(first[1])
+    return None
 
 
 def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
