@@ -16,10 +16,14 @@ cannot hold the market without money (part 5).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from aitbc import run_defaults
+from aitbc.coordinator.repository import owned_run
+from aitbc.coordinator.workforce import hire_offer
 from aitbc.ledger.chain import escrow_account, wallet_account
 
 AIT = 1_000_000
@@ -270,6 +274,50 @@ def test_one_wallet_cannot_back_hires_on_many_runs(new_coordinator, api):
     with pytest.raises(api.ApiError) as e:
         owner.post(f"/runs/{funded}/contracts", {"worker_id": b.wallet.address, "price": "1"})
     api.assert_api_error(e, 409, "insufficient_funds", "needs 5 AIT beyond run")
+
+
+def test_two_hires_on_two_runs_of_one_owner_are_counted_one_after_the_other(new_coordinator, api):
+    """On PostgreSQL two requests run at once: a hire on one run, checked and not yet
+    committed, must be counted by a hire on the owner's other run, so the second waits for
+    the first (the ledger's write lock, taken before the wallet is counted) and is refused.
+    Without the lock both read the same 15 AIT and both hire. (SQLite has one writer at a
+    time: the run lock alone lines them up.)"""
+    coord = new_coordinator()
+    if coord.ctx.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one writing transaction at a time")
+    a, b = (api.register_worker(coord, f"cc{i}") for i in range(2))
+    owner = coord.client("racer")
+    owner.post("/wallets/fund", {"amount": "15"})
+    first, second = _unfunded_run(coord, api, owner), _unfunded_run(coord, api, owner)
+    outcome: dict = {}
+
+    def hire_on_second() -> None:
+        try:
+            outcome["hired"] = owner.post(f"/runs/{second}/contracts", {"worker_id": b.wallet.address, "price": "1"})
+        except api.ApiError as e:
+            outcome["refused"] = e
+
+    def blocked_on_a_lock() -> int:
+        return coord.rows(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )[0]["n"]
+
+    with coord.ctx.session() as s:  # the first hire, as its request does it, held open before its commit
+        hire_offer(coord.ctx, s, owned_run(s, first, owner.wallet.address), a.wallet.address, AIT)
+        other = threading.Thread(target=hire_on_second)
+        other.start()
+        api.wait_for(
+            "the second hire to wait for the first (or to finish)",
+            lambda: (other.is_alive(), blocked_on_a_lock()),
+            lambda v: not v[0] or v[1] > 0,
+        )
+        s.commit()
+    other.join(60)
+    assert "hired" not in outcome, "both hires passed on one wallet's 15 AIT"
+    e = outcome["refused"]
+    assert (e.status, e.code) == (409, "insufficient_funds") and "other runs count on 10 AIT of it" in e.detail, e
+    assert [c["status"] for c in owner.get(f"/runs/{first}")["contracts"]] == ["hired"]
+    assert owner.get(f"/runs/{second}")["contracts"] == []
 
 
 def test_hires_of_a_run_that_never_distributes_expire_and_their_bonds_come_back(new_coordinator, api):

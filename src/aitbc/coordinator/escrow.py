@@ -167,6 +167,10 @@ def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]
     need = hire_commitment(ctx, s, run, sum(new))
     if need == 0:
         return
+    # The wallet and the other runs' hires are counted under the ledger's write lock, held to
+    # this transaction's commit: a hire on another run of this owner (or a transfer out of
+    # its wallet) waits for it, then counts this one, so two cannot both pass on one balance.
+    ctx.ledger.lock(s)
     others = 0
     for other in s.scalars(
         select(Run).where(

@@ -181,15 +181,7 @@ class Ledger:
             raise LedgerError("bad_amount", f"cannot move money from {debit} to itself")
         if debit.startswith("burn:"):
             raise LedgerError("unauthorised", f"{debit} holds burned money; it never moves again")
-        # The head row first: from here on this transaction holds the ledger's write lock.
-        locked = s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
-        assert isinstance(locked, CursorResult)  # an UPDATE's result counts its rows
-        if locked.rowcount == 0:  # the first write: create the head row, then lock it
-            _create_head(s)
-            s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
-        head = s.get(Head, 1)
-        assert head is not None  # written just above if it was not there
-        s.refresh(head)
+        head = self.lock(s)
         if key is not None and s.scalar(select(Entry.seq).where(Entry.key == key)) is not None:
             raise LedgerError("duplicate", f"an entry with key {key!r} already exists")
         if request is not None and request.field not in STANDING_FIELDS:
@@ -236,6 +228,23 @@ class Ledger:
         head.seq, head.hash = e["seq"], e["hash"]
         s.flush()
         return entry
+
+    @staticmethod
+    def lock(s: Session) -> Head:
+        """Take the ledger's write lock for the rest of the caller's transaction (what every
+        post does first): the head row, updated so other writers wait (SQLite's write lock,
+        a row lock elsewhere), then re-read. A caller that decides from balances before it
+        posts (or instead of posting) takes it first, so no concurrent post can spend the
+        money it counted until it commits."""
+        locked = s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
+        assert isinstance(locked, CursorResult)  # an UPDATE's result counts its rows
+        if locked.rowcount == 0:  # the first write: create the head row, then lock it
+            _create_head(s)
+            s.execute(update(Head).where(Head.id == 1).values(seq=Head.seq))
+        head = s.get(Head, 1)
+        assert head is not None  # written just above if it was not there
+        s.refresh(head)
+        return head
 
     @staticmethod
     def balance(s: Session, account: str) -> int:
