@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator import gossip, retention, rounds, scoring, settlement, verification, workforce
 from aitbc.coordinator.books import drop_books_model
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.escrow import finalize
+from aitbc.coordinator.escrow import expire_hires, finalize
 from aitbc.coordinator.models import Job, Offer, Run
 from aitbc.coordinator.repository import row
 from aitbc.coordinator.runtime import drop_runtime
@@ -162,10 +162,17 @@ class RoundDriver:
                 changed |= workforce.fill_shards(ctx, s, run, now=now)
             changed |= verification.expire_challenges(ctx, s, now=now)
             changed |= self._fail_idle_manual_runs(s, now)
-            stuck = workforce.fail_stuck_runs(ctx, s, now=now)  # after fill_shards: nobody could be hired
-            if stuck:
+            if expire_hires(ctx, s, now=now):
+                log.warning(
+                    "round driver: released hires older than --hire-expiry of runs that never distributed (bonds returned)"
+                )
+                changed = True
+            if workforce.stop_long_pauses(ctx, s, now=now):
+                log.warning("round driver: stopped runs paused longer than --max-pause (they settle as any stop)")
+                changed = True
+            if workforce.fail_stuck_runs(ctx, s, now=now):  # after fill_shards: nobody could be hired
                 log.warning("round driver: failed runs that could not proceed (no workers, no offers)")
-            changed |= stuck
+                changed = True
             if changed:
                 if not ctx.lease.fence(s):  # lost the lease meanwhile: the new driver decides
                     s.rollback()

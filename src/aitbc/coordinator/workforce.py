@@ -6,6 +6,7 @@ caller's transaction (the caller commits).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
-from aitbc.coordinator.escrow import can_bond, expire_hires, post_bond, require_hire_funds
+from aitbc.coordinator.escrow import can_bond, post_bond, require_hire_funds
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, Run, Update, new_id
 from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.states import (
@@ -32,6 +33,8 @@ from aitbc.coordinator.states import (
 from aitbc.market.ranking import Offer as MarketOffer
 from aitbc.market.ranking import offer_score, rank_offers
 from aitbc.units import MICRO, format_price
+
+log = logging.getLogger("aitbc.coordinator")
 
 # --- the market ---------------------------------------------------------------------------
 
@@ -333,10 +336,10 @@ def fail_stuck_runs(ctx: Context, s: Session, *, now: float) -> bool:
     no free live offer that can bond) cannot proceed: once that has lasted ``stuck_seconds``,
     counted from its last job ending (or its last change, or this coordinator's start), it
     fails with the reason; the driver then settles its closed rounds, returns the bonds of
-    providers not slashed and refunds the escrow. Also, first: hires of runs that never
-    distributed expire (:func:`.escrow.expire_hires`) and runs paused too long stop
-    (:func:`stop_long_pauses`). Returns whether anything changed."""
-    changed = expire_hires(ctx, s, now=now) | stop_long_pauses(ctx, s, now=now)
+    providers not slashed and refunds the escrow. Returns whether any failed; the caller
+    commits. (Hires that expire and pauses that stop are the driver's other housekeeping:
+    :func:`.escrow.expire_hires`, :func:`stop_long_pauses`.)"""
+    changed = False
     wait = ctx.settings.stuck_seconds
     runs = s.scalars(
         select(Run).where(
@@ -382,6 +385,7 @@ def stop_long_pauses(ctx: Context, s: Session, *, now: float) -> bool:
         if run.status != RunStatus.PAUSED or now - paused_at < wait:
             continue
         end_run(s, run, RunStatus.STOPPED, now=now, reason=f"paused for over {wait:g} s")
+        log.info("run %s stopped: paused for over %g s (--max-pause)", run.id, wait)
         changed = True
     return changed
 
