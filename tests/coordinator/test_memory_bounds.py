@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -321,3 +322,36 @@ def test_a_spot_checked_step_past_the_replay_bound_is_refused_at_distribute():
     assert "batch_size must be in [1, 2] with verify_rate > 0" in e.value.detail and "\n" not in e.value.detail
     assert build_run_config(run, Distribute(rounds=1, verify_rate=0.1, batch_size=2), workers=1, allow_code=())
     assert build_run_config(run, Distribute(rounds=1, batch_size=32), workers=1, allow_code=())  # nothing replayed
+
+
+def test_a_jobs_own_batch_size_past_the_replay_bound_is_refused_as_at_distribute(new_coordinator, api):
+    """Job control's ``set_config`` holds a job's own batch_size to the replay bound that
+    ``distribute`` held the run's to (a spot-checked run's worker would otherwise train a
+    step the coordinator cannot replay within MAX_STEP_BYTES): 422 naming the batch sizes
+    allowed, nothing changed; at the bound it is taken."""
+    coord = new_coordinator(max_blob_bytes=8 << 20)  # a committed state of this model is ~2 MB
+    worker = api.register_worker(coord, "wide-w")
+    owner = coord.client("wide-owner")
+    owner.post("/wallets/fund", {"amount": "100"})
+    body = {"model_type": "mlp", "model_options": {"hidden": [2048]}, "dataset_size": "1GB", "target_workers": 1}
+    run_id = owner.post("/runs", body)["training_id"]
+    api.upload_digits(owner, run_id, 1)
+    assert owner.post(f"/runs/{run_id}/discover", {"required_workers": 1})["count"] == 1
+    owner.post(
+        f"/runs/{run_id}/distribute",
+        {"rounds": 2, "local_steps": 1, "batch_size": 8, "verify_rate": 0.5, "max_cost": "10"},
+    )
+    api.wait_status(owner, run_id, "training")
+    job_id = worker.get(f"/workers/{worker.wallet.address}/job", sign=True)["job"]["job_id"]
+    before = coord.snapshot()
+    with pytest.raises(ApiError) as e:
+        owner.post(f"/jobs/{job_id}/config", {"batch_size": 65_536})
+    detail = e.value.detail
+    api.assert_api_error(e, 422, "bad_config", "batch_size 65536", "MiB allowed", "batch_size must be in [1, ")
+    most = int(re.search(r"batch_size must be in \[1, (\d+)\]", detail).group(1))
+    assert 8 <= most < 65_536
+    with pytest.raises(ApiError) as e:
+        owner.post(f"/jobs/{job_id}/config", {"batch_size": most + 1, "lr": 0.01})
+    api.assert_api_error(e, 422, "bad_config", f"batch_size {most + 1}", f"batch_size must be in [1, {most}]")
+    assert coord.snapshot() == before  # no part of a refused config was stored
+    assert owner.post(f"/jobs/{job_id}/config", {"batch_size": most})["config"] == {"batch_size": most}

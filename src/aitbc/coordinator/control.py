@@ -27,7 +27,7 @@ from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Ru
 from aitbc.coordinator.repository import get_run, lock_run, owned_job, round_updates, shard_index
 from aitbc.coordinator.rounds import aggregate_round, commit_round, open_round, start_training
 from aitbc.coordinator.runs import configure
-from aitbc.coordinator.runtime import drop_runtime, runtime
+from aitbc.coordinator.runtime import check_replay_batch, drop_runtime, runtime
 from aitbc.coordinator.schemas import (
     CONFIG_RANGES,
     Aggregate,
@@ -174,16 +174,20 @@ def create_job(ctx: Context, s: Session, run: Run, body: JobCreate) -> Job:
     if c.status != ContractStatus.HIRED:
         raise conflict("contract_ended", f"worker {body.worker_id}'s contract with run {run.id} is {c.status}")
     config = body.config.overrides()
-    _check_steps(run, shard, config)
+    _check_job_config(run, shard, config)
     job = new_job(s, run, c, shard, now=time.time(), config=config)
     s.commit()
     ctx.notifier.bump()
     return job
 
 
-def _check_steps(run: Run, shard: int, config: dict[str, Any]) -> None:
-    """``epochs`` over this shard may not ask for more steps a round than ``local_steps``
-    may (the worker would compute them): 422 naming epochs and the bound."""
+def _check_job_config(run: Run, shard: int, config: dict[str, Any]) -> None:
+    """A job's own config, checked as ``distribute`` checks the run's: its ``batch_size``
+    within a spot check's replay bound (:func:`.runtime.check_replay_batch`), and
+    ``epochs`` over this shard not asking for more steps a round than ``local_steps`` may
+    (the worker would compute them). 422 naming the field and what is allowed."""
+    if config.get("batch_size"):
+        check_replay_batch(run, run.cfg.verify_rate, int(config["batch_size"]))
     epochs = config.get("epochs")
     if not epochs:
         return
@@ -462,7 +466,7 @@ def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConf
         config.pop("epochs", None)
     elif "epochs" in changes:
         config.pop("local_steps", None)
-    _check_steps(run, job.shard_index, config)
+    _check_job_config(run, job.shard_index, config)
     now = time.time()
     job.previous_config, job.config_at = dict(job.config or {}), now
     job.config, job.updated_at = config, now

@@ -86,21 +86,23 @@ def eval_rows(run: Run, budget_bytes: int) -> int:
     return max(1, budget_bytes // sample_bytes(run.model_type, cfg, spec))
 
 
-def _check_replay(run: Run, body: Distribute) -> None:
-    """422 when a spot check's replay of one step of ``body.batch_size`` samples would hold
-    more than :data:`MAX_STEP_BYTES` of activations on the coordinator."""
+def check_replay_batch(run: Run, verify_rate: float, batch_size: int) -> None:
+    """422 when a spot check's replay of one step of ``batch_size`` samples would hold
+    more than :data:`MAX_STEP_BYTES` of activations on the coordinator: the run's
+    ``distribute`` and every job's own ``batch_size`` (a manual job's config, job control's
+    ``set_config``) are held to it."""
     cfg = model_config(run.model_type, run.model_options)
-    if body.verify_rate <= 0 or cfg is None:
+    if verify_rate <= 0 or cfg is None:
         return
     spec = data_spec(run.data_manifest)
     fixed = step_bytes(run.model_type, cfg, spec, 0)  # gradients and optimizer state
     per_sample = sample_bytes(run.model_type, cfg, spec, training=True)
     most = max(0, MAX_STEP_BYTES - fixed) // per_sample
-    if body.batch_size > most:
-        need = step_bytes(run.model_type, cfg, spec, body.batch_size)
+    if batch_size > most:
+        need = step_bytes(run.model_type, cfg, spec, batch_size)
         raise unprocessable(
             "bad_config",
-            f"batch_size {body.batch_size}: a spot check replays a step of it on the coordinator, "
+            f"batch_size {batch_size}: a spot check replays a step of it on the coordinator, "
             f"{need / 2**20:.0f} MiB for this model and data, more than the {MAX_STEP_BYTES >> 20} MiB allowed; "
             + (f"batch_size must be in [1, {most}] with verify_rate > 0" if most else "give verify_rate 0"),
         )
@@ -140,7 +142,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
             precision=body.precision,
         )
         model = build_initial_model(run, allow_code)
-        _check_replay(run, body)
+        check_replay_batch(run, body.verify_rate, body.batch_size)
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
         agg = parse_aggregator(body.aggregator, default_f=f)
