@@ -486,7 +486,9 @@ class AgentMethods:
     def transfer_funds(self, to: str, amount: int | float | str) -> dict[str, Any]:
         """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
         signed by the agent. Returns ``{from, to, amount, entry, balance}``. Not
-        enough money: :class:`Conflict` (``insufficient_funds``).
+        enough money, or money the hires of the agent's runs not yet distributed hold (it
+        stays in the wallet until they distribute, stop or their hires expire):
+        :class:`Conflict` (``insufficient_funds``, naming what is held and what is free).
         """
 
     def update_training_phase(
@@ -1059,7 +1061,9 @@ class AsyncAgentMethods:
     async def transfer_funds(self, to: str, amount: int | float | str) -> dict[str, Any]:
         """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
         signed by the agent. Returns ``{from, to, amount, entry, balance}``. Not
-        enough money: :class:`Conflict` (``insufficient_funds``).
+        enough money, or money the hires of the agent's runs not yet distributed hold (it
+        stays in the wallet until they distribute, stop or their hires expire):
+        :class:`Conflict` (``insufficient_funds``, naming what is held and what is free).
         """
 
     async def update_training_phase(

@@ -35,7 +35,9 @@ def get_balance(self: AgentState) -> Op[dict[str, Any]]:
 def transfer_funds(self: AgentState, to: str, amount: int | float | str) -> Op[dict[str, Any]]:
     """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
     signed by the agent. Returns ``{from, to, amount, entry, balance}``. Not
-    enough money: :class:`Conflict` (``insufficient_funds``)."""
+    enough money, or money the hires of the agent's runs not yet distributed hold (it
+    stays in the wallet until they distribute, stop or their hires expire):
+    :class:`Conflict` (``insufficient_funds``, naming what is held and what is free)."""
     body = {"to": to, "amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
     return (yield Http("POST", "/wallets/send", body))
 

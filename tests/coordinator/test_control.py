@@ -856,22 +856,33 @@ def test_phase_distributing_escrows_the_signed_max_cost(coord, api):
     run = owner.get(f"/runs/{run_id}")
     assert (run["status"], run["escrowed"], run["config"]) == ("initializing", "0", {})
 
-    # a wallet that cannot pay: refused by the ledger, nothing written. (Hiring checked the
-    # owner could pay, issue 33; the money left the wallet since.)
+    # a wallet that cannot pay: refused by the ledger, nothing written. Hiring checked the
+    # owner could pay for the default plan's 10 rounds (issue 33), and that money stays in
+    # the wallet (a send of it is refused); the config asks for 11 rounds.
     poor_owner, poor = manual_run(coord, budget=None, fund="15")
     api.upload_digits(poor_owner, poor, 2)
     hire(poor_owner, poor, api.register_worker(coord, "pp", price="1.5"), price="1.5")
-    poor_owner.post("/wallets/send", {"to": coord.client("elsewhere").wallet.address, "amount": "11"})
     before = ledger_state(coord)
     refused(
         coord,
         api,
         poor_owner,
-        f"/runs/{poor}/phase",
-        {"phase": "distributing", "config": {**cfg, "max_cost": "100"}},
+        "/wallets/send",
+        {"to": coord.client("elsewhere").wallet.address, "amount": "11"},
         409,
         "insufficient_funds",
-        "4.5 AIT needed",
+        "hires of its runs not yet distributed hold 15 AIT",
+        run_id=poor,
+    )
+    refused(
+        coord,
+        api,
+        poor_owner,
+        f"/runs/{poor}/phase",
+        {"phase": "distributing", "config": {**cfg, "rounds": 11, "max_cost": "100"}},
+        409,
+        "insufficient_funds",
+        "16.5 AIT needed",
         run_id=poor,
     )
     assert ledger_state(coord) == before

@@ -213,8 +213,11 @@ def test_a_silent_job_loses_its_place_when_its_round_closes_at_the_deadline(new_
 # --- hiring: the owner's money first --------------------------------------------------------------
 
 
+_RUN = {"model_type": "mlp", "model_options": {"hidden": [8]}, "dataset_size": "1GB", "target_workers": 2}
+
+
 def _unfunded_run(coord, api, owner, *, budget: str | None = None) -> str:
-    body = {"model_type": "mlp", "model_options": api.MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 2}
+    body = dict(_RUN)
     if budget is not None:
         body["budget"] = budget
     run_id = owner.post("/runs", body)["training_id"]
@@ -274,6 +277,46 @@ def test_one_wallet_cannot_back_hires_on_many_runs(new_coordinator, api):
     with pytest.raises(api.ApiError) as e:
         owner.post(f"/runs/{funded}/contracts", {"worker_id": b.wallet.address, "price": "1"})
     api.assert_api_error(e, 409, "insufficient_funds", "needs 5 AIT beyond run")
+
+
+def test_the_money_hires_count_on_stays_in_the_wallet_until_the_run_distributes_or_ends(new_coordinator, api):
+    """An owner who hired cannot send away (nor escrow for another run) the money the hires
+    count on, so it cannot hold the providers' bonds with nothing behind them: 409 naming
+    what is held and what is free, nothing written. Distributing moves it into the run's
+    escrow; a stopped run holds nothing."""
+    coord = new_coordinator()
+    a, b = api.register_worker(coord, "hd0"), api.register_worker(coord, "hd1", price="0.5")
+    owner, sink = coord.client("holder"), coord.client("sink").wallet.address
+    owner.post("/wallets/fund", {"amount": "25"})
+    first = _unfunded_run(coord, api, owner)
+    owner.post(f"/runs/{first}/contracts", {"worker_id": a.wallet.address, "price": "1"})  # holds 10 AIT
+    before = coord.snapshot(), balance(coord, owner.wallet.address)
+    for path, body, what in (
+        ("/wallets/send", {"to": sink, "amount": "15.000001"}, f"sending to {sink} needs 15.000001 AIT"),
+        ("/runs", {**_RUN, "budget": "16"}, "escrow for the budget needs 16 AIT"),
+    ):
+        with pytest.raises(api.ApiError) as e:
+            owner.post(path, body)
+        api.assert_api_error(e, 409, "insufficient_funds", "hold 10 AIT", what, "15 AIT is free")
+        assert (coord.snapshot(), balance(coord, owner.wallet.address)) == before
+    owner.post("/wallets/send", {"to": sink, "amount": "15"})  # what is free goes
+    assert balance(coord, owner.wallet.address) == 10 * AIT
+    owner.post("/wallets/fund", {"amount": "5"})
+    second = _unfunded_run(coord, api, owner)
+    owner.post(f"/runs/{second}/contracts", {"worker_id": b.wallet.address, "price": "0.5"})  # holds 5 AIT
+    with pytest.raises(api.ApiError) as e:
+        owner.post("/wallets/send", {"to": sink, "amount": "1"})
+    api.assert_api_error(e, 409, "insufficient_funds", "hold 15 AIT", "0 AIT is free")
+    # distributing first moves 3 x 1 AIT into its escrow; what it held beyond that is free
+    owner.post(f"/runs/{first}/distribute", {"rounds": 3, "local_steps": 1, "batch_size": 8, "max_cost": "3"})
+    assert account(coord, escrow_account(first)) == 3 * AIT
+    owner.post("/wallets/send", {"to": sink, "amount": "7"})  # 5 left, all held by second
+    with pytest.raises(api.ApiError) as e:
+        owner.post("/wallets/send", {"to": sink, "amount": "0.000001"})
+    api.assert_api_error(e, 409, "insufficient_funds", "hold 5 AIT", "0 AIT is free")
+    owner.post(f"/runs/{second}/stop")  # a stopped run's hires hold nothing
+    owner.post("/wallets/send", {"to": sink, "amount": "5"})
+    assert balance(coord, owner.wallet.address) == 0
 
 
 def test_two_hires_on_two_runs_of_one_owner_are_counted_one_after_the_other(new_coordinator, api):

@@ -13,8 +13,11 @@ the contract's full price for it, exactly once, before the escrow goes back.
 Hiring checks the owner's money first (:func:`require_hire_funds`): a contract is made only
 while the owner's wallet and the run's escrow cover every contract it holds at its price for
 the run's rounds (the default plan's until ``distribute`` names them), less what the owner's
-other runs' hires already count on. Hires of a run that never distributes expire
-(:func:`expire_hires`) and their bonds go back.
+other runs' hires already count on. That money stays in the wallet until the run
+distributes (it moves into escrow, signed by ``max_cost``): no debit may take it
+(:func:`require_unheld`: a transfer, another run's escrow). Both are judged under the
+ledger's write lock. Hires of a run that never distributes expire (:func:`expire_hires`),
+their bonds go back and the hold with them.
 
 An owner-driven (manual) run's owner pays its providers (``POST .../payments``), but can
 never take back what their scores earned: the escrow goes back to the owner only after
@@ -71,7 +74,9 @@ def _fund_hint(needed: int) -> str:
 
 
 def escrow(ctx: Context, s: Session, run: Run, amount: int, request: RequestAuth, *, why: str) -> None:
-    """Move ``amount`` from the owner's wallet into the run's escrow (caller commits)."""
+    """Move ``amount`` from the owner's wallet into the run's escrow (caller commits); not
+    the money the owner's other runs' hires hold (:func:`require_unheld`)."""
+    require_unheld(ctx, s, run.owner, amount, what=f"run {run.id}'s escrow for {why}", besides=run.id)
     try:
         ctx.ledger.post(
             s,
@@ -157,6 +162,38 @@ def hire_commitment(ctx: Context, s: Session, run: Run, extra: int = 0) -> int:
     return max(0, cost - ctx.ledger.balance(s, escrow_account(run.id)))
 
 
+def held_for_hires(ctx: Context, s: Session, owner: str, *, besides: str | None = None) -> int:
+    """The money of ``owner``'s wallet its live, undistributed runs' hires count on (each
+    run's :func:`hire_commitment`), ``besides`` one run left out: held in the wallet until
+    those runs distribute (it moves into their escrow), end, or their hires expire."""
+    q = select(Run).where(Run.owner == owner, Run.config.is_(None), Run.status.not_in(tuple(ENDED)))
+    if besides is not None:
+        q = q.where(Run.id != besides)
+    return sum(hire_commitment(ctx, s, run) for run in s.scalars(q.order_by(Run.id)).all())
+
+
+def require_unheld(ctx: Context, s: Session, owner: str, amount: int, *, what: str, besides: str | None = None) -> None:
+    """409 ``insufficient_funds`` (nothing written) when moving ``amount`` out of
+    ``owner``'s wallet would leave less than its runs' hires count on
+    (:func:`held_for_hires`; ``besides``: the run this money goes to, whose hires it pays).
+    Checked under the ledger's write lock, so no hire nor other debit slips between."""
+    ctx.ledger.lock(s)
+    held = held_for_hires(ctx, s, owner, besides=besides)
+    if held == 0:
+        return
+    have = ctx.ledger.balance(s, wallet_account(owner))
+    if have - amount >= held or amount > have:  # an overdraft: the ledger refuses it in its words
+        return
+    free = max(0, have - held)
+    raise ApiError(
+        409,
+        "insufficient_funds",
+        f"wallet {owner} holds {format_price(have)} AIT, of which the hires of its runs not yet distributed hold "
+        f"{format_price(held)} AIT (until those runs distribute, stop, or their hires expire); {what} needs "
+        f"{format_price(amount)} AIT, {format_price(free)} AIT is free; {_fund_hint(amount - free)}",
+    )
+
+
 def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]) -> None:
     """409 ``insufficient_funds`` (nothing written) unless the owner can pay for hiring at
     ``prices`` (micro-AIT per round, one per new contract): the run's contracts with the new
@@ -171,13 +208,7 @@ def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]
     # this transaction's commit: a hire on another run of this owner (or a transfer out of
     # its wallet) waits for it, then counts this one, so two cannot both pass on one balance.
     ctx.ledger.lock(s)
-    others = 0
-    for other in s.scalars(
-        select(Run).where(
-            Run.owner == run.owner, Run.id != run.id, Run.config.is_(None), Run.status.not_in(tuple(ENDED))
-        )
-    ).all():
-        others += hire_commitment(ctx, s, other)
+    others = held_for_hires(ctx, s, run.owner, besides=run.id)
     have = ctx.ledger.balance(s, wallet_account(run.owner))
     if need + others <= have:
         return

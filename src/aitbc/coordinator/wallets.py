@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, unprocessable
-from aitbc.coordinator.escrow import ledger_error, require_network
+from aitbc.coordinator.escrow import ledger_error, require_network, require_unheld
 from aitbc.coordinator.schemas import WalletFund, WalletSend
 from aitbc.ledger.book import Ledger, LedgerError, RequestAuth
 from aitbc.ledger.chain import mint_account, wallet_account
@@ -52,12 +52,14 @@ def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> dict[st
 
 
 def send(ctx: Context, s: Session, body: WalletSend, *, address: str, request: RequestAuth) -> dict[str, Any]:
-    """Move ``amount`` from the signer's wallet to the address ``to`` (signed by the sender)."""
+    """Move ``amount`` from the signer's wallet to the address ``to`` (signed by the sender);
+    not the money its runs' hires hold (:func:`.escrow.require_unheld`)."""
     require_network(ctx, body.network)
     amount = parse_amount(body.amount)
     check_address(body.to)
     if body.to == address:
         raise unprocessable("bad_address", "cannot send to the same wallet")
+    require_unheld(ctx, s, address, amount, what=f"sending to {body.to}")  # hires' money stays put
     try:
         e = ctx.ledger.post(
             s,
