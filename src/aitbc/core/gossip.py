@@ -137,13 +137,13 @@ def robust_combine(
 # distance between its published models) is a copy, not local training. Calibrated on honest
 # simulated gossip runs (tests/core/test_gossip_copies.py; digits MLP, 8-10 rounds, ring and
 # random:K, 4-8 workers, codecs none/int8/int4, mixing rules median/mean/trimmed-mean, adamw
-# lr 0.001-0.3, 5-20 local steps, seeds 0-1; 20 configurations): at ordinary learning rates an honest worker's
-# nearest other model (another's of its round or the one before, or the last consensus) was
-# never nearer than 0.59 x the round's median distance; at lr 0.3 on random:2 with median
-# mixing it came to 0.009 (two workers that mixed the same three models start a round from
-# one point, and an unstable step leaves them close while the others fly apart). 0.002
-# leaves a 4.5x margin under the worst. A copier that adds more noise than that is not
-# caught by distance; its model is then judged as any other.
+# lr 0.001-0.3, 5-20 local steps, seeds 0-1; 20 configurations): an honest worker's nearest
+# other model (another's of its round or the one before, or the last consensus) was 0.59 x
+# the round's median distance or more at the default lr 0.001 and on rings; on random:2 with
+# median mixing at lr 0.1-0.3 it came down to 0.009 (two workers that mixed the same three
+# models start a round from one point, and an unstable step leaves them close while the
+# others fly apart). 0.002 leaves a 4.5x margin under that worst. A copier that adds more
+# noise than that is not caught by distance; its model is then judged as any other.
 COPY_FRACTION = 0.002
 
 
