@@ -17,7 +17,7 @@ from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.storage.peer_url import check_advertise
-from aitbc.worker import cheats
+from aitbc.worker import bad_peer
 from aitbc.worker.peers import BlobServer, PeerFetcher, PeerUnavailable, parse_listen
 
 DATA = bytes(range(256)) * 4000  # ~1 MB: more than one streamed piece
@@ -249,7 +249,7 @@ def test_a_trickling_peer_is_given_up_at_the_deadline_whatever_it_sends(held, tm
     read returns within the read timeout (0.5 s) and ~1 MB would take a day. The fetch's deadline
     (4 x timeout, wall clock, enforced by shutting the socket down) ends it: PeerUnavailable,
     nothing kept, the peer's connection closed."""
-    monkeypatch.setattr(cheats, "TRICKLE_SECONDS", 0.1)
+    monkeypatch.setattr(bad_peer, "TRICKLE_SECONDS", 0.1)
     server = _server(held)
     server.misbehave = "trickle"
     fetcher = PeerFetcher(timeout=0.5)

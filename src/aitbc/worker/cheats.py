@@ -2,9 +2,9 @@
 
 Gossip cheats: ``copy`` (sign a neighbour's published model, its very CID, as its own
 model), ``copy-noise`` (the same with a little noise added: another CID),
-(:func:`copy_neighbour`); ``trickle`` (its peer server sends each blob a byte every
-:data:`TRICKLE_SECONDS`) and ``endless`` (its peer server sends bytes for ever after each
-blob) (:func:`serve_badly`).
+(:func:`copy_neighbour`). The peer server's cheats (``trickle``, ``endless``) are in
+:mod:`aitbc.worker.bad_peer`, which imports no torch (the worker's settings import the
+peer server).
 
 ``skip-half`` (``aitbc worker start --cheat skip-half``, hidden): train half the round's
 local steps and claim all of them. Its commitment spreads the half it did over the round's
@@ -20,8 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from aitbc.worker.gossip import GossipLoop
 
 log = logging.getLogger("aitbc.worker.cheats")
-
-TRICKLE_SECONDS = 2.0  # "trickle": seconds between two bytes of a blob it serves
 
 
 def skip_half(
@@ -58,41 +55,6 @@ def skip_half(
 def round_half(b: int, half: int, steps: int) -> int:
     """The real step whose state is claimed for committed step ``b``."""
     return (b * half + steps // 2) // steps
-
-
-def serve_badly(handler: BaseHTTPRequestHandler, f: BinaryIO, how: str, *, chunk: int) -> None:
-    """Testing only (:attr:`aitbc.worker.peers.BlobServer.misbehave`): ``trickle`` sends the blob a byte every
-    :data:`TRICKLE_SECONDS` (an honest Content-Length: only the time is wrong); ``endless``
-    sends the blob, then bytes for ever (no Content-Length: the body ends when the reader
-    hangs up). Logged when it starts and when the reader cuts it."""
-    data = f.read()
-    peer = handler.client_address[0]
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/octet-stream")
-    if how == "trickle":
-        handler.send_header("Content-Length", str(len(data)))
-    handler.send_header("Connection", "close")
-    handler.end_headers()
-    sent = 0
-    log.warning("misbehaving (%s): serving %s to %s", how, handler.path, peer)
-    try:
-        if how == "trickle":
-            for k in range(len(data)):
-                handler.wfile.write(data[k : k + 1])
-                handler.wfile.flush()
-                sent += 1
-                time.sleep(TRICKLE_SECONDS)
-        else:
-            handler.wfile.write(data)
-            sent = len(data)
-            junk = bytes(chunk)
-            while True:
-                handler.wfile.write(junk)
-                sent += len(junk)
-    except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError) as e:
-        log.warning(
-            "misbehaving (%s): %s to %s cut after %d bytes (%s)", how, handler.path, peer, sent, type(e).__name__
-        )
 
 
 def copy_neighbour(loop: GossipLoop, r: int, local: Tensor, blob: bytes, *, noise: bool) -> tuple[Tensor, bytes]:

@@ -40,7 +40,7 @@ from aitbc.errors import AitbcError, IntegrityError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import parse_cid
 from aitbc.storage.peer_fetch import TooLong, TooSlow, bounded_get
-from aitbc.worker.cheats import serve_badly
+from aitbc.worker.bad_peer import serve_badly
 
 log = logging.getLogger("aitbc.worker.peers")
 
