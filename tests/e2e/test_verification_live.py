@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.conftest import TEST_DB
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -101,9 +102,18 @@ STEPS_2T = 100  # 7-step intervals: drift grows with the steps an interval re-ru
 TINY_TRANSFORMER = ("--model-opt", "context=32", "--model-opt", "d_model=32", "--model-opt", "n_layers=1")
 
 
+# The database does not change how a replay drifts: on PostgreSQL (make test-pg) one lr shows
+# the verdicts and the money move there; SQLite (make test-long) runs all three.
+_ONE_LR_ON_PG = pytest.mark.skipif(TEST_DB == "postgresql", reason="lr0.3 covers the drift verdict on PostgreSQL")
+
+
 @pytest.mark.parametrize(
     "lr,model_opts",
-    [(0.1, ()), (0.3, ()), (1.0, TINY_TRANSFORMER)],  # at lr 1 the default transformer's loss goes NaN in a round
+    [
+        pytest.param(0.1, (), marks=_ONE_LR_ON_PG),
+        (0.3, ()),
+        pytest.param(1.0, TINY_TRANSFORMER, marks=_ONE_LR_ON_PG),  # at lr 1 the default transformer's loss goes NaN
+    ],
     ids=["lr0.1", "lr0.3", "lr1"],
 )
 def test_an_honest_worker_on_two_threads_is_never_slashed_by_replay_drift(stack, lr, model_opts):
