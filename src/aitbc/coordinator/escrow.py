@@ -323,9 +323,23 @@ def pay_as_delivered(ctx: Context, s: Session, run: Run, c: Contract, r: int, *,
     Returns the micro-AIT paid."""
     if s.scalar(select(Settlement.id).where(Settlement.contract_id == c.id, Settlement.round == r)):
         return 0
+    paid = settle_round(ctx, s, run, c, r, quality=1.0, due=c.price, memo={"delivered": why})
+    s.flush()
+    log.info("run %s: %s paid %d micro-AIT for its round %d update as delivered: %s", run.id, c.worker_id, paid, r, why)
+    return paid
+
+
+def settle_round(
+    ctx: Context, s: Session, run: Run, c: Contract, r: int, *, quality: float, due: int, memo: dict[str, object]
+) -> int:
+    """Contract ``c``'s settlement of round ``r``: a settlement row (``quality``, ``due``) and,
+    where the coordinator pays the round (:func:`driver_pays`), ``due`` from escrow as far as
+    it goes, keyed ``settle:<contract>:<round>`` (money moves once per contract and round,
+    whichever path settles it: scoring, or an update paid as delivered). ``memo`` adds to
+    the entry's memo. The caller commits. Returns the micro-AIT paid."""
     paid, seq = 0, None
-    if driver_pays(run, r):
-        paid = min(c.price, ctx.ledger.balance(s, escrow_account(run.id)))
+    if due > 0 and driver_pays(run, r):  # a manual run's owner pays (process_payment); due is what is owed
+        paid = min(due, ctx.ledger.balance(s, escrow_account(run.id)))
         if paid > 0:
             entry = ctx.ledger.post(
                 s,
@@ -333,7 +347,7 @@ def pay_as_delivered(ctx: Context, s: Session, run: Run, c: Contract, r: int, *,
                 debit=escrow_account(run.id),
                 credit=wallet_account(c.worker_id),
                 amount=paid,
-                memo={"run": run.id, "contract": c.id, "round": r, "delivered": why},
+                memo={"run": run.id, "contract": c.id, "round": r, **memo},
                 key=f"settle:{c.id}:{r}",
             )
             seq = entry.seq
@@ -343,15 +357,13 @@ def pay_as_delivered(ctx: Context, s: Session, run: Run, c: Contract, r: int, *,
             contract_id=c.id,
             worker_id=c.worker_id,
             round=r,
-            quality=1.0,
-            due=c.price,
+            quality=quality,
+            due=due,
             paid=paid,
             entry_seq=seq,
             created_at=time.time(),
         )
     )
-    s.flush()
-    log.info("run %s: %s paid %d micro-AIT for its round %d update as delivered: %s", run.id, c.worker_id, paid, r, why)
     return paid
 
 

@@ -17,13 +17,13 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.escrow import driver_pays, owner_may_still_pay, pay_as_delivered
+from aitbc.coordinator.escrow import owner_may_still_pay, pay_as_delivered, settle_round
 from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.repository import lock_run, row
 from aitbc.coordinator.states import ENDED, ContractStatus, Control, JobStatus, UpdateStatus
 from aitbc.coordinator.workforce import assign_worker, end_job
 from aitbc.core.scoring import reputation_update
-from aitbc.ledger.chain import bond_account, burn_account, escrow_account, wallet_account
+from aitbc.ledger.chain import bond_account, burn_account
 from aitbc.units import MICRO
 
 log = logging.getLogger("aitbc.coordinator")
@@ -78,33 +78,7 @@ def _settle_one(ctx: Context, s: Session, sc: Score, r: int) -> None:
     contract = row(s, Contract, sc.contract_id)
     quality_ppm = round(sc.quality * 1_000_000)
     due = contract.price * quality_ppm // MICRO  # integer micro-AIT, rounded down
-    paid, seq = 0, None
-    if due > 0 and driver_pays(run, r):  # a manual run's owner pays (process_payment); due is what the scores say
-        paid = min(due, ctx.ledger.balance(s, escrow_account(run.id)))
-        if paid > 0:
-            entry = ctx.ledger.post(
-                s,
-                kind="settle",
-                debit=escrow_account(run.id),
-                credit=wallet_account(contract.worker_id),
-                amount=paid,
-                memo={"run": run.id, "contract": contract.id, "round": r, "quality_ppm": quality_ppm},
-                key=f"settle:{contract.id}:{r}",
-            )
-            seq = entry.seq
-    s.add(
-        Settlement(
-            run_id=run.id,
-            contract_id=contract.id,
-            worker_id=contract.worker_id,
-            round=r,
-            quality=sc.quality,
-            due=due,
-            paid=paid,
-            entry_seq=seq,
-            created_at=time.time(),
-        )
-    )
+    settle_round(ctx, s, run, contract, r, quality=sc.quality, due=due, memo={"quality_ppm": quality_ppm})
     offer = s.get(Offer, contract.worker_id)
     if offer is not None:
         offer.reputation = reputation_update(offer.reputation, sc.quality)
