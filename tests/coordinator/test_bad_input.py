@@ -564,11 +564,12 @@ def test_progress(api, training):
 def test_late_update_for_a_closed_round_is_not_flagged(new_coordinator, api):
     """A straggler's update for a round that closed at its deadline: 409 (it lost its place
     at the close, issue 33), no flag for it."""
-    t = api.start_training_run(new_coordinator(), 2, deadline=0.3, quorum=1)
+    # a deadline the fast worker meets on a loaded machine: missing it loses the place (issue 33)
+    t = api.start_training_run(new_coordinator(), 2, deadline=10.0, quorum=1)
     (fast, slow) = t.workers
     cid = api.put_update(fast, torch.zeros(t.d))
     fast.post(f"/jobs/{t.jobs[fast.wallet.address]}/updates", api.update_body(1, cid))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180
     while (
         t.owner.get(f"/runs/{t.run_id}")["round"] != 2 or t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"] < 1
     ):

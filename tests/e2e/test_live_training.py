@@ -66,6 +66,14 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Shards: 3" in r.stdout
 
+    # Hiring needs the owner's money first (issue 33): the wallet is empty, so nobody is hired,
+    # with the amount short and the command that funds it.
+    hire = ["distributed-training", "discover-workers", "--training-id", run_id, "--min-gpu", "RTX3080"]
+    r = stack.cli(*hire, "--required-workers", "3")
+    assert r.returncode == 1 and "short by" in r.stderr and "aitbc wallet fund" in r.stderr, r.stderr
+    assert stack.api(f"/runs/{run_id}")["contracts"] == []
+    stack.fund_owner()
+
     # Too many asked for: a clear refusal, and no contract made.
     r = stack.cli(
         "distributed-training",
@@ -112,11 +120,6 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
         "--compression",
         "int8",
     ]
-    r = stack.cli(*dist)  # the owner's wallet is empty: nothing is escrowed, nothing starts
-    assert r.returncode == 1 and "insufficient" not in r.stdout
-    assert "needed" in r.stderr and "aitbc wallet fund my-agent-wallet" in r.stderr, r.stderr
-    assert stack.api(f"/runs/{run_id}")["status"] == "initializing"
-    stack.fund_owner()
     r = stack.cli(*dist)
     assert r.returncode == 0, r.stderr
     r = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--timeout", "240")

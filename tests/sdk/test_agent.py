@@ -109,7 +109,7 @@ def test_errors_and_blobs(stack):
         with pytest.raises(NotFound) as e:  # the documentation's form: a worker address first
             agent.process_payment("ait1" + "0" * 40, "contract_nope", 1)
         assert e.value.code == "unknown_contract"
-        bal = agent.fund_wallet("2.5")
+        bal = agent.fund_wallet("20.5")  # hiring needs price x 10 rounds in hand (issue 33)
         assert agent.get_balance()["balance"] == bal["balance"]
         # Hiring one named provider: below its ask is refused; at its ask, a contract.
         w = agent.get_available_workers()[0]
