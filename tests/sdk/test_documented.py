@@ -330,6 +330,11 @@ def test_example3_replaces_a_killed_worker_beside_a_live_run(stack, tmp_path):
         check_only_allowed_edits("example3_fault_tolerant.py", text, None)
         script = tmp_path / "example3.py"
         script.write_text(text)
+        # Example 3 scales the run up (add_worker, once per straggler it sees): a hire mid-run
+        # needs its ~200 rounds left in hand beside the escrow (issue 33), and phase_driven
+        # escrowed all of ft-wallet's money.
+        with _agent(home, "ft-wallet") as owner:
+            owner.fund_wallet(20000)
         example = subprocess.Popen(
             [sys.executable, "-u", str(script)],
             stdout=subprocess.PIPE,
