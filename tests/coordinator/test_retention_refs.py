@@ -22,9 +22,10 @@ from aitbc.storage.cid import cid_of_bytes
 
 @pytest.fixture
 def graceless(tmp_path, databases, api):
-    """A coordinator whose grace period is 0 (its own collections an hour apart: the tests
-    collect themselves)."""
-    coord, stop = api.start_on(databases, tmp_path / "coord", gc_grace_seconds=0, gc_interval_seconds=3600)
+    """A coordinator whose grace period is 0 and whose driver never collects (the tests
+    collect themselves: the driver's first collection, on its first tick, deleted a test's
+    aged blob under it on a loaded machine)."""
+    coord, stop = api.start_on(databases, tmp_path / "coord", gc_grace_seconds=0, gc_interval_seconds=1e12)
     yield coord
     stop()
 
