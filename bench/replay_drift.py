@@ -29,20 +29,19 @@ from _common import print_table, write_json
 from _sims import machine
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params
-from aitbc.training.data_spec import DataSpec
-from aitbc.training.local import LocalConfig, LocalTrainer
-from aitbc.training.models import build_model
-from aitbc.training.proof import (
+from aitbc.training.checks import (
     DEFAULT_TOLERANCE,
-    Recorder,
     Replay,
-    TrainState,
     drift_bound,
     optimizer_error,
     probe_drift,
     relative_error,
     replay,
 )
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.local import LocalConfig, LocalTrainer
+from aitbc.training.models import build_model
+from aitbc.training.proof import Recorder, TrainState
 
 
 def problem(kind: str):

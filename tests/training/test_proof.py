@@ -1,5 +1,6 @@
-"""Verifiable local training (training/proof.py): a round's commitments replay bit-exact
-from what the coordinator knows, and each kind of cheat fails the check that targets it."""
+"""Verifiable local training (training/proof.py, training/checks.py): a round's commitments
+replay bit-exact from what the coordinator knows, and each kind of cheat fails the check
+that targets it."""
 
 from __future__ import annotations
 
@@ -16,24 +17,20 @@ from aitbc.core.compression import build_codec
 from aitbc.errors import IntegrityError, UsageError
 from aitbc.training.batches import BatchOrder, data_seed
 from aitbc.training.checkpoint import flat_params
-from aitbc.training.data_spec import DataSpec
-from aitbc.training.local import LocalConfig, LocalTrainer
-from aitbc.training.models import build_model
-from aitbc.training.proof import (
+from aitbc.training.checks import (
     DEFAULT_TOLERANCE,
-    Commitment,
-    Recorder,
     Replay,
-    TrainState,
-    boundaries,
     check_interval,
     check_start,
     check_update,
     choose_intervals,
-    commit_every,
     relative_error,
     replay,
 )
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.local import LocalConfig, LocalTrainer
+from aitbc.training.models import build_model
+from aitbc.training.proof import Commitment, Recorder, TrainState, boundaries, commit_every
 
 SPEC = DataSpec("classification", (8,), 4)
 

@@ -1,5 +1,5 @@
 """Issue 33: a failed replay accuses only with proof. Each check's outcome is one of three
-classes (training/proof.py): PASSED (paid), DRIFT (a miss honest drift could explain:
+classes (training/checks.py): PASSED (paid), DRIFT (a miss honest drift could explain:
 unpaid, never slashed) and FAULT (what drift cannot make: slashed). Here each class is
 reached from real training, with the boundaries between them."""
 
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from aitbc.training.proof import (
+from aitbc.training.checks import (
     BOUND_CHAOS,
     BOUND_FLOOR,
     DEFAULT_TOLERANCE,
@@ -18,9 +18,6 @@ from aitbc.training.proof import (
     DRIFT_MARGIN,
     FAULT,
     PASSED,
-    Commitment,
-    Recorder,
-    TrainState,
     Verdict,
     check_interval,
     drift_bound,
@@ -29,6 +26,7 @@ from aitbc.training.proof import (
     replay,
     replay_threads,
 )
+from aitbc.training.proof import Commitment, Recorder, TrainState
 
 from .test_proof import replayer, trained
 

@@ -2,16 +2,16 @@
 
 Every worker commits to its round's states (:mod:`aitbc.training.proof`) and sends an
 encoded update; the verifier runs the coordinator's protocol on each update -- the free
-:func:`~aitbc.training.proof.check_start`, then :func:`~aitbc.training.proof.choose_intervals`
-at the verification rate and :func:`~aitbc.training.proof.check_interval` on each chosen
+:func:`~aitbc.training.checks.check_start`, then :func:`~aitbc.training.checks.choose_intervals`
+at the verification rate and :func:`~aitbc.training.checks.check_interval` on each chosen
 interval with the states the worker *reveals* (as bytes, parsed as a coordinator would), and
-:func:`~aitbc.training.proof.check_update` whenever the last interval is among the chosen.
-A check that fails with proof (a fault: :data:`~aitbc.training.proof.FAULT`) ejects the worker
+:func:`~aitbc.training.checks.check_update` whenever the last interval is among the chosen.
+A check that fails with proof (a fault: :data:`~aitbc.training.checks.FAULT`) ejects the worker
 (the coordinator slashes it); one that missed within its drift bound
-(:data:`~aitbc.training.proof.DRIFT`) only leaves the update out, unpaid: the worker stays.
+(:data:`~aitbc.training.checks.DRIFT`) only leaves the update out, unpaid: the worker stays.
 Either is a detected update; only faults count against honest workers (false accusations).
 The verifier also re-runs every interval whose committed end is its start
-(:func:`~aitbc.training.proof.null_intervals`), as the coordinator does. Workers train on
+(:func:`~aitbc.training.checks.null_intervals`), as the coordinator does. Workers train on
 ``worker_threads`` torch threads, the verifier re-runs on ``verify_threads`` (or on the
 count the commitment states, with ``state_threads``). The verifier knows only what a coordinator knows (each worker's assigned shard, job seed,
 the round's model and the codec); nothing here tells it who cheats.
@@ -60,27 +60,23 @@ from aitbc.core.outer import build_outer
 from aitbc.errors import IntegrityError, UsageError
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
-from aitbc.training.data_spec import DataSpec
-from aitbc.training.datasets import DataOptions, load_dataset
-from aitbc.training.local import LocalConfig, LocalTrainer, evaluate
-from aitbc.training.models import build_model
-from aitbc.training.proof import (
-    Commitment,
-    Recorder,
+from aitbc.training.checks import (
     Replay,
-    TrainState,
     Verdict,
-    boundaries,
     check_interval,
     check_start,
     check_update,
     choose_intervals,
-    commit_every,
     fault,
     null_intervals,
     replay,
     replay_threads,
 )
+from aitbc.training.data_spec import DataSpec
+from aitbc.training.datasets import DataOptions, load_dataset
+from aitbc.training.local import LocalConfig, LocalTrainer, evaluate
+from aitbc.training.models import build_model
+from aitbc.training.proof import Commitment, Recorder, TrainState, boundaries, commit_every
 from aitbc.training.sharding import shard_indices
 
 CHEATS = ("skip", "skip-naive", "wrong-shard", "wrong-random", "copy", "stale", "noise", "zero")

@@ -13,7 +13,6 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +25,8 @@ from aitbc.errors import IntegrityError
 from aitbc.training.batches import BatchOrder, data_seed, step_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
 from aitbc.training.devices import check_precision
-
-if TYPE_CHECKING:
-    from aitbc.training.parallel import Group
-    from aitbc.training.proof import Recorder
+from aitbc.training.group import Group
+from aitbc.training.proof import Recorder
 
 # torch's global CPU generator is one per process: a seeded step (fork_rng + manual_seed) and
 # anything else that seeds it (the coordinator's build_initial_model, in request threads) take this.
@@ -99,7 +96,7 @@ def eager_start(base: Tensor, prior_blobs: Sequence[bytes]) -> Tensor:
 def epoch_steps(epochs: int, samples: int, batch_size: int) -> int:
     """Local steps for ``epochs`` passes over a shard of ``samples``: ``epochs x (samples //
     batch)``, one step at least per pass, with the batch capped at the shard (a pass is
-    every full batch of one reshuffled order, as :class:`~aitbc.training.proof.BatchOrder` draws
+    every full batch of one reshuffled order, as :class:`~aitbc.training.batches.BatchOrder` draws
     them). The worker trains this many steps; the coordinator bounds it the same way."""
     return epochs * max(1, samples // max(1, min(batch_size, samples)))
 

@@ -26,16 +26,17 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from aitbc.errors import AitbcError
 from aitbc.training.data_spec import DataSpec
+from aitbc.training.group import Group
 from aitbc.training.local import LocalConfig, LocalTrainer, build_inner_optimizer
 from aitbc.training.proof import load_optimizer_tensors, optimizer_tensors
 
@@ -51,38 +52,6 @@ _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float
 
 class RankFailed(AitbcError):
     """A data-parallel rank of this worker exited: the worker stops (one line, exit 1)."""
-
-
-@dataclass
-class Group:
-    """This process's place in a data-parallel group."""
-
-    rank: int
-    world: int
-    device: torch.device
-    control: Any  # the gloo process group commands, tensors and batch statistics go over
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """``model`` under DDP (its construction is a collective: every rank calls it)."""
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
-
-    def share(self, idx: Tensor) -> tuple[Tensor, float, int]:
-        """This rank's contiguous slice of a global batch ``idx``, the weight of its mean
-        loss (its share of the batch, times the world: DDP divides the summed gradients by
-        the world) and how many samples are its own. A rank with no sample (a batch smaller
-        than the world) runs one sample at weight 0, so every rank joins the all-reduce."""
-        n = idx.numel()
-        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        if hi == lo:
-            return idx[:1], 0.0, 0
-        return idx[lo:hi], (hi - lo) * self.world / n, hi - lo
-
-    def batch_stats(self, loss: Tensor, right: int, mine: int, n: int) -> tuple[Tensor, int]:
-        """The global batch's mean loss and correct predictions from every rank's own."""
-        t = torch.tensor([float(loss) * mine, float(right if mine else 0)], dtype=torch.float64)
-        dist.all_reduce(t, group=self.control)
-        return t[0] / n, int(t[1])
 
 
 # --- the control channel: JSON and tensors broadcast from rank 0 ---------------------------
