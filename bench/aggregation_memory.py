@@ -120,7 +120,7 @@ class _Ctx:  # the two parts of the coordinator's Context that aggregate_updates
 
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    from aitbc.coordinator.round_updates import aggregate_updates, streams
+    from aitbc.coordinator.live.updates import aggregate_updates, streams
     from aitbc.core.aggregation import parse_aggregator
     from aitbc.core.norms import NormBound
     from aitbc.storage.blobstore import LocalBlobStore

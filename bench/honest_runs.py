@@ -30,10 +30,11 @@ import torch
 
 from _common import print_table, write_json
 from _sims import machine
-from aitbc.coordinator.scoring import SCORING, judge, kept_shares
+from aitbc.coordinator.verification.scoring import SCORING, judge, kept_shares
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.scoring import reputation_update
-from aitbc.sim.runner import SimConfig, Simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import Simulation
 from aitbc.training.checkpoint import load_shard
 
 START_REPUTATION = 4.9

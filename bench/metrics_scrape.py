@@ -1,7 +1,7 @@
 """What one ``GET /metrics`` scrape costs as the record grows (issue 16, part 2).
 
 The record's metrics are counted in the database at each scrape (one aggregate query per
-family, :class:`aitbc.coordinator.metrics.RecordCollector`), so their cost grows with the
+family, :class:`aitbc.coordinator.observability.metrics.RecordCollector`), so their cost grows with the
 tables they count. This fills a coordinator database (SQLite, WAL, migrated as ``serve`` does;
 or ``--db URL``) with runs of ``rounds`` rounds and ``workers`` workers each: one update per
 worker and round (1 in 20 rejected, with the reasons the coordinator writes), a round record
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, write_json
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
-from aitbc.coordinator.metrics import RecordCollector
-from aitbc.coordinator.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
+from aitbc.coordinator.observability.metrics import RecordCollector
+from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.ledger.book import Entry
 
 ROUNDS, WORKERS = 100, 10  # per run: one run holds ROUNDS x WORKERS updates

@@ -7,7 +7,7 @@ fetches every round's model from the coordinator), once with every worker servin
 job view; workers fetch from each other, CID-checked, the coordinator being the fallback).
 
 Egress is the coordinator's own counter ``aitbc_http_bytes_total{direction="out"}`` read
-from its ``/metrics`` (coordinator/metrics.py): ``blob`` (blob bodies it sent: shards and
+from its ``/metrics`` (coordinator/observability/metrics.py): ``blob`` (blob bodies it sent: shards and
 models) and ``api`` (every other /v1 reply: job views, acknowledgements). Per round is the
 run's total over its rounds; "steady" leaves out the shards (each worker fetches its own
 shard once, from the coordinator in both modes: nobody else holds it). Target: with peer

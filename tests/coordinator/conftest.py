@@ -35,7 +35,7 @@ from aitbc.client import ApiError, CoordinatorClient
 from aitbc.coordinator.app import KEEP_ALIVE_SECONDS, create_app
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.rounds import pending_evaluations
+from aitbc.coordinator.rounds.lifecycle import pending_evaluations
 from aitbc.core.compression import build_codec
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import torch
 
-from aitbc.coordinator import repository, views
+from aitbc.coordinator.runs import views
+from aitbc.coordinator.store import repository
 
 
 def test_the_document_declares_our_error_shape_and_every_output(server, api) -> None:

@@ -13,8 +13,8 @@ import torch
 from sqlalchemy import text
 
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
-from aitbc.coordinator.models import Job, Run
-from aitbc.coordinator.workers import _round_gate
+from aitbc.coordinator.rounds.workers import _round_gate
+from aitbc.coordinator.store.models import Job, Run
 from aitbc.core.compression import build_codec
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import cid_of_bytes

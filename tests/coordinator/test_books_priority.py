@@ -13,7 +13,7 @@ import pytest
 
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
-from aitbc.coordinator.driver import RoundDriver, lower_priority
+from aitbc.coordinator.rounds.driver import RoundDriver, lower_priority
 
 from .conftest import wait_for
 

@@ -16,8 +16,9 @@ from sqlalchemy import event, insert
 from tests.conftest import wait_until
 
 from aitbc.client import ApiError
-from aitbc.coordinator import dashboard, repository
-from aitbc.coordinator.models import RoundRecord
+from aitbc.coordinator.runs import dashboard
+from aitbc.coordinator.store import repository
+from aitbc.coordinator.store.models import RoundRecord
 
 RUN_KEYS = {
     "training_id",
@@ -296,6 +297,6 @@ def test_only_the_dashboard_routes_import_its_view():
                 names = {a.name for a in node.names}
             else:
                 continue
-            if "aitbc.coordinator.dashboard" in names:
+            if "aitbc.coordinator.runs.dashboard" in names:
                 users.add(path.relative_to(root).as_posix())
     assert users == {"coordinator/api/routes/dashboard.py"}

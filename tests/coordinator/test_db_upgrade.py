@@ -32,8 +32,8 @@ from sqlalchemy import Engine, MetaData, Table, create_engine, inspect, select, 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
-from aitbc.coordinator.db import alembic_config, head_revision, make_engine, upgrade_database
-from aitbc.coordinator.models import Base
+from aitbc.coordinator.store.db import alembic_config, head_revision, make_engine, upgrade_database
+from aitbc.coordinator.store.models import Base
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import LedgerBase
 
@@ -188,7 +188,7 @@ def test_upgrade_is_idempotent(url):
 def test_concurrent_starts_migrate_once(url):
     """Three coordinators starting at once on one new database: each waits for the
     migration lock; the first migrates, the others find the database at head."""
-    code = f"from aitbc.coordinator.db import make_engine; make_engine({url!r}).dispose()"
+    code = f"from aitbc.coordinator.store.db import make_engine; make_engine({url!r}).dispose()"
     procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:
         _, err = p.communicate(timeout=120)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
-from aitbc.coordinator import driver as driver_module
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
-from aitbc.coordinator.driver import RoundDriver
+from aitbc.coordinator.rounds import driver as driver_module
+from aitbc.coordinator.rounds.driver import RoundDriver
 
 
 def test_pokes_advance_rounds_each_time_and_housekeep_once_a_tick(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The driver lease (coordinator/lease.py): one holder at a time by compare-and-set, on the
+"""The driver lease (coordinator/store/lease.py): one holder at a time by compare-and-set, on the
 backend under test; and two coordinators on one database and one home: exactly one
 drives, either answers a worker the other registered, a heartbeat to either keeps the
 worker live for both, and a clean stop hands the rounds over."""
@@ -14,10 +14,10 @@ import torch
 from sqlalchemy import select, update
 from tests.conftest import wait_until
 
-from aitbc.coordinator.db import make_engine, make_sessions
-from aitbc.coordinator.lease import DriverLease
-from aitbc.coordinator.models import DriverLease as LeaseRow
-from aitbc.coordinator.models import Offer
+from aitbc.coordinator.store.db import make_engine, make_sessions
+from aitbc.coordinator.store.lease import DriverLease
+from aitbc.coordinator.store.models import DriverLease as LeaseRow
+from aitbc.coordinator.store.models import Offer
 
 PERIOD = 30.0  # long: no lease in these tests runs out by itself unless a test waits for it
 
@@ -390,7 +390,7 @@ def test_a_request_replayed_to_the_other_replica_is_refused(tmp_path, databases,
 
 
 def test_shared_nonces_accept_each_nonce_once_until_it_expires(tmp_path, databases):
-    from aitbc.coordinator.nonces import SharedNonces, nonce_store
+    from aitbc.coordinator.store.nonces import SharedNonces, nonce_store
     from aitbc.ledger.signing import NonceCache
 
     url = databases.new(tmp_path / "db")

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from aitbc import run_defaults
-from aitbc.coordinator.repository import owned_run
-from aitbc.coordinator.workforce import hire_offer
+from aitbc.coordinator.store.repository import owned_run
+from aitbc.coordinator.workforce.hiring import hire_offer
 from aitbc.ledger.chain import escrow_account, wallet_account
 
 AIT = 1_000_000

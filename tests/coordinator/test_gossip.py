@@ -423,8 +423,8 @@ def _progress(w, job: str, r: int, step: int, seconds: float) -> None:
 
 
 def _due_now(t) -> bool:
-    from aitbc.coordinator.gossip import _due
-    from aitbc.coordinator.models import Run
+    from aitbc.coordinator.rounds.gossip import _due
+    from aitbc.coordinator.store.models import Run
 
     with t.coord.ctx.session() as s:
         return _due(s, s.get(Run, t.run_id), now=time.time())
@@ -673,7 +673,7 @@ def test_a_slow_peer_holds_only_its_own_round_up_to_the_deadline(new_coordinator
     not wait on the fetch: it runs on a thread of its own while a second gossip run on the
     same coordinator closes two rounds; A's round closes once the fetch's wall-clock
     deadline passed (whatever the trickle), A's model excluded: unpaid, not flagged."""
-    from aitbc.coordinator import peers
+    from aitbc.coordinator.transfer import peers
 
     monkeypatch.setattr(peers, "FETCH_SECONDS", 20.0)
     coord = new_coordinator()

@@ -25,11 +25,11 @@ from aitbc.client import ApiError
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
-from aitbc.coordinator.models import Run
-from aitbc.coordinator.round_updates import aggregate_updates, decode_rows
-from aitbc.coordinator.runtime import build_run_config
+from aitbc.coordinator.live.runtime import build_run_config
+from aitbc.coordinator.live.updates import aggregate_updates, decode_rows
+from aitbc.coordinator.rounds.workers import _check_update
 from aitbc.coordinator.schemas import Distribute
-from aitbc.coordinator.workers import _check_update
+from aitbc.coordinator.store.models import Run
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import build_codec, decode
 from aitbc.core.norms import CLIP, KEEP, REJECT, NormBound, NormVerdict, apply_verdict
@@ -229,9 +229,9 @@ EVAL_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from aitbc.coordinator.models import Run
-    from aitbc.coordinator.runtime import eval_rows
-    from aitbc.coordinator.scoring import _losses
+    from aitbc.coordinator.store.models import Run
+    from aitbc.coordinator.live.runtime import eval_rows
+    from aitbc.coordinator.verification.scoring import _losses
     from aitbc.training.checkpoint import flat_params
     from aitbc.training.data_spec import DataSpec
     from aitbc.training.local import evaluate

@@ -18,10 +18,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, literal, select
 
-from aitbc.coordinator import metrics
-from aitbc.coordinator.metrics import REASON_CODES, reason_case, reason_code
-from aitbc.coordinator.verification import drift_reason, failed_reason, unanswered_reason
-from aitbc.coordinator.workers import _check_update
+from aitbc.coordinator.observability import metrics
+from aitbc.coordinator.observability.metrics import REASON_CODES, reason_case, reason_code
+from aitbc.coordinator.rounds.workers import _check_update
+from aitbc.coordinator.verification.spot_checks import drift_reason, failed_reason, unanswered_reason
 from aitbc.core.compression import build_codec
 from aitbc.core.norms import NormBound, judge_norms
 from aitbc.storage.cid import cid_of_bytes

@@ -508,8 +508,9 @@ def test_an_eager_start_is_kept_until_scored_and_a_broken_chain_falls_back(new_c
     a chain whose blobs are gone is judged at its round's model, not retried for ever."""
     from sqlalchemy import select
 
-    from aitbc.coordinator import retention, scoring
-    from aitbc.coordinator.models import Update
+    from aitbc.coordinator.storage import retention
+    from aitbc.coordinator.store.models import Update
+    from aitbc.coordinator.verification import scoring
 
     coord = new_coordinator()
     t = api.start_training_run(coord, 2, overlap=1, aggregator="mean", outer="fedavg", rounds=3)

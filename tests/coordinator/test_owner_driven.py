@@ -21,10 +21,10 @@ import time
 import pytest
 import torch
 
-from aitbc.coordinator.control import take_over
 from aitbc.coordinator.errors import ApiError as ServerError
-from aitbc.coordinator.models import Run
-from aitbc.coordinator.runs import _require_pausable
+from aitbc.coordinator.runs.control import take_over
+from aitbc.coordinator.runs.owner import _require_pausable
+from aitbc.coordinator.store.models import Run
 from aitbc.ledger.chain import audit
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import tensors_to_bytes

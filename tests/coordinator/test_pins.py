@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aitbc.coordinator import retention
+from aitbc.coordinator.storage import retention
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import CODEC_DAG_PB, Cid, cid_of_bytes

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from aitbc.coordinator import retention
+from aitbc.coordinator.storage import retention
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import cid_of_bytes
 

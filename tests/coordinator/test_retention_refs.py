@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import retention
+from aitbc.coordinator.storage import retention
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import cid_of_bytes
 

@@ -10,7 +10,7 @@ import torch
 
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import build_context
-from aitbc.coordinator.round_updates import SPILL_DIR, aggregate_updates, decoded, streams
+from aitbc.coordinator.live.updates import SPILL_DIR, aggregate_updates, decoded, streams
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.aggregation.streaming import TensorSource
 from aitbc.core.compression import build_codec

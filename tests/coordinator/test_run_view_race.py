@@ -5,8 +5,8 @@ run before ``distribute`` committed and its jobs after it saw jobs of an unconfi
 
 from __future__ import annotations
 
-from aitbc.coordinator import views
-from aitbc.coordinator.models import Run
+from aitbc.coordinator.runs import views
+from aitbc.coordinator.store.models import Run
 
 
 def test_a_run_read_before_distribute_and_its_jobs_after_is_one_view(new_coordinator, api):

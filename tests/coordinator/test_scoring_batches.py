@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aitbc.coordinator.books import ShardCache
-from aitbc.coordinator.scoring import judge
+from aitbc.coordinator.live.books import ShardCache
+from aitbc.coordinator.verification.scoring import judge
 from aitbc.core.scoring import relative_gain
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.training.checkpoint import flat_params, set_flat_params, shard_bytes

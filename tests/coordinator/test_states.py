@@ -1,4 +1,4 @@
-"""The training run's state machine (coordinator/states.py), on plain Run rows: which moves
+"""The training run's state machine (coordinator/store/states.py), on plain Run rows: which moves
 are allowed, what a refusal says, and that pause/resume returns to where the run was."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from aitbc.coordinator import states
 from aitbc.coordinator.errors import ApiError
-from aitbc.coordinator.models import Run
-from aitbc.coordinator.states import ENDED, RunStatus, check_transition, require_status, transition
+from aitbc.coordinator.store import states
+from aitbc.coordinator.store.models import Run
+from aitbc.coordinator.store.states import ENDED, RunStatus, check_transition, require_status, transition
 
 INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING = (
     RunStatus.INITIALIZING,

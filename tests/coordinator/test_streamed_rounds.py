@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from aitbc.coordinator.round_updates import SPILL_DIR, streams
+from aitbc.coordinator.live.updates import SPILL_DIR, streams
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import build_codec, decode
 from aitbc.core.norms import NormBound, apply_verdict, judge_norms, update_norms

@@ -30,8 +30,8 @@ import pytest
 import torch
 
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
-from aitbc.coordinator.models import Job, Run
-from aitbc.coordinator.workers import _round_gate
+from aitbc.coordinator.rounds.workers import _round_gate
+from aitbc.coordinator.store.models import Job, Run
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
 from aitbc.storage.cid import cid_of_bytes
@@ -44,10 +44,11 @@ from aitbc.training.checkpoint import (
     set_flat_params,
     tensors_to_bytes,
 )
+from aitbc.training.checks import Replay, replay
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
-from aitbc.training.proof import PROOF_FORMAT, Recorder, Replay, TrainState, boundaries, replay
+from aitbc.training.proof import PROOF_FORMAT, Recorder, TrainState, boundaries
 
 from .conftest import wait_for
 

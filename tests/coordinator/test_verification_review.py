@@ -25,10 +25,10 @@ import torch
 from sqlalchemy import select
 
 from aitbc.client import ApiError
-from aitbc.coordinator import retention
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
-from aitbc.coordinator.models import Update
+from aitbc.coordinator.storage import retention
+from aitbc.coordinator.store.models import Update
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
 from aitbc.storage.cid import cid_of_bytes
@@ -490,9 +490,9 @@ def _replay_while_seeding(seeders: int) -> tuple[bool, float, str]:
     API threads do (``build_initial_model``: distribute, on_submit's start digest, a manual
     aggregate's runtime), interval by interval (``check_interval``): ``(all ok, the largest
     error, the first failure's detail)``."""
-    from aitbc.coordinator.models import Run
-    from aitbc.coordinator.runtime import build_initial_model
-    from aitbc.training.proof import Replay, check_interval
+    from aitbc.coordinator.live.runtime import build_initial_model
+    from aitbc.coordinator.store.models import Run
+    from aitbc.training.checks import Replay, check_interval
 
     vocab, t = 32, 16
     spec = {"task": "language", "input_shape": [t], "num_classes": vocab}

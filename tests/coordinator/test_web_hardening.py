@@ -17,7 +17,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from aitbc.coordinator.api.routes.dashboard import CSP as DASHBOARD_CSP
-from aitbc.coordinator.web import STATIC_DIR
+from aitbc.coordinator.api.web import STATIC_DIR
 
 
 def raw_get(url: str, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -172,7 +172,7 @@ def test_scores_come_in_bounded_pages_and_the_sdk_reads_them_all(new_coordinator
     were one 14 MB reply and ~4 s of the coordinator): at most MAX_SCORES rows a reply, paged
     with ``next``; a larger ``limit`` is a 422. The SDK's get_round_scores reads every page."""
     from aitbc.coordinator.api.routes.runs import MAX_SCORES
-    from aitbc.coordinator.models import Score
+    from aitbc.coordinator.store.models import Score
     from aitbc_agent_sdk import Agent, AgentConfig
 
     coord = new_coordinator()

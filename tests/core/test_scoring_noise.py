@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aitbc.coordinator.scoring import _gain
+from aitbc.coordinator.verification.scoring import _gain
 from aitbc.core.scoring import HARMFUL, OUTLIER, UNASSIGNED, ScoringConfig, score_round, unassigned
 
 

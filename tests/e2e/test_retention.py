@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aitbc.coordinator.retention import IN_FLIGHT_SECONDS
+from aitbc.coordinator.storage.retention import IN_FLIGHT_SECONDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

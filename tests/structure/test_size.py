@@ -18,7 +18,7 @@ MAX_FUNCTION_LINES = 80
 ALLOWED = {
     # one schema change per file, each a list of column definitions written once and never edited
     "aitbc/coordinator/**/migrations/versions/*.py",
-    "aitbc/coordinator/migrations/versions/*.py",
+    "aitbc/coordinator/store/migrations/versions/*.py",
 }
 
 

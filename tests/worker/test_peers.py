@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aitbc.coordinator.peers import DISTRUST_REPORTS, PEERS_GIVEN, PeerBook, _fetch_and_check
+from aitbc.coordinator.transfer.peers import DISTRUST_REPORTS, PEERS_GIVEN, PeerBook, _fetch_and_check
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes

@@ -13,7 +13,7 @@ balances are the ones the entries give. It reads the ledger either
   offline audit needs the coordinator's public key from elsewhere: ``--system-key HEX``,
   else the coordinator's wallet under ``--home``: ``HOME/wallets/coordinator/key.json``
   (``--home`` is the coordinator's own home, as given to ``aitbc coordinator serve``) or
-  ``HOME/coordinator/wallets/coordinator/key.json`` (the home of ``aitbc up``).
+  ``HOME/coordinator/money/wallets/coordinator/key.json`` (the home of ``aitbc up``).
 
 Online, ``--system-key`` pins the key: a coordinator reporting another one fails the
 audit. The head is read before and after the entries; if the ledger moved meanwhile

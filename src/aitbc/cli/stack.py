@@ -27,7 +27,7 @@ from aitbc import stack as stk
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, agent, err, out, resolve_home
 from aitbc.cli.options import LocalSteps, Rounds
-from aitbc.coordinator.web import dashboard_url, metrics_url
+from aitbc.coordinator.api.web import dashboard_url, metrics_url
 from aitbc.errors import AitbcError
 
 if TYPE_CHECKING:

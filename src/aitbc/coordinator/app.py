@@ -28,14 +28,14 @@ from aitbc.coordinator.api.deps import STREAM_SIGNER, signed, signed_stream, ver
 from aitbc.coordinator.api.responses import ErrorBody, errors
 from aitbc.coordinator.api.routes import blobs, control, dashboard, health, ledger, runs, workers
 from aitbc.coordinator.api.routes import docs as api_docs
+from aitbc.coordinator.api.web import STATIC_DIR
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
-from aitbc.coordinator.driver import RoundDriver
 from aitbc.coordinator.errors import ApiError
-from aitbc.coordinator.metrics import CountResponses
-from aitbc.coordinator.metrics import install as install_metrics
-from aitbc.coordinator.uploads import TOO_MANY
-from aitbc.coordinator.web import STATIC_DIR
+from aitbc.coordinator.observability.metrics import CountResponses
+from aitbc.coordinator.observability.metrics import install as install_metrics
+from aitbc.coordinator.rounds.driver import RoundDriver
+from aitbc.coordinator.transfer.uploads import TOO_MANY
 from aitbc.errors import AitbcError
 from aitbc.ledger.signing import (
     HEADER_KEY,
@@ -114,7 +114,7 @@ class Limits:
       body declares nothing), so no more than the limit is ever held;
     - at most ``max_uploads`` blob uploads are in flight at once (429 ``too_many_uploads``);
       the upload route then holds each signer to its share of them and each body to a
-      minimum pace (:mod:`aitbc.coordinator.uploads`); a blob's own size limit is the
+      minimum pace (:mod:`aitbc.coordinator.transfer.uploads`); a blob's own size limit is the
       upload route's (``max_blob_bytes``)."""
 
     def __init__(self, app: ASGIApp, ctx: Context, routes: list[BaseRoute]) -> None:

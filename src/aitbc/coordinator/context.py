@@ -14,13 +14,13 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from aitbc.coordinator.config import Settings
-from aitbc.coordinator.db import make_engine, make_sessions
-from aitbc.coordinator.lease import DriverLease, replica_id
-from aitbc.coordinator.metrics import CoordinatorMetrics
-from aitbc.coordinator.models import Offer
-from aitbc.coordinator.nonces import nonce_store
-from aitbc.coordinator.peers import PeerBook
-from aitbc.coordinator.uploads import UploadSlots
+from aitbc.coordinator.observability.metrics import CoordinatorMetrics
+from aitbc.coordinator.store.db import make_engine, make_sessions
+from aitbc.coordinator.store.lease import DriverLease, replica_id
+from aitbc.coordinator.store.models import Offer
+from aitbc.coordinator.store.nonces import nonce_store
+from aitbc.coordinator.transfer.peers import PeerBook
+from aitbc.coordinator.transfer.uploads import UploadSlots
 from aitbc.ledger.book import Ledger
 from aitbc.ledger.signing import NonceStore
 from aitbc.ledger.wallet import ensure_wallet

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from aitbc.coordinator.peers import MAX_HELD, MAX_URL, check_advertise
+from aitbc.coordinator.transfer.peers import MAX_HELD, MAX_URL, check_advertise
 
 Advertise = Annotated[str, Field(min_length=1, max_length=MAX_URL), AfterValidator(check_advertise)]
 
@@ -202,7 +202,7 @@ class UpdateSubmit(Body):
     # overlap, trained ahead: this job's own update of the round before, which the worker
     # took from base_cid, with that update's own priors back to the base's round, to start
     # where its last round ended (it started from ``base - decode(prior) - ...``; see
-    # aitbc.coordinator.workers.update_prior)
+    # aitbc.coordinator.rounds.workers.update_prior)
     prior_cid: str | None = Field(None, max_length=100)
     # the update blob itself, base64 (standard alphabet, padded): stored under ``cid`` as a
     # ``PUT /v1/blobs/{cid}`` would, in the same request (a small model's update: one

@@ -2,7 +2,7 @@
 
 One code path for ``aitbc simulate --mode gossip`` (:func:`aitbc.sim.modes.run_gossip`), the
 live worker (:mod:`aitbc.worker.gossip`) and the coordinator's consensus over published
-models (:mod:`aitbc.coordinator.gossip`):
+models (:mod:`aitbc.coordinator.rounds.gossip`):
 
 - :func:`neighbours`: a topology spec (``ring`` or ``random:K``) as a function that returns,
   each time it is called (once per round), every worker's neighbour indices. ``random:K``

@@ -689,7 +689,7 @@ class Worker:
         worker's updates (CID, blob; newest first) of the rounds since that model as their
         blobs decode (the newest is ``prior_cid``, each names the one before): an eager
         start, where its last round ended moved by what the global model gained since, so
-        the coordinator counts the update in full (``aitbc.coordinator.workers.update_prior``)."""
+        the coordinator counts the update in full (``aitbc.coordinator.rounds.workers.update_prior``)."""
         base = job["global_model_cid"]
         ahead = round != job["round"]
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see _steps)

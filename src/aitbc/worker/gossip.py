@@ -41,7 +41,7 @@ without it) or leave its own model out. The worker also reports its progress to 
 coordinator, signed (round, step, its own seconds into the round), from a round's first
 and :data:`PACE_MIN_STEPS`-th step: the coordinator's record of a round does not wait
 for the deadline for a worker whose own pace puts it past twice the deadline
-(:func:`aitbc.coordinator.gossip.cannot_make_it`).
+(:func:`aitbc.coordinator.rounds.gossip.cannot_make_it`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the dashboard's JSON routes answer (``/v1/dashboard/...``): the allow-list of
-:mod:`aitbc.coordinator.dashboard` as models that forbid every other key, so a field added
+:mod:`aitbc.coordinator.runs.dashboard` as models that forbid every other key, so a field added
 to the view without being added here is a 500 in the tests, never a silent leak. No CID,
 data source, model option, key or request detail has a field here (see that module)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from aitbc.coordinator.api.responses import Reply
-from aitbc.coordinator.states import ContractStatus, Control, RunStatus
+from aitbc.coordinator.store.states import ContractStatus, Control, RunStatus
 
 
 class DashboardRun(Reply):

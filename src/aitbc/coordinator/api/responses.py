@@ -1,7 +1,7 @@
 """What the API answers: one pydantic model per response shape, and the error responses
 each route declares, so the OpenAPI document says exactly what a client receives.
 
-The models mirror the read views (:mod:`aitbc.coordinator.views` and the use-cases'
+The models mirror the read views (:mod:`aitbc.coordinator.runs.views` and the use-cases'
 return values) key for key. They forbid extra keys on purpose: a view that gains a key
 the model lacks fails loudly in the tests (a 500) instead of the key being dropped from
 the reply without anyone noticing. Lists are ``{data, count}`` (:class:`Page`).
@@ -17,7 +17,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from aitbc.coordinator.states import (
+from aitbc.coordinator.store.states import (
     ContractStatus,
     Control,
     JobStatus,

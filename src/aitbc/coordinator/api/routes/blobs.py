@@ -12,15 +12,16 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator import gossip, pins
 from aitbc.coordinator.api.deps import CtxDep, SignerDep, StreamSignerDep
 from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, Holders, PeerVerdict, PinList, PinView, errors
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
-from aitbc.coordinator.peers import check_report
+from aitbc.coordinator.rounds import gossip
+from aitbc.coordinator.rounds.workers import flag_blob, holders, require_known
 from aitbc.coordinator.schemas import BadPeer
-from aitbc.coordinator.uploads import paced
-from aitbc.coordinator.workers import flag_blob, holders, require_known
+from aitbc.coordinator.storage import pins
+from aitbc.coordinator.transfer.peers import check_report
+from aitbc.coordinator.transfer.uploads import paced
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.storage.cid import is_cid
 
@@ -110,7 +111,7 @@ def bad_peer(cid: str, body: BadPeer, ctx: CtxDep, signer: SignerDep) -> dict:
     """Peer transport: the signer fetched ``cid`` from worker ``peer`` and the bytes did not
     hash to it. The coordinator fetches ``cid`` from that peer itself and flags it only if
     those bytes do not hash either; otherwise the report only counts (a peer reported by
-    several workers is no longer handed out). See :mod:`aitbc.coordinator.peers`."""
+    several workers is no longer handed out). See :mod:`aitbc.coordinator.transfer.peers`."""
     _check_cid(cid)
     require_known(ctx, signer.address)
     signed = None
@@ -129,7 +130,7 @@ def bad_peer(cid: str, body: BadPeer, ctx: CtxDep, signer: SignerDep) -> dict:
 async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSignerDep) -> dict:
     """Store the request body under ``cid``; refused (400) unless the bytes hash to it,
     (413) over the size limit, (429) past the signer's share of the upload slots, (408) a
-    body slower than ``min_upload_rate`` (:mod:`aitbc.coordinator.uploads`). Storing a blob
+    body slower than ``min_upload_rate`` (:mod:`aitbc.coordinator.transfer.uploads`). Storing a blob
     already held is a no-op."""
     _check_cid(cid)
     limit = ctx.settings.max_blob_bytes

@@ -1,13 +1,12 @@
 """The owner's hands on a run: manual control (phases, jobs, aggregation on demand, the
 result) and job controls (mark failed, release, reassign, split, per-job config, resend).
-See :mod:`aitbc.coordinator.control`."""
+See :mod:`aitbc.coordinator.runs.control`."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator import control, repository, views
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import (
     OWNED,
@@ -23,8 +22,10 @@ from aitbc.coordinator.api.responses import (
     errors,
 )
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.models import Job
+from aitbc.coordinator.runs import control, views
 from aitbc.coordinator.schemas import Aggregate, JobConfig, JobCreate, JobEnd, JobMove, PhaseSet, ResultSave
+from aitbc.coordinator.store import repository
+from aitbc.coordinator.store.models import Job
 
 router = APIRouter(tags=["control"])
 

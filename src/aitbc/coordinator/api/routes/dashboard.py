@@ -1,6 +1,6 @@
 """The dashboard: its page at ``/`` (and ``/runs/{id}``, the same page opened on one run)
 and the public read-only JSON it polls, ``/v1/dashboard/...`` (an allow-list: see
-:mod:`aitbc.coordinator.dashboard`). The page loads only the package's own files; its
+:mod:`aitbc.coordinator.runs.dashboard`). The page loads only the package's own files; its
 Content-Security-Policy lets no inline script, no other origin and no plugin run."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import html
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from aitbc.coordinator import dashboard, repository
 from aitbc.coordinator.api.dashboard_models import DashboardRunDetail, DashboardRuns
 from aitbc.coordinator.api.deps import CtxDep, SessionDep
 from aitbc.coordinator.api.responses import errors
-from aitbc.coordinator.web import RUN_PAGE, STATIC_DIR
+from aitbc.coordinator.api.web import RUN_PAGE, STATIC_DIR
+from aitbc.coordinator.runs import dashboard
+from aitbc.coordinator.store import repository
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"])
 pages = APIRouter(include_in_schema=False)

@@ -1,6 +1,6 @@
 """The API's pages for people: Swagger UI at ``/docs`` and ReDoc at ``/redoc``, every
 asset loaded from the package (``/static/vendor/...``, see
-``aitbc/coordinator/web/static/vendor/README.md``), so they render on a machine without
+``aitbc/coordinator/api/web/static/vendor/README.md``), so they render on a machine without
 internet. FastAPI's own pages load them from a CDN (and a favicon from fastapi.tiangolo.com);
 the app turns those off (``docs_url=None, redoc_url=None``) and mounts this router instead.
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
-from aitbc.coordinator import wallets
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import (
     Balance,
@@ -19,9 +18,10 @@ from aitbc.coordinator.api.responses import (
     Sent,
     errors,
 )
+from aitbc.coordinator.money import wallets
+from aitbc.coordinator.money.wallets import check_address
+from aitbc.coordinator.runs.views import entry_view
 from aitbc.coordinator.schemas import WalletFund, WalletSend
-from aitbc.coordinator.views import entry_view
-from aitbc.coordinator.wallets import check_address
 from aitbc.ledger.book import Entry, Head, Ledger
 from aitbc.ledger.chain import wallet_account
 from aitbc.units import format_price

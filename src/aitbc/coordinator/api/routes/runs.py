@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
-from aitbc.coordinator import repository, runs, views
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import (
     OWNED,
@@ -21,7 +20,10 @@ from aitbc.coordinator.api.responses import (
     ScorePage,
     errors,
 )
+from aitbc.coordinator.runs import owner as runs
+from aitbc.coordinator.runs import views
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, PaymentCreate, RunCreate
+from aitbc.coordinator.store import repository
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 MAX_SCORES = 5000  # score rows per page (64k rows in one reply were 14 MB and ~4 s of the coordinator)

@@ -7,7 +7,6 @@ import time
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from aitbc.coordinator import gossip, verification, views, workers
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import (
     OWNED,
@@ -27,6 +26,8 @@ from aitbc.coordinator.api.responses import (
     errors,
 )
 from aitbc.coordinator.errors import forbidden
+from aitbc.coordinator.rounds import gossip, workers
+from aitbc.coordinator.runs import views
 from aitbc.coordinator.schemas import (
     Holdings,
     Progress,
@@ -36,6 +37,7 @@ from aitbc.coordinator.schemas import (
     WitnessReport,
     WorkerRegister,
 )
+from aitbc.coordinator.verification import spot_checks as verification
 
 router = APIRouter(tags=["workers"])
 

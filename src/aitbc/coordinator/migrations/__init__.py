@@ -1,5 +1,0 @@
-"""The coordinator database's versioned schema (alembic): ``env.py`` and ``versions/``.
-
-:func:`aitbc.coordinator.db.upgrade_database` runs them at every start; nothing here is
-imported as a module by the coordinator itself (alembic loads the files by path).
-"""

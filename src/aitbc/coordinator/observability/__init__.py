@@ -1,0 +1,1 @@
+"""The coordinator's Prometheus metrics. Imports only ``store``."""

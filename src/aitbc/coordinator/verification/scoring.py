@@ -1,0 +1,420 @@
+"""Scoring a closed round's contributions (the torch side of paying for work).
+
+For each accepted update: its held-out gain alone, the gain on its own shard against
+others' data (the assigned-data check), the robust rule's verdict, replays of another
+update, and its direction against the round's median; :func:`aitbc.core.scoring.score_round`
+turns them into flags and a quality in [0, 1]. One ``Score`` row per contract and round;
+idempotent. Settlement (:mod:`.settlement`) pays from these rows.
+
+Shape letters: ``n`` accepted updates, ``d`` parameters, ``B`` batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from torch import Tensor, nn
+
+from aitbc.coordinator.context import Context
+from aitbc.coordinator.errors import ApiError
+from aitbc.coordinator.live.books import books_model, books_shards
+from aitbc.coordinator.live.runtime import CODE_CHUNK_ELEMENTS, RunRuntime, runtime
+from aitbc.coordinator.live.updates import decoded
+from aitbc.coordinator.store.models import Job, RoundRecord, Run, Score, Update
+from aitbc.coordinator.store.repository import base_round, prior_chain, row
+from aitbc.coordinator.store.states import ScoreStatus, UpdateStatus
+from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
+from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, aggregate_stream, read_row
+from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
+from aitbc.training.checkpoint import flat_params, load_checkpoint, set_flat_params
+from aitbc.training.local import eager_start
+
+SCORING = ScoringConfig()
+# The most bytes of a round's updates the books thread scores from memory (one float32 column
+# block). A larger round is read from a spill file, a row or a column block at a time: the
+# next round's close may hold its own matrix meanwhile, and the two together grew with the
+# workers (three 25M-parameter updates: 306 MB each, and scoring's float64 copies on top).
+SCORING_MEMORY = BLOCK_BYTES
+log = logging.getLogger("aitbc.coordinator")
+
+
+def score(ctx: Context, run_id: str, r: int) -> None:
+    """Score round ``r``'s contributions (idempotent: a scored round is left alone)."""
+    with ctx.session() as s:
+        run = row(s, Run, run_id)
+        if s.scalar(select(func.count()).select_from(Score).where(Score.run_id == run_id, Score.round == r)):
+            return
+        rec_before = row(s, RoundRecord, (run_id, r - 1))
+        rec = row(s, RoundRecord, (run_id, r))
+        ups = s.execute(
+            select(Update, Job)
+            .join(Job, Job.id == Update.job_id)
+            .where(Update.run_id == run_id, Update.round == r)
+            .order_by(Job.shard_index, Update.id)
+        ).all()
+        answered = {job.worker_id for _, job in ups}
+        missing = s.execute(select(Job).where(Job.run_id == run_id, Job.worker_id.in_(rec.stragglers))).scalars().all()
+        accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
+        rows: list[Score] = []
+        if accepted and not rec.skipped:
+            points = [_judged_at(ctx, s, u, rec_before.checkpoint_cid) for u, _ in accepted]
+            judged = _judge(ctx, run, runtime(ctx, run), points, accepted, r)
+            for (u, j), sc in zip(accepted, judged):
+                if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
+                    sc = verified(sc)
+                rows.append(
+                    Score(
+                        run_id=run_id,
+                        round=r,
+                        contract_id=j.contract_id,
+                        worker_id=j.worker_id,
+                        status=ScoreStatus.ACCEPTED,
+                        gain=_finite(sc.gain),
+                        own_gain=_finite(sc.own_gain),
+                        other_gain=_finite(sc.other_gain),
+                        kept=sc.kept,
+                        flags=list(sc.flags),
+                        provable=sc.provable,
+                        quality=sc.quality,
+                    )
+                )
+        else:  # a skipped round (too few for the rule): nothing applied, but the owner received
+            # the accepted updates and could read them: each is paid as delivered (issue 33)
+            for _, j in accepted:
+                rows.append(
+                    Score(
+                        run_id=run_id,
+                        round=r,
+                        contract_id=j.contract_id,
+                        worker_id=j.worker_id,
+                        status=ScoreStatus.ACCEPTED,
+                        flags=["round_skipped"],
+                        quality=1.0,
+                    )
+                )
+        for u, j in ups:
+            # malformed, wrong shape, NaN/Inf, or failed its spot check: provable from the blob or the
+            # replay; a spot check not answered in time is not (a crash is not proof), nor a replay
+            # that missed within its drift bound (honest drift could do that): unpaid, not slashed
+            if u.status == UpdateStatus.REJECTED:
+                unprovable = u.verification in ("unanswered", "drift")
+                rows.append(
+                    Score(
+                        run_id=run_id,
+                        round=r,
+                        contract_id=j.contract_id,
+                        worker_id=j.worker_id,
+                        status=ScoreStatus.REJECTED,
+                        flags=[
+                            {
+                                "failed": "verification_failed",
+                                "unanswered": "challenge_unanswered",
+                                "drift": "replay_drift",
+                            }.get(u.verification or "", "rejected")
+                        ],
+                        provable=not unprovable,
+                        quality=0.0,
+                    )
+                )
+        for j in missing:
+            if j.worker_id not in answered:
+                rows.append(
+                    Score(
+                        run_id=run_id,
+                        round=r,
+                        contract_id=j.contract_id,
+                        worker_id=j.worker_id,
+                        status=ScoreStatus.MISSING,
+                        flags=["missing"],
+                        quality=0.0,
+                    )
+                )
+        seen: set[str] = set()
+        for score_row in rows:
+            if score_row.contract_id in seen:
+                continue
+            seen.add(score_row.contract_id)
+            s.add(score_row)
+        s.commit()
+
+
+Start = tuple[str, tuple[str, ...]]  # a checkpoint's CID, less the updates named (newest first)
+
+
+def _judged_at(ctx: Context, s: Session, u: Update, round_model: str) -> tuple[str, Start | None]:
+    """Where update ``u``'s gains are measured: (the model they are measured from, where
+    the update began if elsewhere). An update of the round's own model, or one trained from
+    an older model (async, or overlap without an eager start): from that model, the update
+    applied to it. An eager start (overlap, ``prior_cid``): from the round's model, to the
+    point the worker's training reached, its start (its base less its own updates not yet in
+    it, as the spot check replays it) less the update. Applied to the round's model instead,
+    an honest eager update on the digits MLP's small shards raised its own shard's loss in
+    half the rounds past 15 and went unpaid; measured from its own start, a worker could
+    pick a bad start with a worthless update and be paid for leaving it (``r`` then ``-r``).
+    The end point against the round's model is neither: what it reached must beat what the
+    run has. A chain that no longer resolves (an owner's resend dropped a link) or a blob
+    retention has removed falls back to the update applied to the round's model."""
+    if u.base_cid is None:
+        return round_model, None
+    if u.prior_cid is None:
+        return u.base_cid, None
+    b = base_round(s, u.run_id, u.base_cid, before=u.round - 1)
+    try:
+        chain = tuple(prior_chain(s, u.job_id, u.round, u.prior_cid, b)) if b is not None else None
+    except ApiError:
+        chain = None
+    if chain is None or not all(ctx.store.has(c) for c in (u.base_cid, *chain)):
+        log.warning(
+            "round %d: update %s judged at its round's model (its eager start cannot be rebuilt)", u.round, u.cid
+        )
+        return round_model, None
+    return round_model, (u.base_cid, chain)
+
+
+def verified(sc: UpdateScore) -> UpdateScore:
+    """A score whose update passed its spot check: quality 1 (the work was re-run and
+    matched), the heuristic's figures kept for the record, its flags replaced by
+    ``verified``; except a provable flag of the heuristic (a replay of another update, or
+    one that significantly raises held-out loss while pointing against the round), which
+    still stands: a spot check re-runs some intervals, and an update steered through a
+    state it was not checked on must not be paid as verified (honest runs raise none:
+    ``bench/honest_runs.py``)."""
+    if sc.provable:
+        return sc
+    return replace(sc, quality=1.0, flags=("verified",))
+
+
+def _finite(x: float) -> float | None:
+    return x if x == x and abs(x) != float("inf") else None
+
+
+def _judge(
+    ctx: Context,
+    run: Run,
+    rt: RunRuntime,
+    points: list[tuple[str, Start | None]],
+    accepted: Sequence[tuple[Update, Job]],
+    r: int,
+) -> list[UpdateScore]:
+    """Load what :func:`judge` needs for the round's accepted updates, then judge them
+    (on the books thread's own model: the runtime's lock is held only for the rule's verdict).
+    ``points``: where each update is judged (:func:`_judged_at`); an eager start is built
+    when its update is judged, so the round never holds one per update."""
+    model = books_model(ctx, run.id, rt)
+    checkpoints: dict[str, Tensor] = {}
+
+    def checkpoint(cid: str) -> Tensor:  # (d,)
+        if cid not in checkpoints:
+            load_checkpoint(model, ctx.store.get_bytes(cid))
+            checkpoints[cid] = flat_params(model)
+        return checkpoints[cid]
+
+    before = [checkpoint(cid) for cid, _ in points]  # judge groups equal ones (one pass per model)
+
+    def start(i: int) -> Tensor | None:
+        eager = points[i][1]
+        if eager is None:
+            return None
+        return eager_start(checkpoint(eager[0]), [ctx.store.get_bytes(p) for p in eager[1]])
+
+    # (n, d): in memory while it fits one column block, else from a spill file on disk
+    with decoded(ctx, [u.cid for u, _ in accepted], rt.d, limit_bytes=SCORING_MEMORY) as U:
+        return _judge_decoded(ctx, run, rt, model, before, U, accepted, r, start)
+
+
+def _judge_decoded(
+    ctx: Context,
+    run: Run,
+    rt: RunRuntime,
+    model: nn.Module,
+    before: Tensor | list[Tensor],
+    source: ColumnSource,
+    accepted: Sequence[tuple[Update, Job]],
+    r: int,
+    starts: Callable[[int], Tensor | None] | None = None,
+) -> list[UpdateScore]:
+    U = source.updates if isinstance(source, TensorSource) else source  # in memory: the tensor, as before
+    trained = [
+        u.shard_index if u.shard_index is not None else j.shard_index for u, j in accepted
+    ]  # the shard each trained on
+    all_shards = books_shards(ctx, run.id, [e["cid"] for e in run.data_manifest["shards"]])
+    split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
+    w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
+    with rt.lock:  # the rule is the one the rounds thread aggregates with
+        kept = kept_shares(rt.aggregator, U, w, r, rt.trend(ctx, run.id, r))
+    return judge(
+        model,
+        before,
+        U,
+        trained,
+        all_shards,
+        split,
+        (rt.val_x, rt.val_y),
+        kept,
+        samples=ctx.settings.score_samples,
+        seed=run.seed * 1_000_003 + r,
+        starts=starts,
+        rows=rt.eval_rows,
+    )
+
+
+def kept_shares(
+    aggregator: Aggregator, U: Tensor | ColumnSource, w: Tensor, r: int, reference: Tensor | None = None
+) -> list[float]:
+    """The share of each update ``U`` ``(n, d)`` the run's rule kept (1.0 each when the
+    rule keeps everything or has too few updates to judge); ``reference``: the round's
+    trend, as the close passed it. A ``ColumnSource`` (a round on disk) is streamed."""
+    try:
+        if isinstance(U, Tensor):
+            _, info = aggregator.with_info(U, w, round_index=r, reference=reference)
+        else:
+            _, info = aggregate_stream(aggregator, U, w, round_index=r, reference=reference, with_info=True)
+    except Exception:  # noqa: BLE001 - too few updates for the rule: no verdict, not an outlier
+        return [1.0] * U.shape[0]
+    if info.kept_fraction is not None:
+        return [float(k) for k in info.kept_fraction]
+    if info.selected is not None:
+        chosen = {int(i) for i in info.selected}
+        return [1.0 if i in chosen else 0.0 for i in range(U.shape[0])]
+    return [1.0] * U.shape[0]
+
+
+def judge(
+    model: nn.Module,
+    before: Tensor | list[Tensor],
+    U: Tensor | ColumnSource,
+    trained: Sequence[int],
+    shards: Sequence[tuple[Tensor, Tensor]],
+    split: Sequence[bool],
+    val: tuple[Tensor, Tensor],
+    kept: list[float],
+    *,
+    samples: int,
+    seed: int,
+    cfg: ScoringConfig = SCORING,
+    starts: Callable[[int], Tensor | None] | None = None,
+    rows: int | None = None,
+) -> list[UpdateScore]:
+    """The signals for each update ``U[i]`` (trained on shard ``trained[i]``) applied
+    alone to ``before`` ``(d,)``, each with the standard error measured from its own batch,
+    then :func:`score_round`. ``starts(i)``, when it gives one, is where update ``i`` began
+    if not at ``before`` (an eager start): its gains are then measured from ``before`` to
+    that start less the update. ``samples``: batch size ``B`` of each measurement; ``rows``:
+    samples a forward pass takes (the runtime's ``eval_rows``, within ``eval_memory_mb``;
+    None: :data:`~aitbc.coordinator.live.runtime.CODE_CHUNK_ELEMENTS` input values). Pure (no
+    database): the live coordinator and bench/honest_runs.py run exactly this."""
+    g = torch.Generator().manual_seed(seed)
+    vx, vy = val[0][:samples], val[1][:samples]
+    n = len(trained)
+    # Each update's two batches (its own shard's, then the others'), drawn in that order.
+    own_batches: list[tuple[Tensor, Tensor]] = []
+    other_batches: list[tuple[Tensor, Tensor]] = []
+    rests: dict[int, tuple[Tensor, Tensor]] = {}  # the others' samples, per shard trained on
+    for k in trained:
+        ox, oy = shards[k]
+        pick = torch.randperm(ox.shape[0], generator=g)[:samples]
+        own_batches.append((ox[pick], oy[pick]))
+        if k not in rests:
+            rest = [sh for m_, sh in enumerate(shards) if m_ != k and not split[m_]] or [shards[k]]
+            rests[k] = (torch.cat([sh[0] for sh in rest]), torch.cat([sh[1] for sh in rest]))
+        rx, ry = rests[k]
+        pick = torch.randperm(rx.shape[0], generator=g)[:samples]
+        other_batches.append((rx[pick], ry[pick]))
+    # One forward pass per model (a per-sample loss does not depend on the batch it is in):
+    # each base over the validation batch and the batches of every update trained from it,
+    # then each update applied alone over the validation batch and its own two batches.
+    base_of = [before[i] if isinstance(before, list) else before for i in range(n)]  # (d,) each
+    groups: dict[int, list[int]] = {}
+    for i, b in enumerate(base_of):
+        groups.setdefault(id(b), []).append(i)
+    base_val: dict[int, Tensor] = {}  # (B,) per distinct base
+    base_own: dict[int, Tensor] = {}  # (B,) per update: its base on its own batches
+    base_other: dict[int, Tensor] = {}
+    for key, ids in groups.items():
+        parts = [(vx, vy)] + [bt for i in ids for bt in (own_batches[i], other_batches[i])]
+        out = _split(_losses(model, base_of[ids[0]], *_joined(parts), rows=rows), parts)
+        base_val[key] = out[0]
+        for j, i in enumerate(ids):
+            base_own[i], base_other[i] = out[1 + 2 * j], out[2 + 2 * j]
+    gains: list[float] = []
+    gain_se: list[float] = []
+    own: list[float] = []
+    own_se: list[float] = []
+    other: list[float] = []
+    other_se: list[float] = []
+    for i in range(n):
+        b = base_of[i]
+        began = starts(i) if starts is not None else None
+        origin = b if began is None else began
+        if isinstance(U, Tensor):
+            after = origin - U[i]  # (d,) this update alone applied
+        else:  # a fresh row read from disk: the difference is written over it, no second (d,)
+            row = read_row(U, i)
+            after = torch.sub(origin, row, out=row)
+        del began
+        parts = [(vx, vy), own_batches[i], other_batches[i]]
+        val_after, own_after, other_after = _split(_losses(model, after, *_joined(parts), rows=rows), parts)
+        for (m, e), means, ses in (
+            (_gain(base_val[id(b)], val_after), gains, gain_se),
+            (_gain(base_own[i], own_after), own, own_se),
+            (_gain(base_other[i], other_after), other, other_se),
+        ):
+            means.append(m)
+            ses.append(e)
+    return score_round(
+        gains,
+        own,
+        other,
+        kept,
+        copies(U, cosine=cfg.copy_cosine),
+        cfg,
+        alignments(U),
+        gain_se=gain_se,
+        own_se=own_se,
+        other_se=other_se,
+    )
+
+
+def _joined(parts: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """The batches ``parts`` as one ``(sum B, ...)``."""
+    return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+
+def _split(losses: Tensor, parts: Sequence[tuple[Tensor, Tensor]]) -> list[Tensor]:
+    """Per-sample losses of :func:`_joined` batches, back into one ``(B,)`` per batch."""
+    return list(torch.split(losses, [x.shape[0] for x, _ in parts]))
+
+
+@torch.no_grad()
+def _losses(model: nn.Module, params: Tensor, x: Tensor, y: Tensor, *, rows: int | None = None) -> Tensor:
+    """Per-sample loss ``(B,)`` of ``model`` with ``params`` (a sequence's: its mean over
+    tokens), ``rows`` samples a forward pass (None: ``CODE_CHUNK_ELEMENTS`` input values)."""
+    set_flat_params(model, params)
+    model.eval()
+    out = []
+    if rows is None:
+        rows = max(1, CODE_CHUNK_ELEMENTS // max(1, x[0].numel())) if x.shape[0] else 1
+    for i in range(0, x.shape[0], rows):
+        xb, yb = x[i : i + rows], y[i : i + rows]
+        logits = model(xb)
+        per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1).long(), reduction="none")
+        out.append(per.reshape(yb.shape[0], -1).mean(dim=1).to(torch.float64))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _gain(before: Tensor, after: Tensor) -> tuple[float, float]:
+    """Relative gain ``(mean before - mean after) / mean before`` of paired per-sample
+    losses ``(B,)``, and its standard error (0 with fewer than 2 samples)."""
+    base = float(before.mean()) if before.numel() else 0.0
+    gain = relative_gain(base, float(after.mean()) if after.numel() else 0.0)
+    if before.numel() < 2 or not (base > 0 and math.isfinite(gain)):
+        return gain, 0.0
+    diff = before - after  # (B,)
+    return gain, float(diff.std() / math.sqrt(diff.numel()) / base)
