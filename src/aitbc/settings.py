@@ -5,12 +5,15 @@ class (the only place a default lives).
 Each service has one pydantic-settings class (``coordinator.config.Settings``,
 ``worker.config.WorkerSettings``); :func:`load_settings` builds it from the flags that
 were given and turns a bad value into one :class:`~aitbc.errors.UsageError` line naming
-the flag or the environment variable it came from and what is allowed.
+the flag or the environment variable it came from and what is allowed. A field's
+``description`` is its flag's help; a :class:`Flag` in its annotation says how the flag
+differs from ``--field-name`` (``aitbc.cli.settings_flags`` builds the flags from both).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -19,6 +22,22 @@ from pydantic_settings import BaseSettings, SettingsError
 from aitbc.errors import UsageError
 
 S = TypeVar("S", bound=BaseSettings)
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How a settings field is given on the command line, where that is not ``--field-name``
+    in the field's own unit: ``Annotated[int, Flag("--max-blob-mb", per=MIB, unit="MiB")]``."""
+
+    name: str | None = None  # the flag (None: --field-name)
+    per: int = 1  # one unit of the flag is this many of the field's (a MiB flag: 1 << 20 bytes)
+    unit: str = ""  # the flag's unit, where per is not 1 (its default is shown in it)
+    field_unit: str = ""  # the field's unit, where per is not 1 (a refused value is shown in it)
+    hidden: bool = False  # testing knobs: left out of --help
+    bounded: bool = False  # the parser checks the field's ge/le bounds (and --help shows the range)
 
 
 def env_name(cls: type[BaseSettings], field: str) -> str:

@@ -116,11 +116,11 @@ def test_bad_values_name_their_source(monkeypatch, tmp_path):
 
 
 def test_device_and_gpus_are_checked_with_one_line_naming_the_flag(monkeypatch):
-    from aitbc.cli.services import WORKER_FLAGS
+    from aitbc.cli.settings_flags import flag_names
 
     def refused(flags: dict) -> str:
         with pytest.raises(UsageError) as e:
-            load_settings(WorkerSettings, flags, flag_names=WORKER_FLAGS)
+            load_settings(WorkerSettings, flags, flag_names=flag_names(WorkerSettings))
         return str(e.value)
 
     for bad in ("gpu", "cuda:", "cuda:x", "cpu:0", "tpu", "cuda:-1"):
@@ -212,12 +212,36 @@ def test_every_setting_has_its_variable():
 
 
 def test_serve_and_start_flag_every_setting():
-    """Each field of the settings classes is a flag of its command (a tunable nobody can set
-    from the command line is a default in disguise)."""
-    from aitbc.cli.services import SERVE_FLAGS, WORKER_FLAGS
+    """Each field of the settings classes is a flag of its command, generated from the field
+    (a tunable nobody can set from the command line is a default in disguise); ``--home`` is
+    serve's own option, declared beside them."""
+    import typer
 
-    assert set(SERVE_FLAGS) == set(Settings.model_fields) - {"home"}
-    assert set(WORKER_FLAGS) == set(WorkerSettings.model_fields)
+    from aitbc.cli.main import app
+    from aitbc.cli.settings_flags import setting_flags
+
+    root = typer.main.get_command(app)
+    ctx = typer._click.Context(root)
+    for group, name, cls in (("coordinator", "serve", Settings), ("worker", "start", WorkerSettings)):
+        command = root.get_command(ctx, group).get_command(ctx, name)
+        options = {p.name: p for p in command.params}
+        table = setting_flags(cls, declared={"home"})
+        assert {f.field for f in table} == set(cls.model_fields) - {"home"}
+        for f in table:
+            assert options[f.field].opts == [f.flag], f.field
+            assert options[f.field].help.startswith(cls.model_fields[f.field].description), f.field
+            assert f"env {env_name(cls, f.field)})" in options[f.field].help, f.field
+    assert "home" in {p.name for p in root.get_command(ctx, "coordinator").get_command(ctx, "serve").params}
+
+
+def test_a_megabyte_flag_reaches_its_setting_in_bytes(tmp_path):
+    from aitbc.cli.settings_flags import flag_names, setting_flags
+
+    (blob,) = [f for f in setting_flags(Settings) if f.field == "max_blob_bytes"]
+    assert (blob.flag, blob.value(1.5), blob.value(None)) == ("--max-blob-mb", 3 << 19, None)
+    assert "(default 256 MiB; env AITBC_MAX_BLOB_BYTES)" in blob.help
+    with pytest.raises(UsageError, match=r"^--max-blob-mb \(in bytes\) 0 is not allowed"):
+        load_settings(Settings, {"home": tmp_path, "max_blob_bytes": blob.value(0.0)}, flag_names=flag_names(Settings))
 
 
 # --- the commands -----------------------------------------------------------------------

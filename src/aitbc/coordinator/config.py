@@ -3,18 +3,20 @@
 Every tunable is a field here, with its only default. Each can be set by the environment
 as ``AITBC_<FIELD>`` (``AITBC_LEASE_SECONDS=30``, ``AITBC_DB_URL=postgresql://...``,
 ``AITBC_HOME``); ``aitbc coordinator serve`` flags win over the environment (see
-:func:`aitbc.settings.load_settings`).
+:func:`aitbc.settings.load_settings`). Each field's description is its flag's help, and
+:class:`~aitbc.settings.Flag` names a flag that is not ``--field-name``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aitbc.ledger.chain import LedgerError, check_network
+from aitbc.settings import KIB, MIB, Flag
 from aitbc.training.allow_code import check_prefixes
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -24,78 +26,178 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AITBC_", frozen=True, extra="forbid", allow_inf_nan=False)
 
     home: Path  # state directory: database (by default), blobs, the coordinator's wallet
-    db_url: str | None = None  # any SQLAlchemy URL; None: SQLite (WAL) at home/coordinator.db
-    host: str = "127.0.0.1"
-    port: int = Field(8700, ge=0, le=65535)  # 0: any free port
-    max_blob_bytes: int = Field(256 << 20, ge=1)  # largest blob a PUT may store
-    max_json_bytes: int = Field(1 << 20, ge=1)  # largest JSON request body (counted while read)
+    db_url: Annotated[str | None, Flag("--db")] = Field(
+        None, description="SQLAlchemy URL (none: SQLite in WAL mode at HOME/coordinator.db)."
+    )
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8700, ge=0, le=65535, description="Port to listen on (0: any free port, printed at start).")
+    max_blob_bytes: Annotated[int, Flag("--max-blob-mb", per=MIB, unit="MiB", field_unit="bytes")] = Field(
+        256 << 20, ge=1, description="Largest blob an upload may store, in MiB."
+    )
+    max_json_bytes: Annotated[int, Flag("--max-json-kb", per=KIB, unit="KiB", field_unit="bytes")] = Field(
+        1 << 20, ge=1, description="Largest JSON request body, in KiB (refused 413 while it is read)."
+    )
     # a round whose n x d float32 updates would pass this is aggregated from disk, in bounded memory
-    aggregation_memory_mb: float = Field(1024.0, gt=0)
-    max_uploads: int = Field(16, ge=1)  # blob uploads in flight at once; more are refused 429
+    aggregation_memory_mb: float = Field(
+        1024.0,
+        gt=0,
+        description="MiB a round's updates may take as one float32 matrix; past it the round is aggregated "
+        "and scored from a spill file on disk, in column blocks.",
+    )
+    max_uploads: int = Field(16, ge=1, description="Blob uploads in flight at once; more are refused 429.")
     # Each party's share (coordinator/uploads.py): one signer holds at most this many of them, and
     # a body bringing under min_upload_rate bytes/s over any upload_rate_window seconds is cut off 408.
-    max_uploads_per_signer: int = Field(4, ge=1)
-    min_upload_rate: int = Field(16 << 10, ge=1)
-    upload_rate_window_seconds: float = Field(10.0, gt=0)
+    max_uploads_per_signer: int = Field(
+        4, ge=1, description="Of those, the most one signer (wallet) may hold at once; more are refused 429."
+    )
+    min_upload_rate: Annotated[int, Flag("--min-upload-kb-s", per=KIB, unit="KiB/s", field_unit="bytes/s")] = Field(
+        16 << 10,
+        ge=1,
+        description="KiB/s an upload's body must bring over every --upload-rate-window seconds; "
+        "a slower one is cut off 408 and its slot freed.",
+    )
+    upload_rate_window_seconds: Annotated[float, Flag("--upload-rate-window")] = Field(
+        10.0, gt=0, description="Seconds over which an upload's pace is judged (--min-upload-kb-s)."
+    )
     # Activations one evaluation or scoring forward pass may hold: batches are cut to fit. At least
     # one sample of the largest model the bounds admit (training.models.MAX_SAMPLE_BYTES, 128 MiB).
-    eval_memory_mb: float = Field(256.0, ge=128)
-    lease_seconds: float = Field(10.0, gt=0)  # a worker silent this long has failed
-    max_skew_seconds: float = Field(120.0, gt=0)  # signed timestamps this far off are refused
-    tick_seconds: float = Field(0.2, gt=0)  # how often the round driver looks at the clock
-    # replicas on one database: the rounds' driver holds a lease this long, renewed every quarter of it
-    driver_lease_seconds: float = Field(5.0, gt=0)
-    heartbeat_flush_seconds: float = Field(2.0, gt=0)  # in-memory heartbeats -> database
-    eval_samples: int = Field(512, ge=1)  # validation samples scored each round
-    score_samples: int = Field(512, ge=1)  # samples per batch when scoring one update
+    eval_memory_mb: float = Field(
+        256.0,
+        ge=128,
+        description="MiB of activations one evaluation or scoring forward pass may hold (at least 128: one sample "
+        "of the largest model the bounds admit); batches are cut to fit.",
+    )
+    lease_seconds: Annotated[float, Flag("--lease")] = Field(
+        10.0, gt=0, description="Seconds without a heartbeat before a worker is failed."
+    )
+    max_skew_seconds: Annotated[float, Flag("--max-skew")] = Field(
+        120.0, gt=0, description="Seconds a signed request's timestamp may be off before it is refused."
+    )
+    tick_seconds: Annotated[float, Flag("--tick")] = Field(
+        0.2, gt=0, description="Seconds between two looks of the round driver."
+    )
+    driver_lease_seconds: Annotated[float, Flag("--driver-lease")] = Field(
+        5.0,
+        gt=0,
+        description="Seconds the coordinator that drives the rounds holds its lease in the database (renewed each "
+        "quarter); with several coordinators on one database, another takes over this long after it stops.",
+    )
+    heartbeat_flush_seconds: Annotated[float, Flag("--heartbeat-flush")] = Field(
+        2.0, gt=0, description="Seconds between two writes of the in-memory heartbeats to the database."
+    )
+    eval_samples: int = Field(512, ge=1, description="Validation samples scored each round.")
+    score_samples: int = Field(512, ge=1, description="Samples per batch when scoring one update.")
     # The books thread (evaluation, scoring, settlement, retention: nothing a worker waits for)
-    # runs this many nice levels below the rest of the coordinator (Linux; 0: as the rest).
-    books_nice: int = Field(10, ge=0, le=19)
-    network: str = "local"  # the ledger this coordinator settles on (aitbc.ledger.chain.NETWORKS)
-    manual_idle_seconds: float = Field(
-        3600.0, gt=0
-    )  # a manual run with no owner call, update or progress this long fails
-    owner_pay_seconds: float = Field(
-        3600.0, gt=0
-    )  # an ended manual run's owner has this long to pay and refund; then the coordinator pays what is owed
-    stuck_seconds: float = Field(
-        300.0, gt=0
-    )  # an automatic run with no active worker and no offer to hire this long fails
-    hire_seconds: float = Field(
-        3600.0, gt=0
-    )  # contracts of a run that has not distributed this long after hiring expire; their bonds go back
-    pause_seconds: float = Field(
-        86400.0, gt=0
-    )  # a run paused this long is stopped (its delivered updates paid, bonds returned, escrow refunded)
-    log_level: LogLevel = "info"
-    settle_delay: float = Field(0.0, ge=0)  # testing: pause between two settlements
+    # runs below the rest so that it takes only the CPU the rounds leave.
+    books_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Nice levels (0-19) the books thread (evaluation, scoring, settlement) runs below the rest of "
+        "the coordinator, so it takes only CPU the rounds and the workers on this machine leave (Linux).",
+    )
+    network: str = Field(  # aitbc.ledger.chain.NETWORKS
+        "local", description="Ledger network this coordinator settles on (local)."
+    )
+    manual_idle_seconds: Annotated[float, Flag("--manual-idle")] = Field(
+        3600.0,
+        gt=0,
+        description="Seconds a manual-control run may go without an owner's call, "
+        "an update or a progress report before it is failed.",
+    )
+    owner_pay_seconds: Annotated[float, Flag("--owner-pay")] = Field(
+        3600.0,
+        gt=0,
+        description="Seconds an ended manual-control run's owner has to pay its providers and refund; "
+        "then the coordinator pays each contract what its scores are owed and refunds the rest.",
+    )
+    stuck_seconds: Annotated[float, Flag("--stuck")] = Field(
+        300.0,
+        gt=0,
+        description="Seconds an automatic run may go with no active worker and no offer to replace them "
+        "before it is failed (escrow refunded, bonds returned).",
+    )
+    hire_seconds: Annotated[float, Flag("--hire-expiry")] = Field(
+        3600.0,
+        gt=0,
+        description="Seconds a run's hires may wait for it to distribute; then the contracts expire "
+        "and the providers' bonds go back.",
+    )
+    pause_seconds: Annotated[float, Flag("--max-pause")] = Field(
+        86400.0,
+        gt=0,
+        description="Seconds a run may stay paused before it is stopped (delivered updates paid, "
+        "bonds returned, escrow refunded).",
+    )
+    log_level: LogLevel = Field("info", description="debug, info, warning or error.")
+    settle_delay: Annotated[float, Flag(hidden=True)] = Field(
+        0.0, ge=0, description="Testing: seconds between two settlements."
+    )
     # A round's aggregate is not committed if non-finite, or if its validation loss (on the first
     # guard_samples validation samples) exceeds divergence_factor x max(previous round's, initial):
     # the run fails "diverged" and nobody is slashed.
-    divergence_factor: float = Field(10.0, gt=1)
-    guard_samples: int = Field(128, ge=1)
-    # Update norms against the round's median (aitbc.core.norms): over norm_clip x scaled down,
-    # over norm_reject x rejected and slashed.
-    norm_clip: float = Field(3.0, ge=1)
-    norm_reject: float = Field(1000.0, ge=1)
-    # A worker whose update was spot-checked reveals the states asked for within this long, or
-    # its update is rejected unpaid and its job ends (coordinator/verification.py).
-    verify_timeout: float = Field(120.0, gt=0)
-    # The most torch threads a spot check's re-run takes (None: the CPUs this process may use).
+    divergence_factor: float = Field(
+        10.0,
+        gt=1,
+        description="A round whose validation loss exceeds this x the previous round's is not committed.",
+    )
+    guard_samples: int = Field(
+        128, ge=1, description="Validation samples the divergence check scores before a round commits."
+    )
+    # Update norms against the round's median (aitbc.core.norms).
+    norm_clip: float = Field(
+        3.0, ge=1, description="Updates over this x the round's median norm are scaled down to it."
+    )
+    norm_reject: float = Field(
+        1000.0, ge=1, description="Updates over this x the round's median norm are rejected and slashed."
+    )
+    # coordinator/verification.py
+    verify_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="Seconds a spot-checked worker has to reveal its states; then its update is rejected unpaid "
+        "and its job ends (not slashed).",
+    )
     # A re-run uses the thread count the worker's commitment states, up to this: then bit-exact.
-    verify_threads: int | None = Field(None, ge=1, le=1024)
-    keep_checkpoints: int = Field(3, ge=1)  # checkpoint bytes kept per run: the last K rounds (+ current and result)
-    gc_grace_seconds: float = Field(300.0, ge=0)  # an unreferenced blob younger than this is never deleted
-    gc_interval_seconds: float = Field(600.0, gt=0)  # how often the round driver runs the retention policy
-    # unreferenced blobs in their grace period, all together: past it the least recently touched go
-    max_loose_bytes: int = Field(8 << 30, ge=0)
-    max_pinned_bytes: int = Field(1 << 30, ge=0)  # blob bytes one wallet may keep pinned (POST /v1/blobs/{cid}/pin)
-    # all wallets together (wallets cost nothing to make, so the per-wallet cap alone bounds no disk)
-    max_pinned_bytes_total: int = Field(64 << 30, ge=0)
-    tls_cert: Path | None = None  # PEM certificate (chain): serve HTTPS with it and tls_key
-    tls_key: Path | None = Field(None, validate_default=True)  # its PEM private key
-    # module prefixes whose module:callable models this coordinator may import (none by default)
-    allow_code: list[str] = []
+    verify_threads: Annotated[int | None, Flag(bounded=True)] = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Most torch threads a spot check's re-run takes (default: the CPUs this process may use); it "
+        "uses the worker's stated thread count up to this. Fewer than the worker's: re-runs drift (never slashed).",
+    )
+    keep_checkpoints: int = Field(  # (+ the current one and the result)
+        3, ge=1, description="Checkpoints whose bytes are kept per run: the last K rounds."
+    )
+    gc_grace_seconds: Annotated[float, Flag("--gc-grace")] = Field(
+        300.0,
+        ge=0,
+        description="Seconds an unreferenced blob is kept before blob retention deletes it (0 allowed: "
+        "a blob written in the last minute, an upload its request has yet to name, is kept anyway).",
+    )
+    gc_interval_seconds: Annotated[float, Flag("--gc-interval")] = Field(
+        600.0, gt=0, description="Seconds between two runs of blob retention."
+    )
+    max_loose_bytes: Annotated[int, Flag("--max-loose-mb", per=MIB, unit="MiB", field_unit="bytes")] = Field(
+        8 << 30,
+        ge=0,
+        description="MiB of unreferenced, unpinned blobs kept in their grace period; "
+        "past it blob retention deletes the least recently touched.",
+    )
+    max_pinned_bytes: Annotated[int, Flag("--max-pinned-mb", per=MIB, unit="MiB", field_unit="bytes")] = Field(
+        1 << 30, ge=0, description="MiB of blobs one wallet may keep pinned (kept by blob retention)."
+    )
+    # wallets cost nothing to make, so the per-wallet cap alone bounds no disk
+    max_pinned_bytes_total: Annotated[int, Flag("--max-pinned-total-mb", per=MIB, unit="MiB", field_unit="bytes")] = (
+        Field(64 << 30, ge=0, description="MiB of blobs all wallets together may keep pinned.")
+    )
+    tls_cert: Path | None = Field(None, description="PEM certificate (chain): serve HTTPS (with --tls-key).")
+    tls_key: Path | None = Field(None, validate_default=True, description="PEM private key of --tls-cert.")
+    allow_code: list[str] = Field(
+        [],
+        description="Module prefix whose module:callable models this coordinator may import (repeatable; "
+        "none by default: owners get the built-in mlp, cnn, transformer). Only for code you trust.",
+    )
 
     @field_validator("home")
     @classmethod

@@ -2,18 +2,21 @@
 
 Each can be set by the environment as ``AITBC_WORKER_<FIELD>`` (``AITBC_WORKER_PRICE=1.20``,
 ``AITBC_WORKER_HEARTBEAT_SECONDS=1``); flags win over the environment (see
-:func:`aitbc.settings.load_settings`). Where to connect and where to keep files are not
-settings of the worker: the CLI resolves them as for every command (``--coordinator`` /
-``AITBC_COORDINATOR`` / the local stack, ``--home`` / ``AITBC_HOME``).
+:func:`aitbc.settings.load_settings`). Each field's description is its flag's help, and
+:class:`~aitbc.settings.Flag` names a flag that is not ``--field-name``. Where to connect
+and where to keep files are not settings of the worker: the CLI resolves them as for every
+command (``--coordinator`` / ``AITBC_COORDINATOR`` / the local stack, ``--home`` /
+``AITBC_HOME``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from aitbc.settings import MIB, Flag
 from aitbc.storage.peer_url import check_advertise
 from aitbc.training.allow_code import check_prefixes
 from aitbc.training.devices import check_device_spec
@@ -26,42 +29,99 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AITBC_WORKER_", frozen=True, extra="forbid", allow_inf_nan=False)
 
-    wallet: str = Field("worker", min_length=1)  # this provider's identity; created if missing
-    gpu: str = Field("RTX3090", min_length=1)  # advertised GPU class
-    price: str = "1.0"  # AIT per round, as typed ("1.20")
-    max_bond: str = "0"  # AIT: the most a contract may lock from this wallet as a bond (0: bond-free runs only)
-    availability: float = Field(0.98, ge=0, le=1)  # advertised availability
-    heartbeat_seconds: float = Field(2.0, gt=0)  # between two heartbeats
-    poll_seconds: float = Field(10.0, gt=0)  # long-poll length when there is nothing to train
-    backoff_seconds: float = Field(0.2, gt=0)  # first wait before retrying an unreachable coordinator
-    max_backoff_seconds: float = Field(5.0, gt=0)  # the wait doubles up to this
-    progress_every: int = Field(10, ge=1)  # report progress every this many local steps
-    progress_seconds: float = Field(1.0, ge=0)  # and at most once in this many seconds (a job's first report always)
-    # a verifying run's committed states stay in memory up to this size a round, else go to disk
-    proof_memory_bytes: int = Field(256 << 20, ge=0)
-    cache_bytes: int = Field(512 << 20, ge=0)  # models and shards kept on disk, least recently used evicted first
-    log_level: LogLevel = "info"
-    step_delay: float = Field(0.0, ge=0)  # testing: sleep this long after each local step (a slower device)
-    attack: str | None = None  # testing: behave as a Byzantine worker (a core.attacks spec)
-    # testing: skip-half: do half the local steps and claim all (worker/cheats.py); bad-blobs: serve peers
-    # every blob with its first byte flipped (worker/peers.py); equivocate: a gossip worker signs two
-    # records a round, one served to its neighbours and one published (worker/gossip.py); copy,
+    wallet: str = Field("worker", min_length=1, description="Wallet (identity) of this provider; created if missing.")
+    gpu: str = Field("RTX3090", min_length=1, description="Advertised GPU class, e.g. RTX4090.")
+    price: str = Field("1.0", description="Price per round in AIT, e.g. 1.20.")  # as typed
+    max_bond: str = Field(
+        "0", description="Most AIT a contract may lock from this wallet as a bond (0: only bond-free runs)."
+    )
+    availability: float = Field(0.98, ge=0, le=1, description="Advertised availability in [0, 1].")
+    heartbeat_seconds: Annotated[float, Flag("--heartbeat")] = Field(
+        2.0, gt=0, description="Seconds between heartbeats."
+    )
+    poll_seconds: Annotated[float, Flag("--poll")] = Field(
+        10.0, gt=0, description="Seconds one long poll for a job may wait."
+    )
+    backoff_seconds: Annotated[float, Flag("--backoff")] = Field(
+        0.2, gt=0, description="Seconds before the first retry when the coordinator is unreachable."
+    )
+    max_backoff_seconds: Annotated[float, Flag("--max-backoff")] = Field(
+        5.0, gt=0, description="Most seconds between two retries (the wait doubles up to it)."
+    )
+    progress_every: int = Field(10, ge=1, description="Report progress every this many local steps.")
+    progress_seconds: float = Field(
+        1.0, ge=0, description="Seconds at least between two progress reports (a job's first is always sent)."
+    )
+    proof_memory_bytes: Annotated[int, Flag("--proof-memory-mb", per=MIB, unit="MiB", field_unit="bytes")] = Field(
+        256 << 20,
+        ge=0,
+        description="Memory for a verifying run's committed states of one round, in MiB; past it they go to disk "
+        "(HOME/worker-proofs) until the round's spot check is answered.",
+    )
+    cache_bytes: Annotated[int, Flag("--cache-mb", per=MIB, unit="MiB", field_unit="bytes")] = Field(
+        512 << 20, ge=0, description="Disk for cached models and shards, in MiB (least recently used go first)."
+    )
+    log_level: LogLevel = Field("info", description="debug, info, warning or error.")
+    step_delay: Annotated[float, Flag(hidden=True)] = Field(  # a slower device
+        0.0, ge=0, description="Testing: seconds to sleep after each local step."
+    )
+    attack: Annotated[str | None, Flag(hidden=True)] = Field(  # a core.attacks spec
+        None, description="Testing: act as a Byzantine worker, e.g. sign-flip."
+    )
+    # skip-half (worker/cheats.py); bad-blobs (worker/peers.py); equivocate (worker/gossip.py); copy,
     # copy-noise, trickle, endless: gossip cheats (worker/cheats.py)
-    cheat: Literal["skip-half", "bad-blobs", "equivocate", "copy", "copy-noise", "trickle", "endless"] | None = None
-    metrics_port: int | None = Field(None, ge=1, le=65535)  # serve Prometheus metrics here (none: not served)
-    metrics_host: str = Field("127.0.0.1", min_length=1)  # the metrics server's address (0.0.0.0: every interface)
-    # module prefixes whose module:callable models this worker may import (none by default)
-    allow_code: list[str] = []
-    # where it trains: auto (cuda:0 if torch sees a GPU, else the CPU), cpu, cuda or cuda:N
-    device: str = "auto"
-    # data-parallel processes inside this worker, one per GPU (rank r on cuda:r; with --device cpu, CPU processes)
-    gpus: int = Field(1, ge=1, le=64)
-    # peer transport: serve the blobs this worker holds to other workers on HOST:PORT (none: not served)
-    listen: str | None = None
-    # the URL other workers reach that server at (default: http://HOST:PORT of listen, unless HOST is 0.0.0.0/::)
-    advertise: str | None = None
-    peer_timeout_seconds: float = Field(10.0, gt=0, le=600)  # one read from a peer; the whole fetch gets 4x
-    peer_connections: int = Field(8, ge=1, le=256)  # blobs served to peers at a time (503 past it)
+    cheat: Annotated[
+        Literal["skip-half", "bad-blobs", "equivocate", "copy", "copy-noise", "trickle", "endless"] | None,
+        Flag(hidden=True),
+    ] = Field(
+        None,
+        description="Testing: skip-half: train half the steps and claim them all; bad-blobs: serve peers corrupt "
+        "blobs; equivocate: sign two gossip records a round (one served to neighbours, one published).",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve this worker's Prometheus metrics on this port (none: not served).",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", min_length=1, description="Address the metrics server listens on (0.0.0.0: every interface)."
+    )
+    allow_code: list[str] = Field(
+        [],
+        description="Module prefix whose module:callable models this worker may import (repeatable; "
+        "none by default: owners get the built-in mlp, cnn, transformer). Only for code you trust.",
+    )
+    device: str = Field(
+        "auto",
+        description="Where to train: auto (cuda:0 if there is a GPU, else the CPU), cpu, cuda or cuda:N.",
+    )
+    gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Data-parallel processes, one per GPU (rank r on cuda:r; with --device cpu, CPU processes): "
+        "one update per round, averaged over them.",
+    )
+    listen: str | None = Field(
+        None,
+        description="Serve the blobs this worker holds (models, shards) to other workers on HOST:PORT "
+        "(none: it only fetches; it still takes part through the coordinator).",
+    )
+    # default: http://HOST:PORT of listen, unless HOST is 0.0.0.0/::
+    advertise: str | None = Field(
+        None,
+        description="URL other workers reach --listen at, http(s)://host:port (default: http:// + --listen).",
+    )
+    peer_timeout_seconds: Annotated[float, Flag("--peer-timeout")] = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds one read from a peer may wait (the whole fetch gets 4x); then the next peer.",
+    )
+    peer_connections: int = Field(
+        8, ge=1, le=256, description="Blobs served to peers at a time (past it: 503, they try another)."
+    )
 
     @field_validator("listen")
     @classmethod
