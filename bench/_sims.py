@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from aitbc.sim.runner import SimConfig, SimResult, run_simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import SimResult, run_simulation
 
 
 def simulate(**options: Any) -> SimResult:

@@ -40,7 +40,8 @@ from _sims import machine
 from aitbc.core.compression import build_codec
 from aitbc.core.compression.sparse import index_bits
 from aitbc.core.compression.sparseloco import chunk_plan
-from aitbc.sim.runner import SimConfig, Simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import Simulation
 
 TASKS: dict[str, tuple[dict[str, Any], int]] = {
     # name: (shared options, baseline steps). The rule is named, not the run default's, so

@@ -36,7 +36,8 @@ from typing import Any
 
 from _common import print_table, write_json
 from _sims import machine
-from aitbc.sim.runner import SimConfig, Simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import Simulation
 
 
 def play(args: argparse.Namespace, weight: float | None, eager: bool = False) -> list[float]:

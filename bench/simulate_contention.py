@@ -37,7 +37,8 @@ WORKLOAD = ["--model", "mlp", "--dataset", "digits", "--workers", "8", "--local-
 
 def _child(rounds: int, out: str) -> None:
     """The simulation exactly as ``aitbc simulate`` ran it before: no thread choice at all."""
-    from aitbc.sim.runner import SimConfig, Simulation
+    from aitbc.sim.config import SimConfig
+    from aitbc.sim.runner import Simulation
 
     cfg = SimConfig(model="mlp", dataset="digits", workers=8, rounds=rounds, local_steps=20, seed=0)
     Simulation(cfg, home=Path(out), out_dir=Path(out) / "sim").run(lambda row: None)

@@ -11,7 +11,8 @@ import torch
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.gossip import COPY_FRACTION, distinct, near_copies, nearest_ratio, robust_combine
 from aitbc.core.norms import NormBound
-from aitbc.sim.runner import SimConfig, Simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import Simulation
 
 
 def _published(tmp_path, **kw) -> tuple[torch.Tensor, list[list[torch.Tensor]], Simulation]:

@@ -130,7 +130,8 @@ def test_live_async_follows_the_simulated_trajectory(stack, tmp_path):
     the first version within 5% (two fresh updates from the initial model either way,
     from different shards), both decreasing to under a quarter of the initial loss, and the
     final validation loss within 50% of the simulated one."""
-    from aitbc.sim.runner import SimConfig, run_simulation
+    from aitbc.sim.config import SimConfig
+    from aitbc.sim.runner import run_simulation
 
     settings = {"rounds": 12, "local_steps": 40, "batch_size": 32, "lr": 1e-3, "aggregator": "mean"}
     async_opts = {"buffer": 2, "max_staleness": 4, "staleness": "polynomial:a=0.5"}

@@ -193,7 +193,8 @@ def test_live_gossip_follows_the_simulated_trajectory(stack, tmp_path):
       15% of the simulated consensus's each round (measured: identical when no mix is
       stale), and both falling to under half of the initial loss.
     """
-    from aitbc.sim.runner import SimConfig, run_simulation
+    from aitbc.sim.config import SimConfig
+    from aitbc.sim.runner import run_simulation
 
     rounds = 6
     settings = {"rounds": rounds, "local_steps": 40, "batch_size": 32, "lr": 1e-3, "aggregator": "median"}

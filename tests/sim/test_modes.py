@@ -7,7 +7,8 @@ import json
 import pytest
 
 from aitbc.errors import UsageError
-from aitbc.sim.runner import SimConfig, Simulation, run_simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import Simulation, run_simulation
 
 BASE = dict(workers=8, rounds=12, local_steps=20, seed=0)
 

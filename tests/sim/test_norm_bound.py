@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aitbc.sim.runner import SimConfig, run_simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import run_simulation
 
 
 def _run(tmp: Path, **options) -> object:

@@ -11,8 +11,9 @@ import torch
 
 from aitbc.core.compression import build_codec
 from aitbc.errors import UsageError
+from aitbc.sim.config import SimConfig
 from aitbc.sim.network import WorkerProfile, build_profiles, parse_per_worker
-from aitbc.sim.runner import SimConfig, Simulation, run_simulation
+from aitbc.sim.runner import Simulation, run_simulation
 from aitbc.training.local import loss_fn
 
 FAST = dict(workers=4, rounds=3, local_steps=5, batch_size=16)

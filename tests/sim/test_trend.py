@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from aitbc.core.aggregation.pipeline import AggregatorPipeline
-from aitbc.sim.runner import SimConfig, run_simulation
+from aitbc.sim.config import SimConfig
+from aitbc.sim.runner import run_simulation
 
 
 def _spy(monkeypatch) -> list[tuple[torch.Tensor | None, torch.Tensor]]:

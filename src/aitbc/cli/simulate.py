@@ -121,7 +121,8 @@ def simulate(
         raise UsageError(f"--threads must be at least 1; got {threads}")
     # Before torch loads: its OpenMP threads must sleep, not spin, while they wait for work.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from aitbc.sim.runner import SimConfig, Simulation  # torch import is slow; keep --help fast
+    from aitbc.sim.config import SimConfig  # torch import is slow; keep --help fast
+    from aitbc.sim.runner import Simulation
 
     _use_threads(threads if threads is not None else torch_threads())
 

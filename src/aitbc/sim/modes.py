@@ -1,6 +1,6 @@
 """How rounds are organised: ``sync``, ``async`` and ``gossip``.
 
-Each mode is one loop over a prepared :class:`~aitbc.sim.runner.Simulation`, using its
+Each mode is one loop over a prepared :class:`~aitbc.sim.cluster.Cluster`, using its
 ``work`` (workers train and send), ``receive`` (decode and check), ``apply`` (aggregate
 and outer step) and ``record`` (evaluate, metrics row). Virtual time only moves here.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -32,13 +31,11 @@ from aitbc.core.gossip import mix_weight, neighbours, robust_combine
 from aitbc.core.staleness import async_weight
 from aitbc.core.staleness import buffer_size as buffer_size_of
 from aitbc.errors import IntegrityError
+from aitbc.sim.cluster import Cluster
 from aitbc.storage.cid import cid_of_bytes
 
-if TYPE_CHECKING:  # the runner calls these loops; they only use it
-    from aitbc.sim.runner import Simulation
 
-
-def run_sync(sim: Simulation) -> None:
+def run_sync(sim: Cluster) -> None:
     cfg, ids = sim.cfg, list(range(sim.cfg.workers))
     for r in range(1, cfg.rounds + 1):
         down = len(sim.checkpoint(sim.params, r - 1))  # every worker downloads the global model blob
@@ -69,7 +66,7 @@ def run_sync(sim: Simulation) -> None:
             return
 
 
-def run_async(sim: Simulation) -> None:
+def run_async(sim: Cluster) -> None:
     cfg = sim.cfg
     n = cfg.workers
     buffer_size = buffer_size_of(cfg.buffer, n)
@@ -116,7 +113,7 @@ def run_async(sim: Simulation) -> None:
         start(i, now)
 
 
-def run_gossip(sim: Simulation) -> None:
+def run_gossip(sim: Cluster) -> None:
     cfg = sim.cfg
     n = cfg.workers
     peers_of = neighbours(cfg.topology, n, sim.mode_gen)  # the live workers' own draw (core/gossip)
@@ -171,10 +168,10 @@ def run_gossip(sim: Simulation) -> None:
             return
 
 
-def _consensus_loss(sim: Simulation, messages: list[bytes], r: int) -> float | None:
+def _consensus_loss(sim: Cluster, messages: list[bytes], r: int) -> float | None:
     """The validation loss of what a live coordinator records as round ``r``'s model (its
     consensus: :func:`aitbc.core.gossip.robust_combine` over every published model, as
-    :func:`aitbc.coordinator.gossip.close_round`); None on a round that is not evaluated."""
+    :func:`aitbc.coordinator.rounds.gossip.close_round`); None on a round that is not evaluated."""
     if r % sim.cfg.eval_every and r != sim.cfg.rounds:
         return None
     models, weights = [], []
@@ -198,4 +195,4 @@ def _consensus_loss(sim: Simulation, messages: list[bytes], r: int) -> float | N
     return None if out is None else sim.evaluate(out)[0]
 
 
-MODE_LOOPS: dict[str, Callable[[Simulation], None]] = {"sync": run_sync, "async": run_async, "gossip": run_gossip}
+MODE_LOOPS: dict[str, Callable[[Cluster], None]] = {"sync": run_sync, "async": run_async, "gossip": run_gossip}
