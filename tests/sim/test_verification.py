@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from aitbc.errors import UsageError
-from aitbc.sim.verification import CHEATS, DriftConfig, VerifyConfig, VerifyResult, drift_trial, run_verification
+from aitbc.sim.drift import DriftConfig, drift_trial
+from aitbc.sim.verification import CHEATS, VerifyConfig, VerifyResult, run_verification
 
 SMALL = dict(workers=6, cheaters=2, rounds=3, local_steps=8, rate=1.0, eval_samples=256)
 

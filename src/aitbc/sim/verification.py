@@ -46,7 +46,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,7 +72,6 @@ from aitbc.training.checks import (
     replay,
     replay_threads,
 )
-from aitbc.training.data_spec import DataSpec
 from aitbc.training.datasets import DataOptions, load_dataset
 from aitbc.training.local import LocalConfig, LocalTrainer, evaluate
 from aitbc.training.models import build_model
@@ -411,9 +410,22 @@ class Verifier:
         return drift, replayed
 
 
-def run_verification(cfg: VerifyConfig) -> VerifyResult:
-    """Play ``cfg.rounds`` verified rounds; see the module docstring."""
-    t0 = time.perf_counter()
+@dataclass(slots=True)
+class Cohort:
+    """The workers of one verified run, their cheaters, and the verifier with its own copy
+    of the model (what it replays and evaluates on)."""
+
+    model: torch.nn.Module
+    workers: list[Worker]
+    cheaters: list[int]
+    verifier: Verifier
+    verifier_model: torch.nn.Module
+    val_x: Tensor
+    val_y: Tensor
+
+
+def build_cohort(cfg: VerifyConfig) -> Cohort:
+    """Data, model, shards and workers (cheaters drawn from the seed), and the verifier."""
     torch.manual_seed(cfg.seed)  # model init
     data = load_dataset(cfg.dataset, DataOptions(seed=cfg.seed))
     model = build_model(cfg.model, data.spec, {})
@@ -447,195 +459,139 @@ def run_verification(cfg: VerifyConfig) -> VerifyResult:
         own = Replay(copy.deepcopy(model), replays[i].x, replays[i].y, local, seeds[i])
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + 1_000 + i)
         workers.append(Worker(i, trainer, new_codec(), cheat=cheat, gen=gen, cfg=cfg, replay_on=own))
-
     verifier = Verifier(cfg, replays, new_codec)
-    outer = build_outer("fedavg", {"lr": 1.0})
-    params = flat_params(model)  # (d,) the global model
     val_x, val_y = data.val_x[: cfg.eval_samples], data.val_y[: cfg.eval_samples]
-    set_flat_params(verifier_model, params)
-    _, acc0 = evaluate(verifier_model, val_x, val_y)
+    return Cohort(model, workers, cheaters, verifier, verifier_model, val_x, val_y)
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the verifier has found so far, and what it cost."""
+
+    ejected: set[int] = field(default_factory=set)
+    caught_round: dict[int, int] = field(default_factory=dict)
+    caught_by: dict[int, str] = field(default_factory=dict)
+    proved_round: dict[int, int] = field(default_factory=dict)
+    false_accusations: list[dict[str, Any]] = field(default_factory=list)
+    honest_drift: list[dict[str, Any]] = field(default_factory=list)
+    cheater_updates: int = 0
+    cheater_updates_caught: int = 0
+    cheater_updates_accepted: int = 0
+    honest_updates: int = 0
+    honest_trained_steps: int = 0
+    honest_replayed_steps: int = 0
+    replayed_steps: int = 0
+    train_seconds: float = 0.0
+    honest_verify_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    def judged(self, sub: Submission, honest: bool, verdict: Verdict | None, round: int) -> bool:
+        """Count one update's verdict; True if the update goes into the round."""
+        if verdict is None:
+            if not honest:
+                self.cheater_updates_accepted += 1
+            return True
+        # left out of the round, unpaid
+        seen = {"round": round, "worker": sub.worker, "check": verdict.check, "detail": verdict.detail}
+        if verdict.provable:  # proof: slashed and ejected
+            self.ejected.add(sub.worker)
+        if honest:
+            (self.false_accusations if verdict.provable else self.honest_drift).append(seen)
+        else:
+            self.cheater_updates_caught += 1
+            self.caught_round.setdefault(sub.worker, round)
+            self.caught_by.setdefault(sub.worker, verdict.check)
+            if verdict.provable:
+                self.proved_round[sub.worker] = round
+        return False
+
+
+def _submissions(workers: list[Worker], view: RoundView, tally: Tally) -> list[Submission]:
+    """Every worker still in sends its round: honest workers first, so cheaters may see
+    their updates (decoded, in ``view.honest``)."""
+    subs: list[Submission] = []
+    d = view.params.numel()
+    for w in workers:
+        if w.honest and w.index not in tally.ejected:
+            t = time.perf_counter()
+            subs.append(w.submit(view))
+            tally.train_seconds += time.perf_counter() - t
+            view.honest.append(decode_update(subs[-1].blob, max_numel=d).to(torch.float32))
+    for w in workers:
+        if not w.honest and w.index not in tally.ejected:
+            subs.append(w.submit(view))
+    return subs
+
+
+def _verified(
+    cfg: VerifyConfig, c: Cohort, subs: list[Submission], params: Tensor, rnd: int, tally: Tally
+) -> list[Tensor]:
+    """Verify each submission; the updates accepted (decoded), in worker order."""
+    accepted: list[Tensor] = []
+    for s in sorted(subs, key=lambda s: s.worker):
+        honest = c.workers[s.worker].honest
+        t, shown = time.perf_counter(), c.verifier.reveal_seconds
+        verdict, replayed = c.verifier.verify(s, params, rnd)
+        dt = time.perf_counter() - t - (c.verifier.reveal_seconds - shown)  # the verifier's own time
+        tally.verify_seconds += dt
+        tally.replayed_steps += replayed
+        if honest:
+            tally.honest_verify_seconds += dt
+            tally.honest_updates += 1
+            tally.honest_trained_steps += cfg.local_steps
+            tally.honest_replayed_steps += replayed
+        else:
+            tally.cheater_updates += 1
+        if tally.judged(s, honest, verdict, rnd):
+            accepted.append(decode_update(s.blob, max_numel=params.numel()).to(torch.float32))
+    return accepted
+
+
+def run_verification(cfg: VerifyConfig) -> VerifyResult:
+    """Play ``cfg.rounds`` verified rounds; see the module docstring."""
+    t0 = time.perf_counter()
+    c = build_cohort(cfg)
+    outer = build_outer("fedavg", {"lr": 1.0})
+    params = flat_params(c.model)  # (d,) the global model
+    set_flat_params(c.verifier_model, params)
+    _, acc0 = evaluate(c.verifier_model, c.val_x, c.val_y)
 
     history: list[Tensor] = []
-    ejected: set[int] = set()
-    caught_round: dict[int, int] = {}
-    caught_by: dict[int, str] = {}
-    proved: dict[int, int] = {}
-    false: list[dict[str, Any]] = []
-    honest_drift: list[dict[str, Any]] = []
-    tally = dict(cu=0, cc=0, ca=0, hu=0, hts=0, hrs=0, rs=0)
-    train_s = honest_verify_s = verify_s = 0.0
+    tally = Tally()
     rounds_run = 0
     for rnd in range(1, cfg.rounds + 1):
         history.append(params)
-        view = RoundView(rnd, params, history)
-        subs: list[Submission] = []
-        for w in workers:  # honest workers send first; cheaters may see their updates
-            if w.honest and w.index not in ejected:
-                t = time.perf_counter()
-                subs.append(w.submit(view))
-                train_s += time.perf_counter() - t
-                view.honest.append(decode_update(subs[-1].blob, max_numel=params.numel()).to(torch.float32))
-        for w in workers:
-            if not w.honest and w.index not in ejected:
-                subs.append(w.submit(view))
-        accepted: list[Tensor] = []
-        for s in sorted(subs, key=lambda s: s.worker):
-            honest = workers[s.worker].honest
-            t, shown = time.perf_counter(), verifier.reveal_seconds
-            verdict, replayed = verifier.verify(s, params, rnd)
-            dt = time.perf_counter() - t - (verifier.reveal_seconds - shown)  # the verifier's own time
-            verify_s += dt
-            tally["rs"] += replayed
-            if honest:
-                honest_verify_s += dt
-                tally["hu"] += 1
-                tally["hts"] += cfg.local_steps
-                tally["hrs"] += replayed
-            else:
-                tally["cu"] += 1
-            if verdict is not None:  # left out of the round, unpaid
-                seen = {"round": rnd, "worker": s.worker, "check": verdict.check, "detail": verdict.detail}
-                if verdict.provable:  # proof: slashed and ejected
-                    ejected.add(s.worker)
-                if honest:
-                    (false if verdict.provable else honest_drift).append(seen)
-                else:
-                    tally["cc"] += 1
-                    caught_round.setdefault(s.worker, rnd)
-                    caught_by.setdefault(s.worker, verdict.check)
-                    if verdict.provable:
-                        proved[s.worker] = rnd
-                continue
-            if not honest:
-                tally["ca"] += 1
-            accepted.append(decode_update(s.blob, max_numel=params.numel()).to(torch.float32))
+        subs = _submissions(c.workers, RoundView(rnd, params, history), tally)
+        accepted = _verified(cfg, c, subs, params, rnd, tally)
         if accepted:
             params = outer.step(params, torch.stack(accepted).mean(dim=0))  # (n, d) -> (d,)
         rounds_run = rnd
-        if cfg.stop_when_caught and len(caught_round) == len(cheaters):
+        if cfg.stop_when_caught and len(tally.caught_round) == len(c.cheaters):
             break
-    set_flat_params(verifier_model, params)
-    loss, acc = evaluate(verifier_model, val_x, val_y)
+    set_flat_params(c.verifier_model, params)
+    loss, acc = evaluate(c.verifier_model, c.val_x, c.val_y)
     return VerifyResult(
         config=asdict(cfg),
-        cheaters=cheaters,
+        cheaters=c.cheaters,
         rounds=rounds_run,
-        caught_round=caught_round,
-        caught_by=caught_by,
-        proved_round=proved,
-        false_accusations=false,
-        honest_drift=honest_drift,
-        cheater_updates=tally["cu"],
-        cheater_updates_caught=tally["cc"],
-        cheater_updates_accepted=tally["ca"],
-        honest_updates=tally["hu"],
-        honest_trained_steps=tally["hts"],
-        honest_replayed_steps=tally["hrs"],
-        replayed_steps=tally["rs"],
-        update_checks=verifier.update_checks,
-        train_seconds=train_s,
-        honest_verify_seconds=honest_verify_s,
-        verify_seconds=verify_s,
+        caught_round=tally.caught_round,
+        caught_by=tally.caught_by,
+        proved_round=tally.proved_round,
+        false_accusations=tally.false_accusations,
+        honest_drift=tally.honest_drift,
+        cheater_updates=tally.cheater_updates,
+        cheater_updates_caught=tally.cheater_updates_caught,
+        cheater_updates_accepted=tally.cheater_updates_accepted,
+        honest_updates=tally.honest_updates,
+        honest_trained_steps=tally.honest_trained_steps,
+        honest_replayed_steps=tally.honest_replayed_steps,
+        replayed_steps=tally.replayed_steps,
+        update_checks=c.verifier.update_checks,
+        train_seconds=tally.train_seconds,
+        honest_verify_seconds=tally.honest_verify_seconds,
+        verify_seconds=tally.verify_seconds,
         initial_val_accuracy=acc0,
         final_val_accuracy=acc,
         final_val_loss=loss,
         wall_seconds=time.perf_counter() - t0,
     )
-
-
-# --- honest drift across configs: what a replay on other threads makes of honest work -----------
-
-Task = Literal["classification", "language"]
-# model: (task, one sample's shape, classes or vocabulary, options) in two sizes: "small" (a
-# benchmark's default, seconds a trial on 2 cores) and "large" (the built-in defaults, or near:
-# kernels that split across threads, so other thread counts sum in other orders)
-DRIFT_MODELS: dict[str, dict[str, tuple[Task, tuple[int, ...], int, dict[str, Any]]]] = {
-    "small": {
-        "mlp": ("classification", (64,), 10, {"hidden": [64]}),
-        "cnn": ("classification", (1, 16, 16), 10, {"channels": [8, 16], "hidden": 32}),
-        "transformer": ("language", (32,), 64, {"context": 32, "d_model": 32, "n_layers": 1, "n_heads": 2}),
-    },
-    "large": {
-        "mlp": ("classification", (784,), 10, {"hidden": [256]}),
-        "cnn": ("classification", (1, 28, 28), 10, {}),
-        "transformer": ("language", (64,), 256, {}),
-    },
-}
-
-
-@dataclass(kw_only=True)
-class DriftConfig:
-    """One honest worker on ``worker_threads`` threads and a cheater training on random data
-    of the shard's shape, each re-run interval by interval by a verifier on
-    ``verify_threads`` (or, with ``state_threads``, on the count the commitment states)."""
-
-    model: str = "mlp"
-    optimizer: str = run_defaults.INNER_OPT
-    lr: float = run_defaults.LR
-    worker_threads: int = 2
-    verify_threads: int = 1
-    state_threads: bool = False
-    local_steps: int = 20
-    batch_size: int = 32
-    samples: int = 128
-    size: str = "small"  # DRIFT_MODELS' sizes
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.size not in DRIFT_MODELS:
-            raise UsageError(f"unknown size {self.size!r}; allowed: {', '.join(DRIFT_MODELS)}")
-        if self.model not in DRIFT_MODELS[self.size]:
-            raise UsageError(f"unknown model {self.model!r}; allowed: {', '.join(DRIFT_MODELS[self.size])}")
-        if self.worker_threads < 1 or self.verify_threads < 1:
-            raise UsageError("worker_threads and verify_threads must be at least 1")
-
-
-def _drift_problem(cfg: DriftConfig) -> tuple[torch.nn.Module, Tensor, Tensor]:
-    task, shape, classes, opts = DRIFT_MODELS[cfg.size][cfg.model]
-    gen = torch.Generator().manual_seed(cfg.seed)
-    if task == "language":
-        x = torch.randint(0, classes, (cfg.samples, *shape), generator=gen)
-        y = x.roll(-1, 1)
-    else:
-        x = torch.randn((cfg.samples, *shape), generator=gen)
-        y = torch.randint(0, classes, (cfg.samples,), generator=gen)
-    torch.manual_seed(cfg.seed + 1)
-    return build_model(cfg.model, DataSpec(task, shape, classes), opts), x, y
-
-
-def drift_trial(cfg: DriftConfig) -> dict[str, Any]:
-    """Every interval of one honest round (after a round that gives the optimizer state)
-    and of one wrong-data cheater's round, judged: counts of each outcome, the largest
-    honest miss and the smallest cheat distance."""
-    t0 = time.perf_counter()
-    model, x, y = _drift_problem(cfg)
-    local = LocalConfig(steps=cfg.local_steps, batch_size=cfg.batch_size, optimizer=cfg.optimizer, lr=cfg.lr)
-    start = flat_params(model)
-    out: dict[str, Any] = {"config": asdict(cfg)}
-    junk = torch.Generator().manual_seed(cfg.seed + 7)
-    classes = DRIFT_MODELS[cfg.size][cfg.model][2]
-    if x.is_floating_point():
-        fake_x = torch.randn(x.shape, generator=junk)
-    else:
-        fake_x = torch.randint(0, classes, x.shape, generator=junk)
-    for who, tx in (("honest", x), ("cheat", fake_x)):
-        trainer = LocalTrainer(copy.deepcopy(model), tx, y, copy.deepcopy(local), seed=5)
-        rec = Recorder(cfg.local_steps)
-        with replay_threads(cfg.worker_threads):
-            trainer.train_round(start, round=1)
-            trainer.train_round(start, round=2, recorder=rec)
-        c = rec.commitment(None, None, threads=cfg.worker_threads if cfg.state_threads else None)
-        b = sorted(rec.states)
-        r = Replay(copy.deepcopy(model), x, y, copy.deepcopy(local), data_seed(5, 2))
-        counts = {"passed": 0, "drift": 0, "fault": 0}
-        worst = 0.0
-        least = float("inf")
-        with replay_threads(cfg.verify_threads):
-            for i in range(len(b) - 1):
-                v = check_interval(c, i, rec.states[b[i]], rec.states[b[i + 1]], r)
-                counts[v.outcome] += 1
-                err = v.error if v.error is not None else float("inf")
-                worst, least = max(worst, err), min(least, err)
-        out[who] = {**counts, "intervals": len(b) - 1, "max_error": worst, "min_error": least}
-    out["seconds"] = time.perf_counter() - t0
-    return out
