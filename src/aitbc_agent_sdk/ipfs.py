@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aitbc.storage.unixfs import Added, add_path
+from aitbc.storage.unixfs_add import Added, add_path
 from aitbc_agent_sdk.errors import AgentError, IntegrityFailure, InvalidArgument
 from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress
 

@@ -130,10 +130,10 @@ def test_blocks_that_do_not_match_their_cid_are_refused(server, tmp_path, api):
 
 def test_an_oversized_node_is_refused(server, api):
     leaf = cid_of_bytes(b"x")
-    from aitbc.storage.unixfs import _DIR_DATA, Link, _encode_node, parse_cid
+    from aitbc.storage.unixfs import DIR_DATA, Link, encode_node, parse_cid
 
     links = [Link(f"{i:06d}" + "n" * 200, parse_cid(leaf), 1) for i in range(api.MAX_BLOB // 200 + 10)]
-    block = _encode_node(links, _DIR_DATA)
+    block = encode_node(links, DIR_DATA)
     cid = str(Cid.of_block(CODEC_DAG_PB, block))
     assert hashlib.sha256(block).digest() == parse_cid(cid).digest and len(block) > api.MAX_BLOB
     with server.http() as h:

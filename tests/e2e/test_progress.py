@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aitbc.storage.unixfs import add_path
+from aitbc.storage.unixfs_add import add_path
 from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent
 
 pytestmark = pytest.mark.long  # minutes: make test-long (CI runs it)

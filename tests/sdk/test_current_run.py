@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aitbc.storage.cid import cid_of_bytes
-from aitbc.storage.unixfs import add_path
+from aitbc.storage.unixfs_add import add_path
 from aitbc.training.checkpoint import bytes_to_tensors
 from aitbc_agent_sdk import (
     Agent,

@@ -215,7 +215,7 @@ def _verify_ledger(env: dict[str, str], home: Path) -> None:
 
 
 def test_example1_initializes_and_uploads_the_folder(stack, dataset, tmp_path):
-    from aitbc.storage.unixfs import add_path
+    from aitbc.storage.unixfs_add import add_path
 
     home, env, _, _ = stack
     text = edit("example1_initialize.py", dataset=dataset)

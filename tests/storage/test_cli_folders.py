@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aitbc.storage.unixfs import add_path
+from aitbc.storage.unixfs_add import add_path
 
 FILES = {
     "README.txt": "a corpus of text files\n",

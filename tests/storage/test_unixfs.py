@@ -17,19 +17,18 @@ from aitbc.errors import IntegrityError, NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import CODEC_DAG_PB, Cid, cid_of_bytes
 from aitbc.storage.unixfs import (
-    _DIR_DATA,
-    HAMT_THRESHOLD,
+    DIR_DATA,
     MAX_NODE_BYTES,
     Link,
-    _encode_node,
-    add_path,
     decode_dir,
+    encode_node,
     list_dir,
     reachable,
     read_tree,
     resolve,
     walk,
 )
+from aitbc.storage.unixfs_add import HAMT_THRESHOLD, add_path
 
 VECTORS = json.loads(Path(__file__).with_name("folder_vectors.json").read_text())["vectors"]
 EMPTY_DIR = "bafybeiczsscdsbs7ffqz55asqdf3smv6klcw3gofszvwlyarci47bgf354"  # kubo's empty folder
@@ -164,7 +163,7 @@ def test_symlinks_and_special_files_are_refused(tmp_path):
 
 
 def _node(links: list[tuple[str, str | Cid, int]]) -> tuple[str, bytes]:
-    block = _encode_node([Link(n, c if isinstance(c, Cid) else _cid(c), t) for n, c, t in links], _DIR_DATA)
+    block = encode_node([Link(n, c if isinstance(c, Cid) else _cid(c), t) for n, c, t in links], DIR_DATA)
     return str(Cid.of_block(CODEC_DAG_PB, block)), block
 
 
@@ -266,12 +265,12 @@ def test_put_many_stores_a_folder_at_once_or_nothing(tmp_path):
 
 
 def test_a_hamt_entry_outside_its_slot_is_refused():
-    from aitbc.storage.unixfs import _hamt_data, hamt_hash
+    from aitbc.storage.unixfs import hamt_data, hamt_hash
 
     leaf = cid_of_bytes(b"x")
     name = "a.txt"
     wrong = (hamt_hash(name.encode())[0] + 1) % 256
-    block = _encode_node([Link(f"{wrong:02X}{name}", _cid(leaf), 1)], _hamt_data(1 << wrong))
+    block = encode_node([Link(f"{wrong:02X}{name}", _cid(leaf), 1)], hamt_data(1 << wrong))
     cid = str(Cid.of_block(CODEC_DAG_PB, block))
     assert decode_dir(block).hamt  # well-formed on its own
 

@@ -24,7 +24,8 @@ from aitbc.cli.progress import MIN_ADD_BYTES, at_terminal, bars
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import parse_cid
-from aitbc.storage.unixfs import add_path, input_bytes, is_dir_block, list_dir, resolve, split_path, walk
+from aitbc.storage.unixfs import is_dir_block, list_dir, resolve, split_path, walk
+from aitbc.storage.unixfs_add import add_path, input_bytes
 
 app = typer.Typer(
     help="Files and folders named by their IPFS CIDv1 (as `ipfs add --cid-version=1`, `-r` for folders).",

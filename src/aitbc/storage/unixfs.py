@@ -1,23 +1,18 @@
-"""Folders as UnixFS directories, with the root CID ``ipfs add -r --cid-version=1`` prints.
+"""Folders as UnixFS directories, with the root CID ``ipfs add -r --cid-version=1`` prints
+(:mod:`aitbc.storage.unixfs_add` builds them; this module reads and checks them).
 
 A folder is a DAG of dag-pb directory nodes over its files (see :mod:`aitbc.storage.cid`
-for one file's DAG). kubo's defaults, which this module follows:
+for one file's DAG), in kubo's two forms:
 
 - a *basic* directory is one dag-pb node: ``Data`` = UnixFS ``{Type: Directory}``, one
   link per entry (``Hash``, ``Name``, ``Tsize`` = the entry's whole encoded DAG), links
   sorted by the names' UTF-8 bytes (dag-pb's canonical order);
-- a directory whose estimate passes ``HAMT_THRESHOLD`` (262144) bytes is a *HAMT*
-  instead. The estimate is kubo's (boxo ``SizeEstimationLinks``, the default): the sum,
-  over the entries, of the name's UTF-8 bytes plus the binary CID's bytes; a folder
-  exactly at the threshold stays basic. A HAMT node is UnixFS ``{Type: HAMTShard, Data:
+- a *HAMT* (a large folder): a HAMT node is UnixFS ``{Type: HAMTShard, Data:
   bitfield, hashType: 0x22 (murmur3-x64-64), fanout: 256}``: the name's murmur3 x64
   128-bit hash (seed 0), its first 64-bit half big-endian, gives one byte per level; an
   entry alone in its slot is a link named ``"%02X" % slot + name``; two or more names
   sharing a slot go to a sub-shard one level down, linked as ``"%02X" % slot``. The
-  bitfield is the set slots as a big-endian integer, in its minimal bytes;
-- like ``ipfs add -r``, names starting with ``.`` are left out unless ``hidden``; the
-  folder itself is always added. Symlinks and special files are refused (kubo would
-  store a symlink as a UnixFS symlink; a dataset has no use for one).
+  bitfield is the set slots as a big-endian integer, in its minimal bytes.
 
 How folders are *stored* here: a blob named by a file's CID is always the whole file (every
 reader of a model or shard relies on that), so a folder is stored as its directory and
@@ -35,11 +30,8 @@ share subtrees, so a walk is bounded (``max_entries``) as well as its depth.
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Literal
 
 import mmh3
@@ -57,7 +49,6 @@ from aitbc.storage.cid import (
     parse_cid,
 )
 
-HAMT_THRESHOLD = 262_144  # kubo's Import.UnixFSHAMTDirectorySizeThreshold (boxo HAMTShardingSize)
 HAMT_FANOUT = 256
 HAMT_HASH_MURMUR3 = 0x22  # multicodec murmur3-x64-64
 MAX_NODE_BYTES = 1 << 20  # kubo's block size limit; a directory node is never larger
@@ -67,8 +58,7 @@ MAX_ENTRIES = 1_000_000  # entries a walk visits before it stops (shared subtree
 _DIRECTORY = 1
 _FILE = 2
 _HAMT = 5
-_DIR_DATA = _field_varint(1, _DIRECTORY)
-_READ_SIZE = 1 << 20
+DIR_DATA = _field_varint(1, _DIRECTORY)
 
 Kind = Literal["file", "dir"]
 
@@ -94,7 +84,7 @@ class DirNode:
     links: tuple[Link, ...]
 
 
-def _encode_node(links: list[Link], data: bytes) -> bytes:
+def encode_node(links: list[Link], data: bytes) -> bytes:
     out = bytearray()
     for link in links:
         pb = _field_bytes(1, link.cid.to_bytes()) + _field_bytes(2, link.name.encode()) + _field_varint(3, link.tsize)
@@ -103,7 +93,7 @@ def _encode_node(links: list[Link], data: bytes) -> bytes:
     return bytes(out)
 
 
-def _hamt_data(bitfield: int) -> bytes:
+def hamt_data(bitfield: int) -> bytes:
     bits = bitfield.to_bytes((bitfield.bit_length() + 7) // 8, "big")
     return (
         _field_varint(1, _HAMT)
@@ -111,6 +101,12 @@ def _hamt_data(bitfield: int) -> bytes:
         + _field_varint(5, HAMT_HASH_MURMUR3)
         + _field_varint(6, HAMT_FANOUT)
     )
+
+
+def hamt_hash(name: bytes) -> bytes:
+    """The 8 bytes a HAMT reads a name's slots from (one per level)."""
+    h1, _ = mmh3.hash64(name, seed=0, x64arch=True, signed=False)
+    return h1.to_bytes(8, "big")
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
@@ -158,7 +154,7 @@ def decode_dir(block: bytes) -> DirNode:
             raise ValueError("not a dag-pb node (links, then data)")
     if data is None:
         raise ValueError("a dag-pb node without UnixFS data")
-    if data == _DIR_DATA:
+    if data == DIR_DATA:
         node = DirNode(False, tuple(links))
         for link in links:
             check_name(link.name)
@@ -168,7 +164,7 @@ def decode_dir(block: bytes) -> DirNode:
     else:
         node = DirNode(True, tuple(links))
         _check_hamt(data, links)
-    if _encode_node(links, data) != block:
+    if encode_node(links, data) != block:
         raise ValueError("not the canonical encoding of its node")
     return node
 
@@ -211,7 +207,7 @@ def _check_hamt(data: bytes, links: list[Link]) -> None:
         slots.append(int(label, 16))
     if slots != sorted(set(slots)):
         raise ValueError("HAMT links are not one per slot, in slot order")
-    if _hamt_data(sum(1 << s for s in slots)) != data:
+    if hamt_data(sum(1 << s for s in slots)) != data:
         raise ValueError("the HAMT bitfield does not match its links")
 
 
@@ -263,206 +259,6 @@ class BlobHasher:
     def found(self) -> str:
         """What the bytes hash to as a file (for an error message)."""
         return str(self.file.cid())
-
-
-# --- building ------------------------------------------------------------------------------
-
-
-@dataclass
-class Added:
-    """A file or folder as blobs: ``root`` is its CID; ``nodes`` the directory and HAMT
-    nodes (block bytes by CID); ``files`` each file's CID and a path it was read from.
-    ``blocks`` is every blob by CID, files read into memory: what a store needs to hold
-    the whole DAG (:meth:`LocalBlobStore.put_blob` takes each). ``entries``: every file and
-    folder's relative posix path (the root's is ``""``) and CID, files then their folder,
-    as ``ipfs add -r`` lists them."""
-
-    root: str
-    nodes: dict[str, bytes] = field(default_factory=dict)
-    files: dict[str, Path] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each blob
-    entries: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def blocks(self) -> dict[str, bytes]:
-        out = dict(self.nodes)
-        for cid, path in self.files.items():
-            out[cid] = path.read_bytes()
-        return out
-
-    @property
-    def size(self) -> int:
-        """Bytes of all blobs (each counted once)."""
-        return sum(self.sizes.values())
-
-
-@dataclass(frozen=True, slots=True)
-class _Child:
-    name: bytes  # UTF-8
-    cid: Cid
-    tsize: int
-
-
-def _refuse(path: Path, what: str) -> UsageError:
-    return UsageError(f"{path} is {what}; only regular files and folders can be added")
-
-
-def add_path(path: str | Path, *, hidden: bool = False, progress: Callable[[int, int], None] | None = None) -> Added:
-    """The DAG of the file or folder at ``path`` (see the module's docstring).
-
-    ``progress(done, total)``: called as the files are read, with the bytes hashed so far
-    and :func:`input_bytes` (counted first; raised to ``done`` should a file grow meanwhile),
-    from 0 up to the total."""
-    path = Path(path)
-    on_read: Callable[[int], None] | None = None
-    if progress is not None:
-        total, done = input_bytes(path, hidden=hidden), 0
-        progress(0, total)
-
-        def on_read(n: int) -> None:
-            nonlocal done, total
-            done += n
-            total = max(total, done)
-            progress(done, total)
-
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        raise NotFoundError(f"no such file or folder: {path}") from None
-    added = Added(root="")
-    if stat.S_ISLNK(st.st_mode):
-        raise _refuse(path, "a symlink")
-    if stat.S_ISDIR(st.st_mode):
-        root = _add_dir(path, "", added, hidden, 0, on_read)
-    elif stat.S_ISREG(st.st_mode):
-        root = _add_file(path, "", added, on_read)
-    else:
-        raise _refuse(path, "a special file (device, pipe or socket)")
-    added.root = str(root.cid)
-    return added
-
-
-def input_bytes(path: str | Path, *, hidden: bool = False) -> int:
-    """Bytes of the files :func:`add_path` reads for ``path`` (names starting with ``.``
-    left out unless ``hidden``; what it would refuse counts 0): a look at sizes only."""
-    path = Path(path)
-    try:
-        st = path.lstat()
-    except OSError:
-        return 0
-    if stat.S_ISREG(st.st_mode):
-        return st.st_size
-    if not stat.S_ISDIR(st.st_mode):
-        return 0
-    total = 0
-    for top, dirs, files in os.walk(path):
-        if not hidden:
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if hidden or not name.startswith("."):
-                try:
-                    fst = os.lstat(os.path.join(top, name))
-                except OSError:
-                    continue
-                total += fst.st_size if stat.S_ISREG(fst.st_mode) else 0
-    return total
-
-
-def _add_file(path: Path, rel: str, added: Added, on_read: Callable[[int], None] | None = None) -> _Child:
-    hasher = CidHasher()
-    try:
-        with path.open("rb") as f:
-            while block := f.read(_READ_SIZE):
-                hasher.update(block)
-                if on_read is not None:
-                    on_read(len(block))
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    cid = str(hasher.cid())
-    added.files.setdefault(cid, path)
-    added.sizes[cid] = hasher.size
-    added.entries.append((rel, cid))
-    return _Child(b"", hasher.cid(), hasher.tsize)
-
-
-def _add_dir(
-    path: Path, rel: str, added: Added, hidden: bool, depth: int, on_read: Callable[[int], None] | None = None
-) -> _Child:
-    if depth >= MAX_DEPTH:
-        raise UsageError(f"{path}: folders nested over {MAX_DEPTH} deep")
-    children: list[_Child] = []
-    try:
-        listing = sorted(os.scandir(path), key=lambda e: os.fsencode(e.name))
-    except OSError as e:
-        raise UsageError(f"cannot list {path}: {e.strerror or e}") from None
-    for entry in listing:
-        if entry.name.startswith(".") and not hidden:
-            continue
-        try:
-            name = entry.name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise UsageError(f"{entry.path!r}: a name that is not UTF-8 cannot be stored in a folder") from None
-        try:  # what every read of the folder checks (a backslash: a separator where it is written back)
-            check_name(entry.name)
-        except ValueError:
-            raise UsageError(
-                f"{entry.path!r}: a name with a backslash cannot be stored in a folder (it reads back as a path)"
-            ) from None
-        sub = f"{rel}/{entry.name}" if rel else entry.name
-        child_path = Path(entry.path)
-        if entry.is_symlink():
-            raise _refuse(child_path, "a symlink")
-        if entry.is_dir(follow_symlinks=False):
-            child = _add_dir(child_path, sub, added, hidden, depth + 1, on_read)
-        elif entry.is_file(follow_symlinks=False):
-            child = _add_file(child_path, sub, added, on_read)
-        else:
-            raise _refuse(child_path, "a special file (device, pipe or socket)")
-        children.append(_Child(name, child.cid, child.tsize))
-    node = _directory(children, added)
-    added.entries.append((rel, str(node.cid)))
-    return node
-
-
-def _store_node(block: bytes, links: list[Link], added: Added) -> _Child:
-    cid = Cid.of_block(CODEC_DAG_PB, block)
-    added.nodes[str(cid)] = block
-    added.sizes[str(cid)] = len(block)
-    return _Child(b"", cid, len(block) + sum(link.tsize for link in links))
-
-
-def _directory(children: list[_Child], added: Added) -> _Child:
-    """A basic directory, or a HAMT past the threshold (``children`` sorted by name)."""
-    estimate = sum(len(c.name) + len(c.cid.to_bytes()) for c in children)
-    if estimate > HAMT_THRESHOLD:
-        return _shard(children, 0, added)
-    links = [Link(c.name.decode(), c.cid, c.tsize) for c in children]
-    return _store_node(_encode_node(links, _DIR_DATA), links, added)
-
-
-def hamt_hash(name: bytes) -> bytes:
-    """The 8 bytes a HAMT reads a name's slots from (one per level)."""
-    h1, _ = mmh3.hash64(name, seed=0, x64arch=True, signed=False)
-    return h1.to_bytes(8, "big")
-
-
-def _shard(children: list[_Child], depth: int, added: Added) -> _Child:
-    if depth >= 8:
-        raise UsageError("two names with the same 64-bit HAMT hash; rename one of them")
-    slots: dict[int, list[_Child]] = {}
-    for child in children:
-        slots.setdefault(hamt_hash(child.name)[depth], []).append(child)
-    links = []
-    for slot in sorted(slots):
-        group = slots[slot]
-        label = f"{slot:02X}"
-        if len(group) == 1:
-            links.append(Link(label + group[0].name.decode(), group[0].cid, group[0].tsize))
-        else:
-            sub = _shard(group, depth + 1, added)
-            links.append(Link(label, sub.cid, sub.tsize))
-    data = _hamt_data(sum(1 << slot for slot in slots))
-    return _store_node(_encode_node(links, data), links, added)
 
 
 # --- reading --------------------------------------------------------------------------------
