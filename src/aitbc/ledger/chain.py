@@ -231,108 +231,141 @@ def audit(
 
     Without ``system_key`` any key's entry signature is accepted: pass the coordinator's
     public key, obtained from somewhere you trust."""
-    balances: dict[str, int] = {}
-    prev_hash, expected_seq, n = GENESIS, 1, 0
-    used: dict[tuple[str, ...], int] = {}  # each one-shot signed request -> the entry it authorised
+    chain = _Chain(system_key)
+    for e in entries:
+        failed = chain.add(e)
+        if failed is not None:
+            return failed
+    return chain.close(head, cached)
 
-    def bad(e: Mapping[str, Any] | None, problem: str, seq: int | None = None) -> AuditResult:
+
+def _entry_problem(e: Mapping[str, Any], system_key: str | None) -> str | None:
+    """What is wrong with one entry on its own (its place in the chain aside), or None."""
+    try:
+        actual = entry_hash(e)
+    except (KeyError, TypeError, ValueError) as err:
+        return f"malformed entry: {err}"
+    if actual != e.get("hash"):
+        return "hash does not match its content: the entry was edited"
+    amount = e["amount"]
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+        return f"amount {amount!r} is not a positive integer of micro-AIT"
+    if not (isinstance(e["debit"], str) and isinstance(e["credit"], str) and isinstance(e["auth"], Mapping)):
+        return "malformed entry: debit, credit or auth has the wrong type"
+    if e["debit"] == e["credit"]:
+        return "debits and credits the same account"
+    try:
+        why = check_authorisation(e, system_key)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        why = f"malformed authorisation: {err}"
+    if why:
+        return why
+    if e["debit"].startswith("mint:") and e["auth"].get("type") != "entry":
+        return "only the coordinator can mint"
+    if e["debit"].startswith("burn:"):
+        return f"spends from {e['debit']}: burned money never moves again"
+    return None
+
+
+def _one_shot_request(e: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The signed request that authorised ``e``, if it may authorise only one entry."""
+    a = e["auth"]
+    if a.get("type") != "request" or a.get("field") in STANDING_FIELDS:
+        return None
+    # The request itself, not its nonce alone: a client may reuse a nonce once the
+    # server has forgotten it, in a new request (new timestamp) that is not a replay.
+    return (str(e["signer"]).lower(), *(str(a.get(k)) for k in ("method", "path", "body", "timestamp", "nonce")))
+
+
+@dataclass
+class _Chain:
+    """The audit's running state: what the entries accepted so far add up to."""
+
+    system_key: str | None
+    balances: dict[str, int] = field(default_factory=dict)
+    prev_hash: str = GENESIS
+    n: int = 0  # entries accepted
+    used: dict[tuple[str, ...], int] = field(default_factory=dict)  # one-shot signed request -> its entry
+
+    def bad(self, e: Mapping[str, Any] | None, problem: str, seq: int | None = None) -> AuditResult:
         return AuditResult(
             ok=False,
-            entries=n,
-            head=prev_hash,
-            balances=balances,
+            entries=self.n,
+            head=self.prev_hash,
+            balances=self.balances,
             bad_seq=seq if seq is not None else (e.get("seq") if e else None),
             bad_hash=e.get("hash") if e and seq is None else None,
             problem=problem,
         )
 
-    for e in entries:
+    def add(self, e: Mapping[str, Any]) -> AuditResult | None:
+        """Check ``e`` as the next entry and apply it: None, or the failed result."""
+        expected_seq = self.n + 1
         if e.get("seq") != expected_seq:
             found = f"entry {e.get('seq')} ({str(e.get('hash'))[:16]}...)"
-            return bad(
+            return self.bad(
                 e,
                 f"out of sequence: expected entry {expected_seq} here, found {found} "
                 "(an entry was deleted or reordered)",
                 seq=expected_seq,
             )
-        if e.get("prev_hash") != prev_hash:
-            return bad(
+        if e.get("prev_hash") != self.prev_hash:
+            return self.bad(
                 e,
                 "does not link to the entry before it (prev_hash differs): an entry before it was changed, removed or moved",
             )
-        try:
-            actual = entry_hash(e)
-        except (KeyError, TypeError, ValueError) as err:
-            return bad(e, f"malformed entry: {err}")
-        if actual != e.get("hash"):
-            return bad(e, "hash does not match its content: the entry was edited")
-        amount = e["amount"]
-        if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-            return bad(e, f"amount {amount!r} is not a positive integer of micro-AIT")
-        if not (isinstance(e["debit"], str) and isinstance(e["credit"], str) and isinstance(e["auth"], Mapping)):
-            return bad(e, "malformed entry: debit, credit or auth has the wrong type")
-        if e["debit"] == e["credit"]:
-            return bad(e, "debits and credits the same account")
-        try:
-            why = check_authorisation(e, system_key)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            why = f"malformed authorisation: {err}"
+        why = _entry_problem(e, self.system_key)
         if why:
-            return bad(e, why)
-        if e["debit"].startswith("mint:") and e["auth"].get("type") != "entry":
-            return bad(e, "only the coordinator can mint")
-        if e["debit"].startswith("burn:"):
-            return bad(e, f"spends from {e['debit']}: burned money never moves again")
-        if e["auth"].get("type") == "request" and e["auth"].get("field") not in STANDING_FIELDS:
-            # The request itself, not its nonce alone: a client may reuse a nonce once the
-            # server has forgotten it, in a new request (new timestamp) that is not a replay.
-            a = e["auth"]
-            once = (
-                str(e["signer"]).lower(),
-                *(str(a.get(k)) for k in ("method", "path", "body", "timestamp", "nonce")),
-            )
-            if once in used:
-                return bad(e, f"replays the signed request that authorised entry {used[once]}")
-            used[once] = e["seq"]
+            return self.bad(e, why)
+        once = _one_shot_request(e)
+        if once is not None:
+            if once in self.used:
+                return self.bad(e, f"replays the signed request that authorised entry {self.used[once]}")
+            self.used[once] = e["seq"]
+        amount, balances = e["amount"], self.balances
         balances[e["debit"]] = balances.get(e["debit"], 0) - amount
         balances[e["credit"]] = balances.get(e["credit"], 0) + amount
         if balances[e["debit"]] < 0 and not e["debit"].startswith("mint:"):
-            return bad(e, f"overdraws {e['debit']} to {balances[e['debit']]}")
-        prev_hash, expected_seq, n = e["hash"], expected_seq + 1, n + 1
-    minted = -sum(v for k, v in balances.items() if k.startswith("mint:"))
-    held = {k: v for k, v in balances.items() if not k.startswith("mint:")}
-    result = AuditResult(ok=True, entries=n, head=prev_hash, minted=minted, balances=balances)
-    if sum(held.values()) != minted:  # cannot fail for single-row double entries; kept as the stated invariant
-        return bad(None, f"balances sum to {sum(held.values())}, but {minted} were minted")
-    if head is not None:
-        head_seq, head_hash = int(head[0]), head[1] or GENESIS
-        if head_seq > n:
-            return AuditResult(
-                ok=False,
-                entries=n,
-                head=prev_hash,
-                balances=balances,
-                bad_seq=n + 1,
-                problem=f"missing: the chain ends at entry {n}, but the ledger's head is entry "
-                f"{head_seq} ({head_hash[:16]}...): the last entries were deleted",
-            )
-        if head_seq < n or head_hash != prev_hash:
-            return AuditResult(
-                ok=False,
-                entries=n,
-                head=prev_hash,
-                balances=balances,
-                bad_seq=n or None,
-                bad_hash=prev_hash if n else None,
-                problem=f"is not the ledger's recorded head (entry {head_seq}, {head_hash[:16]}...): "
-                "the chain was extended or rewritten without moving the head",
-            )
-    if cached is not None:
-        for account in sorted(set(cached) | set(balances)):
-            if cached.get(account, 0) != balances.get(account, 0):
-                return bad(
-                    None,
-                    f"cached balance of {account} is {cached.get(account, 0)}, "
-                    f"but its entries give {balances.get(account, 0)}",
+            return self.bad(e, f"overdraws {e['debit']} to {balances[e['debit']]}")
+        self.prev_hash, self.n = e["hash"], self.n + 1
+        return None
+
+    def close(self, head: tuple[int, str | None] | None, cached: Mapping[str, int] | None) -> AuditResult:
+        """The chain's end: the supply, the recorded head and the cached balances."""
+        n, prev_hash, balances = self.n, self.prev_hash, self.balances
+        minted = -sum(v for k, v in balances.items() if k.startswith("mint:"))
+        held = {k: v for k, v in balances.items() if not k.startswith("mint:")}
+        if sum(held.values()) != minted:  # cannot fail for single-row double entries; kept as the stated invariant
+            return self.bad(None, f"balances sum to {sum(held.values())}, but {minted} were minted")
+        if head is not None:
+            head_seq, head_hash = int(head[0]), head[1] or GENESIS
+            if head_seq > n:
+                return AuditResult(
+                    ok=False,
+                    entries=n,
+                    head=prev_hash,
+                    balances=balances,
+                    bad_seq=n + 1,
+                    problem=f"missing: the chain ends at entry {n}, but the ledger's head is entry "
+                    f"{head_seq} ({head_hash[:16]}...): the last entries were deleted",
                 )
-    return result
+            if head_seq < n or head_hash != prev_hash:
+                return AuditResult(
+                    ok=False,
+                    entries=n,
+                    head=prev_hash,
+                    balances=balances,
+                    bad_seq=n or None,
+                    bad_hash=prev_hash if n else None,
+                    problem=f"is not the ledger's recorded head (entry {head_seq}, {head_hash[:16]}...): "
+                    "the chain was extended or rewritten without moving the head",
+                )
+        if cached is not None:
+            for account in sorted(set(cached) | set(balances)):
+                if cached.get(account, 0) != balances.get(account, 0):
+                    return self.bad(
+                        None,
+                        f"cached balance of {account} is {cached.get(account, 0)}, "
+                        f"but its entries give {balances.get(account, 0)}",
+                    )
+        return AuditResult(ok=True, entries=n, head=prev_hash, minted=minted, balances=balances)
