@@ -7,8 +7,8 @@ plain test once fixed.
 
 Workers are either the daemon itself (:class:`aitbc.worker.daemon.Worker`, its
 ``train_round`` against the coordinator) or, where a network fault is the trigger (a lost
-reply), the daemon's own round-start bookkeeping (``Worker._mark_round_start`` /
-``_restore_round_start``) around a :class:`LocalTrainer`, in the daemon's order.
+reply), the daemon's own round-start bookkeeping (``JobState.mark_round_start`` /
+``restore_round_start``) around a :class:`LocalTrainer`, in the daemon's order.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
 from aitbc.training.proof import Recorder, boundaries
 from aitbc.worker.config import WorkerSettings
-from aitbc.worker.daemon import JobState, Worker
+from aitbc.worker.daemon import Worker
+from aitbc.worker.records import JobState
 
 from .conftest import serve, wait_for
 
@@ -216,7 +217,7 @@ def open_round(client: Any, rnd: int) -> dict[str, Any]:
 
 class Replica:
     """One provider's rounds exactly as ``Worker.train_round`` makes them (the same
-    ``JobState``, ``_mark_round_start`` before training, the commitment from the trainer's
+    ``JobState``, ``mark_round_start`` before training, the commitment from the trainer's
     own settings, ``_restore_round_start`` when a reply says the update was not recorded),
     so a test can stand where the network fails it: a reply lost, a retry."""
 
@@ -252,7 +253,7 @@ class Replica:
         trainer = state.trainer
         load_checkpoint(trainer.model, self.client.get_blob(job["global_model_cid"]))
         start = flat_params(trainer.model)
-        Worker._mark_round_start(state, job["round"])
+        state.mark_round_start(job["round"])
         recorder = Recorder(trainer.cfg.steps)
         res = trainer.train_round(start, round=job["round"], recorder=recorder)
         residual_in = None
@@ -289,7 +290,7 @@ class Replica:
         r = post(coord, api, self.client, f"/jobs/{job['job_id']}/updates", body)
         if r.status_code >= 400 and r.json()["error"] not in ("update_rejected", "duplicate_update"):
             assert self.state is not None
-            Worker._restore_round_start(self.state)
+            self.state.restore_round_start()
         return r
 
     def reveal(self, coord: Any, api: Any, job: dict[str, Any], challenge: dict[str, Any]) -> httpx.Response:

@@ -12,7 +12,6 @@ import math
 import socket
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -26,7 +25,8 @@ from aitbc.ledger.records import make_record
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
-from aitbc.worker.gossip import GossipLoop, eta_of, parse_pace
+from aitbc.worker.calls import CoordinatorCalls
+from aitbc.worker.gossip_peers import NeighbourReader, eta_of, parse_pace
 from aitbc.worker.metrics import WorkerMetrics
 from aitbc.worker.peers import PACE_HEADER, BlobServer, PeerFetcher
 
@@ -131,20 +131,24 @@ class _Neighbour:
         return self.record if self.ready is not None and self.asks >= self.ready else None
 
 
-def _loop(tmp: Path, wait: float) -> GossipLoop:
-    """A worker's gossip loop at round 1 (only what reading a neighbour uses)."""
-    loop = GossipLoop.__new__(GossipLoop)
-    worker = SimpleNamespace(
-        fetcher=PeerFetcher(timeout=3.0),
-        client=CoordinatorClient(f"http://127.0.0.1:{_free_port()}"),  # nobody listens: unreachable
-        stop=threading.Event(),
-        metrics=WorkerMetrics(),
+def _loop(tmp: Path, wait: float) -> NeighbourReader:
+    """A worker's reader of its gossip neighbours at round 1."""
+    stop = threading.Event()
+    client = CoordinatorClient(f"http://127.0.0.1:{_free_port()}")  # nobody listens: unreachable
+    return NeighbourReader(
+        CoordinatorCalls(client, stop=stop, backoff=0.2, max_backoff=5.0),
+        PeerFetcher(timeout=3.0),
+        WorkerMetrics(),
+        stop=stop,
+        report=lambda cid, worker: None,
+        incoming=LocalBlobStore(tmp / "incoming", durable=False),
+        training_id="t",
+        rounds=ROUNDS,
+        d=D,
+        model_size=model_bytes("none", D),
+        wait=wait,
+        max_staleness=4,
     )
-    loop.w, loop.training_id, loop.rounds, loop.d = worker, "t", ROUNDS, D  # type: ignore[assignment]
-    loop.wait, loop.max_staleness, loop.lagging = wait, 4, {}
-    loop.incoming = LocalBlobStore(tmp / "incoming", durable=False)
-    loop.model_size = model_bytes("none", D)
-    return loop
 
 
 def test_a_neighbour_too_slow_for_the_wait_is_not_waited_for(tmp_path):
@@ -153,7 +157,7 @@ def test_a_neighbour_too_slow_for_the_wait_is_not_waited_for(tmp_path):
     slow = _Neighbour(tmp_path, "round=1; step=4; steps=40; seconds=0.4", ready=None)
     loop = _loop(tmp_path, wait=2.0)
     try:
-        assert loop._neighbour(slow.entry, 1) is None
+        assert loop.model_of(slow.entry, 1) is None
         assert slow.asks == 1  # one look, then on: not polled until the wait ran out
         assert loop.lagging[slow.entry["worker"]] is True  # next round: its newest at once
     finally:
@@ -165,7 +169,7 @@ def test_a_neighbour_about_to_publish_is_waited_for(tmp_path):
     late = _Neighbour(tmp_path, "round=1; step=38; steps=40; seconds=0.38", ready=3)
     loop = _loop(tmp_path, wait=60.0)
     try:
-        got = loop._neighbour(late.entry, 1)
+        got = loop.model_of(late.entry, 1)
         assert got is not None and late.asks == 3
         model, samples, their_round, signed = got
         assert signed["record"]["round"] == 1  # the record it mixed, for its witness report
@@ -180,7 +184,7 @@ def test_a_neighbour_with_no_pace_is_waited_for_as_before(tmp_path):
     late = _Neighbour(tmp_path, None, ready=4)
     loop = _loop(tmp_path, wait=60.0)
     try:
-        got = loop._neighbour(late.entry, 1)
+        got = loop.model_of(late.entry, 1)
         assert got is not None and late.asks == 4
     finally:
         late.server.close()
@@ -212,7 +216,7 @@ def test_a_slow_worker_mixes_the_newest_model_of_a_neighbour_rounds_ahead(tmp_pa
     ahead = _Ahead(tmp_path, pace)
     loop = _loop(tmp_path, wait=60.0)
     try:
-        got = loop._neighbour(ahead.entry, 1)
+        got = loop.model_of(ahead.entry, 1)
         assert got is not None
         _, _, their_round, signed = got
         assert their_round == mixed and signed["record"]["round"] == mixed

@@ -6,10 +6,13 @@ equivocating is not mixed again."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 from aitbc.core.gossip import RoundNeighbours
+from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.gossip import GossipLoop
+from aitbc.worker.gossip_publish import Publisher
 
 
 def _entry(k: int) -> dict:
@@ -22,7 +25,7 @@ def _view(roster: list[dict], topology: str = "ring", next_round: int = 1) -> di
 
 def _loop(me: str, roster: list[dict], topology: str = "ring") -> GossipLoop:
     loop = GossipLoop.__new__(GossipLoop)
-    loop.w = SimpleNamespace(wallet=SimpleNamespace(address=me))  # type: ignore[assignment]
+    loop.address = me
     loop.roster = roster
     loop.me = next(i for i, e in enumerate(roster) if e["worker"] == me)
     loop.neighbours = RoundNeighbours(topology, len(roster), 7)
@@ -82,16 +85,15 @@ def test_a_roster_without_this_worker_changes_nothing():
 
 
 def test_an_equivocating_neighbour_is_not_mixed_again():
-    loop = GossipLoop.__new__(GossipLoop)
-    replies = [
-        {
-            "data": [
-                {"worker": "w2", "round": 3, "verdict": "equivocation"},
-                {"worker": "w0", "round": 3, "verdict": "consistent"},
-            ]
-        }
-    ]
-    loop.w = SimpleNamespace(_retry=lambda call: replies.pop(), client=None)  # type: ignore[assignment]
-    loop.distrusted = set()
-    loop._report_witnessed(3, [{"record": {}}])
-    assert loop.distrusted == {"w2"}
+    reply = {
+        "data": [
+            {"worker": "w2", "round": 3, "verdict": "equivocation"},
+            {"worker": "w0", "round": 3, "verdict": "consistent"},
+        ]
+    }
+    client = SimpleNamespace(post=lambda path, body, timeout=None: reply)
+    publisher = Publisher.__new__(Publisher)
+    publisher.calls = CoordinatorCalls(client, stop=threading.Event(), backoff=0.2, max_backoff=5.0)  # type: ignore[arg-type]
+    publisher.distrusted = set()
+    publisher.report_witnessed(3, [{"record": {}}])
+    assert publisher.distrusted == {"w2"}

@@ -150,24 +150,24 @@ def _files(folder: Path) -> list[str]:
 def test_the_global_model_is_downloaded_once_per_cid(worker):
     model, other, third = cid_of_bytes(MODEL), cid_of_bytes(OTHER), cid_of_bytes(THIRD)
     Blobs.served = {model: MODEL, other: OTHER, third: THIRD}
-    assert worker._global_model(model).read_bytes() == MODEL
-    assert worker._global_model(model).read_bytes() == MODEL  # a round trained again, a skipped round: kept
-    assert worker._global_model(other).read_bytes() == OTHER  # the next round's model
+    assert worker.fetcher.global_model(model).read_bytes() == MODEL
+    assert worker.fetcher.global_model(model).read_bytes() == MODEL  # a round trained again, a skipped round: kept
+    assert worker.fetcher.global_model(other).read_bytes() == OTHER  # the next round's model
     assert Blobs.gets == [model, other]
-    assert worker.cache.store.list() == []  # the disk cache is for shards
-    assert _files(worker._models.dir) == sorted([model, other])
-    worker._global_model(third)  # the last two are kept; the oldest file goes
-    assert _files(worker._models.dir) == sorted([other, third])
+    assert worker.fetcher.cache.store.list() == []  # the disk cache is for shards
+    assert _files(worker.fetcher.models.dir) == sorted([model, other])
+    worker.fetcher.global_model(third)  # the last two are kept; the oldest file goes
+    assert _files(worker.fetcher.models.dir) == sorted([other, third])
 
 
 def test_a_model_whose_bytes_do_not_match_its_cid_is_refused_and_not_kept(worker):
     model = cid_of_bytes(MODEL)
     Blobs.served = {model: OTHER}  # a coordinator (or a path to it) hands over other bytes
     with pytest.raises(IntegrityError, match=f"blob {model} from .* does not hash to its CID"):
-        worker._global_model(model)
-    assert _files(worker._models.dir) == []  # no file under its name, no temporary one
+        worker.fetcher.global_model(model)
+    assert _files(worker.fetcher.models.dir) == []  # no file under its name, no temporary one
     Blobs.served = {model: MODEL}
-    assert worker._global_model(model).read_bytes() == MODEL  # fetched again: the lie was not kept
+    assert worker.fetcher.global_model(model).read_bytes() == MODEL  # fetched again: the lie was not kept
     assert Blobs.gets == [model, model]
 
 
@@ -175,10 +175,10 @@ def test_a_download_cut_off_leaves_no_file_and_is_fetched_again(worker):
     big = cid_of_bytes(BIG)
     Blobs.served, Blobs.cut = {big: BIG}, {big}
     with pytest.raises(Unreachable, match=f"download of blob {big} from .* cut off after"):
-        worker._global_model(big)
-    assert _files(worker._models.dir) == []
+        worker.fetcher.global_model(big)
+    assert _files(worker.fetcher.models.dir) == []
     Blobs.cut = set()
-    assert worker._global_model(big).read_bytes() == BIG
+    assert worker.fetcher.global_model(big).read_bytes() == BIG
 
 
 def test_a_truncated_or_corrupt_shard_is_refused_and_not_cached(worker):
@@ -186,14 +186,14 @@ def test_a_truncated_or_corrupt_shard_is_refused_and_not_cached(worker):
     for lie in (BIG[:-1], BIG[:1000], BIG[:-1] + b"x"):  # a byte short, a prefix, one byte changed
         Blobs.served = {big: lie}
         with pytest.raises(IntegrityError, match="does not hash to its CID"):
-            worker._blob(big)
-        assert _files(worker.cache.store.dir) == []
+            worker.fetcher.shard(big)
+        assert _files(worker.fetcher.cache.store.dir) == []
     Blobs.served = {big: BIG}
-    path = worker._blob(big)
-    assert path.read_bytes() == BIG and _files(worker.cache.store.dir) == [big]
-    assert worker._blob(big) == path and Blobs.gets.count(big) == 4  # cached: read from disk, checked again
+    path = worker.fetcher.shard(big)
+    assert path.read_bytes() == BIG and _files(worker.fetcher.cache.store.dir) == [big]
+    assert worker.fetcher.shard(big) == path and Blobs.gets.count(big) == 4  # cached: read from disk, checked again
     path.write_bytes(BIG[:-1])  # damaged on disk: dropped and fetched again
-    assert worker._blob(big).read_bytes() == BIG and Blobs.gets.count(big) == 5
+    assert worker.fetcher.shard(big).read_bytes() == BIG and Blobs.gets.count(big) == 5
 
 
 def test_a_blob_over_the_store_limit_is_refused_as_it_streams(worker, tmp_path):
@@ -214,9 +214,9 @@ def test_a_blob_over_the_store_limit_is_refused_as_it_streams(worker, tmp_path):
 def test_an_unknown_blob_is_the_coordinator_s_error(worker):
     missing = cid_of_bytes(b"never served")
     with pytest.raises(ApiError) as e:
-        worker._global_model(missing)
+        worker.fetcher.global_model(missing)
     assert (e.value.status, e.value.code) == (404, "unknown_blob")
-    assert _files(worker._models.dir) == []
+    assert _files(worker.fetcher.models.dir) == []
 
 
 def test_a_model_inside_the_job_view_is_kept_only_if_it_hashes_to_its_cid(worker):
@@ -225,7 +225,7 @@ def test_a_model_inside_the_job_view_is_kept_only_if_it_hashes_to_its_cid(worker
     nothing stored under the CID, and the model is downloaded by its CID instead."""
     model, other = cid_of_bytes(MODEL), cid_of_bytes(OTHER)
     Blobs.served = {model: MODEL, other: OTHER}
-    assert worker._global_model(model, inline=base64.b64encode(MODEL).decode()).read_bytes() == MODEL
+    assert worker.fetcher.global_model(model, inline=base64.b64encode(MODEL).decode()).read_bytes() == MODEL
     assert Blobs.gets == []  # no second request
     moved = {
         d: worker.metrics.registry.get_sample_value("aitbc_worker_bytes_total", {"direction": d})
@@ -233,9 +233,9 @@ def test_a_model_inside_the_job_view_is_kept_only_if_it_hashes_to_its_cid(worker
     }
     assert moved == {"inline": len(MODEL), "down": 0}
     for bad in (base64.b64encode(MODEL).decode(), "not base64!", ""):  # the wrong model's bytes, junk, none
-        worker._kept_models.clear()
-        for f in worker._models.dir.iterdir():
+        worker.fetcher._kept_models.clear()
+        for f in worker.fetcher.models.dir.iterdir():
             f.unlink()
-        assert worker._global_model(other, inline=bad).read_bytes() == OTHER  # fetched by CID instead
+        assert worker.fetcher.global_model(other, inline=bad).read_bytes() == OTHER  # fetched by CID instead
     assert Blobs.gets == [other, other, other]
-    assert _files(worker._models.dir) == sorted([other])  # no temporary file left, nothing under a wrong name
+    assert _files(worker.fetcher.models.dir) == sorted([other])  # no temporary file left, nothing under a wrong name

@@ -13,7 +13,7 @@ from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalTrainer
 from aitbc.training.models import build_model
 from aitbc.training.proof import Recorder, tensor_digest
-from aitbc.worker.daemon import JobState, Worker
+from aitbc.worker.records import JobState
 
 
 def _state() -> tuple[JobState, torch.Tensor]:
@@ -26,7 +26,7 @@ def _state() -> tuple[JobState, torch.Tensor]:
 
 
 def _round(state: JobState, start: torch.Tensor, r: int):
-    Worker._mark_round_start(state, r)
+    state.mark_round_start(r)
     rec = Recorder(6)
     res_in = state.codec.residual.clone() if state.codec.residual is not None else torch.zeros(start.numel())
     res = state.trainer.train_round(start, round=r, recorder=rec)
@@ -39,7 +39,7 @@ def test_a_round_not_recorded_is_forgotten_and_the_next_starts_where_the_last_re
     first, res = _round(state, start, 1)  # recorded
     start = start - res.delta
     _round(state, start, 2)  # trained, then refused (the round closed): not recorded
-    Worker._restore_round_start(state)
+    state.restore_round_start()
     third, _ = _round(state, start, 3)
     assert third.optim[0] == first.optim[-1] and third.residual_in == first.residual_out
 

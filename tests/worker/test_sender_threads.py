@@ -1,4 +1,4 @@
-"""The worker's sender threads (``daemon._Threads``): a call handed over runs on a kept
+"""The worker's sender threads (``threads.Threads``): a call handed over runs on a kept
 daemon thread, so the training thread pays a queue put, not a thread start; calls that
 overlap each get a thread; a call's error reaches whoever waits for it."""
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from aitbc.worker.daemon import _Threads
+from aitbc.worker.threads import Threads
 
 
 def _names() -> list[str]:
@@ -16,7 +16,7 @@ def _names() -> list[str]:
 
 
 def test_calls_one_after_another_reuse_one_thread():
-    pool = _Threads("test-lane")
+    pool = Threads("test-lane")
     before = len(_names())
     seen = set()
     for i in range(20):
@@ -27,7 +27,7 @@ def test_calls_one_after_another_reuse_one_thread():
 
 
 def test_overlapping_calls_each_get_a_thread_and_the_error_reaches_the_waiter():
-    pool = _Threads("test-lane")
+    pool = Threads("test-lane")
     release = threading.Event()
     blocked = pool.submit(lambda: release.wait(10) and "long poll answered")
     quick = pool.submit(lambda: "sent")  # the first is busy: a second thread takes this one

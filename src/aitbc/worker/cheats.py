@@ -20,16 +20,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from aitbc.training.local import LocalResult, LocalTrainer
 from aitbc.training.proof import Recorder, TrainState, boundaries
-
-if TYPE_CHECKING:
-    from aitbc.worker.gossip import GossipLoop
+from aitbc.worker.gossip_peers import NeighbourReader
 
 log = logging.getLogger("aitbc.worker.cheats")
 
@@ -57,25 +55,34 @@ def round_half(b: int, half: int, steps: int) -> int:
     return (b * half + steps // 2) // steps
 
 
-def copy_neighbour(loop: GossipLoop, r: int, local: Tensor, blob: bytes, *, noise: bool) -> tuple[Tensor, bytes]:
+def copy_neighbour(
+    reader: NeighbourReader,
+    entries: list[dict[str, Any]],
+    r: int,
+    local: Tensor,
+    blob: bytes,
+    *,
+    noise: bool,
+    encode: Callable[[Tensor], bytes],
+) -> tuple[Tensor, bytes]:
     """``copy`` / ``copy-noise`` (a gossip worker, testing only): publish a neighbour's model
     of round ``r`` (its newest if round ``r`` does not come within the run's wait) as its
     own: the very blob (its CID), or with noise of 0.05% of the distance between that model
     and its own trained one added (another CID, the same model give or take). Its own
-    ``local`` and ``blob`` when no neighbour's model could be had."""
-    for j in loop.neighbours.of(r, loop.me):
-        entry = loop.roster[j]
-        deadline = time.monotonic() + loop.wait
+    ``local`` and ``blob`` when no neighbour's model could be had. ``entries``: the round's
+    neighbours (roster entries); ``encode``: the run's codec."""
+    for entry in entries:
+        deadline = time.monotonic() + reader.wait
         signed = None
-        while not loop.w.stop.is_set():
-            signed, _ = loop._record(entry, r)
+        while not reader.stop.is_set():
+            signed, _ = reader.record(entry, r)
             if (signed is not None and signed["record"]["round"] >= r) or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         if signed is None:
             continue
-        theirs = loop.blob(entry, signed["record"]["cid"])
-        model = None if theirs is None else loop.decode(theirs)
+        theirs = reader.blob(entry, signed["record"]["cid"])
+        model = None if theirs is None else reader.decode(theirs)
         if theirs is None or model is None:
             continue
         log.warning("cheating (copy%s): round %d is %s's model", "-noise" if noise else "", r, entry["worker"])
@@ -85,5 +92,5 @@ def copy_neighbour(loop: GossipLoop, r: int, local: Tensor, blob: bytes, *, nois
         eps = torch.randn(model.shape, generator=gen)  # (d,)
         eps *= 0.0005 * float((model - local).norm()) / float(eps.norm())
         noisy = model + eps
-        return noisy, loop.state.codec.encode(noisy)
+        return noisy, encode(noisy)
     return local, blob

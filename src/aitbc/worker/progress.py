@@ -73,3 +73,15 @@ class Reporter:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+
+def progress_body(
+    round: int | None, pct: float, loss: float | None, epoch: float, status: str, *, step: int | None = None
+) -> dict[str, Any]:
+    """A report on round ``round``: ``pct`` of its steps done (this job's work, not the run's)."""
+    body: dict[str, Any] = {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status}
+    if round:
+        body["round"] = round
+    if step is not None:
+        body["step"] = step
+    return body

@@ -1,0 +1,127 @@
+"""Every request the worker makes of the coordinator, and the one place that reads their
+replies: the other parts call these methods and never build a path or read a reply's
+fields themselves.
+
+An unreachable coordinator raises :class:`~aitbc.client.Unreachable`; :meth:`CoordinatorCalls.retry`
+runs a call again with capped exponential back-off until it answers or the worker stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aitbc.client import ApiError, CoordinatorClient, Unreachable
+from aitbc.storage.blobstore import LocalBlobStore
+
+log = logging.getLogger("aitbc.worker")
+
+T = TypeVar("T")
+
+
+class CoordinatorCalls:
+    """The coordinator's API as this worker uses it. ``stop``: the worker's stop event
+    (retries and waits end with it); ``backoff`` / ``max_backoff``: seconds of the first
+    wait before a retry and the most it doubles to."""
+
+    def __init__(self, client: CoordinatorClient, *, stop: threading.Event, backoff: float, max_backoff: float) -> None:
+        self.client = client
+        self.stop = stop
+        self.backoff, self.max_backoff = backoff, max_backoff
+
+    @property
+    def address(self) -> str:
+        """This worker's wallet address (the client's wallet signs every request)."""
+        wallet = self.client.wallet
+        assert wallet is not None  # set by the worker before any call
+        return wallet.address
+
+    def retry(self, call: Callable[[], T]) -> T | None:
+        """Run ``call`` until it answers; back off on an unreachable coordinator. None: stopping."""
+        delay = self.backoff
+        while not self.stop.is_set():
+            try:
+                return call()
+            except Unreachable as e:
+                log.warning("%s; retrying in %.1f s", e, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, self.max_backoff)
+        return None
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- the offer and the job ------------------------------------------------------------
+
+    def register(self, offer: dict[str, Any]) -> None:
+        self.client.post("/workers", offer)
+
+    def heartbeat(self, *, timeout: float) -> None:
+        self.client.post("/workers/heartbeat", {}, timeout=timeout)
+
+    def poll_job(self, *, wait: float, inline: int, known: str, after: int | None) -> dict[str, Any]:
+        """The job's view, a long poll (see :meth:`aitbc.worker.job_loop.JobLoop.poll`)."""
+        params: dict[str, Any] = {"wait": wait, "inline": inline, "known": known}
+        if after is not None:
+            params["after"] = after
+        return self.client.get(f"/workers/{self.address}/job", params=params, sign=True)
+
+    def job_view(self) -> dict[str, Any]:
+        """The job's view now (no long poll)."""
+        return self.client.get(f"/workers/{self.address}/job", sign=True)
+
+    def post_progress(self, job_id: str, body: dict[str, Any]) -> None:
+        self.client.post(f"/jobs/{job_id}/progress", body)
+
+    # --- updates and spot checks ------------------------------------------------------------
+
+    def post_update(self, job_id: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Send the message naming an update (retried through an outage): the spot check
+        the reply asks for, if any. Async: while the coordinator applies a buffer (a moment)
+        it asks for the update again; it then joins the next buffer."""
+        while True:
+            try:
+                reply = self.retry(lambda: self.client.post(f"/jobs/{job_id}/updates", body))
+                return reply.get("challenge") if reply else None
+            except ApiError as e:
+                if e.code != "buffer_applying" or self.stop.wait(0.05):
+                    raise
+
+    def post_proofs(self, job_id: str, body: dict[str, Any]) -> None:
+        self.client.post(f"/jobs/{job_id}/proofs", body)
+
+    # --- blobs ------------------------------------------------------------------------------
+
+    def put_blob(self, cid: str, data: bytes) -> dict[str, Any]:
+        return self.client.put_blob(cid, data)
+
+    def download_blob(self, cid: str, store: LocalBlobStore) -> int:
+        return self.client.download_blob(cid, store)
+
+    def holders(self, cid: str) -> list[dict[str, str]]:
+        """The peers that hold blob ``cid``, other than this worker (``worker``, ``url``)."""
+        return self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.address})["data"]
+
+    def announce_holdings(self, advertise: str, cids: list[str]) -> None:
+        self.client.post("/workers/holdings", {"advertise": advertise, "cids": cids})
+
+    def report_bad_peer(self, cid: str, peer: str) -> str:
+        """Report ``peer`` for serving bytes that are not ``cid``: the coordinator's verdict."""
+        return self.client.post(f"/blobs/{cid}/bad-peer", {"peer": peer})["verdict"]
+
+    # --- gossip records ---------------------------------------------------------------------
+
+    def record(self, job_id: str, round: int | None) -> dict[str, Any]:
+        """The coordinator's copy of job ``job_id``'s signed record of ``round`` (None: its newest)."""
+        return self.client.get(f"/jobs/{job_id}/records", params={} if round is None else {"round": round})
+
+    def post_record(self, job_id: str, signed: dict[str, Any]) -> Any:
+        return self.client.post(f"/jobs/{job_id}/records", signed)
+
+    def witness(self, records: list[dict[str, Any]], *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Report signed records seen (``POST /v1/records/witnessed``): the coordinator's
+        verdict on each (``worker``, ``round``, ``verdict``)."""
+        reply = self.client.post("/records/witnessed", {"records": records}, timeout=timeout)
+        return (reply or {}).get("data", [])
