@@ -10,7 +10,8 @@ import pytest
 from aitbc.coordinator.errors import ApiError
 from aitbc.coordinator.store import states
 from aitbc.coordinator.store.models import Run
-from aitbc.coordinator.store.states import ENDED, RunStatus, check_transition, require_status, transition
+from aitbc.coordinator.store.states import ENDED, check_transition, require_status, transition
+from aitbc.states import RunStatus
 
 INITIALIZING, DISTRIBUTING, TRAINING, AGGREGATING = (
     RunStatus.INITIALIZING,

@@ -151,6 +151,19 @@ LAYERS = {  # a module under the key may not import any module under the values
     "aitbc.coordinator": ("aitbc.worker", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
     "aitbc.worker": ("aitbc.coordinator", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
     "aitbc.units": ("aitbc.coordinator", "aitbc.cli", "aitbc_agent_sdk"),
+    # the replies' shapes and the statuses they carry, below the coordinator and its clients
+    **dict.fromkeys(
+        ("aitbc.replies", "aitbc.states"),
+        (
+            "aitbc.coordinator",
+            "aitbc.worker",
+            "aitbc.cli",
+            "aitbc_agent_sdk",
+            "aitbc.sim",
+            "aitbc.client",
+            "aitbc.stack",
+        ),
+    ),
     # plain data in, files out: no HTTP, no service, no simulator
     **dict.fromkeys(
         ("aitbc.reports", "aitbc.trackers"),

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aitbc import __version__
 from aitbc.coordinator.api.deps import STREAM_SIGNER, signed, signed_stream, verify_stream
-from aitbc.coordinator.api.responses import ErrorBody, errors
+from aitbc.coordinator.api.responses import errors
 from aitbc.coordinator.api.routes import blobs, control, dashboard, health, ledger, runs, workers
 from aitbc.coordinator.api.routes import docs as api_docs
 from aitbc.coordinator.api.web import STATIC_DIR
@@ -45,6 +45,7 @@ from aitbc.ledger.signing import (
     SignatureError,
     precheck_headers,
 )
+from aitbc.replies.base import ErrorBody
 from aitbc.units import UnitError
 
 log = logging.getLogger("aitbc.coordinator")

@@ -42,8 +42,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, Update
-from aitbc.coordinator.store.states import LIVE, JobStatus, OfferStatus, RunStatus, UpdateStatus
+from aitbc.coordinator.store.states import LIVE
 from aitbc.ledger.book import Entry
+from aitbc.states import JobStatus, OfferStatus, RunStatus, UpdateStatus
 
 if TYPE_CHECKING:
     from aitbc.coordinator.context import Context

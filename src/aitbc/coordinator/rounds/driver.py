@@ -48,10 +48,11 @@ from aitbc.coordinator.rounds.workers import flush_heartbeats
 from aitbc.coordinator.storage import retention
 from aitbc.coordinator.store.models import Job, Offer, Run
 from aitbc.coordinator.store.repository import row
-from aitbc.coordinator.store.states import ACTIVE, ADVANCING, ENDED, Control, JobStatus, RunStatus
+from aitbc.coordinator.store.states import ACTIVE, ADVANCING, ENDED
 from aitbc.coordinator.verification import scoring, settlement
 from aitbc.coordinator.verification import spot_checks as verification
 from aitbc.coordinator.workforce import hiring as workforce
+from aitbc.states import Control, JobStatus, RunStatus
 
 log = logging.getLogger("aitbc.coordinator")
 MAX_FAILURES = 3

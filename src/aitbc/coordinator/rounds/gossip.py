@@ -80,21 +80,14 @@ from aitbc.coordinator.store.models import (
     Witness,
 )
 from aitbc.coordinator.store.repository import job_settings, lock_run, round_updates, row
-from aitbc.coordinator.store.states import (
-    ContractStatus,
-    Control,
-    JobStatus,
-    RunStatus,
-    ScoreStatus,
-    UpdateStatus,
-    transition,
-)
+from aitbc.coordinator.store.states import transition
 from aitbc.coordinator.transfer.peers import stream_from_peer, warm_peer_http
 from aitbc.coordinator.verification.settlement import slash
 from aitbc.core.compression import decode as decode_model
 from aitbc.core.gossip import PACE_MIN_STEPS, model_bytes, near_copies, robust_combine
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import record_problem
+from aitbc.states import ContractStatus, Control, JobStatus, RunStatus, ScoreStatus, UpdateStatus
 from aitbc.storage.cid import is_cid
 from aitbc.storage.peer_fetch import TooLong
 

@@ -42,12 +42,13 @@ from aitbc.coordinator.live.updates import aggregate_updates
 from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.store.repository import base_round, job_settings, lock_run, provably_bad, round_updates
 from aitbc.coordinator.store.run_config import RunConfig
-from aitbc.coordinator.store.states import ENDED, Control, JobStatus, RunStatus, UpdateStatus, transition
+from aitbc.coordinator.store.states import ENDED, transition
 from aitbc.coordinator.verification.spot_checks import pending_in_round
 from aitbc.coordinator.workforce.hiring import drop_silent_job, drop_slowest, end_run, missed_deadline
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import async_weight, build_staleness
+from aitbc.states import Control, JobStatus, RunStatus, UpdateStatus
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, set_flat_params, tensors_to_bytes
 from aitbc.training.local import evaluate

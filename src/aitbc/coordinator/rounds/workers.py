@@ -24,7 +24,7 @@ from aitbc.coordinator.rounds.lifecycle import sends_ahead
 from aitbc.coordinator.schemas import Holdings, Progress, UpdateSubmit, WorkerRegister
 from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.store.repository import base_round, job_settings, lock_run, prior_chain, provably_bad, row
-from aitbc.coordinator.store.states import ENDED, JobStatus, OfferStatus, RunStatus, UpdateStatus
+from aitbc.coordinator.store.states import ENDED
 from aitbc.coordinator.verification import spot_checks as verification
 from aitbc.core.compression import decode_pieces, split_blob
 from aitbc.core.staleness import async_weight
@@ -32,6 +32,7 @@ from aitbc.errors import AitbcError, IntegrityError, NotFoundError
 from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
+from aitbc.states import JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.storage.cid import cid_of_bytes, is_cid
 from aitbc.units import MICRO, parse_price
 

@@ -19,15 +19,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator.workforce import hiring as workforce
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, unprocessable
+from aitbc.coordinator.live.runtime import check_replay_batch, drop_runtime, runtime
 from aitbc.coordinator.money.escrow import pay_as_delivered
-from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Settlement, Update
-from aitbc.coordinator.store.repository import get_run, lock_run, owned_job, round_updates, shard_index
 from aitbc.coordinator.rounds.lifecycle import aggregate_round, commit_round, open_round, start_training
 from aitbc.coordinator.runs.owner import configure
-from aitbc.coordinator.live.runtime import check_replay_batch, drop_runtime, runtime
+from aitbc.coordinator.runs.views import results
 from aitbc.coordinator.schemas import (
     CONFIG_RANGES,
     Aggregate,
@@ -39,23 +37,15 @@ from aitbc.coordinator.schemas import (
     PhaseSet,
     ResultSave,
 )
-from aitbc.coordinator.store.states import (
-    ENDED,
-    ContractStatus,
-    Control,
-    JobStatus,
-    OfferStatus,
-    RunStatus,
-    UpdateStatus,
-    check_transition,
-    require_status,
-    transition,
-)
+from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Settlement, Update
+from aitbc.coordinator.store.repository import get_run, lock_run, owned_job, round_updates, shard_index
+from aitbc.coordinator.store.states import ENDED, check_transition, require_status, transition
 from aitbc.coordinator.verification.spot_checks import pending_in_round
-from aitbc.coordinator.runs.views import results
+from aitbc.coordinator.workforce import hiring as workforce
 from aitbc.coordinator.workforce.hiring import assign_worker, end_run, hire_offer, new_job, require_free
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import RequestAuth
+from aitbc.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.storage.cid import cid_of_bytes, is_cid
 from aitbc.training.checkpoint import load_shard, shard_bytes, tensor_shapes
 from aitbc.training.local import epoch_steps

@@ -26,12 +26,12 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from aitbc.coordinator.runs import views
 from aitbc.coordinator.context import Context
+from aitbc.coordinator.runs import views
 from aitbc.coordinator.store.models import Contract, Flag, Job, RoundRecord, Run, Score, Settlement
-from aitbc.coordinator.store.states import ScoreStatus
 from aitbc.ledger.book import Head
 from aitbc.ledger.chain import escrow_account
+from aitbc.states import ScoreStatus
 from aitbc.units import MICRO, format_price
 
 MAX_RUNS = 200  # the list shows the newest runs

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found, unprocessable
+from aitbc.coordinator.live.runtime import build_run_config, drop_runtime
 from aitbc.coordinator.money.escrow import (
     can_bond,
     distribution_cost,
@@ -27,13 +28,12 @@ from aitbc.coordinator.money.escrow import (
     require_hire_funds,
     require_network,
 )
+from aitbc.coordinator.runs.views import contract_view, payments_view, ranked_view
+from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.store.models import Contract, Job, Offer, RoundRecord, Run, new_id
 from aitbc.coordinator.store.repository import row
 from aitbc.coordinator.store.run_config import RunConfig
-from aitbc.coordinator.live.runtime import build_run_config, drop_runtime
-from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
-from aitbc.coordinator.store.states import ENDED, LIVE, ContractStatus, Control, RunStatus, require_status, transition
-from aitbc.coordinator.runs.views import contract_view, payments_view, ranked_view
+from aitbc.coordinator.store.states import ENDED, LIVE, require_status, transition
 from aitbc.coordinator.workforce.hiring import busy_workers, end_run, hire_offer, market_offers, new_job
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError
@@ -41,6 +41,7 @@ from aitbc.ledger.book import LedgerError, RequestAuth
 from aitbc.ledger.chain import escrow_account, wallet_account
 from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import rank_offers
+from aitbc.states import ContractStatus, Control, RunStatus
 from aitbc.storage.cid import is_cid
 from aitbc.training.models import check_model
 from aitbc.units import MICRO, format_price, parse_amount, parse_price, parse_size
@@ -308,11 +309,11 @@ def configure(
             "no_workers",
             f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}",
         )
-    if body.mode == "gossip" and run.control == Control.MANUAL:
-        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode gossip needs automatic control")
-    if body.mode == "async" and run.control == Control.MANUAL:
-        # the driver fills and applies the buffers; an owner closing rounds by hand has no buffer rule
-        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode async needs automatic control")
+    mode = RunMode(body.mode)
+    if mode.needs_driver and run.control == Control.MANUAL:
+        # the driver fills and applies the buffers (async) or keeps the record (gossip); an
+        # owner closing rounds by hand has neither
+        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode {mode} needs automatic control")
     n_shards = len(run.data_manifest["shards"])
     cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
     if cfg.verify_rate > 0:

@@ -17,12 +17,12 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import job_settings, row
-from aitbc.coordinator.store.states import JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
 from aitbc.coordinator.verification.spot_checks import summary as verification_summary
 from aitbc.coordinator.workforce.hiring import busy_workers
 from aitbc.ledger.book import Entry
 from aitbc.ledger.chain import escrow_account
 from aitbc.market.ranking import RankedOffer
+from aitbc.states import JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
 from aitbc.units import MICRO, format_price
 
 # --- runs ---------------------------------------------------------------------------------

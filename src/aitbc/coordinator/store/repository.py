@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.store.models import Base, Job, RoundRecord, Run, Update
-from aitbc.coordinator.store.states import RUNNING, JobStatus, UpdateStatus, require_status
+from aitbc.coordinator.store.states import RUNNING, require_status
+from aitbc.states import JobStatus, UpdateStatus
 from aitbc.training.local import epoch_steps
 
 R = TypeVar("R", bound=Base)

@@ -1,5 +1,5 @@
-"""Every status the coordinator records, as a ``StrEnum``, each state group defined once,
-and the training run's state machine.
+"""The coordinator's state groups (each defined once) and the training run's state machine,
+over the statuses of :mod:`aitbc.states`.
 
 ::
 
@@ -16,70 +16,18 @@ finalized the same way (closed rounds settled, honest bonds returned, escrow ref
 
 Each transition is made by :func:`transition` inside the caller's transaction, so the
 status and everything that goes with it are committed together or not at all.
-
-The enums are ``str`` subclasses: they are stored as their plain values and compare equal
-to them, so the database and the API carry the same strings as before.
 """
 
 from __future__ import annotations
 
 import time
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from aitbc.coordinator.errors import conflict
+from aitbc.states import ContractStatus, RunStatus
 
 if TYPE_CHECKING:
     from aitbc.coordinator.store.models import Run
-
-
-class RunStatus(StrEnum):
-    INITIALIZING = "initializing"
-    DISTRIBUTING = "distributing"
-    TRAINING = "training"
-    AGGREGATING = "aggregating"
-    COMPLETE = "complete"
-    FAILED = "failed"
-    STOPPED = "stopped"  # ended by its owner (``stop``): not a failure
-    PAUSED = "paused"
-
-
-class Control(StrEnum):
-    """Who moves a run's phases: the round driver, or the owner's agent."""
-
-    AUTOMATIC = "automatic"
-    MANUAL = "manual"
-
-
-class OfferStatus(StrEnum):
-    ONLINE = "online"
-    FAILED = "failed"  # its lease ran out or its owner marked it; back online at a newer heartbeat
-
-
-class ContractStatus(StrEnum):
-    HIRED = "hired"  # agreed (bond posted), no job yet: a spare
-    WORKING = "working"  # has a job
-    RELEASED = "released"
-    FAILED = "failed"
-    SLASHED = "slashed"
-
-
-class JobStatus(StrEnum):
-    ACTIVE = "active"
-    FAILED = "failed"
-    RELEASED = "released"
-
-
-class UpdateStatus(StrEnum):
-    ACCEPTED = "accepted"
-    REJECTED = "rejected"  # malformed, wrong shape, NaN/Inf: provable from the blob itself
-    EXCLUDED = "excluded"  # accepted, but left out of a manual aggregation by the owner
-
-
-class ScoreStatus(StrEnum):
-    ACCEPTED = "accepted"
-    REJECTED = "rejected"
-    MISSING = "missing"
 
 
 # --- state groups (each defined here only) ------------------------------------------------

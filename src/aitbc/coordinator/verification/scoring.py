@@ -29,10 +29,10 @@ from aitbc.coordinator.live.runtime import CODE_CHUNK_ELEMENTS, RunRuntime, runt
 from aitbc.coordinator.live.updates import decoded
 from aitbc.coordinator.store.models import Job, RoundRecord, Run, Score, Update
 from aitbc.coordinator.store.repository import base_round, prior_chain, row
-from aitbc.coordinator.store.states import ScoreStatus, UpdateStatus
 from aitbc.core.aggregation.pipeline import AggregatorPipeline as Aggregator
 from aitbc.core.aggregation.streaming import BLOCK_BYTES, ColumnSource, TensorSource, aggregate_stream, read_row
 from aitbc.core.scoring import ScoringConfig, UpdateScore, alignments, copies, relative_gain, score_round
+from aitbc.states import ScoreStatus, UpdateStatus
 from aitbc.training.checkpoint import flat_params, load_checkpoint, set_flat_params
 from aitbc.training.local import eager_start
 

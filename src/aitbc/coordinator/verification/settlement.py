@@ -20,10 +20,11 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.money.escrow import owner_may_still_pay, pay_as_delivered, settle_round
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import lock_run, row
-from aitbc.coordinator.store.states import ENDED, ContractStatus, Control, JobStatus, UpdateStatus
+from aitbc.coordinator.store.states import ENDED
 from aitbc.coordinator.workforce.hiring import assign_worker, end_job
 from aitbc.core.scoring import reputation_update
 from aitbc.ledger.chain import bond_account, burn_account
+from aitbc.states import ContractStatus, Control, JobStatus, UpdateStatus
 from aitbc.units import MICRO
 
 log = logging.getLogger("aitbc.coordinator")

@@ -59,11 +59,11 @@ from aitbc.coordinator.live.runtime import build_initial_model
 from aitbc.coordinator.schemas import ProofReveal
 from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run, row
-from aitbc.coordinator.store.states import JobStatus, UpdateStatus
 from aitbc.coordinator.workforce.hiring import end_job
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
+from aitbc.states import JobStatus, UpdateStatus
 from aitbc.storage.cid import is_cid
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import bytes_to_tensors, flat_params, load_checkpoint, load_shard

@@ -19,19 +19,10 @@ from aitbc.coordinator.errors import conflict, not_found
 from aitbc.coordinator.money.escrow import can_bond, post_bond, require_hire_funds
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, Run, Update, new_id
 from aitbc.coordinator.store.repository import lock_run, row
-from aitbc.coordinator.store.states import (
-    ENDED,
-    ENGAGED,
-    RUNNING,
-    ContractStatus,
-    Control,
-    JobStatus,
-    OfferStatus,
-    RunStatus,
-    transition,
-)
+from aitbc.coordinator.store.states import ENDED, ENGAGED, RUNNING, transition
 from aitbc.market.ranking import Offer as MarketOffer
 from aitbc.market.ranking import offer_score, rank_offers
+from aitbc.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus
 from aitbc.units import MICRO, format_price
 
 log = logging.getLogger("aitbc.coordinator")
@@ -208,7 +199,7 @@ def drop_silent(s: Session, run: Run, *, now: float) -> bool:
     place (:func:`drop_silent_job`), so a silent hired provider cannot hold the round.
     (A round that closes at its deadline drops them at its close, ``commit_round``.)
     Returns whether any was dropped; the caller commits."""
-    if run.status != RunStatus.TRAINING or run.control != Control.AUTOMATIC or run.cfg.mode != "sync":
+    if run.status != RunStatus.TRAINING or run.control != Control.AUTOMATIC or not run.cfg.mode.has_barrier:
         return False
     answered = set(s.scalars(select(Update.job_id).where(Update.run_id == run.id, Update.round == run.round)).all())
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).order_by(Job.id)).all()

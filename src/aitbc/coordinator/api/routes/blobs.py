@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from aitbc.coordinator.api.deps import CtxDep, SignerDep, StreamSignerDep
-from aitbc.coordinator.api.responses import BlobsMissing, BlobStored, Holders, PeerVerdict, PinList, PinView, errors
+from aitbc.coordinator.api.responses import errors
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, bad_request, not_found
 from aitbc.coordinator.rounds import gossip
@@ -23,6 +23,7 @@ from aitbc.coordinator.storage import pins
 from aitbc.coordinator.transfer.peers import check_report
 from aitbc.coordinator.transfer.uploads import paced
 from aitbc.errors import AitbcError, IntegrityError
+from aitbc.replies.blobs import BlobsMissing, BlobStored, Holders, PeerVerdict, PinList, PinView
 from aitbc.storage.cid import is_cid
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])

@@ -8,24 +8,16 @@ from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
-from aitbc.coordinator.api.responses import (
-    OWNED,
-    Aggregated,
-    JobDetail,
-    Page,
-    ResendRequested,
-    RunDetail,
-    SavedResult,
-    ShardView,
-    SplitJobs,
-    UpdateView,
-    errors,
-)
+from aitbc.coordinator.api.responses import OWNED, errors
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.runs import control, views
 from aitbc.coordinator.schemas import Aggregate, JobConfig, JobCreate, JobEnd, JobMove, PhaseSet, ResultSave
 from aitbc.coordinator.store import repository
 from aitbc.coordinator.store.models import Job
+from aitbc.replies.base import Page
+from aitbc.replies.jobs import Aggregated, JobDetail, ResendRequested, ShardView, SplitJobs, UpdateView
+from aitbc.replies.results import SavedResult
+from aitbc.replies.runs import RunDetail
 
 router = APIRouter(tags=["control"])
 

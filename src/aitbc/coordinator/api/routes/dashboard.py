@@ -10,12 +10,12 @@ import html
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from aitbc.coordinator.api.dashboard_models import DashboardRunDetail, DashboardRuns
 from aitbc.coordinator.api.deps import CtxDep, SessionDep
 from aitbc.coordinator.api.responses import errors
 from aitbc.coordinator.api.web import RUN_PAGE, STATIC_DIR
 from aitbc.coordinator.runs import dashboard
 from aitbc.coordinator.store import repository
+from aitbc.replies.dashboard import DashboardRunDetail, DashboardRuns
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"])
 pages = APIRouter(include_in_schema=False)

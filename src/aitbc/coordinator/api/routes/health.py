@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from aitbc import __version__
 from aitbc.coordinator.api.deps import CtxDep
-from aitbc.coordinator.api.responses import Health
+from aitbc.replies.health import Health
 
 router = APIRouter(tags=["health"])
 

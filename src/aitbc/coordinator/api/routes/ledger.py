@@ -7,23 +7,15 @@ from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
-from aitbc.coordinator.api.responses import (
-    Balance,
-    Balances,
-    Entries,
-    EntryView,
-    Funded,
-    LedgerInfo,
-    Page,
-    Sent,
-    errors,
-)
+from aitbc.coordinator.api.responses import errors
 from aitbc.coordinator.money import wallets
 from aitbc.coordinator.money.wallets import check_address
 from aitbc.coordinator.runs.views import entry_view
 from aitbc.coordinator.schemas import WalletFund, WalletSend
 from aitbc.ledger.book import Entry, Head, Ledger
 from aitbc.ledger.chain import wallet_account
+from aitbc.replies.base import Page
+from aitbc.replies.money import Balance, Balances, Entries, EntryView, Funded, LedgerInfo, Sent
 from aitbc.units import format_price
 
 router = APIRouter(tags=["ledger"])

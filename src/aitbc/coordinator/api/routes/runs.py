@@ -6,24 +6,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
-from aitbc.coordinator.api.responses import (
-    OWNED,
-    ContractView,
-    Discovery,
-    ManualPayment,
-    Page,
-    Payments,
-    Results,
-    RoundView,
-    RunDetail,
-    RunSummary,
-    ScorePage,
-    errors,
-)
+from aitbc.coordinator.api.responses import OWNED, errors
 from aitbc.coordinator.runs import owner as runs
 from aitbc.coordinator.runs import views
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, PaymentCreate, RunCreate
 from aitbc.coordinator.store import repository
+from aitbc.replies.base import Page
+from aitbc.replies.money import ManualPayment, Payments
+from aitbc.replies.results import Results, RoundView, ScorePage
+from aitbc.replies.runs import ContractView, Discovery, RunDetail, RunSummary
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 MAX_SCORES = 5000  # score rows per page (64k rows in one reply were 14 MB and ~4 s of the coordinator)

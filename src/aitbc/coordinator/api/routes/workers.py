@@ -8,23 +8,7 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
-from aitbc.coordinator.api.responses import (
-    OWNED,
-    Heartbeat,
-    JobDetail,
-    JobPoll,
-    MarketOffer,
-    OfferView,
-    Ok,
-    Page,
-    RecordAccepted,
-    Revealed,
-    SignedRecord,
-    UpdateAccepted,
-    Witnessed,
-    WorkerJob,
-    errors,
-)
+from aitbc.coordinator.api.responses import OWNED, errors
 from aitbc.coordinator.errors import forbidden
 from aitbc.coordinator.rounds import gossip, workers
 from aitbc.coordinator.runs import views
@@ -38,6 +22,10 @@ from aitbc.coordinator.schemas import (
     WorkerRegister,
 )
 from aitbc.coordinator.verification import spot_checks as verification
+from aitbc.replies.base import Ok, Page
+from aitbc.replies.gossip import RecordAccepted, SignedRecord, Witnessed
+from aitbc.replies.jobs import JobDetail, JobPoll, Revealed, UpdateAccepted, WorkerJob
+from aitbc.replies.workers import Heartbeat, MarketOffer, OfferView
 
 router = APIRouter(tags=["workers"])
 

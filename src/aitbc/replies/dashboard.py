@@ -1,14 +1,14 @@
-"""What the dashboard's JSON routes answer (``/v1/dashboard/...``): the allow-list of
-:mod:`aitbc.coordinator.runs.dashboard` as models that forbid every other key, so a field added
-to the view without being added here is a 500 in the tests, never a silent leak. No CID,
-data source, model option, key or request detail has a field here (see that module)."""
+"""What the dashboard's JSON routes answer (``/v1/dashboard/...``): an allow-list, as models
+that forbid every other key, so a field added to the view without being added here is an
+error in the tests, never a silent leak. No CID, data source, model option, key or request
+detail has a field here (see :mod:`aitbc.coordinator.runs.dashboard`)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from aitbc.coordinator.api.responses import Reply
-from aitbc.coordinator.store.states import ContractStatus, Control, RunStatus
+from aitbc.replies.base import Reply
+from aitbc.states import ContractStatus, Control, RunStatus
 
 
 class DashboardRun(Reply):

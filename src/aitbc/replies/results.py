@@ -1,0 +1,91 @@
+"""What a run produced: its rounds, the workers' scores, its checkpoints and results."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from aitbc.replies.base import JsonObject, Page, Reply
+from aitbc.replies.runs import WorkerScore
+from aitbc.states import ContractStatus, RunStatus, ScoreStatus
+
+
+class RoundView(Reply):
+    round: int
+    checkpoint_cid: str
+    val_loss: float | None
+    val_accuracy: float | None
+    train_loss: float | None
+    train_accuracy: float | None = Field(
+        description="the mean of the accepted updates' training accuracy as their workers report it (classifiers; null for language data and rounds recorded before it was kept)"
+    )
+    accepted: int
+    rejected: int
+    stragglers: list[str]
+    skipped: bool
+    bytes_up: int | None = Field(
+        description="the bytes of the updates this round received; null for rounds recorded before it was counted"
+    )
+    bytes_down: int | None = Field(description="the global model's bytes once per answering worker; null as bytes_up")
+    started_at: float
+    closed_at: float
+
+
+class ScoreView(Reply):
+    round: int
+    worker_id: str
+    contract_id: str
+    status: ScoreStatus
+    quality: float = Field(description="0..1: the share of the round's price this contract was paid for the round")
+    gain: float | None = Field(description="relative held-out loss reduction of its update alone")
+    own_gain: float | None = Field(description="the same on its own shard")
+    other_gain: float | None = Field(description="the same on the other workers' data")
+    kept: float | None = Field(description="the share of it the robust rule kept")
+    flags: list[str]
+    provable: bool = Field(description="true: misbehaviour anyone can re-check (it was slashed)")
+
+
+class ScorePage(Page[ScoreView]):
+    next: int | None = Field(description="pass as after= for the next page; null on the last")
+
+
+class Checkpoint(Reply):
+    round: int
+    cid: str
+
+
+class ContractRef(Reply):
+    worker_id: str
+    contract_id: str
+    status: ContractStatus
+
+
+class ResultWorker(WorkerScore, ContractRef):
+    pass
+
+
+class Results(Reply):
+    training_id: str
+    status: RunStatus
+    error: str | None
+    model_cid: str | None
+    metrics: JsonObject = Field(description="what its owner saved with the result (save_training_results)")
+    rounds_completed: int
+    rounds: int | None
+    initial_val_loss: float | None
+    final_val_loss: float | None
+    final_val_accuracy: float | None
+    bytes_up: int
+    bytes_down: int
+    updates_accepted: int
+    updates_rejected: int
+    wall_seconds: float | None
+    settled_round: int = Field(
+        description="rounds scored and paid so far: the workers' scores are means over these "
+        "(settlement runs behind the rounds, so a just-finished run may show fewer)"
+    )
+    checkpoints: list[Checkpoint]
+    workers: list[ResultWorker]
+
+
+class SavedResult(Results):
+    round: int | None = Field(description="the round whose checkpoint was kept; null for an uploaded model")

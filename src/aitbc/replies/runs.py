@@ -1,0 +1,133 @@
+"""A training run: the summary in a list, the detail its owner reads, its contracts and
+workers, and discovery (the ranked offers and the contracts made)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from aitbc.replies.base import JsonObject, Reply
+from aitbc.replies.gossip import GossipView
+from aitbc.replies.jobs import JobView
+from aitbc.states import ContractStatus, Control, RunStatus
+
+
+class RunSummary(Reply):
+    training_id: str
+    status: RunStatus
+    owner: str
+    model_type: str
+    dataset_size: str
+    target_workers: int
+    round: int
+    rounds: int | None
+    val_loss: float | None
+    control: Control
+    created_at: float
+    updated_at: float
+
+
+class ContractView(Reply):
+    contract_id: str
+    worker_id: str
+    training_id: str
+    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
+    price_micro: int = Field(description="the exact price in micro-AIT")
+    status: ContractStatus
+    score: float
+
+
+class WorkerScore(Reply):
+    score: float | None = Field(description="mean quality over the scored rounds")
+    last_quality: float | None
+    score_flags: list[str]
+
+
+class RunWorker(WorkerScore, JobView):  # bases in reverse: the job's fields come first, as in the view
+    staleness: int | None = Field(
+        None,
+        description="async: versions between the model its latest applied update was trained from and the one it "
+        "was applied to (0: fresh); null in a sync run or before its first update",
+    )
+
+
+class AsyncView(Reply):
+    version: int = Field(description="the newest published version (buffers applied)")
+    updates_per_second: float = Field(description="updates applied per second since training started")
+    applied: int = Field(description="updates applied so far")
+    refused_stale: int = Field(description="updates refused as older than max_staleness")
+
+
+class VerificationSummary(Reply):
+    rate: float = Field(description="the expected share of each update's local steps re-run")
+    updates: int
+    checked: int
+    passed: int
+    drift: int = Field(description="updates whose replay missed within its drift bound: unpaid, not slashed")
+    failed: int = Field(description="updates whose check proved a fault: rejected, the worker slashed")
+    unanswered: int
+    errors: int = Field(description="checks that could not run for a reason proving nothing against the worker")
+    pending: int
+    steps_replayed: int
+    steps_trained: int
+    extra_compute: float = Field(description="steps re-run over steps trained")
+    verify_seconds: float
+    extra_seconds: float | None = Field(description="seconds spent re-running over the workers' compute seconds")
+
+
+class RunDetail(RunSummary):
+    model_options: JsonObject
+    seed: int
+    dataset_size_bytes: int
+    data_source: str | None
+    manifest_cid: str | None
+    data_bytes: int | None
+    shards: int
+    config: JsonObject
+    global_model_cid: str | None
+    network: str
+    budget: str | None
+    bond: str
+    escrowed: str
+    initial_val_loss: float | None
+    val_accuracy: float | None
+    rounds_completed: int
+    bytes_up: int
+    bytes_down: int
+    error: str | None
+    flags: int
+    verification: VerificationSummary | None = Field(description="spot checks so far (runs with verify_rate > 0)")
+    round_started_at: float | None
+    deadline_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    paused_from: RunStatus | None
+    manual_since: float | None = Field(description="when its owner took over an automatic run (first phase move)")
+    manual_from_round: int | None = Field(description="the first round its owner drove (earlier: the driver's)")
+    speed: float = Field(description="rounds closed per second since training started; 0 before")
+    target_speed: float = Field(
+        description="rounds per second: 1/deadline; without a deadline 1 / (the slowest active job's "
+        "steps x batch_size / its measured speed); equal to speed until a speed is measured"
+    )
+    contracts: list[ContractView]
+    workers: list[RunWorker]
+    asynchronous: AsyncView | None = Field(None, description="async runs: version, throughput, refusals")
+    gossip: GossipView | None = Field(None, description="gossip runs: consensus spread and the record's progress")
+    time: float
+
+
+class RankedOffer(Reply):
+    worker_id: str
+    gpu_type: str
+    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
+    price_micro: int = Field(description="the exact price in micro-AIT")
+    reputation: float
+    availability: float
+    score: float
+    hired: bool
+
+
+class Discovery(Reply):
+    training_id: str
+    ranked: list[RankedOffer]
+    contracts: list[ContractView]
+    count: int = Field(description="contracts made")
