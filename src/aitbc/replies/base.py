@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import KeysView
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,9 +19,36 @@ signed it. Its readers look keys up; nothing here checks them."""
 
 class Reply(BaseModel):
     """A reply that forbids extra keys: a view that builds a field its model lacks fails
-    loudly (a validation error) instead of the key being dropped without anyone noticing."""
+    loudly (a validation error) instead of the key being dropped without anyone noticing.
+
+    A reply also reads as the JSON object it is sent as, by the names on the wire
+    (``run["training_id"]``, ``run.get("error")``, ``run.keys()``, ``sent["from"]``), for
+    code written against the API's JSON (the SDK's documented examples, the CLI's views);
+    typed code reads the attributes, which a type checker knows."""
 
     model_config = ConfigDict(extra="forbid")
+
+    def __getitem__(self, key: str) -> Any:
+        name = wire_names(type(self)).get(key)
+        if name is None:
+            raise KeyError(key)
+        return getattr(self, name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = wire_names(type(self)).get(key)
+        return default if name is None else getattr(self, name)
+
+    def keys(self) -> KeysView[str]:
+        return wire_names(type(self)).keys()
+
+    def __contains__(self, key: object) -> bool:
+        return key in wire_names(type(self))
+
+
+@functools.cache
+def wire_names(model: type[Reply]) -> dict[str, str]:
+    """A reply model's field names by their names on the wire (its alias, where it has one)."""
+    return {(f.alias or name): name for name, f in model.model_fields.items()}
 
 
 class ErrorBody(Reply):
