@@ -309,11 +309,11 @@ def configure(
             "no_workers",
             f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}",
         )
-    mode = RunMode(body.mode)
-    if mode.needs_driver and run.control == Control.MANUAL:
-        # the driver fills and applies the buffers (async) or keeps the record (gossip); an
-        # owner closing rounds by hand has neither
-        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode {mode} needs automatic control")
+    if body.mode == "gossip" and run.control == Control.MANUAL:
+        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode gossip needs automatic control")
+    if body.mode == "async" and run.control == Control.MANUAL:
+        # the driver fills and applies the buffers; an owner closing rounds by hand has no buffer rule
+        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode async needs automatic control")
     n_shards = len(run.data_manifest["shards"])
     cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
     if cfg.verify_rate > 0:
