@@ -26,7 +26,7 @@ from aitbc.core.compression import build_codec
 from aitbc.core.norms import NormBound, judge_norms
 from aitbc.storage.cid import cid_of_bytes
 
-COORDINATOR = Path(metrics.__file__).parent
+COORDINATOR = Path(metrics.__file__).parents[1]  # the coordinator package (metrics is in observability/)
 
 
 def scrape(http) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
