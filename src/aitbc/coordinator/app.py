@@ -32,7 +32,7 @@ from aitbc.coordinator.api.web import STATIC_DIR
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.errors import ApiError
-from aitbc.coordinator.observability.metrics import CountResponses
+from aitbc.coordinator.observability.metrics import CountResponses, RecordCollector
 from aitbc.coordinator.observability.metrics import install as install_metrics
 from aitbc.coordinator.rounds.driver import RoundDriver
 from aitbc.coordinator.transfer.uploads import TOO_MANY
@@ -284,7 +284,8 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
     app.mount("/static", api_docs.Assets(directory=STATIC_DIR), name="static")
     app.include_router(dashboard.pages)  # the dashboard page at / and /runs/{id} (outside /v1)
     app.include_router(api_docs.router)  # /docs and /redoc, offline (outside /v1, not in the schema)
-    install_metrics(app, ctx)  # GET /metrics (outside /v1) and the byte counter, inside Limits
+    # GET /metrics (outside /v1) and the byte counter, inside Limits
+    install_metrics(app, ctx.metrics, RecordCollector(ctx.session, alive=ctx.workers_alive, driving=ctx.lease.holds))
     app.add_middleware(Limits, ctx=ctx, routes=[route for r in routers for route in r.routes])
     app.add_middleware(InternalErrors)  # a bug in Limits is a 500 too
     app.add_middleware(CountResponses, metrics=ctx.metrics)  # the outermost: every answer's status, 500s included

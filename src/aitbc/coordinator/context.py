@@ -147,6 +147,10 @@ class Context:
     def session(self) -> Session:
         return self.sessions()
 
+    def workers_alive(self) -> int:
+        """Workers heard from within a lease, now (the metrics' ``aitbc_workers_alive``)."""
+        return self.liveness.count_alive(time.time(), self.settings.lease_seconds)
+
 
 def _sqlite_lock(engine: Engine) -> Path | None:
     """The driver lease's local lock file of a SQLite database: beside it (None: not SQLite,

@@ -28,7 +28,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -37,6 +37,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from sqlalchemy import ColumnElement, case, distinct, func, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -45,9 +46,6 @@ from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, U
 from aitbc.coordinator.store.states import LIVE
 from aitbc.ledger.book import Entry
 from aitbc.states import JobStatus, OfferStatus, RunStatus, UpdateStatus
-
-if TYPE_CHECKING:
-    from aitbc.coordinator.context import Context
 
 log = logging.getLogger("aitbc.coordinator.observability.metrics")
 
@@ -293,16 +291,26 @@ MIN_SCRAPE_INTERVAL = 1.0  # seconds: scrapes closer together than this share on
 
 class RecordCollector(Collector):
     """The metrics the database holds, counted at each scrape (one aggregate query per family,
-    all in one read transaction); the number of live workers comes from the in-memory
-    heartbeats, as the lease judges them.
+    all in one read transaction from ``sessions``); the number of live workers (``alive``, from
+    the in-memory heartbeats, as the lease judges them) and whether this process drives the
+    rounds (``driving``) are asked of their owners at each reading.
 
     ``/metrics`` is unsigned and a reading costs queries that grow with the tables, so
     readings are at least ``min_interval`` seconds apart and one at a time: scrapes meanwhile
     share the last reading (only the very first is waited for), and the database sees at
     most one per interval."""
 
-    def __init__(self, ctx: Context, *, min_interval: float = MIN_SCRAPE_INTERVAL) -> None:
-        self.ctx = ctx
+    def __init__(
+        self,
+        sessions: Callable[[], Session],
+        *,
+        alive: Callable[[], int],
+        driving: Callable[[], bool],
+        min_interval: float = MIN_SCRAPE_INTERVAL,
+    ) -> None:
+        self.sessions = sessions
+        self.alive = alive
+        self.driving = driving
         self.min_interval = min_interval
         self._lock = threading.Lock()
         self._read_at = -math.inf
@@ -337,104 +345,113 @@ class RecordCollector(Collector):
         return [*families, up, took]
 
     def _families(self) -> Iterator[Metric]:
-        ctx = self.ctx
-        with ctx.session() as s:
-            runs = _known(RUN_STATUSES, s.execute(select(Run.status, func.count()).group_by(Run.status)).all())
-            yield _gauge("aitbc_runs", "Training runs on record, by status", "status", (*RUN_STATUSES, OTHER), runs)
-            active = GaugeMetricFamily("aitbc_runs_active", "Runs not ended (initializing to paused)")
-            active.add_metric([], sum(runs.get(st.value, 0) for st in LIVE))
-            yield active
-
-            skipped = s.execute(
-                select(RoundRecord.skipped, func.count()).where(RoundRecord.round > 0).group_by(RoundRecord.skipped)
-            ).all()
-            rounds = {("skipped" if sk else "aggregated"): int(n) for sk, n in skipped}
-            yield _counter(
-                "aitbc_rounds",
-                "Rounds closed and recorded, all runs (skipped: too few updates for the rule; the model kept)",
-                "outcome",
-                ("aggregated", "skipped"),
-                rounds,
-            )
-
-            statuses = s.execute(select(Update.status, func.count()).group_by(Update.status)).all()
-            by_status = _known(UPDATE_STATUSES, statuses)
-            code = reason_case(Update.reason)  # only over the rejected rows: the CASE is the costly part
-            rejected = s.execute(
-                select(code, func.count()).where(Update.status == UpdateStatus.REJECTED).group_by(code)
-            ).all()
-            by_reason = _known(REASON_CODES, rejected)
-            # Gauges, not counters: an update's status changes (accepted -> rejected by the norm
-            # bound at the round's close, -> excluded by the owner) and a resend deletes it, and
-            # a counter that falls reads as a reset to rate()/increase().
-            yield _gauge(
-                "aitbc_updates",
-                "Updates on record, by status: accepted, rejected (provably bad), excluded (left out by the "
-                "owner); an update its owner asked to be resent leaves the record",
-                "status",
-                (*UPDATE_STATUSES, OTHER),
-                by_status,
-            )
-            yield _gauge(
-                "aitbc_updates_rejected",
-                "Rejected updates by reason: non_finite (NaN/Inf), norm_bound (norm over the reject bound), "
-                "wrong_shape, malformed (undecodable), bad_loss (non-finite reported loss), verification (its "
-                "spot check failed), unanswered (its spot check was not answered in time), other",
-                "reason",
-                REASON_CODES,
-                by_reason,
-            )
-
-            verdicts = s.execute(
-                select(Update.verification, func.count())
-                .where(Update.verification.is_not(None))
-                .group_by(Update.verification)
-            ).all()
-            yield _gauge(
-                "aitbc_updates_verification",
-                "Updates of runs that verify work, by their spot check: unchecked (none drawn), challenged, "
-                "revealed (being re-run), passed, failed, unanswered",
-                "verdict",
-                (*VERDICTS, OTHER),
-                _known(VERDICTS, verdicts),
-            )
-
-            flags = _known(FLAG_KINDS, s.execute(select(Flag.kind, func.count()).group_by(Flag.kind)).all())
-            yield _counter("aitbc_flags", "Flags raised against workers, by kind", "kind", (*FLAG_KINDS, OTHER), flags)
-
-            offers = _known(OFFER_STATUSES, s.execute(select(Offer.status, func.count()).group_by(Offer.status)).all())
-            yield _gauge(
-                "aitbc_workers", "Registered workers (offers), by status", "status", (*OFFER_STATUSES, OTHER), offers
-            )
-            jobs = _known(JOB_STATUSES, s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-            yield _gauge("aitbc_jobs", "Jobs on record, by status", "status", (*JOB_STATUSES, OTHER), jobs)
-            busy = s.scalar(select(func.count(distinct(Job.worker_id))).where(Job.status == JobStatus.ACTIVE)) or 0
-            g = GaugeMetricFamily("aitbc_workers_busy", "Workers with an active job")
-            g.add_metric([], busy)
-            yield g
-
-            kinds = _known(LEDGER_KINDS, s.execute(select(Entry.kind, func.count()).group_by(Entry.kind)).all())
-            yield _counter("aitbc_ledger_entries", "Ledger entries, by kind", "kind", (*LEDGER_KINDS, OTHER), kinds)
-
-            up, down = s.execute(select(func.sum(Run.bytes_up), func.sum(Run.bytes_down))).one()
-            moved = CounterMetricFamily(
-                "aitbc_training_bytes",
-                "Bytes of the runs' training traffic on record: up (update blobs workers sent), down (models "
-                "and shards sent to workers)",
-                labels=["direction"],
-            )
-            moved.add_metric(["up"], int(up or 0))
-            moved.add_metric(["down"], int(down or 0))
-            yield moved
-
+        with self.sessions() as s:
+            yield from _run_families(s)
+            yield from _update_families(s)
+            yield from _worker_families(s)
+            yield from _money_families(s)
         alive = GaugeMetricFamily("aitbc_workers_alive", "Workers heard from within the lease (in-memory heartbeats)")
-        alive.add_metric([], ctx.liveness.count_alive(time.time(), ctx.settings.lease_seconds))
+        alive.add_metric([], self.alive())
         yield alive
         driving = GaugeMetricFamily(
             "aitbc_driving", "1 if this coordinator process holds the driver lease (moves the rounds), else 0"
         )
-        driving.add_metric([], 1 if ctx.lease.holds() else 0)
+        driving.add_metric([], 1 if self.driving() else 0)
         yield driving
+
+
+def _run_families(s: Session) -> Iterator[Metric]:
+    """Runs by status, the active ones, and closed rounds by outcome."""
+    runs = _known(RUN_STATUSES, s.execute(select(Run.status, func.count()).group_by(Run.status)).all())
+    yield _gauge("aitbc_runs", "Training runs on record, by status", "status", (*RUN_STATUSES, OTHER), runs)
+    active = GaugeMetricFamily("aitbc_runs_active", "Runs not ended (initializing to paused)")
+    active.add_metric([], sum(runs.get(st.value, 0) for st in LIVE))
+    yield active
+
+    skipped = s.execute(
+        select(RoundRecord.skipped, func.count()).where(RoundRecord.round > 0).group_by(RoundRecord.skipped)
+    ).all()
+    rounds = {("skipped" if sk else "aggregated"): int(n) for sk, n in skipped}
+    yield _counter(
+        "aitbc_rounds",
+        "Rounds closed and recorded, all runs (skipped: too few updates for the rule; the model kept)",
+        "outcome",
+        ("aggregated", "skipped"),
+        rounds,
+    )
+
+
+def _update_families(s: Session) -> Iterator[Metric]:
+    """Updates by status, rejected updates by reason, and spot-check verdicts."""
+    statuses = s.execute(select(Update.status, func.count()).group_by(Update.status)).all()
+    by_status = _known(UPDATE_STATUSES, statuses)
+    code = reason_case(Update.reason)  # only over the rejected rows: the CASE is the costly part
+    rejected = s.execute(select(code, func.count()).where(Update.status == UpdateStatus.REJECTED).group_by(code)).all()
+    by_reason = _known(REASON_CODES, rejected)
+    # Gauges, not counters: an update's status changes (accepted -> rejected by the norm
+    # bound at the round's close, -> excluded by the owner) and a resend deletes it, and
+    # a counter that falls reads as a reset to rate()/increase().
+    yield _gauge(
+        "aitbc_updates",
+        "Updates on record, by status: accepted, rejected (provably bad), excluded (left out by the "
+        "owner); an update its owner asked to be resent leaves the record",
+        "status",
+        (*UPDATE_STATUSES, OTHER),
+        by_status,
+    )
+    yield _gauge(
+        "aitbc_updates_rejected",
+        "Rejected updates by reason: non_finite (NaN/Inf), norm_bound (norm over the reject bound), "
+        "wrong_shape, malformed (undecodable), bad_loss (non-finite reported loss), verification (its "
+        "spot check failed), unanswered (its spot check was not answered in time), other",
+        "reason",
+        REASON_CODES,
+        by_reason,
+    )
+
+    verdicts = s.execute(
+        select(Update.verification, func.count()).where(Update.verification.is_not(None)).group_by(Update.verification)
+    ).all()
+    yield _gauge(
+        "aitbc_updates_verification",
+        "Updates of runs that verify work, by their spot check: unchecked (none drawn), challenged, "
+        "revealed (being re-run), passed, failed, unanswered",
+        "verdict",
+        (*VERDICTS, OTHER),
+        _known(VERDICTS, verdicts),
+    )
+
+
+def _worker_families(s: Session) -> Iterator[Metric]:
+    """Flags, workers and jobs by status, and the workers with an active job."""
+    flags = _known(FLAG_KINDS, s.execute(select(Flag.kind, func.count()).group_by(Flag.kind)).all())
+    yield _counter("aitbc_flags", "Flags raised against workers, by kind", "kind", (*FLAG_KINDS, OTHER), flags)
+
+    offers = _known(OFFER_STATUSES, s.execute(select(Offer.status, func.count()).group_by(Offer.status)).all())
+    yield _gauge("aitbc_workers", "Registered workers (offers), by status", "status", (*OFFER_STATUSES, OTHER), offers)
+    jobs = _known(JOB_STATUSES, s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+    yield _gauge("aitbc_jobs", "Jobs on record, by status", "status", (*JOB_STATUSES, OTHER), jobs)
+    busy = s.scalar(select(func.count(distinct(Job.worker_id))).where(Job.status == JobStatus.ACTIVE)) or 0
+    g = GaugeMetricFamily("aitbc_workers_busy", "Workers with an active job")
+    g.add_metric([], busy)
+    yield g
+
+
+def _money_families(s: Session) -> Iterator[Metric]:
+    """Ledger entries by kind, and the training's bytes up and down."""
+    kinds = _known(LEDGER_KINDS, s.execute(select(Entry.kind, func.count()).group_by(Entry.kind)).all())
+    yield _counter("aitbc_ledger_entries", "Ledger entries, by kind", "kind", (*LEDGER_KINDS, OTHER), kinds)
+
+    up, down = s.execute(select(func.sum(Run.bytes_up), func.sum(Run.bytes_down))).one()
+    moved = CounterMetricFamily(
+        "aitbc_training_bytes",
+        "Bytes of the runs' training traffic on record: up (update blobs workers sent), down (models "
+        "and shards sent to workers)",
+        labels=["direction"],
+    )
+    moved.add_metric(["up"], int(up or 0))
+    moved.add_metric(["down"], int(down or 0))
+    yield moved
 
 
 # --- the route -----------------------------------------------------------------------------
@@ -450,16 +467,17 @@ def encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
         return choose_encoder("")  # what a scraper that names no format gets
 
 
-def install(app: FastAPI, ctx: Context) -> None:
-    """``GET /metrics`` (not in the OpenAPI document), the record's collector and the byte
-    counter (innermost middleware: bytes of requests the app answers)."""
-    registry = ctx.metrics.registry
-    ctx.metrics.record = RecordCollector(ctx)
-    registry.register(ctx.metrics.record)
+def install(app: FastAPI, metrics: CoordinatorMetrics, record: RecordCollector) -> None:
+    """``GET /metrics`` (not in the OpenAPI document), the record's collector joining
+    ``metrics``' registry, and the byte counter (innermost middleware: bytes of requests the
+    app answers)."""
+    registry = metrics.registry
+    metrics.record = record
+    registry.register(record)
 
-    def metrics(request: Request) -> Response:  # sync: the queries run in the thread pool, not the event loop
+    def serve(request: Request) -> Response:  # sync: the queries run in the thread pool, not the event loop
         encode, content_type = encoder(request.headers.get("accept", ""))
         return Response(encode(registry), headers={"content-type": content_type, "x-content-type-options": "nosniff"})
 
-    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    app.add_middleware(CountBytes, metrics=ctx.metrics)
+    app.add_api_route("/metrics", serve, methods=["GET"], include_in_schema=False, name="metrics")
+    app.add_middleware(CountBytes, metrics=metrics)
