@@ -42,11 +42,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
+from sqlalchemy.orm import Session
 
 from aitbc.coordinator.store.models import Flag, Offer
+from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.peer_fetch import TooLong, TooSlow, bounded_get
 from aitbc.storage.peer_url import MAX_URL, check_advertise
 from aitbc.storage.unixfs import BlobHasher
@@ -54,9 +56,6 @@ from aitbc.storage.unixfs import BlobHasher
 __all__ = ["MAX_URL", "PeerBook", "PeerFetches", "check_advertise", "check_report"]
 
 log = logging.getLogger("aitbc.coordinator")
-
-if TYPE_CHECKING:
-    from aitbc.coordinator.context import Context
 
 MAX_HELD = 16  # CIDs one announcement may name (a worker keeps two models and a few shards)
 PEERS_GIVEN = 3  # holders handed to one asker (it tries them in turn, then the coordinator)
@@ -244,8 +243,21 @@ class PeerFetches:
                     del self._verdicts[key]
 
 
+class PeerChecks(Protocol):
+    """What checking a report needs of the coordinator (its context has each): the peer book,
+    the blob store, and a database session to flag a peer in."""
+
+    @property
+    def peers(self) -> PeerBook: ...
+
+    @property
+    def store(self) -> LocalBlobStore: ...
+
+    def session(self) -> Session: ...
+
+
 def check_report(
-    ctx: Context, reporter: str, accused: str, cid: str, *, signed: Callable[[], str] | None = None
+    ctx: PeerChecks, reporter: str, accused: str, cid: str, *, signed: Callable[[], str] | None = None
 ) -> dict[str, Any]:
     """A worker says ``accused`` served bytes for ``cid`` that did not hash to it. The
     coordinator checks by fetching ``cid`` from the accused itself (once per peer and CID)
@@ -335,7 +347,7 @@ def warm_peer_http() -> None:
     threading.Thread(target=peer_http, name="peer-http", daemon=True).start()
 
 
-def _flag_peer(ctx: Context, worker: str, reason: str) -> None:
+def _flag_peer(ctx: PeerChecks, worker: str, reason: str) -> None:
     with ctx.session() as s:
         offer = s.get(Offer, worker)
         if offer is not None:
