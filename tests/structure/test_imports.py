@@ -2,7 +2,8 @@
 ``if TYPE_CHECKING:`` too: a cycle dodged either way is still a cycle (STYLE.md: split the
 module, or move the shared type to a lower module, instead).
 And the layers of DESIGN.md point downward: ``core`` and ``training`` never import the
-services, and nothing below the CLI and the SDK imports them."""
+services, and nothing below the CLI and the SDK imports them; inside the coordinator, each
+folder imports only its own folder and the folders below it (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -194,4 +195,71 @@ def test_layers_point_downward():
         for dep in deps
         if any(_under(dep, b) for b in banned)
     )
-    assert wrong == []
+    assert wrong == [], "imports a lower layer may not make (LAYERS):\n" + "\n".join(wrong)
+
+
+# The coordinator's folders and root modules, bottom to top (docs/ARCHITECTURE.md draws them):
+# a module imports modules of its own entry and of the entries below it, never above. A new
+# folder or root module gets its place here, or the test names it.
+COORDINATOR = "aitbc.coordinator"
+COORDINATOR_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "config", "heap"),
+    ("store",),
+    ("transfer",),
+    ("observability",),
+    ("schemas", "context"),
+    ("storage",),
+    ("live",),
+    ("money",),
+    ("workforce",),
+    ("verification",),
+    ("rounds",),
+    ("runs",),
+    ("api",),
+    ("app",),
+)
+
+
+def _layer(mod: str, layers: tuple[tuple[str, ...], ...] = COORDINATOR_LAYERS) -> int | None:
+    """The index in ``layers`` of a coordinator module's folder or root module; None: unplaced."""
+    part = mod.removeprefix(COORDINATOR + ".").partition(".")[0]
+    return next((i for i, names in enumerate(layers) if part in names), None)
+
+
+def _upward(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = COORDINATOR_LAYERS) -> list[str]:
+    """Each import between two placed coordinator modules that points up ``layers``, as a
+    readable line (an unplaced module is :func:`test_every_coordinator_module_has_a_layer`'s)."""
+    placed = {m: i for m in graph if _under(m, COORDINATOR) and (i := _layer(m, layers)) is not None}
+
+    def where(mod: str) -> str:
+        return f"{mod} ({'/'.join(layers[placed[mod]])}, layer {placed[mod]})"
+
+    return sorted(
+        f"{where(mod)} imports {where(dep)}"
+        for mod in placed
+        for dep in graph[mod]
+        if dep in placed and placed[dep] > placed[mod]
+    )
+
+
+def test_layer_check_finds_an_upward_import():
+    layers = (("errors",), ("store",), ("api",))
+    graph = {
+        "aitbc.coordinator.store.db": {"aitbc.coordinator.errors", "aitbc.coordinator.store.models"},
+        "aitbc.coordinator.store.models": {"aitbc.coordinator.api.deps"},
+        "aitbc.coordinator.api.deps": {"aitbc.coordinator.store.db"},
+        "aitbc.coordinator.errors": set(),
+    }
+    assert _upward(graph, layers) == [
+        "aitbc.coordinator.store.models (store, layer 1) imports aitbc.coordinator.api.deps (api, layer 2)"
+    ]
+
+
+def test_every_coordinator_module_has_a_layer():
+    unplaced = sorted(m for m in _graph() if _under(m, COORDINATOR) and m != COORDINATOR and _layer(m) is None)
+    assert unplaced == [], "place these in COORDINATOR_LAYERS: " + ", ".join(unplaced)
+
+
+def test_coordinator_folders_import_downward():
+    wrong = _upward(_graph())
+    assert wrong == [], "imports up the coordinator's layers (COORDINATOR_LAYERS):\n" + "\n".join(wrong)
