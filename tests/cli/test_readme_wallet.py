@@ -1,4 +1,4 @@
-"""The README's payments lines, as typed, against a real `aitbc up` stack:
+"""The payments lines of README.md and docs/owner.md, as typed, against a real `aitbc up` stack:
 
     aitbc wallet create my-agent-wallet && aitbc wallet fund my-agent-wallet 100
     aitbc wallet send my-agent-wallet provider-1 5  # or an ait1... address

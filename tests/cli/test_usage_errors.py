@@ -1,4 +1,4 @@
-"""The README's promises about errors, tried as a new user: usage errors exit 2 naming the
+"""docs/owner.md's promises about errors ("Errors"), tried as a new user: usage errors exit 2 naming the
 flag and what is allowed, checked before any request; ``--json`` errors are a JSON object
 on stdout; a server that is not a coordinator is named, not dumped; help and completion.
 

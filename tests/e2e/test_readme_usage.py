@@ -1,4 +1,4 @@
-"""The README's own usage, tried as a new user on a live run (a real coordinator, real
+"""The owner's workflow (README.md, docs/owner.md), tried as a new user on a live run (a real coordinator, real
 workers, the owner's CLI as processes): ``monitor`` into a pipe writes each change as it
 happens; every table is readable at 80 columns with its ids whole; the coordinator's
 422s name the flag and exit 2; a corpus cut to ``--max-bytes`` says so; an owner's
@@ -83,7 +83,7 @@ def test_monitor_into_a_pipe_and_tables_at_80_columns(stack):
     assert re.search(r"run \w+ -> complete", text), text
     assert lines[-1].startswith(f"Run {run_id} complete: val loss")
 
-    # Every table the README's workflow prints, at 80 columns.
+    # Every table the documented workflow prints, at 80 columns.
     run = stack.wait_run(run_id, lambda r: r["status"] == "complete")
     model_cid = run["global_model_cid"]
     _readable(_narrow(stack, "distributed-training", "list"), run_id)

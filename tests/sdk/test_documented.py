@@ -1,6 +1,6 @@
 """The users' documentation's three SDK examples, run as written: each file in
 ``data/documented/`` is the documentation's text, verbatim, and each test applies only the
-edits its README allows (network ``local``, a real dataset folder, bounded loops and
+edits docs/sdk-guide.md allows (network ``local``, a real dataset folder, bounded loops and
 shorter sleeps, ``AsyncAgent`` where the documentation awaits, example 2's two undefined
 helpers) and checks that the text it runs differs from the documented one by exactly
 those. They run as real processes against a real stack: ``aitbc up`` on loopback plus
@@ -61,7 +61,7 @@ def documented(name: str) -> str:
 
 
 def edit(name: str, *, dataset: Path | None = None, iterations: int = 0) -> str:
-    """The documented example ``name`` with the README's edits: 1 (network), 2 (dataset),
+    """The documented example ``name`` with the guide's edits: 1 (network), 2 (dataset),
     3 (loops bounded to ``iterations``, sleeps shortened), 4 (``AsyncAgent``), 5
     (example 2's helpers)."""
     text = documented(name)
@@ -85,7 +85,7 @@ _LINE_EDITS = [
 
 
 def check_only_allowed_edits(name: str, edited: str, dataset: Path | None) -> None:
-    """``edited`` differs from the documented text only by the README's edits: every
+    """``edited`` differs from the documented text only by the guide's edits: every
     changed line undoes to its original through them, and the only added lines are
     example 2's two helper methods, at the end of its class."""
     original = documented(name).splitlines()

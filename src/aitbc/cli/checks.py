@@ -1,6 +1,6 @@
 """Option values checked on this machine before any request, each refusal naming its flag.
 
-The README promises exit 2 for every usage error. The coordinator refuses a bad name or
+docs/owner.md promises exit 2 for every usage error. The coordinator refuses a bad name or
 value too (a 422), but it only knows its request's fields (``rounds``, ``local_steps``),
 not the flags a user typed. So the commands check here, with the same registries the
 coordinator builds from (one rule, two callers), before anything is sent; and

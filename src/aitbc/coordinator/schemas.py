@@ -65,7 +65,7 @@ class Discover(Body):
     max_price: str | float | None = None
 
 
-# The bounds of a training config (documented in README "Trust model"): an owner cannot pick
+# The bounds of a training config (documented in docs/trust-model.md): an owner cannot pick
 # a config that makes honest providers' updates look like misbehaviour. (lo, hi), inclusive;
 # each out-of-range value is a 422 naming the option and its range. The outer optimizer's
 # options are bounded by its own config (aitbc.core.outer: lr in (0, 10], momentum in [0, 0.99]).

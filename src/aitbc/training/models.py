@@ -35,7 +35,7 @@ from aitbc.training.data_spec import DataSpec
 
 MODELS: Registry[Any] = Registry("model")
 
-# Bounds on a built-in model (documented in the README's trust model). They admit every
+# Bounds on a built-in model (documented in docs/trust-model.md). They admit every
 # model the project's tests, examples and benchmarks use (the largest, the default
 # 470k-parameter transformer) with room to spare; what they refuse is an owner making
 # every hired machine allocate gigabytes.
