@@ -23,6 +23,7 @@ from aitbc.core.compression import build_codec
 from aitbc.core.gossip import model_bytes
 from aitbc.ledger.records import make_record
 from aitbc.ledger.wallet import Wallet
+from aitbc.replies.gossip import RosterEntry
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.worker.calls import CoordinatorCalls
@@ -119,12 +120,13 @@ class _Neighbour:
             records=self._records,
             pace=lambda job: pace,
         )
-        self.entry = {
-            "worker": self.wallet.address,
-            "job_id": "job_n",
-            "public_key": self.wallet.public_key,
-            "url": f"http://127.0.0.1:{self.server.port}",
-        }
+        self.entry = RosterEntry(
+            worker=self.wallet.address,
+            job_id="job_n",
+            public_key=self.wallet.public_key,
+            url=f"http://127.0.0.1:{self.server.port}",
+            samples=7,
+        )
 
     def _records(self, job: str, r: int | None) -> dict[str, Any] | None:
         self.asks += 1

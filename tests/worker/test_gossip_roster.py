@@ -10,38 +10,42 @@ import threading
 from types import SimpleNamespace
 
 from aitbc.core.gossip import RoundNeighbours
+from aitbc.replies.gossip import GossipOrder, RosterEntry
+from aitbc.replies.jobs import JobOrder
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.gossip import GossipLoop
 from aitbc.worker.gossip_publish import Publisher
 
 
-def _entry(k: int) -> dict:
-    return {"worker": f"w{k}", "job_id": f"job_{k}", "public_key": f"key{k}", "url": None}
+def _entry(k: int) -> RosterEntry:
+    return RosterEntry(worker=f"w{k}", job_id=f"job_{k}", public_key=f"key{k}", url=None, samples=10)
 
 
-def _view(roster: list[dict], topology: str = "ring", next_round: int = 1) -> dict:
-    return {"gossip": {"roster": roster, "topology": topology, "seed": 7, "next_round": next_round}}
+def _view(roster: list[RosterEntry], topology: str = "ring", next_round: int = 1) -> JobOrder:
+    """A job's view as much as a roster's refresh reads of it (its gossip order)."""
+    order = GossipOrder.model_construct(roster=roster, topology=topology, seed=7, next_round=next_round)
+    return JobOrder.model_construct(job_id="job_1", gossip=order)
 
 
-def _loop(me: str, roster: list[dict], topology: str = "ring") -> GossipLoop:
+def _loop(me: str, roster: list[RosterEntry], topology: str = "ring") -> GossipLoop:
     loop = GossipLoop.__new__(GossipLoop)
     loop.address = me
     loop.roster = roster
-    loop.me = next(i for i, e in enumerate(roster) if e["worker"] == me)
+    loop.me = next(i for i, e in enumerate(roster) if e.worker == me)
     loop.neighbours = RoundNeighbours(topology, len(roster), 7)
     loop.next = 1
     return loop
 
 
 def _peers(loop: GossipLoop, r: int) -> list[str]:
-    return [loop.roster[j]["worker"] for j in loop.neighbours.of(r, loop.me)]
+    return [loop.roster[j].worker for j in loop.neighbours.of(r, loop.me)]
 
 
 def test_a_replaced_worker_keeps_the_positions():
     roster = [_entry(k) for k in range(4)]
     loop = _loop("w1", roster)
     assert _peers(loop, 1) == ["w0", "w2"]
-    replaced = [*roster[:2], {**_entry(9), "url": "http://10.0.0.9:1"}, roster[3]]
+    replaced = [*roster[:2], _entry(9).model_copy(update={"url": "http://10.0.0.9:1"}), roster[3]]
     loop.refresh(_view(replaced, next_round=3))
     assert _peers(loop, 3) == ["w0", "w9"] and loop.next == 3
 
@@ -87,9 +91,10 @@ def test_a_roster_without_this_worker_changes_nothing():
 def test_an_equivocating_neighbour_is_not_mixed_again():
     reply = {
         "data": [
-            {"worker": "w2", "round": 3, "verdict": "equivocation"},
-            {"worker": "w0", "round": 3, "verdict": "consistent"},
-        ]
+            {"worker": "w2", "job_id": "job_2", "round": 3, "cid": "bafkreia", "verdict": "equivocation"},
+            {"worker": "w0", "job_id": "job_0", "round": 3, "cid": "bafkreib", "verdict": "consistent"},
+        ],
+        "count": 2,
     }
     client = SimpleNamespace(post=lambda path, body, timeout=None: reply)
     publisher = Publisher.__new__(Publisher)

@@ -2,7 +2,9 @@
 replies: the other parts call these methods and never build a path or read a reply's
 fields themselves.
 
-An unreachable coordinator raises :class:`~aitbc.client.Unreachable`; :meth:`CoordinatorCalls.retry`
+Each reply is parsed into the model the coordinator answers with (:mod:`aitbc.replies`),
+so a field it renamed is a type error here, not a ``KeyError`` deep in a round. An
+unreachable coordinator raises :class:`~aitbc.client.Unreachable`; :meth:`CoordinatorCalls.retry`
 runs a call again with capped exponential back-off until it answers or the worker stops.
 """
 
@@ -14,6 +16,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
+from aitbc.replies.base import JsonObject, Page
+from aitbc.replies.blobs import BlobStored, Holders, PeerRef, PeerVerdict
+from aitbc.replies.gossip import RecordAccepted, SignedRecord, Witnessed
+from aitbc.replies.jobs import Challenge, JobPoll, UpdateAccepted
 from aitbc.storage.blobstore import LocalBlobStore
 
 log = logging.getLogger("aitbc.worker")
@@ -61,30 +67,30 @@ class CoordinatorCalls:
     def heartbeat(self, *, timeout: float) -> None:
         self.client.post("/workers/heartbeat", {}, timeout=timeout)
 
-    def poll_job(self, *, wait: float, inline: int, known: str, after: int | None) -> dict[str, Any]:
+    def poll_job(self, *, wait: float, inline: int, known: str, after: int | None) -> JobPoll:
         """The job's view, a long poll (see :meth:`aitbc.worker.job_loop.JobLoop.poll`)."""
         params: dict[str, Any] = {"wait": wait, "inline": inline, "known": known}
         if after is not None:
             params["after"] = after
-        return self.client.get(f"/workers/{self.address}/job", params=params, sign=True)
+        return JobPoll.model_validate(self.client.get(f"/workers/{self.address}/job", params=params, sign=True))
 
-    def job_view(self) -> dict[str, Any]:
+    def job_view(self) -> JobPoll:
         """The job's view now (no long poll)."""
-        return self.client.get(f"/workers/{self.address}/job", sign=True)
+        return JobPoll.model_validate(self.client.get(f"/workers/{self.address}/job", sign=True))
 
     def post_progress(self, job_id: str, body: dict[str, Any]) -> None:
         self.client.post(f"/jobs/{job_id}/progress", body)
 
     # --- updates and spot checks ------------------------------------------------------------
 
-    def post_update(self, job_id: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    def post_update(self, job_id: str, body: dict[str, Any]) -> Challenge | None:
         """Send the message naming an update (retried through an outage): the spot check
         the reply asks for, if any. Async: while the coordinator applies a buffer (a moment)
         it asks for the update again; it then joins the next buffer."""
         while True:
             try:
                 reply = self.retry(lambda: self.client.post(f"/jobs/{job_id}/updates", body))
-                return reply.get("challenge") if reply else None
+                return UpdateAccepted.model_validate(reply).challenge if reply else None
             except ApiError as e:
                 if e.code != "buffer_applying" or self.stop.wait(0.05):
                     raise
@@ -94,34 +100,35 @@ class CoordinatorCalls:
 
     # --- blobs ------------------------------------------------------------------------------
 
-    def put_blob(self, cid: str, data: bytes) -> dict[str, Any]:
-        return self.client.put_blob(cid, data)
+    def put_blob(self, cid: str, data: bytes) -> BlobStored:
+        return BlobStored.model_validate(self.client.put_blob(cid, data))
 
     def download_blob(self, cid: str, store: LocalBlobStore) -> int:
         return self.client.download_blob(cid, store)
 
-    def holders(self, cid: str) -> list[dict[str, str]]:
-        """The peers that hold blob ``cid``, other than this worker (``worker``, ``url``)."""
-        return self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.address})["data"]
+    def holders(self, cid: str) -> list[PeerRef]:
+        """The peers that hold blob ``cid``, other than this worker."""
+        return Holders.model_validate(self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.address})).data
 
     def announce_holdings(self, advertise: str, cids: list[str]) -> None:
         self.client.post("/workers/holdings", {"advertise": advertise, "cids": cids})
 
     def report_bad_peer(self, cid: str, peer: str) -> str:
         """Report ``peer`` for serving bytes that are not ``cid``: the coordinator's verdict."""
-        return self.client.post(f"/blobs/{cid}/bad-peer", {"peer": peer})["verdict"]
+        return PeerVerdict.model_validate(self.client.post(f"/blobs/{cid}/bad-peer", {"peer": peer})).verdict
 
     # --- gossip records ---------------------------------------------------------------------
 
-    def record(self, job_id: str, round: int | None) -> dict[str, Any]:
+    def record(self, job_id: str, round: int | None) -> SignedRecord:
         """The coordinator's copy of job ``job_id``'s signed record of ``round`` (None: its newest)."""
-        return self.client.get(f"/jobs/{job_id}/records", params={} if round is None else {"round": round})
+        params = {} if round is None else {"round": round}
+        return SignedRecord.model_validate(self.client.get(f"/jobs/{job_id}/records", params=params))
 
-    def post_record(self, job_id: str, signed: dict[str, Any]) -> Any:
-        return self.client.post(f"/jobs/{job_id}/records", signed)
+    def post_record(self, job_id: str, signed: JsonObject) -> RecordAccepted:
+        return RecordAccepted.model_validate(self.client.post(f"/jobs/{job_id}/records", signed))
 
-    def witness(self, records: list[dict[str, Any]], *, timeout: float | None = None) -> list[dict[str, Any]]:
+    def witness(self, records: list[JsonObject], *, timeout: float | None = None) -> list[Witnessed]:
         """Report signed records seen (``POST /v1/records/witnessed``): the coordinator's
-        verdict on each (``worker``, ``round``, ``verdict``)."""
+        verdict on each."""
         reply = self.client.post("/records/witnessed", {"records": records}, timeout=timeout)
-        return (reply or {}).get("data", [])
+        return Page[Witnessed].model_validate(reply).data if reply else []

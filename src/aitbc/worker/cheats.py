@@ -20,11 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from aitbc.replies.gossip import RosterEntry
 from aitbc.training.local import LocalResult, LocalTrainer
 from aitbc.training.proof import Recorder, TrainState, boundaries
 from aitbc.worker.gossip_peers import NeighbourReader
@@ -57,7 +57,7 @@ def round_half(b: int, half: int, steps: int) -> int:
 
 def copy_neighbour(
     reader: NeighbourReader,
-    entries: list[dict[str, Any]],
+    entries: list[RosterEntry],
     r: int,
     local: Tensor,
     blob: bytes,
@@ -85,7 +85,7 @@ def copy_neighbour(
         model = None if theirs is None else reader.decode(theirs)
         if theirs is None or model is None:
             continue
-        log.warning("cheating (copy%s): round %d is %s's model", "-noise" if noise else "", r, entry["worker"])
+        log.warning("cheating (copy%s): round %d is %s's model", "-noise" if noise else "", r, entry.worker)
         if not noise:
             return model, theirs
         gen = torch.Generator().manual_seed(r)

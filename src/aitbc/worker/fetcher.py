@@ -21,6 +21,7 @@ import torch
 
 from aitbc.client import ApiError, Unreachable
 from aitbc.errors import AitbcError, IntegrityError
+from aitbc.replies.blobs import PeerRef
 from aitbc.storage.blobstore import BlobCache, LocalBlobStore
 from aitbc.training.checkpoint import Layout, params_from_file
 from aitbc.worker.calls import CoordinatorCalls
@@ -75,7 +76,7 @@ class ModelFetcher:
 
     # --- the global model -----------------------------------------------------------------
 
-    def global_model(self, cid: str, peers: list[dict[str, str]] | None = None, *, inline: str | None = None) -> Path:
+    def global_model(self, cid: str, peers: list[PeerRef] | None = None, *, inline: str | None = None) -> Path:
         """The round's global model, as a file: one of the last two downloaded if it has this
         CID, else the copy the job view carried (``inline``, base64) if it hashes to the
         CID, else streamed to disk from one of ``peers`` (the job view's ``model_peers``) or
@@ -161,24 +162,24 @@ class ModelFetcher:
 
     # --- peer transport ---------------------------------------------------------------------
 
-    def _fetch(self, cid: str, store: LocalBlobStore, peers: list[dict[str, str]]) -> None:
+    def _fetch(self, cid: str, store: LocalBlobStore, peers: list[PeerRef]) -> None:
         """``cid`` into ``store`` from the first of ``peers`` that serves it whole and right,
         else from the coordinator. A peer whose bytes do not hash to ``cid`` is reported."""
         for peer in peers:
             try:
-                size = self.peers.download(peer["url"], cid, store)
+                size = self.peers.download(peer.url, cid, store)
             except PeerUnavailable as e:
                 log.info("%s; next", e)
                 continue
             except IntegrityError as e:
                 log.warning("%s; reported, next", e)
-                self.report(cid, peer["worker"])
+                self.report(cid, peer.worker)
                 continue
             except AitbcError as e:  # over the store's size limit
-                log.warning("peer %s: %s; next", peer["url"], e)
+                log.warning("peer %s: %s; next", peer.url, e)
                 continue
             self.metrics.bytes.labels("peer").inc(size)
-            log.debug("blob %s (%d bytes) from peer %s", cid, size, peer["url"])
+            log.debug("blob %s (%d bytes) from peer %s", cid, size, peer.url)
             return
         self.download(cid, store)
 

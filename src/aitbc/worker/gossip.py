@@ -52,7 +52,6 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from torch import Tensor
 
@@ -64,6 +63,9 @@ from aitbc.core.options import parse_spec
 from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError
 from aitbc.ledger.wallet import Wallet
+from aitbc.replies.base import JsonObject
+from aitbc.replies.gossip import GossipOrder, RosterEntry
+from aitbc.replies.jobs import JobOrder
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file
@@ -84,6 +86,13 @@ log = logging.getLogger("aitbc.worker.gossip")
 DEFAULT_WAIT = 5.0  # seconds to wait for a neighbour's model of the round when the run sets no deadline
 ROSTER_EVERY = 1.0  # seconds at least between two reads of the job view for a new roster
 ROSTER_PERIOD = 5.0  # seconds at most between two reads, whether or not every neighbour answered
+
+
+def _order(job: JobOrder) -> GossipOrder:
+    """The gossip part of a gossip job's view (a gossip run's views always carry it)."""
+    if job.gossip is None:
+        raise AitbcError(f"job {job.job_id}: a gossip job's view without its roster")
+    return job.gossip
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,33 +130,33 @@ class Mix:
     owners: list[str]
     ahead: int  # the newest round among them
     stale: int = 0  # neighbours' models of an older round
-    witnessed: list[dict[str, Any]] = field(default_factory=list)  # the neighbours' records it mixed
+    witnessed: list[JsonObject] = field(default_factory=list)  # the neighbours' records it mixed
 
 
 class GossipLoop:
     """One gossip job's rounds on this worker (see the module's docstring)."""
 
-    def __init__(self, job: dict[str, Any], state: JobState, parts: GossipParts) -> None:
+    def __init__(self, job: JobOrder, state: JobState, parts: GossipParts) -> None:
         self.parts = p = parts
-        self.job_id, self.training_id = job["job_id"], job["training_id"]
+        self.job_id, self.training_id = job.job_id, job.training_id
         self.address = p.wallet.address
-        g = job["gossip"]
-        self.rounds = int(job["rounds"])
-        self.roster: list[dict[str, Any]] = g["roster"]
-        self.me = next(i for i, e in enumerate(self.roster) if e["worker"] == self.address)
-        self.neighbours = RoundNeighbours(g["topology"], len(self.roster), int(g["seed"]))
-        self.aggregator = parse_aggregator(g["aggregator"], default_f=int(g["f"]))
-        self.bound = NormBound(clip=float(g["norm_clip"]), reject=float(g["norm_reject"]))
+        g = _order(job)
+        self.rounds = int(job.rounds or 1)
+        self.roster: list[RosterEntry] = g.roster
+        self.me = next(i for i, e in enumerate(self.roster) if e.worker == self.address)
+        self.neighbours = RoundNeighbours(str(g.topology), len(self.roster), int(g.seed))
+        self.aggregator = parse_aggregator(g.aggregator, default_f=int(g.f))
+        self.bound = NormBound(clip=float(g.norm_clip), reject=float(g.norm_reject))
         # a neighbour's model of an older round counts this rule's weight (an older coordinator: 1)
-        self.staleness = build_staleness(*parse_spec(g.get("staleness") or "constant", what="staleness rule"))
-        d = int(job["d"])
+        self.staleness = build_staleness(*parse_spec(g.staleness or "constant", what="staleness rule"))
+        d = int(job.d or 0)
         if p.fetcher.server is not None and p.cfg.cheat in ("trickle", "endless"):  # testing: a bad peer server
             p.fetcher.server.misbehave = p.cfg.cheat
         self.state = state
         self.samples = int(state.trainer.x.shape[0])
-        self.next = int(g["next_round"])
+        self.next = int(g.next_round)
         # the latest consensus the coordinator recorded (round 0: the initial model)
-        load_checkpoint_file(state.trainer.model, p.fetcher.global_model(job["global_model_cid"], []))
+        load_checkpoint_file(state.trainer.model, p.fetcher.global_model(str(job.global_model_cid), []))
         self.params: Tensor = flat_params(state.trainer.model).cpu()  # (d,) this worker's own model
         self.reader = NeighbourReader(
             p.calls,
@@ -159,9 +168,9 @@ class GossipLoop:
             training_id=self.training_id,
             rounds=self.rounds,
             d=d,
-            model_size=model_bytes(str(job["compression"]), d),
-            wait=float(g["wait"] or DEFAULT_WAIT),
-            max_staleness=int(g["max_staleness"]),
+            model_size=model_bytes(str(job.compression), d),
+            wait=float(g.wait or DEFAULT_WAIT),
+            max_staleness=int(g.max_staleness),
         )
         self.publisher = Publisher(
             p.calls,
@@ -193,27 +202,27 @@ class GossipLoop:
         """No more rounds: the publisher sends what is queued, then stops."""
         self.publisher.close()
 
-    def refresh(self, job: dict[str, Any]) -> None:
+    def refresh(self, job: JobOrder) -> None:
         """A newer job view: the roster may have changed. A worker replaced (a new URL, key)
         keeps the positions: same size, same draws. A worker gone for good (ejected, its
         shard not taken over) or one more (a split) changes the size: the topology's draws
         are made again over the new positions (the same seed: every worker that reads this
         roster gets the same neighbours), so nobody keeps mixing a worker the run let go."""
-        g = job["gossip"]
-        roster = g["roster"]
-        me = next((i for i, e in enumerate(roster) if e["worker"] == self.address), None)
+        g = _order(job)
+        roster = g.roster
+        me = next((i for i, e in enumerate(roster) if e.worker == self.address), None)
         if me is None:
             return  # not in it: its own job ended (the job view will say so)
         if len(roster) != len(self.roster):
             try:
-                neighbours = RoundNeighbours(g["topology"], len(roster), int(g["seed"]))
+                neighbours = RoundNeighbours(str(g.topology), len(roster), int(g.seed))
             except AitbcError as e:  # too few left for the topology: keep the old draws
                 log.warning("roster of %d workers kept: %s", len(self.roster), e)
                 return
             log.info("roster changed: %d -> %d workers; neighbours drawn again", len(self.roster), len(roster))
             self.neighbours = neighbours
         self.roster, self.me = roster, me
-        self.next = max(self.next, int(g["next_round"]))
+        self.next = max(self.next, int(g.next_round))
 
     # --- the rounds -----------------------------------------------------------------------
 
@@ -255,7 +264,7 @@ class GossipLoop:
         )
         self.next = max(r + 1, mix.ahead)  # behind its neighbours: catch up to their clock
 
-    def _publish_own(self, r: int, local: Tensor, blob: bytes, res: LocalResult) -> dict[str, Any]:
+    def _publish_own(self, r: int, local: Tensor, blob: bytes, res: LocalResult) -> JsonObject:
         """Keep and serve its model of round ``r`` and its signed record: the record it
         publishes (a worker without a server queues both for the coordinator now)."""
         p = self.parts
@@ -277,7 +286,7 @@ class GossipLoop:
         the staleness rule at its age)."""
         mix = Mix([own], [float(self.samples)], [self.address], ahead=r)
         for j in self.neighbours.of(r, self.me):
-            if self.roster[j]["worker"] in self.publisher.distrusted:
+            if self.roster[j].worker in self.publisher.distrusted:
                 continue
             got = self.reader.model_of(self.roster[j], r)
             if got is None:
@@ -287,7 +296,7 @@ class GossipLoop:
                 continue
             mix.received.append(got.model)
             mix.weights.append(weight)
-            mix.owners.append(self.roster[j]["worker"])
+            mix.owners.append(self.roster[j].worker)
             mix.ahead = max(mix.ahead, got.round)
             mix.stale += got.round < r
             mix.witnessed.append(got.signed)
@@ -321,8 +330,8 @@ class GossipLoop:
         except (ApiError, Unreachable) as e:
             log.debug("roster not re-read: %s", e)
             return
-        job = view.get("job")
-        if job and job.get("job_id") == self.job_id and job.get("gossip"):
+        job = view.job
+        if job and job.job_id == self.job_id and job.gossip:
             self.refresh(job)
 
     def _step(self, step: int, loss: float) -> None:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import httpx
 import torch
@@ -26,6 +26,8 @@ from aitbc.core.compression import decode as decode_model
 from aitbc.core.gossip import PACE_MIN_STEPS
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.records import record_problem
+from aitbc.replies.base import JsonObject
+from aitbc.replies.gossip import RosterEntry
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.peer_fetch import TooLong, TooSlow, bounded_get
 from aitbc.worker.calls import CoordinatorCalls
@@ -55,7 +57,7 @@ class NeighbourModel(NamedTuple):
     model: Tensor  # (d,)
     samples: int
     round: int
-    signed: dict[str, Any]
+    signed: JsonObject  # its signed record
 
 
 class NeighbourReader:
@@ -88,7 +90,7 @@ class NeighbourReader:
         self.lagging: dict[str, bool] = {}  # neighbours behind this worker at their last look
         self.unreached = False  # a neighbour's server did not answer (or it named none) since reset
 
-    def model_of(self, entry: dict[str, Any], r: int) -> NeighbourModel | None:
+    def model_of(self, entry: RosterEntry, r: int) -> NeighbourModel | None:
         """Neighbour ``entry``'s model of round ``r`` (or its newest within max_staleness), or None."""
         # a neighbour that was a round or more behind last time is slow: its newest is taken
         # at once (within max_staleness), not waited for every round
@@ -100,15 +102,15 @@ class NeighbourReader:
             newest, _ = self.record(entry, None)
             if newest is not None and newest["record"]["round"] > best["record"]["round"]:
                 best = newest
-        self.lagging[entry["worker"]] = best is None or best["record"]["round"] < r
+        self.lagging[entry.worker] = best is None or best["record"]["round"] < r
         if best is None:
-            log.info("no record from neighbour %s for round %d", entry["worker"], r)
+            log.info("no record from neighbour %s for round %d", entry.worker, r)
             return None
         rec = best["record"]
         if r - rec["round"] > self.max_staleness:
             log.info(
                 "neighbour %s is at round %d, more than %d behind %d: not mixed",
-                entry["worker"],
+                entry.worker,
                 rec["round"],
                 self.max_staleness,
                 r,
@@ -120,11 +122,11 @@ class NeighbourReader:
             return None
         return NeighbourModel(model, int(rec["samples"]), int(rec["round"]), best)
 
-    def _wait_for_record(self, entry: dict[str, Any], r: int) -> tuple[dict[str, Any] | None, Pace | None]:
+    def _wait_for_record(self, entry: RosterEntry, r: int) -> tuple[JsonObject | None, Pace | None]:
         """Its newest record up to round ``r``, asked for every POLL until it has round
         ``r``, the wait runs out, or its pace says it cannot make it; and its last pace."""
-        deadline = time.monotonic() + (0.0 if self.lagging.get(entry["worker"]) else self.wait)
-        best: dict[str, Any] | None = None
+        deadline = time.monotonic() + (0.0 if self.lagging.get(entry.worker) else self.wait)
+        best: JsonObject | None = None
         pace: Pace | None = None
         while not self.stop.is_set():
             signed, pace = self.record(entry, r)
@@ -136,7 +138,7 @@ class NeighbourReader:
             if pace is not None and eta is not None and time.monotonic() + eta > deadline:  # cannot make it
                 log.info(
                     "neighbour %s is at round %d, step %d of %d: about %.2f s from round %d, past the wait",
-                    entry["worker"],
+                    entry.worker,
                     pace.round,
                     pace.step,
                     pace.steps,
@@ -147,7 +149,7 @@ class NeighbourReader:
             time.sleep(POLL)
         return best, pace
 
-    def record(self, entry: dict[str, Any], r: int | None) -> tuple[dict[str, Any] | None, Pace | None]:
+    def record(self, entry: RosterEntry, r: int | None) -> tuple[JsonObject | None, Pace | None]:
         """Its signed record of round ``r`` (else, or with ``r`` None, its newest), checked,
         from its server, else the coordinator (or None); and its pace as its server told it
         (or None)."""
@@ -155,31 +157,31 @@ class NeighbourReader:
         if signed is None:
             self.unreached = True
             try:
-                signed = self.calls.record(entry["job_id"], r)
+                signed = self.calls.record(entry.job_id, r).model_dump()
             except (ApiError, Unreachable) as e:
-                log.debug("record of %s from the coordinator: %s", entry["job_id"], e)
+                log.debug("record of %s from the coordinator: %s", entry.job_id, e)
                 return None, pace
-        problem = record_problem(signed, entry["public_key"])
+        problem = record_problem(signed, entry.public_key)
         if problem is None:
             rec = signed["record"]
-            if rec["training_id"] != self.training_id or rec["job_id"] != entry["job_id"]:
+            if rec["training_id"] != self.training_id or rec["job_id"] != entry.job_id:
                 problem = f"a record for run {rec['training_id']!r}, job {rec['job_id']!r}"
             elif not isinstance(rec["round"], int) or not 1 <= rec["round"] <= self.rounds:
                 problem = f"a record of round {rec['round']!r}"
         if problem is not None:
-            log.warning("neighbour %s: record refused: %s", entry["worker"], problem)
+            log.warning("neighbour %s: record refused: %s", entry.worker, problem)
             return None, pace
         return signed, pace
 
-    def _record_from_peer(self, entry: dict[str, Any], r: int | None) -> tuple[dict[str, Any] | None, Pace | None]:
-        if not entry.get("url"):
+    def _record_from_peer(self, entry: RosterEntry, r: int | None) -> tuple[JsonObject | None, Pace | None]:
+        if not entry.url:
             return None, None
         signed = pace = None
         body = bytearray()
         try:
             reply = bounded_get(
                 self.peers.http,
-                f"{entry['url']}/v1/records/{entry['job_id']}",
+                f"{entry.url}/v1/records/{entry.job_id}",
                 params={} if r is None else {"round": r},
                 seconds=RECORD_SECONDS,
                 max_bytes=MAX_RECORD_BYTES,
@@ -189,34 +191,34 @@ class NeighbourReader:
             if reply.status == 200:
                 signed = json.loads(body)
         except (httpx.HTTPError, ValueError, TooSlow, TooLong) as e:
-            log.debug("record from %s: %s", entry["url"], e)
+            log.debug("record from %s: %s", entry.url, e)
         return signed, pace
 
-    def blob(self, entry: dict[str, Any], cid: str) -> bytes | None:
+    def blob(self, entry: RosterEntry, cid: str) -> bytes | None:
         """The model ``cid`` from the neighbour's server (CID-checked, at most its known
         size, within the fetcher's deadline; a mismatch is reported), else the
         coordinator's copy."""
         path: Path | None = None
-        if entry.get("url"):
+        if entry.url:
             try:
-                size = self.peers.download(entry["url"], cid, self.incoming, max_bytes=self.model_size)
+                size = self.peers.download(entry.url, cid, self.incoming, max_bytes=self.model_size)
                 self.metrics.bytes.labels("peer").inc(size)
                 path = self.incoming.dir / cid
             except PeerUnavailable as e:
                 log.info("%s; the coordinator's copy", e)
             except IntegrityError as e:
                 log.warning("%s; reported", e)
-                self.report(cid, entry["worker"])
+                self.report(cid, entry.worker)
                 return None
             except AitbcError as e:
-                log.warning("neighbour %s: %s", entry["worker"], e)
+                log.warning("neighbour %s: %s", entry.worker, e)
                 return None
         if path is None:
             try:
                 self.calls.download_blob(cid, self.incoming)
                 path = self.incoming.dir / cid
             except (ApiError, Unreachable, IntegrityError) as e:
-                log.info("model %s of %s not fetched: %s", cid, entry["worker"], e)
+                log.info("model %s of %s not fetched: %s", cid, entry.worker, e)
                 return None
         try:
             return path.read_bytes()

@@ -12,11 +12,11 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aitbc.client import ApiError, Unreachable
 from aitbc.ledger.records import make_record
 from aitbc.ledger.wallet import Wallet
+from aitbc.replies.base import JsonObject
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.fetcher import KEEP_PUBLISHED, ModelFetcher
 
@@ -31,8 +31,8 @@ class Outgoing:
 
     round: int
     blob: bytes | None  # its model, uploaded first (a worker its neighbours cannot reach)
-    signed: dict[str, Any] | None  # its own record
-    witnessed: list[dict[str, Any]] = field(default_factory=list)  # the neighbours' records it mixed
+    signed: JsonObject | None  # its own record
+    witnessed: list[JsonObject] = field(default_factory=list)  # the neighbours' records it mixed
 
 
 class PublishedRecords:
@@ -40,9 +40,9 @@ class PublishedRecords:
     job, read by its peer server's threads."""
 
     def __init__(self) -> None:
-        self._records: dict[tuple[str, int], dict[str, Any]] = {}
+        self._records: dict[tuple[str, int], JsonObject] = {}
 
-    def keep(self, job_id: str, r: int, signed: dict[str, Any]) -> None:
+    def keep(self, job_id: str, r: int, signed: JsonObject) -> None:
         self._records[(job_id, r)] = signed
 
     def trim(self, job_id: str, r: int) -> None:
@@ -50,7 +50,7 @@ class PublishedRecords:
         for old in [k for k in self._records if k[0] == job_id and k[1] <= r - KEEP_PUBLISHED]:
             del self._records[old]
 
-    def get(self, job_id: str, round: int | None) -> dict[str, Any] | None:
+    def get(self, job_id: str, round: int | None) -> JsonObject | None:
         """Its record for ``job_id``: of ``round`` if kept, else its newest."""
         mine = {r: v for (j, r), v in list(self._records.items()) if j == job_id}
         if not mine:
@@ -98,7 +98,7 @@ class Publisher:
 
     # --- its own signed records ---------------------------------------------------------------
 
-    def sign(self, r: int, cid: str, loss: float) -> dict[str, Any]:
+    def sign(self, r: int, cid: str, loss: float) -> JsonObject:
         return make_record(
             self.wallet,
             training_id=self.training_id,
@@ -109,7 +109,7 @@ class Publisher:
             train_loss=loss,
         )
 
-    def keep_signed(self, signed: dict[str, Any]) -> None:
+    def keep_signed(self, signed: JsonObject) -> None:
         """Serve ``signed`` (the last KEEP_PUBLISHED rounds) after writing it to its log on
         disk and, with a server, claiming it (:meth:`_claim`)."""
         self.signed_log.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,7 @@ class Publisher:
         self.published.keep(self.job_id, r, signed)
         self.published.trim(self.job_id, r)
 
-    def _claim(self, signed: dict[str, Any]) -> None:
+    def _claim(self, signed: JsonObject) -> None:
         """Tell the coordinator of its own record before anyone can read it (its peer server
         serves it only after this): the coordinator then knows this worker signed the CID
         before any neighbour could copy it, so a copy of it signed by another is that
@@ -145,7 +145,7 @@ class Publisher:
         if not self.signed_log.exists():
             return []
         me = self.wallet.address
-        kept: dict[int, dict[str, Any]] = {}
+        kept: dict[int, JsonObject] = {}
         for line in self.signed_log.read_text().splitlines():
             try:
                 signed = json.loads(line)
@@ -175,7 +175,7 @@ class Publisher:
                 return
             self.fetcher.announce()
 
-    def _publish(self, r: int, blob: bytes | None, signed: dict[str, Any]) -> bool:
+    def _publish(self, r: int, blob: bytes | None, signed: JsonObject) -> bool:
         """Send its record of round ``r`` (its blob first, if given). False: stop publishing
         (the worker stops, or the job is over)."""
         calls = self.calls
@@ -196,7 +196,7 @@ class Publisher:
             log.warning("record of round %d refused (%s): %s", r, e.code, e.detail)
         return True
 
-    def report_witnessed(self, r: int, witnessed: list[dict[str, Any]]) -> None:
+    def report_witnessed(self, r: int, witnessed: list[JsonObject]) -> None:
         """Send the neighbours' records it mixed in round ``r``: the coordinator flags a
         neighbour that signed another record of that round (equivocation)."""
         try:
@@ -205,10 +205,10 @@ class Publisher:
             log.warning("records witnessed in round %d refused (%s): %s", r, e.code, e.detail)
             return
         for v in verdicts or []:
-            if v["verdict"] == "equivocation":
-                self.distrusted.add(v["worker"])
+            if v.verdict == "equivocation":
+                self.distrusted.add(v.worker)
                 log.warning(
                     "neighbour %s signed two records of round %d: flagged; not mixed from now on",
-                    v["worker"],
-                    v["round"],
+                    v.worker,
+                    v.round,
                 )

@@ -18,6 +18,8 @@ from typing import Any
 from aitbc.client import ApiError, Unreachable
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.wallet import Wallet
+from aitbc.replies.base import JsonObject
+from aitbc.replies.jobs import JobOrder, JobPoll
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.fetcher import ModelFetcher
@@ -53,7 +55,7 @@ class JobLoop:
         *,
         wallet: Wallet,
         home: Path,
-        device: dict[str, Any],
+        device: JsonObject,
     ) -> None:
         self.cfg, self.calls, self.fetcher, self.trainer = cfg, calls, fetcher, trainer
         self.spot_checks, self.metrics, self.reporter = spot_checks, metrics, reporter
@@ -89,30 +91,30 @@ class JobLoop:
             view = self.pipeline.view_after_send() or self.pipeline.view_looked_ahead() or self.calls.retry(self._poll)
             if view is None:
                 break  # stopping
-            self._take(view.get("job"))
+            self._take(view.job)
         self.reporter.close()  # an update still being sent is left: a stopped worker's round is not recorded
         self.calls.close()
 
-    def _take(self, job: dict[str, Any] | None) -> None:
+    def _take(self, job: JobOrder | None) -> None:
         """Act on the job a view names (None: none)."""
-        self._seen_job = "" if job is None else job["job_id"]
+        self._seen_job = "" if job is None else job.job_id
         if job is None:
             self._release()
             return
-        if job["action"] == "train":
-            self.fetcher.expect(job.get("global_model_cid"))
-        if job["job_id"] in self.refused:
+        if job.action == "train":
+            self.fetcher.expect(job.global_model_cid)
+        if job.job_id in self.refused:
             self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
             return
-        new = self.job is None or self.job.job_id != job["job_id"]
-        if job["action"] == "wait" and job.get("mode") != "gossip" and new and not self._prepare_ahead(job):
+        new = self.job is None or self.job.job_id != job.job_id
+        if job.action == "wait" and job.mode != "gossip" and new and not self._prepare_ahead(job):
             return
-        if job.get("challenge"):  # overlap 2: also in a view that says train (the next round's)
+        if job.challenge:  # overlap 2: also in a view that says train (the next round's)
             try:  # its reply was lost: the job view repeats it
-                self.spot_checks.answer(job["job_id"], self.job, job["challenge"])
+                self.spot_checks.answer(job.job_id, self.job, job.challenge)
             except ApiError as e:  # a refused upload (413, 429): asked again at the next poll
-                log.warning("spot check of round %s: %s", job["challenge"]["round"], e.detail)
-        if job["action"] == "train":
+                log.warning("spot check of round %s: %s", job.challenge.round, e.detail)
+        if job.action == "train":
             self._train(job)
 
     def _release(self) -> None:
@@ -125,7 +127,7 @@ class JobLoop:
         self.fetcher.forget_ready()  # no copy of its models is held past the job
         self.metrics.clear_job()
 
-    def _prepare_ahead(self, job: dict[str, Any]) -> bool:
+    def _prepare_ahead(self, job: JobOrder) -> bool:
         """A new job before its first round: its shard fetched, its model built, now. False:
         its model is refused."""
         try:
@@ -134,12 +136,12 @@ class JobLoop:
             self.decline(job, e)
             return False
         except (ApiError, Unreachable, IntegrityError) as e:  # fetched again when it trains
-            log.info("job %s not prepared ahead: %s", job["job_id"], e)
+            log.info("job %s not prepared ahead: %s", job.job_id, e)
         return True
 
-    def _train(self, job: dict[str, Any]) -> None:
+    def _train(self, job: JobOrder) -> None:
         try:
-            if job.get("mode") == "gossip":
+            if job.mode == "gossip":
                 self.gossip(job)
             else:
                 self.train_round(job)
@@ -151,14 +153,14 @@ class JobLoop:
             log.warning("%s", e)
             self.stop.wait(1.0)
 
-    def train_round(self, job: dict[str, Any]) -> None:
+    def train_round(self, job: JobOrder) -> None:
         """One round of a job that is not gossip (see :meth:`SendPipeline.train_round`)."""
         t0 = time.perf_counter()
-        self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
+        self.metrics.set_job(job.training_id, job.job_id, job.round)
         self.job = state = self.trainer.prepare(job, self.job)
         self.pipeline.train_round(job, state, t0)
 
-    def _poll(self, after: int | None = None) -> dict[str, Any]:
+    def _poll(self, after: int | None = None) -> JobPoll:
         """The job's view: a long poll, answered when there is a round to train (a model of
         at most INLINE_MODEL bytes inside it: no second request before the round trains);
         ``after``: in a round past that one (overlap 2: the next model, not the updates this
@@ -207,24 +209,22 @@ class JobLoop:
 
     # --- refusals ---------------------------------------------------------------------------
 
-    def decline(self, job: dict[str, Any], e: ModelRefused) -> None:
+    def decline(self, job: JobOrder, e: ModelRefused) -> None:
         """A job whose model this machine will not build (code its operator did not allow,
         a model past the bounds): nothing imported, nothing trained; the owner sees it in
         the job's status, and the round goes on without this worker (no update is no fault)."""
-        log.error("job %s of %s refused: %s", job["job_id"], job["training_id"], e)
-        self.refused.add(job["job_id"])
-        self._send_progress(
-            job["job_id"], progress_body(job.get("round"), 0.0, None, 0.0, "refused: model not allowed")
-        )
+        log.error("job %s of %s refused: %s", job.job_id, job.training_id, e)
+        self.refused.add(job.job_id)
+        self._send_progress(job.job_id, progress_body(job.round, 0.0, None, 0.0, "refused: model not allowed"))
 
-    def _on_refusal(self, job: dict[str, Any], e: ApiError) -> None:
+    def _on_refusal(self, job: JobOrder, e: ApiError) -> None:
         """The coordinator refused an update (or the round's work): why, in the log; a job
         that is over is let go."""
         self.metrics.refusals.inc()
         if e.code in ("round_closed", "wrong_round", "not_accepting", "duplicate_update", "too_stale"):
-            log.info("round %s of %s: %s", job["round"], job["training_id"], e.detail)
+            log.info("round %s of %s: %s", job.round, job.training_id, e.detail)
         elif e.code in ("job_not_active", "run_ended"):
-            log.info("job %s over: %s", job["job_id"], e.detail)
+            log.info("job %s over: %s", job.job_id, e.detail)
             self.job = None
             self.metrics.clear_job()
         else:
@@ -241,13 +241,13 @@ class JobLoop:
 
     # --- gossip -----------------------------------------------------------------------------
 
-    def gossip(self, job: dict[str, Any]) -> None:
+    def gossip(self, job: JobOrder) -> None:
         """Run a gossip job's rounds (:mod:`aitbc.worker.gossip`) until its last, or until
         the worker stops; the coordinator is needed only to start (or to refresh the roster)."""
-        self.metrics.set_job(job["training_id"], job["job_id"], job["round"])
+        self.metrics.set_job(job.training_id, job.job_id, job.round)
         self.job = state = self.trainer.prepare(job, self.job)
         loop = self._gossip
-        if loop is None or loop.job_id != job["job_id"]:
+        if loop is None or loop.job_id != job.job_id:
             if loop is not None:
                 loop.close()
             parts = GossipParts(
@@ -266,7 +266,7 @@ class JobLoop:
         else:
             loop.refresh(job)
         loop.run()
-        if loop.next > (job["rounds"] or 1) or loop.ended:
+        if loop.next > (job.rounds or 1) or loop.ended:
             self.stop.wait(self.cfg.poll_seconds if not loop.ended else 0)  # its records go out meanwhile
 
     def gossip_pace(self, job_id: str) -> str | None:

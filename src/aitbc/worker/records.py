@@ -12,6 +12,7 @@ from torch import Tensor
 
 from aitbc.core.compression import ErrorFeedback
 from aitbc.errors import AitbcError
+from aitbc.replies.jobs import JobOrder
 from aitbc.training.checkpoint import Layout
 from aitbc.training.local import LocalTrainer
 from aitbc.training.proof import Recorder
@@ -126,8 +127,8 @@ class Trained:
         return OwnUpdate(self.body["cid"], self.blob)
 
 
-def ahead_key(job: dict[str, Any]) -> tuple[Any, ...]:
+def ahead_key(job: JobOrder, round: int) -> tuple[Any, ...]:
     """What a round trained ahead must match in the job's view of that round to be sent:
     the job, the round, the shard and every training setting (the owner may change them)."""
-    fields = ("job_id", "round", "shard_cid", "local_steps", "batch_size", "lr", "epochs", "inner_opt", "precision")
-    return tuple(job.get(k) for k in (*fields, "compression", "error_feedback", "verify_rate", "seed"))
+    settings = (job.local_steps, job.batch_size, job.lr, job.epochs, job.inner_opt, job.precision, job.compression)
+    return (job.job_id, round, job.shard_cid, *settings, job.error_feedback, job.verify_rate, job.seed)

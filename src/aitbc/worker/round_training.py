@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import UsageError
+from aitbc.errors import AitbcError, UsageError
+from aitbc.replies.jobs import JobOrder
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, param_layout
@@ -38,13 +39,22 @@ from aitbc.worker.spot_checks import SpotChecks
 log = logging.getLogger("aitbc.worker")
 
 OnStep = Callable[[int, float], None]
+T = TypeVar("T")
 
 
-def local_steps(job: dict[str, Any], samples: int) -> int:
+def known(value: T | None, what: str, job: JobOrder) -> T:
+    """A setting a train order carries (None only in a view of a run not yet configured)."""
+    if value is None:
+        raise AitbcError(f"job {job.job_id}: its order to train has no {what}")
+    return value
+
+
+def local_steps(job: JobOrder, samples: int) -> int:
     """The round's local steps: ``epochs`` passes over this shard if the owner set them
     (the shard's own size decides the steps), else ``local_steps``."""
-    epochs = job.get("epochs")
-    return epoch_steps(int(epochs), samples, int(job["batch_size"])) if epochs else int(job["local_steps"])
+    epochs = job.epochs
+    batch_size = known(job.batch_size, "batch_size", job)
+    return epoch_steps(int(epochs), samples, batch_size) if epochs else known(job.local_steps, "local_steps", job)
 
 
 class RoundTrainer:
@@ -70,61 +80,64 @@ class RoundTrainer:
 
     # --- the job ----------------------------------------------------------------------------
 
-    def prepare(self, job: dict[str, Any], current: JobState | None) -> JobState:
+    def prepare(self, job: JobOrder, current: JobState | None) -> JobState:
         """The state of ``job``: ``current`` brought up to the job's settings if it is that
         job's (the owner may have changed its steps, batch size or lr, or split its shard),
         else built: its model (a :class:`ModelRefused` before any download if this worker
         will not build it), its shard, its trainer and codec."""
-        if current is not None and current.job_id == job["job_id"]:
+        if current is not None and current.job_id == job.job_id:
             data = None
-            if job["shard_cid"] != current.shard_cid:
-                data = self._labels(load_shard_file(self.fetcher.shard(job["shard_cid"])), job)
-                current.shard_cid = job["shard_cid"]
-                log.info("job %s: now on shard %d (%d samples)", job["job_id"], job["shard_index"], data[0].shape[0])
+            if job.shard_cid != current.shard_cid:
+                data = self._labels(load_shard_file(self.fetcher.shard(job.shard_cid)), job)
+                current.shard_cid = job.shard_cid
+                log.info("job %s: now on shard %d (%d samples)", job.job_id, job.shard_index, data[0].shape[0])
             samples = int((data[0] if data is not None else current.trainer.x).shape[0])
             current.trainer.reconfigure(
-                steps=local_steps(job, samples), batch_size=job["batch_size"], lr=job["lr"], data=data
+                steps=local_steps(job, samples),
+                batch_size=known(job.batch_size, "batch_size", job),
+                lr=known(job.lr, "lr", job),
+                data=data,
             )
             return current
-        spec_d = job["data_spec"]
+        spec_d = known(job.data_spec, "data_spec", job)
         spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
         try:  # before any download: code this operator did not allow is never imported
-            model = build_model(job["model_type"], spec, job["model_options"], allow_code=self.cfg.allow_code)
+            model = build_model(job.model_type, spec, job.model_options, allow_code=self.cfg.allow_code)
         except UsageError as e:
             raise ModelRefused(str(e)) from None
-        x, y = self._labels(load_shard_file(self.fetcher.shard(job["shard_cid"])), job)
+        x, y = self._labels(load_shard_file(self.fetcher.shard(job.shard_cid)), job)
         cfg = LocalConfig(
             steps=local_steps(job, int(x.shape[0])),
-            batch_size=job["batch_size"],
-            optimizer=job["inner_opt"],
-            lr=job["lr"],
-            precision=job.get("precision") or "fp32",  # a coordinator before bf16 sends none
+            batch_size=known(job.batch_size, "batch_size", job),
+            optimizer=known(job.inner_opt, "inner_opt", job),
+            lr=known(job.lr, "lr", job),
+            precision=job.precision or "fp32",  # a coordinator before bf16 sends none
         )
         if self.ranks is not None:
-            self.ranks.job(job["model_type"], job["model_options"], spec, cfg, job["seed"], x, y)
+            self.ranks.job(job.model_type, job.model_options, spec, cfg, job.seed, x, y)
         group = self.ranks.group if self.ranks is not None else None
-        trainer = LocalTrainer(model, x, y, cfg, seed=job["seed"], device=self.devices[0], group=group)
-        name, opts = parse_spec(job["compression"], what="codec")
+        trainer = LocalTrainer(model, x, y, cfg, seed=job.seed, device=self.devices[0], group=group)
+        name, opts = parse_spec(known(job.compression, "compression", job), what="codec")
         codec = build_codec(
-            name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=bool(job["error_feedback"])
+            name, opts, layout=[tuple(p.shape) for p in model.parameters()], error_feedback=bool(job.error_feedback)
         )
         state = JobState(
-            job_id=job["job_id"],
+            job_id=job.job_id,
             trainer=trainer,
             codec=codec,
-            rounds=job["rounds"],
-            shard_cid=job["shard_cid"],
+            rounds=job.rounds,
+            shard_cid=job.shard_cid,
             layout=param_layout(model),
         )
-        log.info(
-            "job %s: shard %d (%d samples) of %s", job["job_id"], job["shard_index"], x.shape[0], job["training_id"]
-        )
+        log.info("job %s: shard %d (%d samples) of %s", job.job_id, job.shard_index, x.shape[0], job.training_id)
         return state
 
-    def _labels(self, shard: tuple[Any, Any], job: dict[str, Any]) -> tuple[Any, Any]:
+    def _labels(self, shard: tuple[Any, Any], job: JobOrder) -> tuple[Any, Any]:
         x, y = shard
         if self.attacker is not None and self.attacker.flips_labels:
-            y = int(job["data_spec"]["num_classes"]) - 1 - y  # label-flip poisons the worker's own data
+            y = (
+                int(known(job.data_spec, "data_spec", job)["num_classes"]) - 1 - y
+            )  # label-flip poisons the worker's own data
         return x, y
 
     def sent_update(self, delta: Tensor) -> Tensor:
@@ -133,7 +146,7 @@ class RoundTrainer:
 
     # --- one round --------------------------------------------------------------------------
 
-    def train(self, job: dict[str, Any], state: JobState, round: int, priors: list[OwnUpdate] | None = None) -> Trained:
+    def train(self, job: JobOrder, state: JobState, round: int, priors: list[OwnUpdate] | None = None) -> Trained:
         """Round ``round``'s update from the job view's global model: H local steps, the
         codec, the proof if asked. A ``round`` past the view's is trained ahead (overlap):
         from the newest model there is (its update's ``base_cid``), less ``priors``, this
@@ -141,16 +154,16 @@ class RoundTrainer:
         decode (the newest is ``prior_cid``, each names the one before): an eager start,
         where its last round ended moved by what the global model gained since, so the
         coordinator counts the update in full (``aitbc.coordinator.rounds.workers.update_prior``)."""
-        base = job["global_model_cid"]
-        ahead = round != job["round"]
+        base = known(job.global_model_cid, "global_model_cid", job)
+        ahead = round != job.round
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see local_steps)
         t_download = time.perf_counter()
         start = self._start(job, state, base)
         download = time.perf_counter() - t_download
         if ahead and priors:
             start = eager_start(start, [p.blob for p in priors])
-        verify = float(job.get("verify_rate") or 0.0) > 0
-        overlap = bool(job.get("overlap"))
+        verify = float(job.verify_rate or 0.0) > 0
+        overlap = bool(job.overlap)
         if verify or overlap:  # a round sent while the next trains, or trained ahead, may be dropped
             state.mark_round_start(round)
         t_compute = time.perf_counter()
@@ -170,14 +183,14 @@ class RoundTrainer:
             "shard_cid": state.shard_cid,
             "epoch": res.epoch,
         }
-        if ahead or job.get("mode") == "async":  # async: the version it trained from sets its weight
+        if ahead or job.mode == "async":  # async: the version it trained from sets its weight
             body["base_cid"] = base
         if ahead and priors:
             body["prior_cid"] = priors[0].cid
         if proof is not None:
             body["proof"] = proof
         return Trained(
-            key=ahead_key({**job, "round": round}),
+            key=ahead_key(job, round),
             round=round,
             blob=blob,
             body=body,
@@ -187,20 +200,20 @@ class RoundTrainer:
             timings={"download": download, "compute": t_encode - t_compute, "encode": t_done - t_encode},
         )
 
-    def _start(self, job: dict[str, Any], state: JobState, base: str) -> Tensor:
+    def _start(self, job: JobOrder, state: JobState, base: str) -> Tensor:
         """The ``(d,)`` model the round starts from: read ahead by the look-ahead thread
         (overlap 2) if it was, else loaded from the global model's file."""
         start = self.fetcher.take_ready(state.job_id, base)
         if start is None:
-            model = self.fetcher.global_model(base, job.get("model_peers") or [], inline=job.get("global_model"))
+            model = self.fetcher.global_model(base, job.model_peers or [], inline=job.global_model)
             load_checkpoint_file(state.trainer.model, model)
             start = flat_params(state.trainer.model).cpu()  # (d,)
         return start
 
-    def _step_reporter(self, job: dict[str, Any], state: JobState, steps: int, t_compute: float) -> OnStep:
+    def _step_reporter(self, job: JobOrder, state: JobState, steps: int, t_compute: float) -> OnStep:
         """What runs after each local step: the step's metrics and, now and then, a progress report."""
         every = max(1, min(self.cfg.progress_every, steps // 4 or 1))
-        job_id = job["job_id"]
+        job_id = job.job_id
 
         def report(step: int, loss: float) -> None:
             # The first step opens the round's reports (its loss is the job's own from then on),
@@ -218,8 +231,8 @@ class RoundTrainer:
             due = last_job != job_id or now - last_at >= self.cfg.progress_seconds
             if due and (step == 1 or (step % every == 0 and step < steps)):
                 self._last_report = (job_id, now)
-                body = progress_body(job.get("round"), 100.0 * step / steps, loss, state.epoch, "training", step=step)
-                self.reporter.report(job["job_id"], body)
+                body = progress_body(job.round, 100.0 * step / steps, loss, state.epoch, "training", step=step)
+                self.reporter.report(job.job_id, body)
 
         return report
 
@@ -238,7 +251,7 @@ class RoundTrainer:
             raise self.ranks.failure(e) from None
 
     def _encode(
-        self, job: dict[str, Any], state: JobState, res: LocalResult, d: int, round: int, recorder: Recorder | None
+        self, job: JobOrder, state: JobState, res: LocalResult, d: int, round: int, recorder: Recorder | None
     ) -> tuple[bytes, Tensor | None, dict[str, Any] | None]:
         """The update's blob, the residual it began with (error feedback) and its proof."""
         feedback = isinstance(state.codec, ErrorFeedback)
@@ -254,7 +267,7 @@ class RoundTrainer:
             state.codec.residual if feedback else None,
             batch_size=cfg.batch_size,
             lr=cfg.lr,
-            data_seed=data_seed(job["seed"], round),
+            data_seed=data_seed(job.seed, round),
             threads=torch.get_num_threads(),  # the verifier re-runs on as many: bit-exact on like hardware
         ).to_json()
         return blob, residual_in, proof

@@ -22,6 +22,7 @@ from typing import Any
 
 from aitbc.client import ApiError, Unreachable
 from aitbc.errors import IntegrityError
+from aitbc.replies.jobs import Challenge, JobOrder, JobPoll
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.metrics import WorkerMetrics
@@ -49,7 +50,7 @@ class Dropped(Exception):
 class InFlight:
     """An update being sent on a sender thread, and the job view it was trained for."""
 
-    job: dict[str, Any]
+    job: JobOrder
     trained: Trained
     sender: Sender
 
@@ -69,8 +70,8 @@ class SendPipeline:
         reporter: Reporter,
         *,
         current: Callable[[], JobState | None],
-        poll: Callable[[int | None], dict[str, Any]],
-        refused: Callable[[dict[str, Any], ApiError], None],
+        poll: Callable[[int | None], JobPoll],
+        refused: Callable[[JobOrder, ApiError], None],
     ) -> None:
         self.trainer, self.calls, self.fetcher, self.spot_checks = trainer, calls, fetcher, spot_checks
         self.metrics, self.reporter = metrics, reporter
@@ -88,7 +89,7 @@ class SendPipeline:
 
     # --- a round ----------------------------------------------------------------------------
 
-    def train_round(self, job: dict[str, Any], state: JobState, t0: float) -> None:
+    def train_round(self, job: JobOrder, state: JobState, t0: float) -> None:
         """Train the round the job's view asks an update for (``send_round``: the open
         round, or with ``overlap`` 2 the next one once this one's update is in), or take the
         one trained ahead for it, if it still fits (same job, round and settings), and send
@@ -96,14 +97,14 @@ class SendPipeline:
         view's model less this worker's own updates not yet in it (an eager start: where its
         last round ended, moved by what the global model gained since), up to k rounds
         past the view's model."""
-        if int(job.get("overlap") or 0) >= 2:
+        if int(job.overlap or 0) >= 2:
             self._train_two_ahead(job, state, t0)
             return
-        n = job["round"]
+        n = job.round
         done = self._take_ahead(job, state, n)
         if done is None:
             done = self.trainer.train(job, state, n)
-        if not (job.get("overlap") and n < (job["rounds"] or 1)):
+        if not (job.overlap and n < (job.rounds or 1)):
             self._submit(job, state, done, t0)
             return
         # Overlap 1: this update goes out from the sender thread while the next round trains
@@ -114,7 +115,7 @@ class SendPipeline:
         self._sending = InFlight(job, done, Sender(lambda: self._send_and_look(job, state, done, t0)))
         self._ahead = self.trainer.train(job, state, n + 1, priors=[done.update])
 
-    def _train_two_ahead(self, job: dict[str, Any], state: JobState, t0: float) -> None:
+    def _train_two_ahead(self, job: JobOrder, state: JobState, t0: float) -> None:
         """Overlap 2: send the update the view asks for (``send_round``: the open round's,
         or the next one's once that is in; later than the updates still being sent), the
         one trained ahead for it if it still fits, queued behind those being sent; then
@@ -122,11 +123,11 @@ class SendPipeline:
         not in it (this one, and the open round's: a chain of priors). The main thread
         never waits for a send, only for the model it trains from (``poll(after)``)."""
         self._reap_sends()
-        m = job["round"]
-        n = int(job.get("send_round") or m)
+        m = job.round
+        n = int(job.send_round or m)
         # the view may not have seen the updates sent or being sent since it was read
-        sent = [f.trained.round for f in self._sends if f.job["job_id"] == job["job_id"]]
-        if self._sent is not None and self._sent.job_id == job["job_id"]:
+        sent = [f.trained.round for f in self._sends if f.job.job_id == job.job_id]
+        if self._sent is not None and self._sent.job_id == job.job_id:
             sent.append(self._sent.round)
         if sent and n <= max(sent):
             n = max(sent) + 1
@@ -135,23 +136,23 @@ class SendPipeline:
             return
         done = self._take_ahead(job, state, n)
         if done is None:  # none trained ahead (the first round, a restart, a dropped one)
-            mine = self.own_update(job["job_id"], n - 1) if n > m else None
+            mine = self.own_update(job.job_id, n - 1) if n > m else None
             done = self.trainer.train(job, state, n, priors=[mine] if mine else [])
         self.reporter.drain()  # no progress report of this round may land after its update
         before = self._sends[-1].sender if self._sends else None
         self._sends.append(InFlight(job, done, Sender(lambda: self._send_after(before, job, state, done, t0))))
         chain = [done.update]
         if n > m:  # the next round starts past this worker's update of the open round too
-            mine = self.own_update(job["job_id"], n - 1)
+            mine = self.own_update(job.job_id, n - 1)
             chain = chain + [mine] if mine is not None else []
-        if n >= (job["rounds"] or 1) or not chain:  # the run's last update, or no eager start to make
+        if n >= (job.rounds or 1) or not chain:  # the run's last update, or no eager start to make
             self._settle_sends()
             return
         # round n+1 goes out once round n is open: its view and model are fetched meanwhile
         self._look = Sender(lambda: self._look_past(n - 1))
         self._ahead = self.trainer.train(job, state, n + 1, priors=chain)
 
-    def _take_ahead(self, job: dict[str, Any], state: JobState, round: int) -> Trained | None:
+    def _take_ahead(self, job: JobOrder, state: JobState, round: int) -> Trained | None:
         """The round trained ahead for ``job`` (its update not yet sent), if the job's view
         still asks for exactly it (``round``, the view's ``send_round``); otherwise it is
         dropped and the optimizer and residual go back to where the last sent update left
@@ -159,7 +160,7 @@ class SendPipeline:
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        if ahead.key == ahead_key({**job, "round": round}):
+        if ahead.key == ahead_key(job, round):
             return ahead
         log.info("round %d trained ahead is dropped: the job now asks for round %d", ahead.round, round)
         state.restore_round_start(ahead.start)
@@ -169,7 +170,7 @@ class SendPipeline:
         """This worker's own update of ``round`` for job ``job_id``: the last one recorded,
         or one being sent (overlap 2); else None."""
         for f in reversed(self._sends):
-            if f.job["job_id"] == job_id and f.trained.round == round:
+            if f.job.job_id == job_id and f.trained.round == round:
                 return f.trained.update
         sent = self._sent
         if sent is None or sent.job_id != job_id or sent.round != round:
@@ -178,31 +179,31 @@ class SendPipeline:
 
     # --- the next job view, fetched ahead ----------------------------------------------------
 
-    def _look_past(self, after: int | None) -> dict[str, Any] | None:
+    def _look_past(self, after: int | None) -> JobPoll | None:
         """On a sender thread: the job's view once there is a round to train (overlap 2:
         once round ``after`` has closed), its model fetched, so the main thread, done
         training ahead, finds both at hand. None: the main thread asks itself."""
         try:
             view = self.calls.retry(lambda: self._poll(after))
-            nxt = (view or {}).get("job")
-            if nxt and nxt["action"] == "train" and nxt.get("global_model_cid"):
-                self.fetcher.expect(nxt["global_model_cid"])
-                cid = nxt["global_model_cid"]
-                path = self.fetcher.global_model(cid, nxt.get("model_peers") or [], inline=nxt.get("global_model"))
+            nxt = None if view is None else view.job
+            if nxt and nxt.action == "train" and nxt.global_model_cid:
+                self.fetcher.expect(nxt.global_model_cid)
+                cid = nxt.global_model_cid
+                path = self.fetcher.global_model(cid, nxt.model_peers, inline=nxt.global_model)
                 state = self._current()
-                if state is not None and state.job_id == nxt["job_id"] and state.layout is not None:
+                if state is not None and state.job_id == nxt.job_id and state.layout is not None:
                     self.fetcher.read_ahead(state.job_id, cid, path, state.layout)
             return view
         except (ApiError, Unreachable, IntegrityError, OSError) as e:  # the main thread polls and downloads again
             log.info("next round not fetched ahead: %s", e)
             return None
 
-    def view_looked_ahead(self) -> dict[str, Any] | None:
+    def view_looked_ahead(self) -> JobPoll | None:
         """The view the look-ahead thread fetched (overlap 2), if one is under way."""
         look, self._look = self._look, None
         return None if look is None else look.wait()
 
-    def _send_and_look(self, job: dict[str, Any], state: JobState, done: Trained, t0: float) -> dict[str, Any] | None:
+    def _send_and_look(self, job: JobOrder, state: JobState, done: Trained, t0: float) -> JobPoll | None:
         """The sender thread (overlap 1): send the round's update, then wait for the next
         round to open and fetch its model, so the main thread, done training ahead, finds
         both at hand. Returns the job's view (None: the main thread asks itself)."""
@@ -211,7 +212,7 @@ class SendPipeline:
 
     # --- settling what was sent ----------------------------------------------------------------
 
-    def view_after_send(self) -> dict[str, Any] | None:
+    def view_after_send(self) -> JobPoll | None:
         """Overlap 1: wait for the update the sender thread is sending and return the job's
         view it fetched after it. If the update was refused, the round trained ahead after it
         goes too (it began where that one ended), and the optimizer and residual go back to
@@ -232,9 +233,7 @@ class SendPipeline:
             log.warning("%s", e)
         return None
 
-    def _send_after(
-        self, before: Sender | None, job: dict[str, Any], state: JobState, done: Trained, t0: float
-    ) -> None:
+    def _send_after(self, before: Sender | None, job: JobOrder, state: JobState, done: Trained, t0: float) -> None:
         """A sender thread (overlap 2): once the update queued before this one is sent, send
         this one; if that one was refused, this one is not sent (it began where that ended)."""
         if before is not None:
@@ -279,12 +278,12 @@ class SendPipeline:
             except (Unreachable, IntegrityError) as e:  # stopping (sends are retried through outages)
                 log.warning("%s", e)
 
-    def _note_sent(self, job: dict[str, Any], done: Trained) -> None:
+    def _note_sent(self, job: JobOrder, done: Trained) -> None:
         """``done`` is recorded: the last update sent, the next rounds' eager start names it."""
-        self._sent = SentUpdate(job["job_id"], done.round, done.update)
+        self._sent = SentUpdate(job.job_id, done.round, done.update)
 
     def _drop_after_refusal(
-        self, job: dict[str, Any], e: ApiError, done: Trained, later: list[Trained] | None = None
+        self, job: JobOrder, e: ApiError, done: Trained, later: list[Trained] | None = None
     ) -> None:
         """``done`` was refused (not a duplicate): the round trained ahead goes, as do
         ``later``, the updates queued after it (each began where the one before ended), and
@@ -292,7 +291,7 @@ class SendPipeline:
         update recorded as rejected: the chain goes on from it)."""
         ahead, self._ahead = self._ahead, None
         state = self._current()
-        if state is None or state.job_id != job["job_id"]:
+        if state is None or state.job_id != job.job_id:
             return
         dropped = [d for d in (done, *(later or []), ahead) if d is not None]
         first = dropped[1:] if e.code == "update_rejected" else dropped
@@ -301,7 +300,7 @@ class SendPipeline:
 
     # --- the upload ----------------------------------------------------------------------------
 
-    def _submit(self, job: dict[str, Any], state: JobState, done: Trained, t0: float, *, drained: bool = False) -> None:
+    def _submit(self, job: JobOrder, state: JobState, done: Trained, t0: float, *, drained: bool = False) -> None:
         """Upload the round's update blob and send the signed message that names it.
         ``drained``: the caller drained the progress reports (the sender thread: the
         reports now waiting are the next round's)."""
@@ -319,7 +318,7 @@ class SendPipeline:
         if not drained:
             self.reporter.drain()  # no progress report of this round may land after its update
         try:
-            challenge = self._post_inline(job, body, blob) if inline else self.calls.post_update(job["job_id"], body)
+            challenge = self._post_inline(job, body, blob) if inline else self.calls.post_update(job.job_id, body)
         except ApiError as e:
             if not drained and done.recorder is not None and e.code not in ("update_rejected", "duplicate_update"):
                 state.restore_round_start()  # not recorded: as if never trained
@@ -330,19 +329,19 @@ class SendPipeline:
         state.done.add(done.round)
         self._note_sent(job, done)
         if challenge:
-            self.spot_checks.answer(job["job_id"], self._current(), challenge)
+            self.spot_checks.answer(job.job_id, self._current(), challenge)
         self.metrics.rounds.inc()
         self.metrics.steps_per_second.set(body["steps"] / max(body["compute_seconds"], 1e-9))  # compute time only
         self._log_sent(job, done, t0)
 
-    def _log_sent(self, job: dict[str, Any], done: Trained, t0: float) -> None:
+    def _log_sent(self, job: JobOrder, done: Trained, t0: float) -> None:
         body, t = done.body, done.timings
         log.info(
             "round %d/%d of %s: %d steps, loss %.4f, update %d bytes, %.2f s (%.2f s computing; "
             "download %.3f s, compute %.3f s, encode %.3f s, upload %.3f s)%s",
             done.round,
-            job["rounds"] or 1,
-            job["training_id"],
+            job.rounds or 1,
+            job.training_id,
             body["steps"],
             body["train_loss"],
             len(done.blob),
@@ -352,15 +351,15 @@ class SendPipeline:
             t["compute"],
             t["encode"],
             t["upload"],
-            " trained ahead" if "base_cid" in body and job.get("mode") != "async" else "",
+            " trained ahead" if "base_cid" in body and job.mode != "async" else "",
         )
 
-    def _post_inline(self, job: dict[str, Any], body: dict[str, Any], blob: bytes) -> dict[str, Any] | None:
+    def _post_inline(self, job: JobOrder, body: dict[str, Any], blob: bytes) -> Challenge | None:
         """Send the update with its blob inside the message (one request). A coordinator
         that will not take it so (its JSON limit is lower: 413 ``body_too_large``; an older
         one: 422 ``invalid_request`` naming ``blob``) gets the blob uploaded first from then on."""
         try:
-            return self.calls.post_update(job["job_id"], {**body, "blob": base64.b64encode(blob).decode()})
+            return self.calls.post_update(job.job_id, {**body, "blob": base64.b64encode(blob).decode()})
         except ApiError as e:
             refused = e.code == "body_too_large" or (e.code == "invalid_request" and "blob" in e.detail)
             if not refused:
@@ -368,4 +367,4 @@ class SendPipeline:
             log.info("coordinator takes no inline update (%s): uploading update blobs first", e.detail)
             self._inline_updates = False
         self.calls.retry(lambda: self.calls.put_blob(body["cid"], blob))
-        return self.calls.post_update(job["job_id"], body)
+        return self.calls.post_update(job.job_id, body)

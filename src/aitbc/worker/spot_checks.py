@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aitbc.client import ApiError
+from aitbc.replies.jobs import Challenge
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import tensors_to_bytes
 from aitbc.training.proof import TrainState, boundaries, commit_every
@@ -27,11 +28,11 @@ class SpotChecks:
     def __init__(self, calls: CoordinatorCalls, *, folder: Path, memory_bytes: int) -> None:
         self.calls, self.folder, self.memory_bytes = calls, folder, memory_bytes
 
-    def answer(self, job_id: str, state: JobState | None, challenge: dict[str, Any]) -> None:
+    def answer(self, job_id: str, state: JobState | None, challenge: Challenge) -> None:
         """Reveal the states the spot check of our update asks for: each uploaded as a blob,
         then named to the coordinator, which re-runs the intervals between them. ``state``:
         the job this worker trains now (None: none)."""
-        r = challenge["round"]
+        r = challenge.round
         kept_proof = None if state is None or state.job_id != job_id else state.proofs.get(r)
         if state is None or kept_proof is None:
             log.warning("spot check of round %s: its states are no longer kept", r)
@@ -39,13 +40,13 @@ class SpotChecks:
         recorder = kept_proof.recorder
         steps = boundaries(recorder.steps, recorder.every)
         cids: dict[str, str] = {}
-        for b in challenge["boundaries"]:
+        for b in challenge.boundaries:
             step = steps[int(b)]
             kept = recorder.states.get(step)
             data = kept.to_bytes() if kept is not None else (self.folder / str(r) / f"{step}.safetensors").read_bytes()
             cids[str(b)] = self._upload(data)
         body: dict[str, Any] = {"round": r, "states": cids}
-        if challenge.get("residual"):
+        if challenge.residual:
             body["residual"] = self._upload(tensors_to_bytes({"residual": kept_proof.residual_in}))
         try:
             self.calls.retry(lambda: self.calls.post_proofs(job_id, body))
