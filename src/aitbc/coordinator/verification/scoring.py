@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -39,19 +39,20 @@ from aitbc.training.local import eager_start
 SCORING = ScoringConfig()
 # The most bytes of a round's updates the books thread scores from memory (one float32 column
 # block). A larger round is read from a spill file, a row or a column block at a time: the
-# next round's close may hold its own matrix meanwhile, and the two together grew with the
-# workers (three 25M-parameter updates: 306 MB each, and scoring's float64 copies on top).
+# next round's close may hold its own matrix meanwhile, and the two together (with scoring's
+# float64 copies on top) would grow with the workers and the model.
 SCORING_MEMORY = BLOCK_BYTES
 log = logging.getLogger("aitbc.coordinator")
 
 
 def score(ctx: Context, run_id: str, r: int) -> None:
-    """Score round ``r``'s contributions (idempotent: a scored round is left alone)."""
+    """Score round ``r``'s contributions (idempotent: a scored round is left alone): one row
+    per contract, the first of its accepted, rejected and missing rows."""
     with ctx.session() as s:
         run = row(s, Run, run_id)
         if s.scalar(select(func.count()).select_from(Score).where(Score.run_id == run_id, Score.round == r)):
             return
-        rec_before = row(s, RoundRecord, (run_id, r - 1))
+        round_model = row(s, RoundRecord, (run_id, r - 1)).checkpoint_cid  # the checkpoint round r started from
         rec = row(s, RoundRecord, (run_id, r))
         ups = s.execute(
             select(Update, Job)
@@ -62,80 +63,13 @@ def score(ctx: Context, run_id: str, r: int) -> None:
         answered = {job.worker_id for _, job in ups}
         missing = s.execute(select(Job).where(Job.run_id == run_id, Job.worker_id.in_(rec.stragglers))).scalars().all()
         accepted = [(u, j) for u, j in ups if u.status == UpdateStatus.ACCEPTED]
-        rows: list[Score] = []
         if accepted and not rec.skipped:
-            points = [_judged_at(ctx, s, u, rec_before.checkpoint_cid) for u, _ in accepted]
-            judged = _judge(ctx, run, runtime(ctx, run), points, accepted, r)
-            for (u, j), sc in zip(accepted, judged):
-                if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
-                    sc = verified(sc)
-                rows.append(
-                    Score(
-                        run_id=run_id,
-                        round=r,
-                        contract_id=j.contract_id,
-                        worker_id=j.worker_id,
-                        status=ScoreStatus.ACCEPTED,
-                        gain=_finite(sc.gain),
-                        own_gain=_finite(sc.own_gain),
-                        other_gain=_finite(sc.other_gain),
-                        kept=sc.kept,
-                        flags=list(sc.flags),
-                        provable=sc.provable,
-                        quality=sc.quality,
-                    )
-                )
+            rows = _accepted_rows(ctx, s, run, accepted, r, round_model)
         else:  # a skipped round (too few for the rule): nothing applied, but the owner received
-            # the accepted updates and could read them: each is paid as delivered (issue 33)
-            for _, j in accepted:
-                rows.append(
-                    Score(
-                        run_id=run_id,
-                        round=r,
-                        contract_id=j.contract_id,
-                        worker_id=j.worker_id,
-                        status=ScoreStatus.ACCEPTED,
-                        flags=["round_skipped"],
-                        quality=1.0,
-                    )
-                )
-        for u, j in ups:
-            # malformed, wrong shape, NaN/Inf, or failed its spot check: provable from the blob or the
-            # replay; a spot check not answered in time is not (a crash is not proof), nor a replay
-            # that missed within its drift bound (honest drift could do that): unpaid, not slashed
-            if u.status == UpdateStatus.REJECTED:
-                unprovable = u.verification in ("unanswered", "drift")
-                rows.append(
-                    Score(
-                        run_id=run_id,
-                        round=r,
-                        contract_id=j.contract_id,
-                        worker_id=j.worker_id,
-                        status=ScoreStatus.REJECTED,
-                        flags=[
-                            {
-                                "failed": "verification_failed",
-                                "unanswered": "challenge_unanswered",
-                                "drift": "replay_drift",
-                            }.get(u.verification or "", "rejected")
-                        ],
-                        provable=not unprovable,
-                        quality=0.0,
-                    )
-                )
-        for j in missing:
-            if j.worker_id not in answered:
-                rows.append(
-                    Score(
-                        run_id=run_id,
-                        round=r,
-                        contract_id=j.contract_id,
-                        worker_id=j.worker_id,
-                        status=ScoreStatus.MISSING,
-                        flags=["missing"],
-                        quality=0.0,
-                    )
-                )
+            # the accepted updates and could read them: each is paid as delivered
+            rows = [_delivered_row(run_id, r, j) for _, j in accepted]
+        rows += [_rejected_row(run_id, r, u, j) for u, j in ups if u.status == UpdateStatus.REJECTED]
+        rows += [_missing_row(run_id, r, j) for j in missing if j.worker_id not in answered]
         seen: set[str] = set()
         for score_row in rows:
             if score_row.contract_id in seen:
@@ -143,6 +77,80 @@ def score(ctx: Context, run_id: str, r: int) -> None:
             seen.add(score_row.contract_id)
             s.add(score_row)
         s.commit()
+
+
+def _accepted_rows(
+    ctx: Context, s: Session, run: Run, accepted: Sequence[tuple[Update, Job]], r: int, round_model: str
+) -> list[Score]:
+    """The scores of an applied round's accepted updates, each judged against ``round_model``
+    (the checkpoint the round started from) or its own start (:func:`_judged_at`)."""
+    points = [_judged_at(ctx, s, u, round_model) for u, _ in accepted]
+    judged = _judge(ctx, run, runtime(ctx, run), points, accepted, r)
+    rows = []
+    for (u, j), sc in zip(accepted, judged):
+        if u.verification == "passed":  # re-run and matched: paid in full, whatever its gain alone
+            sc = verified(sc)
+        rows.append(
+            Score(
+                run_id=run.id,
+                round=r,
+                contract_id=j.contract_id,
+                worker_id=j.worker_id,
+                status=ScoreStatus.ACCEPTED,
+                gain=_finite(sc.gain),
+                own_gain=_finite(sc.own_gain),
+                other_gain=_finite(sc.other_gain),
+                kept=sc.kept,
+                flags=list(sc.flags),
+                provable=sc.provable,
+                quality=sc.quality,
+            )
+        )
+    return rows
+
+
+def _delivered_row(run_id: str, r: int, j: Job) -> Score:
+    """An accepted update of a skipped round: delivered to the owner, paid in full."""
+    return Score(
+        run_id=run_id,
+        round=r,
+        contract_id=j.contract_id,
+        worker_id=j.worker_id,
+        status=ScoreStatus.ACCEPTED,
+        flags=["round_skipped"],
+        quality=1.0,
+    )
+
+
+def _rejected_row(run_id: str, r: int, u: Update, j: Job) -> Score:
+    """A rejected update: malformed, wrong shape, NaN/Inf, or failed its spot check is
+    provable from the blob or the replay; a spot check not answered in time is not (a crash
+    is not proof), nor a replay that missed within its drift bound (honest drift could do
+    that): unpaid, not slashed."""
+    flag = {"failed": "verification_failed", "unanswered": "challenge_unanswered", "drift": "replay_drift"}
+    return Score(
+        run_id=run_id,
+        round=r,
+        contract_id=j.contract_id,
+        worker_id=j.worker_id,
+        status=ScoreStatus.REJECTED,
+        flags=[flag.get(u.verification or "", "rejected")],
+        provable=u.verification not in ("unanswered", "drift"),
+        quality=0.0,
+    )
+
+
+def _missing_row(run_id: str, r: int, j: Job) -> Score:
+    """A straggler's job that sent nothing for the round."""
+    return Score(
+        run_id=run_id,
+        round=r,
+        contract_id=j.contract_id,
+        worker_id=j.worker_id,
+        status=ScoreStatus.MISSING,
+        flags=["missing"],
+        quality=0.0,
+    )
 
 
 Start = tuple[str, tuple[str, ...]]  # a checkpoint's CID, less the updates named (newest first)
@@ -155,8 +163,8 @@ def _judged_at(ctx: Context, s: Session, u: Update, round_model: str) -> tuple[s
     applied to it. An eager start (overlap, ``prior_cid``): from the round's model, to the
     point the worker's training reached, its start (its base less its own updates not yet in
     it, as the spot check replays it) less the update. Applied to the round's model instead,
-    an honest eager update on the digits MLP's small shards raised its own shard's loss in
-    half the rounds past 15 and went unpaid; measured from its own start, a worker could
+    an honest eager update can raise its own shard's loss (it was trained from elsewhere)
+    and go unpaid; measured from its own start, a worker could
     pick a bad start with a worthless update and be paid for leaving it (``r`` then ``-r``).
     The end point against the round's model is neither: what it reached must beat what the
     run has. A chain that no longer resolves (an owner's resend dropped a link) or a blob
@@ -311,26 +319,90 @@ def judge(
     None: :data:`~aitbc.coordinator.live.runtime.CODE_CHUNK_ELEMENTS` input values). Pure (no
     database): the live coordinator and bench/honest_runs.py run exactly this."""
     g = torch.Generator().manual_seed(seed)
-    vx, vy = val[0][:samples], val[1][:samples]
-    n = len(trained)
-    # Each update's two batches (its own shard's, then the others'), drawn in that order.
-    own_batches: list[tuple[Tensor, Tensor]] = []
-    other_batches: list[tuple[Tensor, Tensor]] = []
-    rests: dict[int, tuple[Tensor, Tensor]] = {}  # the others' samples, per shard trained on
+    batches = _draw_batches(trained, shards, split, (val[0][:samples], val[1][:samples]), samples, g)
+    # One forward pass per model (a per-sample loss does not depend on the batch it is in):
+    # each base over the validation batch and the batches of every update trained from it,
+    # then each update applied alone over the validation batch and its own two batches.
+    base_of = [before[i] if isinstance(before, list) else before for i in range(len(trained))]  # (d,) each
+    m = _measure(model, base_of, U, batches, starts, rows)
+    return score_round(
+        m.gains,
+        m.own,
+        m.other,
+        kept,
+        copies(U, cosine=cfg.copy_cosine),
+        cfg,
+        alignments(U),
+        gain_se=m.gain_se,
+        own_se=m.own_se,
+        other_se=m.other_se,
+    )
+
+
+Batch = tuple[Tensor, Tensor]  # (x, y): B samples and their labels
+
+
+@dataclass(frozen=True, slots=True)
+class _Batches:
+    """What every update is measured on: the validation batch, and per update a batch of
+    its own shard and one of the others' data."""
+
+    val: Batch
+    own: list[Batch]
+    other: list[Batch]
+
+
+def _draw_batches(
+    trained: Sequence[int],
+    shards: Sequence[Batch],
+    split: Sequence[bool],
+    val: Batch,
+    samples: int,
+    g: torch.Generator,
+) -> _Batches:
+    """Each update's two batches (its own shard's, then the others'), drawn from ``g`` in
+    that order; a shard split into halves is left out of the others' (its samples live on in
+    its halves)."""
+    own: list[Batch] = []
+    other: list[Batch] = []
+    rests: dict[int, Batch] = {}  # the others' samples, per shard trained on
     for k in trained:
         ox, oy = shards[k]
         pick = torch.randperm(ox.shape[0], generator=g)[:samples]
-        own_batches.append((ox[pick], oy[pick]))
+        own.append((ox[pick], oy[pick]))
         if k not in rests:
             rest = [sh for m_, sh in enumerate(shards) if m_ != k and not split[m_]] or [shards[k]]
             rests[k] = (torch.cat([sh[0] for sh in rest]), torch.cat([sh[1] for sh in rest]))
         rx, ry = rests[k]
         pick = torch.randperm(rx.shape[0], generator=g)[:samples]
-        other_batches.append((rx[pick], ry[pick]))
-    # One forward pass per model (a per-sample loss does not depend on the batch it is in):
-    # each base over the validation batch and the batches of every update trained from it,
-    # then each update applied alone over the validation batch and its own two batches.
-    base_of = [before[i] if isinstance(before, list) else before for i in range(n)]  # (d,) each
+        other.append((rx[pick], ry[pick]))
+    return _Batches(val, own, other)
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """Per update, each relative gain and its standard error: held out (``gains``), on its
+    own shard (``own``) and on the others' data (``other``)."""
+
+    gains: list[float] = field(default_factory=list)
+    gain_se: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
+    own_se: list[float] = field(default_factory=list)
+    other: list[float] = field(default_factory=list)
+    other_se: list[float] = field(default_factory=list)
+
+
+def _measure(
+    model: nn.Module,
+    base_of: list[Tensor],
+    U: Tensor | ColumnSource,
+    batches: _Batches,
+    starts: Callable[[int], Tensor | None] | None,
+    rows: int | None,
+) -> _Measured:
+    """Each update ``U[i]`` applied alone to ``base_of[i]`` (or to its eager start), its
+    losses on its three batches against the base's."""
+    # the bases' losses: one pass per distinct base (updates of one model share it)
     groups: dict[int, list[int]] = {}
     for i, b in enumerate(base_of):
         groups.setdefault(id(b), []).append(i)
@@ -338,19 +410,13 @@ def judge(
     base_own: dict[int, Tensor] = {}  # (B,) per update: its base on its own batches
     base_other: dict[int, Tensor] = {}
     for key, ids in groups.items():
-        parts = [(vx, vy)] + [bt for i in ids for bt in (own_batches[i], other_batches[i])]
+        parts = [batches.val] + [bt for i in ids for bt in (batches.own[i], batches.other[i])]
         out = _split(_losses(model, base_of[ids[0]], *_joined(parts), rows=rows), parts)
         base_val[key] = out[0]
         for j, i in enumerate(ids):
             base_own[i], base_other[i] = out[1 + 2 * j], out[2 + 2 * j]
-    gains: list[float] = []
-    gain_se: list[float] = []
-    own: list[float] = []
-    own_se: list[float] = []
-    other: list[float] = []
-    other_se: list[float] = []
-    for i in range(n):
-        b = base_of[i]
+    m = _Measured()
+    for i, b in enumerate(base_of):
         began = starts(i) if starts is not None else None
         origin = b if began is None else began
         if isinstance(U, Tensor):
@@ -359,27 +425,16 @@ def judge(
             row = read_row(U, i)
             after = torch.sub(origin, row, out=row)
         del began
-        parts = [(vx, vy), own_batches[i], other_batches[i]]
+        parts = [batches.val, batches.own[i], batches.other[i]]
         val_after, own_after, other_after = _split(_losses(model, after, *_joined(parts), rows=rows), parts)
-        for (m, e), means, ses in (
-            (_gain(base_val[id(b)], val_after), gains, gain_se),
-            (_gain(base_own[i], own_after), own, own_se),
-            (_gain(base_other[i], other_after), other, other_se),
+        for (mean, se), means, ses in (
+            (_gain(base_val[id(b)], val_after), m.gains, m.gain_se),
+            (_gain(base_own[i], own_after), m.own, m.own_se),
+            (_gain(base_other[i], other_after), m.other, m.other_se),
         ):
-            means.append(m)
-            ses.append(e)
-    return score_round(
-        gains,
-        own,
-        other,
-        kept,
-        copies(U, cosine=cfg.copy_cosine),
-        cfg,
-        alignments(U),
-        gain_se=gain_se,
-        own_se=own_se,
-        other_se=other_se,
-    )
+            means.append(mean)
+            ses.append(se)
+    return m
 
 
 def _joined(parts: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
