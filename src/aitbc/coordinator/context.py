@@ -124,24 +124,24 @@ class Context:
     nonces: NonceStore
     started_at: float
     ledger: Ledger
-    # Which replica drives the rounds (coordinator.lease); this process's part in it.
+    # Which replica drives the rounds (store.lease); this process's part in it.
     lease: DriverLease
-    # The blob uploads in flight, and each signer's (coordinator.uploads; the app's Limits holds them).
+    # The blob uploads in flight, and each signer's (transfer.uploads; the app's Limits holds them).
     uploads: UploadSlots
     # Worker leases and spot checks are judged from here at the earliest: this process's
     # start, or when it took the rounds over (nobody could reach a driver that was not one).
     judging_since: float = 0.0
     # Per live run, the driver's in-memory model, validation data and optimizer state
-    # (coordinator.rounds.RunRuntime); rebuilt from the database after a restart.
+    # (live.runtime.RunRuntime); rebuilt from the database after a restart.
     runtimes: dict[str, Any] = field(default_factory=dict)
     # Per live run, the round driver's books thread's own copy of that model (it evaluates
-    # and scores with it, so a round's close never waits for a scoring; coordinator.scoring).
+    # and scores with it, so a round's close never waits for a scoring; verification.scoring).
     books_models: dict[str, Any] = field(default_factory=dict)
-    # Decoded shards by content id, for scoring (coordinator.books.ShardCache).
+    # Decoded shards by content id, for scoring (live.books.ShardCache).
     books_shards: Any = None
-    # The process's own Prometheus counters and the app's registry (coordinator.metrics).
+    # The process's own Prometheus counters and the app's registry (observability.metrics).
     metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
-    # Which workers serve which blobs (peer transport), in memory (coordinator.peers).
+    # Which workers serve which blobs (peer transport), in memory (transfer.peers).
     peers: PeerBook = field(default_factory=PeerBook)
 
     def session(self) -> Session:

@@ -13,7 +13,7 @@ several apps can live in one process, as in the tests):
   the database), HTTP body bytes in and out, and the histogram of round-close time; they start
   at zero when the process starts (Prometheus's ``rate()`` handles the reset).
 
-Every label takes values from a small fixed set: statuses are the enums of :mod:`.states`,
+Every label takes values from a small fixed set: statuses are the enums of :mod:`aitbc.states`,
 ledger and flag kinds are written only by this code, and a rejected update's free-text reason
 is mapped to one of :data:`REASON_CODES` (:func:`reason_code`; in SQL, :func:`reason_case`).
 No run, worker, job or wallet id is ever a label: their number is unbounded (per-run and
@@ -54,14 +54,14 @@ log = logging.getLogger("aitbc.coordinator.observability.metrics")
 # (code, the starts of the reasons the coordinator writes for it); the first match wins, so a
 # more specific start comes before a shorter one ("update norm is not finite" before "update norm ").
 REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("non_finite", ("update contains NaN or Inf", "update norm is not finite")),  # workers.py, core/norms.py
+    ("non_finite", ("update contains NaN or Inf", "update norm is not finite")),  # on receipt; core/norms.py
     ("norm_bound", ("update norm ",)),  # core/norms.py: over the reject bound x the round's median norm
-    ("wrong_shape", ("update has shape",)),  # workers.py: not the model's (d,)
-    ("malformed", ("malformed update blob",)),  # workers.py: the codec refused the blob
-    ("bad_loss", ("reported training loss is",)),  # workers.py: a non-finite training loss
-    ("verification", ("verification failed",)),  # verification.py: its spot check failed
-    ("replay_drift", ("replay drift",)),  # verification.py: a replay missed within drift (unpaid, not slashed)
-    ("unanswered", ("did not reveal",)),  # verification.py: its spot check was not answered in time
+    ("wrong_shape", ("update has shape",)),  # on receipt: not the model's (d,)
+    ("malformed", ("malformed update blob",)),  # on receipt: the codec refused the blob
+    ("bad_loss", ("reported training loss is",)),  # on receipt: a non-finite training loss
+    ("verification", ("verification failed",)),  # verification/spot_checks.py: its spot check failed
+    ("replay_drift", ("replay drift",)),  # spot_checks.py: a replay missed within drift (unpaid, not slashed)
+    ("unanswered", ("did not reveal",)),  # spot_checks.py: its spot check was not answered in time
 )
 OTHER = "other"
 REASON_CODES: tuple[str, ...] = (*(code for code, _ in REASONS), OTHER)

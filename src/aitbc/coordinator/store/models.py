@@ -162,7 +162,7 @@ class Job(Base):
         JSON, default=dict
     )  # the owner's overrides: local_steps, batch_size, lr
     seed: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the worker's batch-order seed
-    # the config before the owner's last change, and when it changed (0005): a round under way
+    # the config before the owner's last change, and when it changed: a round under way
     # then may have been trained with either (verification replays what the worker used)
     previous_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     config_at: Mapped[float | None] = mapped_column(Float, default=None)
@@ -199,7 +199,7 @@ class Update(Base):
     samples: Mapped[int] = mapped_column(Integer)
     shard_index: Mapped[int | None] = mapped_column(Integer, default=None)  # the shard it was trained on
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
-    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # as the worker reports it (0004)
+    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # as the worker reports it
     # the model it was trained from when not its round's own (overlap k: one of rounds r-1-k..r-2's
     # checkpoints; 0006); always set on an update sent ahead of its round (overlap 2)
     base_cid: Mapped[str | None] = mapped_column(String(100), default=None)
@@ -210,7 +210,7 @@ class Update(Base):
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | excluded (left out by the owner)
     reason: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[float] = mapped_column(Float)
-    # Verification of work (0005; see coordinator/verification/spot_checks.py). None: the run does not verify.
+    # Verification of work (see coordinator/verification/spot_checks.py). None: the run does not verify.
     proof: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # the worker's commitment
     challenge: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # what it must reveal
     revealed: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # boundary -> state blob CID
@@ -218,7 +218,7 @@ class Update(Base):
     verify_detail: Mapped[str | None] = mapped_column(Text, default=None)
     verify_steps: Mapped[int | None] = mapped_column(Integer, default=None)  # local steps the coordinator re-ran
     verify_seconds: Mapped[float | None] = mapped_column(Float, default=None)
-    # Gossip runs (0009): the record as the worker signed it, and the published model's validation loss
+    # Gossip runs: the record as the worker signed it, and the published model's validation loss
     record: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     val_loss: Mapped[float | None] = mapped_column(Float, default=None)
 
@@ -235,16 +235,16 @@ class RoundRecord(Base):
     val_loss: Mapped[float | None] = mapped_column(Float, default=None)
     val_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
-    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # mean of the accepted updates' (0004)
+    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)  # mean of the accepted updates'
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     stragglers: Mapped[list[str]] = mapped_column(JSON, default=list)  # worker ids left out
     skipped: Mapped[bool] = mapped_column(default=False)  # too few updates for the rule
-    bytes_up: Mapped[int | None] = mapped_column(BigInteger, default=None)  # its updates' bytes (0004)
+    bytes_up: Mapped[int | None] = mapped_column(BigInteger, default=None)  # its updates' bytes
     bytes_down: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the model, once per answer
     started_at: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float] = mapped_column(Float)
-    spread: Mapped[float | None] = mapped_column(Float, default=None)  # gossip: the models' mean distance (0009)
+    spread: Mapped[float | None] = mapped_column(Float, default=None)  # gossip: the models' mean distance
 
 
 class Flag(Base):
@@ -290,7 +290,7 @@ class Score(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
     round: Mapped[int] = mapped_column(Integer)
-    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"), index=True)  # pay views (0004)
+    contract_id: Mapped[str] = mapped_column(ForeignKey("contracts.id"), index=True)  # pay views
     worker_id: Mapped[str] = mapped_column(String(64), index=True)
     status: Mapped[str] = mapped_column(String(16))  # accepted | rejected | missing
     gain: Mapped[float | None] = mapped_column(Float, default=None)

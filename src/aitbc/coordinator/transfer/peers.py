@@ -327,8 +327,8 @@ _http_warming = False
 
 def peer_http() -> httpx.Client:
     """The client that fetches blobs from workers' peer servers, made once: making one
-    loads its TLS trust store, tens of ms of CPU, which a client per model cost every gossip
-    round close (measured: half of a close's time on the 2-core bench machine)."""
+    loads its TLS trust store, tens of ms of CPU, which a client per model would cost every
+    gossip round close, many times over."""
     global _http
     with _http_lock:
         if _http is None:
@@ -338,7 +338,7 @@ def peer_http() -> httpx.Client:
 
 def warm_peer_http() -> None:
     """Make that client in the background, once (a gossip run's first round trains
-    meanwhile): under load it took 0.45 s, which the first close waited for."""
+    meanwhile), so the first close does not wait for it: under load, making it is slow."""
     global _http_warming
     with _http_lock:
         if _http is not None or _http_warming:

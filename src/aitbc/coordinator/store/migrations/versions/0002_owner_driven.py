@@ -1,4 +1,4 @@
-"""Owner-driven runs and measured job progress (issue 13).
+"""Owner-driven runs and measured job progress.
 
 Revision ID: 0002
 Revises: 0001

@@ -1,4 +1,4 @@
-"""Pins: a wallet keeps a blob DAG (a file or a folder) from blob retention (issue 13).
+"""Pins: a wallet keeps a blob DAG (a file or a folder) from blob retention.
 
 Revision ID: 0003
 Revises: 0002

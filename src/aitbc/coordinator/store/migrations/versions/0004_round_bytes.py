@@ -1,5 +1,5 @@
-"""The bytes each round moved and its training accuracy (issue 16: the dashboard's and the
-report's bytes per round and training accuracy).
+"""The bytes each round moved and its training accuracy (the dashboard's and the report's
+bytes per round and training accuracy).
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""Verification of work (issue 15): each update's commitment, spot check and verdict.
+"""Verification of work: each update's commitment, spot check and verdict.
 
 Revision ID: 0005
 Revises: 0004
