@@ -21,8 +21,11 @@ import httpx
 
 from aitbc.client import DROPPED, idempotent, tls_verify, unreachable_detail
 from aitbc.errors import AitbcError
+from aitbc_agent_sdk import checkpoints as _checkpoints  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
+from aitbc_agent_sdk import data as _data  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import money as _money  # noqa: F401 - registers its operations
+from aitbc_agent_sdk import workers as _workers  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import CoordinatorUnreachable, InvalidArgument
 from aitbc_agent_sdk.operations import OPERATIONS

@@ -9,19 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from aitbc import run_defaults
+from aitbc_agent_sdk.checkpoints import _download
 from aitbc_agent_sdk.errors import Conflict, InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import (
-    _amount,
-    _asking_price,
-    _download,
-    _max_cost,
-    operation,
-    rank_free,
-    resolve_run,
-    with_prices,
-)
+from aitbc_agent_sdk.operations import _amount, _max_cost, operation, resolve_run
 from aitbc_agent_sdk.protocol import AgentState, Http, Offload, Op
 from aitbc_agent_sdk.results import Outcome
+from aitbc_agent_sdk.workers import _asking_price, rank_free, with_prices
 
 PHASES = ("distributing", "training", "aggregating", "complete")
 

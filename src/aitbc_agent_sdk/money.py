@@ -1,13 +1,14 @@
 """Operations on the agent's wallet and on the ledger the coordinator keeps: the local
 faucet, balance, transfers and history; the ledger's head, entries and balances (what
-``aitbc ledger verify`` re-checks). Registered in
+``aitbc ledger verify`` re-checks); a run's payments and refunds. Registered in
 :data:`~aitbc_agent_sdk.operations.OPERATIONS` like the rest."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aitbc_agent_sdk.operations import _amount, _wallet, operation
+from aitbc_agent_sdk.errors import InvalidArgument, NotFound
+from aitbc_agent_sdk.operations import _amount, _wallet, list_trainings, operation, resolve_run
 from aitbc_agent_sdk.protocol import AgentState, Http, Op
 
 # --- the agent's wallet ------------------------------------------------------------------
@@ -76,3 +77,57 @@ def get_ledger_balances(self: AgentState) -> Op[dict[str, int]]:
     """Every account's balance in micro-AIT, as the coordinator's ledger holds it."""
     res = yield Http("GET", "/ledger/balances")
     return {k: int(v) for k, v in res["data"].items()}
+
+
+# --- payments -----------------------------------------------------------------------------
+
+
+@operation
+def get_payments(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+    """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    training_id = yield from resolve_run(self, training_id)
+    return (yield Http("GET", f"/runs/{training_id}/payments"))
+
+
+@operation
+def process_payment(
+    self: AgentState, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
+) -> Op[dict[str, Any]]:
+    """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
+    run's owner only). The run is found among the agent's runs from the contract (which
+    must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
+    amount, amount_micro, entry, escrow_left}``."""
+    amount_text = _amount(amount, "amount")
+    if worker_id.startswith("training_") and training_id is None:  # the earlier (training_id, contract_id, amount) form
+        worker_id, training_id = "", worker_id
+    if training_id is None:
+        training_id = yield from _run_of_contract(self, contract_id, worker_id=worker_id)
+    elif worker_id:
+        run = yield Http("GET", f"/runs/{training_id}")
+        holder = next((c["worker_id"] for c in run["contracts"] if c["contract_id"] == contract_id), worker_id)
+        if holder != worker_id:  # checked before paying (an unknown contract is the server's 404)
+            raise InvalidArgument("bad_argument", f"contract {contract_id} is with {holder}, not {worker_id}")
+    return (yield Http("POST", f"/runs/{training_id}/payments", {"contract_id": contract_id, "amount": amount_text}))
+
+
+def _run_of_contract(self: AgentState, contract_id: str, *, worker_id: str) -> Op[str]:
+    wallet = yield from _wallet(self)
+    runs = yield from list_trainings(self, owner=wallet.address)
+    for r in runs:
+        detail = yield Http("GET", f"/runs/{r['training_id']}")
+        for c in detail["contracts"]:
+            if c["contract_id"] == contract_id:
+                if c["worker_id"] != worker_id:
+                    raise InvalidArgument(
+                        "bad_argument", f"contract {contract_id} is with {c['worker_id']}, not {worker_id}"
+                    )
+                return r["training_id"]
+    raise NotFound("unknown_contract", f"no run of {wallet.address} has contract {contract_id!r}")
+
+
+@operation
+def refund_payments(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+    """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
+    returns the payments view. A run still going: :class:`Conflict` (``bad_state``)."""
+    training_id = yield from resolve_run(self, training_id)
+    return (yield Http("POST", f"/runs/{training_id}/refund"))

@@ -181,7 +181,7 @@ def test_upload_data_takes_bytes_models_and_state_dicts(stack):
 
 
 def _blob(agent: Agent, cid: str) -> bytes:
-    from aitbc_agent_sdk.operations import _download
+    from aitbc_agent_sdk.checkpoints import _download
 
     return agent._run(_download(cid))
 

@@ -35,7 +35,7 @@ def offers(
 ) -> None:
     """Offers: GPU class (and the device really found), price, reputation, availability, last heartbeat."""
     from aitbc.market.ranking import offer_score
-    from aitbc_agent_sdk.operations import market_offer
+    from aitbc_agent_sdk.workers import market_offer
 
     home = resolve_home(home)
     with agent(home, coordinator) as a:

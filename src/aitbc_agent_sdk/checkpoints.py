@@ -1,0 +1,230 @@
+"""Operations on a run's checkpoints and model: the workers' latest updates, the global
+model's checkpoint and scores per round, a checkpoint re-hashed against its CID, the
+model written to a file. Registered in :data:`~aitbc_agent_sdk.operations.OPERATIONS`
+like the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aitbc_agent_sdk.errors import (
+    AgentError,
+    Conflict,
+    IntegrityFailure,
+    InvalidArgument,
+    NotFound,
+)
+from aitbc_agent_sdk.operations import operation, resolve_run
+from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress
+from aitbc_agent_sdk.results import Validity
+from aitbc_agent_sdk.workers import current_jobs
+
+
+@operation
+def get_all_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """The latest checkpoint of each of the run's workers (default: the agent's current
+    run): the newest update each job of :meth:`get_all_workers` sent, as
+    :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
+    training_id, round, samples, train_loss, size, status, ...}``. Workers that sent
+    nothing yet are left out. Check one with :meth:`verify_checkpoint`; the global
+    model's checkpoints (one per round) are :meth:`get_round_checkpoints`."""
+    training_id = yield from resolve_run(self, training_id)
+    run = yield Http("GET", f"/runs/{training_id}")
+    latest = yield Http("GET", f"/runs/{training_id}/updates", params={"latest": "true"})
+    by_job = {u["job_id"]: u for u in latest["data"]}
+    return [by_job[w["job_id"]] for w in current_jobs(run) if w["job_id"] in by_job]
+
+
+@operation
+def get_round_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """The global model's checkpoints, one per round, round 0 being the initial model:
+    ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
+    (``checkpoint_id`` is the CID)."""
+    training_id = yield from resolve_run(self, training_id)
+    res = yield Http("GET", f"/runs/{training_id}/rounds")
+    return [
+        {
+            "round": r["round"],
+            "checkpoint_id": r["checkpoint_cid"],
+            "checkpoint_cid": r["checkpoint_cid"],
+            "val_loss": r["val_loss"],
+            "val_accuracy": r["val_accuracy"],
+        }
+        for r in res["data"]
+    ]
+
+
+@operation
+def get_round_scores(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """Every worker's score in every scored round of the run (default: the agent's
+    current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
+    own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
+    the round's price the worker was paid."""
+    training_id = yield from resolve_run(self, training_id)
+    rows: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:  # the coordinator sends them in pages
+        res = yield Http("GET", f"/runs/{training_id}/scores", params={"after": after})
+        rows += res["data"]
+        after = res.get("next")
+    return sorted(rows, key=lambda r: r["round"])  # stable: as written within a round
+
+
+@operation
+def get_rounds(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+    """Every closed round of the run (default: the agent's current run) as the
+    coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
+    val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
+    bytes_up, bytes_down, started_at, closed_at}]``; ``bytes_up``/``bytes_down`` are that
+    round's own (``None`` for rounds recorded before they were counted), ``val_loss``
+    ``None`` until the round is evaluated."""
+    training_id = yield from resolve_run(self, training_id)
+    res = yield Http("GET", f"/runs/{training_id}/rounds")
+    return list(res["data"])
+
+
+@operation
+def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[Validity]:
+    """Download a checkpoint through the coordinator and re-hash it against its CID: a
+    worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
+    as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
+    loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+    ``if not agent.verify_checkpoint(c)`` reads as said: a
+    :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
+    (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
+    coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
+    unreachable coordinator."""
+    return Validity((yield from _verify(checkpoint)))
+
+
+def _verify(checkpoint: dict[str, Any] | str) -> Op[dict[str, Any]]:
+    from aitbc.errors import AitbcError
+    from aitbc.storage.cid import cid_of_bytes
+
+    if isinstance(checkpoint, dict) and checkpoint.get("job_id") and checkpoint.get("cid"):
+        return (yield from _verify_update(checkpoint))
+    if isinstance(checkpoint, str):
+        cid, claimed = checkpoint, None
+    elif isinstance(checkpoint, dict) and (checkpoint.get("checkpoint_cid") or checkpoint.get("cid")):
+        cid, claimed = checkpoint.get("checkpoint_cid") or checkpoint["cid"], checkpoint.get("round")
+    else:
+        raise InvalidArgument(
+            "bad_argument", f"checkpoint must be a CID or a dict with checkpoint_cid, got {checkpoint!r}"
+        )
+    try:
+        data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    except AgentError as e:
+        if e.code == "unknown_blob" and claimed is not None:  # a recorded round whose bytes retention deleted
+            return {"valid": False, "pruned": True, "cid": cid, "round": claimed, "detail": "pruned by blob retention"}
+        if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
+            return {"valid": False, "cid": cid, "round": claimed, "detail": e.detail}
+        raise
+    actual = yield Offload(cid_of_bytes, (data,))
+    if actual != cid:
+        return {"valid": False, "cid": cid, "round": claimed, "detail": f"blob hashes to {actual}, not {cid}"}
+    try:
+        meta = yield Offload(_read_checkpoint, (data,))
+    except AitbcError as e:
+        return {"valid": False, "cid": cid, "round": claimed, "detail": str(e)}
+    rnd = int(meta["round"]) if str(meta.get("round", "")).isdigit() else None
+    if claimed is not None and rnd != claimed:
+        return {"valid": False, "cid": cid, "round": claimed, "detail": f"checkpoint says round {meta.get('round')}"}
+    return {"valid": True, "cid": cid, "round": rnd, "detail": "hash and checkpoint OK"}
+
+
+def _read_checkpoint(data: bytes) -> dict[str, str]:
+    """A checkpoint's metadata, once its tensors load (safetensors, finite)."""
+    from aitbc.training.checkpoint import bytes_to_tensors, read_metadata  # torch: imported on use
+
+    meta = read_metadata(data)
+    bytes_to_tensors(data)
+    return meta
+
+
+def _verify_update(update: dict[str, Any]) -> Op[dict[str, Any]]:
+    """A worker's update (from :meth:`collect_checkpoint`): its blob hashes to its CID and
+    decodes as an update."""
+    from aitbc.core.compression import decode
+    from aitbc.errors import AitbcError
+    from aitbc.storage.cid import cid_of_bytes
+
+    cid, rnd = update["cid"], update.get("round")
+    try:
+        data = yield Http("GET", f"/blobs/{cid}", raw=True)
+    except AgentError as e:
+        if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
+            return {"valid": False, "cid": cid, "round": rnd, "detail": e.detail, "worker_id": update.get("worker_id")}
+        raise
+    actual = yield Offload(cid_of_bytes, (data,))
+    detail = f"blob hashes to {actual}, not {cid}" if actual != cid else None
+    if detail is None:
+        try:
+            yield Offload(decode, (data,))
+        except AitbcError as e:
+            detail = f"not an update: {e}"
+    return {
+        "valid": detail is None,
+        "cid": cid,
+        "round": rnd,
+        "detail": detail or "hash and update OK",
+        "worker_id": update.get("worker_id"),
+    }
+
+
+@operation
+def download_model(
+    self: AgentState,
+    training_id: str | None = None,
+    path: str | Path | None = None,
+    round: int | None = None,
+    *,
+    progress: Progress | None = None,
+) -> Op[dict[str, Any]]:
+    """Write the run's model (``round``: that round's checkpoint; default the latest) to
+    the file ``path`` as a safetensors checkpoint, verified against its CID first; the
+    file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
+    :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
+    ``download`` (see :data:`aitbc_agent_sdk.Progress`)."""
+    if path is None:
+        raise InvalidArgument("bad_argument", "download_model needs path=, the file to write")
+    training_id = yield from resolve_run(self, training_id)
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise InvalidArgument("bad_argument", f"{out} is a directory; give the file to write")
+    if not out.parent.exists():
+        raise NotFound("not_found", f"no such directory: {out.parent}")
+    res = yield Http("GET", f"/runs/{training_id}/results")
+    cid = res["model_cid"]
+    if round is not None:
+        match = [ck["cid"] for ck in res["checkpoints"] if ck["round"] == round]
+        if not match:
+            raise NotFound(
+                "unknown_round",
+                f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res['checkpoints']) - 1})",
+            )
+        cid = match[0]
+    if cid is None:
+        raise Conflict("no_model", f"run {training_id} has no model yet (status {res['status']})")
+    data = yield from _download(cid, progress)
+    yield Offload(_write_whole, (out, data))
+    return {"training_id": training_id, "path": str(out), "cid": cid, "bytes": len(data)}
+
+
+def _download(cid: str, progress: Progress | None = None) -> Op[bytes]:
+    """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
+    from aitbc.storage.cid import cid_of_bytes
+
+    receiving = Meter(progress, "download")
+    data = yield Http("GET", f"/blobs/{cid}", raw=True, progress=receiving.request())
+    receiving.end()
+    actual = yield Offload(cid_of_bytes, (data,))
+    if actual != cid:
+        raise IntegrityFailure("integrity", f"blob {cid} from the coordinator does not hash to its CID (got {actual})")
+    return data
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
