@@ -37,7 +37,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 
 def _emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.write(json_text(obj, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
@@ -324,8 +324,8 @@ def _owner_workflow(
     t0: float,
     summary: dict[str, Any],
 ) -> None:
-    from aitbc.cli import training
     from aitbc.cli.ledger import audit_coordinator
+    from aitbc.cli.training import data, hiring, monitoring, plumbing, results, runs, view
     from aitbc.ledger.wallet import ensure_wallet
 
     url, owner = st.coordinator, "owner"
@@ -348,20 +348,20 @@ def _owner_workflow(
     with agent(home, url, owner) as a:
         run = a.initialize_distributed_training(model, "1MB", workers, seed=0, bond=DEMO_BOND)
     run_id = run["training_id"]
-    training._remember(home, run_id, owner, url)
+    plumbing.remember(home, run_id, owner, url)
     out.print(
         f"Training ID: {run_id}  (model {model}, {workers} target workers, bond {DEMO_BOND} AIT each)", highlight=False
     )
     out.print(f"Watch it live: {dashboard_url(url, run_id)}", highlight=False)
 
     _step(3, 7, f"upload-data: shard {dataset!r} into {workers} shards, content-addressed")
-    training.upload_data(training_id=run_id, data_path=dataset, **common)
+    data.upload_data(training_id=run_id, data_path=dataset, **common)
 
     _step(4, 7, "discover-workers: rank the live offers and hire")
-    training.discover_workers(training_id=run_id, required_workers=workers, min_gpu=min_gpu, **common)
+    hiring.discover_workers(training_id=run_id, required_workers=workers, min_gpu=min_gpu, **common)
 
     _step(5, 7, "distribute: assign shards and start the rounds")
-    training.distribute(
+    runs.distribute(
         training_id=run_id,
         rounds=rounds,
         local_steps=local_steps,
@@ -374,19 +374,19 @@ def _owner_workflow(
     _step(6, 7, "monitor: until the run completes")
     failure: AitbcError | None = None
     try:
-        training.monitor(training_id=run_id, interval=0.5, timeout=timeout, **common)
+        monitoring.monitor(training_id=run_id, interval=0.5, timeout=timeout, **common)
     except AitbcError as e:
         failure = e
 
     _step(7, 7, "results")
     with agent(home, url, owner) as a:
-        if failure is not None and a.get_training_status(run_id)["status"] not in training.ENDED:
+        if failure is not None and a.get_training_status(run_id)["status"] not in view.ENDED:
             a.stop_training(run_id)  # release the workers of a stack that outlives the demo
         res = a.get_results(run_id)
         detail = a.get_training_status(run_id)
     model_file = home / "demo-model.safetensors"
     if failure is None and res["model_cid"]:
-        training.download_model(training_id=run_id, output=model_file, **common)
+        results.download_model(training_id=run_id, output=model_file, **common)
     _summary(st, res, detail, wall=time.monotonic() - t0, model_file=model_file if failure is None else None)
     summary.update(
         training_id=run_id,
@@ -405,7 +405,7 @@ def _owner_workflow(
         raise failure
     with agent(home, url, owner) as a:
         pay = _wait_settled(a, run_id, timeout=60)
-        out.print(training._payments_table(pay))
+        out.print(results.payments_table(pay))
         out.print(
             f"Escrowed {pay['escrowed']} AIT; {pay['escrow_balance']} AIT left in escrow (unspent budget refunded to the owner)",
             highlight=False,
@@ -440,7 +440,7 @@ def _verified(v: dict[str, Any] | None) -> str:
 def _summary(
     st: stk.Stack, res: dict[str, Any], detail: dict[str, Any], *, wall: float, model_file: Path | None
 ) -> None:
-    from aitbc.cli.training import _fmt, _human_bytes
+    from aitbc.cli.training.plumbing import fmt, human_bytes
 
     names = {p.address: p for p in st.workers}
     up_b, down_b = res["bytes_up"] or 0, res["bytes_down"] or 0
@@ -448,11 +448,11 @@ def _summary(
         ("training id", res["training_id"]),
         ("status", res["status"]),
         ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
-        ("validation loss", f"{_fmt(res['initial_val_loss'])} -> {_fmt(res['final_val_loss'])}"),
-        ("validation accuracy", _fmt(res["final_val_accuracy"], ".4f")),
+        ("validation loss", f"{fmt(res['initial_val_loss'])} -> {fmt(res['final_val_loss'])}"),
+        ("validation accuracy", fmt(res["final_val_accuracy"], ".4f")),
         ("updates accepted/rejected", f"{res['updates_accepted']} / {res['updates_rejected']}"),
         ("verification", _verified(detail.get("verification"))),
-        ("bytes moved", f"{_human_bytes(up_b + down_b)} ({_human_bytes(up_b)} up, {_human_bytes(down_b)} down)"),
+        ("bytes moved", f"{human_bytes(up_b + down_b)} ({human_bytes(up_b)} up, {human_bytes(down_b)} down)"),
         ("training time", "-" if res["wall_seconds"] is None else f"{res['wall_seconds']:.1f} s"),
         ("demo wall time", f"{wall:.1f} s"),
         ("model CID", res["model_cid"] or "-"),

@@ -1,0 +1,142 @@
+"""Following a run until it ends: the ``--log-to`` tracker, Ctrl-C taken between looks,
+and the last round's evaluation and scores drained after the end."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from aitbc.cli.training.plumbing import api_view, say
+from aitbc.cli.training.view import ENDED, changes, ended_line, finished, log_lines
+from aitbc.errors import AitbcError
+
+if TYPE_CHECKING:
+    from aitbc.trackers import TensorBoardLog
+    from aitbc_agent_sdk import Agent
+
+
+def open_tracker(log_to: str | None, training_id: str) -> TensorBoardLog | None:
+    """The ``--log-to`` tracker, opened (or refused, exit 2) before anything else happens."""
+    if log_to is None:
+        return None
+    from aitbc.trackers import open_log, parse_log_to
+
+    return open_log(parse_log_to(log_to), training_id)
+
+
+@contextlib.contextmanager
+def closing(tracker: TensorBoardLog | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if tracker is not None:
+            tracker.close()
+
+
+def track(a: Agent, training_id: str, tracker: TensorBoardLog | None) -> None:
+    """Write what the tracker does not hold yet: the closed rounds and their scores."""
+    if tracker is not None:
+        from aitbc.trackers import round_values
+
+        tracker.log(round_values(a.get_rounds(training_id), a.get_round_scores(training_id)))
+
+
+class Detached(AitbcError):
+    """Ctrl-C while ``distribute --log-to`` follows its run: the run goes on; exit 130."""
+
+    exit_code = 130
+    code = "interrupted"
+
+
+class CtrlC:
+    """Ctrl-C noted, not raised where it lands: a loop following a run calls :meth:`check`
+    between its looks, so the interrupt never lands inside an HTTP request or a tracker
+    write (where a KeyboardInterrupt can leave a connection pool or an event file half done,
+    and the CLI hang on closing them instead of detaching). A second Ctrl-C interrupts at
+    once. Only in the main thread (the only one a handler can be set from)."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+DRAIN_SECONDS = 20.0  # after the run ends, how long to wait for its last evaluation and scores
+
+
+def drain(a: Agent, run: dict[str, Any], tracker: TensorBoardLog | None, ctrl_c: CtrlC | None = None) -> None:
+    """After the run ended: the last round's evaluation and its workers' scores land a
+    moment later (the coordinator scores closed rounds in the background); write them
+    too, waiting at most ``DRAIN_SECONDS``."""
+    if tracker is None:
+        return
+    from aitbc.trackers import round_values
+
+    training_id = run["training_id"]
+    until = time.monotonic() + DRAIN_SECONDS
+    while True:
+        rounds = a.get_rounds(training_id)
+        scores = a.get_round_scores(training_id)
+        tracker.log(round_values(rounds, scores))
+        last = max(rounds, key=lambda r: r["round"], default=None)
+        if last is None or last["round"] == 0:
+            return
+        scored = any(s["round"] == last["round"] for s in scores) or not last.get("accepted")
+        if (scored and last.get("val_loss") is not None) or time.monotonic() > until:
+            return
+        time.sleep(0.5)
+        if ctrl_c is not None:
+            ctrl_c.check()
+
+
+def follow(a: Agent, training_id: str, tracker: TensorBoardLog, log_to: str | None, *, quiet: bool) -> None:
+    """``distribute --log-to``: follow the run as ``monitor`` does for a log (one line per
+    change unless ``quiet``), writing the tracker, until the run ends; then as monitor:
+    exit 1 if it failed."""
+    if not quiet:
+        say(f"Logging to {log_to}; following the run until it ends (Ctrl-C detaches, the run goes on)")
+    try:
+        with CtrlC() as ctrl_c:
+            run = api_view(a.get_training_status(training_id))
+            track(a, training_id, tracker)
+            if not quiet:
+                log_lines(changes(None, run))
+            while run["status"] not in ENDED:
+                time.sleep(1.0)
+                ctrl_c.check()
+                before, run = run, api_view(a.get_training_status(training_id))
+                track(a, training_id, tracker)
+                if not quiet:
+                    log_lines(changes(before, run))
+                ctrl_c.check()
+            drain(a, run, tracker, ctrl_c)
+    except KeyboardInterrupt:
+        raise Detached(
+            f"interrupted: run {training_id} goes on training; re-attach with: aitbc distributed-training "
+            f"monitor --training-id {shlex.quote(training_id)} --log-to {shlex.quote(log_to or '')}"
+        ) from None
+    finished(run)
+    if not quiet:
+        say(ended_line(run))

@@ -1,0 +1,99 @@
+"""What every ``distributed-training`` command shares: its options, the run memory in
+``HOME/runs/<id>.json`` (which wallet and coordinator a run belongs to), the agent for a
+run, and how numbers and JSON are printed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from aitbc.cli.common import CoordinatorOption, agent, out
+from aitbc.errors import UsageError
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk import Agent
+
+CoordinatorOpt = CoordinatorOption
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+RunIdOpt = Annotated[
+    str, typer.Option("--training-id", help="The run, as printed by init (training_...).", show_default=False)
+]
+WalletOpt = Annotated[str | None, typer.Option("--wallet", help="Owner's wallet (default: the one init used).")]
+LogToOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-to",
+        help="Also write each closed round's metrics to an experiment tracker, from this machine as rounds "
+        "close: tensorboard:DIR (TensorBoard event files; needs the extra: pip install 'aitbc[tensorboard]').",
+        show_default=False,
+    ),
+]
+
+
+def _runs_dir(home: Path) -> Path:
+    return home / "runs"
+
+
+def remember(home: Path, run_id: str, wallet: str, url: str) -> None:
+    d = _runs_dir(home)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{run_id}.json").write_text(json.dumps({"training_id": run_id, "wallet": wallet, "coordinator": url}))
+
+
+def recall(home: Path, run_id: str) -> dict[str, Any]:
+    try:
+        return json.loads((_runs_dir(home) / f"{run_id}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_agent(
+    home: Path,
+    coordinator: str | None,
+    run_id: str | None = None,
+    wallet: str | None = None,
+    *,
+    need_wallet: bool = False,
+) -> Agent:
+    """The agent for a run: at the coordinator ``init`` used (unless ``--coordinator``),
+    signed by the owner's wallet when the command changes the run (``need_wallet``);
+    read-only otherwise."""
+    known = recall(home, run_id) if run_id else {}
+    name = wallet or known.get("wallet")
+    if need_wallet and not name:
+        raise UsageError(f"run {run_id} was not started from {home}; pass --wallet NAME (the owner's wallet)")
+    return agent(home, coordinator or known.get("coordinator"), name if need_wallet else None)
+
+
+def api_view(run: NewRun | TrainingStatus) -> dict[str, Any]:
+    """A run as the API sends it (JSON): without the ``phase`` the SDK adds (it repeats ``status``)."""
+    return run.model_dump(mode="json", by_alias=True, exclude={"phase"})
+
+
+def say(*lines: str) -> None:
+    for line in lines:
+        out.print(line, highlight=False)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json_text(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    x = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(x) < 1000 or unit == "TB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return str(x)
+
+
+def fmt(v: Any, spec: str = ".4f") -> str:
+    return "-" if v is None else format(v, spec)

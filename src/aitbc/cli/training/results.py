@@ -1,0 +1,226 @@
+"""What a run produced: ``results``, ``download-model``, ``verify``, ``payments``,
+``report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, fit, others, out, resolve_home
+from aitbc.cli.progress import bars
+from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, RunIdOpt, emit_json, fmt, human_bytes, run_agent, say
+from aitbc.errors import AitbcError
+from aitbc.units import format_price
+
+
+def results(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Final metrics and the trained model's CID."""
+    home = resolve_home(home)
+    with run_agent(home, coordinator, training_id) as a:
+        res = a.get_results(training_id)
+    if json_out:
+        emit_json(res)
+        return
+    t = Table(title=f"Results of {training_id}", show_header=False)
+    t.add_column("key", style="bold")
+    t.add_column("value")
+    rows = [
+        ("status", res["status"]),
+        ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
+        ("validation loss", f"{fmt(res['initial_val_loss'])} -> {fmt(res['final_val_loss'])}"),
+        ("validation accuracy", fmt(res["final_val_accuracy"], ".4f")),
+        ("updates accepted / rejected", f"{res['updates_accepted']} / {res['updates_rejected']}"),
+        ("bytes up / down", f"{human_bytes(res['bytes_up'])} / {human_bytes(res['bytes_down'])}"),
+        ("wall time", "-" if res["wall_seconds"] is None else f"{res['wall_seconds']:.1f} s"),
+        ("model CID", res["model_cid"] or "-"),
+    ]
+    if res.get("error"):
+        rows.append(("error", res["error"]))
+    for k, v in rows:
+        t.add_row(k, others(v))
+    out.print(fit(t, whole=("value",) if not res.get("error") else ()))  # the CID whole; an error wraps
+    if res.get("workers"):
+        settled = res.get("settled_round")  # None: a coordinator that does not say
+        behind = ""
+        if settled is not None and settled < res["rounds_completed"]:  # settlement runs behind the rounds
+            behind = f"; {settled} of {res['rounds_completed']} rounds settled so far"
+        w = Table(title=f"Contribution scores (mean quality of scored rounds, 0-1{behind})")
+        for col in ("worker", "contract", "score", "last round", "flags"):
+            w.add_column(col)
+        for r in res["workers"]:
+            w.add_row(
+                r["worker_id"],
+                r["status"],
+                fmt(r["score"], ".3f"),
+                fmt(r["last_quality"], ".3f"),
+                ", ".join(r["score_flags"]),
+            )
+        out.print(fit(w, whole=("worker",), drop=("last round", "flags", "contract")))
+
+
+def download_model(
+    training_id: RunIdOpt,
+    output: Annotated[Path, typer.Option("-o", "--output", help="File to write (safetensors).", show_default=False)],
+    round: Annotated[
+        int | None, typer.Option("--round", help="A given round's checkpoint (default: the latest).")
+    ] = None,
+    coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Download the model (a safetensors checkpoint), verified against its CID."""
+    home = resolve_home(home)
+    with run_agent(home, coordinator, training_id) as a, bars(json_out) as progress:
+        res = a.download_model(training_id, output, round=round, progress=progress)
+    if json_out:
+        emit_json(res)
+    else:
+        out.print(f"Wrote {res['path']} ({human_bytes(res['bytes'])}, CID {res['cid']})", highlight=False)
+
+
+def verify(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Download every round's checkpoint, re-hash it against its recorded CID and check
+    it is a loadable checkpoint of that round. A checkpoint whose bytes the coordinator's
+    blob retention deleted is reported as pruned; the latest must be there. Exit 1 if any
+    fails."""
+    home = resolve_home(home)
+    rows = []
+    with run_agent(home, coordinator, training_id) as a:
+        for ck in a.get_round_checkpoints(training_id):
+            v = a.verify_checkpoint(ck)
+            rows.append(
+                {
+                    "round": ck["round"],
+                    "cid": ck["checkpoint_cid"],
+                    "ok": v["valid"],
+                    "pruned": bool(v.get("pruned")),
+                    "detail": v["detail"],
+                }
+            )
+    if rows and rows[-1]["pruned"]:  # retention always keeps the latest: its absence is a failure
+        rows[-1]["pruned"] = False
+        rows[-1]["detail"] = "the latest checkpoint is missing"
+    bad = [row for row in rows if not row["ok"] and not row["pruned"]]
+    pruned = sum(row["pruned"] for row in rows)
+    if json_out:
+        emit_json({"training_id": training_id, "checkpoints": rows, "ok": not bad, "pruned": pruned})
+    else:
+        t = Table(title=f"Checkpoints of {training_id}")
+        for col in ("round", "CID", "verified"):
+            t.add_column(col)
+        for row in rows:
+            shown = "OK" if row["ok"] else "pruned" if row["pruned"] else f"[red]FAILED: {row['detail']}[/red]"
+            t.add_row(str(row["round"]), row["cid"], shown)
+        out.print(fit(t, whole=("CID",)))
+    if not rows:
+        raise AitbcError(f"run {training_id} has no checkpoints yet")
+    if bad:
+        raise AitbcError(
+            f"{len(bad)} of {len(rows)} checkpoints failed verification (first: round {bad[0]['round']}: {bad[0]['detail']})"
+        )
+    if not json_out:
+        kept = len(rows) - pruned
+        tail = f"; {pruned} older ones pruned by blob retention (CIDs recorded, bytes deleted)" if pruned else ""
+        out.print(f"All {kept} {'kept ' if pruned else ''}checkpoints verified{tail}", highlight=False)
+
+
+def payments(
+    training_id: RunIdOpt,
+    coordinator: CoordinatorOpt = None,
+    json_out: JsonOpt = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Per worker: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    home = resolve_home(home)
+    with run_agent(home, coordinator, training_id) as a:
+        res = a.get_payments(training_id)
+    if json_out:
+        emit_json(res)
+        return
+    out.print(payments_table(res))
+    out.print(
+        f"Escrowed {res['escrowed']} AIT; left in escrow {res['escrow_balance']} AIT; "
+        f"settled through round {res['settled_round']}" + ("; finalized" if res["finalized"] else ""),
+        highlight=False,
+    )
+
+
+def payments_table(res: dict[str, Any]) -> Table:
+    t = Table(title=f"Payments of {res['training_id']} ({res['network']} network, AIT)")
+    for col in (
+        "worker",
+        "price/round",
+        "rounds accepted",
+        "score",
+        "paid",
+        "bond",
+        "slashed",
+        "reputation",
+        "flags",
+        "contract",
+    ):
+        t.add_column(col, justify="left" if col in ("worker", "flags", "contract") else "right")
+    for r in res["data"]:
+        t.add_row(
+            r["worker_id"],
+            format_price(r["price_micro"]),
+            str(r["rounds_accepted"]),
+            fmt(r["score"], ".3f"),
+            r["paid"],
+            r["bond"],
+            r["slashed"],
+            fmt(r["reputation"], ".2f"),
+            ", ".join(r["flags"]),
+            r["status"],
+        )
+    return fit(
+        t,
+        whole=("worker",),
+        drop=("reputation", "flags", "contract", "rounds accepted", "bond", "score", "price/round"),
+    )
+
+
+def report(
+    training_id: RunIdOpt,
+    output: Annotated[
+        Path,
+        typer.Option("-o", "--output", help="Folder to write the report into (made if missing).", show_default=False),
+    ],
+    coordinator: CoordinatorOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the written paths as JSON.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Write a report of the run into a folder: PNG plots (loss and accuracy by round, a
+    worker-by-round heatmap of scores, bytes per round) and a self-contained report.html
+    with the run's numbers. Of a running run: the report so far."""
+    from aitbc.reports import from_run, prepare_dir, write_report
+
+    home = resolve_home(home)
+    prepare_dir(output)  # a folder we cannot write refuses (exit 2) before anything is fetched
+    with run_agent(home, coordinator, training_id) as a:
+        res = a.get_results(training_id)
+        data = from_run(
+            results=res,
+            rounds=a.get_rounds(training_id),
+            scores=a.get_round_scores(training_id),
+            payments=a.get_payments(training_id),
+        )
+    paths = write_report(data, output)
+    if json_out:
+        emit_json({"training_id": training_id, **{k: str(v) for k, v in paths.items()}})
+        return
+    say(f"Report of {training_id} ({res['status']}, {res['rounds_completed']} rounds) in {output}:")
+    say(*(f"  {p}" for p in paths.values()))

@@ -1,0 +1,155 @@
+"""A run on screen: the live table, one line per change for a log, and how it ended."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from aitbc.cli.common import fit, out, shown
+from aitbc.cli.training.plumbing import fmt, human_bytes
+from aitbc.errors import AitbcError
+
+# At a narrow width, the worker table drops these first (the id, progress and status stay).
+RUN_VIEW_DROPS = ("heartbeat", "epoch", "this round", "shard", "flags", "rounds", "score", "loss")
+
+
+def run_view(run: dict[str, Any]) -> Group:
+    cfg = run.get("config") or {}
+    head = Table.grid(padding=(0, 2))
+    head.add_row(
+        f"[b]{run['training_id']}[/b]",
+        f"status [b]{run['status']}[/b]",
+        f"round {run['round']}/{cfg.get('rounds', '-')}",
+        f"completed {run['rounds_completed']}",
+    )
+    head.add_row(
+        f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}",
+        f"val acc {fmt(run['val_accuracy'], '.3f')}",
+        f"bytes up {human_bytes(run['bytes_up'])}",
+        f"down {human_bytes(run['bytes_down'])}",
+    )
+    v = run.get("verification")
+    if v:
+        head.add_row(
+            f"verified {v['passed']}",
+            f"failed {v['failed']}" + (f", drift {v['drift']} (unpaid)" if v.get("drift") else ""),
+            f"unanswered {v['unanswered']}",
+            f"re-run {v['extra_compute']:.1%} of steps",
+        )
+    g = run.get("gossip")
+    if g:
+        head.add_row(
+            f"gossip {g['topology']}",
+            f"consensus spread {fmt(g['spread'])}",
+            f"recorded round {g['recorded_round']} (workers at {g['newest_round']})",
+            f"outliers {g['outliers']}",
+        )
+    a = run.get("asynchronous")
+    if a:
+        head.add_row(
+            f"async version {a['version']}",
+            f"{a['updates_per_second']:.2f} updates/s",
+            f"applied {a['applied']}",
+            f"refused stale {a['refused_stale']}",
+        )
+    t = Table()
+    for col in (
+        "worker",
+        "shard",
+        "progress %",
+        "loss",
+        "epoch",
+        "status",
+        "rounds",
+        "this round",
+        "score",
+        "flags",
+        "heartbeat",
+        *(("staleness",) if a else ()),
+    ):
+        t.add_column(col, justify="left" if col in ("worker", "status", "this round", "flags") else "right")
+    for w in run["workers"]:
+        hb = w["last_heartbeat_age"]
+        t.add_row(
+            w["worker_id"],
+            str(w["shard_index"]),
+            f"{w['progress']:.1f}",
+            fmt(w["loss"]),
+            f"{w['epoch']:.2f}",
+            w["status"],
+            str(w["rounds_done"]),
+            w["this_round"] or "",
+            fmt(w.get("score"), ".2f"),
+            ", ".join(w.get("score_flags") or []),
+            "-" if hb is None else f"{hb:.1f}s ago",
+            *(("-" if w.get("staleness") is None else str(w["staleness"]),) if a else ()),
+        )
+    fit(t, whole=("worker",), drop=RUN_VIEW_DROPS)
+    parts: list[Any] = [head, t]
+    if run.get("error"):  # may quote others' words: escaped, and never read as markup
+        parts.append(Text(shown(run["error"]), style="red"))
+    return Group(*parts)
+
+
+ENDED = ("complete", "failed", "stopped")  # a run in one of these changes no more
+
+
+def finished(run: dict[str, Any]) -> None:
+    """A failed run is an error (exit 1); a complete one, or one its owner stopped, is not."""
+    if run["status"] == "failed":
+        raise AitbcError(f"run {run['training_id']} failed: {run.get('error') or 'no reason recorded'}")
+
+
+def ended_line(run: dict[str, Any]) -> str:
+    loss = f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}"
+    if run["status"] == "stopped":
+        done = f"{run['rounds_completed']}/{(run.get('config') or {}).get('rounds', '-')} rounds"
+        return f"Run {run['training_id']} stopped by its owner after {done}: {loss}, model {run['global_model_cid'] or '-'}"
+    return f"Run {run['training_id']} complete: {loss}, model {run['global_model_cid']}"
+
+
+def changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
+    """What changed between two snapshots of a run, one line each: the run's status, a
+    round closed (with its evaluation), a worker's state, a worker joining. For a log:
+    ``monitor`` writes these when its output is not a terminal."""
+    cfg = run.get("config") or {}
+    rounds = cfg.get("rounds", "-")
+    if before is None:
+        return [
+            f"{run['training_id']}: {run['status']}, round {run['round']}/{rounds}, "
+            f"{len(run['workers'])} worker{'s' if len(run['workers']) != 1 else ''}, "
+            f"val loss {fmt(run['val_loss'])}"
+        ]
+    lines = []
+    if run["rounds_completed"] > before["rounds_completed"]:  # each round, if several closed between two looks
+        evaluated = run["val_loss"] != before["val_loss"] or run["val_accuracy"] != before["val_accuracy"]
+        lines += [f"round {k}/{rounds} closed" for k in range(before["rounds_completed"] + 1, run["rounds_completed"])]
+        lines.append(
+            f"round {run['rounds_completed']}/{rounds} closed"
+            + (f": val loss {fmt(run['val_loss'])}, val acc {fmt(run['val_accuracy'], '.3f')}" if evaluated else "")
+        )
+    elif run["val_loss"] != before["val_loss"]:
+        lines.append(f"evaluation: val loss {fmt(run['val_loss'])}, val acc {fmt(run['val_accuracy'], '.3f')}")
+    seen = {w["worker_id"]: w for w in before["workers"]}
+    for w in run["workers"]:
+        old = seen.get(w["worker_id"])
+        if old is None:
+            lines.append(f"worker {w['worker_id']} joined: shard {w['shard_index']}, {w['status']}")
+        elif old["status"] != w["status"]:
+            loss = "" if w["loss"] is None else f", loss {fmt(w['loss'])}"
+            lines.append(f"worker {w['worker_id']}: {old['status']} -> {w['status']} (round {run['round']}{loss})")
+    if run["status"] != before["status"]:
+        lines.append(f"run {before['status']} -> {run['status']}" + (f": {run['error']}" if run.get("error") else ""))
+    return lines
+
+
+def log_lines(lines: list[str]) -> None:
+    """Each line as it happens: written and flushed at once (a pipe or a file buffers)."""
+    stamp = time.strftime("%H:%M:%S")
+    for line in lines:
+        out.file.write(f"{stamp} {line}\n")
+    out.file.flush()
