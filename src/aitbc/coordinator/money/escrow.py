@@ -293,7 +293,7 @@ def pay_delivered(ctx: Context, s: Session, run: Run) -> int:
     escrow goes back (:func:`pay_owed`). Not paid: an update that failed its spot check,
     a slashed contract's, and gossip records (a gossip round's models are judged at its
     close). The caller holds the run's lock and commits. Returns the micro-AIT paid."""
-    if run.status not in ENDED or not run.configured or run.cfg.mode == "gossip":
+    if run.status not in ENDED or not run.configured or not run.cfg.mode.pays_delivered:
         return 0
     closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
     delivered = s.execute(

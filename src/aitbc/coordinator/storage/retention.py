@@ -116,7 +116,7 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
         # spot check's start digest and replay read it), so those are needed too
         recent = max(keep_checkpoints, 1 + (run.cfg.overlap if run.config else 0))
         # async: an update is judged against its base, up to max_staleness versions before its round's
-        lag = run.cfg.max_staleness + 1 if run.config and run.cfg.mode == "async" else 0
+        lag = run.cfg.base_lag if run.config else 0
         for i, (r, ckpt, outer, val_loss) in enumerate(recs):
             needed = i < recent or (r > 0 and val_loss is None)
             if not run.finalized:

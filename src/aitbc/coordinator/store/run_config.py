@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from aitbc import run_defaults
+from aitbc.run_mode import RunMode
 
 
 class RunConfig(BaseModel):
@@ -31,7 +32,8 @@ class RunConfig(BaseModel):
     aggregator: str
     compression: str
     error_feedback: bool = False
-    mode: str = "sync"  # or async: a round is one applied buffer (a version), see coordinator/rounds/lifecycle.py
+    # how the rounds go (aitbc/run_mode.py); stored and sent as its name, so a stored config loads as it was
+    mode: RunMode = RunMode.SYNC
     buffer: int | None = None  # async: accepted updates per application (resolved when checked)
     max_staleness: int = 4  # async: older updates are refused
     staleness: str = "polynomial"  # async: the down-weighting rule (core/staleness.py)
@@ -61,6 +63,12 @@ class RunConfig(BaseModel):
         :data:`aitbc.run_defaults.DEADLINE`. Every run has one: without it one silent hired
         provider would hold the run at its round for ever."""
         return run_defaults.DEADLINE if self.deadline is None else self.deadline
+
+    @property
+    def base_lag(self) -> int:
+        """Versions before a round's own model that an update of it may be trained from
+        and is judged against: ``max_staleness + 1`` in a buffered (async) run, else 0."""
+        return self.max_staleness + 1 if self.mode.buffered else 0
 
     def eval_due(self, r: int) -> bool:
         """Whether round ``r``'s model is evaluated on the validation split."""

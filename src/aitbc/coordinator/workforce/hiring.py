@@ -199,7 +199,7 @@ def drop_silent(s: Session, run: Run, *, now: float) -> bool:
     place (:func:`drop_silent_job`), so a silent hired provider cannot hold the round.
     (A round that closes at its deadline drops them at its close, ``commit_round``.)
     Returns whether any was dropped; the caller commits."""
-    if run.status != RunStatus.TRAINING or run.control != Control.AUTOMATIC or run.cfg.mode != "sync":
+    if run.status != RunStatus.TRAINING or run.control != Control.AUTOMATIC or not run.cfg.mode.has_barrier:
         return False
     answered = set(s.scalars(select(Update.job_id).where(Update.run_id == run.id, Update.round == run.round)).all())
     active = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE).order_by(Job.id)).all()
