@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -23,17 +25,18 @@ from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import unprocessable
+from aitbc.coordinator.live.mode_config import MODE_CHECKS
 from aitbc.coordinator.schemas import Distribute
 from aitbc.coordinator.store.models import RoundRecord, Run
 from aitbc.coordinator.store.run_config import RunConfig
 from aitbc.core.aggregation import parse_aggregator
 from aitbc.core.compression import ErrorFeedback, build_codec, check_outer
-from aitbc.core.gossip import GOSSIP_CODECS, check_topology
 from aitbc.core.norms import NormBound
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
-from aitbc.core.staleness import buffer_size, build_staleness
+from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, NotFoundError
+from aitbc.run_mode import RunMode
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.allow_code import AllowCode
 from aitbc.training.checkpoint import (
@@ -131,8 +134,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
             "bad_config",
             "precision bf16 cannot be verified (its steps do not replay within tolerance): give verify_rate 0 or precision fp32",
         )
-    buffer = _check_async(body, workers=workers, max_workers=max_workers)
-    neighbours = _check_gossip(body, workers=workers)
+    shape = MODE_CHECKS[RunMode(body.mode)](body, workers=workers, max_workers=max_workers)
     try:
         LocalConfig(
             steps=body.local_steps,
@@ -146,12 +148,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
         agg = parse_aggregator(body.aggregator, default_f=f)
-        if buffer is not None:  # async: a version is one buffer of updates
-            agg.check(min(workers, buffer))
-        elif neighbours is not None:  # gossip: a worker mixes its own model and its neighbours'
-            agg.check(1 + neighbours)
-        else:
-            agg.check(min(workers, quorum) if body.deadline else workers)
+        agg.check(shape.group(workers=workers, quorum=quorum, deadline=body.deadline))
         name, opts = parse_spec(body.compression, what="codec")
         codec = build_codec(name, opts, layout=layout, error_feedback=body.error_feedback)
         check_outer(codec, body.outer)  # decayed error feedback is the outer momentum: fedavg only
@@ -166,8 +163,8 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         # on when the flag or the codec spec asks for it (error_feedback_decay=...): workers, the
         # spot checks' residual and the run's views all read this one flag
         error_feedback=isinstance(codec, ErrorFeedback),
-        buffer=buffer,
-        topology=(body.topology or "ring") if neighbours is not None else None,
+        buffer=shape.buffer,
+        topology=shape.topology,
         min_workers=min_workers,
         max_workers=max_workers,
         quorum=quorum,
@@ -175,70 +172,6 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
         f=f,
         model_options_full={} if mcfg is None else asdict(mcfg),
     )
-
-
-def _check_gossip(body: Distribute, *, workers: int) -> int | None:
-    """A gossip run's neighbours per worker (None: not gossip), or a 422 naming what gossip
-    cannot combine with."""
-    if body.mode != "gossip":
-        if body.topology is not None:
-            raise unprocessable("bad_config", f"topology is for mode gossip; mode {body.mode} has no topology")
-        return None
-
-    def refuse(why: str) -> None:
-        raise unprocessable("bad_config", f"mode gossip: {why}")
-
-    if body.overlap:
-        refuse("overlap is for sync runs; gossip workers never wait for a global model: give overlap 0")
-    if body.verify_rate > 0:
-        refuse("spot checks (verify_rate > 0) replay an update from a global model, which gossip has not: give 0")
-    if body.buffer is not None:
-        refuse("buffer is for mode async")
-    if body.error_feedback:
-        refuse("gossip sends whole models, not updates: error feedback has nothing to carry; give error_feedback false")
-    if body.outer != "fedavg":
-        refuse(f"outer {body.outer!r}: gossip mixes models with the run's rule and takes no outer step; give fedavg")
-    try:
-        name, _ = parse_spec(body.compression, what="codec")
-    except AitbcError as e:
-        raise unprocessable("bad_config", str(e)) from None
-    if name not in GOSSIP_CODECS:
-        refuse(
-            f"compression {body.compression!r} would destroy whole models; use one of: {', '.join(sorted(GOSSIP_CODECS))}"
-        )
-    try:
-        return check_topology(body.topology or "ring", workers)
-    except AitbcError as e:
-        raise unprocessable("bad_config", f"mode gossip: {e}") from None
-
-
-def _check_async(body: Distribute, *, workers: int, max_workers: int) -> int | None:
-    """An async run's buffer size (None: a sync run), or a 422 naming what async cannot
-    combine with."""
-    if body.mode != "async":
-        return None
-    if body.overlap:
-        raise unprocessable(
-            "bad_config",
-            "overlap is for sync runs; async already lets workers train from any recent version: give overlap 0",
-        )
-    if body.verify_rate > 0:
-        # a spot check replays an update from the model it names; an async update's base may be
-        # any of the last max_staleness versions, which this build's verification does not handle
-        raise unprocessable(
-            "bad_config",
-            "spot checks (verify_rate > 0) are not available with mode async: give verify_rate 0 or mode sync",
-        )
-    try:
-        build_staleness(*parse_spec(body.staleness, what="staleness rule"))
-    except (AitbcError, ValueError) as e:
-        raise unprocessable("bad_config", f"staleness: {e}") from None
-    buffer = buffer_size(body.buffer, workers)
-    if buffer > max_workers:
-        raise unprocessable(
-            "bad_config", f"buffer {buffer} exceeds max_workers ({max_workers}): a worker sends one update per version"
-        )
-    return buffer
 
 
 class RunRuntime:
@@ -251,6 +184,7 @@ class RunRuntime:
         self.model = build_initial_model(run, ctx.settings.allow_code)
         self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.f)
         self.outer_name, self.outer_options = cfg.outer, cfg.outer_options
+        self._staleness_specs = cfg.staleness, cfg.overlap_staleness
         val = load_shard(ctx.store.get_bytes(run.data_manifest["val"]["cid"]))
         k = ctx.settings.eval_samples
         self.val_x, self.val_y = val[0][:k], val[1][:k]
@@ -268,6 +202,18 @@ class RunRuntime:
         self.outer_state: dict[str, Tensor] = {}
         self.steps: dict[int, Tensor] = {}  # round r -> the trend its updates are compared with (last few)
         self.lock = threading.Lock()
+
+    @cached_property
+    def staleness(self) -> Callable[[int], float]:
+        """Async: how much an update counts at its lag in versions (the run's ``staleness``
+        rule), parsed once for the run. Built when first asked: a sync run never reads it."""
+        return build_staleness(*parse_spec(self._staleness_specs[0], what="staleness rule"))
+
+    @cached_property
+    def overlap_staleness(self) -> Callable[[int], float]:
+        """Sync with overlap: how much an update trained from a model before its round's
+        counts at its lag in rounds (``overlap_staleness``), parsed once for the run."""
+        return build_staleness(*parse_spec(self._staleness_specs[1], what="staleness rule"))
 
     def load(self, ctx: Context, run: Run) -> None:
         """Bring params and outer state to those the run's database row names."""
