@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import torch
+from pydantic import BaseModel
 
 from aitbc.coordinator.runs import views
 from aitbc.coordinator.store import repository
@@ -76,7 +77,10 @@ def test_numbers_the_database_or_json_cannot_hold_are_refused(new_coordinator, a
 
 
 def _shape(x: Any) -> Any:
-    """The keys of every object, in order (a list by its first item): the JSON's shape."""
+    """The keys of every object, in order (a list by its first item): the JSON's shape. A
+    view's reply model counts as the JSON it is sent as."""
+    if isinstance(x, BaseModel):
+        x = x.model_dump(mode="json", by_alias=True)
     if isinstance(x, dict):
         return [(k, _shape(v)) for k, v in x.items()]
     if isinstance(x, list):
@@ -85,8 +89,8 @@ def _shape(x: Any) -> Any:
 
 
 def test_replies_keep_the_views_keys_in_order(new_coordinator, api) -> None:
-    """The response models only describe: each reply has exactly its view's keys, in the
-    view's order (clients read the JSON, which the models must not change)."""
+    """Each reply has exactly its view's keys, in the view's order: the route sends the
+    view's model as it is (clients read the JSON)."""
     t = api.start_training_run(new_coordinator(), 2)
     (w, job), coord = t.take(), t.coord
     w.post(f"/jobs/{job}/updates", api.update_body(1, api.put_update(w, torch.zeros(t.d))))

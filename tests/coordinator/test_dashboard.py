@@ -154,7 +154,7 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         run = reply.json()
         assert set(run) == DETAIL_KEYS
         with t.coord.ctx.session() as s:  # the reply keeps the view's keys in its order
-            view = dashboard.run_page(t.coord.ctx, s, repository.get_run(s, t.run_id))
+            view = dashboard.run_page(t.coord.ctx, s, repository.get_run(s, t.run_id)).model_dump(mode="json")
         assert list(run) == list(view) and list(run["workers"][0]) == list(view["workers"][0])
         assert list(run["curves"][0]) == list(view["curves"][0]) and list(run["payments"]) == list(view["payments"])
         assert run["parameters"] == t.d and run["rounds"] == 3 and run["rounds_completed"] >= 1

@@ -6,7 +6,6 @@ one ledger entry, authorised by the signer's own request (a transfer) or a recor
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -16,6 +15,7 @@ from aitbc.coordinator.money.escrow import ledger_error, require_network, requir
 from aitbc.coordinator.schemas import WalletFund, WalletSend
 from aitbc.ledger.book import Ledger, LedgerError, RequestAuth
 from aitbc.ledger.chain import mint_account, wallet_account
+from aitbc.replies.money import Funded, Sent
 from aitbc.units import MICRO, format_price, parse_amount
 
 MAX_FAUCET = 1_000_000 * MICRO  # micro-AIT per request
@@ -28,7 +28,7 @@ def check_address(text: str) -> str:
     return text
 
 
-def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> dict[str, Any]:
+def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> Funded:
     """The local faucet: mint ``amount`` into the signer's wallet (a recorded mint)."""
     require_network(ctx, body.network)
     amount = parse_amount(body.amount)
@@ -43,15 +43,15 @@ def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> dict[st
         memo={"faucet": True, "requested_by": address},
     )
     s.commit()
-    return {
-        "address": address,
-        "amount": format_price(amount),
-        "entry": e.seq,
-        "balance": format_price(Ledger.balance(s, wallet_account(address))),
-    }
+    return Funded(
+        address=address,
+        amount=format_price(amount),
+        entry=e.seq,
+        balance=format_price(Ledger.balance(s, wallet_account(address))),
+    )
 
 
-def send(ctx: Context, s: Session, body: WalletSend, *, address: str, request: RequestAuth) -> dict[str, Any]:
+def send(ctx: Context, s: Session, body: WalletSend, *, address: str, request: RequestAuth) -> Sent:
     """Move ``amount`` from the signer's wallet to the address ``to`` (signed by the sender);
     not the money its runs' hires hold (:func:`.escrow.require_unheld`)."""
     require_network(ctx, body.network)
@@ -81,10 +81,10 @@ def send(ctx: Context, s: Session, body: WalletSend, *, address: str, request: R
             ) from None
         raise ledger_error(err) from None
     s.commit()
-    return {
-        "from": address,
-        "to": body.to,
-        "amount": format_price(amount),
-        "entry": e.seq,
-        "balance": format_price(Ledger.balance(s, wallet_account(address))),
-    }
+    return Sent(
+        from_=address,
+        to=body.to,
+        amount=format_price(amount),
+        entry=e.seq,
+        balance=format_price(Ledger.balance(s, wallet_account(address))),
+    )

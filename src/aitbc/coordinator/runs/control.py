@@ -45,6 +45,8 @@ from aitbc.coordinator.workforce import hiring as workforce
 from aitbc.coordinator.workforce.hiring import assign_worker, end_run, hire_offer, new_job, require_free
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import RequestAuth
+from aitbc.replies.jobs import Aggregated, ResendRequested
+from aitbc.replies.results import SavedResult
 from aitbc.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus, UpdateStatus
 from aitbc.storage.cid import cid_of_bytes, is_cid
 from aitbc.training.checkpoint import load_shard, shard_bytes, tensor_shapes
@@ -195,7 +197,7 @@ def _check_job_config(run: Run, shard: int, config: dict[str, Any]) -> None:
 # --- aggregation and the result ----------------------------------------------------------------
 
 
-def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregate) -> dict[str, Any]:
+def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregate) -> Aggregated:
     """The closed round's chosen updates, aggregated and recorded as the round's model
     (none chosen: the round is recorded as skipped, the model unchanged, e.g. when no
     update was accepted). The torch work runs without the run's write lock."""
@@ -254,20 +256,20 @@ def aggregate(ctx: Context, s: Session, run_id: str, signer: str, body: Aggregat
     ctx.notifier.poke_driver()  # scoring of the round
     if res.diverged is not None:  # recorded: the run failed, nobody is blamed for it
         raise conflict("diverged", f"run {run.id} failed: {res.diverged}; nothing of round {r} was committed")
-    return {
-        "training_id": run.id,
-        "round": r,
-        "model_id": res.cid,
-        "model_cid": res.cid,
-        "loss": res.val_loss,
-        "accuracy": res.val_accuracy,
-        "updates": len(chosen),
-        "skipped": res.skipped,
-        "weights": weights if weights is not None else [float(u.samples) for u, _ in chosen],
-    }
+    return Aggregated(
+        training_id=run.id,
+        round=r,
+        model_id=res.cid,
+        model_cid=res.cid,
+        loss=res.val_loss,
+        accuracy=res.val_accuracy,
+        updates=len(chosen),
+        skipped=res.skipped,
+        weights=weights if weights is not None else [float(u.samples) for u, _ in chosen],
+    )
 
 
-def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[str, Any]:
+def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> SavedResult:
     """Keep ``model_cid`` as the run's model, with the owner's ``metrics``: a checkpoint of
     one of the run's aggregated rounds, or a blob the owner uploaded (the SDK's
     ``save_training_results`` stores the aggregated model it holds). The blob must be on
@@ -297,7 +299,7 @@ def save_result(ctx: Context, s: Session, run: Run, body: ResultSave) -> dict[st
         _require_model_of(ctx, run, body.model_cid)
     run.result_cid, run.result_metrics, run.updated_at = body.model_cid, dict(body.metrics), time.time()
     s.commit()
-    return {**results(ctx, s, run), "round": None if rec is None else rec.round}
+    return SavedResult(**dict(results(ctx, s, run)), round=None if rec is None else rec.round)
 
 
 def _require_model_of(ctx: Context, run: Run, cid: str) -> None:
@@ -465,7 +467,7 @@ def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConf
     return job
 
 
-def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]:
+def resend(ctx: Context, s: Session, job_id: str, signer: str) -> ResendRequested:
     """Drop the job's update for the open round (its blob failed a check, or the owner
     wants it again): the worker is asked to train and send that round again. An accepted
     update is paid as delivered first (:func:`.escrow.pay_as_delivered`: the owner had it),
@@ -516,10 +518,6 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> dict[str, Any]
     job.updated_at = now
     s.commit()
     ctx.notifier.bump()
-    return {
-        "job_id": job.id,
-        "worker_id": job.worker_id,
-        "round": run.round,
-        "dropped": upd.cid,
-        "status": "resend_requested",
-    }
+    return ResendRequested(
+        job_id=job.id, worker_id=job.worker_id, round=run.round, dropped=upd.cid, status="resend_requested"
+    )

@@ -41,6 +41,8 @@ from aitbc.ledger.book import LedgerError, RequestAuth
 from aitbc.ledger.chain import escrow_account, wallet_account
 from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import rank_offers
+from aitbc.replies.money import ManualPayment, Payments
+from aitbc.replies.runs import ContractView, Discovery
 from aitbc.states import ContractStatus, Control, RunStatus
 from aitbc.storage.cid import is_cid
 from aitbc.training.models import check_model
@@ -174,7 +176,7 @@ def load_manifest(ctx: Context, cid: str) -> dict[str, Any]:
 # --- hiring --------------------------------------------------------------------------
 
 
-def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, Any]:
+def discover(ctx: Context, s: Session, run: Run, body: Discover) -> Discovery:
     """Rank the free live offers and hire the top ``required_workers``; too few, or an owner
     who cannot pay for them (:func:`.escrow.require_hire_funds`): 409, no contracts, no bonds."""
     require_status(run, RunStatus.INITIALIZING, action="hire workers")
@@ -224,15 +226,15 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> dict[str, An
     run.updated_at = now
     s.commit()
     hired = {c.worker_id for c in contracts}
-    return {
-        "training_id": run.id,
-        "ranked": [ranked_view(r, hired=r.offer.worker_id in hired) for r in ranked],
-        "contracts": [contract_view(c) for c in contracts],
-        "count": len(contracts),
-    }
+    return Discovery(
+        training_id=run.id,
+        ranked=[ranked_view(r, hired=r.offer.worker_id in hired) for r in ranked],
+        contracts=[contract_view(c) for c in contracts],
+        count=len(contracts),
+    )
 
 
-def hire(ctx: Context, s: Session, run: Run, body: ContractCreate) -> dict[str, Any]:
+def hire(ctx: Context, s: Session, run: Run, body: ContractCreate) -> ContractView:
     """Hire one named provider at the owner's offered price per round (the SDK's
     ``negotiate_worker_contract``): accepted if it is at least the provider's asking price
     and the provider is live, free, and able to post the run's bond."""
@@ -419,7 +421,7 @@ def resume(ctx: Context, s: Session, run: Run) -> Run:
 # --- owner's manual payments (the SDK's process_payment / refund_payments) -----------
 
 
-def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_text: str | float) -> dict[str, Any]:
+def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_text: str | float) -> ManualPayment:
     amount = parse_amount(amount_text)
     c = s.get(Contract, contract_id)
     if c is None or c.run_id != run.id:
@@ -437,17 +439,17 @@ def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_
         raise ledger_error(err) from None
     c.paid_manual += amount
     s.commit()
-    return {
-        "contract_id": c.id,
-        "worker_id": c.worker_id,
-        "amount": format_price(amount),
-        "amount_micro": amount,
-        "entry": e.seq,
-        "escrow_left": format_price(ctx.ledger.balance(s, escrow_account(run.id))),
-    }
+    return ManualPayment(
+        contract_id=c.id,
+        worker_id=c.worker_id,
+        amount=format_price(amount),
+        amount_micro=amount,
+        entry=e.seq,
+        escrow_left=format_price(ctx.ledger.balance(s, escrow_account(run.id))),
+    )
 
 
-def refund(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+def refund(ctx: Context, s: Session, run: Run) -> Payments:
     """Return the unspent escrow to the owner now (the run must have ended)."""
     if run.status not in ENDED:
         raise conflict("bad_state", f"run {run.id} is {run.status}; stop it first (refunds follow the end of a run)")

@@ -1,14 +1,13 @@
 """Read-only views: what the API returns about runs, rounds, jobs, offers, money and
-updates, as plain dicts of JSON types. Nothing here writes; money is shown both as AIT
-text (``format_price``) and, where clients compute with it, as integer micro-AIT. Prices
-(AIT per round) are numbers, ``micro / 1e6``, with the exact ``price_micro`` beside them:
-the documented SDK examples compute with them (``1 / (worker['price'] + 1)``).
+updates, as the reply models of :mod:`aitbc.replies`. Nothing here writes; money is shown
+both as AIT text (``format_price``) and, where clients compute with it, as integer micro-AIT.
+Prices (AIT per round) are numbers, ``micro / 1e6``, with the exact ``price_micro`` beside
+them: the documented SDK examples compute with them (``1 / (worker['price'] + 1)``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
@@ -22,27 +21,34 @@ from aitbc.coordinator.workforce.hiring import busy_workers
 from aitbc.ledger.book import Entry
 from aitbc.ledger.chain import escrow_account
 from aitbc.market.ranking import RankedOffer
-from aitbc.states import JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
+from aitbc.replies.gossip import GossipView
+from aitbc.replies.jobs import JobDetail, JobView, ShardView, UpdateView, WorkerJob
+from aitbc.replies.money import EntryView, Payments, WorkerPay
+from aitbc.replies.results import Checkpoint, Results, ResultWorker, RoundView, ScorePage, ScoreView
+from aitbc.replies.runs import AsyncView, ContractView, RunDetail, RunSummary, RunWorker, WorkerScore
+from aitbc.replies.runs import RankedOffer as RankedView
+from aitbc.replies.workers import MarketOffer, OfferView
+from aitbc.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
 from aitbc.units import MICRO, format_price
 
 # --- runs ---------------------------------------------------------------------------------
 
 
-def run_summary(run: Run) -> dict[str, Any]:
-    return {
-        "training_id": run.id,
-        "status": run.status,
-        "owner": run.owner,
-        "model_type": run.model_type,
-        "dataset_size": run.dataset_size,
-        "target_workers": run.target_workers,
-        "round": run.round,
-        "rounds": run.cfg.rounds if run.configured else None,
-        "val_loss": run.val_loss,
-        "control": run.control,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-    }
+def run_summary(run: Run) -> RunSummary:
+    return RunSummary(
+        training_id=run.id,
+        status=RunStatus(run.status),
+        owner=run.owner,
+        model_type=run.model_type,
+        dataset_size=run.dataset_size,
+        target_workers=run.target_workers,
+        round=run.round,
+        rounds=run.cfg.rounds if run.configured else None,
+        val_loss=run.val_loss,
+        control=Control(run.control),
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+    )
 
 
 def _read_again_if_unconfigured(run: Run) -> None:
@@ -54,7 +60,7 @@ def _read_again_if_unconfigured(run: Run) -> None:
         session.refresh(run)
 
 
-def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
     now = time.time()
     jobs = s.scalars(select(Job).where(Job.run_id == run.id).order_by(Job.shard_index, Job.created_at)).all()
     if jobs:
@@ -80,54 +86,54 @@ def run_detail(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
     async_view = None
     if run.configured and run.cfg.mode == "async":
         lags, async_view = _async_view(s, run, rounds_closed, now=now)
-    return {
-        **run_summary(run),
-        "model_options": run.model_options,
-        "seed": run.seed,
-        "dataset_size_bytes": run.dataset_size_bytes,
-        "data_source": run.data_source,
-        "manifest_cid": run.manifest_cid,
-        "data_bytes": run.data_bytes,
-        "shards": len(run.data_manifest["shards"]) if run.manifest else 0,
-        "config": run.cfg.model_dump(mode="json") if run.configured else {},
-        "global_model_cid": run.global_cid,
-        "network": run.network,
-        "budget": None if run.budget is None else format_price(run.budget),
-        "bond": format_price(run.bond),
-        "escrowed": format_price(run.escrowed),
-        "initial_val_loss": run.initial_val_loss,
-        "val_accuracy": run.val_accuracy,
-        "rounds_completed": rounds_closed,
-        "bytes_up": run.bytes_up,
-        "bytes_down": run.bytes_down,
-        "error": run.error,
-        "flags": flags,
-        "verification": verification_summary(s, run) if run.configured else None,
-        "round_started_at": run.round_started_at,
-        "deadline_at": deadline_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "paused_from": run.paused_from,
-        "manual_since": run.manual_since,
-        "manual_from_round": run.manual_from_round,
-        "speed": speed,
-        "target_speed": target_speed,
-        "contracts": [contract_view(c) for c in contracts],
-        "workers": [
-            {
-                **job_view(ctx, j, run, submitted.get(j.id), gpu=gpus.get(j.worker_id), now=now),
-                **scores.get(j.contract_id, _NO_SCORE),
-                "staleness": lags.get(j.id),
-            }
+    return RunDetail(
+        **dict(run_summary(run)),
+        model_options=run.model_options,
+        seed=run.seed,
+        dataset_size_bytes=run.dataset_size_bytes,
+        data_source=run.data_source,
+        manifest_cid=run.manifest_cid,
+        data_bytes=run.data_bytes,
+        shards=len(run.data_manifest["shards"]) if run.manifest else 0,
+        config=run.cfg.model_dump(mode="json") if run.configured else {},
+        global_model_cid=run.global_cid,
+        network=run.network,
+        budget=None if run.budget is None else format_price(run.budget),
+        bond=format_price(run.bond),
+        escrowed=format_price(run.escrowed),
+        initial_val_loss=run.initial_val_loss,
+        val_accuracy=run.val_accuracy,
+        rounds_completed=rounds_closed,
+        bytes_up=run.bytes_up,
+        bytes_down=run.bytes_down,
+        error=run.error,
+        flags=flags,
+        verification=verification_summary(s, run) if run.configured else None,
+        round_started_at=run.round_started_at,
+        deadline_at=deadline_at,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        paused_from=None if run.paused_from is None else RunStatus(run.paused_from),
+        manual_since=run.manual_since,
+        manual_from_round=run.manual_from_round,
+        speed=speed,
+        target_speed=target_speed,
+        contracts=[contract_view(c) for c in contracts],
+        workers=[
+            RunWorker(
+                **dict(job_view(ctx, j, run, submitted.get(j.id), gpu=gpus.get(j.worker_id), now=now)),
+                **dict(scores.get(j.contract_id, NO_SCORE)),
+                staleness=lags.get(j.id),
+            )
             for j in jobs
         ],
-        "asynchronous": async_view,
-        "gossip": _gossip_view(s, run) if run.configured and run.cfg.mode == "gossip" else None,
-        "time": now,
-    }
+        asynchronous=async_view,
+        gossip=_gossip_view(s, run) if run.configured and run.cfg.mode == "gossip" else None,
+        time=now,
+    )
 
 
-def _gossip_view(s: Session, run: Run) -> dict[str, Any]:
+def _gossip_view(s: Session, run: Run) -> GossipView:
     """A gossip run: how far apart the workers' models were at the last recorded round
     (the consensus spread), and how far the record is behind the workers."""
     last = s.execute(
@@ -140,17 +146,17 @@ def _gossip_view(s: Session, run: Run) -> dict[str, Any]:
     outliers = s.scalar(
         select(func.count(Update.id)).where(Update.run_id == run.id, Update.status == UpdateStatus.REJECTED)
     )
-    return {
-        "topology": run.cfg.topology,
-        "recorded_round": last[0] if last else 0,
-        "spread": last[1] if last else None,
-        "newest_round": records[1] or 0,
-        "records": records[0] or 0,
-        "outliers": outliers or 0,
-    }
+    return GossipView(
+        topology=run.cfg.topology,
+        recorded_round=last[0] if last else 0,
+        spread=last[1] if last else None,
+        newest_round=records[1] or 0,
+        records=records[0] or 0,
+        outliers=outliers or 0,
+    )
 
 
-def _async_view(s: Session, run: Run, version: int, *, now: float) -> tuple[dict[str, int], dict[str, Any]]:
+def _async_view(s: Session, run: Run, version: int, *, now: float) -> tuple[dict[str, int], AsyncView]:
     """An async run: each job's staleness (versions between the base of its latest
     accepted update and the model it was applied to), and the run's version, applied
     updates per second since training started and updates refused as too stale."""
@@ -174,7 +180,7 @@ def _async_view(s: Session, run: Run, version: int, *, now: float) -> tuple[dict
     end = run.finished_at or now
     started = run.started_at
     rate = applied / (end - started) if started and end > started else 0.0
-    return lags, {"version": version, "updates_per_second": rate, "applied": applied, "refused_stale": refused or 0}
+    return lags, AsyncView(version=version, updates_per_second=rate, applied=applied, refused_stale=refused or 0)
 
 
 def run_speeds(run: Run, active: list[Job], rounds_closed: int, *, now: float) -> tuple[float, float]:
@@ -211,27 +217,23 @@ def gpu_types(s: Session, worker_ids: list[str]) -> dict[str, str]:
     return {r.id: r.gpu for r in rows}
 
 
-_NO_SCORE: dict[str, Any] = {"score": None, "last_quality": None, "score_flags": []}
+NO_SCORE = WorkerScore(score=None, last_quality=None, score_flags=[])  # a contract not scored yet
 
 
-def contract_scores(s: Session, run_id: str) -> dict[str, dict[str, Any]]:
+def contract_scores(s: Session, run_id: str) -> dict[str, WorkerScore]:
     """Per contract: mean quality over its scored rounds, the latest one, and every flag."""
-    out: dict[str, dict[str, Any]] = {}
+    qualities: dict[str, list[float]] = {}
+    flags: dict[str, set[str]] = {}
     for sc in s.scalars(select(Score).where(Score.run_id == run_id).order_by(Score.round)).all():
-        d = out.setdefault(sc.contract_id, {"qualities": [], "score_flags": set()})
-        d["qualities"].append(sc.quality)
-        d["score_flags"].update(sc.flags)
+        qualities.setdefault(sc.contract_id, []).append(sc.quality)
+        flags.setdefault(sc.contract_id, set()).update(sc.flags)
     return {
-        c: {
-            "score": sum(d["qualities"]) / len(d["qualities"]),
-            "last_quality": d["qualities"][-1],
-            "score_flags": sorted(d["score_flags"]),
-        }
-        for c, d in out.items()
+        c: WorkerScore(score=sum(q) / len(q), last_quality=q[-1], score_flags=sorted(flags[c]))
+        for c, q in qualities.items()
     }
 
 
-def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str | None, now: float) -> dict[str, Any]:
+def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str | None, now: float) -> JobView:
     """A job as its owner sees it. ``progress`` is the percentage of this job's work in
     the run's current round (its steps: ``local_steps``, or ``epochs`` over its shard);
     ``status`` is ``complete`` (progress 100) once its update for that round is in and
@@ -253,109 +255,115 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
         status = "rejected" if this_round == UpdateStatus.REJECTED else "complete"
     elif j.progress_round is not None and j.progress_round != run.round:
         progress, status = 0.0, "waiting"  # its last report was of an earlier round
-    return {
-        "job_id": j.id,
-        "worker_id": j.worker_id,
-        "contract_id": j.contract_id,
-        "gpu_type": gpu,
-        "shard_index": j.shard_index,
-        "shard_cid": j.shard_cid,
-        "job_status": j.status,
-        "status": status,
-        "progress": progress,
-        "loss": j.loss if j.loss is not None else run.val_loss,
-        "epoch": j.epoch,
-        "steps": job_settings(run, j)["local_steps"],
-        "speed": j.speed or 0.0,
-        "rounds_done": j.rounds_done,
-        "this_round": this_round,
-        "joined_round": j.joined_round,
-        "replaces": j.replaces,
-        "moved_from": j.moved_from,
-        "end_reason": j.end_reason,
-        "compute_seconds": j.compute_seconds,
-        "config": j.config or {},
-        "last_heartbeat_age": None if seen is None else round(now - seen, 3),
-    }
+    return JobView(
+        job_id=j.id,
+        worker_id=j.worker_id,
+        contract_id=j.contract_id,
+        gpu_type=gpu,
+        shard_index=j.shard_index,
+        shard_cid=j.shard_cid,
+        job_status=JobStatus(j.status),
+        status=status,
+        progress=progress,
+        loss=j.loss if j.loss is not None else run.val_loss,
+        epoch=j.epoch,
+        steps=job_settings(run, j)["local_steps"],
+        speed=j.speed or 0.0,
+        rounds_done=j.rounds_done,
+        this_round=None if this_round is None else UpdateStatus(this_round),
+        joined_round=j.joined_round,
+        replaces=j.replaces,
+        moved_from=j.moved_from,
+        end_reason=j.end_reason,
+        compute_seconds=j.compute_seconds,
+        config=j.config or {},
+        last_heartbeat_age=None if seen is None else round(now - seen, 3),
+    )
 
 
-def rounds_view(s: Session, run: Run) -> list[dict[str, Any]]:
+def rounds_view(s: Session, run: Run) -> list[RoundView]:
     rows = s.scalars(select(RoundRecord).where(RoundRecord.run_id == run.id).order_by(RoundRecord.round)).all()
     return [
-        {
-            "round": r.round,
-            "checkpoint_cid": r.checkpoint_cid,
-            "val_loss": r.val_loss,
-            "val_accuracy": r.val_accuracy,
-            "train_loss": r.train_loss,
-            "train_accuracy": r.train_accuracy,
-            "accepted": r.accepted,
-            "rejected": r.rejected,
-            "stragglers": r.stragglers,
-            "skipped": r.skipped,
-            "bytes_up": r.bytes_up,
-            "bytes_down": r.bytes_down,
-            "started_at": r.started_at,
-            "closed_at": r.closed_at,
-        }
+        RoundView(
+            round=r.round,
+            checkpoint_cid=r.checkpoint_cid,
+            val_loss=r.val_loss,
+            val_accuracy=r.val_accuracy,
+            train_loss=r.train_loss,
+            train_accuracy=r.train_accuracy,
+            accepted=r.accepted,
+            rejected=r.rejected,
+            stragglers=r.stragglers,
+            skipped=r.skipped,
+            bytes_up=r.bytes_up,
+            bytes_down=r.bytes_down,
+            started_at=r.started_at,
+            closed_at=r.closed_at,
+        )
         for r in rows
     ]
 
 
-def scores_view(s: Session, run: Run, *, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+def scores_view(s: Session, run: Run, *, after: int = 0, limit: int | None = None) -> ScorePage:
     """The run's scored (contract, round) rows in the order they were written (round by
     round), those after row ``after``, at most ``limit``: the quality the round paid on and
     the signals behind it (``core.scoring``); ``next``: the ``after`` of the next page."""
     query = select(Score).where(Score.run_id == run.id, Score.id > after).order_by(Score.id)
     rows = s.scalars(query if limit is None else query.limit(limit)).all()
     data = [
-        {
-            "round": sc.round,
-            "worker_id": sc.worker_id,
-            "contract_id": sc.contract_id,
-            "status": sc.status,
-            "quality": sc.quality,
-            "gain": sc.gain,
-            "own_gain": sc.own_gain,
-            "other_gain": sc.other_gain,
-            "kept": sc.kept,
-            "flags": list(sc.flags),
-            "provable": sc.provable,
-        }
+        ScoreView(
+            round=sc.round,
+            worker_id=sc.worker_id,
+            contract_id=sc.contract_id,
+            status=ScoreStatus(sc.status),
+            quality=sc.quality,
+            gain=sc.gain,
+            own_gain=sc.own_gain,
+            other_gain=sc.other_gain,
+            kept=sc.kept,
+            flags=list(sc.flags),
+            provable=sc.provable,
+        )
         for sc in rows
     ]
     full = limit is not None and len(rows) == limit
-    return {"data": data, "count": len(data), "next": rows[-1].id if full else None}
+    return ScorePage(data=data, count=len(data), next=rows[-1].id if full else None)
 
 
-def results(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+def results(ctx: Context, s: Session, run: Run) -> Results:
     rounds = rounds_view(s, run)
     scores = contract_scores(s, run.id)
-    done = [r for r in rounds if r["round"] > 0]
+    done = [r for r in rounds if r.round > 0]
     updates = s.scalars(select(Update).where(Update.run_id == run.id)).all()
-    return {
-        "training_id": run.id,
-        "status": run.status,
-        "error": run.error,
-        "model_cid": run.result_cid or run.global_cid,
-        "metrics": run.result_metrics or {},
-        "rounds_completed": len(done),
-        "rounds": run.cfg.rounds if run.configured else None,
-        "initial_val_loss": run.initial_val_loss,
-        "final_val_loss": run.val_loss,
-        "final_val_accuracy": run.val_accuracy,
-        "bytes_up": run.bytes_up,
-        "bytes_down": run.bytes_down,
-        "updates_accepted": sum(u.status == UpdateStatus.ACCEPTED for u in updates),
-        "updates_rejected": sum(u.status == UpdateStatus.REJECTED for u in updates),
-        "wall_seconds": (run.finished_at or time.time()) - run.started_at if run.started_at else None,
-        "settled_round": run.settled_round,
-        "checkpoints": [{"round": r["round"], "cid": r["checkpoint_cid"]} for r in rounds],
-        "workers": [
-            {"worker_id": c.worker_id, "contract_id": c.id, "status": c.status, **scores.get(c.id, _NO_SCORE)}
-            for c in s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
+    contracts = s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
+    return Results(
+        training_id=run.id,
+        status=RunStatus(run.status),
+        error=run.error,
+        model_cid=run.result_cid or run.global_cid,
+        metrics=run.result_metrics or {},
+        rounds_completed=len(done),
+        rounds=run.cfg.rounds if run.configured else None,
+        initial_val_loss=run.initial_val_loss,
+        final_val_loss=run.val_loss,
+        final_val_accuracy=run.val_accuracy,
+        bytes_up=run.bytes_up,
+        bytes_down=run.bytes_down,
+        updates_accepted=sum(u.status == UpdateStatus.ACCEPTED for u in updates),
+        updates_rejected=sum(u.status == UpdateStatus.REJECTED for u in updates),
+        wall_seconds=(run.finished_at or time.time()) - run.started_at if run.started_at else None,
+        settled_round=run.settled_round,
+        checkpoints=[Checkpoint(round=r.round, cid=r.checkpoint_cid) for r in rounds],
+        workers=[
+            ResultWorker(
+                worker_id=c.worker_id,
+                contract_id=c.id,
+                status=ContractStatus(c.status),
+                **dict(scores.get(c.id, NO_SCORE)),
+            )
+            for c in contracts
         ],
-    }
+    )
 
 
 def list_runs(s: Session, *, owner: str | None = None, status: str | None = None) -> list[Run]:
@@ -369,20 +377,20 @@ def list_runs(s: Session, *, owner: str | None = None, status: str | None = None
     return list(s.scalars(q).all())
 
 
-def shards_view(s: Session, run: Run) -> list[dict[str, Any]]:
+def shards_view(s: Session, run: Run) -> list[ShardView]:
     """The run's shards with the active jobs on each (split shards point to their halves)."""
     if run.manifest is None:
         return []
     jobs = s.scalars(select(Job).where(Job.run_id == run.id, Job.status == JobStatus.ACTIVE)).all()
     return [
-        {
-            "shard_index": i,
-            "shard_id": e["cid"],
-            "samples": e["samples"],
-            "split_from": e.get("split_from"),
-            "split_into": e.get("split_into"),
-            "jobs": [j.id for j in jobs if j.shard_index == i],
-        }
+        ShardView(
+            shard_index=i,
+            shard_id=e["cid"],
+            samples=e["samples"],
+            split_from=e.get("split_from"),
+            split_into=e.get("split_into"),
+            jobs=[j.id for j in jobs if j.shard_index == i],
+        )
         for i, e in enumerate(run.data_manifest["shards"])
     ]
 
@@ -390,77 +398,78 @@ def shards_view(s: Session, run: Run) -> list[dict[str, Any]]:
 # --- the market and contracts -------------------------------------------------------------
 
 
-def ranked_view(r: RankedOffer, *, hired: bool) -> dict[str, Any]:
+def ranked_view(r: RankedOffer, *, hired: bool) -> RankedView:
     o = r.offer
-    return {
-        "worker_id": o.worker_id,
-        "gpu_type": o.gpu,
-        "price": o.price,
-        "price_micro": round(o.price * MICRO),
-        "reputation": o.reputation,
-        "availability": o.availability,
-        "score": round(r.score, 6),
-        "hired": hired,
-    }
+    return RankedView(
+        worker_id=o.worker_id,
+        gpu_type=o.gpu,
+        price=o.price,
+        price_micro=round(o.price * MICRO),
+        reputation=o.reputation,
+        availability=o.availability,
+        score=round(r.score, 6),
+        hired=hired,
+    )
 
 
-def contract_view(c: Contract) -> dict[str, Any]:
-    return {
-        "contract_id": c.id,
-        "worker_id": c.worker_id,
-        "training_id": c.run_id,
-        "price": c.price / MICRO,
-        "price_micro": c.price,
-        "status": c.status,
-        "score": round(c.score, 6),
-    }
+def contract_view(c: Contract) -> ContractView:
+    return ContractView(
+        contract_id=c.id,
+        worker_id=c.worker_id,
+        training_id=c.run_id,
+        price=c.price / MICRO,
+        price_micro=c.price,
+        status=ContractStatus(c.status),
+        score=round(c.score, 6),
+    )
 
 
-def offer_view(ctx: Context, o: Offer, *, now: float) -> dict[str, Any]:
+def offer_view(ctx: Context, o: Offer, *, now: float) -> OfferView:
     seen = ctx.liveness.last_seen(o.id) or o.last_heartbeat
-    return {
-        "worker_id": o.id,
-        "gpu_type": o.gpu,
-        "price": o.price / MICRO,
-        "price_micro": o.price,
-        "reputation": o.reputation,
-        "availability": o.availability,
-        "status": o.status,
-        "live": now - seen <= ctx.settings.lease_seconds,
-        "last_heartbeat": seen,
-        "max_bond": format_price(o.max_bond or 0),
-        "last_heartbeat_age": round(now - seen, 3),
-        "device": o.device,
-        "flags": o.flags,
-    }
+    return OfferView(
+        worker_id=o.id,
+        gpu_type=o.gpu,
+        price=o.price / MICRO,
+        price_micro=o.price,
+        reputation=o.reputation,
+        availability=o.availability,
+        status=OfferStatus(o.status),
+        live=now - seen <= ctx.settings.lease_seconds,
+        last_heartbeat=seen,
+        max_bond=format_price(o.max_bond or 0),
+        last_heartbeat_age=round(now - seen, 3),
+        device=o.device,
+        flags=o.flags,
+    )
 
 
-def market(ctx: Context, s: Session, *, live_only: bool) -> list[dict[str, Any]]:
+def market(ctx: Context, s: Session, *, live_only: bool) -> list[MarketOffer]:
     now = time.time()
     offers = s.scalars(select(Offer).order_by(Offer.id)).all()
     busy = busy_workers(s)
-    views = [{**offer_view(ctx, o, now=now), "busy": o.id in busy} for o in offers]
-    return [v for v in views if v["live"] and v["status"] == OfferStatus.ONLINE] if live_only else views
+    views = [MarketOffer(**dict(offer_view(ctx, o, now=now)), busy=o.id in busy) for o in offers]
+    return [v for v in views if v.live and v.status == OfferStatus.ONLINE] if live_only else views
 
 
 # --- jobs and updates -------------------------------------------------------------------
 
 
-def job_detail(ctx: Context, s: Session, job_id: str) -> dict[str, Any]:
+def job_detail(ctx: Context, s: Session, job_id: str) -> JobDetail:
     job = s.get(Job, job_id)
     if job is None:
         raise not_found("unknown_job", f"no job {job_id!r}")
     run = row(s, Run, job.run_id)
     this_round = s.scalar(select(Update.status).where(Update.job_id == job.id, Update.round == run.round))
-    return {
-        **job_view(ctx, job, run, this_round, gpu=gpu_types(s, [job.worker_id]).get(job.worker_id), now=time.time()),
-        "training_id": job.run_id,
-        "round": run.round,
-        "run_status": run.status,
-    }
+    gpu = gpu_types(s, [job.worker_id]).get(job.worker_id)
+    return JobDetail(
+        **dict(job_view(ctx, job, run, this_round, gpu=gpu, now=time.time())),
+        training_id=job.run_id,
+        round=run.round,
+        run_status=RunStatus(run.status),
+    )
 
 
-def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:
+def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[WorkerJob]:
     now = time.time()
     rows = s.execute(
         select(Job, Run)
@@ -475,10 +484,13 @@ def jobs_of(ctx: Context, s: Session, worker_id: str) -> list[dict[str, Any]]:
     ).all()
     done = {r.job_id: r.status for r in answered}
     gpu = gpu_types(s, [worker_id]).get(worker_id)
-    return [{**job_view(ctx, j, run, done.get(j.id), gpu=gpu, now=now), "training_id": j.run_id} for j, run in rows]
+    return [
+        WorkerJob(**dict(job_view(ctx, j, run, done.get(j.id), gpu=gpu, now=now)), training_id=j.run_id)
+        for j, run in rows
+    ]
 
 
-def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
+def updates_of(s: Session, job_id: str) -> list[UpdateView]:
     """The job's updates (its "checkpoints"), newest round first."""
     job = s.get(Job, job_id)
     if job is None:
@@ -487,7 +499,7 @@ def updates_of(s: Session, job_id: str) -> list[dict[str, Any]]:
     return [update_view(u) for u in rows]
 
 
-def run_updates(s: Session, run: Run, *, round: int | None = None, latest: bool = False) -> list[dict[str, Any]]:
+def run_updates(s: Session, run: Run, *, round: int | None = None, latest: bool = False) -> list[UpdateView]:
     """The run's updates (the workers' checkpoints), newest round first: of one ``round``,
     or with ``latest`` each job's most recent one."""
     q = select(Update).where(Update.run_id == run.id)
@@ -502,31 +514,31 @@ def run_updates(s: Session, run: Run, *, round: int | None = None, latest: bool 
     return [update_view(u) for u in rows]
 
 
-def update_view(u: Update) -> dict[str, Any]:
-    return {
-        "checkpoint_id": u.cid,
-        "cid": u.cid,
-        "training_id": u.run_id,
-        "job_id": u.job_id,
-        "worker_id": u.worker_id,
-        "round": u.round,
-        "samples": u.samples,
-        "shard_index": u.shard_index,
-        "train_loss": u.train_loss,
-        "size": u.size,
-        "status": u.status,
-        "reason": u.reason,
-        "created_at": u.created_at,
-        "verification": u.verification,
-        "verify_detail": u.verify_detail,
-        "verify_steps": u.verify_steps or 0,
-    }
+def update_view(u: Update) -> UpdateView:
+    return UpdateView(
+        checkpoint_id=u.cid,
+        cid=u.cid,
+        training_id=u.run_id,
+        job_id=u.job_id,
+        worker_id=u.worker_id,
+        round=u.round,
+        samples=u.samples,
+        shard_index=u.shard_index,
+        train_loss=u.train_loss,
+        size=u.size,
+        status=UpdateStatus(u.status),
+        reason=u.reason,
+        created_at=u.created_at,
+        verification=u.verification,
+        verify_detail=u.verify_detail,
+        verify_steps=u.verify_steps or 0,
+    )
 
 
 # --- money ------------------------------------------------------------------------------
 
 
-def payments_view(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
+def payments_view(ctx: Context, s: Session, run: Run) -> Payments:
     contracts = s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.created_at)).all()
     rows = []
     for c in contracts:
@@ -539,42 +551,42 @@ def payments_view(ctx: Context, s: Session, run: Run) -> dict[str, Any]:
         paid = int(settled) + c.paid_manual
         offer = s.get(Offer, c.worker_id)
         rows.append(
-            {
-                "worker_id": c.worker_id,
-                "contract_id": c.id,
-                "price": c.price / MICRO,
-                "price_micro": c.price,
-                "status": c.status,
-                "rounds_accepted": sum(x.status == ScoreStatus.ACCEPTED for x in sc),
-                "rounds_scored": len(sc),
-                "score": (sum(x.quality for x in sc) / len(sc)) if sc else None,
-                "flags": sorted({f for x in sc for f in x.flags}),
-                "paid": format_price(paid),
-                "paid_micro": paid,
-                "due": format_price(int(due)),
-                "due_micro": int(due),
-                "bond": format_price(c.bond),
-                "slashed": format_price(c.slashed),
-                "slashed_micro": c.slashed,
-                "reputation": offer.reputation if offer else None,
-            }
+            WorkerPay(
+                worker_id=c.worker_id,
+                contract_id=c.id,
+                price=c.price / MICRO,
+                price_micro=c.price,
+                status=ContractStatus(c.status),
+                rounds_accepted=sum(x.status == ScoreStatus.ACCEPTED for x in sc),
+                rounds_scored=len(sc),
+                score=(sum(x.quality for x in sc) / len(sc)) if sc else None,
+                flags=sorted({f for x in sc for f in x.flags}),
+                paid=format_price(paid),
+                paid_micro=paid,
+                due=format_price(int(due)),
+                due_micro=int(due),
+                bond=format_price(c.bond),
+                slashed=format_price(c.slashed),
+                slashed_micro=c.slashed,
+                reputation=offer.reputation if offer else None,
+            )
         )
-    return {
-        "training_id": run.id,
-        "network": run.network,
-        "control": run.control,
-        "escrowed": format_price(run.escrowed),
-        "escrow_balance": format_price(ctx.ledger.balance(s, escrow_account(run.id))),
-        "settled_round": run.settled_round,
-        "rounds_closed": s.scalar(
-            select(func.count()).select_from(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)
-        )
-        or 0,
-        "finalized": run.finalized,
-        "data": rows,
-        "count": len(rows),
-    }
+    rounds_closed = s.scalar(
+        select(func.count()).select_from(RoundRecord).where(RoundRecord.run_id == run.id, RoundRecord.round > 0)
+    )
+    return Payments(
+        training_id=run.id,
+        network=run.network,
+        control=Control(run.control),
+        escrowed=format_price(run.escrowed),
+        escrow_balance=format_price(ctx.ledger.balance(s, escrow_account(run.id))),
+        settled_round=run.settled_round,
+        rounds_closed=rounds_closed or 0,
+        finalized=run.finalized,
+        data=rows,
+        count=len(rows),
+    )
 
 
-def entry_view(e: Entry) -> dict:
-    return {**e.as_dict(), "amount_ait": format_price(e.amount)}
+def entry_view(e: Entry) -> EntryView:
+    return EntryView(**e.as_dict(), amount_ait=format_price(e.amount))

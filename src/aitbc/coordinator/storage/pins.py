@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from sqlalchemy import func, select
 
@@ -23,14 +22,15 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
 from aitbc.coordinator.store.models import Pin
 from aitbc.errors import NotFoundError, UsageError
+from aitbc.replies.blobs import PinList, PinView
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.unixfs import reachable
 
 _quota = threading.Lock()  # one coordinator process: the cap's check and the insert in one step
 
 
-def pin_view(p: Pin) -> dict[str, Any]:
-    return {"cid": p.cid, "owner": p.owner, "bytes": p.bytes, "blobs": p.blobs, "created_at": p.created_at}
+def pin_view(p: Pin) -> PinView:
+    return PinView(cid=p.cid, owner=p.owner, bytes=p.bytes, blobs=p.blobs, created_at=p.created_at)
 
 
 def dag_blobs(store: LocalBlobStore, root: str) -> dict[str, int]:
@@ -39,7 +39,7 @@ def dag_blobs(store: LocalBlobStore, root: str) -> dict[str, int]:
     return {cid: store.size(cid) for cid in found}
 
 
-def pin(ctx: Context, owner: str, cid: str) -> tuple[dict[str, Any], bool]:
+def pin(ctx: Context, owner: str, cid: str) -> tuple[PinView, bool]:
     """Pin ``cid`` for ``owner``; returns (the pin, whether it is new)."""
     store = ctx.store
     with ctx.session() as s:  # pinned already: answered without walking the DAG again
@@ -82,7 +82,7 @@ def pin(ctx: Context, owner: str, cid: str) -> tuple[dict[str, Any], bool]:
         return pin_view(row), True
 
 
-def unpin(ctx: Context, owner: str, cid: str) -> dict[str, Any]:
+def unpin(ctx: Context, owner: str, cid: str) -> PinView:
     with ctx.session() as s:
         row = s.scalar(select(Pin).where(Pin.owner == owner, Pin.cid == cid))
         if row is None:
@@ -93,16 +93,16 @@ def unpin(ctx: Context, owner: str, cid: str) -> dict[str, Any]:
     return view
 
 
-def pins_of(ctx: Context, owner: str) -> dict[str, Any]:
+def pins_of(ctx: Context, owner: str) -> PinList:
     with ctx.session() as s:
         rows = s.scalars(select(Pin).where(Pin.owner == owner).order_by(Pin.created_at, Pin.id)).all()
         data = [pin_view(p) for p in rows]
-    return {
-        "data": data,
-        "count": len(data),
-        "pinned_bytes": sum(p["bytes"] for p in data),
-        "max_pinned_bytes": ctx.settings.max_pinned_bytes,
-    }
+    return PinList(
+        data=data,
+        count=len(data),
+        pinned_bytes=sum(p.bytes for p in data),
+        max_pinned_bytes=ctx.settings.max_pinned_bytes,
+    )
 
 
 def missing_blobs(ctx: Context, cids: list[str]) -> list[str]:

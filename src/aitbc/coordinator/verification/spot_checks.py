@@ -63,6 +63,8 @@ from aitbc.coordinator.workforce.hiring import end_job
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
+from aitbc.replies.jobs import Challenge, Revealed
+from aitbc.replies.runs import VerificationSummary
 from aitbc.states import JobStatus, UpdateStatus
 from aitbc.storage.cid import is_cid
 from aitbc.training.batches import data_seed
@@ -267,15 +269,15 @@ def job_seed(run: Run, job: Job) -> int:
     return job.seed if job.seed is not None else run.seed * 100_003 + job.shard_index
 
 
-def challenge_view(upd: Update) -> dict[str, Any] | None:
+def challenge_view(upd: Update) -> Challenge | None:
     """What the worker must reveal (in the update's reply and its job's view)."""
     if upd.verification != "challenged" or not upd.challenge:
         return None
     ch = upd.challenge
-    return {"round": upd.round, "boundaries": ch["boundaries"], "residual": bool(ch["residual"]), "at": ch["at"]}
+    return Challenge(round=upd.round, boundaries=ch["boundaries"], residual=bool(ch["residual"]), at=ch["at"])
 
 
-def reveal(ctx: Context, s: Session, job_id: str, signer: str, body: ProofReveal) -> dict[str, Any]:
+def reveal(ctx: Context, s: Session, job_id: str, signer: str, body: ProofReveal) -> Revealed:
     """The worker's answer to its spot check: the CIDs of the challenged states (uploaded
     first). Checked for shape here; judged by the driver."""
     job = s.get(Job, job_id)
@@ -315,7 +317,7 @@ def reveal(ctx: Context, s: Session, job_id: str, signer: str, body: ProofReveal
     upd.verification = "revealed"
     s.commit()
     ctx.notifier.poke_driver()
-    return {"round": upd.round, "verification": upd.verification}
+    return Revealed(round=upd.round, verification=upd.verification)
 
 
 def _int_or_str(k: str) -> tuple[int, str]:
@@ -476,7 +478,7 @@ def _flag(s: Session, upd: Update, kind: str, reason: str) -> None:
         offer.flags += 1
 
 
-def summary(s: Session, run: Run) -> dict[str, Any] | None:
+def summary(s: Session, run: Run) -> VerificationSummary | None:
     """The run's verification so far: how many updates were checked and how, and what the
     checks cost (local steps re-run against steps trained, and seconds)."""
     rate = run.cfg.verify_rate if run.config else 0.0
@@ -494,21 +496,21 @@ def summary(s: Session, run: Run) -> dict[str, Any] | None:
     for proof in s.scalars(select(Update.proof).where(Update.run_id == run.id, Update.proof.is_not(None))).all():
         trained += int(proof.get("steps", 0))
     compute = s.scalar(select(func.sum(Update.compute_seconds)).where(Update.run_id == run.id)) or 0.0
-    return {
-        "rate": rate,
-        "updates": sum(counts.values()),
-        "checked": sum(
+    return VerificationSummary(
+        rate=rate,
+        updates=sum(counts.values()),
+        checked=sum(
             counts.get(k, 0) for k in ("passed", "drift", "failed", "revealed", "challenged", "unanswered", "error")
         ),
-        "passed": counts.get("passed", 0),
-        "drift": counts.get("drift", 0),  # missed within drift: unpaid, not slashed
-        "failed": counts.get("failed", 0),
-        "unanswered": counts.get("unanswered", 0),
-        "errors": counts.get("error", 0),
-        "pending": sum(counts.get(k, 0) for k in PENDING),
-        "steps_replayed": replayed,
-        "steps_trained": trained,
-        "extra_compute": replayed / trained if trained else 0.0,
-        "verify_seconds": seconds,
-        "extra_seconds": seconds / compute if compute else None,
-    }
+        passed=counts.get("passed", 0),
+        drift=counts.get("drift", 0),  # missed within drift: unpaid, not slashed
+        failed=counts.get("failed", 0),
+        unanswered=counts.get("unanswered", 0),
+        errors=counts.get("error", 0),
+        pending=sum(counts.get(k, 0) for k in PENDING),
+        steps_replayed=replayed,
+        steps_trained=trained,
+        extra_compute=replayed / trained if trained else 0.0,
+        verify_seconds=seconds,
+        extra_seconds=seconds / compute if compute else None,
+    )

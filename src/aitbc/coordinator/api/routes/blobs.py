@@ -23,7 +23,7 @@ from aitbc.coordinator.storage import pins
 from aitbc.coordinator.transfer.peers import check_report
 from aitbc.coordinator.transfer.uploads import paced
 from aitbc.errors import AitbcError, IntegrityError
-from aitbc.replies.blobs import BlobsMissing, BlobStored, Holders, PeerVerdict, PinList, PinView
+from aitbc.replies.blobs import BlobsMissing, BlobStored, Holders, PeerRef, PeerVerdict, PinList, PinView
 from aitbc.storage.cid import is_cid
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
@@ -54,12 +54,12 @@ class MissingRequest(BaseModel):
 
 
 @router.post("/missing", response_model=BlobsMissing)
-async def missing_blobs(body: MissingRequest, ctx: CtxDep, signer: SignerDep) -> dict:
+async def missing_blobs(body: MissingRequest, ctx: CtxDep, signer: SignerDep) -> BlobsMissing:
     """Which of ``cids`` this coordinator lacks (upload those); the ones it holds have
     their retention grace period renewed, as a PUT of a held blob does."""
     for cid in body.cids:
         _check_cid(cid)
-    return {"missing": await run_in_threadpool(pins.missing_blobs, ctx, body.cids)}
+    return BlobsMissing(missing=await run_in_threadpool(pins.missing_blobs, ctx, body.cids))
 
 
 @router.post(
@@ -68,7 +68,7 @@ async def missing_blobs(body: MissingRequest, ctx: CtxDep, signer: SignerDep) ->
     status_code=201,
     responses={200: {"model": PinView, "description": "Pinned already by the signer"}, **errors(400, 404, 409)},
 )
-def pin_blob(cid: str, ctx: CtxDep, signer: SignerDep, response: Response) -> dict:
+def pin_blob(cid: str, ctx: CtxDep, signer: SignerDep, response: Response) -> PinView:
     """Pin the file or folder ``cid`` for the signer: blob retention keeps every blob under
     it. Every blob must be here (409 ``incomplete_dag``); the pinned bytes count against the
     signer's ``max_pinned_bytes`` (409 ``pin_quota_exceeded``). Pinning again answers 200."""
@@ -80,7 +80,7 @@ def pin_blob(cid: str, ctx: CtxDep, signer: SignerDep, response: Response) -> di
 
 
 @router.delete("/{cid}/pin", response_model=PinView, responses=errors(400, 404))
-def unpin_blob(cid: str, ctx: CtxDep, signer: SignerDep) -> dict:
+def unpin_blob(cid: str, ctx: CtxDep, signer: SignerDep) -> PinView:
     """Remove the signer's pin of ``cid`` (404 ``unknown_pin`` if it has none); the blobs
     go at retention's next collection unless something else keeps them."""
     _check_cid(cid)
@@ -88,7 +88,7 @@ def unpin_blob(cid: str, ctx: CtxDep, signer: SignerDep) -> dict:
 
 
 @pins_router.get("", response_model=PinList, responses=errors(422))
-def list_pins(ctx: CtxDep, owner: Annotated[str, Query(max_length=64, description="a wallet address")]) -> dict:
+def list_pins(ctx: CtxDep, owner: Annotated[str, Query(max_length=64, description="a wallet address")]) -> PinList:
     """A wallet's pins, the bytes they keep and the cap."""
     return pins.pins_of(ctx, owner)
 
@@ -98,13 +98,13 @@ def blob_holders(
     cid: str,
     ctx: CtxDep,
     exclude: Annotated[str | None, Query(max_length=64, description="a worker to leave out: the asker")] = None,
-) -> dict:
+) -> Holders:
     """Peer transport: up to a few live workers (other than ``exclude``) that announced
     ``cid``, chosen at random to spread the load; empty: fetch it from the coordinator.
     Public, like every ``/v1`` GET (holders' URLs are what peers connect to anyway)."""
     _check_cid(cid)
-    data = holders(ctx, cid, exclude or "")
-    return {"cid": cid, "data": data, "count": len(data)}
+    data = [PeerRef(**p) for p in holders(ctx, cid, exclude or "")]
+    return Holders(cid=cid, data=data, count=len(data))
 
 
 @router.post("/{cid}/bad-peer", response_model=PeerVerdict, responses=errors(400, 404))
@@ -128,7 +128,7 @@ def bad_peer(cid: str, body: BadPeer, ctx: CtxDep, signer: SignerDep) -> dict:
     responses=errors(400, 408, 413),
     openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": BINARY}}},
 )
-async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSignerDep) -> dict:
+async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSignerDep) -> BlobStored:
     """Store the request body under ``cid``; refused (400) unless the bytes hash to it,
     (413) over the size limit, (429) past the signer's share of the upload slots, (408) a
     body slower than ``min_upload_rate`` (:mod:`aitbc.coordinator.transfer.uploads`). Storing a blob
@@ -145,7 +145,7 @@ async def put_blob(cid: str, request: Request, ctx: CtxDep, signer: StreamSigner
 
 async def _store(
     ctx: Context, cid: str, signer: str, body: AsyncIterator[bytes], declared: str | None, limit: int
-) -> dict:
+) -> BlobStored:
     """The upload's ``body`` stored under ``cid`` (``declared``: its Content-Length, if any)."""
     if ctx.store.touch(cid):  # held already; touched, so blob retention's grace period starts again
         received = 0
@@ -153,7 +153,7 @@ async def _store(
             received += len(chunk)
             if received > limit:  # a chunked body has no declared length: count it
                 raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes")
-        return {"cid": cid, "size": (ctx.store.dir / cid).stat().st_size, "stored": False}
+        return BlobStored(cid=cid, size=(ctx.store.dir / cid).stat().st_size, stored=False)
     if declared is not None and declared.isdigit() and int(declared) <= _BLOCK:
         # A small blob (a round's update of a small model): received whole, then stored in
         # one worker-thread call. Each hop to the thread pool waits its turn for the GIL
@@ -172,7 +172,7 @@ async def _store(
             raise bad_request("cid_mismatch", detail) from None
         except AitbcError:
             raise ApiError(413, "blob_too_large", f"blob is over this coordinator's limit of {limit} bytes") from None
-        return {"cid": cid, "size": size, "stored": True}
+        return BlobStored(cid=cid, size=size, stored=True)
     # File work (open, write, fsync, rename) runs in a worker thread, in blocks of up to
     # 1 MiB: on the event loop it would stall every other request, heartbeats included.
     w = await run_in_threadpool(ctx.store.writer, cid)
@@ -193,7 +193,7 @@ async def _store(
             detail = f"uploaded bytes do not hash to {cid}; nothing stored"
             await run_in_threadpool(flag_blob, ctx, signer, detail)
             raise bad_request("cid_mismatch", detail) from None
-        return {"cid": cid, "size": w.size, "stored": True}
+        return BlobStored(cid=cid, size=w.size, stored=True)
 
 
 def _store_whole(ctx: Context, cid: str, data: bytes) -> int:

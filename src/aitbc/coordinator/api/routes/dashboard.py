@@ -33,13 +33,13 @@ PAGE_HEADERS = {
 
 
 @router.get("/runs", response_model=DashboardRuns)
-def runs(s: SessionDep) -> dict:
+def runs(s: SessionDep) -> DashboardRuns:
     """The newest runs, public facts only (no CID, data source or model options)."""
     return dashboard.runs_list(s)
 
 
 @router.get("/runs/{run_id}", response_model=DashboardRunDetail, responses=errors(404))
-def run(run_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+def run(run_id: str, ctx: CtxDep, s: SessionDep) -> DashboardRunDetail:
     """One run's public facts: curves by round, workers, bytes, payments, the ledger's head."""
     return dashboard.run_page(ctx, s, repository.get_run(s, run_id))
 

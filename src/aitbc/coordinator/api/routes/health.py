@@ -12,14 +12,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=Health)
-def health(ctx: CtxDep) -> dict:
+def health(ctx: CtxDep) -> Health:
     """Liveness of the coordinator, and its clock (clients sign with timestamps); which
     replica answered and whether it drives the rounds (several coordinators on one database)."""
     now = time.time()
-    return {
-        "status": "ok",
-        "version": __version__,
-        "time": now,
-        "replica": ctx.lease.me,
-        "driving": ctx.lease.holds(),
-    }
+    return Health(status="ok", version=__version__, time=now, replica=ctx.lease.me, driving=ctx.lease.holds())

@@ -31,14 +31,14 @@ router = APIRouter(tags=["workers"])
 
 
 @router.get("/market/offers", response_model=Page[MarketOffer], responses=errors(422))
-def offers(ctx: CtxDep, s: SessionDep, all: bool = False) -> dict:
+def offers(ctx: CtxDep, s: SessionDep, all: bool = False) -> Page[MarketOffer]:
     """Live offers (``all=true``: every offer ever registered, with its status)."""
     data = views.market(ctx, s, live_only=not all)
-    return {"data": data, "count": len(data)}
+    return Page[MarketOffer](data=data, count=len(data))
 
 
 @router.post("/workers", status_code=201, response_model=OfferView, responses=errors(409, 422))
-def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> OfferView:
     offer = workers.register(
         ctx, s, body, worker_id=signer.address, public_key=signer.public_key, request=signer.request
     )
@@ -46,7 +46,7 @@ def register(body: WorkerRegister, ctx: CtxDep, s: SessionDep, signer: SignerDep
 
 
 @router.post("/workers/heartbeat", response_model=Heartbeat, responses=errors(404))
-async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
+async def heartbeat(ctx: CtxDep, signer: SignerDep) -> Heartbeat:
     """Cheap by design: a signature check and a dict write; no database commit (a worker
     this replica has not heard of yet is looked up once, off the event loop)."""
     if not ctx.liveness.knows(signer.address):
@@ -54,16 +54,16 @@ async def heartbeat(ctx: CtxDep, signer: SignerDep) -> dict:
     now = time.time()
     ctx.liveness.touch(signer.address, now)
     ctx.metrics.heartbeats.inc()
-    return {"ok": True, "time": now, "version": ctx.notifier.version}
+    return Heartbeat(ok=True, time=now, version=ctx.notifier.version)
 
 
 @router.post("/workers/holdings", response_model=Ok, responses=errors(404, 422))
-def holdings(body: Holdings, ctx: CtxDep, signer: SignerDep) -> dict:
+def holdings(body: Holdings, ctx: CtxDep, signer: SignerDep) -> Ok:
     """Peer transport: the signer serves these blobs at ``advertise`` (``GET
     {advertise}/v1/blobs/{cid}``); it replaces the signer's last announcement. Kept in
     memory; the coordinator hands these workers out to others fetching the same CIDs."""
     workers.announce_holdings(ctx, signer.address, body)
-    return {"ok": True}
+    return Ok(ok=True)
 
 
 @router.get("/workers/{worker_id}/job", response_model=JobPoll, responses=errors(403, 404, 422))
@@ -119,22 +119,22 @@ async def job(
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail, responses=errors(404))
-def get_job(job_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+def get_job(job_id: str, ctx: CtxDep, s: SessionDep) -> JobDetail:
     """One job: its run, worker, shard, and the worker's last progress report."""
     return views.job_detail(ctx, s, job_id)
 
 
 @router.get("/workers/{worker_id}/jobs", response_model=Page[WorkerJob])
-def worker_jobs(worker_id: str, ctx: CtxDep, s: SessionDep) -> dict:
+def worker_jobs(worker_id: str, ctx: CtxDep, s: SessionDep) -> Page[WorkerJob]:
     """Every job a worker has had, newest first (its active one, if any, is marked)."""
     data = views.jobs_of(ctx, s, worker_id)
-    return {"data": data, "count": len(data)}
+    return Page[WorkerJob](data=data, count=len(data))
 
 
 @router.post("/jobs/{job_id}/progress", response_model=Ok, responses=OWNED)
-def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> Ok:
     workers.report_progress(ctx, s, job_id, signer.address, body)
-    return {"ok": True}
+    return Ok(ok=True)
 
 
 @router.post("/jobs/{job_id}/updates", status_code=201, response_model=UpdateAccepted, responses=OWNED)
@@ -175,7 +175,7 @@ def witnessed(body: WitnessReport, ctx: CtxDep, s: SessionDep, signer: SignerDep
 
 
 @router.post("/jobs/{job_id}/proofs", response_model=Revealed, responses=OWNED)
-def reveal_states(job_id: str, body: ProofReveal, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+def reveal_states(job_id: str, body: ProofReveal, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> Revealed:
     """Answer the spot check of the job's update: the CIDs of the challenged states
     (uploaded first with ``PUT /v1/blobs/{cid}``). The round driver re-runs them."""
     return verification.reveal(ctx, s, job_id, signer.address, body)
