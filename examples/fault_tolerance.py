@@ -63,81 +63,81 @@ class Monitor:
 
     async def monitor_worker_health(self) -> None:
         for w in await self.agent.get_active_workers(self.training_id):
-            health = await self.agent.ping_worker(w["worker_id"])
+            health = await self.agent.ping_worker(w.worker_id)
             if health:  # truthy exactly when the worker is alive
                 continue
             await self.agent.mark_worker_failed(
-                w["worker_id"], reason=f"no heartbeat for {health['last_heartbeat_age']:.1f} s"
+                w.worker_id, reason=f"no heartbeat for {health.last_heartbeat_age:.1f} s"
             )
-            job = await self.agent.get_worker_job(w["worker_id"])
-            replacement = await self.agent.find_replacement_worker(health["gpu_type"])
-            if replacement is None:
-                self.record("failed", worker=w["worker_id"], job=job["job_id"], replacement=None)
+            job = await self.agent.get_worker_job(w.worker_id)
+            if job is None:
                 continue
-            new = await self.agent.reassign_job(job["job_id"], replacement["worker_id"])
+            replacement = await self.agent.find_replacement_worker(health.gpu_type)
+            if replacement is None:
+                self.record("failed", worker=w.worker_id, job=job.job_id, replacement=None)
+                continue
+            new = await self.agent.reassign_job(job.job_id, replacement.worker_id)
             self.record(
                 "replaced",
-                worker=w["worker_id"],
-                job=job["job_id"],
-                by=replacement["worker_id"],
-                gpu=replacement["gpu_type"],
-                new_job=new["job_id"],
+                worker=w.worker_id,
+                job=job.job_id,
+                by=replacement.worker_id,
+                gpu=replacement.gpu_type,
+                new_job=new.job_id,
             )
 
     async def handle_stragglers(self) -> None:
         status = await self.agent.get_training_status(self.training_id)
-        if status["phase"] != "training":
+        if status.phase != "training":
             return
-        rnd, now = status["round"], time.time()
-        active = [w for w in status["workers"] if w["job_status"] == "active"]
-        if any(w["this_round"] for w in active):
+        rnd, now = status.round, time.time()
+        active = [w for w in status.workers if w.job_status == "active"]
+        if any(w.this_round for w in active):
             self.first_answer.setdefault(rnd, now)
         first = self.first_answer.get(rnd)
         progress = await self.agent.get_training_progress(self.training_id)
-        slow = progress["target_speed"] is not None and progress["speed"] < 0.5 * progress["target_speed"]
+        slow = progress.target_speed is not None and progress.speed < 0.5 * progress.target_speed
         if first is None or (now - first < STRAGGLER_AFTER and not slow):
             return
         for w in active:
-            if w["this_round"] or not await self.agent.ping_worker(w["worker_id"]):
+            if w.this_round or not await self.agent.ping_worker(w.worker_id):
                 continue  # answered, or dead (the health loop's business)
-            if w["worker_id"] not in self.reduced:
-                reduced = await self.agent.reduce_worker_workload(w["worker_id"], factor=0.5)
-                self.reduced[w["worker_id"]] = rnd
+            if w.worker_id not in self.reduced:
+                reduced = await self.agent.reduce_worker_workload(w.worker_id, factor=0.5)
+                self.reduced[w.worker_id] = rnd
                 if reduced:
-                    self.record(
-                        "workload_reduced", worker=w["worker_id"], round=rnd, local_steps=reduced["local_steps"]
-                    )
-            elif self.reduced[w["worker_id"]] < rnd:
-                split = await self.agent.reassign_partial_work(w["worker_id"])
-                self.reduced[w["worker_id"]] = rnd
-                if split:  # falsy when nobody was free to take half
-                    self.record("work_split", worker=w["worker_id"], round=rnd, helper=split["new_job"]["worker_id"])
+                    self.record("workload_reduced", worker=w.worker_id, round=rnd, local_steps=reduced.local_steps)
+            elif self.reduced[w.worker_id] < rnd:
+                split = await self.agent.reassign_partial_work(w.worker_id)
+                self.reduced[w.worker_id] = rnd
+                if split and split.new_job is not None:  # falsy when nobody was free to take half
+                    self.record("work_split", worker=w.worker_id, round=rnd, helper=split.new_job.worker_id)
 
     async def verify_checkpoints(self) -> None:
         for w in await self.agent.get_active_workers(self.training_id):
-            if not w["this_round"]:
+            if not w.this_round:
                 continue
             try:
-                update = await self.agent.collect_checkpoint(w["worker_id"], w["job_id"])
+                update = await self.agent.collect_checkpoint(w.worker_id, w.job_id)
             except NotFound:
                 continue  # dropped meanwhile
-            if update["cid"] in self.verified:
+            if update.cid in self.verified:
                 continue
             check = await self.agent.verify_checkpoint(update)
             if check:  # truthy exactly when valid
-                self.verified.add(update["cid"])
+                self.verified.add(update.cid)
             else:
-                await self.agent.request_checkpoint_resend(w["worker_id"])
-                self.record("resend_requested", worker=w["worker_id"], round=update["round"], reason=check["detail"])
+                await self.agent.request_checkpoint_resend(w.worker_id)
+                self.record("resend_requested", worker=w.worker_id, round=update.round, reason=check.detail)
 
     async def auto_scale(self) -> None:
         status = await self.agent.get_training_status(self.training_id)
-        if status["phase"] not in ("training", "aggregating"):
+        if status.phase not in ("training", "aggregating"):
             return
-        active = [w for w in status["workers"] if w["job_status"] == "active"]
+        active = [w for w in status.workers if w.job_status == "active"]
         if len(active) < self.target and await self.agent.find_replacement_worker() is not None:
             added = await self.agent.add_worker(training_id=self.training_id)
-            self.record("scaled_up", worker=added["worker_id"], job=added["job"] and added["job"]["job_id"])
+            self.record("scaled_up", worker=added.worker_id, job=added.job and added.job.job_id)
 
 
 async def main(workers: int = WORKERS) -> dict[str, Any]:
@@ -162,17 +162,17 @@ async def main(workers: int = WORKERS) -> dict[str, Any]:
             await asyncio.gather(*loops, return_exceptions=True)
         checkpoints = await agent.get_round_checkpoints(training_id)
         verified = await asyncio.gather(*(agent.verify_checkpoint(c) for c in checkpoints))
-        print(f"Training {final['phase']}: checkpoints verified {sum(map(bool, verified))}/{len(verified)}")
+        print(f"Training {final.phase}: checkpoints verified {sum(map(bool, verified))}/{len(verified)}")
         payments = await pay(agent, training_id)
         await agent.stop()
     return {
         "training_id": training_id,
-        "status": final["status"],
+        "status": final.status,
         "rounds": rounds,
         "events": monitor.events,
-        "workers": final["workers"],
-        "payments": payments,
-        "checkpoints": list(verified),
+        "workers": [w.model_dump(mode="json") for w in final.workers],
+        "payments": payments.model_dump(mode="json"),
+        "checkpoints": [v.model_dump(mode="json") for v in verified],
     }
 
 

@@ -5,6 +5,9 @@
 
 The coordinator comes from the environment only: AITBC_COORDINATOR, else the local
 stack's HOME/stack.json (HOME: AITBC_HOME or ~/.aitbc). Prints a JSON summary last.
+
+Every method returns a typed model (aitbc.replies, aitbc_agent_sdk.results) whose fields
+are attributes a type checker knows (`training.training_id`).
 """
 
 from __future__ import annotations
@@ -22,29 +25,27 @@ def main() -> int:
     config = AgentConfig(name="distributed-training", blockchain_network="local", wallet_name="training-wallet")
     with Agent(config) as agent:
         info = agent.start()
-        print(f"Agent {info['name']} started: wallet {info['address']} on {info['coordinator']}")
+        print(f"Agent {info.name} started: wallet {info.address} on {info.coordinator}")
         agent.fund_wallet(100)
-        print(f"Balance: {agent.get_balance()['balance']} AIT")
+        print(f"Balance: {agent.get_balance().balance} AIT")
 
         training = agent.initialize_distributed_training(model_type="mlp", dataset_size=1, target_workers=2)
-        training_id = training["training_id"]  # the agent's current run: later calls may leave it out
+        training_id = training.training_id  # the agent's current run: later calls may leave it out
         print(f"Distributed training: {training_id}")
 
         shards = agent.create_data_shards(training_id, num_shards=2, data_path="digits")
-        print(f"Data shards: {[s['shard_id'] for s in shards]}")
+        print(f"Data shards: {[s.shard_id for s in shards]}")
 
-        workers = agent.discover_gpu_workers(required_workers=2, training_id=training_id)  # ranks and hires
-        for w in workers:
-            print(
-                f"Worker {w['worker_id']} ({w['gpu_type']}, {w['price']} AIT/round): {'hired' if w['hired'] else 'not hired'}"
-            )
+        hiring = agent.hire_workers(training_id, required_workers=2)  # ranks and hires
+        for w in hiring.ranked:
+            print(f"Worker {w.worker_id} ({w.gpu_type}, {w.price} AIT/round): {'hired' if w.hired else 'not hired'}")
 
         agent.start_training(rounds=ROUNDS, local_steps=10)
         run = agent.wait_for_completion(timeout=300)
         results = agent.get_results()
         print(
-            f"Training {run['phase']}: val loss {results['initial_val_loss']:.4f} -> {results['final_val_loss']:.4f}, "
-            f"model {results['model_cid']}"
+            f"Training {run.phase}: val loss {results.initial_val_loss:.4f} -> {results.final_val_loss:.4f}, "
+            f"model {results.model_cid}"
         )
 
         checkpoints = agent.get_round_checkpoints()
@@ -53,22 +54,22 @@ def main() -> int:
 
         payments = agent.get_payments()
         deadline = time.monotonic() + 60
-        while not payments["finalized"] and time.monotonic() < deadline:  # the last settlement follows completion
+        while not payments.finalized and time.monotonic() < deadline:  # the last settlement follows completion
             time.sleep(0.5)
             payments = agent.get_payments()
-        for p in payments["data"]:
-            print(f"Paid {p['paid']} AIT to {p['worker_id']} for {p['rounds_accepted']} rounds")
+        for p in payments.data:
+            print(f"Paid {p.paid} AIT to {p.worker_id} for {p.rounds_accepted} rounds")
         refund = agent.refund_payments()
-        print(f"Escrow left after refund: {refund['escrow_balance']} AIT")
+        print(f"Escrow left after refund: {refund.escrow_balance} AIT")
         agent.stop()
     print(
         json.dumps(
             {
                 "training_id": training_id,
-                "status": run["status"],
-                "results": results,
-                "payments": payments,
-                "checkpoints": verified,
+                "status": run.status,
+                "results": results.model_dump(mode="json"),
+                "payments": payments.model_dump(mode="json"),
+                "checkpoints": [v.model_dump(mode="json") for v in verified],
             }
         )
     )

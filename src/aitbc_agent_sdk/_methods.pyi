@@ -2,18 +2,45 @@
 # do not edit. Agent and AsyncAgent (aitbc_agent_sdk.clients) inherit these classes when type
 # checked; at run time each method is the operation driven by the client.
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from aitbc.replies.base import JsonObject
+from aitbc.replies.jobs import Aggregated, JobDetail, ResendRequested, ShardView, UpdateView, WorkerJob
+from aitbc.replies.money import Balance, Entries, EntryView, Funded, LedgerInfo, ManualPayment, Payments, Sent
+from aitbc.replies.results import Results, RoundView, SavedResult, ScoreView
+from aitbc.replies.runs import ContractView, Discovery, RunSummary, RunWorker
+from aitbc.replies.workers import MarketOffer
 from aitbc_agent_sdk.protocol import Progress
-from aitbc_agent_sdk.results import Liveness, Outcome, Validity
+from aitbc_agent_sdk.results import (
+    AveragedModel,
+    DataUploaded,
+    FailedJob,
+    FreeOffer,
+    HiredOffer,
+    Liveness,
+    ModelDownload,
+    NewRun,
+    RoundCheckpoint,
+    ShardRef,
+    Started,
+    Stopped,
+    TrainingProgress,
+    TrainingStatus,
+    Validity,
+    WorkerAdded,
+    WorkerProgress,
+    WorkloadReduced,
+    WorkSplit,
+)
 
 class AgentMethods:
     """The blocking methods of the agent, one per operation."""
 
     def add_worker(
         self, worker_id: str | None = None, training_id: str | None = None, price: int | float | str | None = None
-    ) -> dict[str, Any]:
+    ) -> WorkerAdded:
         """Hire one more worker for the run (default: the agent's current run): ``worker_id``
         (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
         (default: its asking price). In an owner-driven run that is training, it also gets a
@@ -22,7 +49,7 @@ class AgentMethods:
         ``{contract, job, worker_id}``.
         """
 
-    def collect_checkpoint(self, worker_id: str, job_id: str) -> dict[str, Any]:
+    def collect_checkpoint(self, worker_id: str, job_id: str) -> UpdateView:
         """The worker's result: its update for the run's open (or just closed) round,
         ``{checkpoint_id, cid, training_id, job_id, worker_id, round, samples, train_loss,
         size, status}``, to hand to :meth:`federated_average`. Not sent yet:
@@ -36,7 +63,7 @@ class AgentMethods:
         data_path: str | None = None,
         *,
         progress: Progress | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ShardRef]:
         """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
         initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
         folder, an ``.npz``) into ``num_shards`` shards (default: one per target worker) and a
@@ -56,7 +83,7 @@ class AgentMethods:
         required_workers: int = 1,
         max_price: int | float | str | None = None,
         training_id: str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[FreeOffer] | list[HiredOffer]:
         """The best ``required_workers`` live, free offers, ranked by the marketplace score:
         ``[{worker_id, gpu_type, price, reputation, availability, score, ...}]`` (the market's
         view of each offer, plus its score), best first
@@ -76,7 +103,7 @@ class AgentMethods:
         round: int | None = None,
         *,
         progress: Progress | None = None,
-    ) -> dict[str, Any]:
+    ) -> ModelDownload:
         """Write the run's model (``round``: that round's checkpoint; default the latest) to
         the file ``path`` as a safetensors checkpoint, verified against its CID first; the
         file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
@@ -85,8 +112,11 @@ class AgentMethods:
         """
 
     def federated_average(
-        self, checkpoints: list[dict[str, Any]], weights: list[float] | None = None, training_id: str | None = None
-    ) -> dict[str, Any]:
+        self,
+        checkpoints: Sequence[UpdateView | Mapping[str, Any]],
+        weights: list[float] | None = None,
+        training_id: str | None = None,
+    ) -> AveragedModel:
         """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
         of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
         FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
@@ -101,23 +131,23 @@ class AgentMethods:
 
     def find_replacement_worker(
         self, gpu_type: str | None = None, exclude: list[str] | None = None
-    ) -> dict[str, Any] | None:
+    ) -> FreeOffer | None:
         """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
         None when nobody is free. ``exclude``: worker ids not to pick. Prices as numbers
         (``price``, with the exact ``price_micro``).
         """
 
-    def fund_wallet(self, amount: int | float | str) -> dict[str, Any]:
+    def fund_wallet(self, amount: int | float | str) -> Funded:
         """Mint ``amount`` AIT into the agent's wallet from the local network's faucet.
         Returns ``{address, amount, entry, balance}``.
         """
 
-    def get_active_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_active_workers(self, training_id: str | None = None) -> list[RunWorker]:
         """The run's jobs still working (not failed, released or replaced), as in
         :meth:`get_all_workers`.
         """
 
-    def get_all_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_all_checkpoints(self, training_id: str | None = None) -> list[UpdateView]:
         """The latest checkpoint of each of the run's workers (default: the agent's current
         run): the newest update each job of :meth:`get_all_workers` sent, as
         :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
@@ -126,14 +156,14 @@ class AgentMethods:
         model's checkpoints (one per round) are :meth:`get_round_checkpoints`.
         """
 
-    def get_all_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_all_workers(self, training_id: str | None = None) -> list[RunWorker]:
         """The run's workers (default: the agent's current run), one job each: the working
         ones and any failed one not replaced yet (once the run ended, each job as it ended).
         Each has ``worker_id, job_id, job_status, status, progress, loss, epoch, speed,
         gpu_type, score, last_heartbeat_age, ...``; :meth:`get_worker_progress` tells more.
         """
 
-    def get_available_workers(self, training_id: str | None = None, min_gpu: str | None = None) -> list[dict[str, Any]]:
+    def get_available_workers(self, training_id: str | None = None, min_gpu: str | None = None) -> list[FreeOffer]:
         """The workers the run (default: the agent's current run, if any) could add now: live
         offers no run holds and the run has no contract with, best first by the marketplace
         score (``min_gpu``: the weakest GPU class accepted). Each is the market's view of the
@@ -141,7 +171,7 @@ class AgentMethods:
         plus ``score``. Hire one with :meth:`add_worker` (``worker_id=``).
         """
 
-    def get_balance(self) -> dict[str, Any]:
+    def get_balance(self) -> Balance:
         """``{address, network, balance, balance_micro}`` of the agent's wallet."""
 
     def get_from_ipfs(self, cid: str, *, progress: Progress | None = None) -> bytes:
@@ -155,45 +185,45 @@ class AgentMethods:
     def get_ledger_balances(self) -> dict[str, int]:
         """Every account's balance in micro-AIT, as the coordinator's ledger holds it."""
 
-    def get_ledger_entries(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+    def get_ledger_entries(self, after: int = 0, limit: int = 1000) -> Entries:
         """One page of ledger entries in chain order, those after sequence number ``after``:
         ``{data: [{seq, kind, debit, credit, amount, key, memo, ...}], count, next}``
         (``next``: the ``after`` of the following page, None at the head).
         """
 
-    def get_ledger_info(self) -> dict[str, Any]:
+    def get_ledger_info(self) -> LedgerInfo:
         """``{network, system_key, entries, head, stored}``: the ledger's network, the
         coordinator's public key (it signs settlements), the head it records (entry count and
         hash) and the entries stored.
         """
 
-    def get_market_offers(self, include_offline: bool = False) -> list[dict[str, Any]]:
+    def get_market_offers(self, include_offline: bool = False) -> list[MarketOffer]:
         """Every live offer on the market, busy or free (``GET /v1/market/offers``):
         ``[{worker_id, gpu_type, device, price, price_micro, reputation, availability,
         status, live, busy, last_heartbeat, last_heartbeat_age}]``. ``include_offline``:
         also offers that are not live (failed, silent), with their status.
         """
 
-    def get_payments(self, training_id: str | None = None) -> dict[str, Any]:
+    def get_payments(self, training_id: str | None = None) -> Payments:
         """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
 
-    def get_results(self, training_id: str | None = None) -> dict[str, Any]:
+    def get_results(self, training_id: str | None = None) -> Results:
         """Final metrics, the model's CID, every checkpoint and the workers' scores."""
 
-    def get_round_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_round_checkpoints(self, training_id: str | None = None) -> list[RoundCheckpoint]:
         """The global model's checkpoints, one per round, round 0 being the initial model:
         ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
         (``checkpoint_id`` is the CID).
         """
 
-    def get_round_scores(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_round_scores(self, training_id: str | None = None) -> list[ScoreView]:
         """Every worker's score in every scored round of the run (default: the agent's
         current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
         own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
         the round's price the worker was paid.
         """
 
-    def get_rounds(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_rounds(self, training_id: str | None = None) -> list[RoundView]:
         """Every closed round of the run (default: the agent's current run) as the
         coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
         val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
@@ -202,38 +232,38 @@ class AgentMethods:
         ``None`` until the round is evaluated.
         """
 
-    def get_shards(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    def get_shards(self, training_id: str | None = None) -> list[ShardView]:
         """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
 
-    def get_training_progress(self, training_id: str | None = None) -> dict[str, Any]:
+    def get_training_progress(self, training_id: str | None = None) -> TrainingProgress:
         """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}`` of the
         run (default: the agent's current run): ``speed`` is rounds completed per second
         since training started; ``target_speed`` the rounds per second its plan asks for
         (1/deadline; without a deadline, as the coordinator derives it from the plan).
         """
 
-    def get_training_status(self, training_id: str | None = None) -> dict[str, Any]:
+    def get_training_status(self, training_id: str | None = None) -> TrainingStatus:
         """The run's detail (``GET /v1/runs/{id}``; default: the agent's current run) plus
         ``phase`` (its status: initializing, distributing, training, aggregating, paused,
         complete, failed, stopped).
         """
 
-    def get_wallet_history(self, limit: int = 100) -> list[dict[str, Any]]:
+    def get_wallet_history(self, limit: int = 100) -> list[EntryView]:
         """The most recent ``limit`` ledger entries that moved money into or out of the
         agent's wallet, oldest first: ``[{seq, kind, debit, credit, amount, amount_ait, memo,
         created_at, ...}]``.
         """
 
-    def get_worker_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+    def get_worker_checkpoints(self, job_id: str) -> list[UpdateView]:
         """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
 
-    def get_worker_job(self, worker_id: str, training_id: str | None = None) -> dict[str, Any] | None:
+    def get_worker_job(self, worker_id: str, training_id: str | None = None) -> WorkerJob | None:
         """The worker's current (active) job, else its most recent one (in ``training_id``
         if given), or None if it never had one: ``{job_id, worker_id, training_id, gpu_type,
         shard_index, job_status, progress, ...}``.
         """
 
-    def get_worker_progress(self, job_id: str) -> dict[str, Any]:
+    def get_worker_progress(self, job_id: str) -> WorkerProgress:
         """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``):
         ``progress`` is the percentage (0-100) of the job's work in the open round;
         ``status`` is ``complete`` once its update for the round is in and accepted
@@ -252,7 +282,7 @@ class AgentMethods:
         required_workers: int = 1,
         min_gpu: str | None = None,
         max_price: int | float | str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Discovery:
         """Rank the live, free offers on the coordinator (``POST /v1/runs/{id}/discover``) and
         hire the best ``required_workers`` for the run at their asking price, in one step.
         Returns ``{ranked: [{worker_id, gpu_type, price, reputation, availability, score,
@@ -269,12 +299,12 @@ class AgentMethods:
         dataset_size: int | float | str,
         target_workers: int,
         *,
-        model_options: dict[str, Any] | None = None,
+        model_options: JsonObject | None = None,
         seed: int = 0,
         budget: int | float | str | None = None,
         bond: int | float | str | None = None,
         control: Literal["automatic", "manual"] = "automatic",
-    ) -> dict[str, Any]:
+    ) -> NewRun:
         """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
         ``dataset_size``: a number means GB (``100`` -> ``"100GB"``), or a string such as
@@ -287,7 +317,7 @@ class AgentMethods:
         :meth:`federated_average`; the coordinator waits).
         """
 
-    def list_trainings(self, status: str | None = None, owner: str | None = None) -> list[dict[str, Any]]:
+    def list_trainings(self, status: str | None = None, owner: str | None = None) -> list[RunSummary]:
         """Every run on the coordinator, newest first (``status``: only runs in that state;
         ``owner``: only runs of that wallet address): ``[{training_id, status, model_type,
         round, rounds, val_loss, target_workers, owner, created_at, ...}]``.
@@ -295,7 +325,7 @@ class AgentMethods:
 
     def mark_worker_failed(
         self, worker_id: str, reason: str | None = None, training_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> FailedJob:
         """End the worker's active job (in ``training_id``, default: the agent's current run)
         as ``failed``: the worker is flagged and leaves the market until it heartbeats again.
         An owner-driven run's agent then reassigns the shard (:meth:`reassign_job`); an
@@ -306,38 +336,38 @@ class AgentMethods:
 
     def negotiate_worker_contract(
         self, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
-    ) -> dict[str, Any]:
+    ) -> ContractView:
         """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
         per round (default: its asking price): accepted when it is at least the provider's
         asking price (else ``Conflict`` with code ``price_rejected``), and the owner can pay
         for it (else ``Conflict`` ``insufficient_funds``, as :meth:`hire_workers`). Returns
         ``{contract_id, price (a number of AIT), price_micro (exact), worker_id,
-        training_id, status}``: pay it with :meth:`process_payment` (``amount=contract["price"]``).
+        training_id, status, score}``: pay it with :meth:`process_payment` (``amount=contract["price"]``).
         """
 
-    def pause_training(self, training_id: str | None = None) -> dict[str, Any]:
+    def pause_training(self, training_id: str | None = None) -> RunSummary:
         """Hold an automatic run after its current round's updates (``paused``); returns the
-        run's detail. :meth:`resume_training` continues it.
+        run's summary. :meth:`resume_training` continues it.
         """
 
     def ping_worker(self, worker_id: str, max_age: float | None = None) -> Liveness:
         """Whether the worker answers: truthy exactly when it is ``alive`` (online and heard
         from within ``max_age`` seconds; default: the coordinator's lease, within which
         workers heartbeat several times), so ``if not agent.ping_worker(w)`` reads as said.
-        A :class:`~aitbc_agent_sdk.results.Liveness` dict: ``{worker_id, alive,
+        A :class:`~aitbc_agent_sdk.results.Liveness`: ``{worker_id, alive,
         last_heartbeat_age, status, gpu_type, busy}``. An unknown worker: :class:`NotFound`.
         """
 
     def process_payment(
         self, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ManualPayment:
         """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
         run's owner only). The run is found among the agent's runs from the contract (which
         must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
         amount, amount_micro, entry, escrow_left}``.
         """
 
-    def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> dict[str, Any]:
+    def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> JobDetail:
         """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
         hired now at its asking price), or to the best free worker if None. The old job may
         have failed already; an active one is released. Returns the new job (whose
@@ -346,7 +376,7 @@ class AgentMethods:
 
     def reassign_partial_work(
         self, worker_id: str, to_worker_id: str | None = None, training_id: str | None = None
-    ) -> Outcome:
+    ) -> WorkSplit:
         """Split a slow worker's shard in two: it keeps the first half (from its next round)
         and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
         job on the second. An :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was
@@ -357,7 +387,7 @@ class AgentMethods:
 
     def reduce_worker_workload(
         self, worker_id: str, factor: float = 0.5, local_steps: int | None = None, training_id: str | None = None
-    ) -> Outcome:
+    ) -> WorkloadReduced:
         """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
         else its current steps x ``factor`` (at least 1). An
         :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was ``done``: ``{done,
@@ -365,32 +395,32 @@ class AgentMethods:
         failed meanwhile) is ``done: False`` with the reason, not an error.
         """
 
-    def refund_payments(self, training_id: str | None = None) -> dict[str, Any]:
+    def refund_payments(self, training_id: str | None = None) -> Payments:
         """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
         returns the payments view. A run still going: :class:`Conflict` (``bad_state``).
         """
 
-    def remove_worker(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
+    def remove_worker(self, worker_id: str, training_id: str | None = None) -> JobDetail:
         """Release the worker's job in the run (default: the agent's current run; its
         contract ends; it is not flagged). An owner-driven run's shard then waits for a job
         the agent sends; an automatic run's coordinator refills up to ``max_workers`` from
         spares and the market. Returns the ended job.
         """
 
-    def request_checkpoint_resend(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
+    def request_checkpoint_resend(self, worker_id: str, training_id: str | None = None) -> ResendRequested:
         """Drop the worker's update of the open round (e.g. it failed verification) so the
         worker trains and sends that round again. Returns ``{job_id, round, dropped}``.
         """
 
-    def resume_training(self, training_id: str | None = None) -> dict[str, Any]:
-        """Continue a paused run; returns the run's detail."""
+    def resume_training(self, training_id: str | None = None) -> RunSummary:
+        """Continue a paused run; returns the run's summary."""
 
     def save_training_results(
         self,
         training_id: str | None = None,
-        model_cid: str | dict[str, Any] | None = None,
-        metrics: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        model_cid: str | Aggregated | Mapping[str, Any] | None = None,
+        metrics: JsonObject | None = None,
+    ) -> SavedResult:
         """Keep ``model_cid`` as the owner-driven run's model (default run: the agent's
         current run), with the owner's ``metrics`` (flat names to numbers or text, e.g.
         ``{"final_loss": 0.9, "workers": 10}``): a CID from :meth:`upload_to_ipfs`, a
@@ -403,8 +433,8 @@ class AgentMethods:
         worker_id: str,
         training_id: str | None = None,
         shard_id: str | None = None,
-        config: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        config: JsonObject | None = None,
+    ) -> JobDetail:
         """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
         of an owner-driven run (default: the agent's current run) from the open round on.
         ``config``: the job's own ``batch_size``, ``learning_rate`` (or ``lr``), ``epochs``
@@ -412,10 +442,10 @@ class AgentMethods:
         the job with ``job_id``.
         """
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> Started:
         """Check the coordinator answers (``GET /v1/health``), load the agent's wallet
         (created under ``HOME/wallets`` if missing; a read-only agent has none) and return
-        ``{status, name, address, coordinator, network}``.
+        ``{status, name, address, coordinator, network, coordinator_version}``.
         """
 
     def start_training(
@@ -428,7 +458,7 @@ class AgentMethods:
         lr: float = 0.001,
         inner_opt: str = "adamw",
         outer: str = "fedavg",
-        outer_options: dict[str, Any] | None = None,
+        outer_options: JsonObject | None = None,
         aggregator: str = "trend+centered-clip",
         compression: str = "none",
         error_feedback: bool = False,
@@ -446,7 +476,7 @@ class AgentMethods:
         max_staleness: int = 4,
         staleness: str = "polynomial",
         topology: str = "ring",
-    ) -> dict[str, Any]:
+    ) -> TrainingStatus:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
         ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
@@ -475,17 +505,18 @@ class AgentMethods:
         Returns the run detail with ``phase``.
         """
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> Stopped:
         """Release the agent's connections (runs keep going on the coordinator)."""
 
-    def stop_training(self, training_id: str | None = None) -> dict[str, Any]:
+    def stop_training(self, training_id: str | None = None) -> RunSummary:
         """End the run now (it ends as ``stopped``; its workers are released, closed rounds
         settled and the rest of the escrow refunded). Returns the run's summary.
         """
 
-    def transfer_funds(self, to: str, amount: int | float | str) -> dict[str, Any]:
+    def transfer_funds(self, to: str, amount: int | float | str) -> Sent:
         """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
-        signed by the agent. Returns ``{from, to, amount, entry, balance}``. Not
+        signed by the agent. Returns ``{from, to, amount, entry, balance}`` (``from_`` as an
+        attribute). Not
         enough money, or money the hires of the agent's runs not yet distributed hold (it
         stays in the wallet until they distribute, stop or their hires expire):
         :class:`Conflict` (``insufficient_funds``, naming what is held and what is free).
@@ -493,7 +524,7 @@ class AgentMethods:
 
     def update_training_phase(
         self, training_id: str | None = None, phase: str | None = None, **config: Any
-    ) -> dict[str, Any]:
+    ) -> TrainingStatus:
         """Move the run (default: the agent's current run) to ``phase`` (``POST
         /v1/runs/{id}/phase``). A run is automatic until its owner first calls this; from
         then on the owner drives its phases (a run created with ``control="manual"`` is
@@ -520,7 +551,7 @@ class AgentMethods:
         alpha: float | None = None,
         max_bytes: int | None = None,
         progress: Progress | None = None,
-    ) -> dict[str, Any]:
+    ) -> DataUploaded:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
         an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
         shards and a validation split, upload them and the manifest that names them, and
@@ -561,21 +592,24 @@ class AgentMethods:
         ``package`` and ``upload`` again (its shards).
         """
 
-    def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> Validity:
+    def verify_checkpoint(
+        self, checkpoint: UpdateView | RoundCheckpoint | RoundView | Mapping[str, Any] | str
+    ) -> Validity:
         """Download a checkpoint through the coordinator and re-hash it against its CID: a
         worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
-        as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
-        loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+        as an update; a round's (from :meth:`get_round_checkpoints` or :meth:`get_rounds`, a
+        mapping with ``checkpoint_cid`` and ``round``, or a CID) must be a loadable checkpoint,
+        of the round claimed if given. Truthy exactly when ``valid``, so
         ``if not agent.verify_checkpoint(c)`` reads as said: a
-        :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
-        (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
-        coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
-        unreachable coordinator.
+        :class:`~aitbc_agent_sdk.results.Validity` ``{valid, cid, round, detail, worker_id,
+        pruned}`` (``worker_id`` for a worker's, ``pruned`` for a recorded round whose bytes
+        the coordinator's blob retention deleted). Never raises for a bad checkpoint, only for
+        an unreachable coordinator.
         """
 
     def wait_for_completion(
         self, training_id: str | None = None, timeout: float = 600.0, poll: float = 1.0
-    ) -> dict[str, Any]:
+    ) -> TrainingStatus:
         """Poll the run until it ends; returns its detail when ``complete``. Raises
         :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
         ``timeout`` s.
@@ -586,7 +620,7 @@ class AsyncAgentMethods:
 
     async def add_worker(
         self, worker_id: str | None = None, training_id: str | None = None, price: int | float | str | None = None
-    ) -> dict[str, Any]:
+    ) -> WorkerAdded:
         """Hire one more worker for the run (default: the agent's current run): ``worker_id``
         (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
         (default: its asking price). In an owner-driven run that is training, it also gets a
@@ -595,7 +629,7 @@ class AsyncAgentMethods:
         ``{contract, job, worker_id}``.
         """
 
-    async def collect_checkpoint(self, worker_id: str, job_id: str) -> dict[str, Any]:
+    async def collect_checkpoint(self, worker_id: str, job_id: str) -> UpdateView:
         """The worker's result: its update for the run's open (or just closed) round,
         ``{checkpoint_id, cid, training_id, job_id, worker_id, round, samples, train_loss,
         size, status}``, to hand to :meth:`federated_average`. Not sent yet:
@@ -609,7 +643,7 @@ class AsyncAgentMethods:
         data_path: str | None = None,
         *,
         progress: Progress | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ShardRef]:
         """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
         initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
         folder, an ``.npz``) into ``num_shards`` shards (default: one per target worker) and a
@@ -629,7 +663,7 @@ class AsyncAgentMethods:
         required_workers: int = 1,
         max_price: int | float | str | None = None,
         training_id: str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[FreeOffer] | list[HiredOffer]:
         """The best ``required_workers`` live, free offers, ranked by the marketplace score:
         ``[{worker_id, gpu_type, price, reputation, availability, score, ...}]`` (the market's
         view of each offer, plus its score), best first
@@ -649,7 +683,7 @@ class AsyncAgentMethods:
         round: int | None = None,
         *,
         progress: Progress | None = None,
-    ) -> dict[str, Any]:
+    ) -> ModelDownload:
         """Write the run's model (``round``: that round's checkpoint; default the latest) to
         the file ``path`` as a safetensors checkpoint, verified against its CID first; the
         file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
@@ -658,8 +692,11 @@ class AsyncAgentMethods:
         """
 
     async def federated_average(
-        self, checkpoints: list[dict[str, Any]], weights: list[float] | None = None, training_id: str | None = None
-    ) -> dict[str, Any]:
+        self,
+        checkpoints: Sequence[UpdateView | Mapping[str, Any]],
+        weights: list[float] | None = None,
+        training_id: str | None = None,
+    ) -> AveragedModel:
         """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
         of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
         FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
@@ -674,23 +711,23 @@ class AsyncAgentMethods:
 
     async def find_replacement_worker(
         self, gpu_type: str | None = None, exclude: list[str] | None = None
-    ) -> dict[str, Any] | None:
+    ) -> FreeOffer | None:
         """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
         None when nobody is free. ``exclude``: worker ids not to pick. Prices as numbers
         (``price``, with the exact ``price_micro``).
         """
 
-    async def fund_wallet(self, amount: int | float | str) -> dict[str, Any]:
+    async def fund_wallet(self, amount: int | float | str) -> Funded:
         """Mint ``amount`` AIT into the agent's wallet from the local network's faucet.
         Returns ``{address, amount, entry, balance}``.
         """
 
-    async def get_active_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_active_workers(self, training_id: str | None = None) -> list[RunWorker]:
         """The run's jobs still working (not failed, released or replaced), as in
         :meth:`get_all_workers`.
         """
 
-    async def get_all_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_all_checkpoints(self, training_id: str | None = None) -> list[UpdateView]:
         """The latest checkpoint of each of the run's workers (default: the agent's current
         run): the newest update each job of :meth:`get_all_workers` sent, as
         :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
@@ -699,7 +736,7 @@ class AsyncAgentMethods:
         model's checkpoints (one per round) are :meth:`get_round_checkpoints`.
         """
 
-    async def get_all_workers(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_all_workers(self, training_id: str | None = None) -> list[RunWorker]:
         """The run's workers (default: the agent's current run), one job each: the working
         ones and any failed one not replaced yet (once the run ended, each job as it ended).
         Each has ``worker_id, job_id, job_status, status, progress, loss, epoch, speed,
@@ -708,7 +745,7 @@ class AsyncAgentMethods:
 
     async def get_available_workers(
         self, training_id: str | None = None, min_gpu: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[FreeOffer]:
         """The workers the run (default: the agent's current run, if any) could add now: live
         offers no run holds and the run has no contract with, best first by the marketplace
         score (``min_gpu``: the weakest GPU class accepted). Each is the market's view of the
@@ -716,7 +753,7 @@ class AsyncAgentMethods:
         plus ``score``. Hire one with :meth:`add_worker` (``worker_id=``).
         """
 
-    async def get_balance(self) -> dict[str, Any]:
+    async def get_balance(self) -> Balance:
         """``{address, network, balance, balance_micro}`` of the agent's wallet."""
 
     async def get_from_ipfs(self, cid: str, *, progress: Progress | None = None) -> bytes:
@@ -730,45 +767,45 @@ class AsyncAgentMethods:
     async def get_ledger_balances(self) -> dict[str, int]:
         """Every account's balance in micro-AIT, as the coordinator's ledger holds it."""
 
-    async def get_ledger_entries(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+    async def get_ledger_entries(self, after: int = 0, limit: int = 1000) -> Entries:
         """One page of ledger entries in chain order, those after sequence number ``after``:
         ``{data: [{seq, kind, debit, credit, amount, key, memo, ...}], count, next}``
         (``next``: the ``after`` of the following page, None at the head).
         """
 
-    async def get_ledger_info(self) -> dict[str, Any]:
+    async def get_ledger_info(self) -> LedgerInfo:
         """``{network, system_key, entries, head, stored}``: the ledger's network, the
         coordinator's public key (it signs settlements), the head it records (entry count and
         hash) and the entries stored.
         """
 
-    async def get_market_offers(self, include_offline: bool = False) -> list[dict[str, Any]]:
+    async def get_market_offers(self, include_offline: bool = False) -> list[MarketOffer]:
         """Every live offer on the market, busy or free (``GET /v1/market/offers``):
         ``[{worker_id, gpu_type, device, price, price_micro, reputation, availability,
         status, live, busy, last_heartbeat, last_heartbeat_age}]``. ``include_offline``:
         also offers that are not live (failed, silent), with their status.
         """
 
-    async def get_payments(self, training_id: str | None = None) -> dict[str, Any]:
+    async def get_payments(self, training_id: str | None = None) -> Payments:
         """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
 
-    async def get_results(self, training_id: str | None = None) -> dict[str, Any]:
+    async def get_results(self, training_id: str | None = None) -> Results:
         """Final metrics, the model's CID, every checkpoint and the workers' scores."""
 
-    async def get_round_checkpoints(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_round_checkpoints(self, training_id: str | None = None) -> list[RoundCheckpoint]:
         """The global model's checkpoints, one per round, round 0 being the initial model:
         ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
         (``checkpoint_id`` is the CID).
         """
 
-    async def get_round_scores(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_round_scores(self, training_id: str | None = None) -> list[ScoreView]:
         """Every worker's score in every scored round of the run (default: the agent's
         current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
         own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
         the round's price the worker was paid.
         """
 
-    async def get_rounds(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_rounds(self, training_id: str | None = None) -> list[RoundView]:
         """Every closed round of the run (default: the agent's current run) as the
         coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
         val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
@@ -777,38 +814,38 @@ class AsyncAgentMethods:
         ``None`` until the round is evaluated.
         """
 
-    async def get_shards(self, training_id: str | None = None) -> list[dict[str, Any]]:
+    async def get_shards(self, training_id: str | None = None) -> list[ShardView]:
         """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
 
-    async def get_training_progress(self, training_id: str | None = None) -> dict[str, Any]:
+    async def get_training_progress(self, training_id: str | None = None) -> TrainingProgress:
         """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}`` of the
         run (default: the agent's current run): ``speed`` is rounds completed per second
         since training started; ``target_speed`` the rounds per second its plan asks for
         (1/deadline; without a deadline, as the coordinator derives it from the plan).
         """
 
-    async def get_training_status(self, training_id: str | None = None) -> dict[str, Any]:
+    async def get_training_status(self, training_id: str | None = None) -> TrainingStatus:
         """The run's detail (``GET /v1/runs/{id}``; default: the agent's current run) plus
         ``phase`` (its status: initializing, distributing, training, aggregating, paused,
         complete, failed, stopped).
         """
 
-    async def get_wallet_history(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def get_wallet_history(self, limit: int = 100) -> list[EntryView]:
         """The most recent ``limit`` ledger entries that moved money into or out of the
         agent's wallet, oldest first: ``[{seq, kind, debit, credit, amount, amount_ait, memo,
         created_at, ...}]``.
         """
 
-    async def get_worker_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+    async def get_worker_checkpoints(self, job_id: str) -> list[UpdateView]:
         """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
 
-    async def get_worker_job(self, worker_id: str, training_id: str | None = None) -> dict[str, Any] | None:
+    async def get_worker_job(self, worker_id: str, training_id: str | None = None) -> WorkerJob | None:
         """The worker's current (active) job, else its most recent one (in ``training_id``
         if given), or None if it never had one: ``{job_id, worker_id, training_id, gpu_type,
         shard_index, job_status, progress, ...}``.
         """
 
-    async def get_worker_progress(self, job_id: str) -> dict[str, Any]:
+    async def get_worker_progress(self, job_id: str) -> WorkerProgress:
         """``{progress, loss, epoch, status}`` of one job (``GET /v1/jobs/{job_id}``):
         ``progress`` is the percentage (0-100) of the job's work in the open round;
         ``status`` is ``complete`` once its update for the round is in and accepted
@@ -827,7 +864,7 @@ class AsyncAgentMethods:
         required_workers: int = 1,
         min_gpu: str | None = None,
         max_price: int | float | str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Discovery:
         """Rank the live, free offers on the coordinator (``POST /v1/runs/{id}/discover``) and
         hire the best ``required_workers`` for the run at their asking price, in one step.
         Returns ``{ranked: [{worker_id, gpu_type, price, reputation, availability, score,
@@ -844,12 +881,12 @@ class AsyncAgentMethods:
         dataset_size: int | float | str,
         target_workers: int,
         *,
-        model_options: dict[str, Any] | None = None,
+        model_options: JsonObject | None = None,
         seed: int = 0,
         budget: int | float | str | None = None,
         bond: int | float | str | None = None,
         control: Literal["automatic", "manual"] = "automatic",
-    ) -> dict[str, Any]:
+    ) -> NewRun:
         """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
         ``dataset_size``: a number means GB (``100`` -> ``"100GB"``), or a string such as
@@ -862,7 +899,7 @@ class AsyncAgentMethods:
         :meth:`federated_average`; the coordinator waits).
         """
 
-    async def list_trainings(self, status: str | None = None, owner: str | None = None) -> list[dict[str, Any]]:
+    async def list_trainings(self, status: str | None = None, owner: str | None = None) -> list[RunSummary]:
         """Every run on the coordinator, newest first (``status``: only runs in that state;
         ``owner``: only runs of that wallet address): ``[{training_id, status, model_type,
         round, rounds, val_loss, target_workers, owner, created_at, ...}]``.
@@ -870,7 +907,7 @@ class AsyncAgentMethods:
 
     async def mark_worker_failed(
         self, worker_id: str, reason: str | None = None, training_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> FailedJob:
         """End the worker's active job (in ``training_id``, default: the agent's current run)
         as ``failed``: the worker is flagged and leaves the market until it heartbeats again.
         An owner-driven run's agent then reassigns the shard (:meth:`reassign_job`); an
@@ -881,38 +918,38 @@ class AsyncAgentMethods:
 
     async def negotiate_worker_contract(
         self, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
-    ) -> dict[str, Any]:
+    ) -> ContractView:
         """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
         per round (default: its asking price): accepted when it is at least the provider's
         asking price (else ``Conflict`` with code ``price_rejected``), and the owner can pay
         for it (else ``Conflict`` ``insufficient_funds``, as :meth:`hire_workers`). Returns
         ``{contract_id, price (a number of AIT), price_micro (exact), worker_id,
-        training_id, status}``: pay it with :meth:`process_payment` (``amount=contract["price"]``).
+        training_id, status, score}``: pay it with :meth:`process_payment` (``amount=contract["price"]``).
         """
 
-    async def pause_training(self, training_id: str | None = None) -> dict[str, Any]:
+    async def pause_training(self, training_id: str | None = None) -> RunSummary:
         """Hold an automatic run after its current round's updates (``paused``); returns the
-        run's detail. :meth:`resume_training` continues it.
+        run's summary. :meth:`resume_training` continues it.
         """
 
     async def ping_worker(self, worker_id: str, max_age: float | None = None) -> Liveness:
         """Whether the worker answers: truthy exactly when it is ``alive`` (online and heard
         from within ``max_age`` seconds; default: the coordinator's lease, within which
         workers heartbeat several times), so ``if not agent.ping_worker(w)`` reads as said.
-        A :class:`~aitbc_agent_sdk.results.Liveness` dict: ``{worker_id, alive,
+        A :class:`~aitbc_agent_sdk.results.Liveness`: ``{worker_id, alive,
         last_heartbeat_age, status, gpu_type, busy}``. An unknown worker: :class:`NotFound`.
         """
 
     async def process_payment(
         self, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ManualPayment:
         """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
         run's owner only). The run is found among the agent's runs from the contract (which
         must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
         amount, amount_micro, entry, escrow_left}``.
         """
 
-    async def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> dict[str, Any]:
+    async def reassign_job(self, job_id: str, new_worker_id: str | None = None) -> JobDetail:
         """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
         hired now at its asking price), or to the best free worker if None. The old job may
         have failed already; an active one is released. Returns the new job (whose
@@ -921,7 +958,7 @@ class AsyncAgentMethods:
 
     async def reassign_partial_work(
         self, worker_id: str, to_worker_id: str | None = None, training_id: str | None = None
-    ) -> Outcome:
+    ) -> WorkSplit:
         """Split a slow worker's shard in two: it keeps the first half (from its next round)
         and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
         job on the second. An :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was
@@ -932,7 +969,7 @@ class AsyncAgentMethods:
 
     async def reduce_worker_workload(
         self, worker_id: str, factor: float = 0.5, local_steps: int | None = None, training_id: str | None = None
-    ) -> Outcome:
+    ) -> WorkloadReduced:
         """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
         else its current steps x ``factor`` (at least 1). An
         :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was ``done``: ``{done,
@@ -940,32 +977,32 @@ class AsyncAgentMethods:
         failed meanwhile) is ``done: False`` with the reason, not an error.
         """
 
-    async def refund_payments(self, training_id: str | None = None) -> dict[str, Any]:
+    async def refund_payments(self, training_id: str | None = None) -> Payments:
         """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
         returns the payments view. A run still going: :class:`Conflict` (``bad_state``).
         """
 
-    async def remove_worker(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
+    async def remove_worker(self, worker_id: str, training_id: str | None = None) -> JobDetail:
         """Release the worker's job in the run (default: the agent's current run; its
         contract ends; it is not flagged). An owner-driven run's shard then waits for a job
         the agent sends; an automatic run's coordinator refills up to ``max_workers`` from
         spares and the market. Returns the ended job.
         """
 
-    async def request_checkpoint_resend(self, worker_id: str, training_id: str | None = None) -> dict[str, Any]:
+    async def request_checkpoint_resend(self, worker_id: str, training_id: str | None = None) -> ResendRequested:
         """Drop the worker's update of the open round (e.g. it failed verification) so the
         worker trains and sends that round again. Returns ``{job_id, round, dropped}``.
         """
 
-    async def resume_training(self, training_id: str | None = None) -> dict[str, Any]:
-        """Continue a paused run; returns the run's detail."""
+    async def resume_training(self, training_id: str | None = None) -> RunSummary:
+        """Continue a paused run; returns the run's summary."""
 
     async def save_training_results(
         self,
         training_id: str | None = None,
-        model_cid: str | dict[str, Any] | None = None,
-        metrics: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        model_cid: str | Aggregated | Mapping[str, Any] | None = None,
+        metrics: JsonObject | None = None,
+    ) -> SavedResult:
         """Keep ``model_cid`` as the owner-driven run's model (default run: the agent's
         current run), with the owner's ``metrics`` (flat names to numbers or text, e.g.
         ``{"final_loss": 0.9, "workers": 10}``): a CID from :meth:`upload_to_ipfs`, a
@@ -978,8 +1015,8 @@ class AsyncAgentMethods:
         worker_id: str,
         training_id: str | None = None,
         shard_id: str | None = None,
-        config: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        config: JsonObject | None = None,
+    ) -> JobDetail:
         """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
         of an owner-driven run (default: the agent's current run) from the open round on.
         ``config``: the job's own ``batch_size``, ``learning_rate`` (or ``lr``), ``epochs``
@@ -987,10 +1024,10 @@ class AsyncAgentMethods:
         the job with ``job_id``.
         """
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> Started:
         """Check the coordinator answers (``GET /v1/health``), load the agent's wallet
         (created under ``HOME/wallets`` if missing; a read-only agent has none) and return
-        ``{status, name, address, coordinator, network}``.
+        ``{status, name, address, coordinator, network, coordinator_version}``.
         """
 
     async def start_training(
@@ -1003,7 +1040,7 @@ class AsyncAgentMethods:
         lr: float = 0.001,
         inner_opt: str = "adamw",
         outer: str = "fedavg",
-        outer_options: dict[str, Any] | None = None,
+        outer_options: JsonObject | None = None,
         aggregator: str = "trend+centered-clip",
         compression: str = "none",
         error_feedback: bool = False,
@@ -1021,7 +1058,7 @@ class AsyncAgentMethods:
         max_staleness: int = 4,
         staleness: str = "polynomial",
         topology: str = "ring",
-    ) -> dict[str, Any]:
+    ) -> TrainingStatus:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
         ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
@@ -1050,17 +1087,18 @@ class AsyncAgentMethods:
         Returns the run detail with ``phase``.
         """
 
-    async def stop(self) -> dict[str, Any]:
+    async def stop(self) -> Stopped:
         """Release the agent's connections (runs keep going on the coordinator)."""
 
-    async def stop_training(self, training_id: str | None = None) -> dict[str, Any]:
+    async def stop_training(self, training_id: str | None = None) -> RunSummary:
         """End the run now (it ends as ``stopped``; its workers are released, closed rounds
         settled and the rest of the escrow refunded). Returns the run's summary.
         """
 
-    async def transfer_funds(self, to: str, amount: int | float | str) -> dict[str, Any]:
+    async def transfer_funds(self, to: str, amount: int | float | str) -> Sent:
         """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
-        signed by the agent. Returns ``{from, to, amount, entry, balance}``. Not
+        signed by the agent. Returns ``{from, to, amount, entry, balance}`` (``from_`` as an
+        attribute). Not
         enough money, or money the hires of the agent's runs not yet distributed hold (it
         stays in the wallet until they distribute, stop or their hires expire):
         :class:`Conflict` (``insufficient_funds``, naming what is held and what is free).
@@ -1068,7 +1106,7 @@ class AsyncAgentMethods:
 
     async def update_training_phase(
         self, training_id: str | None = None, phase: str | None = None, **config: Any
-    ) -> dict[str, Any]:
+    ) -> TrainingStatus:
         """Move the run (default: the agent's current run) to ``phase`` (``POST
         /v1/runs/{id}/phase``). A run is automatic until its owner first calls this; from
         then on the owner drives its phases (a run created with ``control="manual"`` is
@@ -1095,7 +1133,7 @@ class AsyncAgentMethods:
         alpha: float | None = None,
         max_bytes: int | None = None,
         progress: Progress | None = None,
-    ) -> dict[str, Any]:
+    ) -> DataUploaded:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
         an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
         shards and a validation split, upload them and the manifest that names them, and
@@ -1136,21 +1174,24 @@ class AsyncAgentMethods:
         ``package`` and ``upload`` again (its shards).
         """
 
-    async def verify_checkpoint(self, checkpoint: dict[str, Any] | str) -> Validity:
+    async def verify_checkpoint(
+        self, checkpoint: UpdateView | RoundCheckpoint | RoundView | Mapping[str, Any] | str
+    ) -> Validity:
         """Download a checkpoint through the coordinator and re-hash it against its CID: a
         worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
-        as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
-        loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+        as an update; a round's (from :meth:`get_round_checkpoints` or :meth:`get_rounds`, a
+        mapping with ``checkpoint_cid`` and ``round``, or a CID) must be a loadable checkpoint,
+        of the round claimed if given. Truthy exactly when ``valid``, so
         ``if not agent.verify_checkpoint(c)`` reads as said: a
-        :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
-        (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
-        coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
-        unreachable coordinator.
+        :class:`~aitbc_agent_sdk.results.Validity` ``{valid, cid, round, detail, worker_id,
+        pruned}`` (``worker_id`` for a worker's, ``pruned`` for a recorded round whose bytes
+        the coordinator's blob retention deleted). Never raises for a bad checkpoint, only for
+        an unreachable coordinator.
         """
 
     async def wait_for_completion(
         self, training_id: str | None = None, timeout: float = 600.0, poll: float = 1.0
-    ) -> dict[str, Any]:
+    ) -> TrainingStatus:
         """Poll the run until it ends; returns its detail when ``complete``. Raises
         :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
         ``timeout`` s.

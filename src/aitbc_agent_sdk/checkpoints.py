@@ -5,9 +5,13 @@ like the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aitbc.replies.base import Page
+from aitbc.replies.jobs import UpdateView
+from aitbc.replies.results import Results, RoundView, ScorePage, ScoreView
 from aitbc_agent_sdk.errors import (
     AgentError,
     Conflict,
@@ -15,14 +19,14 @@ from aitbc_agent_sdk.errors import (
     InvalidArgument,
     NotFound,
 )
-from aitbc_agent_sdk.operations import operation, resolve_run
-from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress
-from aitbc_agent_sdk.results import Validity
+from aitbc_agent_sdk.operations import operation, resolve_run, run_detail
+from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress, ask
+from aitbc_agent_sdk.results import ModelDownload, RoundCheckpoint, Validity
 from aitbc_agent_sdk.workers import current_jobs
 
 
 @operation
-def get_all_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+def get_all_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[UpdateView]]:
     """The latest checkpoint of each of the run's workers (default: the agent's current
     run): the newest update each job of :meth:`get_all_workers` sent, as
     :meth:`collect_checkpoint` returns it: ``{checkpoint_id, cid, worker_id, job_id,
@@ -30,49 +34,48 @@ def get_all_checkpoints(self: AgentState, training_id: str | None = None) -> Op[
     nothing yet are left out. Check one with :meth:`verify_checkpoint`; the global
     model's checkpoints (one per round) are :meth:`get_round_checkpoints`."""
     training_id = yield from resolve_run(self, training_id)
-    run = yield Http("GET", f"/runs/{training_id}")
-    latest = yield Http("GET", f"/runs/{training_id}/updates", params={"latest": "true"})
-    by_job = {u["job_id"]: u for u in latest["data"]}
-    return [by_job[w["job_id"]] for w in current_jobs(run) if w["job_id"] in by_job]
+    run = yield from run_detail(training_id)
+    latest = yield from ask(Page[UpdateView], Http("GET", f"/runs/{training_id}/updates", params={"latest": "true"}))
+    by_job = {u.job_id: u for u in latest.data}
+    return [by_job[w.job_id] for w in current_jobs(run) if w.job_id in by_job]
 
 
 @operation
-def get_round_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+def get_round_checkpoints(self: AgentState, training_id: str | None = None) -> Op[list[RoundCheckpoint]]:
     """The global model's checkpoints, one per round, round 0 being the initial model:
     ``[{round, checkpoint_id, checkpoint_cid, val_loss, val_accuracy}]``
     (``checkpoint_id`` is the CID)."""
-    training_id = yield from resolve_run(self, training_id)
-    res = yield Http("GET", f"/runs/{training_id}/rounds")
+    rounds = yield from get_rounds(self, training_id)
     return [
-        {
-            "round": r["round"],
-            "checkpoint_id": r["checkpoint_cid"],
-            "checkpoint_cid": r["checkpoint_cid"],
-            "val_loss": r["val_loss"],
-            "val_accuracy": r["val_accuracy"],
-        }
-        for r in res["data"]
+        RoundCheckpoint(
+            round=r.round,
+            checkpoint_id=r.checkpoint_cid,
+            checkpoint_cid=r.checkpoint_cid,
+            val_loss=r.val_loss,
+            val_accuracy=r.val_accuracy,
+        )
+        for r in rounds
     ]
 
 
 @operation
-def get_round_scores(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+def get_round_scores(self: AgentState, training_id: str | None = None) -> Op[list[ScoreView]]:
     """Every worker's score in every scored round of the run (default: the agent's
     current run), by round: ``[{round, worker_id, contract_id, status, quality, gain,
     own_gain, other_gain, kept, flags, provable}]``; ``quality`` (0..1) is the share of
     the round's price the worker was paid."""
     training_id = yield from resolve_run(self, training_id)
-    rows: list[dict[str, Any]] = []
+    rows: list[ScoreView] = []
     after: int | None = 0
     while after is not None:  # the coordinator sends them in pages
-        res = yield Http("GET", f"/runs/{training_id}/scores", params={"after": after})
-        rows += res["data"]
-        after = res.get("next")
-    return sorted(rows, key=lambda r: r["round"])  # stable: as written within a round
+        res = yield from ask(ScorePage, Http("GET", f"/runs/{training_id}/scores", params={"after": after}))
+        rows += res.data
+        after = res.next
+    return sorted(rows, key=lambda r: r.round)  # stable: as written within a round
 
 
 @operation
-def get_rounds(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+def get_rounds(self: AgentState, training_id: str | None = None) -> Op[list[RoundView]]:
     """Every closed round of the run (default: the agent's current run) as the
     coordinator recorded it, round 0 being the initial model: ``[{round, checkpoint_cid,
     val_loss, val_accuracy, train_loss, train_accuracy, accepted, rejected, stragglers, skipped,
@@ -80,33 +83,35 @@ def get_rounds(self: AgentState, training_id: str | None = None) -> Op[list[dict
     round's own (``None`` for rounds recorded before they were counted), ``val_loss``
     ``None`` until the round is evaluated."""
     training_id = yield from resolve_run(self, training_id)
-    res = yield Http("GET", f"/runs/{training_id}/rounds")
-    return list(res["data"])
+    return (yield from ask(Page[RoundView], Http("GET", f"/runs/{training_id}/rounds"))).data
 
 
 @operation
-def verify_checkpoint(self: AgentState, checkpoint: dict[str, Any] | str) -> Op[Validity]:
+def verify_checkpoint(
+    self: AgentState, checkpoint: UpdateView | RoundCheckpoint | RoundView | Mapping[str, Any] | str
+) -> Op[Validity]:
     """Download a checkpoint through the coordinator and re-hash it against its CID: a
     worker's (from :meth:`get_all_checkpoints` or :meth:`collect_checkpoint`) must decode
-    as an update; a round's (from :meth:`get_round_checkpoints`, or a CID) must be a
-    loadable checkpoint, of the round claimed if given. Truthy exactly when ``valid``, so
+    as an update; a round's (from :meth:`get_round_checkpoints` or :meth:`get_rounds`, a
+    mapping with ``checkpoint_cid`` and ``round``, or a CID) must be a loadable checkpoint,
+    of the round claimed if given. Truthy exactly when ``valid``, so
     ``if not agent.verify_checkpoint(c)`` reads as said: a
-    :class:`~aitbc_agent_sdk.results.Validity` dict ``{valid, cid, round, detail}``
-    (``worker_id`` for a worker's, ``pruned: True`` for a recorded round whose bytes the
-    coordinator's blob retention deleted). Never raises for a bad checkpoint, only for an
-    unreachable coordinator."""
-    return Validity((yield from _verify(checkpoint)))
+    :class:`~aitbc_agent_sdk.results.Validity` ``{valid, cid, round, detail, worker_id,
+    pruned}`` (``worker_id`` for a worker's, ``pruned`` for a recorded round whose bytes
+    the coordinator's blob retention deleted). Never raises for a bad checkpoint, only for
+    an unreachable coordinator."""
+    return (yield from _verify(checkpoint if isinstance(checkpoint, (str, Mapping)) else dict(checkpoint)))
 
 
-def _verify(checkpoint: dict[str, Any] | str) -> Op[dict[str, Any]]:
+def _verify(checkpoint: Mapping[str, Any] | str) -> Op[Validity]:
     from aitbc.errors import AitbcError
     from aitbc.storage.cid import cid_of_bytes
 
-    if isinstance(checkpoint, dict) and checkpoint.get("job_id") and checkpoint.get("cid"):
+    if isinstance(checkpoint, Mapping) and checkpoint.get("job_id") and checkpoint.get("cid"):
         return (yield from _verify_update(checkpoint))
     if isinstance(checkpoint, str):
         cid, claimed = checkpoint, None
-    elif isinstance(checkpoint, dict) and (checkpoint.get("checkpoint_cid") or checkpoint.get("cid")):
+    elif isinstance(checkpoint, Mapping) and (checkpoint.get("checkpoint_cid") or checkpoint.get("cid")):
         cid, claimed = checkpoint.get("checkpoint_cid") or checkpoint["cid"], checkpoint.get("round")
     else:
         raise InvalidArgument(
@@ -116,21 +121,21 @@ def _verify(checkpoint: dict[str, Any] | str) -> Op[dict[str, Any]]:
         data = yield Http("GET", f"/blobs/{cid}", raw=True)
     except AgentError as e:
         if e.code == "unknown_blob" and claimed is not None:  # a recorded round whose bytes retention deleted
-            return {"valid": False, "pruned": True, "cid": cid, "round": claimed, "detail": "pruned by blob retention"}
+            return Validity(valid=False, pruned=True, cid=cid, round=claimed, detail="pruned by blob retention")
         if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
-            return {"valid": False, "cid": cid, "round": claimed, "detail": e.detail}
+            return Validity(valid=False, cid=cid, round=claimed, detail=e.detail)
         raise
     actual = yield Offload(cid_of_bytes, (data,))
     if actual != cid:
-        return {"valid": False, "cid": cid, "round": claimed, "detail": f"blob hashes to {actual}, not {cid}"}
+        return Validity(valid=False, cid=cid, round=claimed, detail=f"blob hashes to {actual}, not {cid}")
     try:
         meta = yield Offload(_read_checkpoint, (data,))
     except AitbcError as e:
-        return {"valid": False, "cid": cid, "round": claimed, "detail": str(e)}
+        return Validity(valid=False, cid=cid, round=claimed, detail=str(e))
     rnd = int(meta["round"]) if str(meta.get("round", "")).isdigit() else None
     if claimed is not None and rnd != claimed:
-        return {"valid": False, "cid": cid, "round": claimed, "detail": f"checkpoint says round {meta.get('round')}"}
-    return {"valid": True, "cid": cid, "round": rnd, "detail": "hash and checkpoint OK"}
+        return Validity(valid=False, cid=cid, round=claimed, detail=f"checkpoint says round {meta.get('round')}")
+    return Validity(valid=True, cid=cid, round=rnd, detail="hash and checkpoint OK")
 
 
 def _read_checkpoint(data: bytes) -> dict[str, str]:
@@ -142,19 +147,19 @@ def _read_checkpoint(data: bytes) -> dict[str, str]:
     return meta
 
 
-def _verify_update(update: dict[str, Any]) -> Op[dict[str, Any]]:
+def _verify_update(update: Mapping[str, Any]) -> Op[Validity]:
     """A worker's update (from :meth:`collect_checkpoint`): its blob hashes to its CID and
     decodes as an update."""
     from aitbc.core.compression import decode
     from aitbc.errors import AitbcError
     from aitbc.storage.cid import cid_of_bytes
 
-    cid, rnd = update["cid"], update.get("round")
+    cid, rnd, worker = update["cid"], update.get("round"), update.get("worker_id")
     try:
         data = yield Http("GET", f"/blobs/{cid}", raw=True)
     except AgentError as e:
         if isinstance(e, (NotFound, InvalidArgument)) or e.status in (400, 404):
-            return {"valid": False, "cid": cid, "round": rnd, "detail": e.detail, "worker_id": update.get("worker_id")}
+            return Validity(valid=False, cid=cid, round=rnd, detail=e.detail, worker_id=worker)
         raise
     actual = yield Offload(cid_of_bytes, (data,))
     detail = f"blob hashes to {actual}, not {cid}" if actual != cid else None
@@ -163,13 +168,7 @@ def _verify_update(update: dict[str, Any]) -> Op[dict[str, Any]]:
             yield Offload(decode, (data,))
         except AitbcError as e:
             detail = f"not an update: {e}"
-    return {
-        "valid": detail is None,
-        "cid": cid,
-        "round": rnd,
-        "detail": detail or "hash and update OK",
-        "worker_id": update.get("worker_id"),
-    }
+    return Validity(valid=detail is None, cid=cid, round=rnd, detail=detail or "hash and update OK", worker_id=worker)
 
 
 @operation
@@ -180,7 +179,7 @@ def download_model(
     round: int | None = None,
     *,
     progress: Progress | None = None,
-) -> Op[dict[str, Any]]:
+) -> Op[ModelDownload]:
     """Write the run's model (``round``: that round's checkpoint; default the latest) to
     the file ``path`` as a safetensors checkpoint, verified against its CID first; the
     file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
@@ -194,21 +193,21 @@ def download_model(
         raise InvalidArgument("bad_argument", f"{out} is a directory; give the file to write")
     if not out.parent.exists():
         raise NotFound("not_found", f"no such directory: {out.parent}")
-    res = yield Http("GET", f"/runs/{training_id}/results")
-    cid = res["model_cid"]
+    res = yield from ask(Results, Http("GET", f"/runs/{training_id}/results"))
+    cid = res.model_cid
     if round is not None:
-        match = [ck["cid"] for ck in res["checkpoints"] if ck["round"] == round]
+        match = [ck.cid for ck in res.checkpoints if ck.round == round]
         if not match:
             raise NotFound(
                 "unknown_round",
-                f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res['checkpoints']) - 1})",
+                f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res.checkpoints) - 1})",
             )
         cid = match[0]
     if cid is None:
-        raise Conflict("no_model", f"run {training_id} has no model yet (status {res['status']})")
+        raise Conflict("no_model", f"run {training_id} has no model yet (status {res.status})")
     data = yield from _download(cid, progress)
     yield Offload(_write_whole, (out, data))
-    return {"training_id": training_id, "path": str(out), "cid": cid, "bytes": len(data)}
+    return ModelDownload(training_id=training_id, path=str(out), cid=cid, bytes=len(data))
 
 
 def _download(cid: str, progress: Progress | None = None) -> Op[bytes]:

@@ -6,15 +6,28 @@ like the rest, so ``Agent`` and ``AsyncAgent`` both get them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aitbc import run_defaults
+from aitbc.replies.base import JsonObject, Page
+from aitbc.replies.jobs import Aggregated, JobDetail, ResendRequested, ShardView, SplitJobs, UpdateView, WorkerJob
+from aitbc.replies.results import SavedResult
+from aitbc.replies.runs import RunDetail
 from aitbc_agent_sdk.checkpoints import _download
 from aitbc_agent_sdk.errors import Conflict, InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import _amount, _max_cost, operation, resolve_run
-from aitbc_agent_sdk.protocol import AgentState, Http, Offload, Op
-from aitbc_agent_sdk.results import Outcome
-from aitbc_agent_sdk.workers import _asking_price, rank_free, with_prices
+from aitbc_agent_sdk.operations import _max_cost, operation, resolve_run, run_detail
+from aitbc_agent_sdk.protocol import AgentState, Http, Offload, Op, ask
+from aitbc_agent_sdk.results import (
+    AveragedModel,
+    FailedJob,
+    FreeOffer,
+    TrainingStatus,
+    WorkerAdded,
+    WorkloadReduced,
+    WorkSplit,
+)
+from aitbc_agent_sdk.workers import _asking_price, hire, jobs_of, market_offers, rank_free
 
 PHASES = ("distributing", "training", "aggregating", "complete")
 
@@ -25,7 +38,7 @@ PHASES = ("distributing", "training", "aggregating", "complete")
 @operation
 def update_training_phase(
     self: AgentState, training_id: str | None = None, phase: str | None = None, **config: Any
-) -> Op[dict[str, Any]]:
+) -> Op[TrainingStatus]:
     """Move the run (default: the agent's current run) to ``phase`` (``POST
     /v1/runs/{id}/phase``). A run is automatic until its owner first calls this; from
     then on the owner drives its phases (a run created with ``control="manual"`` is
@@ -47,15 +60,15 @@ def update_training_phase(
     body: dict[str, Any] = {"phase": phase}
     if phase == "distributing":
         cfg = dict(config)
-        run = yield Http("GET", f"/runs/{training_id}")
+        run = yield from run_detail(training_id)
         max_cost = _max_cost(run, int(cfg.get("rounds", run_defaults.ROUNDS)), cfg.pop("max_cost", None))
         if max_cost is not None:
             cfg["max_cost"] = max_cost
         body["config"] = cfg
     elif config:
         raise InvalidArgument("bad_config", f"config ({', '.join(sorted(config))}) goes with phase distributing only")
-    run = yield Http("POST", f"/runs/{training_id}/phase", body)
-    return {**run, "phase": run["status"]}
+    moved = yield from ask(RunDetail, Http("POST", f"/runs/{training_id}/phase", body))
+    return TrainingStatus.of(moved)
 
 
 @operation
@@ -64,8 +77,8 @@ def send_training_job(
     worker_id: str,
     training_id: str | None = None,
     shard_id: str | None = None,
-    config: dict[str, Any] | None = None,
-) -> Op[dict[str, Any]]:
+    config: JsonObject | None = None,
+) -> Op[JobDetail]:
     """A hired worker trains shard ``shard_id`` (a CID from :meth:`create_data_shards`)
     of an owner-driven run (default: the agent's current run) from the open round on.
     ``config``: the job's own ``batch_size``, ``learning_rate`` (or ``lr``), ``epochs``
@@ -75,34 +88,31 @@ def send_training_job(
     if not shard_id:
         raise InvalidArgument("bad_argument", "send_training_job needs shard_id= (from create_data_shards)")
     body = {"worker_id": worker_id, "shard_id": shard_id, "config": dict(config or {})}
-    return (yield Http("POST", f"/runs/{training_id}/jobs", body))
+    return (yield from ask(JobDetail, Http("POST", f"/runs/{training_id}/jobs", body)))
 
 
 @operation
-def collect_checkpoint(self: AgentState, worker_id: str, job_id: str) -> Op[dict[str, Any]]:
+def collect_checkpoint(self: AgentState, worker_id: str, job_id: str) -> Op[UpdateView]:
     """The worker's result: its update for the run's open (or just closed) round,
     ``{checkpoint_id, cid, training_id, job_id, worker_id, round, samples, train_loss,
     size, status}``, to hand to :meth:`federated_average`. Not sent yet:
     :class:`NotFound` (``no_checkpoint``)."""
-    job = yield Http("GET", f"/jobs/{job_id}")
-    if job["worker_id"] != worker_id:
-        raise InvalidArgument("bad_argument", f"job {job_id} is worker {job['worker_id']}'s, not {worker_id}'s")
-    ups = yield Http("GET", f"/jobs/{job_id}/updates")
-    for u in ups["data"]:
-        if u["round"] == job["round"]:
+    job = yield from ask(JobDetail, Http("GET", f"/jobs/{job_id}"))
+    if job.worker_id != worker_id:
+        raise InvalidArgument("bad_argument", f"job {job_id} is worker {job.worker_id}'s, not {worker_id}'s")
+    for u in (yield from updates_of(job_id)):
+        if u.round == job.round:
             return u
-    raise NotFound(
-        "no_checkpoint", f"worker {worker_id} has not sent its update for round {job['round']} (job {job_id})"
-    )
+    raise NotFound("no_checkpoint", f"worker {worker_id} has not sent its update for round {job.round} (job {job_id})")
 
 
 @operation
 def federated_average(
     self: AgentState,
-    checkpoints: list[dict[str, Any]],
+    checkpoints: Sequence[UpdateView | Mapping[str, Any]],
     weights: list[float] | None = None,
     training_id: str | None = None,
-) -> Op[dict[str, Any]]:
+) -> Op[AveragedModel]:
     """Aggregate the closed round's ``checkpoints`` (from :meth:`collect_checkpoint`, all
     of one manual run in phase aggregating) with the run's aggregation rule (``mean`` is
     FedAvg) and outer optimizer, weighted by ``weights`` (default: the shards' sample
@@ -114,7 +124,7 @@ def federated_average(
     excluded. No checkpoints (with ``training_id``): the round is recorded as skipped,
     the model unchanged (the way on when no update of the round was accepted)."""
     if not isinstance(checkpoints, list) or not all(
-        isinstance(c, dict) and c.get("cid") and c.get("training_id") for c in checkpoints
+        isinstance(c, (UpdateView, Mapping)) and c.get("cid") and c.get("training_id") for c in checkpoints
     ):
         raise InvalidArgument("bad_argument", "checkpoints must be a list of dicts from collect_checkpoint")
     if not checkpoints and training_id is None:
@@ -129,21 +139,21 @@ def federated_average(
     body: dict[str, Any] = {"updates": [c["cid"] for c in checkpoints]}
     if weights is not None:
         body["weights"] = [float(w) for w in weights]
-    res = yield Http("POST", f"/runs/{runs.pop()}/aggregate", body)
+    res = yield from ask(Aggregated, Http("POST", f"/runs/{runs.pop()}/aggregate", body))
     from aitbc.training.checkpoint import bytes_to_tensors  # torch: imported on use
 
-    blob = yield from _download(res["model_cid"])
+    blob = yield from _download(res.model_cid)
     model = yield Offload(bytes_to_tensors, (blob,))
-    return {**res, "model": model}
+    return AveragedModel(**res.__dict__, model=model)
 
 
 @operation
 def save_training_results(
     self: AgentState,
     training_id: str | None = None,
-    model_cid: str | dict[str, Any] | None = None,
-    metrics: dict[str, Any] | None = None,
-) -> Op[dict[str, Any]]:
+    model_cid: str | Aggregated | Mapping[str, Any] | None = None,
+    metrics: JsonObject | None = None,
+) -> Op[SavedResult]:
     """Keep ``model_cid`` as the owner-driven run's model (default run: the agent's
     current run), with the owner's ``metrics`` (flat names to numbers or text, e.g.
     ``{"final_loss": 0.9, "workers": 10}``): a CID from :meth:`upload_to_ipfs`, a
@@ -151,7 +161,7 @@ def save_training_results(
     returned. Returns the run's results."""
     training_id = yield from resolve_run(self, training_id)
     model = model_cid
-    cid = (model.get("model_id") or model.get("model_cid")) if isinstance(model, dict) else model
+    cid = (model.get("model_id") or model.get("model_cid")) if isinstance(model, (Aggregated, Mapping)) else model
     if not isinstance(cid, str) or not cid:
         raise InvalidArgument(
             "bad_argument", f"model_cid must be a CID (from upload_to_ipfs or federated_average), got {model!r}"
@@ -159,21 +169,15 @@ def save_training_results(
     body: dict[str, Any] = {"model_cid": cid}
     if metrics:
         body["metrics"] = dict(metrics)
-    return (yield Http("POST", f"/runs/{training_id}/result", body))
+    return (yield from ask(SavedResult, Http("POST", f"/runs/{training_id}/result", body)))
 
 
 # --- fault tolerance (any run the agent owns) ---------------------------------------------------
 
 
-def _jobs_of(worker_id: str, training_id: str | None) -> Op[list[dict[str, Any]]]:
-    """The worker's jobs (in ``training_id`` if given), newest first."""
-    res = yield Http("GET", f"/workers/{worker_id}/jobs")
-    return [j for j in res["data"] if training_id in (None, j["training_id"])]
-
-
-def _active_job(worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
-    for j in (yield from _jobs_of(worker_id, training_id)):
-        if j["job_status"] == "active":
+def _active_job(worker_id: str, training_id: str | None = None) -> Op[WorkerJob]:
+    for j in (yield from jobs_of(worker_id, training_id)):
+        if j.job_status == "active":
             return j
     where = f" in run {training_id}" if training_id else ""
     raise NotFound("no_active_job", f"worker {worker_id} has no active job{where}")
@@ -188,7 +192,7 @@ def _run_hint(self: AgentState, training_id: str | None) -> str | None:
 @operation
 def mark_worker_failed(
     self: AgentState, worker_id: str, reason: str | None = None, training_id: str | None = None
-) -> Op[dict[str, Any]]:
+) -> Op[FailedJob]:
     """End the worker's active job (in ``training_id``, default: the agent's current run)
     as ``failed``: the worker is flagged and leaves the market until it heartbeats again.
     An owner-driven run's agent then reassigns the shard (:meth:`reassign_job`); an
@@ -196,49 +200,49 @@ def mark_worker_failed(
     already failed (the coordinator saw the lease expire) is returned as it is, with
     ``already_failed: True``; a worker with neither: :class:`NotFound`."""
     hint = _run_hint(self, training_id)
-    jobs = yield from _jobs_of(worker_id, hint)
-    active = [j for j in jobs if j["job_status"] == "active"]
+    jobs = yield from jobs_of(worker_id, hint)
+    active = [j for j in jobs if j.job_status == "active"]
     if not active:
-        if jobs and jobs[0]["job_status"] == "failed":
-            return {**jobs[0], "already_failed": True}
+        if jobs and jobs[0].job_status == "failed":
+            return FailedJob(**jobs[0].__dict__, already_failed=True)
         where = f" in run {hint}" if hint else ""
         raise NotFound("no_active_job", f"worker {worker_id} has no active job{where}")
     body: dict[str, Any] = {"status": "failed", "reason": reason or "marked failed by the owner"}
-    job = yield Http("POST", f"/jobs/{active[0]['job_id']}/end", body)
-    return {**job, "already_failed": False}
+    job = yield from ask(JobDetail, Http("POST", f"/jobs/{active[0].job_id}/end", body))
+    return FailedJob(**job.__dict__, already_failed=False)
 
 
 @operation
 def find_replacement_worker(
     self: AgentState, gpu_type: str | None = None, exclude: list[str] | None = None
-) -> Op[dict[str, Any] | None]:
+) -> Op[FreeOffer | None]:
     """The best live, free offer (by the marketplace score), preferring ``gpu_type``;
     None when nobody is free. ``exclude``: worker ids not to pick. Prices as numbers
     (``price``, with the exact ``price_micro``)."""
     from aitbc.market.gpus import normalize_gpu
 
-    res = yield Http("GET", "/market/offers")
-    ranked = rank_free(res["data"], exclude=set(exclude or ()))
+    offers = yield from market_offers()
+    ranked = rank_free(offers, exclude=set(exclude or ()))
     want = normalize_gpu(gpu_type) if gpu_type else None
-    return next((o for o in ranked if o["gpu_type"] == want), ranked[0] if ranked else None)
+    return next((o for o in ranked if o.gpu_type == want), ranked[0] if ranked else None)
 
 
 @operation
-def reassign_job(self: AgentState, job_id: str, new_worker_id: str | None = None) -> Op[dict[str, Any]]:
+def reassign_job(self: AgentState, job_id: str, new_worker_id: str | None = None) -> Op[JobDetail]:
     """Give the job's shard to ``new_worker_id`` (a spare of the run, or a free live offer
     hired now at its asking price), or to the best free worker if None. The old job may
     have failed already; an active one is released. Returns the new job (whose
     ``replaces`` is ``job_id``)."""
     body = {} if new_worker_id is None else {"worker_id": new_worker_id}
-    return (yield Http("POST", f"/jobs/{job_id}/reassign", body))
+    return (yield from ask(JobDetail, Http("POST", f"/jobs/{job_id}/reassign", body)))
 
 
 @operation
-def request_checkpoint_resend(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
+def request_checkpoint_resend(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[ResendRequested]:
     """Drop the worker's update of the open round (e.g. it failed verification) so the
     worker trains and sends that round again. Returns ``{job_id, round, dropped}``."""
     job = yield from _active_job(worker_id, _run_hint(self, training_id))
-    return (yield Http("POST", f"/jobs/{job['job_id']}/resend"))
+    return (yield from ask(ResendRequested, Http("POST", f"/jobs/{job.job_id}/resend")))
 
 
 @operation
@@ -247,7 +251,7 @@ def add_worker(
     worker_id: str | None = None,
     training_id: str | None = None,
     price: int | float | str | None = None,
-) -> Op[dict[str, Any]]:
+) -> Op[WorkerAdded]:
     """Hire one more worker for the run (default: the agent's current run): ``worker_id``
     (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
     (default: its asking price). In an owner-driven run that is training, it also gets a
@@ -259,31 +263,31 @@ def add_worker(
         best = yield from find_replacement_worker(self)
         if best is None:
             raise NotFound("no_free_worker", "no live, free offer on the market")
-        worker_id = best["worker_id"]
+        worker_id = best.worker_id
     if price is None:
         price = yield from _asking_price(worker_id)
-    contract = yield Http(
-        "POST", f"/runs/{training_id}/contracts", {"worker_id": worker_id, "price": _amount(price, "price")}
-    )
-    run = yield Http("GET", f"/runs/{training_id}")
+    contract = yield from hire(training_id, worker_id, price)
+    run = yield from run_detail(training_id)
     job = None
-    if run.get("control") == "manual" and run["status"] in ("distributing", "training", "aggregating"):
-        shards = yield Http("GET", f"/runs/{training_id}/shards")
-        open_shards = [sh for sh in shards["data"] if not sh["split_into"]]
-        target = min(open_shards, key=lambda sh: (len(sh["jobs"]), sh["shard_index"]))
-        job = yield Http("POST", f"/runs/{training_id}/jobs", {"worker_id": worker_id, "shard_id": target["shard_id"]})
-    return {"contract": with_prices(contract), "job": job, "worker_id": worker_id}
+    if run.control == "manual" and run.status in ("distributing", "training", "aggregating"):
+        shards = yield from shards_of(training_id)
+        open_shards = [sh for sh in shards if not sh.split_into]
+        target = min(open_shards, key=lambda sh: (len(sh.jobs), sh.shard_index))
+        body = {"worker_id": worker_id, "shard_id": target.shard_id}
+        job = yield from ask(JobDetail, Http("POST", f"/runs/{training_id}/jobs", body))
+    return WorkerAdded(contract=contract, job=job, worker_id=worker_id)
 
 
 @operation
-def remove_worker(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[dict[str, Any]]:
+def remove_worker(self: AgentState, worker_id: str, training_id: str | None = None) -> Op[JobDetail]:
     """Release the worker's job in the run (default: the agent's current run; its
     contract ends; it is not flagged). An owner-driven run's shard then waits for a job
     the agent sends; an automatic run's coordinator refills up to ``max_workers`` from
     spares and the market. Returns the ended job."""
     training_id = yield from resolve_run(self, training_id)
     job = yield from _active_job(worker_id, training_id)
-    return (yield Http("POST", f"/jobs/{job['job_id']}/end", {"status": "released", "reason": "removed by the owner"}))
+    body = {"status": "released", "reason": "removed by the owner"}
+    return (yield from ask(JobDetail, Http("POST", f"/jobs/{job.job_id}/end", body)))
 
 
 @operation
@@ -293,7 +297,7 @@ def reduce_worker_workload(
     factor: float = 0.5,
     local_steps: int | None = None,
     training_id: str | None = None,
-) -> Op[Outcome]:
+) -> Op[WorkloadReduced]:
     """Fewer local steps for a slow worker from its next round: ``local_steps`` if given,
     else its current steps x ``factor`` (at least 1). An
     :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was ``done``: ``{done,
@@ -304,16 +308,18 @@ def reduce_worker_workload(
     try:
         job = yield from _active_job(worker_id, _run_hint(self, training_id))
     except NotFound as e:
-        return Outcome(done=False, worker_id=worker_id, job_id=None, local_steps=None, job=None, detail=e.detail)
+        return WorkloadReduced(
+            done=False, worker_id=worker_id, job_id=None, local_steps=None, job=None, detail=e.detail
+        )
     if local_steps is None:
-        run = yield Http("GET", f"/runs/{job['training_id']}")
-        current = (job.get("config") or {}).get("local_steps") or (run.get("config") or {}).get("local_steps") or 1
+        run = yield from run_detail(job.training_id)
+        current = job.config.get("local_steps") or run.config.get("local_steps") or 1
         local_steps = max(1, int(current * factor))
-    new = yield Http("POST", f"/jobs/{job['job_id']}/config", {"local_steps": local_steps})
-    return Outcome(
+    new = yield from ask(JobDetail, Http("POST", f"/jobs/{job.job_id}/config", {"local_steps": local_steps}))
+    return WorkloadReduced(
         done=True,
         worker_id=worker_id,
-        job_id=job["job_id"],
+        job_id=job.job_id,
         local_steps=local_steps,
         job=new,
         detail=f"{local_steps} local steps per round from the next round",
@@ -327,7 +333,7 @@ _NO_SPLIT = ("no_free_worker", "shard_too_small", "shard_split")
 @operation
 def reassign_partial_work(
     self: AgentState, worker_id: str, to_worker_id: str | None = None, training_id: str | None = None
-) -> Op[Outcome]:
+) -> Op[WorkSplit]:
     """Split a slow worker's shard in two: it keeps the first half (from its next round)
     and ``to_worker_id`` (a spare or free offer, or the best free worker if None) gets a
     job on the second. An :class:`~aitbc_agent_sdk.results.Outcome`, truthy when it was
@@ -337,33 +343,40 @@ def reassign_partial_work(
     try:
         job = yield from _active_job(worker_id, _run_hint(self, training_id))
     except NotFound as e:
-        return Outcome(done=False, worker_id=worker_id, job=None, new_job=None, detail=e.detail)
+        return WorkSplit(done=False, worker_id=worker_id, job=None, new_job=None, detail=e.detail)
     body = {} if to_worker_id is None else {"worker_id": to_worker_id}
     try:
-        res = yield Http("POST", f"/jobs/{job['job_id']}/split", body)
+        res = yield from ask(SplitJobs, Http("POST", f"/jobs/{job.job_id}/split", body))
     except Conflict as e:
         if e.code not in _NO_SPLIT:
             raise
-        return Outcome(done=False, worker_id=worker_id, job=job, new_job=None, detail=e.detail)
-    return Outcome(
+        return WorkSplit(done=False, worker_id=worker_id, job=job, new_job=None, detail=e.detail)
+    return WorkSplit(
         done=True,
         worker_id=worker_id,
-        job=res["job"],
-        new_job=res["new_job"],
+        job=res.job,
+        new_job=res.new_job,
         detail=f"half of the shard went to {res['new_job']['worker_id']}",
     )
 
 
 @operation
-def get_shards(self: AgentState, training_id: str | None = None) -> Op[list[dict[str, Any]]]:
+def get_shards(self: AgentState, training_id: str | None = None) -> Op[list[ShardView]]:
     """The run's shards: ``[{shard_index, shard_id, samples, split_from, split_into, jobs}]``."""
     training_id = yield from resolve_run(self, training_id)
-    res = yield Http("GET", f"/runs/{training_id}/shards")
-    return res["data"]
+    return (yield from shards_of(training_id))
+
+
+def shards_of(training_id: str) -> Op[list[ShardView]]:
+    return (yield from ask(Page[ShardView], Http("GET", f"/runs/{training_id}/shards"))).data
 
 
 @operation
-def get_worker_checkpoints(self: AgentState, job_id: str) -> Op[list[dict[str, Any]]]:
+def get_worker_checkpoints(self: AgentState, job_id: str) -> Op[list[UpdateView]]:
     """Every update a job sent (newest round first), as :meth:`collect_checkpoint` returns them."""
-    res = yield Http("GET", f"/jobs/{job_id}/updates")
-    return res["data"]
+    return (yield from updates_of(job_id))
+
+
+def updates_of(job_id: str) -> Op[list[UpdateView]]:
+    """Every update job ``job_id`` sent, newest round first."""
+    return (yield from ask(Page[UpdateView], Http("GET", f"/jobs/{job_id}/updates"))).data

@@ -9,13 +9,17 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from aitbc.replies.base import Page
+from aitbc.replies.jobs import ShardView
+from aitbc.replies.runs import RunDetail
 from aitbc_agent_sdk.errors import (
     Conflict,
     InvalidArgument,
     NotFound,
 )
-from aitbc_agent_sdk.operations import _soft_run, operation, resolve_run
-from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress
+from aitbc_agent_sdk.operations import _soft_run, operation, resolve_run, run_detail
+from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress, ask
+from aitbc_agent_sdk.results import DataUploaded, ShardRef
 
 
 @operation
@@ -87,24 +91,24 @@ def _adopt_dataset(
 ) -> Op[None]:
     """An upload made while the run is initializing or distributing becomes its dataset
     (a run of this agent's wallet only: reading another's run made it current, not ours)."""
-    run = yield Http("GET", f"/runs/{training_id}")
-    if run["status"] not in DATA_PHASES or run["owner"] != self.address:
+    run = yield from run_detail(training_id)
+    if run.status not in DATA_PHASES or run.owner != self.address:
         return None
     self._datasets[cid] = path
-    if run.get("data_source") != f"ipfs://{cid}":
-        yield from _cut(self, run, str(path), run["target_workers"], source=f"ipfs://{cid}", progress=progress)
+    if run.data_source != f"ipfs://{cid}":
+        yield from _cut(self, run, str(path), run.target_workers, source=f"ipfs://{cid}", progress=progress)
     return None
 
 
-def _dataset_path(self: AgentState, run: dict[str, Any]) -> Op[tuple[str, str]]:
+def _dataset_path(self: AgentState, run: RunDetail) -> Op[tuple[str, str]]:
     """``(path to cut, source to record)`` of the run's dataset: the folder or file
     uploaded for it (from this agent's upload, else fetched back from the coordinator
     by its CID), or what the CLI's ``upload-data`` named."""
-    source = run.get("data_source")
+    source = run.data_source
     if not source:
         raise Conflict(
             "no_data",
-            f"run {run['training_id']} has no dataset yet: upload one with upload_to_ipfs(path=FOLDER) while it "
+            f"run {run.training_id} has no dataset yet: upload one with upload_to_ipfs(path=FOLDER) while it "
             f"is initializing, or name it with data_path=",
         )
     if not source.startswith("ipfs://"):
@@ -123,7 +127,7 @@ def _dataset_path(self: AgentState, run: dict[str, Any]) -> Op[tuple[str, str]]:
 
 def _cut(
     self: AgentState,
-    run: dict[str, Any],
+    run: RunDetail,
     data_path: str,
     k: int,
     *,
@@ -131,16 +135,18 @@ def _cut(
     alpha: float | None = None,
     max_bytes: int | None = None,
     progress: Progress | None = None,
-) -> Op[dict[str, Any]]:
+) -> Op[DataUploaded]:
     """Cut the dataset at ``data_path`` into ``k`` shards and a validation split, upload
     them and their manifest and attach it to the run (``source``: what it records).
     ``progress``: ``package`` (total 0 until the pieces are made, then their bytes) and
     ``upload``."""
     from aitbc.run_data import prepare_run_data  # torch: imported on use
 
-    training_id = run["training_id"]
+    training_id = run.training_id
     packing = Meter(progress, "package")
-    rd = yield Offload(functools.partial(prepare_run_data, run, data_path, shards=k, alpha=alpha, max_bytes=max_bytes))
+    rd = yield Offload(
+        functools.partial(prepare_run_data, dict(run), data_path, shards=k, alpha=alpha, max_bytes=max_bytes)
+    )
     blobs = rd.blobs()
     size = sum(len(blob) for _, blob in blobs)
     packing.update(size, size)
@@ -148,31 +154,32 @@ def _cut(
     for cid, blob in blobs:
         yield Http("PUT", f"/blobs/{cid}", content=blob, progress=sending.request())
     sending.end()
-    detail = yield Http("POST", f"/runs/{training_id}/data", {"manifest_cid": rd.manifest_cid, "source": source})
-    return {
-        "training_id": training_id,
-        "manifest_cid": rd.manifest_cid,
-        "shards": rd.shard_cids,
-        "shard_samples": list(rd.packaged.samples),
-        "val_cid": rd.val_cid,
-        "samples": sum(rd.packaged.samples),
-        "val_samples": rd.packaged.val_samples,
-        "data_bytes": detail["data_bytes"],
-        "dataset_size": run["dataset_size"],
-        "dataset": rd.dataset.name,
-        "task": rd.dataset.spec.task,
-    }
+    body = {"manifest_cid": rd.manifest_cid, "source": source}
+    detail = yield from ask(RunDetail, Http("POST", f"/runs/{training_id}/data", body))
+    return DataUploaded(
+        training_id=training_id,
+        manifest_cid=rd.manifest_cid,
+        shards=rd.shard_cids,
+        shard_samples=list(rd.packaged.samples),
+        val_cid=rd.val_cid,
+        samples=sum(rd.packaged.samples),
+        val_samples=rd.packaged.val_samples,
+        data_bytes=detail.data_bytes,
+        dataset_size=run.dataset_size,
+        dataset=rd.dataset.name,
+        task=rd.dataset.spec.task,
+    )
 
 
-def _shard_count(run: dict[str, Any], num_shards: int | None) -> int:
-    k = run["target_workers"] if num_shards is None else num_shards
+def _shard_count(run: RunDetail, num_shards: int | None) -> int:
+    k = run.target_workers if num_shards is None else num_shards
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InvalidArgument("bad_shards", f"num_shards must be an integer >= 1, got {num_shards!r}")
-    if run.get("control") == "automatic" and k != run["target_workers"]:
+    if run.control == "automatic" and k != run.target_workers:
         raise InvalidArgument(
             "bad_shards",
-            f"num_shards={num_shards}: run {run['training_id']} (automatic control) plans one "
-            f"shard per target worker, so num_shards must be {run['target_workers']} (or None)",
+            f"num_shards={num_shards}: run {run.training_id} (automatic control) plans one "
+            f"shard per target worker, so num_shards must be {run.target_workers} (or None)",
         )
     return k
 
@@ -187,7 +194,7 @@ def upload_data(
     alpha: float | None = None,
     max_bytes: int | None = None,
     progress: Progress | None = None,
-) -> Op[dict[str, Any]]:
+) -> Op[DataUploaded]:
     """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
     an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
     shards and a validation split, upload them and the manifest that names them, and
@@ -200,7 +207,7 @@ def upload_data(
     :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
     made, then their bytes), then ``upload`` (bytes sent)."""
     tid = yield from resolve_run(self, training_id)
-    run = yield Http("GET", f"/runs/{tid}")
+    run = yield from run_detail(tid)
     k = _shard_count(run, num_shards)
     if max_bytes is not None and max_bytes <= 0:
         raise InvalidArgument("bad_argument", f"max_bytes must be > 0, got {max_bytes}")
@@ -219,7 +226,7 @@ def create_data_shards(
     data_path: str | None = None,
     *,
     progress: Progress | None = None,
-) -> Op[list[dict[str, Any]]]:
+) -> Op[list[ShardRef]]:
     """Cut the run's dataset (uploaded with :meth:`upload_to_ipfs` while the run was
     initializing or distributing; or ``data_path``: ``digits``, ``stdlib``, a text file or
     folder, an ``.npz``) into ``num_shards`` shards (default: one per target worker) and a
@@ -232,21 +239,15 @@ def create_data_shards(
     :meth:`upload_data` does the same with more options and returns more (``progress``
     as there)."""
     tid = yield from resolve_run(self, training_id)
-    run = yield Http("GET", f"/runs/{tid}")
-    if run["status"] not in DATA_PHASES:
+    run = yield from run_detail(tid)
+    if run.status not in DATA_PHASES:
         raise Conflict(
-            "bad_state", f"run {tid} is {run['status']}; its dataset is cut while it is initializing or distributing"
+            "bad_state", f"run {tid} is {run.status}; its dataset is cut while it is initializing or distributing"
         )
     k = _shard_count(run, num_shards)
-    same = data_path is None or data_path == run.get("data_source")
-    if run.get("manifest_cid") and run.get("shards") == k and same:
-        shards = yield Http("GET", f"/runs/{tid}/shards")
-        return [
-            {"shard_id": sh["shard_id"], "samples": sh["samples"], "shard_index": sh["shard_index"]}
-            for sh in shards["data"]
-        ]
+    same = data_path is None or data_path == run.data_source
+    if run.manifest_cid and run.shards == k and same:
+        shards = yield from ask(Page[ShardView], Http("GET", f"/runs/{tid}/shards"))
+        return [ShardRef(shard_id=sh.shard_id, samples=sh.samples, shard_index=sh.shard_index) for sh in shards.data]
     up = yield from upload_data(self, tid, data_path, k, progress=progress)
-    return [
-        {"shard_id": c, "samples": n, "shard_index": i}
-        for i, (c, n) in enumerate(zip(up["shards"], up["shard_samples"]))
-    ]
+    return [ShardRef(shard_id=c, samples=n, shard_index=i) for i, (c, n) in enumerate(zip(up.shards, up.shard_samples))]

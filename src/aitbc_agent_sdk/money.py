@@ -5,94 +5,102 @@ faucet, balance, transfers and history; the ledger's head, entries and balances 
 
 from __future__ import annotations
 
-from typing import Any
-
+from aitbc.replies.base import Page
+from aitbc.replies.money import (
+    Balance,
+    Balances,
+    Entries,
+    EntryView,
+    Funded,
+    LedgerInfo,
+    ManualPayment,
+    Payments,
+    Sent,
+)
 from aitbc_agent_sdk.errors import InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import _amount, _wallet, list_trainings, operation, resolve_run
-from aitbc_agent_sdk.protocol import AgentState, Http, Op
+from aitbc_agent_sdk.operations import _amount, _wallet, list_trainings, operation, resolve_run, run_detail
+from aitbc_agent_sdk.protocol import AgentState, Http, Op, ask
 
 # --- the agent's wallet ------------------------------------------------------------------
 
 
 @operation
-def fund_wallet(self: AgentState, amount: int | float | str) -> Op[dict[str, Any]]:
+def fund_wallet(self: AgentState, amount: int | float | str) -> Op[Funded]:
     """Mint ``amount`` AIT into the agent's wallet from the local network's faucet.
     Returns ``{address, amount, entry, balance}``."""
-    return (
-        yield Http(
-            "POST", "/wallets/fund", {"amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
-        )
-    )
+    body = {"amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
+    return (yield from ask(Funded, Http("POST", "/wallets/fund", body)))
 
 
 @operation
-def get_balance(self: AgentState) -> Op[dict[str, Any]]:
+def get_balance(self: AgentState) -> Op[Balance]:
     """``{address, network, balance, balance_micro}`` of the agent's wallet."""
     wallet = yield from _wallet(self)
-    return (yield Http("GET", f"/wallets/{wallet.address}/balance"))
+    return (yield from ask(Balance, Http("GET", f"/wallets/{wallet.address}/balance")))
 
 
 @operation
-def transfer_funds(self: AgentState, to: str, amount: int | float | str) -> Op[dict[str, Any]]:
+def transfer_funds(self: AgentState, to: str, amount: int | float | str) -> Op[Sent]:
     """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
-    signed by the agent. Returns ``{from, to, amount, entry, balance}``. Not
+    signed by the agent. Returns ``{from, to, amount, entry, balance}`` (``from_`` as an
+    attribute). Not
     enough money, or money the hires of the agent's runs not yet distributed hold (it
     stays in the wallet until they distribute, stop or their hires expire):
     :class:`Conflict` (``insufficient_funds``, naming what is held and what is free)."""
     body = {"to": to, "amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
-    return (yield Http("POST", "/wallets/send", body))
+    return (yield from ask(Sent, Http("POST", "/wallets/send", body)))
 
 
 @operation
-def get_wallet_history(self: AgentState, limit: int = 100) -> Op[list[dict[str, Any]]]:
+def get_wallet_history(self: AgentState, limit: int = 100) -> Op[list[EntryView]]:
     """The most recent ``limit`` ledger entries that moved money into or out of the
     agent's wallet, oldest first: ``[{seq, kind, debit, credit, amount, amount_ait, memo,
     created_at, ...}]``."""
     wallet = yield from _wallet(self)
-    res = yield Http("GET", f"/wallets/{wallet.address}/history", params={"limit": limit})
-    return res["data"]
+    res = yield from ask(Page[EntryView], Http("GET", f"/wallets/{wallet.address}/history", params={"limit": limit}))
+    return res.data
 
 
 # --- the ledger (public: a read-only agent can audit it) -----------------------------------------
 
 
 @operation
-def get_ledger_info(self: AgentState) -> Op[dict[str, Any]]:
+def get_ledger_info(self: AgentState) -> Op[LedgerInfo]:
     """``{network, system_key, entries, head, stored}``: the ledger's network, the
     coordinator's public key (it signs settlements), the head it records (entry count and
     hash) and the entries stored."""
-    return (yield Http("GET", "/ledger"))
+    return (yield from ask(LedgerInfo, Http("GET", "/ledger")))
 
 
 @operation
-def get_ledger_entries(self: AgentState, after: int = 0, limit: int = 1000) -> Op[dict[str, Any]]:
+def get_ledger_entries(self: AgentState, after: int = 0, limit: int = 1000) -> Op[Entries]:
     """One page of ledger entries in chain order, those after sequence number ``after``:
     ``{data: [{seq, kind, debit, credit, amount, key, memo, ...}], count, next}``
     (``next``: the ``after`` of the following page, None at the head)."""
-    return (yield Http("GET", "/ledger/entries", params={"after": after, "limit": limit}))
+    return (yield from ask(Entries, Http("GET", "/ledger/entries", params={"after": after, "limit": limit})))
 
 
 @operation
 def get_ledger_balances(self: AgentState) -> Op[dict[str, int]]:
     """Every account's balance in micro-AIT, as the coordinator's ledger holds it."""
-    res = yield Http("GET", "/ledger/balances")
-    return {k: int(v) for k, v in res["data"].items()}
+    res = yield from ask(Balances, Http("GET", "/ledger/balances"))
+    return dict(res.data)
 
 
 # --- payments -----------------------------------------------------------------------------
 
 
 @operation
-def get_payments(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def get_payments(self: AgentState, training_id: str | None = None) -> Op[Payments]:
     """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield Http("GET", f"/runs/{training_id}/payments"))
+    return (yield from ask(Payments, Http("GET", f"/runs/{training_id}/payments")))
 
 
 @operation
 def process_payment(
     self: AgentState, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
-) -> Op[dict[str, Any]]:
+) -> Op[ManualPayment]:
     """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
     run's owner only). The run is found among the agent's runs from the contract (which
     must be that worker's), or given as ``training_id``. Returns ``{contract_id, worker_id,
@@ -103,31 +111,32 @@ def process_payment(
     if training_id is None:
         training_id = yield from _run_of_contract(self, contract_id, worker_id=worker_id)
     elif worker_id:
-        run = yield Http("GET", f"/runs/{training_id}")
-        holder = next((c["worker_id"] for c in run["contracts"] if c["contract_id"] == contract_id), worker_id)
+        run = yield from run_detail(training_id)
+        holder = next((c.worker_id for c in run.contracts if c.contract_id == contract_id), worker_id)
         if holder != worker_id:  # checked before paying (an unknown contract is the server's 404)
             raise InvalidArgument("bad_argument", f"contract {contract_id} is with {holder}, not {worker_id}")
-    return (yield Http("POST", f"/runs/{training_id}/payments", {"contract_id": contract_id, "amount": amount_text}))
+    body = {"contract_id": contract_id, "amount": amount_text}
+    return (yield from ask(ManualPayment, Http("POST", f"/runs/{training_id}/payments", body)))
 
 
 def _run_of_contract(self: AgentState, contract_id: str, *, worker_id: str) -> Op[str]:
     wallet = yield from _wallet(self)
     runs = yield from list_trainings(self, owner=wallet.address)
     for r in runs:
-        detail = yield Http("GET", f"/runs/{r['training_id']}")
-        for c in detail["contracts"]:
-            if c["contract_id"] == contract_id:
-                if c["worker_id"] != worker_id:
+        detail = yield from run_detail(r.training_id)
+        for c in detail.contracts:
+            if c.contract_id == contract_id:
+                if c.worker_id != worker_id:
                     raise InvalidArgument(
-                        "bad_argument", f"contract {contract_id} is with {c['worker_id']}, not {worker_id}"
+                        "bad_argument", f"contract {contract_id} is with {c.worker_id}, not {worker_id}"
                     )
-                return r["training_id"]
+                return r.training_id
     raise NotFound("unknown_contract", f"no run of {wallet.address} has contract {contract_id!r}")
 
 
 @operation
-def refund_payments(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def refund_payments(self: AgentState, training_id: str | None = None) -> Op[Payments]:
     """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
     returns the payments view. A run still going: :class:`Conflict` (``bad_state``)."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield Http("POST", f"/runs/{training_id}/refund"))
+    return (yield from ask(Payments, Http("POST", f"/runs/{training_id}/refund")))

@@ -1,7 +1,9 @@
 """Every public method of the agents, written once as a sans-IO generator.
 
 Each operation takes the agent (``self``: config, wallet) and its arguments, yields
-:mod:`~aitbc_agent_sdk.protocol` requests and returns a plain dict (or list, or str).
+:mod:`~aitbc_agent_sdk.protocol` requests and returns a typed model: the coordinator's
+reply (:mod:`aitbc.replies`, parsed with :func:`~aitbc_agent_sdk.protocol.ask`) or one the
+SDK puts together (:mod:`aitbc_agent_sdk.results`); or a list of them, or a str.
 :func:`operation` records it in :data:`OPERATIONS`; ``Agent`` and ``AsyncAgent`` get one
 method per entry, with the operation's name, docstring and signature.
 
@@ -19,6 +21,9 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from aitbc import run_defaults
+from aitbc.replies.base import JsonObject, Page
+from aitbc.replies.results import Results
+from aitbc.replies.runs import RunDetail, RunSummary
 from aitbc.run_mode import RunMode
 from aitbc.units import format_price
 from aitbc_agent_sdk.errors import (
@@ -27,7 +32,8 @@ from aitbc_agent_sdk.errors import (
     TrainingFailed,
     WaitTimeout,
 )
-from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Sleep
+from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Sleep, ask
+from aitbc_agent_sdk.results import NewRun, Started, Stopped, TrainingProgress, TrainingStatus
 
 OPERATIONS: dict[str, Callable[..., Op[Any]]] = {}
 
@@ -48,15 +54,15 @@ def _amount(value: Any, what: str) -> str:
     return value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
 
 
-def _max_cost(run: dict[str, Any], rounds: int, max_cost: int | float | str | None) -> str | None:
+def _max_cost(run: RunDetail, rounds: int, max_cost: int | float | str | None) -> str | None:
     """The most ``distribute`` may escrow, signed by the owner: ``max_cost`` if given, else
     for a run without a budget the hired contracts' price x ``rounds`` (what the
     coordinator will escrow for them); None for a run with a budget (it is escrowed)."""
     if max_cost is not None:
         return _amount(max_cost, "max_cost")
-    if run.get("budget") is not None:
+    if run.budget is not None:
         return None
-    hired = sum(c["price_micro"] for c in run["contracts"] if c["status"] == "hired")
+    hired = sum(c.price_micro for c in run.contracts if c.status == "hired")
     return format_price(hired * rounds)
 
 
@@ -64,30 +70,31 @@ def _max_cost(run: dict[str, Any], rounds: int, max_cost: int | float | str | No
 
 
 @operation
-def start(self: AgentState) -> Op[dict[str, Any]]:
+def start(self: AgentState) -> Op[Started]:
     """Check the coordinator answers (``GET /v1/health``), load the agent's wallet
     (created under ``HOME/wallets`` if missing; a read-only agent has none) and return
-    ``{status, name, address, coordinator, network}``."""
+    ``{status, name, address, coordinator, network, coordinator_version}``."""
     from aitbc.ledger.wallet import ensure_wallet
+    from aitbc.replies.health import Health
 
     if self.config.wallet_name is not None:
         self._wallet = yield Offload(ensure_wallet, (self.config.resolved_home, self.config.wallet_name))
-    health = yield Http("GET", "/health")
-    return {
-        "status": "started",
-        "name": self.config.name,
-        "address": self.address,
-        "coordinator": self.config.resolved_coordinator_url,
-        "network": self.config.blockchain_network,
-        "coordinator_version": health.get("version"),
-    }
+    health = yield from ask(Health, Http("GET", "/health"))
+    return Started(
+        status="started",
+        name=self.config.name,
+        address=self.address,
+        coordinator=self.config.resolved_coordinator_url,
+        network=self.config.blockchain_network,
+        coordinator_version=health.version,
+    )
 
 
 @operation
-def stop(self: AgentState) -> Op[dict[str, Any]]:
+def stop(self: AgentState) -> Op[Stopped]:
     """Release the agent's connections (runs keep going on the coordinator)."""
     yield Close()
-    return {"status": "stopped", "name": self.config.name}
+    return Stopped(status="stopped", name=self.config.name)
 
 
 def _wallet(self: AgentState) -> Op[Any]:
@@ -143,8 +150,8 @@ def resolve_run(self: AgentState, training_id: str | None) -> Op[str]:
 
 def _active_runs(self: AgentState) -> Op[list[str]]:
     wallet = yield from _wallet(self)
-    res = yield Http("GET", "/runs", params={"owner": wallet.address})
-    return [r["training_id"] for r in res["data"] if r["status"] not in ENDED]
+    res = yield from ask(Page[RunSummary], Http("GET", "/runs", params={"owner": wallet.address}))
+    return [r.training_id for r in res.data if r.status not in ENDED]
 
 
 def _soft_run(self: AgentState, training_id: str | None) -> Op[str | None]:
@@ -165,12 +172,12 @@ def initialize_distributed_training(
     dataset_size: int | float | str,
     target_workers: int,
     *,
-    model_options: dict[str, Any] | None = None,
+    model_options: JsonObject | None = None,
     seed: int = 0,
     budget: int | float | str | None = None,
     bond: int | float | str | None = None,
     control: Literal["automatic", "manual"] = "automatic",
-) -> Op[dict[str, Any]]:
+) -> Op[NewRun]:
     """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
     ``dataset_size``: a number means GB (``100`` -> ``"100GB"``), or a string such as
@@ -203,28 +210,33 @@ def initialize_distributed_training(
         body["budget"] = _amount(budget, "budget")
     if bond is not None:
         body["bond"] = _amount(bond, "bond")
-    run = yield Http("POST", "/runs", body)
-    self._training_id = run["training_id"]
-    return {**run, "phase": run["status"]}
+    run = yield from ask(RunSummary, Http("POST", "/runs", body))
+    self._training_id = run.training_id
+    return NewRun.of(run)
 
 
 @operation
-def get_training_status(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def get_training_status(self: AgentState, training_id: str | None = None) -> Op[TrainingStatus]:
     """The run's detail (``GET /v1/runs/{id}``; default: the agent's current run) plus
     ``phase`` (its status: initializing, distributing, training, aggregating, paused,
     complete, failed, stopped)."""
     training_id = yield from resolve_run(self, training_id)
-    run = yield Http("GET", f"/runs/{training_id}")
-    return {**run, "phase": run["status"]}
+    run = yield from run_detail(training_id)
+    return TrainingStatus.of(run)
+
+
+def run_detail(training_id: str) -> Op[RunDetail]:
+    """The run's detail (``GET /v1/runs/{id}``)."""
+    return (yield from ask(RunDetail, Http("GET", f"/runs/{training_id}")))
 
 
 @operation
-def list_trainings(self: AgentState, status: str | None = None, owner: str | None = None) -> Op[list[dict[str, Any]]]:
+def list_trainings(self: AgentState, status: str | None = None, owner: str | None = None) -> Op[list[RunSummary]]:
     """Every run on the coordinator, newest first (``status``: only runs in that state;
     ``owner``: only runs of that wallet address): ``[{training_id, status, model_type,
     round, rounds, val_loss, target_workers, owner, created_at, ...}]``."""
-    res = yield Http("GET", "/runs", params={"status": status, "owner": owner})
-    return res["data"]
+    res = yield from ask(Page[RunSummary], Http("GET", "/runs", params={"status": status, "owner": owner}))
+    return res.data
 
 
 @operation
@@ -238,7 +250,7 @@ def start_training(
     lr: float = run_defaults.LR,
     inner_opt: str = run_defaults.INNER_OPT,
     outer: str = run_defaults.OUTER,
-    outer_options: dict[str, Any] | None = None,
+    outer_options: JsonObject | None = None,
     aggregator: str = run_defaults.AGGREGATOR,
     compression: str = run_defaults.COMPRESSION,
     error_feedback: bool = run_defaults.ERROR_FEEDBACK,
@@ -256,7 +268,7 @@ def start_training(
     max_staleness: int = 4,
     staleness: str = "polynomial",
     topology: str = "ring",
-) -> Op[dict[str, Any]]:
+) -> Op[TrainingStatus]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
     ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
@@ -284,7 +296,7 @@ def start_training(
     coordinator records each worker's signed model CID per round and scores them.
     Returns the run detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
-    run = yield Http("GET", f"/runs/{training_id}")
+    run = yield from run_detail(training_id)
     # the plan as distribute's body, in the signature's order (topology and outer_options where they apply)
     body: dict[str, Any] = dict(rounds=rounds, local_steps=local_steps, batch_size=batch_size, lr=lr)
     body |= dict(inner_opt=inner_opt, outer=outer, aggregator=aggregator, compression=compression)
@@ -297,84 +309,82 @@ def start_training(
         body["topology"] = topology
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)
-    run = yield Http("POST", f"/runs/{training_id}/distribute", body)
-    return {**run, "phase": run["status"]}
+    run = yield from ask(RunDetail, Http("POST", f"/runs/{training_id}/distribute", body))
+    return TrainingStatus.of(run)
 
 
 @operation
-def stop_training(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def stop_training(self: AgentState, training_id: str | None = None) -> Op[RunSummary]:
     """End the run now (it ends as ``stopped``; its workers are released, closed rounds
     settled and the rest of the escrow refunded). Returns the run's summary."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield Http("POST", f"/runs/{training_id}/stop"))
+    return (yield from ask(RunSummary, Http("POST", f"/runs/{training_id}/stop")))
 
 
 @operation
-def pause_training(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def pause_training(self: AgentState, training_id: str | None = None) -> Op[RunSummary]:
     """Hold an automatic run after its current round's updates (``paused``); returns the
-    run's detail. :meth:`resume_training` continues it."""
+    run's summary. :meth:`resume_training` continues it."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield Http("POST", f"/runs/{training_id}/pause"))
+    return (yield from ask(RunSummary, Http("POST", f"/runs/{training_id}/pause")))
 
 
 @operation
-def resume_training(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
-    """Continue a paused run; returns the run's detail."""
+def resume_training(self: AgentState, training_id: str | None = None) -> Op[RunSummary]:
+    """Continue a paused run; returns the run's summary."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield Http("POST", f"/runs/{training_id}/resume"))
+    return (yield from ask(RunSummary, Http("POST", f"/runs/{training_id}/resume")))
 
 
 @operation
-def get_training_progress(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def get_training_progress(self: AgentState, training_id: str | None = None) -> Op[TrainingProgress]:
     """``{round, rounds, rounds_completed, speed, target_speed, val_loss, phase}`` of the
     run (default: the agent's current run): ``speed`` is rounds completed per second
     since training started; ``target_speed`` the rounds per second its plan asks for
     (1/deadline; without a deadline, as the coordinator derives it from the plan)."""
     training_id = yield from resolve_run(self, training_id)
-    run = yield Http("GET", f"/runs/{training_id}")
-    started, now = run.get("started_at"), run.get("finished_at") or run.get("time") or time.time()
-    speed = run["rounds_completed"] / (now - started) if started and now > started else 0.0
-    deadline = (run.get("config") or {}).get("deadline")
-    return {
-        "round": run["round"],
-        "rounds": run["rounds"],
-        "rounds_completed": run["rounds_completed"],
-        "speed": run.get("speed", speed),
-        "target_speed": (1.0 / deadline) if deadline else run.get("target_speed"),
-        "val_loss": run["val_loss"],
-        "phase": run["status"],
-    }
+    run = yield from run_detail(training_id)
+    deadline = run.config.get("deadline")
+    return TrainingProgress(
+        round=run.round,
+        rounds=run.rounds,
+        rounds_completed=run.rounds_completed,
+        speed=run.speed,
+        target_speed=(1.0 / deadline) if deadline else run.target_speed,
+        val_loss=run.val_loss,
+        phase=run.status,
+    )
 
 
 @operation
 def wait_for_completion(
     self: AgentState, training_id: str | None = None, timeout: float = 600.0, poll: float = 1.0
-) -> Op[dict[str, Any]]:
+) -> Op[TrainingStatus]:
     """Poll the run until it ends; returns its detail when ``complete``. Raises
     :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
     ``timeout`` s."""
     training_id = yield from resolve_run(self, training_id)
     t0 = time.monotonic()
     while True:
-        run = yield Http("GET", f"/runs/{training_id}")
-        if run["status"] == "complete":
-            return {**run, "phase": run["status"]}
-        if run["status"] == "failed":
-            raise TrainingFailed("run_failed", f"run {training_id} failed: {run.get('error') or 'no reason recorded'}")
-        if run["status"] == "stopped":
+        run = yield from run_detail(training_id)
+        if run.status == "complete":
+            return TrainingStatus.of(run)
+        if run.status == "failed":
+            raise TrainingFailed("run_failed", f"run {training_id} failed: {run.error or 'no reason recorded'}")
+        if run.status == "stopped":
             raise TrainingFailed("run_stopped", f"run {training_id} was stopped by its owner")
         left = timeout - (time.monotonic() - t0)
         if left <= 0:
             raise WaitTimeout(
                 "timeout",
                 f"run {training_id} did not finish within {timeout:g} s "
-                f"(status {run['status']}, round {run['round']}/{run['rounds']})",
+                f"(status {run.status}, round {run.round}/{run.rounds})",
             )
         yield Sleep(min(poll, left))
 
 
 @operation
-def get_results(self: AgentState, training_id: str | None = None) -> Op[dict[str, Any]]:
+def get_results(self: AgentState, training_id: str | None = None) -> Op[Results]:
     """Final metrics, the model's CID, every checkpoint and the workers' scores."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield Http("GET", f"/runs/{training_id}/results"))
+    return (yield from ask(Results, Http("GET", f"/runs/{training_id}/results")))

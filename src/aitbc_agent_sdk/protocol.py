@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from aitbc.client import NotACoordinator, error_fields, not_a_coordinator
 from aitbc.errors import IntegrityError, NotFoundError, UsageError
@@ -187,6 +188,26 @@ class Close:
 
 Request = Http | Sleep | Offload | Close
 Op = Generator[Request, Any, T]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def ask(reply: type[M], req: Http) -> Op[M]:
+    """Carry out ``req`` and parse its JSON reply as ``reply``, the model the coordinator
+    answers that call with (:mod:`aitbc.replies`): a field it renamed is a type error in
+    the caller, and a reply of another shape an :class:`AgentError` (``bad_reply``) here,
+    not a ``KeyError`` later."""
+    answer = yield req
+    try:
+        return reply.model_validate(answer)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the reply"
+        raise AgentError(
+            "bad_reply",
+            f"{req.method} /v1{req.path} answered with no {reply.__name__} "
+            f"({e.error_count()} field(s) wrong; {where}: {first['msg']})",
+        ) from None
 
 
 def parse_response(r: httpx.Response, req: Http) -> Any:

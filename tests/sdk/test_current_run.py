@@ -6,7 +6,6 @@ process), truthy ``ping_worker`` / ``verify_checkpoint`` results, and numeric pr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -212,14 +211,14 @@ def test_ping_and_verify_are_truthy_exactly_when_alive_or_valid(stack):
         assert isinstance(ping, Liveness) and ping and ping["alive"] is True
         stale = a.ping_worker(w["worker_id"], max_age=0.0)
         assert not stale and stale["alive"] is False and stale["last_heartbeat_age"] >= 0
-        assert json.loads(json.dumps(stale)) == dict(stale)  # still a plain dict for JSON
+        assert Liveness.model_validate_json(stale.model_dump_json()) == stale  # JSON there and back
         bad = a.verify_checkpoint(cid_of_bytes(b"never uploaded"))
         assert isinstance(bad, Validity) and not bad and bad["detail"]
     with _agent(stack, "verify-ok") as owner:
         cid = owner.upload_to_ipfs(data=torch.nn.Linear(2, 2))
         ok = owner.verify_checkpoint(cid)
         assert ok and ok["valid"] is True
-    assert not Outcome(done=False, detail="nobody free") and Outcome(done=True)
+    assert not Outcome(done=False, worker_id="w", detail="nobody free") and Outcome(done=True, worker_id="w", detail="")
 
 
 def test_prices_are_numbers_beside_their_exact_micro_ait(stack):
@@ -231,7 +230,7 @@ def test_prices_are_numbers_beside_their_exact_micro_ait(stack):
         assert 1 / (found[0]["price"] + 1) > 0  # the documentation's arithmetic
         tid = a.initialize_distributed_training("mlp", 1, 1)["training_id"]
         c = a.negotiate_worker_contract(worker_id=found[0]["worker_id"], training_id=tid, price=found[0]["price"])
-        assert set(c) >= {"contract_id", "price", "price_micro"} and c["price"] == found[0]["price"]
+        assert set(c.keys()) >= {"contract_id", "price", "price_micro"} and c.price == found[0].price
         assert c["price_micro"] == found[0]["price_micro"]
         a.stop_training()
 

@@ -21,6 +21,7 @@ import pytest
 from aitbc.client import CoordinatorClient, Unreachable
 from aitbc.ledger.signing import HEADER_NONCE
 from aitbc.ledger.wallet import Wallet, create_wallet
+from aitbc.replies.money import Balance
 from aitbc.storage.cid import cid_of_bytes
 from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent
 from aitbc_agent_sdk.errors import CoordinatorUnreachable
@@ -37,10 +38,12 @@ class Seen:
 
 @dataclass
 class Server:
-    """Answers every request ``200 {"ok": true}`` (keep-alive), except the ones whose index
-    (0-based, over all connections) is in ``drop``: read whole, then the connection closed."""
+    """Answers every request ``200`` with ``reply`` (keep-alive; ``{"ok": true}`` unless
+    told otherwise), except the ones whose index (0-based, over all connections) is in
+    ``drop``: read whole, then the connection closed."""
 
     drop: set[int]
+    reply: bytes = b'{"ok": true}'
     seen: list[Seen] = field(default_factory=list)
     sock: socket.socket = field(default_factory=socket.socket)
 
@@ -79,7 +82,7 @@ class Server:
                 self.seen.append(Seen(method, path, headers.get(HEADER_NONCE.lower()), number, body))
                 if index in self.drop:
                     return  # closed without a response
-                reply = b'{"ok": true}'
+                reply = self.reply
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     + f"content-length: {len(reply)}\r\n\r\n".encode()
@@ -141,11 +144,14 @@ def _agent_config(tmp_path, url: str) -> AgentConfig:
     return AgentConfig(name="t", wallet_name="sdk", home=tmp_path, coordinator_url=url)
 
 
+BALANCE = {"address": "ait1" + "0" * 40, "network": "local", "balance": "1.5", "balance_micro": 1_500_000}
+
+
 def test_the_sdk_sends_a_read_again_and_never_a_post(server, tmp_path):
-    server.drop = {1, 3}
+    server.drop, server.reply = {1, 3}, json.dumps(BALANCE).encode()
     with Agent(_agent_config(tmp_path, server.url)) as a:
         a.get_balance()
-        assert a.get_balance() == {"ok": True}  # dropped once, sent again
+        assert a.get_balance() == Balance(**BALANCE)  # dropped once, sent again
         with pytest.raises(CoordinatorUnreachable):
             a.transfer_funds("ait1" + "0" * 40, 1)
     assert [s.method for s in server.seen] == ["GET", "GET", "GET", "POST"]
@@ -153,15 +159,23 @@ def test_the_sdk_sends_a_read_again_and_never_a_post(server, tmp_path):
 
 
 def test_the_async_sdk_sends_a_read_again_and_never_a_post(server, tmp_path):
-    server.drop = {1, 3}
+    server.drop, server.reply = {1, 3}, json.dumps(BALANCE).encode()
 
     async def go() -> None:
         async with AsyncAgent(_agent_config(tmp_path, server.url)) as a:
             await a.get_balance()
-            assert await a.get_balance() == {"ok": True}
+            assert await a.get_balance() == Balance(**BALANCE)
             with pytest.raises(CoordinatorUnreachable):
                 await a.transfer_funds("ait1" + "0" * 40, 1)
 
     asyncio.run(go())
     assert [s.method for s in server.seen] == ["GET", "GET", "GET", "POST"]
     assert json.loads(server.seen[3].body)["amount"]
+
+
+def test_a_reply_of_another_shape_is_an_agent_error_naming_the_call(server, tmp_path):
+    from aitbc_agent_sdk import AgentError
+
+    with Agent(_agent_config(tmp_path, server.url)) as a, pytest.raises(AgentError) as e:
+        a.get_balance()  # the server answers {"ok": true}: no Balance
+    assert e.value.code == "bad_reply" and "/v1/wallets/" in e.value.detail and "Balance" in e.value.detail

@@ -34,6 +34,7 @@ def test_every_operation_declares_what_the_agents_return():
 
 def test_package_is_marked_typed():
     assert (PACKAGE / "py.typed").is_file()
+    assert (PACKAGE.parent / "aitbc" / "py.typed").is_file()  # the replies the agents return are aitbc's models
     assert STUB.parent == PACKAGE and STUB.name == "_methods.pyi"
 
 
@@ -60,9 +61,10 @@ def test_mypy_checks_calls_to_the_agents(tmp_path, mypy_cache):
         from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent
 
         agent = Agent(AgentConfig(name="a"))
-        run: dict = agent.start_training("training_1", rounds="ten")
+        run = agent.start_training("training_1", rounds="ten")
         count: int = agent.get_training_status("training_1")
         agent.initialize_distributed_training("mlp", 1, 2, control="remote")
+        print(agent.get_results("training_1").final_val_los)
 
 
         async def main() -> None:
@@ -72,10 +74,11 @@ def test_mypy_checks_calls_to_the_agents(tmp_path, mypy_cache):
     )
     assert status == 1, out
     assert 'Argument "rounds" to "start_training"' in out and 'incompatible type "str"; expected "int"' in out, out
-    assert 'expression has type "dict[str, Any]", variable has type "int"' in out, out
+    assert 'expression has type "TrainingStatus", variable has type "int"' in out, out
     assert 'Argument "control" to "initialize_distributed_training"' in out, out
-    assert 'Revealed type is "dict[str, Any]"' in out, out
-    assert "Found 3 errors" in out, out
+    assert '"Results" has no attribute "final_val_los"' in out, out  # a misspelled field: a type error
+    assert 'Revealed type is "aitbc.replies.results.Results"' in out, out
+    assert "Found 4 errors" in out, out
 
 
 def test_mypy_accepts_the_quick_start(tmp_path, mypy_cache):
@@ -88,13 +91,13 @@ def test_mypy_accepts_the_quick_start(tmp_path, mypy_cache):
         from aitbc_agent_sdk import Agent, AgentConfig, AsyncAgent
 
         with Agent(AgentConfig(name="a", wallet_name="w")) as agent:
-            tid: str = agent.initialize_distributed_training("mlp", "10MB", 2, budget=30)["training_id"]
-            shards: list[dict] = agent.create_data_shards(tid)
+            tid: str = agent.initialize_distributed_training("mlp", "10MB", 2, budget=30).training_id
+            shards: list[str] = [s.shard_id for s in agent.create_data_shards(tid)]
             agent.discover_gpu_workers(min_gpu="RTX3090", required_workers=2, training_id=tid)
             agent.start_training(tid, rounds=3, local_steps=10, aggregator="median", deadline=30.0)
             worker = agent.get_worker_job("w1")
             if worker is not None:
-                print(worker["job_id"])
+                print(worker.job_id, worker["job_id"])  # by attribute, or by key as the JSON reads
 
 
         async def main() -> None:

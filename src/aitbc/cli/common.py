@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,20 @@ def agent(home: Path, coordinator: str | None = None, wallet: str | None = None,
             name="aitbc-cli", wallet_name=wallet, coordinator_url=coordinator, home=home, blockchain_network=network
         )
     )
+
+
+def json_text(obj: Any, *, sort_keys: bool = False) -> str:
+    """``obj`` as JSON for ``--json``: the SDK's results (reply models) as the JSON objects
+    the coordinator sent them as."""
+    return json.dumps(obj, sort_keys=sort_keys, default=_reply_json)
+
+
+def _reply_json(obj: object) -> Any:
+    from pydantic import BaseModel  # imported on use, so --help stays fast
+
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json", by_alias=True)
+    raise TypeError(f"{type(obj).__name__} is not JSON")
 
 
 def page(items: list[Any]) -> dict[str, Any]:

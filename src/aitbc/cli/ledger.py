@@ -60,7 +60,7 @@ class _Api:
         self.agent.stop()
 
     def info(self) -> dict[str, Any]:
-        return self.agent.get_ledger_info()
+        return self.agent.get_ledger_info().model_dump(mode="json")
 
     def head(self) -> tuple[int, str | None]:
         info = self.info()

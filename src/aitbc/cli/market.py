@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from aitbc.cli.common import (
     agent,
     err,
     fit,
+    json_text,
     others,
     out,
     page,
@@ -41,7 +41,7 @@ def offers(
     with agent(home, coordinator) as a:
         offers = a.get_market_offers(include_offline=all_offers)
     if json_out:
-        sys.stdout.write(json.dumps(page(offers), sort_keys=True) + "\n")
+        sys.stdout.write(json_text(page(offers), sort_keys=True) + "\n")
         return
     if not offers:
         err.print("no offers" + ("" if all_offers else " live (try --all)"), highlight=False)

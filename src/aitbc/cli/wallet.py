@@ -23,6 +23,7 @@ from aitbc.cli.common import (
     agent,
     err,
     fit,
+    json_text,
     naming_wallet,
     out,
     page,
@@ -47,7 +48,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.
 
 
 def _print_json(obj: object) -> None:
-    typer.echo(json.dumps(obj))
+    typer.echo(json_text(obj))
 
 
 @app.command()

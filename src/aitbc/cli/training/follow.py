@@ -38,12 +38,19 @@ def closing(tracker: TensorBoardLog | None) -> Iterator[None]:
             tracker.close()
 
 
+def _rounds_and_scores(a: Agent, training_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's closed rounds and their scores, as the JSON the coordinator sent (what the
+    tracker reads)."""
+    rounds = [r.model_dump(mode="json") for r in a.get_rounds(training_id)]
+    return rounds, [s.model_dump(mode="json") for s in a.get_round_scores(training_id)]
+
+
 def track(a: Agent, training_id: str, tracker: TensorBoardLog | None) -> None:
     """Write what the tracker does not hold yet: the closed rounds and their scores."""
     if tracker is not None:
         from aitbc.trackers import round_values
 
-        tracker.log(round_values(a.get_rounds(training_id), a.get_round_scores(training_id)))
+        tracker.log(round_values(*_rounds_and_scores(a, training_id)))
 
 
 class Detached(AitbcError):
@@ -97,8 +104,7 @@ def drain(a: Agent, run: dict[str, Any], tracker: TensorBoardLog | None, ctrl_c:
     training_id = run["training_id"]
     until = time.monotonic() + DRAIN_SECONDS
     while True:
-        rounds = a.get_rounds(training_id)
-        scores = a.get_round_scores(training_id)
+        rounds, scores = _rounds_and_scores(a, training_id)
         tracker.log(round_values(rounds, scores))
         last = max(rounds, key=lambda r: r["round"], default=None)
         if last is None or last["round"] == 0:

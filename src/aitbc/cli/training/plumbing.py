@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aitbc.cli.common import CoordinatorOption, agent, out
+from aitbc.cli.common import CoordinatorOption, agent, json_text, out
 from aitbc.errors import UsageError
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
+    from aitbc_agent_sdk.results import NewRun, TrainingStatus
 
 CoordinatorOpt = CoordinatorOption
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]

@@ -150,7 +150,7 @@ def payments(
     if json_out:
         emit_json(res)
         return
-    out.print(payments_table(res))
+    out.print(payments_table(res.model_dump(mode="json")))
     out.print(
         f"Escrowed {res['escrowed']} AIT; left in escrow {res['escrow_balance']} AIT; "
         f"settled through round {res['settled_round']}" + ("; finalized" if res["finalized"] else ""),
@@ -212,11 +212,11 @@ def report(
     prepare_dir(output)  # a folder we cannot write refuses (exit 2) before anything is fetched
     with run_agent(home, coordinator, training_id) as a:
         res = a.get_results(training_id)
-        data = from_run(
-            results=res,
-            rounds=a.get_rounds(training_id),
-            scores=a.get_round_scores(training_id),
-            payments=a.get_payments(training_id),
+        data = from_run(  # the reports read the replies as the JSON they came as
+            results=res.model_dump(mode="json"),
+            rounds=[r.model_dump(mode="json") for r in a.get_rounds(training_id)],
+            scores=[s.model_dump(mode="json") for s in a.get_round_scores(training_id)],
+            payments=a.get_payments(training_id).model_dump(mode="json"),
         )
     paths = write_report(data, output)
     if json_out:

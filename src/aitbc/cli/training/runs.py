@@ -271,7 +271,7 @@ def distribute(
         if json_out:
             emit_json(api_view(run))
         else:
-            _say_distributed(run, strategy)
+            _say_distributed(api_view(run), strategy)
         if tracker is not None:
             follow(a, training_id, tracker, log_to, quiet=json_out)
 
