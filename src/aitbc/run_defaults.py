@@ -3,14 +3,17 @@
 ``aitbc simulate``, ``aitbc distributed-training distribute`` (and ``demo``) and the SDK's
 ``start_training`` take their defaults from here, so a simulation with no flags plans the
 same training as a live run with none. The coordinator's ``Distribute`` request body
-declares the same values (a test holds them equal), so a client that omits a field gets
-what these name.
+takes its defaults from here too, so a client that omits a field gets what these name
+(but ``DEADLINE``: an omitted deadline stays unset in the run's config, and the round
+waits this long).
 
 Ten rounds: enough for the bundled MLP on ``digits`` to pass 90% validation accuracy
 with eight workers, and a live run's escrow (price x rounds) that stays small by default.
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 ROUNDS = 10  # aggregation rounds
 LOCAL_STEPS = 20  # H: inner optimizer steps per worker per round
@@ -28,7 +31,7 @@ OUTER = "fedavg"  # outer optimizer
 AGGREGATOR = "trend+centered-clip"
 COMPRESSION = "none"  # update codec spec
 ERROR_FEEDBACK = False
-MODE = "sync"
+MODE: Final = "sync"  # Final: typed as the literal, which the request body's mode field takes
 # Seconds a round waits at most (sync: then it closes with the quorum, and a job that sent
 # nothing for it loses its place; async: a buffer's time bound). Every run has one: without
 # it one silent hired provider would hold a run at its round for ever. Ten minutes: far
@@ -43,7 +46,7 @@ VERIFY_RATE = 0.0  # spot checks: the expected share of each update's local step
 OVERLAP = 0
 # The workers' inner steps: fp32, or bf16 (bfloat16 autocast on CPU and CUDA; parameters,
 # gradients and optimizer state stay float32).
-PRECISION = "fp32"
+PRECISION: Final = "fp32"
 PRECISIONS = ("fp32", "bf16")
 # text:PATH datasets: bytes read at most (a longer corpus is cut, with a warning). 128 MiB:
 # large enough for most folders, and one shard of it (x and y: 2 x 90%) still fits the

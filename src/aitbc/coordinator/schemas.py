@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from aitbc import run_defaults
 from aitbc.coordinator.transfer.peers import MAX_HELD, MAX_URL, check_advertise
 
 Advertise = Annotated[str, Field(min_length=1, max_length=MAX_URL), AfterValidator(check_advertise)]
@@ -101,22 +102,25 @@ def _in_range(name: str) -> Any:
     return AfterValidator(check), Field(json_schema_extra={"minimum": lo, "maximum": hi})
 
 
+# A field left out takes its default from aitbc.run_defaults, as the CLI, the SDK and the
+# simulator do. Not deadline: left out it stays None in the run's config (the owner gave
+# none), and the round waits run_defaults.DEADLINE (RunConfig.round_deadline).
 class Distribute(Body):
     strategy: Literal["data-parallel"] = "data-parallel"
-    rounds: Annotated[int, *_in_range("rounds")] = 10
-    local_steps: Annotated[int, *_in_range("local_steps")] = 20
-    batch_size: Annotated[int, *_in_range("batch_size")] = 32
-    lr: Annotated[float, Field(allow_inf_nan=False), *_in_range("lr")] = 1e-3
-    inner_opt: str = "adamw"
-    outer: str = "fedavg"
+    rounds: Annotated[int, *_in_range("rounds")] = run_defaults.ROUNDS
+    local_steps: Annotated[int, *_in_range("local_steps")] = run_defaults.LOCAL_STEPS
+    batch_size: Annotated[int, *_in_range("batch_size")] = run_defaults.BATCH_SIZE
+    lr: Annotated[float, Field(allow_inf_nan=False), *_in_range("lr")] = run_defaults.LR
+    inner_opt: str = run_defaults.INNER_OPT
+    outer: str = run_defaults.OUTER
     outer_options: dict[str, Any] = Field(default_factory=dict)
-    aggregator: str = "trend+centered-clip"
-    compression: str = "none"
-    error_feedback: bool = False
+    aggregator: str = run_defaults.AGGREGATOR
+    compression: str = run_defaults.COMPRESSION
+    error_feedback: bool = run_defaults.ERROR_FEEDBACK
     # sync: a round waits for every worker (or its deadline); async: every ``buffer`` accepted
     # updates (or ``deadline`` seconds with at least one) are applied, a new version each time
     # gossip: workers train from their own models and mix with their topology neighbours' peer to peer
-    mode: Literal["sync", "async", "gossip"] = "sync"
+    mode: Literal["sync", "async", "gossip"] = run_defaults.MODE
     # gossip: who mixes with whom: ring, or random:K (K neighbours drawn each round from the run's seed)
     topology: str | None = Field(None, min_length=1, max_length=32)
     # async: updates per application (default: half the workers, at least 1)
@@ -131,18 +135,18 @@ class Distribute(Body):
     quorum: Annotated[int | None, *_in_range("quorum")] = None
     min_workers: Annotated[int | None, *_in_range("min_workers")] = None
     max_workers: Annotated[int | None, *_in_range("max_workers")] = None
-    eval_every: Annotated[int, *_in_range("eval_every")] = 1
+    eval_every: Annotated[int, *_in_range("eval_every")] = run_defaults.EVAL_EVERY
     # spot checks: the expected share of each update's local steps the coordinator re-runs
     # (0: none; every update then keeps the heuristic score)
-    verify_rate: Annotated[float, Field(allow_inf_nan=False), *_in_range("verify_rate")] = 0.0
+    verify_rate: Annotated[float, Field(allow_inf_nan=False), *_in_range("verify_rate")] = run_defaults.VERIFY_RATE
     # overlapping rounds (1): a worker trains round r+1 from the model round r started from while
     # round r closes; its update is applied to the newest model (one-step delay). 2: it trains
     # round r+2 while rounds r and r+1 close, and sends round r+1's update while round r is
     # still open (two-step delay: the close and the next model's way back get two rounds of
     # compute to hide in). 0: synchronous
-    overlap: Annotated[int, *_in_range("overlap")] = 0
+    overlap: Annotated[int, *_in_range("overlap")] = run_defaults.OVERLAP
     # the inner steps' arithmetic on every worker: fp32, or bf16 (bfloat16 autocast, CPU and CUDA)
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16"] = run_defaults.PRECISION
     max_cost: str | float | None = None  # AIT the owner lets distribute escrow (runs without a budget)
 
 
