@@ -44,7 +44,8 @@ import torch
 from _common import print_table, write_json
 from _sims import machine
 from aitbc.sim.drift import DRIFT_MODELS, DriftConfig, drift_trial
-from aitbc.sim.verification import CHEATS, VerifyConfig, VerifyResult, run_verification
+from aitbc.sim.verification import VerifyResult, run_verification
+from aitbc.sim.verify_config import CHEATS, VerifyConfig
 
 RATES = (0.05, 0.1, 0.25)
 TARGET_RATE = 0.1

@@ -7,7 +7,8 @@ import pytest
 
 from aitbc.errors import UsageError
 from aitbc.sim.drift import DriftConfig, drift_trial
-from aitbc.sim.verification import CHEATS, VerifyConfig, VerifyResult, run_verification
+from aitbc.sim.verification import VerifyResult, run_verification
+from aitbc.sim.verify_config import CHEATS, VerifyConfig
 
 SMALL = dict(workers=6, cheaters=2, rounds=3, local_steps=8, rate=1.0, eval_samples=256)
 

@@ -16,24 +16,7 @@ The verifier also re-runs every interval whose committed end is its start
 count the commitment states, with ``state_threads``). The verifier knows only what a coordinator knows (each worker's assigned shard, job seed,
 the round's model and the codec); nothing here tells it who cheats.
 
-The cheats (``CHEATS``) each fabricate the whole commitment consistently, so that only a
-replayed interval (or the first state) gives them away:
-
-- ``skip``: trains honestly on a random half of the intervals (``skip_fraction`` faked) and
-  commits each other interval's start state as its end (no steps), continuing from there;
-- ``skip-naive``: trains half of each interval's steps and commits the result as its end;
-- ``wrong-shard``: trains honestly on another worker's shard; ``wrong-random``: on random
-  data of the shard's shape;
-- ``copy``: sends another (honest) worker's update of this round plus small Gaussian noise,
-  with states interpolated linearly from the start to ``start - update`` and the optimizer
-  state it holds;
-- ``stale``: trains honestly from the global model ``stale_by`` rounds old;
-- ``noise``: Gaussian noise scaled to the round's mean honest update norm, chain as copy;
-- ``zero``: an all-zero update, every committed state the start state.
-
-Each cheater encodes ``first state - last state`` of its own chain (with its own error
-feedback residual, committed), so :func:`check_update` holds whenever its last state is
-revealed: a cheater is never caught by an inconsistency it could have avoided.
+The workers and the cheats they play are :mod:`aitbc.sim.cheats`'s.
 
 Accepted updates are decoded, averaged (mean) and applied with FedAvg (lr 1), so training
 proceeds as in a live run. Same seed, same numbers (the verifier's choices come from a
@@ -51,13 +34,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aitbc import run_defaults
 from aitbc.core.compression import Codec, build_codec
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.compression.feedback import ErrorFeedback
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
-from aitbc.errors import IntegrityError, UsageError
+from aitbc.errors import IntegrityError
+from aitbc.sim.cheats import RoundView, Submission, Worker
+from aitbc.sim.verify_config import VerifyConfig
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, set_flat_params
 from aitbc.training.checks import (
@@ -69,80 +53,13 @@ from aitbc.training.checks import (
     choose_intervals,
     fault,
     null_intervals,
-    replay,
     replay_threads,
 )
 from aitbc.training.datasets import DataOptions, load_dataset
 from aitbc.training.local import LocalConfig, LocalTrainer, evaluate
 from aitbc.training.models import build_model
-from aitbc.training.proof import Commitment, Recorder, TrainState, boundaries, commit_every
+from aitbc.training.proof import TrainState
 from aitbc.training.sharding import shard_indices
-
-CHEATS = ("skip", "skip-naive", "wrong-shard", "wrong-random", "copy", "stale", "noise", "zero")
-
-
-@dataclass(kw_only=True)
-class VerifyConfig:
-    """One simulated verified run: ``cheaters`` of the ``workers`` cheat with ``cheat``."""
-
-    model: str = "mlp"
-    dataset: str = "digits"
-    workers: int = 16
-    cheat: str | None = None  # one of CHEATS; None: every worker is honest
-    cheaters: int = 4
-    rate: float = 0.1  # verification rate: expected share of each update's steps re-run
-    rounds: int = 50
-    local_steps: int = run_defaults.LOCAL_STEPS
-    batch_size: int = run_defaults.BATCH_SIZE
-    lr: float = run_defaults.LR
-    inner_opt: str = run_defaults.INNER_OPT
-    compression: str = "int8"  # codec spec NAME[:k=v,...]
-    error_feedback: bool = False
-    skip_fraction: float = 0.5  # skip: share of the intervals faked (at least one)
-    stale_by: int = 2  # stale: rounds behind the global model
-    copy_noise: float = 0.01  # copy: noise norm as a share of the copied update's norm
-    eval_samples: int = 1024
-    seed: int = 0
-    stop_when_caught: bool = False  # end the run once every cheater is caught (detection trials)
-    worker_threads: int = 1  # torch threads each worker trains on
-    verify_threads: int = 1  # torch threads the verifier re-runs on ...
-    state_threads: bool = True  # ... unless the commitment states the worker's (then on those: bit-exact)
-
-    def __post_init__(self) -> None:
-        if self.workers < 2:
-            raise UsageError(f"workers must be at least 2, got {self.workers}")
-        if self.rounds < 1 or self.local_steps < 1 or self.batch_size < 1:
-            raise UsageError("rounds, local_steps and batch_size must be at least 1")
-        if self.cheat is not None and self.cheat not in CHEATS:
-            raise UsageError(f"unknown cheat {self.cheat!r}; allowed: {', '.join(CHEATS)}")
-        n_cheat = 0 if self.cheat is None else self.cheaters
-        if not 0 <= n_cheat < self.workers:
-            raise UsageError(f"cheaters must be between 0 and workers-1 ({self.workers - 1}), got {self.cheaters}")
-        if not 0 <= self.rate <= 1:
-            raise UsageError(f"verification rate must be in [0, 1], got {self.rate}")
-        if not 0 < self.skip_fraction <= 1:
-            raise UsageError(f"skip_fraction must be in (0, 1], got {self.skip_fraction}")
-        if self.stale_by < 1:
-            raise UsageError(f"stale_by must be at least 1, got {self.stale_by}")
-        if not self.copy_noise >= 0:
-            raise UsageError(f"copy_noise must be >= 0, got {self.copy_noise}")
-        if self.worker_threads < 1 or self.verify_threads < 1:
-            raise UsageError("worker_threads and verify_threads must be at least 1")
-
-
-@dataclass(slots=True)
-class Submission:
-    """One worker's round as the verifier receives it: the signed commitment and blob, the
-    residual it started from (error feedback), and the states it reveals on request."""
-
-    worker: int
-    commitment: Commitment
-    blob: bytes
-    residual_in: Tensor | None
-    states: list[TrainState]  # the worker's own, by boundary index: revealed as bytes only
-
-    def reveal(self, index: int) -> bytes:
-        return self.states[index].to_bytes()
 
 
 @dataclass(kw_only=True)
@@ -201,161 +118,6 @@ class VerifyResult:
         out["replay_share"] = self.replay_share
         out["wall_share"] = self.wall_share
         return out
-
-
-@dataclass(slots=True)
-class RoundView:
-    """What a worker sees of round ``round``: the global model, older ones (a stale
-    worker's), and the honest updates of this round already sent (a copier's, decoded)."""
-
-    round: int
-    params: Tensor  # (d,)
-    history: list[Tensor]  # global models of rounds 1..round, history[r - 1] of round r
-    honest: list[Tensor] = field(default_factory=list)  # (d,) each
-
-
-Fabricate = Callable[["Worker", RoundView], list[TrainState]]
-
-
-class Worker:
-    """A worker: its assigned shard and job seed, a trainer (whose data may be other than
-    the assigned shard: a wrong-data cheater), a codec and, for a cheater, the fabrication
-    that makes its committed states."""
-
-    def __init__(
-        self,
-        index: int,
-        trainer: LocalTrainer,
-        codec: Codec | ErrorFeedback,
-        *,
-        cheat: str | None,
-        gen: torch.Generator,
-        cfg: VerifyConfig,
-        replay_on: Replay,
-    ) -> None:
-        self.index, self.trainer, self.codec, self.cheat, self.gen, self.cfg = index, trainer, codec, cheat, gen, cfg
-        self.replay_on = replay_on  # the assigned shard; data_seed set per round
-        self.optim: dict[str, Tensor] = {}  # carried inner optimizer state (cheaters that do not train)
-
-    @property
-    def honest(self) -> bool:
-        return self.cheat is None
-
-    def submit(self, view: RoundView) -> Submission:
-        fabricate = _FABRICATIONS["honest" if self.cheat is None else self.cheat]
-        with replay_threads(self.cfg.worker_threads):
-            states = fabricate(self, view)
-        res_in: Tensor | None = None
-        if isinstance(self.codec, ErrorFeedback):
-            if self.codec.residual is None:  # the first round starts from a zero residual, committed as such
-                self.codec.residual = torch.zeros_like(view.params)
-            res_in = self.codec.residual.clone()
-        delta = states[0].params - states[-1].params  # (d,) the pseudo-gradient its chain claims
-        blob = self.codec.encode(delta)
-        res_out = self.codec.residual if isinstance(self.codec, ErrorFeedback) else None
-        rec = Recorder(self.cfg.local_steps)
-        rec.states = {s.step: s for s in states}
-        threads = self.cfg.worker_threads if self.cfg.state_threads else None
-        return Submission(self.index, rec.commitment(res_in, res_out, threads=threads), blob, res_in, states)
-
-    # helpers for fabrications
-
-    def recorded_round(self, start: Tensor, round: int) -> list[TrainState]:
-        """Train the round honestly (on the trainer's data) from ``start``; the recorded states."""
-        rec = Recorder(self.cfg.local_steps)
-        self.trainer.train_round(start, round=round, recorder=rec)
-        return [rec.states[b] for b in sorted(rec.states)]
-
-    def replay_for(self, round: int) -> Replay:
-        r = self.replay_on
-        return Replay(r.model, r.x, r.y, r.cfg, data_seed(r.seed, round))
-
-    def chain(self, start: Tensor, delta: Tensor) -> list[TrainState]:
-        """States interpolated linearly from ``start`` to ``start - delta``, each with the
-        optimizer state the worker holds (what a worker that did not train can show)."""
-        steps = boundaries(self.cfg.local_steps, commit_every(self.cfg.local_steps))
-        h = self.cfg.local_steps
-        return [
-            TrainState(b, start.clone() if b == 0 else start - (b / h) * delta, copy.deepcopy(self.optim))
-            for b in steps
-        ]
-
-
-def _honest(w: Worker, v: RoundView) -> list[TrainState]:
-    return w.recorded_round(v.params, v.round)
-
-
-def _wrong_data(w: Worker, v: RoundView) -> list[TrainState]:
-    return w.recorded_round(v.params, v.round)  # its trainer holds the other data
-
-
-def _stale(w: Worker, v: RoundView) -> list[TrainState]:
-    old = v.history[max(0, v.round - 1 - w.cfg.stale_by)]
-    return w.recorded_round(old, v.round)
-
-
-def _skip(w: Worker, v: RoundView) -> list[TrainState]:
-    """Honest steps on a random half (``skip_fraction``) of the intervals; on the others the
-    start state is committed as the end, and training continues from there."""
-    steps = boundaries(w.cfg.local_steps, commit_every(w.cfg.local_steps))
-    n = len(steps) - 1
-    k = max(1, min(n, round(n * w.cfg.skip_fraction)))
-    faked = set(torch.randperm(n, generator=w.gen)[:k].tolist())
-    r = w.replay_for(v.round)
-    states = [TrainState(0, v.params.clone(), copy.deepcopy(w.optim))]
-    for i in range(n):
-        s = states[-1]
-        if i in faked:
-            states.append(TrainState(steps[i + 1], s.params.clone(), copy.deepcopy(s.optim)))
-        else:
-            states.append(replay(r, s, steps[i + 1] - steps[i]))
-    w.optim = copy.deepcopy(states[-1].optim)
-    return states
-
-
-def _skip_naive(w: Worker, v: RoundView) -> list[TrainState]:
-    """Half of each interval's steps (H/2 in all), committed as the interval's end."""
-    steps = boundaries(w.cfg.local_steps, commit_every(w.cfg.local_steps))
-    r = w.replay_for(v.round)
-    states = [TrainState(0, v.params.clone(), copy.deepcopy(w.optim))]
-    for i in range(len(steps) - 1):
-        s = replay(r, states[-1], (steps[i + 1] - steps[i]) // 2)
-        states.append(TrainState(steps[i + 1], s.params, s.optim))
-    w.optim = copy.deepcopy(states[-1].optim)
-    return states
-
-
-def _copy(w: Worker, v: RoundView) -> list[TrainState]:
-    if not v.honest:
-        return w.chain(v.params, torch.zeros_like(v.params))
-    u = v.honest[int(torch.randint(len(v.honest), (), generator=w.gen))]
-    noise = torch.randn(u.shape, generator=w.gen)
-    noise *= w.cfg.copy_noise * float(u.norm()) / max(float(noise.norm()), 1e-12)
-    return w.chain(v.params, u + noise)
-
-
-def _noise(w: Worker, v: RoundView) -> list[TrainState]:
-    typical = sum(float(u.norm()) for u in v.honest) / len(v.honest) if v.honest else 1e-3
-    noise = torch.randn(v.params.shape, generator=w.gen)
-    return w.chain(v.params, noise * (typical / max(float(noise.norm()), 1e-12)))
-
-
-def _zero(w: Worker, v: RoundView) -> list[TrainState]:
-    return w.chain(v.params, torch.zeros_like(v.params))
-
-
-_FABRICATIONS: dict[str, Fabricate] = {
-    "honest": _honest,
-    "skip": _skip,
-    "skip-naive": _skip_naive,
-    "wrong-shard": _wrong_data,
-    "wrong-random": _wrong_data,
-    "copy": _copy,
-    "stale": _stale,
-    "noise": _noise,
-    "zero": _zero,
-}
-assert set(_FABRICATIONS) == {"honest", *CHEATS}
 
 
 class Verifier:
