@@ -76,10 +76,27 @@ class Worker(JobLoop):
             calls, folder=home / "worker-proofs" / wallet.name, memory_bytes=cfg.proof_memory_bytes
         )
         attacker = Attacker(cfg.attack) if cfg.attack else None
-        trainer = RoundTrainer(cfg, fetcher, spot_checks, metrics, reporter, devices=self.devices, attacker=attacker)
+        trainer = RoundTrainer(
+            cfg,
+            fetcher=fetcher,
+            spot_checks=spot_checks,
+            metrics=metrics,
+            reporter=reporter,
+            devices=self.devices,
+            attacker=attacker,
+        )
         device = detect_device(self.devices)
         super().__init__(
-            cfg, calls, fetcher, trainer, spot_checks, metrics, reporter, wallet=wallet, home=home, device=device
+            cfg,
+            calls=calls,
+            fetcher=fetcher,
+            trainer=trainer,
+            spot_checks=spot_checks,
+            metrics=metrics,
+            reporter=reporter,
+            wallet=wallet,
+            home=home,
+            device=device,
         )
         _warm_up()
 

@@ -20,6 +20,7 @@ from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.wallet import Wallet
 from aitbc.replies.base import JsonObject
 from aitbc.replies.jobs import JobOrder, JobPoll
+from aitbc.run_mode import RunMode
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.fetcher import ModelFetcher
@@ -46,13 +47,13 @@ class JobLoop:
     def __init__(
         self,
         cfg: WorkerSettings,
+        *,
         calls: CoordinatorCalls,
         fetcher: ModelFetcher,
         trainer: RoundTrainer,
         spot_checks: SpotChecks,
         metrics: WorkerMetrics,
         reporter: Reporter,
-        *,
         wallet: Wallet,
         home: Path,
         device: JsonObject,
@@ -68,12 +69,12 @@ class JobLoop:
         self._gossip: GossipLoop | None = None
         self._seen_job = ""  # the last job a view named (the long poll's ``known``)
         self.pipeline = SendPipeline(
-            trainer,
-            calls,
-            fetcher,
-            spot_checks,
-            metrics,
-            reporter,
+            trainer=trainer,
+            calls=calls,
+            fetcher=fetcher,
+            spot_checks=spot_checks,
+            metrics=metrics,
+            reporter=reporter,
             current=lambda: self.job,
             poll=lambda after: self._poll(after),
             refused=lambda job, e: self._on_refusal(job, e),
@@ -107,7 +108,7 @@ class JobLoop:
             self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
             return
         new = self.job is None or self.job.job_id != job.job_id
-        if job.action == "wait" and job.mode != "gossip" and new and not self._prepare_ahead(job):
+        if job.action == "wait" and not RunMode.named(job.mode).peer_to_peer and new and not self._prepare_ahead(job):
             return
         if job.challenge:  # overlap 2: also in a view that says train (the next round's)
             try:  # its reply was lost: the job view repeats it
@@ -141,7 +142,7 @@ class JobLoop:
 
     def _train(self, job: JobOrder) -> None:
         try:
-            if job.mode == "gossip":
+            if RunMode.named(job.mode).peer_to_peer:
                 self.gossip(job)
             else:
                 self.train_round(job)

@@ -19,6 +19,7 @@ from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError, UsageError
 from aitbc.replies.jobs import JobOrder
+from aitbc.run_mode import RunMode
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, param_layout
@@ -64,11 +65,11 @@ class RoundTrainer:
     def __init__(
         self,
         cfg: WorkerSettings,
+        *,
         fetcher: ModelFetcher,
         spot_checks: SpotChecks,
         metrics: WorkerMetrics,
         reporter: Reporter,
-        *,
         devices: list[torch.device],
         attacker: Attacker | None,
     ) -> None:
@@ -183,7 +184,7 @@ class RoundTrainer:
             "shard_cid": state.shard_cid,
             "epoch": res.epoch,
         }
-        if ahead or job.mode == "async":  # async: the version it trained from sets its weight
+        if ahead or RunMode.named(job.mode).buffered:  # async: the version it trained from sets its weight
             body["base_cid"] = base
         if ahead and priors:
             body["prior_cid"] = priors[0].cid

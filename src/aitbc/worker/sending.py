@@ -23,6 +23,7 @@ from typing import Any
 from aitbc.client import ApiError, Unreachable
 from aitbc.errors import IntegrityError
 from aitbc.replies.jobs import Challenge, JobOrder, JobPoll
+from aitbc.run_mode import RunMode
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.metrics import WorkerMetrics
@@ -62,13 +63,13 @@ class SendPipeline:
 
     def __init__(
         self,
+        *,
         trainer: RoundTrainer,
         calls: CoordinatorCalls,
         fetcher: ModelFetcher,
         spot_checks: SpotChecks,
         metrics: WorkerMetrics,
         reporter: Reporter,
-        *,
         current: Callable[[], JobState | None],
         poll: Callable[[int | None], JobPoll],
         refused: Callable[[JobOrder, ApiError], None],
@@ -351,7 +352,7 @@ class SendPipeline:
             t["compute"],
             t["encode"],
             t["upload"],
-            " trained ahead" if "base_cid" in body and job.mode != "async" else "",
+            " trained ahead" if "base_cid" in body and not RunMode.named(job.mode).buffered else "",
         )
 
     def _post_inline(self, job: JobOrder, body: dict[str, Any], blob: bytes) -> Challenge | None:
