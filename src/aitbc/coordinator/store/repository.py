@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.store.models import Base, Job, RoundRecord, Run, Update
+from aitbc.coordinator.store.run_config import JobSettings
 from aitbc.coordinator.store.states import RUNNING, require_status
 from aitbc.states import JobStatus, UpdateStatus
 from aitbc.training.local import epoch_steps
@@ -94,9 +95,7 @@ def shard_index(run: Run, shard_id: str) -> int:
     )
 
 
-def job_settings(
-    run: Run, job: Job, *, config: dict[str, Any] | None = None, shard: int | None = None
-) -> dict[str, Any]:
+def job_settings(run: Run, job: Job, *, config: dict[str, Any] | None = None, shard: int | None = None) -> JobSettings:
     """What a job trains with each round: the owner's overrides over the run's config.
     ``epochs`` (passes over its shard) sets ``local_steps`` from the shard's samples
     (:func:`~aitbc.training.local.epoch_steps`, the worker's own rule); None otherwise.

@@ -9,7 +9,7 @@ coordinator resolved (workers, quorum) and what it derived by building the model
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,3 +73,13 @@ class RunConfig(BaseModel):
     def eval_due(self, r: int) -> bool:
         """Whether round ``r``'s model is evaluated on the validation split."""
         return r % self.eval_every == 0 or r >= self.rounds
+
+
+class JobSettings(TypedDict):
+    """What a job trains with each round: its owner's overrides over its run's config
+    (:func:`aitbc.coordinator.store.repository.job_settings`)."""
+
+    local_steps: int
+    batch_size: int
+    lr: float
+    epochs: int | None  # passes over its shard, if its owner set them (local_steps is their steps)
