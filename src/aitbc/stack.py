@@ -289,6 +289,31 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     On any failure what was started is stopped again and :class:`StackError` says which
     log to read."""
     home = cfg.home
+    port = _claim(cfg)
+    for d in ("logs", "pids", "coordinator", "workers"):
+        (home / d).mkdir(parents=True, exist_ok=True)
+    tls = _tls(cfg)
+    url = f"{'https' if cfg.tls else 'http'}://{cfg.host}:{port}"
+    if on_start is not None:
+        on_start(url)
+    stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time(), ca_cert=tls.ca_cert)
+    env = _child_env()
+    try:
+        _spawn_coordinator(stack, cfg, port, tls, env)
+        for k in range(1, cfg.workers + 1):
+            _spawn_worker(stack, cfg, k, env)
+        _write(stack)
+        _wait_ready(stack, cfg.ready_timeout)
+    except BaseException:
+        stop(stack)
+        raise
+    return stack
+
+
+def _claim(cfg: StackConfig) -> int:
+    """The coordinator's port, once no stack of ``cfg.home`` runs (one that died without
+    ``down`` is forgotten) and the port is free."""
+    home = cfg.home
     previous = load(home)
     if previous is not None:
         live = alive(previous)
@@ -303,84 +328,62 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
         raise StackError(
             f"port {port} on {cfg.host} is in use; pick another with --port, or leave it out for a free one"
         )
-    for d in ("logs", "pids", "coordinator", "workers"):
-        (home / d).mkdir(parents=True, exist_ok=True)
-    tls_args: list[str] = []
-    ca: str | None = None
-    if cfg.tls:  # a local CA (kept across restarts) and a new server certificate for this host
-        from aitbc.tls import local_tls  # cryptography's x509: only for `up --tls`
+    return port
 
-        certs = local_tls(home / "tls", [cfg.host])
-        tls_args = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
-        ca = str(certs.ca_cert)
-    url = f"{'https' if cfg.tls else 'http'}://{cfg.host}:{port}"
-    if on_start is not None:
-        on_start(url)
-    stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time(), ca_cert=ca)
-    env = _child_env()
-    try:
-        _spawn(
-            stack,
-            name="coordinator",
-            role="coordinator",
-            env=env,
-            args=[
-                "coordinator",
-                "serve",
-                "--home",
-                str(home / "coordinator"),
-                "--host",
-                cfg.host,
-                "--port",
-                str(port),
-                "--lease",
-                f"{cfg.lease:g}",
-                *tls_args,
-            ],
-        )
-        for k in range(1, cfg.workers + 1):
-            gpu, price = WORKER_OFFERS[(k - 1) % len(WORKER_OFFERS)]
-            availability = AVAILABILITIES[(k - 1) % len(AVAILABILITIES)]
-            whome = home / "workers" / f"w{k}"
-            wallet = ensure_wallet(whome, f"provider-{k}")  # made here, so we know the offer to wait for
-            _spawn(
-                stack,
-                name=f"worker-{k}",
-                role="worker",
-                env=env,
-                address=wallet.address,
-                wallet=wallet.name,
-                gpu=gpu,
-                price=price,
-                availability=availability,
-                args=[
-                    "worker",
-                    "start",
-                    "--coordinator",
-                    url,
-                    "--home",
-                    str(whome),
-                    "--wallet",
-                    wallet.name,
-                    "--gpu",
-                    gpu,
-                    "--price",
-                    price,
-                    "--availability",
-                    f"{availability:g}",
-                    "--heartbeat",
-                    f"{cfg.heartbeat:g}",
-                    "--max-bond",
-                    STACK_MAX_BOND,
-                    *(["--ca-cert", ca] if ca else []),
-                ],
-            )
-        _write(stack)
-        _wait_ready(stack, cfg.ready_timeout)
-    except BaseException:
-        stop(stack)
-        raise
-    return stack
+
+@dataclass(frozen=True, slots=True)
+class _Tls:
+    """``up --tls``: the coordinator's certificate flags and the CA the workers trust."""
+
+    serve_args: list[str]
+    ca_cert: str | None
+
+
+def _tls(cfg: StackConfig) -> _Tls:
+    if not cfg.tls:
+        return _Tls([], None)
+    from aitbc.tls import local_tls  # cryptography's x509: only for `up --tls`
+
+    # a local CA (kept across restarts) and a new server certificate for this host
+    certs = local_tls(cfg.home / "tls", [cfg.host])
+    return _Tls(["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)], str(certs.ca_cert))
+
+
+def _spawn_coordinator(stack: Stack, cfg: StackConfig, port: int, tls: _Tls, env: dict[str, str]) -> None:
+    args = ["coordinator", "serve", "--home", str(cfg.home / "coordinator"), "--host", cfg.host, "--port", str(port)]
+    _spawn(
+        stack,
+        name="coordinator",
+        role="coordinator",
+        env=env,
+        args=[*args, "--lease", f"{cfg.lease:g}", *tls.serve_args],
+    )
+
+
+def _spawn_worker(stack: Stack, cfg: StackConfig, k: int, env: dict[str, str]) -> None:
+    """Worker ``k`` (from 1), with the ``k``-th offer of the built-in list."""
+    gpu, price = WORKER_OFFERS[(k - 1) % len(WORKER_OFFERS)]
+    availability = AVAILABILITIES[(k - 1) % len(AVAILABILITIES)]
+    whome = cfg.home / "workers" / f"w{k}"
+    wallet = ensure_wallet(whome, f"provider-{k}")  # made here, so we know the offer to wait for
+    offer = ["--wallet", wallet.name, "--gpu", gpu, "--price", price, "--availability", f"{availability:g}"]
+    _spawn(
+        stack,
+        name=f"worker-{k}",
+        role="worker",
+        env=env,
+        address=wallet.address,
+        wallet=wallet.name,
+        gpu=gpu,
+        price=price,
+        availability=availability,
+        args=[
+            *("worker", "start", "--coordinator", stack.coordinator, "--home", str(whome)),
+            *offer,
+            *("--heartbeat", f"{cfg.heartbeat:g}", "--max-bond", STACK_MAX_BOND),
+            *(["--ca-cert", stack.ca_cert] if stack.ca_cert else []),
+        ],
+    )
 
 
 def _wait_ready(stack: Stack, timeout: float) -> None:

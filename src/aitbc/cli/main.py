@@ -73,7 +73,7 @@ def _root(
 
 def _register() -> None:
     # Imported here so each command module stays importable on its own.
-    from aitbc.cli import ipfs, ledger, market, services, simulate, stack, training, wallet
+    from aitbc.cli import demo, ipfs, ledger, market, services, simulate, stack, training, wallet
 
     app.add_typer(ipfs.app, name="ipfs")
     app.command("simulate")(simulate.simulate)
@@ -83,8 +83,9 @@ def _register() -> None:
     app.add_typer(services.worker_app, name="worker")
     app.add_typer(training.app, name="distributed-training")
     app.add_typer(market.app, name="market")
-    for name in ("up", "down", "status", "demo"):
+    for name in ("up", "down", "status"):
         app.command(name)(getattr(stack, name))
+    app.command("demo")(demo.demo)
 
 
 _register()

@@ -6,8 +6,10 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -38,45 +40,82 @@ from aitbc.cli.options import (
     Topology,
 )
 from aitbc.core.options import parse_kv
+from aitbc.errors import UsageError
 
 if TYPE_CHECKING:
+    from aitbc.sim.config import SimConfig
     from aitbc.sim.runner import SimResult, Simulation
 
 
+ModelChoice = Annotated[
+    str,
+    typer.Option(
+        help="mlp, cnn, transformer, or package.module:callable (your own code: simulate runs on your machine)."
+    ),
+]
+Dataset = Annotated[str, typer.Option(help="digits, stdlib, text:PATH or npz:PATH.")]
+Workers = Annotated[int, typer.Option(help="Number of virtual workers.")]
+InnerOpt = Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")]
+OuterLr = Annotated[float | None, typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")]
+OuterMomentum = Annotated[float | None, typer.Option(help="diloco Nesterov momentum (0.9).")]
+Alpha = Annotated[float | None, typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")]
+Speeds = Annotated[str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")]
+Bandwidth = Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")]
+Latency = Annotated[str, typer.Option(help="One-way latency in ms: one value or one per worker.")]
+Attack = Annotated[
+    str | None, typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")
+]
+Byzantine = Annotated[int, typer.Option(help="Number of Byzantine workers (chosen by seed).")]
+TargetLoss = Annotated[
+    float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")
+]
+TargetAccuracy = Annotated[
+    float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation accuracy.")
+]
+EvalSamples = Annotated[int, typer.Option(help="Validation samples evaluated each round.")]
+OutDir = Annotated[Path | None, typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")]
+Report = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        help="Also write a report into this folder: PNG plots (loss, accuracy, a worker-by-round heatmap, "
+        "bytes) and a self-contained report.html.",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        help="CPU threads for torch (default: OMP_NUM_THREADS, else the physical cores this process may run on; "
+        "waiting threads sleep, so a busy machine does not slow it down 10x)."
+    ),
+]
+
+
 def simulate(
-    model: Annotated[
-        str,
-        typer.Option(
-            help="mlp, cnn, transformer, or package.module:callable (your own code: simulate runs on your machine)."
-        ),
-    ] = "mlp",
-    dataset: Annotated[str, typer.Option(help="digits, stdlib, text:PATH or npz:PATH.")] = "digits",
-    workers: Annotated[int, typer.Option(help="Number of virtual workers.")] = 8,
+    ctx: typer.Context,
+    model: ModelChoice = "mlp",
+    dataset: Dataset = "digits",
+    workers: Workers = 8,
     rounds: Rounds = defaults.ROUNDS,
     local_steps: LocalSteps = defaults.LOCAL_STEPS,
     batch_size: BatchSize = defaults.BATCH_SIZE,
     lr: Lr = defaults.LR,
-    inner_opt: Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")] = defaults.INNER_OPT,
+    inner_opt: InnerOpt = defaults.INNER_OPT,
     outer: Outer = defaults.OUTER,
-    outer_lr: Annotated[float | None, typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")] = None,
-    outer_momentum: Annotated[float | None, typer.Option(help="diloco Nesterov momentum (0.9).")] = None,
-    alpha: Annotated[
-        float | None, typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")
-    ] = None,
+    outer_lr: OuterLr = None,
+    outer_momentum: OuterMomentum = None,
+    alpha: Alpha = None,
     seed: Seed = 0,
-    speeds: Annotated[
-        str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")
-    ] = "1",
-    bandwidth: Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")] = "100",
-    latency: Annotated[str, typer.Option(help="One-way latency in ms: one value or one per worker.")] = "20",
+    speeds: Speeds = "1",
+    bandwidth: Bandwidth = "100",
+    latency: Latency = "20",
     model_opt: ModelOpt = None,
     compression: Compression = defaults.COMPRESSION,
     error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
     aggregator: Aggregator = defaults.AGGREGATOR,
-    attack: Annotated[
-        str | None, typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")
-    ] = None,
-    byzantine: Annotated[int, typer.Option(help="Number of Byzantine workers (chosen by seed).")] = 0,
+    attack: Attack = None,
+    byzantine: Byzantine = 0,
     mode: Mode = defaults.MODE,
     deadline: Deadline = None,
     quorum: Quorum = None,
@@ -84,90 +123,26 @@ def simulate(
     staleness: Staleness = "polynomial",
     buffer: Buffer = None,
     topology: Topology = "ring",
-    target_loss: Annotated[
-        float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation loss.")
-    ] = None,
-    target_accuracy: Annotated[
-        float | None, typer.Option(help="Report bytes and virtual seconds to reach this validation accuracy.")
-    ] = None,
+    target_loss: TargetLoss = None,
+    target_accuracy: TargetAccuracy = None,
     eval_every: EvalEvery = defaults.EVAL_EVERY,
     max_bytes: MaxBytes = defaults.MAX_CORPUS_BYTES,
-    eval_samples: Annotated[int, typer.Option(help="Validation samples evaluated each round.")] = 1024,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run directory (metrics.jsonl); default HOME/sims/<time>.")
-    ] = None,
-    report: Annotated[
-        Path | None,
-        typer.Option(
-            "--report",
-            help="Also write a report into this folder: PNG plots (loss, accuracy, a worker-by-round heatmap, "
-            "bytes) and a self-contained report.html.",
-        ),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
-    threads: Annotated[
-        int | None,
-        typer.Option(
-            help="CPU threads for torch (default: OMP_NUM_THREADS, else the physical cores this process may run on; "
-            "waiting threads sleep, so a busy machine does not slow it down 10x)."
-        ),
-    ] = None,
+    eval_samples: EvalSamples = 1024,
+    out_dir: OutDir = None,
+    report: Report = None,
+    json_out: JsonOut = False,
+    threads: Threads = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Run a whole training with N virtual workers in one process (same seed, same numbers)."""
     if threads is not None and threads < 1:
-        from aitbc.errors import UsageError
-
         raise UsageError(f"--threads must be at least 1; got {threads}")
     # Before torch loads: its OpenMP threads must sleep, not spin, while they wait for work.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from aitbc.sim.config import SimConfig  # torch import is slow; keep --help fast
-    from aitbc.sim.runner import Simulation
+    from aitbc.sim.runner import Simulation  # torch import is slow; keep --help fast
 
     _use_threads(threads if threads is not None else torch_threads())
-
-    outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
-    model_options = parse_kv(model_opt or [], what="model")
-    checks.model(model, model_options, option="--model")  # each refusal names its flag
-    checks.dataset_name(dataset)
-    checks.aggregator(aggregator)
-    checks.codec(compression)
-    checks.outer(outer, outer_options)
-    cfg = SimConfig(
-        model=model,
-        model_options=model_options,
-        dataset=dataset,
-        workers=workers,
-        rounds=rounds,
-        local_steps=local_steps,
-        batch_size=batch_size,
-        lr=lr,
-        inner_opt=inner_opt,
-        outer=outer,
-        outer_options=outer_options,
-        alpha=alpha,
-        seed=seed,
-        speeds=speeds,
-        bandwidth=bandwidth,
-        latency=latency,
-        eval_samples=eval_samples,
-        max_bytes=max_bytes,
-        compression=compression,
-        error_feedback=error_feedback,
-        aggregator=aggregator,
-        attack=attack,
-        byzantine=byzantine,
-        mode=mode,
-        deadline=deadline,
-        quorum=SimConfig.quorum if quorum is None else quorum,  # the simulator's default: 1, as --min-workers
-        max_staleness=max_staleness,
-        staleness=staleness,
-        buffer=buffer,
-        topology=topology,
-        target_loss=target_loss,
-        target_accuracy=target_accuracy,
-        eval_every=eval_every,
-    )
+    cfg = _sim_config(ctx.params)
     home = resolve_home(home)
     run_dir = out_dir or home / "sims" / time.strftime(f"%Y%m%d-%H%M%S-seed{seed}")
 
@@ -176,6 +151,41 @@ def simulate(
 
         prepare_dir(report)  # a folder we cannot write refuses before any training
     sim = Simulation(cfg, home=home, out_dir=run_dir)  # every option is checked here, before training
+    result = _run(sim, rounds, quiet=json_out)
+    if report is not None:
+        written = _write_report(sim, result, report)
+        err.print(f"report: {written}", highlight=False)
+    if json_out:
+        print(result.to_json())
+        return
+    out.print(_result_table(cfg, result))
+
+
+def _sim_config(options: Mapping[str, Any]) -> SimConfig:
+    """The simulation the command's options ask for: each option named as a field of
+    :class:`SimConfig` is that field; the model's and the outer optimizer's options are
+    parsed and the choices checked first, each refusal naming its flag."""
+    from aitbc.sim.config import SimConfig
+
+    outer_options = {k: options[f"outer_{k}"] for k in ("lr", "momentum") if options[f"outer_{k}"] is not None}
+    model_options = parse_kv(options["model_opt"] or [], what="model")
+    checks.model(options["model"], model_options, option="--model")
+    checks.dataset_name(options["dataset"])
+    checks.aggregator(options["aggregator"])
+    checks.codec(options["compression"])
+    checks.outer(options["outer"], outer_options)
+    same = {f.name for f in fields(SimConfig)} & set(options)
+    return SimConfig(
+        **{name: options[name] for name in same if name != "quorum"},
+        model_options=model_options,
+        outer_options=outer_options,
+        # the simulator's default: 1, as --min-workers
+        quorum=SimConfig.quorum if options["quorum"] is None else options["quorum"],
+    )
+
+
+def _run(sim: Simulation, rounds: int, *, quiet: bool) -> SimResult:
+    """``sim`` run to its end, with a progress bar on stderr (cleared after if ``quiet``)."""
     with Progress(
         TextColumn("[bold]simulate"),
         BarColumn(),
@@ -183,7 +193,7 @@ def simulate(
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         console=err,
-        transient=json_out,
+        transient=quiet,
     ) as bar:
         task = bar.add_task("rounds", total=rounds, status="")
 
@@ -192,23 +202,22 @@ def simulate(
             status = f"val_loss {row['val_loss']:.4f}" + (f"  acc {acc:.3f}" if acc is not None else "")
             bar.update(task, advance=1, status=status)
 
-        result = sim.run(on_round)
+        return sim.run(on_round)
 
-    if report is not None:
-        written = _write_report(sim, result, report)
-        err.print(f"report: {written}", highlight=False)
-    if json_out:
-        print(result.to_json())
-        return
-    title = f"simulation: {model} on {dataset}, {workers} workers, {mode}, {outer}, {aggregator}, {compression}"
-    if byzantine:
-        title += f", {byzantine} x {attack}"
+
+def _result_table(cfg: SimConfig, result: SimResult) -> Table:
+    title = (
+        f"simulation: {cfg.model} on {cfg.dataset}, {cfg.workers} workers, {cfg.mode}, {cfg.outer}, "
+        f"{cfg.aggregator}, {cfg.compression}"
+    )
+    if cfg.byzantine:
+        title += f", {cfg.byzantine} x {cfg.attack}"
     table = Table(title=title, show_header=False)
     table.add_column(overflow="fold")
     table.add_column(overflow="fold")
     acc = result.final_val_accuracy
     rows = [
-        ("rounds x local steps", f"{result.rounds} x {local_steps}"),
+        ("rounds x local steps", f"{result.rounds} x {cfg.local_steps}"),
         ("parameters", f"{result.params:,}"),
         ("validation loss", f"{result.initial_val_loss:.4f} -> {result.final_val_loss:.4f}"),
         ("validation accuracy", "n/a (language model)" if acc is None else f"{acc:.4f}"),
@@ -223,7 +232,7 @@ def simulate(
     ]
     if acc is None:
         rows.insert(3, ("uniform-byte baseline", f"{math.log(256):.4f}"))
-    if target_loss is not None or target_accuracy is not None:
+    if cfg.target_loss is not None or cfg.target_accuracy is not None:
         reached = (
             "not reached"
             if result.rounds_to_target is None
@@ -241,7 +250,7 @@ def simulate(
     if max(len(k) for k, _ in rows) + max(len(v) for _, v in rows) > room:
         table.columns[1].width = max(len(result.final_model_cid), room - max(keys, room // 3))
         table.columns[0].width = max(keys, room - table.columns[1].width)
-    out.print(table)
+    return table
 
 
 def _write_report(sim: Simulation, result: SimResult, folder: Path) -> Path:
