@@ -13,7 +13,7 @@ import torch
 from sqlalchemy import text
 
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
-from aitbc.coordinator.rounds.workers import _round_gate
+from aitbc.coordinator.rounds.submission import _round_gate
 from aitbc.coordinator.store.models import Job, Run
 from aitbc.core.compression import build_codec
 from aitbc.ledger.wallet import Wallet

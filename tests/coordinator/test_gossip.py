@@ -423,7 +423,7 @@ def _progress(w, job: str, r: int, step: int, seconds: float) -> None:
 
 
 def _due_now(t) -> bool:
-    from aitbc.coordinator.rounds.gossip import _due
+    from aitbc.coordinator.rounds.gossip_close import _due
     from aitbc.coordinator.store.models import Run
 
     with t.coord.ctx.session() as s:

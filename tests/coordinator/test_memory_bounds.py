@@ -27,7 +27,7 @@ from aitbc.coordinator.context import build_context
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
 from aitbc.coordinator.live.runtime import build_run_config
 from aitbc.coordinator.live.updates import aggregate_updates, decode_rows
-from aitbc.coordinator.rounds.workers import _check_update
+from aitbc.coordinator.rounds.jobs import update_problem
 from aitbc.coordinator.schemas import Distribute
 from aitbc.coordinator.store.models import Run
 from aitbc.core.aggregation import parse_aggregator
@@ -77,11 +77,11 @@ def test_the_update_check_holds_the_blob_and_one_piece_not_the_decoded_update(bi
     ctx, cids, _ = big_round
     blob = ctx.store.get_bytes(cids[0])
     size = len(blob)
-    assert _check_update(blob, D) is None
+    assert update_problem(blob, D) is None
     # The whole decode it replaced held the update in float32 beside the blob (and, before
     # the payload was a view, the payload's copy too).
     assert traced_peak(lambda: decode(blob, max_numel=D)) > 0.95 * size
-    assert traced_peak(lambda: _check_update(blob, D)) < 0.6 * size  # one piece of 4M values: 16 MB
+    assert traced_peak(lambda: update_problem(blob, D)) < 0.6 * size  # one piece of 4M values: 16 MB
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ def test_the_update_check_holds_the_blob_and_one_piece_not_the_decoded_update(bi
 )
 def test_the_update_check_judges_piece_by_piece_as_the_whole_decode_did(blob_of, reason):
     d = 10_000
-    got = _check_update(blob_of(d), d)
+    got = update_problem(blob_of(d), d)
     assert got is None if reason is None else (got is not None and reason in got), got
 
 

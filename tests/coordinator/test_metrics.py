@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, literal, select
 
 from aitbc.coordinator.observability import metrics
 from aitbc.coordinator.observability.metrics import REASON_CODES, reason_case, reason_code
-from aitbc.coordinator.rounds.workers import _check_update
+from aitbc.coordinator.rounds.jobs import update_problem
 from aitbc.coordinator.verification.spot_checks import drift_reason, failed_reason, unanswered_reason
 from aitbc.core.compression import build_codec
 from aitbc.core.norms import NormBound, judge_norms
@@ -56,9 +56,9 @@ def _reasons_the_coordinator_writes() -> dict[str, str]:
     nan[3] = float("nan")
     norms = judge_norms([1.0, 1.0, 1.0, 1e9, float("inf")], NormBound())
     return {
-        "malformed": _check_update(b"not an update", d),
-        "wrong_shape": _check_update(codec.encode(torch.zeros(d - 1)), d),
-        "non_finite": _check_update(codec.encode(nan), d),
+        "malformed": update_problem(b"not an update", d),
+        "wrong_shape": update_problem(codec.encode(torch.zeros(d - 1)), d),
+        "non_finite": update_problem(codec.encode(nan), d),
         "norm_bound": norms.reasons[3],
         "non_finite_norm": norms.reasons[4],
         "bad_loss": f"reported training loss is {math.inf}",  # workers.submit_update's words

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from aitbc.coordinator.errors import ApiError as CoordinatorApiError
-from aitbc.coordinator.rounds.workers import _round_gate
+from aitbc.coordinator.rounds.submission import _round_gate
 from aitbc.coordinator.store.models import Job, Run
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec

@@ -42,14 +42,14 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.live.books import drop_books_model
 from aitbc.coordinator.live.runtime import drop_runtime
 from aitbc.coordinator.money.escrow import expire_hires, finalize
-from aitbc.coordinator.rounds import gossip
 from aitbc.coordinator.rounds import lifecycle as rounds
+from aitbc.coordinator.rounds.modes import mode_for, mode_of
 from aitbc.coordinator.rounds.workers import flush_heartbeats
 from aitbc.coordinator.storage import retention
 from aitbc.coordinator.store.models import Job, Offer, Run
 from aitbc.coordinator.store.repository import row
 from aitbc.coordinator.store.states import ACTIVE, ADVANCING, ENDED
-from aitbc.coordinator.verification import scoring, settlement
+from aitbc.coordinator.verification import settlement
 from aitbc.coordinator.verification import spot_checks as verification
 from aitbc.coordinator.workforce import hiring as workforce
 from aitbc.states import Control, JobStatus, RunStatus
@@ -273,9 +273,7 @@ class RoundDriver:
             due = []
             for run_id, status in live:
                 run = row(s, Run, run_id)
-                # gossip: the record of a round, not a barrier (workers never wait for it)
-                is_due = gossip.round_due if run.configured and run.cfg.mode == "gossip" else rounds.round_due
-                if status != RunStatus.TRAINING or is_due(self.ctx, s, run, now=now):
+                if status != RunStatus.TRAINING or mode_of(run).round_due(self.ctx, s, run, now=now):
                     due.append(run_id)
         moved = False
         for run_id in due:
@@ -302,9 +300,9 @@ class RoundDriver:
             rounds.evaluate_round(ctx, run_id, r)
         for run_id, r in unsettled:  # score and pay the oldest closed round of each run
             with ctx.session() as s:
-                mode = (s.scalar(select(Run.config).where(Run.id == run_id)) or {}).get("mode")
-            judge = gossip.score if mode == "gossip" else scoring.score  # gossip: judged when the round closed
-            self._money(run_id, partial(judge, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
+                found = s.get(Run, run_id)
+                mode = mode_of(found) if found is not None else mode_for(None)
+            self._money(run_id, partial(mode.score, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
         for run_id in ended:  # then refund the rest and return bonds
             self._money(run_id, partial(finalize, ctx, run_id))
             drop_runtime(ctx, run_id)
@@ -356,16 +354,14 @@ class RoundDriver:
         ctx = self.ctx
         try:
             with ctx.session() as s:
-                before = s.execute(select(Run.status, Run.round, Run.config).where(Run.id == run_id)).first()
-            if before is None:
-                return False
-            status, round_, config = before
+                found = s.get(Run, run_id)
+                if found is None:
+                    return False
+                status, round_, mode = found.status, found.round, mode_of(found)
             if status == RunStatus.DISTRIBUTING:
                 rounds.start_training(ctx, run_id)
-            elif (config or {}).get("mode") == "gossip":
-                gossip.close_round(ctx, run_id)
             else:
-                rounds.close_round(ctx, run_id)
+                mode.close_round(ctx, run_id)
             self._failures.pop(run_id, None)
             with ctx.session() as s:
                 after = s.execute(select(Run.status, Run.round).where(Run.id == run_id)).first()

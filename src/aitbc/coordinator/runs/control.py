@@ -23,7 +23,9 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, unprocessable
 from aitbc.coordinator.live.runtime import check_replay_batch, drop_runtime, runtime
 from aitbc.coordinator.money.escrow import pay_as_delivered
-from aitbc.coordinator.rounds.lifecycle import aggregate_round, commit_round, open_round, start_training
+from aitbc.coordinator.rounds.aggregation import aggregate_round
+from aitbc.coordinator.rounds.commit import commit_round
+from aitbc.coordinator.rounds.lifecycle import open_round, start_training
 from aitbc.coordinator.runs.owner import configure
 from aitbc.coordinator.runs.views import results
 from aitbc.coordinator.schemas import (

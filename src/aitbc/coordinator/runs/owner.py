@@ -43,6 +43,7 @@ from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import rank_offers
 from aitbc.replies.money import ManualPayment, Payments
 from aitbc.replies.runs import ContractView, Discovery
+from aitbc.run_mode import RunMode
 from aitbc.states import ContractStatus, Control, RunStatus
 from aitbc.storage.cid import is_cid
 from aitbc.training.models import check_model
@@ -311,11 +312,11 @@ def configure(
             "no_workers",
             f"run {run.id} has hired no workers; run: aitbc distributed-training discover-workers --training-id {run.id}",
         )
-    if body.mode == "gossip" and run.control == Control.MANUAL:
-        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode gossip needs automatic control")
-    if body.mode == "async" and run.control == Control.MANUAL:
-        # the driver fills and applies the buffers; an owner closing rounds by hand has no buffer rule
-        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode async needs automatic control")
+    mode = RunMode(body.mode)
+    if mode.needs_driver and run.control == Control.MANUAL:
+        # the driver fills and applies the buffers (async) or keeps the record (gossip); an
+        # owner closing rounds by hand has neither
+        raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode {mode} needs automatic control")
     n_shards = len(run.data_manifest["shards"])
     cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
     if cfg.verify_rate > 0:

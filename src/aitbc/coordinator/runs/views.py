@@ -84,7 +84,7 @@ def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
     speed, target_speed = run_speeds(run, [j for j in jobs if j.status == JobStatus.ACTIVE], rounds_closed, now=now)
     lags: dict[str, int] = {}
     async_view = None
-    if run.configured and run.cfg.mode == "async":
+    if run.configured and run.cfg.mode.buffered:
         lags, async_view = _async_view(s, run, rounds_closed, now=now)
     return RunDetail(
         **dict(run_summary(run)),
@@ -128,7 +128,7 @@ def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
             for j in jobs
         ],
         asynchronous=async_view,
-        gossip=_gossip_view(s, run) if run.configured and run.cfg.mode == "gossip" else None,
+        gossip=_gossip_view(s, run) if run.configured and run.cfg.mode.peer_to_peer else None,
         time=now,
     )
 

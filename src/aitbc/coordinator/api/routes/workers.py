@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from aitbc.coordinator.api.deps import CtxDep, SessionDep, SignerDep
 from aitbc.coordinator.api.responses import OWNED, errors
 from aitbc.coordinator.errors import forbidden
-from aitbc.coordinator.rounds import gossip, workers
+from aitbc.coordinator.rounds import gossip, jobs, submission, workers
 from aitbc.coordinator.runs import views
 from aitbc.coordinator.schemas import (
     Holdings,
@@ -139,7 +139,7 @@ def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: Si
 
 @router.post("/jobs/{job_id}/updates", status_code=201, response_model=UpdateAccepted, responses=OWNED)
 def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
-    return workers.submit_update(ctx, s, job_id, signer.address, body)
+    return submission.submit_update(ctx, s, job_id, signer.address, body)
 
 
 @router.post("/jobs/{job_id}/records", status_code=201, response_model=RecordAccepted, responses=OWNED)
@@ -147,7 +147,7 @@ def publish_record(job_id: str, body: RecordPublish, ctx: CtxDep, s: SessionDep,
     """Gossip runs: the signer's signed record of its model after a round (``aitbc.gossip/1``:
     run, job, worker, round, model CID, samples, training loss). Published once per round;
     the same record again is a duplicate (200-equivalent), another CID for it a 409."""
-    job, run = workers.own_job(s, job_id, signer.address)
+    job, run = jobs.own_job(s, job_id, signer.address)
     return gossip.publish(ctx, s, job, run, body.model_dump())
 
 
