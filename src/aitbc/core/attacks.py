@@ -199,7 +199,8 @@ class FreeRider(Attack):
     Config = FreeRiderConfig
 
     def craft(self, view: AttackView) -> Tensor:
-        if self.cfg.mode == "stale" and view.previous is not None:
+        sends = self.cfg.mode  # what a free rider sends: zeros, or its previous update again (stale)
+        if sends == "stale" and view.previous is not None:
             return view.previous.clone()
         return torch.zeros(view.honest.shape[1])
 

@@ -30,6 +30,7 @@ from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, IntegrityError, UsageError
+from aitbc.run_mode import RunMode
 from aitbc.sim.config import SimConfig
 from aitbc.sim.network import build_profiles, step_seconds
 from aitbc.storage.blobstore import LocalBlobStore
@@ -137,7 +138,7 @@ class Cluster:
         plain = self._codec(codec_name, codec_opts, False)  # attackers skip error feedback (even one the spec asks)
         self.plain_codec = plain.codec if isinstance(plain, ErrorFeedback) else plain
         self.codec_name = codec_name
-        if cfg.mode == "gossip" and codec_name not in GOSSIP_CODECS:
+        if RunMode(cfg.mode).peer_to_peer and codec_name not in GOSSIP_CODECS:
             raise UsageError(
                 f"gossip sends whole models, which codec {codec_name!r} would destroy; "
                 f"use one of: {', '.join(sorted(GOSSIP_CODECS))}"

@@ -9,9 +9,10 @@ from typing import Any
 
 from aitbc import run_defaults
 from aitbc.errors import UsageError
+from aitbc.run_mode import RunMode
 from aitbc.training.local import LocalConfig
 
-MODES = ("sync", "async", "gossip")
+MODES = tuple(RunMode)
 
 
 @dataclass(kw_only=True)
@@ -92,9 +93,10 @@ class SimConfig:
 
     def updates_per_aggregation(self) -> int:
         """How many updates one aggregation sees when nobody is late or rejected."""
-        if self.mode == "async":
+        mode = RunMode(self.mode)
+        if mode.buffered:
             return self.buffer or max(1, self.workers // 2)
-        if self.mode == "gossip":
+        if mode.peer_to_peer:
             kind, _, k = self.topology.partition(":")
             return 1 + (int(k) if kind == "random" else min(2, self.workers - 1))
         return self.workers
