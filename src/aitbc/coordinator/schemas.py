@@ -206,7 +206,7 @@ class UpdateSubmit(Body):
     # overlap, trained ahead: this job's own update of the round before, which the worker
     # took from base_cid, with that update's own priors back to the base's round, to start
     # where its last round ended (it started from ``base - decode(prior) - ...``; see
-    # aitbc.coordinator.rounds.workers.update_prior)
+    # aitbc.coordinator.rounds.admission.update_prior)
     prior_cid: str | None = Field(None, max_length=100)
     # the update blob itself, base64 (standard alphabet, padded): stored under ``cid`` as a
     # ``PUT /v1/blobs/{cid}`` would, in the same request (a small model's update: one

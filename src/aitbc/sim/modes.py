@@ -171,7 +171,7 @@ def run_gossip(sim: Cluster) -> None:
 def _consensus_loss(sim: Cluster, messages: list[bytes], r: int) -> float | None:
     """The validation loss of what a live coordinator records as round ``r``'s model (its
     consensus: :func:`aitbc.core.gossip.robust_combine` over every published model, as
-    :func:`aitbc.coordinator.rounds.gossip.close_round`); None on a round that is not evaluated."""
+    :func:`aitbc.coordinator.rounds.gossip_close.close_round`); None on a round that is not evaluated."""
     if r % sim.cfg.eval_every and r != sim.cfg.rounds:
         return None
     models, weights = [], []

@@ -154,7 +154,7 @@ class RoundTrainer:
         worker's updates of the rounds since that model (newest first) as their blobs
         decode (the newest is ``prior_cid``, each names the one before): an eager start,
         where its last round ended moved by what the global model gained since, so the
-        coordinator counts the update in full (``aitbc.coordinator.rounds.workers.update_prior``)."""
+        coordinator counts the update in full (``aitbc.coordinator.rounds.admission.update_prior``)."""
         base = known(job.global_model_cid, "global_model_cid", job)
         ahead = round != job.round
         steps = state.trainer.cfg.steps  # local_steps, or epochs over this shard (see local_steps)

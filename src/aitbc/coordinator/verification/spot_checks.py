@@ -94,7 +94,7 @@ _digests_lock = threading.Lock()
 def start_params(ctx: Context, run: Run, cid: str, priors: Sequence[str] = ()) -> Tensor:
     """(d,) the parameters an update started from: the checkpoint ``cid``, less its
     worker's own previous updates ``priors`` when it names them (overlap, eager start:
-    :func:`aitbc.coordinator.rounds.workers.update_prior`), computed as the worker does."""
+    :func:`aitbc.coordinator.rounds.admission.update_prior`), computed as the worker does."""
     model = build_initial_model(run, ctx.settings.allow_code)
     load_checkpoint(model, ctx.store.get_bytes(cid))
     start = flat_params(model)
@@ -222,7 +222,7 @@ def on_submit(
     """The update's spot check, drawn now: ``(fields for the Update row, reason)`` where
     ``reason`` is set when the free check already failed (the update is then rejected).
     ``start_cid``: the model it says it trained from (the round's, or with overlap the one
-    before: :func:`aitbc.coordinator.rounds.workers.update_base`), less ``priors``, the
+    before: :func:`aitbc.coordinator.rounds.admission.update_base`), less ``priors``, the
     worker's own previous updates, when it names them (an eager start)."""
     try:
         digest = _start_digest(ctx, run, start_cid, priors)
