@@ -9,13 +9,15 @@ and the codec's per-blob ``meta`` (e.g. top-k's ``k``, PowerSGD's parameter layo
 Subclasses implement only the math; the base class owns the byte layout and every size
 check (the shape of hivemind's ``compression/``). Nothing is pickled.
 
-A subclass implements four small methods over a flat float32 tensor ``(d,)``:
+A subclass implements a few small methods over a flat float32 tensor ``(d,)`` and its
+*plan*, a typed record of what the header's ``meta`` says (``PlainCodec``: none):
 
-- ``_plan(shape) -> meta``: what the header's ``meta`` will say for a tensor of ``shape``;
-- ``_payload_size(d, meta) -> int``: the exact payload length in bytes that ``meta``
+- ``_plan(shape) -> plan``: the plan for a tensor of ``shape``; ``_plan_json(plan)`` and
+  ``_read_plan(meta, d)`` write it into and read it from the header's ``meta``;
+- ``_payload_size(d, plan) -> int``: the exact payload length in bytes that ``plan``
   implies. The decoder checks the real payload against it *before* allocating anything,
   so a header that claims ``shape=[10**12]`` is an ``IntegrityError``, not an OOM;
-- ``_compress(flat, meta) -> bytes`` and ``_decompress(payload, meta, d) -> flat``.
+- ``_compress(flat, plan) -> bytes`` and ``_decompress(payload, plan, d) -> flat``.
 
 Sizes are stated, not estimated: ``codec.expected_bytes(shape)`` is the payload a tensor
 of that shape encodes to (the header is extra, ``len(blob) - expected_bytes`` bytes), and

@@ -6,11 +6,11 @@ header, so every ``count`` here is backed by real bytes.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from torch import Tensor
+
+from aitbc.json_value import JSONObject
 
 # An update's payload: the blob's bytes after its header, a view of them (no copy).
 Payload = bytes | memoryview
@@ -33,7 +33,7 @@ def read_f32(payload: Payload, offset: int, count: int) -> tuple[Tensor, int]:
     return torch.from_numpy(a.astype(np.float32, copy=False)), end
 
 
-def meta_int(meta: dict[str, Any], key: str, lo: int, hi: int) -> int:
+def meta_int(meta: JSONObject, key: str, lo: int, hi: int) -> int:
     """``meta[key]`` as an int in ``[lo, hi]``; ``ValueError``/``KeyError`` otherwise."""
     v = meta[key]
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:

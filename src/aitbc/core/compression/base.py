@@ -11,7 +11,7 @@ import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -19,6 +19,7 @@ from torch import Tensor
 from aitbc.core.compression._wire import Payload
 from aitbc.core.registry import Registry
 from aitbc.errors import IntegrityError, UsageError
+from aitbc.json_value import JSONObject
 
 MAGIC = b"ATBC"
 FORMAT_VERSION = 1
@@ -34,7 +35,9 @@ CODEC_NAMES = ("none", "fp16", "bf16", "int8", "int4", "topk", "topk-int8", "sig
 
 Layout = Sequence[Sequence[int]]  # one shape per model parameter, in flat order
 
-CODECS: Registry[type[Codec]] = Registry("codec")
+CODECS: Registry[type[Codec[Any]]] = Registry("codec")
+
+PlanT = TypeVar("PlanT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +45,19 @@ class Header:
     codec: str
     shape: tuple[int, ...]
     dtype: str
-    params: dict[str, Any]
-    meta: dict[str, Any]
+    params: JSONObject  # the codec's config, as the blob states it (checked by ``build_config``)
+    meta: JSONObject  # the codec's plan, as the blob states it (checked by ``Codec._read_plan``)
 
 
 def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
-class Codec(ABC):
+class Codec(ABC, Generic[PlanT]):
+    """A codec whose per-blob plan (what the header's ``meta`` says: top-k's ``k``,
+    PowerSGD's layout) is a ``PlanT``; the plan is JSON only where the header is written
+    (``_plan_json``) and read (``_read_plan``)."""
+
     name: ClassVar[str]
     Config: ClassVar[type]
 
@@ -82,32 +89,48 @@ class Codec(ABC):
 
     # --- what subclasses implement ------------------------------------------------------------
 
-    def _plan(self, shape: tuple[int, ...]) -> dict[str, Any]:
-        return {}
+    @abstractmethod
+    def _plan(self, shape: tuple[int, ...]) -> PlanT:
+        """The plan for encoding a tensor of ``shape``."""
 
     @abstractmethod
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int: ...
+    def _plan_json(self, plan: PlanT) -> JSONObject:
+        """``plan`` as the header's ``meta`` states it."""
 
     @abstractmethod
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes: ...
+    def _read_plan(self, meta: JSONObject, numel: int) -> PlanT:
+        """The plan a header's ``meta`` states for ``numel`` values; ``ValueError``,
+        ``KeyError`` or ``TypeError`` if it states none."""
 
     @abstractmethod
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor: ...
+    def _payload_size(self, numel: int, plan: PlanT) -> int: ...
 
-    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+    @abstractmethod
+    def _compress(self, flat: Tensor, plan: PlanT) -> bytes: ...
+
+    @abstractmethod
+    def _decompress(self, payload: Payload, plan: PlanT, numel: int) -> Tensor: ...
+
+    def _decompress_pieces(self, payload: Payload, plan: PlanT, numel: int, piece: int) -> Iterator[Tensor]:
         """The decoded values in consecutive flat pieces of about ``piece`` values. A codec
         whose format allows it decodes piece by piece (bounded temporaries); by default
         the whole tensor is one piece."""
-        yield self._decompress(payload, meta, numel)
+        yield self._decompress(payload, plan, numel)
 
     # --- shared -------------------------------------------------------------------------------
 
     def _encode_flat(self, flat: Tensor, shape: tuple[int, ...], dtype: str) -> bytes:
-        meta = self._plan(shape)
-        payload = self._compress(flat, meta)
-        size = self._payload_size(flat.numel(), meta)
+        plan = self._plan(shape)
+        payload = self._compress(flat, plan)
+        size = self._payload_size(flat.numel(), plan)
         assert len(payload) == size, f"{self.name} wrote {len(payload)} payload bytes, states {size}"
-        header = {"codec": self.name, "shape": list(shape), "dtype": dtype, "params": asdict(self.cfg), "meta": meta}
+        header = {
+            "codec": self.name,
+            "shape": list(shape),
+            "dtype": dtype,
+            "params": asdict(self.cfg),
+            "meta": self._plan_json(plan),
+        }
         hbytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)) + hbytes + payload
 
@@ -176,10 +199,23 @@ def _strict_int(v: Any) -> int:
     return v
 
 
-def _decode_with(codec: Codec, header: Header, payload: Payload, max_numel: int) -> Tensor:
-    numel, dtype = _checked(codec, header, payload, max_numel)
+class PlainCodec(Codec[None]):
+    """A codec whose blobs need no plan beyond its config (the header's ``meta`` is ``{}``)."""
+
+    def _plan(self, shape: tuple[int, ...]) -> None:
+        return None
+
+    def _plan_json(self, plan: None) -> JSONObject:
+        return {}
+
+    def _read_plan(self, meta: JSONObject, numel: int) -> None:
+        return None
+
+
+def _decode_with(codec: Codec[PlanT], header: Header, payload: Payload, max_numel: int) -> Tensor:
+    numel, dtype, plan = _checked(codec, header, payload, max_numel)
     try:
-        flat = codec._decompress(payload, header.meta, numel)
+        flat = codec._decompress(payload, plan, numel)
     except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as e:
         raise IntegrityError(f"corrupt {header.codec} payload: {_one_line(e)}") from None
     if flat.numel() != numel:
@@ -187,21 +223,23 @@ def _decode_with(codec: Codec, header: Header, payload: Payload, max_numel: int)
     return flat.reshape(header.shape).to(dtype)
 
 
-def decode_pieces_with(codec: Codec, header: Header, payload: Payload, max_numel: int, piece: int) -> Iterator[Tensor]:
+def decode_pieces_with(
+    codec: Codec[Any], header: Header, payload: Payload, max_numel: int, piece: int
+) -> Iterator[Tensor]:
     """Like :func:`_decode_with`, flat, in consecutive pieces (see ``Codec._decompress_pieces``);
     the sizes are checked before this returns, the payload's content as each piece decodes."""
     if piece < 1:
         raise UsageError(f"piece must be at least one value, got {piece}")
-    numel, dtype = _checked(codec, header, payload, max_numel)
-    return _pieces(codec, header, payload, numel, dtype, piece)
+    numel, dtype, plan = _checked(codec, header, payload, max_numel)
+    return _pieces(codec, header, payload, plan, numel, dtype, piece)
 
 
 def _pieces(
-    codec: Codec, header: Header, payload: Payload, numel: int, dtype: torch.dtype, piece: int
+    codec: Codec[PlanT], header: Header, payload: Payload, plan: PlanT, numel: int, dtype: torch.dtype, piece: int
 ) -> Iterator[Tensor]:
     done = 0
     try:
-        for flat in codec._decompress_pieces(payload, header.meta, numel, piece):
+        for flat in codec._decompress_pieces(payload, plan, numel, piece):
             done += flat.numel()
             if done > numel:
                 break
@@ -214,14 +252,15 @@ def _pieces(
         raise IntegrityError(f"{header.codec} payload decodes to {done} values, header says {numel}")
 
 
-def _checked(codec: Codec, header: Header, payload: Payload, max_numel: int) -> tuple[int, torch.dtype]:
-    """The header's value count and dtype, once every size it implies matches the payload."""
+def _checked(codec: Codec[PlanT], header: Header, payload: Payload, max_numel: int) -> tuple[int, torch.dtype, PlanT]:
+    """The header's value count, dtype and plan, once every size it implies matches the payload."""
     numel = _numel(header.shape)
     dtype = getattr(torch, header.dtype, None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise IntegrityError(f"update header names unknown dtype {header.dtype!r}")
     try:  # every size the header implies is checked against the payload before any allocation
-        size = codec._payload_size(numel, header.meta)
+        plan = codec._read_plan(header.meta, numel)
+        size = codec._payload_size(numel, plan)
     except (ValueError, KeyError, TypeError, ArithmeticError) as e:
         raise IntegrityError(f"bad {header.codec} header meta: {_one_line(e)}") from None
     if len(payload) != size:
@@ -232,4 +271,4 @@ def _checked(codec: Codec, header: Header, payload: Payload, max_numel: int) -> 
         raise IntegrityError(
             msg if len(msg) < 300 else f"update header claims more than the allowed {max_numel} values"
         )
-    return numel, dtype
+    return numel, dtype, plan

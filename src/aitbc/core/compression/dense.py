@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from aitbc.core.compression._wire import Payload, read, read_f32, to_bytes
-from aitbc.core.compression.base import CODECS, Codec
+from aitbc.core.compression.base import CODECS, PlainCodec
 
 
 @dataclass(kw_only=True, slots=True)
@@ -28,20 +28,20 @@ class NoneConfig:
 
 
 @CODECS.register("none")
-class NoCompression(Codec):
+class NoCompression(PlainCodec):
     name = "none"
     Config = NoneConfig
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
+    def _payload_size(self, numel: int, plan: None) -> int:
         return 4 * numel
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
+    def _compress(self, flat: Tensor, plan: None) -> bytes:
         return to_bytes(flat, "<f4")
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, plan: None, numel: int) -> Tensor:
         return read_f32(payload, 0, numel)[0]
 
-    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+    def _decompress_pieces(self, payload: Payload, plan: None, numel: int, piece: int) -> Iterator[Tensor]:
         for lo in range(0, numel, piece):
             yield read_f32(payload, 4 * lo, min(piece, numel - lo))[0]
 
@@ -51,24 +51,24 @@ class HalfConfig:
     pass
 
 
-class _Half(Codec):
+class _Half(PlainCodec):
     """16 bits a value; ``dtype`` is the half type, sent as its raw little-endian bits."""
 
     dtype: ClassVar[torch.dtype]
     Config = HalfConfig
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
+    def _payload_size(self, numel: int, plan: None) -> int:
         return 2 * numel
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
+    def _compress(self, flat: Tensor, plan: None) -> bytes:
         top = torch.finfo(self.dtype).max
         flat = torch.where(flat.isfinite(), flat.clamp(-top, top), flat)  # saturate, keep nan/inf
         return to_bytes(flat.to(self.dtype).view(torch.int16), "<i2")
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, plan: None, numel: int) -> Tensor:
         return self._values(payload, 0, numel)
 
-    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+    def _decompress_pieces(self, payload: Payload, plan: None, numel: int, piece: int) -> Iterator[Tensor]:
         for lo in range(0, numel, piece):
             yield self._values(payload, lo, min(piece, numel - lo))
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,6 +35,7 @@ from torch import Tensor
 from aitbc.core.compression._wire import Payload, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec, Layout
 from aitbc.errors import UsageError
+from aitbc.json_value import JSONObject
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,12 +49,18 @@ class PowerSGDConfig:
             raise ValueError(f"rank must be a positive integer, got {self.rank}")
 
 
-def _parse_layout(meta: dict[str, Any], numel: int) -> list[tuple[int, ...]]:
+@dataclass(frozen=True, slots=True)
+class PowerSGDPlan:
+    layout: tuple[tuple[int, ...], ...]  # the parameter shapes the update covers, in flat order
+
+
+def _read_layout(meta: JSONObject, numel: int) -> tuple[tuple[int, ...], ...]:
     raw = meta["layout"]
-    if not isinstance(raw, list) or not all(isinstance(s, list) for s in raw):
+    shapes = [s for s in raw if isinstance(s, list)] if isinstance(raw, list) else []
+    if not isinstance(raw, list) or len(shapes) != len(raw):
         raise ValueError("layout is not a list of shapes")
-    layout = [tuple(s) for s in raw]
-    if not all(type(v) is int and v >= 0 for s in layout for v in s):
+    layout = tuple(tuple(v for v in s if type(v) is int and v >= 0) for s in shapes)
+    if any(len(dims) != len(s) for dims, s in zip(layout, shapes, strict=True)):
         raise ValueError("layout dimensions must be non-negative integers")
     total = sum(math.prod(s) for s in layout)
     if total != numel:
@@ -63,7 +69,7 @@ def _parse_layout(meta: dict[str, Any], numel: int) -> list[tuple[int, ...]]:
 
 
 @CODECS.register("powersgd")
-class PowerSGD(Codec):
+class PowerSGD(Codec[PowerSGDPlan]):
     name = "powersgd"
     Config = PowerSGDConfig
 
@@ -78,7 +84,7 @@ class PowerSGD(Codec):
         m, n = shape[0], math.prod(shape[1:])
         return (m, n) if self.cfg.rank * (m + n) < m * n else None
 
-    def _plan(self, shape: tuple[int, ...]) -> dict[str, Any]:
+    def _plan(self, shape: tuple[int, ...]) -> PowerSGDPlan:
         if self.layout is None:
             if len(shape) < 2:
                 raise UsageError(
@@ -91,11 +97,17 @@ class PowerSGD(Codec):
         total, numel = sum(math.prod(s) for s in layout), math.prod(shape)
         if total != numel:
             raise UsageError(f"codec 'powersgd' layout covers {total} values but the update has {numel}")
-        return {"layout": [list(s) for s in layout]}
+        return PowerSGDPlan(layout=layout)
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
+    def _plan_json(self, plan: PowerSGDPlan) -> JSONObject:
+        return {"layout": [list(s) for s in plan.layout]}
+
+    def _read_plan(self, meta: JSONObject, numel: int) -> PowerSGDPlan:
+        return PowerSGDPlan(layout=_read_layout(meta, numel))
+
+    def _payload_size(self, numel: int, plan: PowerSGDPlan) -> int:
         r = self.cfg.rank
-        sizes = (r * sum(mn) if (mn := self._matrix(s)) else math.prod(s) for s in _parse_layout(meta, numel))
+        sizes = (r * sum(mn) if (mn := self._matrix(s)) else math.prod(s) for s in plan.layout)
         return 4 * sum(sizes)
 
     def _start(self, i: int, n: int) -> Tensor:
@@ -106,13 +118,13 @@ class PowerSGD(Codec):
         g = torch.Generator().manual_seed((self.cfg.seed * 1_000_003 + i) % 2**63)
         return torch.randn(n, self.cfg.rank, generator=g)
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
+    def _compress(self, flat: Tensor, plan: PowerSGDPlan) -> bytes:
         parts, offset = [], 0
-        for i, shape in enumerate(meta["layout"]):
+        for i, shape in enumerate(plan.layout):
             size = math.prod(shape)
             seg = flat[offset : offset + size]
             offset += size
-            if (mn := self._matrix(tuple(shape))) is None:
+            if (mn := self._matrix(shape)) is None:
                 parts.append(seg)
                 continue
             mat = seg.view(mn)  # (m, n)
@@ -123,9 +135,9 @@ class PowerSGD(Codec):
             parts += [p.reshape(-1), q.reshape(-1)]
         return to_bytes(torch.cat(parts) if parts else flat[:0], "<f4")
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, plan: PowerSGDPlan, numel: int) -> Tensor:
         r, parts, offset = self.cfg.rank, [], 0
-        for shape in _parse_layout(meta, numel):
+        for shape in plan.layout:
             if (mn := self._matrix(shape)) is None:
                 seg, offset = read_f32(payload, offset, math.prod(shape))
                 parts.append(seg)

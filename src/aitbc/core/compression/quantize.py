@@ -22,14 +22,14 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from aitbc.core.compression._wire import Payload, chunk_view, expand_chunks, n_chunks, read, read_f32, to_bytes
-from aitbc.core.compression.base import CODECS, Codec
+from aitbc.core.compression.base import CODECS, PlainCodec
 
 
 def quantize_chunks(flat: Tensor, chunk: int, levels: int) -> tuple[Tensor, Tensor]:
@@ -68,27 +68,27 @@ class Int4Config:
             raise ValueError(f"chunk_size must be a positive integer, got {self.chunk_size}")
 
 
-class _Chunked(Codec):
+class _Chunked(PlainCodec):
     levels: ClassVar[int]
 
     @abstractmethod
     def _code_bytes(self, numel: int) -> int: ...
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
+    def _payload_size(self, numel: int, plan: None) -> int:
         return 4 * n_chunks(numel, self.cfg.chunk_size) + self._code_bytes(numel)
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
+    def _compress(self, flat: Tensor, plan: None) -> bytes:
         scale, q = quantize_chunks(flat, self.cfg.chunk_size, self.levels)
         return to_bytes(scale, "<f4") + self._pack(q.numpy())
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, plan: None, numel: int) -> Tensor:
         scale, end = read_f32(payload, 0, n_chunks(numel, self.cfg.chunk_size))
         q = self._unpack(read(payload, end, self._code_bytes(numel), "u1")[0], numel)
         if np.abs(q.astype(np.int16)).max(initial=0) > self.levels:
             raise ValueError(f"{self.name} code outside [-{self.levels}, {self.levels}]")
         return dequantize_chunks(scale, torch.from_numpy(q), self.cfg.chunk_size)
 
-    def _decompress_pieces(self, payload: Payload, meta: dict[str, Any], numel: int, piece: int) -> Iterator[Tensor]:
+    def _decompress_pieces(self, payload: Payload, plan: None, numel: int, piece: int) -> Iterator[Tensor]:
         # Pieces start on a chunk boundary and an even value (int4 packs two a byte), so each
         # decodes from its own scales and code bytes with the same arithmetic as the whole.
         chunk = self.cfg.chunk_size

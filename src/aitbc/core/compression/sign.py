@@ -16,14 +16,13 @@ aggregator rejects it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from aitbc.core.compression._wire import Payload, read, read_f32, to_bytes
-from aitbc.core.compression.base import CODECS, Codec
+from aitbc.core.compression.base import CODECS, PlainCodec
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,19 +31,19 @@ class SignConfig:
 
 
 @CODECS.register("sign")
-class Sign(Codec):
+class Sign(PlainCodec):
     name = "sign"
     Config = SignConfig
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
+    def _payload_size(self, numel: int, plan: None) -> int:
         return 4 + -(-numel // 8)
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
+    def _compress(self, flat: Tensor, plan: None) -> bytes:
         # accumulate in float64: a long float32 sum would drift with d
         scale = flat.double().abs().mean().float() if flat.numel() else torch.tensor(0.0)
         return to_bytes(scale.reshape(1), "<f4") + np.packbits((flat < 0).numpy()).tobytes()
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, plan: None, numel: int) -> Tensor:
         scale, end = read_f32(payload, 0, 1)
         negative = np.unpackbits(read(payload, end, len(payload) - end, "u1")[0], count=numel)  # (d,)
         return (1.0 - 2.0 * torch.from_numpy(negative).to(torch.float32)) * scale

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from torch import Tensor
 from aitbc.core.compression._wire import Payload, bits_to_int, int_to_bits, meta_int, read, read_f32, to_bytes
 from aitbc.core.compression.base import CODECS, Codec
 from aitbc.core.compression.quantize import dequantize_chunks, quantize_chunks
+from aitbc.json_value import JSONObject
 
 
 def topk_count(d: int, ratio: float) -> int:
@@ -85,23 +85,33 @@ class TopKConfig:
             raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
 
 
-class _TopK(Codec):
+@dataclass(frozen=True, slots=True)
+class TopKPlan:
+    k: int  # values kept
+
+
+class _TopK(Codec[TopKPlan]):
     Config = TopKConfig
 
-    def _plan(self, shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"k": topk_count(math.prod(shape), self.cfg.ratio)}
+    def _plan(self, shape: tuple[int, ...]) -> TopKPlan:
+        return TopKPlan(k=topk_count(math.prod(shape), self.cfg.ratio))
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
-        k = meta_int(meta, "k", 0, numel)
-        return self._values_size(k) + -(-index_bits(numel, k) // 8)
+    def _plan_json(self, plan: TopKPlan) -> JSONObject:
+        return {"k": plan.k}
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
-        k = meta["k"]
+    def _read_plan(self, meta: JSONObject, numel: int) -> TopKPlan:
+        return TopKPlan(k=meta_int(meta, "k", 0, numel))
+
+    def _payload_size(self, numel: int, plan: TopKPlan) -> int:
+        return self._values_size(plan.k) + -(-index_bits(numel, plan.k) // 8)
+
+    def _compress(self, flat: Tensor, plan: TopKPlan) -> bytes:
+        k = plan.k
         idx = torch.topk(flat.abs(), k, sorted=False).indices.sort().values  # (k,) ascending
         return self._pack_values(flat[idx]) + encode_indices(idx.numpy(), flat.numel())
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
-        k = meta["k"]
+    def _decompress(self, payload: Payload, plan: TopKPlan, numel: int) -> Tensor:
+        k = plan.k
         values, end = self._unpack_values(payload, k)
         idx = decode_indices(read(payload, end, len(payload) - end, "u1")[0], numel, k)
         out = torch.zeros(numel)

@@ -57,14 +57,13 @@ the base class reports as an ``IntegrityError`` of one line).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from aitbc.core.compression._wire import Payload, bits_to_int, int_to_bits, read, read_f32, to_bytes
-from aitbc.core.compression.base import CODECS, Codec
+from aitbc.core.compression.base import CODECS, PlainCodec
 from aitbc.core.compression.sparse import decode_indices, encode_indices, index_bits
 
 MAX_CHUNK = 1 << 24
@@ -98,19 +97,19 @@ def _keep(width: int, density: float) -> int:
 
 
 @CODECS.register("sparseloco")
-class SparseLoCo(Codec):
+class SparseLoCo(PlainCodec):
     name = "sparseloco"
     Config = SparseLoCoConfig
 
     def _scales_per_chunk(self) -> int:
         return 1 if self.cfg.bits == 1 else 2
 
-    def _payload_size(self, numel: int, meta: dict[str, Any]) -> int:
+    def _payload_size(self, numel: int, plan: None) -> int:
         full, k, tail, k_tail = chunk_plan(numel, self.cfg.chunk, self.cfg.density)
         chunks, kept = full + (tail > 0), full * k + k_tail
         return 4 * self._scales_per_chunk() * chunks + -(-kept * self.cfg.bits // 8) + -(-index_bits(numel, kept) // 8)
 
-    def _compress(self, flat: Tensor, meta: dict[str, Any]) -> bytes:
+    def _compress(self, flat: Tensor, plan: None) -> bytes:
         d, w = flat.numel(), self.cfg.chunk
         full, k, tail, k_tail = chunk_plan(d, w, self.cfg.density)
         idx = []  # global indices, ascending: chunk by chunk, sorted within each
@@ -149,7 +148,7 @@ class SparseLoCo(Codec):
             + encode_indices(index.numpy(), d)
         )
 
-    def _decompress(self, payload: Payload, meta: dict[str, Any], numel: int) -> Tensor:
+    def _decompress(self, payload: Payload, plan: None, numel: int) -> Tensor:
         w, bits = self.cfg.chunk, self.cfg.bits
         full, k, tail, k_tail = chunk_plan(numel, w, self.cfg.density)
         chunks, kept = full + (tail > 0), full * k + k_tail
