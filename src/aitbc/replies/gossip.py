@@ -48,12 +48,15 @@ class SignedRecord(Reply):
     signature: str
 
 
+Verdict = Literal["consistent", "kept", "unmatched", "equivocation"]
+
+
 class Witnessed(Reply):
     worker: str = Field(description="who signed the record")
     job_id: str
     round: int
     cid: str
-    verdict: Literal["consistent", "kept", "unmatched", "equivocation"] = Field(
+    verdict: Verdict = Field(
         description="consistent: the coordinator holds this record's CID for its job and round; kept: it holds "
         "none yet, and a different one published later is caught; unmatched: the round closed without the "
         "job's record, so there is nothing to compare (not stored); equivocation: it holds another CID the "

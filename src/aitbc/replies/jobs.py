@@ -137,12 +137,15 @@ class Aggregated(Reply):
     weights: list[float]
 
 
+Action = Literal["train", "wait"]  # what a job's worker is to do now
+
+
 class JobOrder(Reply):
     """What a worker should do now with its job."""
 
     job_id: str
     training_id: str
-    action: Literal["train", "wait"]
+    action: Action
     run_status: RunStatus
     round: int
     send_round: int = Field(

@@ -60,6 +60,7 @@ from aitbc.coordinator.verification.settlement import slash
 from aitbc.core.gossip import PACE_MIN_STEPS, model_bytes
 from aitbc.errors import AitbcError
 from aitbc.ledger.records import record_problem
+from aitbc.replies.gossip import RecordAccepted, SignedRecord, Verdict, Witnessed
 from aitbc.states import ContractStatus, JobStatus, RunStatus, ScoreStatus, UpdateStatus
 from aitbc.storage.cid import is_cid
 from aitbc.storage.peer_fetch import TooLong
@@ -94,7 +95,7 @@ def next_round(s: Session, job: Job) -> int:
     return max(last + 1, job.joined_round)
 
 
-def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]) -> dict[str, Any]:
+def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]) -> RecordAccepted:
     """Record a worker's signed model record (see the module's docstring for what is refused)."""
     if not run.cfg.mode.peer_to_peer:
         raise conflict("not_gossip", f"run {run.id} is a {run.cfg.mode} run: its workers send updates, not records")
@@ -118,7 +119,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
         raise conflict("round_closed", f"round {r} of {run.id} is closed; the record is at round {run.round}")
     if before is not None:
         s.rollback()
-        return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": True}
+        return RecordAccepted(status="recorded", round=r, cid=rec["cid"], duplicate=True)
     proved = equivocated(s, run).get(job.worker_id)
     if proved is not None:
         s.rollback()
@@ -159,7 +160,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     job.progress, job.worker_status, job.progress_round, job.updated_at = 100.0, f"published round {r}", r, now
     s.commit()
     ctx.notifier.poke_driver()
-    return {"status": "recorded", "round": r, "cid": rec["cid"], "duplicate": False}
+    return RecordAccepted(status="recorded", round=r, cid=rec["cid"], duplicate=False)
 
 
 def _checked_record(s: Session, job: Job, run: Run, signed: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +228,7 @@ def _signed_before(s: Session, run: Run, job: Job, cid: str, at: float) -> tuple
     return None
 
 
-def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
+def record_of(s: Session, job_id: str, r: int | None) -> SignedRecord:
     """Job ``job_id``'s signed record of round ``r`` if published, else its latest one."""
     job = s.get(Job, job_id)
     if job is None:
@@ -244,13 +245,13 @@ def record_of(s: Session, job_id: str, r: int | None) -> dict[str, Any]:
         )
     if up is None or up.record is None:
         raise not_found("no_record", f"job {job_id} has published no model record yet")
-    return up.record
+    return SignedRecord(**up.record)
 
 
 MAX_WITNESSED = 64  # records in one report
 
 
-def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any]]) -> list[Witnessed]:
     """Records of other workers that ``reporter`` received (its neighbours', from their
     servers): each is checked as :func:`publish` checks one (the signature against the
     signer's own key: a report cannot frame anyone), all or none (a 422 names the first
@@ -319,7 +320,7 @@ def _compare(
     signed: dict[str, Any],
     reporter: str,
     now: float,
-) -> dict[str, Any]:
+) -> Witnessed:
     """One reported record against what the coordinator holds of its job and round: its
     verdict (:func:`witness`), kept or flagged as it says."""
     r, cid = rec["round"], rec["cid"]
@@ -352,10 +353,10 @@ def _compare(
         s.flush()
     if other is not None:
         _equivocation(ctx, s, run, job, r, other, cid, now)
-        verdict = "equivocation"
+        verdict: Verdict = "equivocation"
     else:
         verdict = "consistent" if held else "kept" if _open(run, r) else "unmatched"
-    return {"worker": job.worker_id, "job_id": job.id, "round": r, "cid": cid, "verdict": verdict}
+    return Witnessed(worker=job.worker_id, job_id=job.id, round=r, cid=cid, verdict=verdict)
 
 
 def _flagged(s: Session, run_id: str, worker: str, r: int) -> bool:

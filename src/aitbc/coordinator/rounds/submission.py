@@ -24,12 +24,13 @@ from aitbc.coordinator.store.models import Job, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run
 from aitbc.coordinator.store.states import ENDED
 from aitbc.coordinator.verification import spot_checks as verification
+from aitbc.replies.jobs import UpdateAccepted
 from aitbc.states import JobStatus, UpdateStatus
 from aitbc.storage.cid import cid_of_bytes, is_cid
 from aitbc.training.proof import Commitment
 
 
-def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: UpdateSubmit) -> dict[str, Any]:
+def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: UpdateSubmit) -> UpdateAccepted:
     """Accept or reject one update. Refusals that say nothing about the worker's honesty
     (unknown job, run ended, round already closed, a duplicate) are errors with no write;
     a bad update (undecodable, wrong shape, NaN/Inf) is recorded as rejected, the worker is
@@ -94,14 +95,14 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     ctx.notifier.poke_driver()
     if reason is not None:
         raise ApiError(422, "update_rejected", f"update for round {body.round} rejected: {reason}")
-    return {
-        "status": UpdateStatus.ACCEPTED.value,
-        "round": round,
-        "cid": body.cid,
-        "size": size,
-        "verification": upd.verification,
-        "challenge": verification.challenge_view(upd),
-    }
+    return UpdateAccepted(
+        status="accepted",
+        round=round,
+        cid=body.cid,
+        size=size,
+        verification=upd.verification,
+        challenge=verification.challenge_view(upd),
+    )
 
 
 def _check_blob(

@@ -9,7 +9,6 @@ import base64
 import contextlib
 import math
 import time
-from typing import Any
 
 from sqlalchemy import case, or_, select, update
 from sqlalchemy.orm import Session
@@ -28,6 +27,8 @@ from aitbc.errors import AitbcError, IntegrityError, NotFoundError
 from aitbc.ledger.book import RequestAuth
 from aitbc.market.gpus import normalize_gpu
 from aitbc.market.ranking import NEUTRAL_REPUTATION, check_offer_fields
+from aitbc.replies.blobs import PeerRef
+from aitbc.replies.jobs import Action, JobOrder, JobPoll
 from aitbc.states import JobStatus, OfferStatus, RunStatus
 from aitbc.storage.cid import is_cid
 from aitbc.units import MICRO, parse_price
@@ -81,7 +82,7 @@ def register(
 MAX_INLINE_MODEL = 4 << 20
 
 
-def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dict[str, Any]:
+def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> JobPoll:
     """What the worker should do now: ``train`` (round open, no update from it yet),
     ``wait`` (aggregating, paused, or already answered), or no job at all. ``inline``:
     a global model to train of at most this many bytes comes in the view (base64), so a
@@ -94,7 +95,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
         .limit(1)
     ).first()
     if row is None:
-        return {"job": None, "version": ctx.notifier.version}
+        return JobPoll(job=None, version=ctx.notifier.version)
     job, run = row
     cfg = run.cfg  # a job exists only once its run is configured
     done = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == run.round))
@@ -105,7 +106,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
     if done is not None and run.status in (RunStatus.TRAINING, RunStatus.AGGREGATING) and sends_ahead(run):
         send = run.round + 1
         sent_ahead = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == send))
-        action = "train" if sent_ahead is None else "wait"
+        action: Action = "train" if sent_ahead is None else "wait"
     else:
         action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
     view = mode_of(run).job_view(ctx, s, run, job, Turn(action, done))
@@ -119,42 +120,40 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> dic
     peers = _model_peers(ctx, s, run, worker_id) if serve else []  # who else holds the model it is about to fetch
     # not when peers are named (they spare our egress), nor to gossip workers (they train their own)
     model = _inline_model(ctx, run, inline) if serve and inline > 0 and not peers else None
-    return {
-        "job": {
-            "job_id": job.id,
-            "training_id": run.id,
-            "action": action,
-            "run_status": run.status,
-            "round": run.round,
-            "send_round": send,  # the round its next update is for (overlap 2: may be the next one)
-            "rounds": cfg.rounds,
-            "global_model_cid": run.global_cid,
-            "shard_cid": job.shard_cid,
-            "shard_index": job.shard_index,
-            "seed": verification.job_seed(run, job),
-            "model_type": run.model_type,
-            "model_options": run.model_options,
-            "data_spec": (run.manifest or {}).get("spec"),
-            **job_settings(run, job),  # local_steps, batch_size, lr, epochs (None: local_steps as given)
-            "inner_opt": cfg.inner_opt,
-            "compression": cfg.compression,
-            "error_feedback": cfg.error_feedback,
-            "d": cfg.d,
-            "deadline_at": (run.round_started_at + deadline) if deadline and run.round_started_at else None,
-            "verify_rate": cfg.verify_rate,
-            "overlap": cfg.overlap,
-            "mode": cfg.mode,  # async: the update names its base (global_model_cid) and joins the open buffer
-            "precision": cfg.precision,
-            "challenge": challenge,
-            "model_peers": peers,
-            "global_model": model,
-            **view.fields,
-        },
-        "version": ctx.notifier.version,
-    }
+    order = JobOrder(
+        job_id=job.id,
+        training_id=run.id,
+        action=action,
+        run_status=RunStatus(run.status),
+        round=run.round,
+        send_round=send,  # the round its next update is for (overlap 2: may be the next one)
+        rounds=cfg.rounds,
+        global_model_cid=run.global_cid,
+        shard_cid=job.shard_cid,
+        shard_index=job.shard_index,
+        seed=verification.job_seed(run, job),
+        model_type=run.model_type,
+        model_options=run.model_options,
+        data_spec=(run.manifest or {}).get("spec"),
+        **job_settings(run, job),  # local_steps, batch_size, lr, epochs (None: local_steps as given)
+        inner_opt=cfg.inner_opt,
+        compression=cfg.compression,
+        error_feedback=cfg.error_feedback,
+        d=cfg.d,
+        deadline_at=(run.round_started_at + deadline) if deadline and run.round_started_at else None,
+        verify_rate=cfg.verify_rate,
+        overlap=cfg.overlap,
+        mode=cfg.mode,  # async: the update names its base (global_model_cid) and joins the open buffer
+        precision=cfg.precision,
+        challenge=challenge,
+        model_peers=peers,
+        global_model=model,
+        **view.fields,
+    )
+    return JobPoll(job=order, version=ctx.notifier.version)
 
 
-def _model_peers(ctx: Context, s: Session, run: Run, worker_id: str) -> list[dict[str, str]]:
+def _model_peers(ctx: Context, s: Session, run: Run, worker_id: str) -> list[PeerRef]:
     """Peers other than ``worker_id`` holding the run's global model, to fetch it from."""
     assert run.global_cid is not None
     run_id = run.id
@@ -162,7 +161,8 @@ def _model_peers(ctx: Context, s: Session, run: Run, worker_id: str) -> list[dic
     def fetchers() -> list[str]:  # the run's workers: each fetches this model too
         return list(s.scalars(select(Job.worker_id).where(Job.run_id == run_id, Job.status == JobStatus.ACTIVE)).all())
 
-    return ctx.peers.holders_for(run.global_cid, worker_id, lambda w: _alive(ctx, w), fetchers=fetchers)
+    found = ctx.peers.holders_for(run.global_cid, worker_id, lambda w: _alive(ctx, w), fetchers=fetchers)
+    return [PeerRef(**p) for p in found]
 
 
 def _inline_model(ctx: Context, run: Run, inline: int) -> str | None:
@@ -205,9 +205,9 @@ def announce_holdings(ctx: Context, worker_id: str, body: Holdings) -> None:
     ctx.peers.announce(worker_id, body.advertise, list(dict.fromkeys(body.cids)))
 
 
-def holders(ctx: Context, cid: str, asker: str) -> list[dict[str, str]]:
+def holders(ctx: Context, cid: str, asker: str) -> list[PeerRef]:
     """Peers other than ``asker`` that hold ``cid`` (none: fetch it from the coordinator)."""
-    return ctx.peers.holders_for(cid, asker, lambda w: _alive(ctx, w))
+    return [PeerRef(**p) for p in ctx.peers.holders_for(cid, asker, lambda w: _alive(ctx, w))]
 
 
 def report_progress(ctx: Context, s: Session, job_id: str, signer: str, body: Progress) -> None:

@@ -91,7 +91,7 @@ async def job(
         description="bytes: a global model to train that is at most this large comes inside the reply "
         "(job.global_model, base64), saving its download; 0: never",
     ),
-) -> dict:
+) -> JobPoll:
     """The worker's current job and what to do (``train`` or ``wait``). With ``wait``, a
     long poll: answered as soon as there is something to train, or after ``wait`` seconds.
     With ``after``, only a round past that one is something to train. With ``known``, a
@@ -103,16 +103,16 @@ async def job(
         await run_in_threadpool(workers.require_known, ctx, worker_id)
     deadline = time.monotonic() + wait
 
-    def look() -> dict:
+    def look() -> JobPoll:
         with ctx.session() as s:
             return workers.job_for(ctx, s, worker_id, inline=inline)
 
     while True:
         seen = ctx.notifier.version
         view = await run_in_threadpool(look)
-        job = view["job"]
-        ready = job is not None and job["action"] == "train" and (after is None or job["round"] > after)
-        new = job is not None and known is not None and job["job_id"] != known
+        job = view.job
+        ready = job is not None and job.action == "train" and (after is None or job.round > after)
+        new = job is not None and known is not None and job.job_id != known
         if ready or new or time.monotonic() >= deadline:
             return view
         await ctx.notifier.changed(seen, max(0.0, deadline - time.monotonic()))
@@ -138,12 +138,12 @@ def progress(job_id: str, body: Progress, ctx: CtxDep, s: SessionDep, signer: Si
 
 
 @router.post("/jobs/{job_id}/updates", status_code=201, response_model=UpdateAccepted, responses=OWNED)
-def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+def submit_update(job_id: str, body: UpdateSubmit, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> UpdateAccepted:
     return submission.submit_update(ctx, s, job_id, signer.address, body)
 
 
 @router.post("/jobs/{job_id}/records", status_code=201, response_model=RecordAccepted, responses=OWNED)
-def publish_record(job_id: str, body: RecordPublish, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+def publish_record(job_id: str, body: RecordPublish, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> RecordAccepted:
     """Gossip runs: the signer's signed record of its model after a round (``aitbc.gossip/1``:
     run, job, worker, round, model CID, samples, training loss). Published once per round;
     the same record again is a duplicate (200-equivalent), another CID for it a 409."""
@@ -156,14 +156,14 @@ def job_record(
     job_id: str,
     s: SessionDep,
     round: int | None = Query(None, ge=1, description="this round's record if published, else the latest"),
-) -> dict:
+) -> SignedRecord:
     """A gossip job's signed model record (how a worker gets the record of a neighbour that
     cannot be reached; it checks the signature itself)."""
     return gossip.record_of(s, job_id, round)
 
 
 @router.post("/records/witnessed", response_model=Page[Witnessed], responses=errors(403, 404, 409, 422))
-def witnessed(body: WitnessReport, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> dict:
+def witnessed(body: WitnessReport, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> Page[Witnessed]:
     """Gossip runs: records of other workers of the signer's run, as it received them (its
     neighbours' servers). Each must verify against its signer's own key (a report cannot
     frame anyone; a bad one: 422, nothing written). A record whose job published, or
@@ -171,7 +171,7 @@ def witnessed(body: WitnessReport, ctx: CtxDep, s: SessionDep, signer: SignerDep
     the signer of both is flagged ``equivocation`` and its model of the round rejected."""
     workers.require_known(ctx, signer.address)
     data = gossip.witness(ctx, s, signer.address, [r.model_dump() for r in body.records])
-    return {"data": data, "count": len(data)}
+    return Page[Witnessed](data=data, count=len(data))
 
 
 @router.post("/jobs/{job_id}/proofs", response_model=Revealed, responses=OWNED)

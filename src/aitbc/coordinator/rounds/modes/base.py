@@ -35,6 +35,7 @@ from aitbc.coordinator.schemas import Progress, UpdateSubmit
 from aitbc.coordinator.store.models import Job, Run, Update
 from aitbc.coordinator.store.repository import lock_run, round_updates
 from aitbc.coordinator.store.states import ENDED, transition
+from aitbc.replies.jobs import Action
 from aitbc.run_mode import RunMode
 from aitbc.states import Control, RunStatus, UpdateStatus
 
@@ -45,7 +46,7 @@ Refuse = Callable[..., None]  # rolls back, may flag the job, raises the error i
 class Turn:
     """What a job's worker is to do now, and its update of the round it answered (if any)."""
 
-    action: str  # train or wait
+    action: Action
     answered: Update | None
 
 

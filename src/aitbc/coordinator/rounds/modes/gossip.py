@@ -16,6 +16,7 @@ from aitbc.coordinator.rounds.jobs import reached
 from aitbc.coordinator.rounds.modes.base import JobView, RoundMode, Turn
 from aitbc.coordinator.schemas import Progress
 from aitbc.coordinator.store.models import Job, Run
+from aitbc.replies.jobs import Action
 from aitbc.run_mode import RunMode
 from aitbc.states import RunStatus
 
@@ -67,5 +68,5 @@ class GossipMode(RoundMode):
                 "wait": cfg.deadline,
             }
         }
-        action = "train" if live and nxt <= cfg.rounds else "wait"
+        action: Action = "train" if live and nxt <= cfg.rounds else "wait"
         return JobView(Turn(action, None), deadline=cfg.deadline, serves_global_model=False, fields=fields)
