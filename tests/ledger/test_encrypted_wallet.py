@@ -201,7 +201,9 @@ def test_a_plaintext_wallet_encrypted_later_stays_encrypted(tmp_path: Path):
     sealed = {
         **ident,
         "created": record["created"],
-        "encrypted_key": seal(bytes.fromhex(record["private_key"]), PASS, _aad(ident)),
+        "encrypted_key": seal(
+            bytes.fromhex(record["private_key"]), PASS, _aad(ident["name"], ident["address"], ident["public_key"])
+        ),
     }
     wallet_path(home, "w").write_text(json.dumps(sealed))
     assert load_wallet(home, "w", passphrase=PASS).address == w.address

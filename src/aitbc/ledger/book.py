@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import JSON, BigInteger, Float, Integer, String, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -19,6 +19,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from aitbc.json_value import JSONObject
 
 # LedgerError and the networks live in the pure chain module (no SQLAlchemy): the CLI checks
 # --network without importing the database layer. Re-exported here.
@@ -36,6 +38,33 @@ from aitbc.ledger.chain import (  # noqa: F401
 from aitbc.ledger.wallet import Wallet
 
 
+class EntryFields(TypedDict):
+    """An entry's signed content: every column but the signature and the hash."""
+
+    seq: int
+    prev_hash: str
+    network: str
+    kind: str
+    debit: str
+    credit: str
+    amount: int
+    memo: JSONObject
+    key: str | None
+    signer: str
+    auth: JSONObject  # {"type": "entry"} or a RequestAuth's as_auth (checked by check_authorisation)
+    created_at: float
+
+
+class SignedEntry(EntryFields):
+    signature: str
+
+
+class EntryRecord(SignedEntry):
+    """An entry's row as JSON reads it (``Entry.as_dict``)."""
+
+    hash: str
+
+
 class LedgerBase(DeclarativeBase):
     pass
 
@@ -51,33 +80,30 @@ class Entry(LedgerBase):
     debit: Mapped[str] = mapped_column(String(100), index=True)
     credit: Mapped[str] = mapped_column(String(100), index=True)
     amount: Mapped[int] = mapped_column(BigInteger)
-    memo: Mapped[dict[str, Any]] = mapped_column(JSON)
+    memo: Mapped[JSONObject] = mapped_column(JSON)
     key: Mapped[str | None] = mapped_column(String(200), unique=True)  # idempotency: once per key, ever
     signer: Mapped[str] = mapped_column(String(64))
-    auth: Mapped[dict[str, Any]] = mapped_column(JSON)
+    auth: Mapped[JSONObject] = mapped_column(JSON)
     signature: Mapped[str] = mapped_column(String(128), index=True)  # a signed request authorises one entry
     created_at: Mapped[float] = mapped_column(Float)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            c: getattr(self, c)
-            for c in (
-                "seq",
-                "hash",
-                "prev_hash",
-                "network",
-                "kind",
-                "debit",
-                "credit",
-                "amount",
-                "memo",
-                "key",
-                "signer",
-                "auth",
-                "signature",
-                "created_at",
-            )
-        }
+    def as_dict(self) -> EntryRecord:
+        return EntryRecord(
+            seq=self.seq,
+            hash=self.hash,
+            prev_hash=self.prev_hash,
+            network=self.network,
+            kind=self.kind,
+            debit=self.debit,
+            credit=self.credit,
+            amount=self.amount,
+            memo=self.memo,
+            key=self.key,
+            signer=self.signer,
+            auth=self.auth,
+            signature=self.signature,
+            created_at=self.created_at,
+        )
 
 
 class Account(LedgerBase):
@@ -128,7 +154,7 @@ class RequestAuth:
     signature: str
     field: str | None = None  # the body field bounding the amount, if any
 
-    def as_auth(self) -> dict[str, Any]:
+    def as_auth(self) -> JSONObject:
         return {
             "type": "request",
             "method": self.method,
@@ -140,14 +166,29 @@ class RequestAuth:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RequestAuth:
+    def from_dict(cls, d: JSONObject) -> RequestAuth:
+        """The request :meth:`as_dict` stored (``TypeError`` for a field that is not text)."""
+        field = d.get("field")
         return cls(
-            **{k: d[k] for k in ("method", "path", "body", "timestamp", "nonce", "public_key", "signature")},
-            field=d.get("field"),
+            method=_text(d, "method"),
+            path=_text(d, "path"),
+            body=_text(d, "body"),
+            timestamp=_text(d, "timestamp"),
+            nonce=_text(d, "nonce"),
+            public_key=_text(d, "public_key"),
+            signature=_text(d, "signature"),
+            field=None if field is None else _text(d, "field"),
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {**self.as_auth(), "public_key": self.public_key, "signature": self.signature}
+
+
+def _text(d: JSONObject, key: str) -> str:
+    value = d[key]
+    if not isinstance(value, str):
+        raise TypeError(f"signed request field {key!r} is {value!r}, not text")
+    return value
 
 
 class Ledger:
@@ -165,7 +206,7 @@ class Ledger:
         debit: str,
         credit: str,
         amount: int,
-        memo: dict[str, Any] | None = None,
+        memo: JSONObject | None = None,
         key: str | None = None,
         request: RequestAuth | None = None,
         now: float | None = None,
@@ -194,7 +235,8 @@ class Ledger:
             have = self.balance(s, debit)
             if have < amount:
                 raise LedgerError("insufficient_funds", f"{debit} holds {have} micro-AIT; {amount} needed")
-        e: dict[str, Any] = {
+        auth: JSONObject = {"type": "entry"} if request is None else request.as_auth()
+        fields: EntryFields = {
             "seq": head.seq + 1,
             "prev_hash": head.hash,
             "network": self.network,
@@ -204,20 +246,19 @@ class Ledger:
             "amount": amount,
             "memo": memo or {},
             "key": key,
+            "signer": self.system.public_key if request is None else request.public_key,
+            "auth": auth,
             "created_at": round(time.time() if now is None else now, 6),
         }
-        if request is None:
-            e["signer"], e["auth"] = self.system.public_key, {"type": "entry"}
-            e["signature"] = self.system.sign(signed_content(e))
-        else:
-            e["signer"], e["auth"], e["signature"] = request.public_key, request.as_auth(), request.signature
+        signature = self.system.sign(signed_content(fields)) if request is None else request.signature
+        e: SignedEntry = {**fields, "signature": signature}
         # Refuse what the audit would refuse: a ledger is append-only, so an entry written
         # here that does not verify would fail every audit from now on.
         why = check_authorisation(e, self.system.public_key)
         if why:
             raise LedgerError("unauthorised", f"entry refused: {why}")
-        e["hash"] = entry_hash(e)
-        entry = Entry(**e)
+        record: EntryRecord = {**e, "hash": entry_hash(e)}
+        entry = Entry(**record)
         s.add(entry)
         for name, delta in ((debit, -amount), (credit, amount)):
             acct = s.get(Account, name)
@@ -225,7 +266,7 @@ class Ledger:
                 acct = Account(name=name, balance=0)
                 s.add(acct)
             acct.balance += delta
-        head.seq, head.hash = e["seq"], e["hash"]
+        head.seq, head.hash = record["seq"], record["hash"]
         s.flush()
         return entry
 

@@ -18,7 +18,7 @@ import getpass
 import os
 import secrets
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -39,7 +39,20 @@ def _kdf(passphrase: str, salt: bytes, n: int, r: int, p: int) -> bytes:
     return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(passphrase.encode())
 
 
-def seal(seed: bytes, passphrase: str, aad: bytes) -> dict[str, Any]:
+class SealedKey(TypedDict):
+    """A wallet's ``encrypted_key``: the scrypt parameters and the sealed seed, as hex."""
+
+    kdf: str
+    n: int
+    r: int
+    p: int
+    salt: str
+    cipher: str
+    nonce: str
+    ciphertext: str
+
+
+def seal(seed: bytes, passphrase: str, aad: bytes) -> SealedKey:
     """``encrypted_key`` for ``seed`` under ``passphrase``."""
     if not passphrase:
         raise AitbcError("an empty passphrase encrypts nothing; give a passphrase")

@@ -37,15 +37,16 @@ import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
+from aitbc.json_value import JSONObject
 from aitbc.ledger.keys import key_problem, signature_problem
-from aitbc.ledger.sealed import passphrase_for, seal, unseal
+from aitbc.ledger.sealed import SealedKey, passphrase_for, seal, unseal
 
 WALLET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """Allowed wallet names (use ``fullmatch``): 1-64 letters, digits, '.', '_', '-', first a
@@ -263,16 +264,24 @@ def create_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wa
     if path.exists():
         raise WalletExistsError(f"wallet '{name}' already exists ({path.parent})")
     wallet = Wallet.generate(name)
-    record: dict[str, Any] = {
-        "name": wallet.name,
-        "address": wallet.address,
-        "public_key": wallet.public_key,
-        "private_key": wallet._seed_hex(),
-        "created": wallet.created,
-    }
-    if passphrase is not None:  # the seed is stored sealed: no plaintext key in the file
-        del record["private_key"]
-        record["encrypted_key"] = seal(bytes.fromhex(wallet._seed_hex()), passphrase, _aad(record))
+    record: PlainKeyFile | SealedKeyFile
+    if passphrase is None:
+        record = {
+            "name": wallet.name,
+            "address": wallet.address,
+            "public_key": wallet.public_key,
+            "private_key": wallet._seed_hex(),
+            "created": wallet.created,
+        }
+    else:  # the seed is stored sealed: no plaintext key in the file
+        aad = _aad(wallet.name, wallet.address, wallet.public_key)
+        record = {
+            "name": wallet.name,
+            "address": wallet.address,
+            "public_key": wallet.public_key,
+            "created": wallet.created,
+            "encrypted_key": seal(bytes.fromhex(wallet._seed_hex()), passphrase, aad),
+        }
     data = (json.dumps(record, indent=2) + "\n").encode()
     try:
         _mkdir_private(wallets_dir(home))
@@ -319,16 +328,44 @@ def load_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wall
     return wallet
 
 
-def _aad(record: dict[str, Any]) -> bytes:
+class PlainKeyFile(TypedDict):
+    """``key.json`` of a wallet whose key is stored as it is (keys in the file's order)."""
+
+    name: str
+    address: str
+    public_key: str
+    private_key: str
+    created: str
+
+
+class SealedKeyFile(TypedDict):
+    """``key.json`` of a wallet whose key is stored encrypted (keys in the file's order)."""
+
+    name: str
+    address: str
+    public_key: str
+    created: str
+    encrypted_key: SealedKey
+
+
+@dataclass(frozen=True, slots=True)
+class WalletRecord:
+    """What a wallet was created as (``HOME/wallets/.records/NAME.json``)."""
+
+    address: str
+    encrypted: bool
+
+
+def _aad(name: object, address: object, public_key: object) -> bytes:
     """What an encrypted key is bound to: the wallet's name, address and public key."""
-    return f"aitbc-wallet\n{record['name']}\n{record['address']}\n{record['public_key']}".encode()
+    return f"aitbc-wallet\n{name}\n{address}\n{public_key}".encode()
 
 
 def _corrupt(name: str, path: Path, why: str) -> IntegrityError:
     return IntegrityError(f"wallet '{name}' is corrupt ({path}): {why}")
 
 
-def _key_record(name: str, path: Path, text: bytes) -> dict[str, Any]:
+def _key_record(name: str, path: Path, text: bytes) -> JSONObject:
     """``key.json``'s JSON object (nothing checked inside it yet)."""
     try:
         record = json.loads(text)
@@ -339,29 +376,33 @@ def _key_record(name: str, path: Path, text: bytes) -> dict[str, Any]:
     return record
 
 
-def _is_sealed(record: dict[str, Any]) -> bool:
+def _is_sealed(record: JSONObject) -> bool:
     return "encrypted_key" in record and "private_key" not in record
 
 
-def _parse_key_record(name: str, path: Path, record: dict[str, Any], passphrase: str | None = None) -> Wallet:
+def _parse_key_record(name: str, path: Path, record: JSONObject, passphrase: str | None = None) -> Wallet:
     def corrupt(why: str) -> IntegrityError:
         return _corrupt(name, path, why)
 
     if _is_sealed(record):
         if not all(isinstance(record.get(f), str) for f in ("name", "address", "public_key")):
             raise corrupt("missing or non-string name, address or public_key")
-        opened = unseal(name, record["encrypted_key"], passphrase_for(name, passphrase), _aad(record))
+        aad = _aad(record["name"], record["address"], record["public_key"])
+        opened = unseal(name, record["encrypted_key"], passphrase_for(name, passphrase), aad)
         record = {**record, "private_key": opened.hex()}
+    fields: dict[str, str] = {}
     for field in _FIELDS:
-        if not isinstance(record.get(field), str):
+        value = record.get(field)
+        if not isinstance(value, str):
             raise corrupt(f"missing or non-string field '{field}'")
-    seed = _hex32(record["private_key"])
+        fields[field] = value
+    seed = _hex32(fields["private_key"])
     if seed is None:
         raise corrupt("private_key is not 64 hex digits")
-    wallet = Wallet(name, Ed25519PrivateKey.from_private_bytes(seed), created=record["created"])
-    if record["public_key"].lower() != wallet.public_key:
+    wallet = Wallet(name, Ed25519PrivateKey.from_private_bytes(seed), created=fields["created"])
+    if fields["public_key"].lower() != wallet.public_key:
         raise corrupt("its public_key does not match its private key")
-    if record["address"] != wallet.address:
+    if fields["address"] != wallet.address:
         raise corrupt("its address does not match its private key")
     return wallet
 
@@ -395,7 +436,7 @@ def record_path(home: Path, name: str) -> Path:
     return wallets_dir(home) / RECORDS_DIR / f"{check_wallet_name(name)}.json"
 
 
-def _read_record(home: Path, name: str) -> dict[str, Any] | None:
+def _read_record(home: Path, name: str) -> WalletRecord | None:
     """The wallet's record (None: none yet); ``IntegrityError`` for one that is not ours."""
     path = record_path(home, name)
     try:
@@ -413,7 +454,7 @@ def _read_record(home: Path, name: str) -> dict[str, Any] | None:
             f"wallet '{name}''s record is corrupt ({path}): want a JSON object with an address and "
             "encrypted true or false (delete it to record the wallet as it is now)"
         )
-    return record
+    return WalletRecord(address=record["address"], encrypted=record["encrypted"])
 
 
 def _check_recorded(home: Path, name: str, path: Path, address: Any, *, encrypted: bool) -> None:
@@ -423,15 +464,15 @@ def _check_recorded(home: Path, name: str, path: Path, address: Any, *, encrypte
     if recorded is None:
         return
     undo = f"restore the key created, or, if you replaced it on purpose, delete {record_path(home, name)}"
-    if recorded["encrypted"] and not encrypted:
+    if recorded.encrypted and not encrypted:
         raise IntegrityError(
             f"wallet '{name}' was created encrypted, but {path} holds a plaintext key: refused "
             f"(a key file put in its place would be used without your passphrase); {undo}"
         )
-    if isinstance(address, str) and address != recorded["address"]:
+    if isinstance(address, str) and address != recorded.address:
         raise IntegrityError(
             f"wallet '{name}' is not the wallet created under this name: {path} gives address {address}, "
-            f"it was created as {recorded['address']}; refused; {undo}"
+            f"it was created as {recorded.address}; refused; {undo}"
         )
 
 
@@ -458,7 +499,7 @@ def _remember(home: Path, wallet: Wallet, *, encrypted: bool) -> None:
     """Record a loaded wallet that has no record yet (made before records existed), or
     that is encrypted now and was not: from then on it loads only as it is now."""
     recorded = _read_record(home, wallet.name)
-    if recorded is not None and (recorded["encrypted"] or not encrypted):
+    if recorded is not None and (recorded.encrypted or not encrypted):
         return
     try:
         _write_record(home, wallet, encrypted=encrypted)

@@ -40,6 +40,7 @@ from aitbc.coordinator.errors import ApiError, conflict, unprocessable
 from aitbc.coordinator.store.models import Contract, Job, Offer, RoundRecord, Run, Settlement, Update
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED
+from aitbc.json_value import JSONObject
 from aitbc.ledger.book import LedgerError, RequestAuth, check_network
 from aitbc.ledger.chain import bond_account, escrow_account, wallet_account
 from aitbc.states import ContractStatus, Control, RunStatus, UpdateStatus
@@ -331,7 +332,7 @@ def pay_as_delivered(ctx: Context, s: Session, run: Run, c: Contract, r: int, *,
 
 
 def settle_round(
-    ctx: Context, s: Session, run: Run, c: Contract, r: int, *, quality: float, due: int, memo: dict[str, object]
+    ctx: Context, s: Session, run: Run, c: Contract, r: int, *, quality: float, due: int, memo: JSONObject
 ) -> int:
     """Contract ``c``'s settlement of round ``r``: a settlement row (``quality``, ``due``) and,
     where the coordinator pays the round (:func:`driver_pays`), ``due`` from escrow as far as
