@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -227,7 +228,7 @@ class Scale(Attack):
         return self.cfg.factor * view.own
 
 
-def build_attack(name: str, options: dict[str, Any] | None = None) -> Attack:
+def build_attack(name: str, options: Mapping[str, object] | None = None) -> Attack:
     cls = ATTACKS.get(name)
     return cls(build_config(cls.Config, options, what=f"attack {name!r}"))
 

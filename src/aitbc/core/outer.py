@@ -17,6 +17,7 @@ model sane): ``lr`` in ``(0, MAX_LR]`` (10: ten times a plain average), ``moment
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -115,7 +116,7 @@ def _check(params: Tensor, delta: Tensor) -> None:
         raise ValueError("outer step got a non-finite delta")
 
 
-def build_outer(name: str, options: dict[str, Any] | None = None) -> OuterOptimizer:
+def build_outer(name: str, options: Mapping[str, object] | None = None) -> OuterOptimizer:
     cls = OUTER_OPTIMIZERS.get(name)
     cfg = build_config(cls.Config, options, what=f"outer optimizer {name!r}")
     return cls(cfg)

@@ -12,7 +12,7 @@ weight in ``(0, 1]``; the update is scaled by it. Rules from FedAsync (Xie et al
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,7 @@ STALENESS.register("polynomial")((PolynomialConfig, lambda cfg, s: (1.0 + s) ** 
 STALENESS.register("hinge")((HingeConfig, lambda cfg, s: 1.0 if s <= cfg.b else 1.0 / (cfg.a * (s - cfg.b) + 1.0)))
 
 
-def build_staleness(name: str, options: dict[str, Any] | None = None) -> Callable[[int], float]:
+def build_staleness(name: str, options: Mapping[str, object] | None = None) -> Callable[[int], float]:
     cfg_cls, fn = STALENESS.get(name)
     cfg = build_config(cfg_cls, options, what=f"staleness rule {name!r}")
 

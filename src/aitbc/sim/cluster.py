@@ -11,10 +11,10 @@ import copy
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import torch
 from torch import Tensor
@@ -30,6 +30,7 @@ from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, IntegrityError, UsageError
+from aitbc.json_value import JSONObject
 from aitbc.run_mode import RunMode
 from aitbc.sim.config import SimConfig
 from aitbc.sim.network import build_profiles, step_seconds
@@ -53,7 +54,17 @@ class Sent:
     accuracy: float | None = None  # share of its own batches it predicted right (classifiers; None otherwise)
 
 
-ProgressFn = Callable[[dict[str, Any]], None]
+@dataclass(frozen=True, slots=True)
+class TargetReached:
+    """Where the run first reached its target loss or accuracy."""
+
+    bytes: int  # uploaded by then
+    seconds: float  # virtual
+    round: int
+
+
+# Called with each round's metrics row: fixed columns and the mode's own (any JSON).
+ProgressFn = Callable[[JSONObject], None]
 
 
 class Cluster:
@@ -109,7 +120,7 @@ class Cluster:
         self.val_loss = self.initial_loss = math.nan
         self.val_acc: float | None = None
         self.spread: float | None = None
-        self.target: dict[str, Any] | None = None
+        self.target: TargetReached | None = None
         self._metrics: IO[str] | None = None
         self._progress: ProgressFn | None = None
         # Per round, each worker's last update L2 norm (what the report's heatmap shows: the
@@ -162,7 +173,7 @@ class Cluster:
         }
         return self.store.put_bytes(json.dumps(manifest, sort_keys=True).encode())
 
-    def _codec(self, name: str, options: dict[str, Any], error_feedback: bool) -> Codec | ErrorFeedback:
+    def _codec(self, name: str, options: Mapping[str, object], error_feedback: bool) -> Codec | ErrorFeedback:
         return build_codec(name, options, layout=self.layout, error_feedback=error_feedback)
 
     # ---- what workers do ------------------------------------------------------------
@@ -296,7 +307,7 @@ class Cluster:
         train_losses: list[float],
         accepted: int,
         train_accuracies: list[float] | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         eval_params: Tensor | None = None,
     ) -> bool:
         """Close round ``self.round``: evaluate, track the target, write a metrics row.
@@ -340,4 +351,4 @@ class Cluster:
         hit_loss = cfg.target_loss is not None and self.val_loss <= cfg.target_loss
         hit_acc = cfg.target_accuracy is not None and self.val_acc is not None and self.val_acc >= cfg.target_accuracy
         if hit_loss or hit_acc:
-            self.target = {"bytes": self.bytes_up, "seconds": self.clock, "round": self.round}
+            self.target = TargetReached(bytes=self.bytes_up, seconds=self.clock, round=self.round)

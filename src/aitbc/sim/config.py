@@ -4,8 +4,8 @@ construction (a bad option fails before anything is built)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from aitbc import run_defaults
 from aitbc.errors import UsageError
@@ -18,7 +18,7 @@ MODES = tuple(RunMode)
 @dataclass(kw_only=True)
 class SimConfig:
     model: str = "mlp"
-    model_options: dict[str, Any] = field(default_factory=dict)
+    model_options: Mapping[str, object] = field(default_factory=dict)  # the model's own (a user model's: any)
     dataset: str = "digits"
     workers: int = 8
     # The training settings a live run shares take their defaults from run_defaults.
@@ -28,7 +28,7 @@ class SimConfig:
     lr: float = run_defaults.LR
     inner_opt: str = run_defaults.INNER_OPT
     outer: str = run_defaults.OUTER
-    outer_options: dict[str, Any] = field(default_factory=dict)
+    outer_options: Mapping[str, object] = field(default_factory=dict)
     aggregator: str = run_defaults.AGGREGATOR  # spec: NAME[:k=v,...][+NAME[:k=v,...]]
     compression: str = run_defaults.COMPRESSION  # spec: NAME[:k=v,...]
     error_feedback: bool = run_defaults.ERROR_FEEDBACK

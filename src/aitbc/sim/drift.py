@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import torch
 from torch import Tensor
 
 from aitbc import run_defaults
 from aitbc.errors import UsageError
+from aitbc.json_value import JSONObject
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params
 from aitbc.training.checks import Replay, check_interval, replay_threads
@@ -30,7 +32,7 @@ Task = Literal["classification", "language"]
 # model: (task, one sample's shape, classes or vocabulary, options) in two sizes: "small" (a
 # benchmark's default, seconds a trial on 2 cores) and "large" (the built-in defaults, or near:
 # kernels that split across threads, so other thread counts sum in other orders)
-DRIFT_MODELS: dict[str, dict[str, tuple[Task, tuple[int, ...], int, dict[str, Any]]]] = {
+DRIFT_MODELS: dict[str, dict[str, tuple[Task, tuple[int, ...], int, Mapping[str, object]]]] = {
     "small": {
         "mlp": ("classification", (64,), 10, {"hidden": [64]}),
         "cnn": ("classification", (1, 16, 16), 10, {"channels": [8, 16], "hidden": 32}),
@@ -84,7 +86,25 @@ def _drift_problem(cfg: DriftConfig) -> tuple[torch.nn.Module, Tensor, Tensor]:
     return build_model(cfg.model, DataSpec(task, shape, classes), opts), x, y
 
 
-def drift_trial(cfg: DriftConfig) -> dict[str, Any]:
+class Judged(TypedDict):
+    """One round's intervals, judged: how many of each outcome, and the distances."""
+
+    passed: int
+    drift: int
+    fault: int
+    intervals: int
+    max_error: float  # the largest interval distance (0.0: every interval bit-exact)
+    min_error: float  # the smallest (inf: no interval, or none with a distance)
+
+
+class DriftTrial(TypedDict):
+    config: JSONObject  # the DriftConfig
+    honest: Judged
+    cheat: Judged
+    seconds: float
+
+
+def drift_trial(cfg: DriftConfig) -> DriftTrial:
     """Every interval of one honest round (after a round that gives the optimizer state)
     and of one wrong-data cheater's round, judged: counts of each outcome, the largest
     honest miss and the smallest cheat distance."""
@@ -92,7 +112,7 @@ def drift_trial(cfg: DriftConfig) -> dict[str, Any]:
     model, x, y = _drift_problem(cfg)
     local = LocalConfig(steps=cfg.local_steps, batch_size=cfg.batch_size, optimizer=cfg.optimizer, lr=cfg.lr)
     start = flat_params(model)
-    out: dict[str, Any] = {"config": asdict(cfg)}
+    judged: dict[str, Judged] = {}
     junk = torch.Generator().manual_seed(cfg.seed + 7)
     classes = DRIFT_MODELS[cfg.size][cfg.model][2]
     if x.is_floating_point():
@@ -117,6 +137,17 @@ def drift_trial(cfg: DriftConfig) -> dict[str, Any]:
                 counts[v.outcome] += 1
                 err = v.error if v.error is not None else float("inf")
                 worst, least = max(worst, err), min(least, err)
-        out[who] = {**counts, "intervals": len(b) - 1, "max_error": worst, "min_error": least}
-    out["seconds"] = time.perf_counter() - t0
-    return out
+        judged[who] = {
+            "passed": counts["passed"],
+            "drift": counts["drift"],
+            "fault": counts["fault"],
+            "intervals": len(b) - 1,
+            "max_error": worst,
+            "min_error": least,
+        }
+    return {
+        "config": asdict(cfg),
+        "honest": judged["honest"],
+        "cheat": judged["cheat"],
+        "seconds": time.perf_counter() - t0,
+    }

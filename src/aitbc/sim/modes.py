@@ -31,6 +31,7 @@ from aitbc.core.gossip import mix_weight, neighbours, robust_combine
 from aitbc.core.staleness import async_weight
 from aitbc.core.staleness import buffer_size as buffer_size_of
 from aitbc.errors import IntegrityError
+from aitbc.json_value import JSONObject
 from aitbc.sim.cluster import Cluster
 from aitbc.storage.cid import cid_of_bytes
 
@@ -153,7 +154,7 @@ def run_gossip(sim: Cluster) -> None:
         sim.spread = float((stack - sim.params).norm(dim=1).mean())
         sim.clock += max(seconds)
         sim.round = r
-        extra = {
+        extra: JSONObject = {
             "spread": sim.spread,
             # each worker's published model's CID: what a live worker on that shard signs
             "published": [cid_of_bytes(m) for m in messages],

@@ -12,7 +12,6 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from aitbc.sim.cluster import Cluster, ProgressFn
 from aitbc.sim.config import SimConfig
@@ -43,7 +42,7 @@ class SimResult:
     metrics_path: str
     manifest_cid: str
     final_model_cid: str
-    config: dict[str, Any]
+    config: SimConfig
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -75,9 +74,9 @@ class Simulation(Cluster):
             bytes_up=self.bytes_up,
             bytes_down=self.bytes_down,
             compression_ratio=(4 * self.d * self.updates_sent / self.bytes_up) if self.bytes_up else 1.0,
-            bytes_to_target=self.target["bytes"] if self.target else None,
-            virtual_seconds_to_target=self.target["seconds"] if self.target else None,
-            rounds_to_target=self.target["round"] if self.target else None,
+            bytes_to_target=self.target.bytes if self.target else None,
+            virtual_seconds_to_target=self.target.seconds if self.target else None,
+            rounds_to_target=self.target.round if self.target else None,
             virtual_seconds=self.clock,
             wall_seconds=time.perf_counter() - self.t0,
             rejected_updates=self.rejected,
@@ -88,7 +87,7 @@ class Simulation(Cluster):
             metrics_path=str(metrics_path),
             manifest_cid=self.manifest_cid,
             final_model_cid=final_cid,
-            config=asdict(cfg),
+            config=cfg,
         )
 
 

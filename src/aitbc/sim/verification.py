@@ -29,7 +29,6 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,6 +39,7 @@ from aitbc.core.compression.feedback import ErrorFeedback
 from aitbc.core.options import parse_spec
 from aitbc.core.outer import build_outer
 from aitbc.errors import IntegrityError
+from aitbc.json_value import JSONObject
 from aitbc.sim.cheats import RoundView, Submission, Worker
 from aitbc.sim.verify_config import VerifyConfig
 from aitbc.training.batches import data_seed
@@ -62,16 +62,26 @@ from aitbc.training.proof import TrainState
 from aitbc.training.sharding import shard_indices
 
 
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """An honest update a check left out of its round."""
+
+    round: int
+    worker: int
+    check: str
+    detail: str
+
+
 @dataclass(kw_only=True)
 class VerifyResult:
-    config: dict[str, Any]
+    config: VerifyConfig
     cheaters: list[int]
     rounds: int  # rounds played
     caught_round: dict[int, int]  # cheater -> first round an update of it was detected (absent: never)
     caught_by: dict[int, str]  # cheater -> the check that detected it ("start", "interval", "reveal", "update")
     proved_round: dict[int, int]  # cheater -> round a check proved it (a fault: slashed, ejected)
-    false_accusations: list[dict[str, Any]]  # honest workers a check faulted (would be slashed: must be none)
-    honest_drift: list[dict[str, Any]]  # honest updates left out unpaid as possible drift (not slashed)
+    false_accusations: list[Finding]  # honest workers a check faulted (would be slashed: must be none)
+    honest_drift: list[Finding]  # honest updates left out unpaid as possible drift (not slashed)
     cheater_updates: int  # cheaters' updates received (until ejected)
     cheater_updates_caught: int
     cheater_updates_accepted: int  # aggregated before their cheater was caught
@@ -109,8 +119,8 @@ class VerifyResult:
         """Seconds verifying honest updates / seconds honest workers spent producing them."""
         return self.honest_verify_seconds / self.train_seconds if self.train_seconds else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+    def to_json(self) -> JSONObject:
+        out: JSONObject = asdict(self)
         out["caught_round"] = {str(k): v for k, v in self.caught_round.items()}
         out["caught_by"] = {str(k): v for k, v in self.caught_by.items()}
         out["proved_round"] = {str(k): v for k, v in self.proved_round.items()}
@@ -234,8 +244,8 @@ class Tally:
     caught_round: dict[int, int] = field(default_factory=dict)
     caught_by: dict[int, str] = field(default_factory=dict)
     proved_round: dict[int, int] = field(default_factory=dict)
-    false_accusations: list[dict[str, Any]] = field(default_factory=list)
-    honest_drift: list[dict[str, Any]] = field(default_factory=list)
+    false_accusations: list[Finding] = field(default_factory=list)
+    honest_drift: list[Finding] = field(default_factory=list)
     cheater_updates: int = 0
     cheater_updates_caught: int = 0
     cheater_updates_accepted: int = 0
@@ -254,7 +264,7 @@ class Tally:
                 self.cheater_updates_accepted += 1
             return True
         # left out of the round, unpaid
-        seen = {"round": round, "worker": sub.worker, "check": verdict.check, "detail": verdict.detail}
+        seen = Finding(round=round, worker=sub.worker, check=verdict.check, detail=verdict.detail)
         if verdict.provable:  # proof: slashed and ejected
             self.ejected.add(sub.worker)
         if honest:
@@ -333,7 +343,7 @@ def run_verification(cfg: VerifyConfig) -> VerifyResult:
     set_flat_params(c.verifier_model, params)
     loss, acc = evaluate(c.verifier_model, c.val_x, c.val_y)
     return VerifyResult(
-        config=asdict(cfg),
+        config=cfg,
         cheaters=c.cheaters,
         rounds=rounds_run,
         caught_round=tally.caught_round,

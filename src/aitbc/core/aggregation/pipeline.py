@@ -170,7 +170,7 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def _build(entry: Aggregator | Wrapper, options: dict[str, Any]) -> Any:
+def _build(entry: Aggregator | Wrapper, options: Mapping[str, object]) -> Any:
     """The stage's config; a missing required option is named (unknown ones first)."""
     kind = "aggregator wrapper" if isinstance(entry, Wrapper) else "aggregator"
     if not set(options) - _field_names(entry.config):
@@ -205,7 +205,7 @@ def parse_aggregator(
             f"'{rule_name}+median' (rules: {', '.join(AGGREGATORS)})"
         )
     rule = AGGREGATORS.get(rule_name)
-    wrappers: list[tuple[Wrapper, dict[str, Any]]] = []
+    wrappers: list[tuple[Wrapper, dict[str, object]]] = []
     for name, opts in wrapper_parts:
         if name in AGGREGATORS:
             raise UsageError(
@@ -225,7 +225,7 @@ def parse_aggregator(
     shared_f: Any = None
     if "f" in extra and not rule_takes_f and wrapper_takes_f:
         shared_f = extra.pop("f")  # nnm+centered-clip with f=2: the wrappers' f
-    rule_options: dict[str, Any] = {**rule_opts, **extra}
+    rule_options: dict[str, object] = {**rule_opts, **extra}
     if rule_takes_f and "f" not in rule_options and default_f is not None:
         rule_options["f"] = default_f
     rule_stage = Stage(rule, _build(rule, rule_options))
