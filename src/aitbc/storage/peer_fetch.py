@@ -19,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+import httpcore
 import httpx
 
 _BLOCK = 1 << 16
@@ -54,11 +54,12 @@ class _Watchdog:
         self._timer.daemon = True
         self._timer.start()
 
-    def trace(self, event: str, info: dict[str, Any]) -> None:
+    def trace(self, event: str, info: Mapping[str, object]) -> None:
+        """httpcore's trace hook: ``info`` holds the traced call's arguments or result."""
         if event != "connection.connect_tcp.complete":
             return
         stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
+        sock = stream.get_extra_info("socket") if isinstance(stream, httpcore.NetworkStream) else None
         with self._lock:
             self._sock = sock
             if self.fired:
@@ -85,7 +86,7 @@ def bounded_get(
     seconds: float,
     max_bytes: int,
     take: Callable[[bytes], None] | None = None,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, str | int] | None = None,
 ) -> Answer:
     """``GET url`` through ``http`` (no redirects), done within ``seconds`` of the call
     however slowly the server sends (:class:`TooSlow` past it), its body handed to

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,7 +220,7 @@ class Transformer(nn.Module):
         return self.head(self.ln_f(x))  # (B, T, V)
 
 
-def model_config(name: str, options: dict[str, Any] | None = None) -> Any:
+def model_config(name: str, options: Mapping[str, object] | None = None) -> Any:
     """The typed config of a registered model (``None`` for a user model, not imported);
     unknown keys, wrong types and out-of-range sizes -> ``UsageError`` naming the option."""
     if ":" in name:
@@ -323,7 +324,7 @@ def count_params(name: str, cfg: Any, spec: DataSpec | None) -> int:
     raise UsageError(f"unknown model {name!r}; allowed: {', '.join(MODELS.names())}")
 
 
-def check_model(name: str, options: dict[str, Any] | None, *, allow_code: AllowCode = ()) -> Any:
+def check_model(name: str, options: Mapping[str, object] | None, *, allow_code: AllowCode = ()) -> Any:
     """Refuse what this machine will not build, without importing or building anything:
     a ``module:callable`` its operator did not allow (:class:`CodeNotAllowed`), or a
     built-in model's bad or out-of-range options. Returns the config (None for code)."""
@@ -343,7 +344,7 @@ def check_model(name: str, options: dict[str, Any] | None, *, allow_code: AllowC
 
 
 def build_model(
-    name: str, spec: DataSpec, options: dict[str, Any] | None = None, *, allow_code: AllowCode = ()
+    name: str, spec: DataSpec, options: Mapping[str, object] | None = None, *, allow_code: AllowCode = ()
 ) -> nn.Module:
     """Build model ``name`` for data described by ``spec``.
 
@@ -363,7 +364,7 @@ def build_model(
     return MODELS.get(name)(cfg, spec)
 
 
-def _build_user_model(name: str, spec: DataSpec, options: dict[str, Any]) -> nn.Module:
+def _build_user_model(name: str, spec: DataSpec, options: Mapping[str, object]) -> nn.Module:
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
         raise UsageError(f"user model {name!r} must look like package.module:callable")

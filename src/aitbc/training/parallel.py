@@ -26,15 +26,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any
+from typing import Literal, TypedDict
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from aitbc.core.options import build_config
 from aitbc.errors import AitbcError
+from aitbc.json_value import JSONObject
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.group import Group
 from aitbc.training.local import LocalConfig, LocalTrainer, build_inner_optimizer
@@ -57,9 +60,39 @@ class RankFailed(AitbcError):
 # --- the control channel: JSON and tensors broadcast from rank 0 ---------------------------
 
 
-def _send(group: Group, obj: dict[str, Any], tensors: dict[str, Tensor] | None = None) -> None:
+class _Job(TypedDict):
+    """A new job: every rank builds the model and takes its shard (tensors ``x``, ``y``)."""
+
+    cmd: Literal["job"]
+    model_type: str
+    model_options: Mapping[str, object]
+    spec: tuple[
+        Literal["classification", "language"], list[int], int
+    ]  # DataSpec's task, input shape and classes (a JSON array)
+    allow_code: list[str]
+    cfg: JSONObject  # the LocalConfig's fields
+    seed: int
+
+
+class _Round(TypedDict):
+    """Train a round from tensor ``params`` (and ``opt.*``; ``x``, ``y`` if the shard changed)."""
+
+    cmd: Literal["round"]
+    round: int
+    cfg: JSONObject  # the LocalConfig's fields
+
+
+class _Stop(TypedDict):
+    cmd: Literal["stop"]
+
+
+_Command = _Job | _Round | _Stop
+
+
+def _send(group: Group, command: _Command, tensors: dict[str, Tensor] | None = None) -> None:
     tensors = {k: v.detach().cpu().contiguous() for k, v in (tensors or {}).items()}
-    obj = {**obj, "tensors": [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in tensors.items()]}
+    obj: dict[str, object] = dict(command)
+    obj["tensors"] = [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in tensors.items()]
     data = json.dumps(obj).encode()
     dist.broadcast(torch.tensor([len(data)], dtype=torch.int64), 0, group=group.control)
     dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0, group=group.control)
@@ -68,7 +101,7 @@ def _send(group: Group, obj: dict[str, Any], tensors: dict[str, Tensor] | None =
             dist.broadcast(v, 0, group=group.control)
 
 
-def _receive(group: Group) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def _receive(group: Group) -> tuple[_Command, dict[str, Tensor]]:
     n = torch.zeros(1, dtype=torch.int64)
     dist.broadcast(n, 0, group=group.control)
     data = torch.empty(int(n), dtype=torch.uint8)
@@ -154,7 +187,7 @@ class Ranks:
     def job(
         self,
         model_type: str,
-        model_options: dict[str, Any],
+        model_options: Mapping[str, object],
         spec: DataSpec,
         cfg: LocalConfig,
         seed: int,
@@ -164,11 +197,11 @@ class Ranks:
         """A new job: every other rank builds the model and takes the shard. The caller then
         builds its own :class:`LocalTrainer` with :attr:`group` (DDP's collective setup)."""
         self._check()
-        body = {
+        body: _Job = {
             "cmd": "job",
             "model_type": model_type,
             "model_options": model_options,
-            "spec": [spec.task, list(spec.input_shape), spec.num_classes],
+            "spec": (spec.task, list(spec.input_shape), spec.num_classes),
             "allow_code": self.allow_code,
             "cfg": asdict(cfg),
             "seed": seed,
@@ -249,7 +282,7 @@ def serve(rank: int, world: int, port: int, device: torch.device) -> None:
         obj, ts = _receive(group)
         if obj["cmd"] == "stop":
             break
-        cfg = LocalConfig(**obj["cfg"])
+        cfg = build_config(LocalConfig, obj["cfg"], what="rank 0's local config")
         if obj["cmd"] == "job":
             task, shape, classes = obj["spec"]
             model = build_model(

@@ -26,9 +26,9 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -155,6 +155,22 @@ class TrainState:
 # --- the commitment --------------------------------------------------------------------------
 
 
+class CommitmentJSON(TypedDict):
+    """A :class:`Commitment` as an update's ``proof`` carries it."""
+
+    format: str
+    steps: int
+    every: int
+    params: list[str]
+    optim: list[str]
+    residual_in: str | None
+    residual_out: str | None
+    batch_size: int | None
+    lr: float | None
+    data_seed: int | None
+    threads: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class Commitment:
     """What a worker signs with its update: the digests of its state every ``every``
@@ -180,7 +196,7 @@ class Commitment:
     def intervals(self) -> int:
         return len(self.params) - 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CommitmentJSON:
         return {
             "format": PROOF_FORMAT,
             "steps": self.steps,
@@ -209,18 +225,9 @@ class Commitment:
         if not isinstance(every, int) or isinstance(every, bool) or every != commit_every(steps):
             raise UsageError(f"proof.every must be {commit_every(steps)} for {steps} steps, got {every!r}")
         n = len(boundaries(steps, every))
-        out: dict[str, Any] = {}
-        for key in ("params", "optim"):
-            v = d.get(key)
-            if not isinstance(v, list) or len(v) != n or not all(isinstance(x, str) and _HEX64.match(x) for x in v):
-                raise UsageError(f"proof.{key} must be {n} sha256 hex digests (one per committed step)")
-            out[key] = tuple(v)
-        for key in ("residual_in", "residual_out"):
-            v = d.get(key)
-            if v is not None and not (isinstance(v, str) and _HEX64.match(v)):
-                raise UsageError(f"proof.{key} must be a sha256 hex digest or null")
-            out[key] = v
-        if (out["residual_in"] is None) != (out["residual_out"] is None):
+        params, optim = (_digests(d, key, n) for key in ("params", "optim"))
+        residual_in, residual_out = (_digest_or_none(d, key) for key in ("residual_in", "residual_out"))
+        if (residual_in is None) != (residual_out is None):
             raise UsageError("proof.residual_in and proof.residual_out are both given or both null")
         batch, lr = d.get("batch_size"), d.get("lr")
         if batch is not None and not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
@@ -238,15 +245,29 @@ class Commitment:
         return cls(
             steps,
             every,
-            out["params"],
-            out["optim"],
-            out["residual_in"],
-            out["residual_out"],
+            params,
+            optim,
+            residual_in,
+            residual_out,
             batch,
             None if lr is None else float(lr),
             seed,
             threads,
         )
+
+
+def _digests(d: Mapping[str, object], key: str, n: int) -> tuple[str, ...]:
+    v = d.get(key)
+    if not isinstance(v, list) or len(v) != n or not all(isinstance(x, str) and _HEX64.match(x) for x in v):
+        raise UsageError(f"proof.{key} must be {n} sha256 hex digests (one per committed step)")
+    return tuple(str(x) for x in v)
+
+
+def _digest_or_none(d: Mapping[str, object], key: str) -> str | None:
+    v = d.get(key)
+    if v is not None and not (isinstance(v, str) and _HEX64.match(v)):
+        raise UsageError(f"proof.{key} must be a sha256 hex digest or null")
+    return v
 
 
 class Recorder:

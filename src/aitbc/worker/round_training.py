@@ -27,7 +27,7 @@ from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalResult, LocalTrainer, eager_start, epoch_steps
 from aitbc.training.models import build_model
 from aitbc.training.parallel import Ranks
-from aitbc.training.proof import Recorder
+from aitbc.training.proof import CommitmentJSON, Recorder
 from aitbc.worker.attack import Attacker
 from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
@@ -253,7 +253,7 @@ class RoundTrainer:
 
     def _encode(
         self, job: JobOrder, state: JobState, res: LocalResult, d: int, round: int, recorder: Recorder | None
-    ) -> tuple[bytes, Tensor | None, dict[str, Any] | None]:
+    ) -> tuple[bytes, Tensor | None, CommitmentJSON | None]:
         """The update's blob, the residual it began with (error feedback) and its proof."""
         feedback = isinstance(state.codec, ErrorFeedback)
         residual_in = None
