@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -51,6 +51,7 @@ from aitbc.coordinator.store.models import (
     Run,
     Score,
     Settlement,
+    SignedModelRecord,
     Update,
     Witness,
 )
@@ -59,6 +60,7 @@ from aitbc.coordinator.transfer.peers import stream_from_peer
 from aitbc.coordinator.verification.settlement import slash
 from aitbc.core.gossip import PACE_MIN_STEPS, model_bytes
 from aitbc.errors import AitbcError
+from aitbc.json_value import JSONObject
 from aitbc.ledger.records import record_problem
 from aitbc.replies.gossip import RecordAccepted, SignedRecord, Verdict, Witnessed
 from aitbc.states import ContractStatus, JobStatus, RunStatus, ScoreStatus, UpdateStatus
@@ -68,7 +70,17 @@ from aitbc.storage.peer_fetch import TooLong
 log = logging.getLogger("aitbc.coordinator")
 
 
-def roster(ctx: Context, s: Session, run: Run) -> list[dict[str, Any]]:
+class RosterEntry(TypedDict):
+    """One of a gossip run's active jobs, as its workers find their neighbours."""
+
+    worker: str
+    job_id: str
+    public_key: str
+    url: str | None
+    samples: int
+
+
+def roster(ctx: Context, s: Session, run: Run) -> list[RosterEntry]:
     """The run's active jobs in topology order (by shard): who mixes with whom."""
     rows = s.execute(
         select(Job, Offer.public_key)
@@ -95,13 +107,14 @@ def next_round(s: Session, job: Job) -> int:
     return max(last + 1, job.joined_round)
 
 
-def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]) -> RecordAccepted:
+def publish(ctx: Context, s: Session, job: Job, run: Run, signed: JSONObject) -> RecordAccepted:
     """Record a worker's signed model record (see the module's docstring for what is refused)."""
     if not run.cfg.mode.peer_to_peer:
         raise conflict("not_gossip", f"run {run.id} is a {run.cfg.mode} run: its workers send updates, not records")
     if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING):
         raise conflict("not_accepting", f"run {run.id} is {run.status}: it records no models now")
-    rec = _checked_record(s, job, run, signed)
+    checked = _checked_record(s, job, run, signed)
+    rec = checked["record"]
     r, loss = rec["round"], rec["train_loss"]
     lock_run(s, run)
     now = time.time()
@@ -136,7 +149,7 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     claimed = s.scalar(select(func.min(Witness.created_at)).where(Witness.job_id == job.id, Witness.cid == rec["cid"]))
     signed_at = min(claimed or now, now)
     copied = None if seen is not None else _signed_before(s, run, job, rec["cid"], signed_at)
-    s.add(_published(run, job, r, rec, signed, seen=seen, at=signed_at))
+    s.add(_published(run, job, r, checked, seen=seen, at=signed_at))
     s.execute(delete(Witness).where(Witness.job_id == job.id, Witness.round == r, Witness.cid == rec["cid"]))
     if seen is not None:  # a neighbour received another record of this round signed by it
         s.flush()
@@ -163,14 +176,16 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: dict[str, Any]
     return RecordAccepted(status="recorded", round=r, cid=rec["cid"], duplicate=False)
 
 
-def _checked_record(s: Session, job: Job, run: Run, signed: dict[str, Any]) -> dict[str, Any]:
+def _checked_record(s: Session, job: Job, run: Run, signed: JSONObject) -> SignedModelRecord:
     """The record ``signed`` holds, checked (a 422 naming what is wrong): signed by job
-    ``job``'s worker, for this run and job, a round of the run, a CID, a finite loss or none."""
+    ``job``'s worker, for this run and job, a round of the run, a CID, a finite loss or none
+    (so ``signed`` is then a :class:`SignedModelRecord`)."""
     offer = row(s, Offer, job.worker_id)
     problem = record_problem(signed, offer.public_key)
     if problem is not None:
         raise unprocessable("bad_record", problem)
-    rec = signed["record"]
+    checked = cast(SignedModelRecord, signed)  # record_problem checked its fields and signature
+    rec = checked["record"]
     if rec["training_id"] != run.id or rec["job_id"] != job.id:
         raise unprocessable(
             "wrong_record",
@@ -184,14 +199,13 @@ def _checked_record(s: Session, job: Job, run: Run, signed: dict[str, Any]) -> d
     loss = rec["train_loss"]
     if loss is not None and (not isinstance(loss, int | float) or isinstance(loss, bool) or not math.isfinite(loss)):
         raise unprocessable("bad_record", f"train_loss must be a finite number or null, got {loss!r}")
-    return rec
+    return checked
 
 
-def _published(
-    run: Run, job: Job, r: int, rec: dict[str, Any], signed: dict[str, Any], *, seen: str | None, at: float
-) -> Update:
+def _published(run: Run, job: Job, r: int, signed: SignedModelRecord, *, seen: str | None, at: float) -> Update:
     """Job ``job``'s record of round ``r`` as the round's update row: rejected when a
     neighbour received another record of the round signed by it (``seen``)."""
+    rec = signed["record"]
     loss = rec["train_loss"]
     samples = int(run.data_manifest["shards"][job.shard_index]["samples"])  # the coordinator's count, not the claim
     return Update(
@@ -245,13 +259,13 @@ def record_of(s: Session, job_id: str, r: int | None) -> SignedRecord:
         )
     if up is None or up.record is None:
         raise not_found("no_record", f"job {job_id} has published no model record yet")
-    return SignedRecord(**up.record)
+    return SignedRecord(record=dict(up.record["record"]), signature=up.record["signature"])
 
 
 MAX_WITNESSED = 64  # records in one report
 
 
-def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any]]) -> list[Witnessed]:
+def witness(ctx: Context, s: Session, reporter: str, records: list[JSONObject]) -> list[Witnessed]:
     """Records of other workers that ``reporter`` received (its neighbours', from their
     servers): each is checked as :func:`publish` checks one (the signature against the
     signer's own key: a report cannot frame anyone), all or none (a 422 names the first
@@ -267,17 +281,15 @@ def witness(ctx: Context, s: Session, reporter: str, records: list[dict[str, Any
         raise forbidden(f"{reporter} has no job in run {run.id}: only its workers report its records")
     lock_run(s, run)
     now = time.time()
-    out = [_compare(ctx, s, run, job, rec, signed, reporter, now) for job, rec, signed in checked]
+    out = [_compare(ctx, s, run, job, signed, reporter, now) for job, signed in checked]
     s.commit()
     return out
 
 
-def _checked_reports(
-    s: Session, records: list[dict[str, Any]]
-) -> tuple[Run, list[tuple[Job, dict[str, Any], dict[str, Any]]]]:
-    """The run a report's ``records`` are of, and each (job, record, signed record), all
+def _checked_reports(s: Session, records: list[JSONObject]) -> tuple[Run, list[tuple[Job, SignedModelRecord]]]:
+    """The run a report's ``records`` are of, and each (job, signed record), all
     checked as :func:`publish` checks one (a 422 names the first bad one)."""
-    checked: list[tuple[Job, dict[str, Any], dict[str, Any]]] = []
+    checked: list[tuple[Job, SignedModelRecord]] = []
     run: Run | None = None
     for k, signed in enumerate(records):
         rec = signed.get("record")
@@ -306,7 +318,7 @@ def _checked_reports(
             )
         if not isinstance(rec["cid"], str) or not is_cid(rec["cid"]):
             raise unprocessable("bad_cid", f"records[{k}]: {rec['cid']!r} is not a CIDv1 (base32, starts with 'b')")
-        checked.append((job, rec, signed))
+        checked.append((job, cast(SignedModelRecord, signed)))  # checked as _checked_record checks one
     assert run is not None  # the schema asks for at least one
     return run, checked
 
@@ -316,14 +328,13 @@ def _compare(
     s: Session,
     run: Run,
     job: Job,
-    rec: dict[str, Any],
-    signed: dict[str, Any],
+    signed: SignedModelRecord,
     reporter: str,
     now: float,
 ) -> Witnessed:
     """One reported record against what the coordinator holds of its job and round: its
     verdict (:func:`witness`), kept or flagged as it says."""
-    r, cid = rec["round"], rec["cid"]
+    r, cid = signed["record"]["round"], signed["record"]["cid"]
     published = s.scalar(select(Update.cid).where(Update.job_id == job.id, Update.round == r))
     other = published if published is not None and published != cid else None
     if other is None:

@@ -152,6 +152,8 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
                 Update.run_id == run.id, Update.round > run.settled_round, Update.revealed.is_not(None)
             )
         ).all():
+            if rev is None:  # the query leaves none out; the column's type says it may be
+                continue
             live.update(str(c) for c in (rev.get("states") or {}).values())
             if rev.get("residual"):
                 live.add(str(rev["residual"]))

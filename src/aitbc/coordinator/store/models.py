@@ -4,15 +4,49 @@ Times are unix seconds (float). Money is integer micro-AIT. JSON columns hold on
 the API already validated (configs, manifests, device descriptions).
 """
 
+# SQLAlchemy evaluates these annotations at runtime, where JSONObject is a string alias:
+# ``JSONObject | None`` would be ``str | None`` there, so nullable JSON columns say Optional.
+# ruff: noqa: UP045
+
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Optional, TypedDict
 
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from aitbc.coordinator.store.run_config import RunConfig
+from aitbc.json_value import JSONObject, JSONValue
+
+
+class RevealedStates(TypedDict):
+    """A spot check's answer as stored: each boundary's state blob CID, and the residual's."""
+
+    states: dict[str, str]
+    residual: str | None
+
+
+class ModelRecord(TypedDict):
+    """A gossip worker's model record (:func:`aitbc.ledger.records.make_record`) as the
+    coordinator checked it on receipt; ``samples`` is the worker's claim, never read (the
+    coordinator counts a shard's samples itself)."""
+
+    format: str
+    training_id: str
+    job_id: str
+    worker: str
+    round: int
+    cid: str
+    samples: JSONValue
+    train_loss: float | None
+
+
+class SignedModelRecord(TypedDict):
+    """A model record and its signer's signature, stored as the worker sent it."""
+
+    record: ModelRecord
+    signature: str
 
 
 class Base(DeclarativeBase):
@@ -36,14 +70,14 @@ class Run(Base):
     # automatic: the round driver moves the phases; manual: the owner's agent does
     control: Mapped[str] = mapped_column(String(16), default="automatic")
     result_cid: Mapped[str | None] = mapped_column(String(100), default=None)  # the model the owner saved
-    result_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # the owner's, with it
+    result_metrics: Mapped[Optional[JSONObject]] = mapped_column(JSON, default=None)  # the owner's, with it
     # An automatic run its owner took over (its first phase move): when, and the first round
     # the owner drives (rounds before it were the driver's: settled and paid automatically).
     manual_since: Mapped[float | None] = mapped_column(Float, default=None)
     manual_from_round: Mapped[int | None] = mapped_column(Integer, default=None)
     paused_from: Mapped[str | None] = mapped_column(String(16), default=None)
     model_type: Mapped[str] = mapped_column(String(200))
-    model_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    model_options: Mapped[JSONObject] = mapped_column(JSON, default=dict)
     dataset_size: Mapped[str] = mapped_column(String(32))  # as the owner declared it ("100GB")
     dataset_size_bytes: Mapped[int] = mapped_column(BigInteger)  # the declaration, parsed
     target_workers: Mapped[int] = mapped_column(Integer)
@@ -54,7 +88,7 @@ class Run(Base):
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     data_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)  # measured at upload
     # distribute
-    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # RunConfig, as JSON; read run.cfg
+    config: Mapped[Optional[JSONObject]] = mapped_column(JSON, default=None)  # RunConfig, as JSON; read run.cfg
     round: Mapped[int] = mapped_column(Integer, default=0)  # the open round (1-based); 0 before
     round_started_at: Mapped[float | None] = mapped_column(Float, default=None)
     global_cid: Mapped[str | None] = mapped_column(String(100), default=None)  # model of round - 1
@@ -111,7 +145,7 @@ class Offer(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     public_key: Mapped[str] = mapped_column(String(64))
     gpu: Mapped[str] = mapped_column(String(64))  # advertised class, canonical
-    device: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the worker really found
+    device: Mapped[JSONObject] = mapped_column(JSON, default=dict)  # what the worker really found
     price: Mapped[int] = mapped_column(BigInteger)  # micro-AIT per round
     availability: Mapped[float] = mapped_column(Float)
     reputation: Mapped[float] = mapped_column(Float)
@@ -119,7 +153,7 @@ class Offer(Base):
     flags: Mapped[int] = mapped_column(Integer, default=0)
     failed_at: Mapped[float | None] = mapped_column(Float, default=None)  # when last marked failed
     max_bond: Mapped[int] = mapped_column(BigInteger, default=0)  # the most it lets a contract lock
-    registration: Mapped[dict[str, Any] | None] = mapped_column(
+    registration: Mapped[Optional[JSONObject]] = mapped_column(
         JSON, default=None
     )  # its signed offer (authorises bonds)
     last_heartbeat: Mapped[float] = mapped_column(Float)
@@ -213,13 +247,13 @@ class Update(Base):
     # Verification of work (see coordinator/verification/spot_checks.py). None: the run does not verify.
     proof: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # the worker's commitment
     challenge: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # what it must reveal
-    revealed: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # boundary -> state blob CID
+    revealed: Mapped[RevealedStates | None] = mapped_column(JSON, default=None)  # boundary -> state blob CID
     verification: Mapped[str | None] = mapped_column(String(16), default=None)
     verify_detail: Mapped[str | None] = mapped_column(Text, default=None)
     verify_steps: Mapped[int | None] = mapped_column(Integer, default=None)  # local steps the coordinator re-ran
     verify_seconds: Mapped[float | None] = mapped_column(Float, default=None)
     # Gossip runs: the record as the worker signed it, and the published model's validation loss
-    record: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    record: Mapped[Optional[SignedModelRecord]] = mapped_column(JSON, default=None)
     val_loss: Mapped[float | None] = mapped_column(Float, default=None)
 
 
@@ -276,7 +310,7 @@ class Witness(Base):
     worker_id: Mapped[str] = mapped_column(String(64))  # who signed it
     round: Mapped[int] = mapped_column(Integer)
     cid: Mapped[str] = mapped_column(String(100))
-    record: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"record": ..., "signature": ...} as signed
+    record: Mapped[SignedModelRecord] = mapped_column(JSON)  # {"record": ..., "signature": ...} as signed
     reporter: Mapped[str] = mapped_column(String(64))  # the worker that received it
     created_at: Mapped[float] = mapped_column(Float)
 

@@ -57,7 +57,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
 from aitbc.coordinator.live.runtime import build_initial_model
 from aitbc.coordinator.schemas import ProofReveal
-from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, Update
+from aitbc.coordinator.store.models import Flag, Job, Offer, RevealedStates, RoundRecord, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run, row
 from aitbc.coordinator.workforce.hiring import end_job
 from aitbc.core.compression import build_codec
@@ -355,7 +355,8 @@ def verify_pending(ctx: Context, *, limit: int = 8) -> bool:
 
 
 def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
-    ch, rev = upd.challenge or {}, upd.revealed or {}
+    ch = upd.challenge or {}
+    rev: RevealedStates = upd.revealed or {"states": {}, "residual": None}
     c = Commitment.from_json(upd.proof, steps=int(ch["steps"]))
     model = build_initial_model(run, ctx.settings.allow_code)
     d = sum(p.numel() for p in model.parameters())
@@ -378,6 +379,7 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
     start = start_params(ctx, run, ch["start_cid"], challenge_priors(ch))
     residual = None
     if ch["residual"]:
+        assert rev["residual"] is not None, "reveal takes a residual wherever the challenge asks for one"
         residual = bytes_to_tensors(ctx.store.get_bytes(rev["residual"])).get("residual")
         if residual is None or residual.shape != (d,) or residual.dtype != torch.float32:
             return [*verdicts, fault("update", None, f"the revealed residual is not float32 ({d},)")]
