@@ -5,11 +5,12 @@ service functions, which know the run."""
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from aitbc import run_defaults
+from aitbc.coordinator.store.models import JobOverrides
 from aitbc.coordinator.transfer.peers import MAX_HELD, MAX_URL, check_advertise
 
 Advertise = Annotated[str, Field(min_length=1, max_length=MAX_URL), AfterValidator(check_advertise)]
@@ -268,9 +269,9 @@ class JobConfig(Body):
             raise ValueError("give local_steps or epochs (epochs sets the steps from the shard's size), not both")
         return self
 
-    def overrides(self) -> dict[str, Any]:
+    def overrides(self) -> JobOverrides:
         """What the job stores: ``lr`` under one name; ``epochs`` replaces ``local_steps``."""
-        out = self.model_dump(exclude_none=True, exclude={"learning_rate"})
+        out = cast(JobOverrides, self.model_dump(exclude_none=True, exclude={"learning_rate"}))
         if self.learning_rate is not None:
             out["lr"] = self.learning_rate
         return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -39,7 +38,17 @@ from aitbc.coordinator.schemas import (
     PhaseSet,
     ResultSave,
 )
-from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Settlement, Update
+from aitbc.coordinator.store.models import (
+    Contract,
+    Flag,
+    Job,
+    JobOverrides,
+    Offer,
+    RoundRecord,
+    Run,
+    Settlement,
+    Update,
+)
 from aitbc.coordinator.store.repository import get_run, lock_run, owned_job, round_updates, shard_index
 from aitbc.coordinator.store.states import ENDED, check_transition, require_status, transition
 from aitbc.coordinator.verification.spot_checks import pending_in_round
@@ -175,7 +184,7 @@ def create_job(ctx: Context, s: Session, run: Run, body: JobCreate) -> Job:
     return job
 
 
-def _check_job_config(run: Run, shard: int, config: dict[str, Any]) -> None:
+def _check_job_config(run: Run, shard: int, config: JobOverrides) -> None:
     """A job's own config, checked as ``distribute`` checks the run's: its ``batch_size``
     within a spot check's replay bound (:func:`.runtime.check_replay_batch`), and
     ``epochs`` over this shard not asking for more steps a round than ``local_steps`` may
@@ -432,13 +441,13 @@ def _take_on(
     *,
     now: float,
     replaces: str | None,
-    config: dict[str, Any],
+    config: JobOverrides,
 ) -> Job:
     if worker_id is None:
         job = assign_worker(ctx, s, run, shard, now=now, replaces=replaces)
         if job is None:
             raise conflict("no_free_worker", f"no spare of run {run.id} and no free live offer to take the shard")
-        job.config = dict(config or {})
+        job.config = (config or {}).copy()
         return job
     require_free(s, worker_id)
     c = s.scalar(select(Contract).where(Contract.run_id == run.id, Contract.worker_id == worker_id))
@@ -455,14 +464,14 @@ def set_config(ctx: Context, s: Session, job_id: str, signer: str, body: JobConf
     changes = body.overrides()
     if not changes:
         raise unprocessable("bad_config", "give at least one of local_steps, epochs, batch_size, lr (learning_rate)")
-    config = {**(job.config or {}), **changes}
+    config: JobOverrides = {**(job.config or {}), **changes}
     if "local_steps" in changes:  # the one given wins over the other way of setting the steps
         config.pop("epochs", None)
     elif "epochs" in changes:
         config.pop("local_steps", None)
     _check_job_config(run, job.shard_index, config)
     now = time.time()
-    job.previous_config, job.config_at = dict(job.config or {}), now
+    job.previous_config, job.config_at = (job.config or {}).copy(), now
     job.config, job.updated_at = config, now
     s.commit()
     ctx.notifier.bump()

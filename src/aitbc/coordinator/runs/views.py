@@ -276,7 +276,7 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
         moved_from=j.moved_from,
         end_reason=j.end_reason,
         compute_seconds=j.compute_seconds,
-        config=j.config or {},
+        config=dict(j.config or {}),
         last_heartbeat_age=None if seen is None else round(now - seen, 3),
     )
 

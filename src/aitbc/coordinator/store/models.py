@@ -27,6 +27,16 @@ class RevealedStates(TypedDict):
     residual: str | None
 
 
+class JobOverrides(TypedDict, total=False):
+    """A job's own settings over its run's config, as the owner set them (``epochs`` sets the
+    steps from the shard's size, in place of ``local_steps``)."""
+
+    local_steps: int
+    batch_size: int
+    lr: float
+    epochs: int
+
+
 class ModelRecord(TypedDict):
     """A gossip worker's model record (:func:`aitbc.ledger.records.make_record`) as the
     coordinator checked it on receipt; ``samples`` is the worker's claim, never read (the
@@ -192,13 +202,13 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)  # active | failed | released
     joined_round: Mapped[int] = mapped_column(Integer)
     replaces: Mapped[str | None] = mapped_column(String(64), default=None)  # job it took over
-    config: Mapped[dict[str, Any]] = mapped_column(
+    config: Mapped[JobOverrides] = mapped_column(
         JSON, default=dict
     )  # the owner's overrides: local_steps, batch_size, lr
     seed: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the worker's batch-order seed
     # the config before the owner's last change, and when it changed: a round under way
     # then may have been trained with either (verification replays what the worker used)
-    previous_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    previous_config: Mapped[Optional[JobOverrides]] = mapped_column(JSON, default=None)
     config_at: Mapped[float | None] = mapped_column(Float, default=None)
     moved_from: Mapped[int | None] = mapped_column(Integer, default=None)  # its shard before a split or a move
     # the worker's last progress report

@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.store.models import Base, Job, RoundRecord, Run, Update
+from aitbc.coordinator.store.models import Base, Job, JobOverrides, RoundRecord, Run, Update
 from aitbc.coordinator.store.run_config import JobSettings
 from aitbc.coordinator.store.states import RUNNING, require_status
 from aitbc.states import JobStatus, UpdateStatus
@@ -95,7 +95,7 @@ def shard_index(run: Run, shard_id: str) -> int:
     )
 
 
-def job_settings(run: Run, job: Job, *, config: dict[str, Any] | None = None, shard: int | None = None) -> JobSettings:
+def job_settings(run: Run, job: Job, *, config: JobOverrides | None = None, shard: int | None = None) -> JobSettings:
     """What a job trains with each round: the owner's overrides over the run's config.
     ``epochs`` (passes over its shard) sets ``local_steps`` from the shard's samples
     (:func:`~aitbc.training.local.epoch_steps`, the worker's own rule); None otherwise.

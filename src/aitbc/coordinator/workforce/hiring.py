@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -17,7 +16,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
 from aitbc.coordinator.money.escrow import can_bond, post_bond, require_hire_funds
-from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, Run, Update, new_id
+from aitbc.coordinator.store.models import Contract, Flag, Job, JobOverrides, Offer, Run, Update, new_id
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED, RUNNING, transition
 from aitbc.market.ranking import Offer as MarketOffer
@@ -113,7 +112,7 @@ def new_job(
     *,
     now: float,
     replaces: str | None = None,
-    config: dict[str, Any] | None = None,
+    config: JobOverrides | None = None,
 ) -> Job:
     """The contract's worker trains ``shard_index`` from the open round (the caller commits)."""
     contract.status = ContractStatus.WORKING
@@ -134,7 +133,7 @@ def new_job(
         joined_round=joined,
         replaces=replaces,
         seed=run.seed * 100_003 + shard_index + 1_000_033 * earlier,
-        config=dict(config or {}),
+        config=(config or {}).copy(),
         created_at=now,
         updated_at=now,
     )
