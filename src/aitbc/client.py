@@ -9,7 +9,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -238,7 +238,7 @@ class CoordinatorClient:
         path: str,
         *,
         json_body: Any = None,
-        params: dict[str, Any] | None = None,
+        params: Mapping[str, str | int | float | bool | None] | None = None,
         sign: bool | None = None,
         timeout: float | None = None,
     ) -> Any:

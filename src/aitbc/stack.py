@@ -27,12 +27,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 
 from aitbc.client import CoordinatorClient, Unreachable
 from aitbc.errors import AitbcError, UsageError
+from aitbc.json_value import JSONObject
 from aitbc.ledger.wallet import ensure_wallet
 
 # What the workers advertise, cycled: varied classes and prices so the marketplace has
@@ -123,7 +124,7 @@ class Stack:
     ca_cert: str | None = None  # the local CA clients trust (aitbc up --tls)
     _popen: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "coordinator": self.coordinator,
             "started_at": self.started_at,
@@ -503,13 +504,39 @@ def down(home: Path, *, grace: float = 10.0) -> tuple[Stack, dict[str, str]] | N
 # --- status ----------------------------------------------------------------------------
 
 
-def status(home: Path) -> dict[str, Any] | None:
+class ProcessStatus(TypedDict):
+    """One of the stack's processes as recorded, and whether it is still alive."""
+
+    name: str
+    role: str
+    pid: int
+    alive: bool
+    log: str
+    address: str | None
+    gpu: str | None
+    price: str | None
+
+
+class StackStatus(TypedDict):
+    """What :func:`status` finds of HOME's stack."""
+
+    home: str
+    coordinator: str
+    started_at: float
+    running: bool
+    healthy: bool
+    health_error: str | None
+    live_offers: int | None
+    processes: list[ProcessStatus]
+
+
+def status(home: Path) -> StackStatus | None:
     """HOME's stack as recorded, each process alive or not, the coordinator's health and
     the live offers; None if HOME has no stack."""
     stack = load(home)
     if stack is None:
         return None
-    procs = [
+    procs: list[ProcessStatus] = [
         {
             "name": p.name,
             "role": p.role,
@@ -522,7 +549,7 @@ def status(home: Path) -> dict[str, Any] | None:
         }
         for p in stack.processes
     ]
-    health: dict[str, Any] | None = None
+    health: JSONObject | None = None
     offers: int | None = None
     error: str | None = None
     try:

@@ -11,9 +11,9 @@ only it can check (ranges, a rule's condition on the hired workers).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aitbc.errors import AitbcError, UsageError
 
@@ -77,7 +77,7 @@ def gpu_class(value: str, *, option: str = "--min-gpu") -> str:
     return _checked(option, lambda: check_gpu_class(value))
 
 
-def model(name: str, options: dict[str, Any], *, option: str = "--model-type") -> None:
+def model(name: str, options: Mapping[str, object], *, option: str = "--model-type") -> None:
     """A built-in model and its options, within their bounds. A ``module:callable`` is
     for the coordinator's operator to allow (``--allow-code``): only its shape is checked."""
     from aitbc.training.models import check_model
@@ -139,7 +139,7 @@ def codec(spec: str, *, option: str = "--compression") -> None:
     _checked(option, check)
 
 
-def outer(name: str, options: dict[str, Any] | None = None, *, option: str = "--outer") -> None:
+def outer(name: str, options: Mapping[str, object] | None = None, *, option: str = "--outer") -> None:
     from aitbc.core.outer import build_outer
 
     _checked(option, lambda: build_outer(name, options))

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from aitbc.json_value import JSONObject
+
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
 
@@ -92,7 +94,7 @@ def _reply_json(obj: object) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON")
 
 
-def page(items: list[Any]) -> dict[str, Any]:
+def page(items: list[Any]) -> JSONObject:
     """A list as the API sends it (``{data, count}``), for ``--json``."""
     return {"data": items, "count": len(items)}
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 from rich.markup import escape
@@ -24,6 +24,7 @@ from aitbc.cli.options import LocalSteps, Rounds
 from aitbc.cli.stack import emit, print_up, starting
 from aitbc.coordinator.api.web import dashboard_url
 from aitbc.errors import AitbcError
+from aitbc.json_value import JSONObject
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
@@ -115,7 +116,7 @@ def demo(
     cfg = stk.StackConfig(home=run.home, workers=workers)  # checked before anything starts
     t0 = time.monotonic()
     started: stk.Stack | None = None
-    summary: dict[str, Any] = {}
+    summary: JSONObject = {}
     with _interrupt_on_sigterm(), _human_output_on_stderr(json_out):
         try:
             _step(1, "local stack")
@@ -203,7 +204,7 @@ def _human_output_on_stderr(on: bool) -> Iterator[None]:
         out.file = saved
 
 
-def _owner_workflow(st: stk.Stack, run: DemoRun, *, t0: float, summary: dict[str, Any]) -> None:
+def _owner_workflow(st: stk.Stack, run: DemoRun, *, t0: float, summary: JSONObject) -> None:
     """Steps 2 to 7 on ``st``, as an owner types them; ``summary`` gets what ``--json`` prints.
     A run that fails still gets its results and summary, then its error is raised."""
     run_id = _init(st, run)
@@ -262,11 +263,18 @@ def _init(st: stk.Stack, run: DemoRun) -> str:
     return run_id
 
 
+class _Where(TypedDict):
+    """The stack every owner command of the demo talks to."""
+
+    coordinator: str
+    home: Path
+
+
 def _train(st: stk.Stack, run: DemoRun, run_id: str) -> AitbcError | None:
     """Steps 3 to 6, through the owner's own commands; the error the run ended with, if any."""
     from aitbc.cli.training import data, hiring, monitoring, runs
 
-    common: dict[str, Any] = {"coordinator": st.coordinator, "home": run.home}
+    common: _Where = {"coordinator": st.coordinator, "home": run.home}
     _step(3, f"upload-data: shard {run.dataset!r} into {run.workers} shards, content-addressed")
     data.upload_data(training_id=run_id, data_path=run.dataset, **common)
 
@@ -319,7 +327,7 @@ def _results(st: stk.Stack, run: DemoRun, run_id: str, *, failed: bool) -> Ended
     return Ended(res, detail, model_file)
 
 
-def _settle_and_audit(st: stk.Stack, run: DemoRun, run_id: str, summary: dict[str, Any]) -> None:
+def _settle_and_audit(st: stk.Stack, run: DemoRun, run_id: str, summary: JSONObject) -> None:
     """The run's payments once settled, and the whole ledger fetched and re-checked (what
     ``aitbc ledger verify`` does); a ledger that does not verify is an error."""
     from aitbc.cli.ledger import audit_coordinator
@@ -339,7 +347,7 @@ def _settle_and_audit(st: stk.Stack, run: DemoRun, run_id: str, summary: dict[st
         raise AitbcError(f"ledger verification failed: {result.describe()}")
 
 
-def _wait_settled(a: Agent, run_id: str, *, timeout: float) -> dict[str, Any]:
+def _wait_settled(a: Agent, run_id: str, *, timeout: float) -> JSONObject:
     """Payments settle after the run completes; wait until the run is finalized."""
     deadline = time.monotonic() + timeout
     while True:

@@ -37,6 +37,7 @@ from aitbc.errors import AitbcError, UsageError
 from aitbc.units import format_price
 
 if TYPE_CHECKING:
+    from aitbc.ledger.book import EntryRecord
     from aitbc.ledger.chain import AuditResult
 
 app = typer.Typer(help="Audit the coordinator's ledger and list its entries.", no_args_is_help=True)
@@ -126,7 +127,7 @@ class _Db:
 
         return self._read(Ledger.cached_balances)
 
-    def entries(self) -> Iterator[dict[str, Any]]:
+    def entries(self) -> Iterator[EntryRecord]:
         from aitbc.ledger.book import Ledger
 
         after = 0

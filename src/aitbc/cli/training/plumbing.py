@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -45,7 +45,15 @@ def remember(home: Path, run_id: str, wallet: str, url: str) -> None:
     (d / f"{run_id}.json").write_text(json.dumps({"training_id": run_id, "wallet": wallet, "coordinator": url}))
 
 
-def recall(home: Path, run_id: str) -> dict[str, Any]:
+class Remembered(TypedDict, total=False):
+    """What :func:`remember` wrote of a run (nothing when its file is gone or unreadable)."""
+
+    training_id: str
+    wallet: str
+    coordinator: str
+
+
+def recall(home: Path, run_id: str) -> Remembered:
     try:
         return json.loads((_runs_dir(home) / f"{run_id}.json").read_text())
     except (OSError, ValueError):
@@ -63,7 +71,7 @@ def run_agent(
     """The agent for a run: at the coordinator ``init`` used (unless ``--coordinator``),
     signed by the owner's wallet when the command changes the run (``need_wallet``);
     read-only otherwise."""
-    known = recall(home, run_id) if run_id else {}
+    known: Remembered = recall(home, run_id) if run_id else {}
     name = wallet or known.get("wallet")
     if need_wallet and not name:
         raise UsageError(f"run {run_id} was not started from {home}; pass --wallet NAME (the owner's wallet)")
