@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
 from aitbc.replies.base import JsonObject, Page
@@ -21,10 +21,19 @@ from aitbc.replies.blobs import BlobStored, Holders, PeerRef, PeerVerdict
 from aitbc.replies.gossip import RecordAccepted, SignedRecord, Witnessed
 from aitbc.replies.jobs import Challenge, JobPoll, UpdateAccepted
 from aitbc.storage.blobstore import LocalBlobStore
+from aitbc.worker.progress import ProgressReport
 
 log = logging.getLogger("aitbc.worker")
 
 T = TypeVar("T")
+
+
+class Reveal(TypedDict):
+    """The body of ``POST /v1/jobs/{id}/proofs``: the challenged states' CIDs by boundary."""
+
+    round: int
+    states: dict[str, str]
+    residual: NotRequired[str]  # the CID of the error-feedback residual the round started from
 
 
 class CoordinatorCalls:
@@ -78,7 +87,7 @@ class CoordinatorCalls:
         """The job's view now (no long poll)."""
         return JobPoll.model_validate(self.client.get(f"/workers/{self.address}/job", sign=True))
 
-    def post_progress(self, job_id: str, body: dict[str, Any]) -> None:
+    def post_progress(self, job_id: str, body: ProgressReport) -> None:
         self.client.post(f"/jobs/{job_id}/progress", body)
 
     # --- updates and spot checks ------------------------------------------------------------
@@ -95,7 +104,7 @@ class CoordinatorCalls:
                 if e.code != "buffer_applying" or self.stop.wait(0.05):
                     raise
 
-    def post_proofs(self, job_id: str, body: dict[str, Any]) -> None:
+    def post_proofs(self, job_id: str, body: Reveal) -> None:
         self.client.post(f"/jobs/{job_id}/proofs", body)
 
     # --- blobs ------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.gossip import GossipLoop, GossipParts
 from aitbc.worker.gossip_publish import PublishedRecords
 from aitbc.worker.metrics import WorkerMetrics
-from aitbc.worker.progress import Reporter, progress_body
+from aitbc.worker.progress import ProgressReport, Reporter, progress_body
 from aitbc.worker.records import JobState, ModelRefused
 from aitbc.worker.round_training import RoundTrainer
 from aitbc.worker.sending import SendPipeline
@@ -231,7 +231,7 @@ class JobLoop:
         else:
             log.error("update refused (%s): %s", e.code, e.detail)
 
-    def _send_progress(self, job_id: str, body: dict[str, Any]) -> None:
+    def _send_progress(self, job_id: str, body: ProgressReport) -> None:
         """Send a progress report now (the :class:`Reporter`'s thread, or outside a round)."""
         try:
             self.calls.post_progress(job_id, body)

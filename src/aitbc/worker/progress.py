@@ -14,24 +14,37 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import NotRequired, TypedDict
 
 log = logging.getLogger("aitbc.worker")
 
-Send = Callable[[str, dict[str, Any]], None]  # (job id, report body): the HTTP request
+
+class ProgressReport(TypedDict):
+    """The body of ``POST /v1/jobs/{id}/progress``: this job's work in its round."""
+
+    progress: float  # percent of the round's steps done
+    loss: float | None
+    epoch: float
+    status: str
+    round: NotRequired[int]
+    step: NotRequired[int]
+    seconds: NotRequired[float]  # gossip: from the round's first step, on the worker's own clock
+
+
+Send = Callable[[str, ProgressReport], None]  # (job id, report body): the HTTP request
 
 
 class Reporter:
     def __init__(self, send: Send) -> None:
         self._send = send
         self._cond = threading.Condition()
-        self._waiting: tuple[str, dict[str, Any]] | None = None
+        self._waiting: tuple[str, ProgressReport] | None = None
         self._busy = False  # a report is being sent
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._thread.start()
 
-    def report(self, job_id: str, body: dict[str, Any]) -> None:
+    def report(self, job_id: str, body: ProgressReport) -> None:
         """Send ``body`` as job ``job_id``'s progress soon; replaces a report still waiting."""
         with self._cond:
             self._waiting = (job_id, body)
@@ -77,9 +90,9 @@ class Reporter:
 
 def progress_body(
     round: int | None, pct: float, loss: float | None, epoch: float, status: str, *, step: int | None = None
-) -> dict[str, Any]:
+) -> ProgressReport:
     """A report on round ``round``: ``pct`` of its steps done (this job's work, not the run's)."""
-    body: dict[str, Any] = {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status}
+    body: ProgressReport = {"progress": min(100.0, pct), "loss": loss, "epoch": epoch, "status": status}
     if round:
         body["round"] = round
     if step is not None:

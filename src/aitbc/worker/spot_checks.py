@@ -8,14 +8,13 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from aitbc.client import ApiError
 from aitbc.replies.jobs import Challenge
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.checkpoint import tensors_to_bytes
 from aitbc.training.proof import TrainState, boundaries, commit_every
-from aitbc.worker.calls import CoordinatorCalls
+from aitbc.worker.calls import CoordinatorCalls, Reveal
 from aitbc.worker.records import JobState
 
 log = logging.getLogger("aitbc.worker")
@@ -45,7 +44,7 @@ class SpotChecks:
             kept = recorder.states.get(step)
             data = kept.to_bytes() if kept is not None else (self.folder / str(r) / f"{step}.safetensors").read_bytes()
             cids[str(b)] = self._upload(data)
-        body: dict[str, Any] = {"round": r, "states": cids}
+        body: Reveal = {"round": r, "states": cids}
         if challenge.residual:
             body["residual"] = self._upload(tensors_to_bytes({"residual": kept_proof.residual_in}))
         try:
