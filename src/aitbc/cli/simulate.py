@@ -272,8 +272,8 @@ def torch_threads() -> int:
     same command on the same machine keeps the same numbers).
 
     torch's own default spins its OpenMP threads while they wait for work; when another
-    process holds a core, every parallel op then waits for a descheduled spinner, and
-    ``simulate`` measured ~10x slower (bench/simulate_contention.py). ``simulate`` sets
+    process holds a core, every parallel op then waits for a descheduled spinner
+    (``bench/simulate_contention.py`` measures it). ``simulate`` sets
     ``OMP_WAIT_POLICY=PASSIVE`` (unless set) so waiting threads sleep instead."""
     import psutil
 

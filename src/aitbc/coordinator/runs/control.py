@@ -504,7 +504,7 @@ def resend(ctx: Context, s: Session, job_id: str, signer: str) -> ResendRequeste
     contract = s.get(Contract, job.contract_id)
     if upd.status == UpdateStatus.ACCEPTED and contract is not None:
         # The owner received this update and could read it: it is paid as delivered before it is
-        # dropped (issue 33), once per round; the same round is not asked for a third time free.
+        # dropped, once per round; the same round is not asked for a third time free.
         if s.scalar(select(Settlement.id).where(Settlement.contract_id == contract.id, Settlement.round == run.round)):
             raise conflict(
                 "already_resent",

@@ -41,13 +41,10 @@ How options flow:
 4. ``default_f`` (the run's attacker count, for a simulator) fills ``f`` in every stage
    that takes one and got none; stages without ``f`` ignore it.
 
-Cost (``n`` = 32, ``d`` = 10M float32, 2 CPU cores; ``bench/aggregation_speed.py``): no
-rule makes an ``(n, d)`` temporary (measured extra peak memory 45-200 MiB on a 1.2 GiB
-input); a wrapper makes one ``(k, d)`` mixture. Distance rules use one Gram matrix
-(``_distances``); coordinate rules sort column blocks with a sorting network on a few
-threads (``_sorting``). Against ``mean`` (2026-12-02, 2-core AMD EPYC): Krum 2.7x,
-centered clipping 3.0x (from the medoid of the Gram matrix), geometric median 3.7x,
-median 7.6x, trimmed mean 8.5x, Bulyan 11.5x.
+Cost: no rule makes an ``(n, d)`` temporary; a wrapper makes one ``(k, d)`` mixture.
+Distance rules use one Gram matrix (``_distances``); coordinate rules sort column blocks
+with a sorting network on a few threads (``_sorting``). Each rule's time and memory
+against ``mean`` are measured by ``bench/aggregation_speed.py`` (``bench/RESULTS.md``).
 
 Streaming (``streaming.aggregate_stream(pipeline, source, weights, ...)``): the same
 pipeline over a ``ColumnSource`` read one column block at a time, for rounds whose

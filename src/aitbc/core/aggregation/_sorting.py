@@ -18,8 +18,7 @@ twice the size of the input. Here instead, on a CPU and for ``2 <= m <= NETWORK_
   (32768), so it runs on the calling thread without an OpenMP region, and blocks run on
   ``torch.get_num_threads()`` Python threads (PyTorch releases the GIL inside ops).
   Hundreds of small OpenMP regions per block would stall whenever other processes
-  compete for the cores (measured: a 1M-coordinate median took 15 s instead of 0.08 s
-  next to one other training process on 2 cores; this way, 0.12 s).
+  compete for the cores (each region waits for a descheduled thread).
 
 Larger ``m``, other devices and the ``with_info`` paths sort blocks of about
 ``BLOCK_ELEMENTS`` values with ``torch.sort``, one block after another. Both paths give
