@@ -18,7 +18,8 @@ from aitbc.coordinator.storage import retention
 from aitbc.ledger.signing import sign_request
 from aitbc.ledger.wallet import Wallet
 from aitbc.storage.cid import CODEC_DAG_PB, Cid, cid_of_bytes
-from aitbc.storage.unixfs import Added, add_path, read_tree
+from aitbc.storage.unixfs import read_tree
+from aitbc.storage.unixfs_add import Added, add_path
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.errors import Conflict, IntegrityFailure, InvalidArgument, NotFound
 from aitbc_agent_sdk.ipfs import store_data, store_path
