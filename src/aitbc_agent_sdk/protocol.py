@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from aitbc.client import NotACoordinator, error_fields, not_a_coordinator
 from aitbc.errors import IntegrityError, NotFoundError, UsageError
+from aitbc.replies.base import parse
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import AgentError, IntegrityFailure, InvalidArgument, NotFound, error_for
 
@@ -199,7 +200,7 @@ def ask(reply: type[M], req: Http) -> Op[M]:
     not a ``KeyError`` later."""
     answer = yield req
     try:
-        return reply.model_validate(answer)
+        return parse(reply, answer)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the reply"

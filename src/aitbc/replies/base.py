@@ -6,9 +6,13 @@ import functools
 from collections.abc import KeysView
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
+
+# The validation context of a reply read by a client (:func:`parse`).
+_FROM_COORDINATOR = {"from_coordinator": True}
 
 JsonObject = dict[str, Any]
 """A JSON object whose keys the reply does not fix, passed through as its author wrote it: a
@@ -27,6 +31,17 @@ class Reply(BaseModel):
     typed code reads the attributes, which a type checker knows."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_newer_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        """A client (:func:`parse`) drops the keys this model does not know: a coordinator newer
+        than the worker or SDK reading it may answer with more fields, and they must keep
+        working; the coordinator's own views still build exactly the declared keys."""
+        if info.context is _FROM_COORDINATOR and isinstance(data, dict):
+            known = wire_names(cls)
+            return {k: v for k, v in data.items() if k in known or k in cls.model_fields}
+        return data
 
     def __getitem__(self, key: str) -> Any:
         name = wire_names(type(self)).get(key)
@@ -67,3 +82,9 @@ class Page(Reply, Generic[T]):
 
 class Ok(Reply):
     ok: bool
+
+
+def parse(model: type[R], data: object) -> R:
+    """``data``, a reply as a client received it, read as ``model``: every field checked as the
+    model says, and keys a newer coordinator added (at any depth) left out, not refused."""
+    return model.model_validate(data, context=_FROM_COORDINATOR)

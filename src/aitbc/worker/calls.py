@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, NotRequired, TypedDict, TypeVar
 
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
-from aitbc.replies.base import JsonObject, Page
+from aitbc.replies.base import JsonObject, Page, parse
 from aitbc.replies.blobs import BlobStored, Holders, PeerRef, PeerVerdict
 from aitbc.replies.gossip import RecordAccepted, SignedRecord, Witnessed
 from aitbc.replies.jobs import Challenge, JobPoll, UpdateAccepted
@@ -81,11 +81,11 @@ class CoordinatorCalls:
         params: dict[str, Any] = {"wait": wait, "inline": inline, "known": known}
         if after is not None:
             params["after"] = after
-        return JobPoll.model_validate(self.client.get(f"/workers/{self.address}/job", params=params, sign=True))
+        return parse(JobPoll, self.client.get(f"/workers/{self.address}/job", params=params, sign=True))
 
     def job_view(self) -> JobPoll:
         """The job's view now (no long poll)."""
-        return JobPoll.model_validate(self.client.get(f"/workers/{self.address}/job", sign=True))
+        return parse(JobPoll, self.client.get(f"/workers/{self.address}/job", sign=True))
 
     def post_progress(self, job_id: str, body: ProgressReport) -> None:
         self.client.post(f"/jobs/{job_id}/progress", body)
@@ -99,7 +99,7 @@ class CoordinatorCalls:
         while True:
             try:
                 reply = self.retry(lambda: self.client.post(f"/jobs/{job_id}/updates", body))
-                return UpdateAccepted.model_validate(reply).challenge if reply else None
+                return parse(UpdateAccepted, reply).challenge if reply else None
             except ApiError as e:
                 if e.code != "buffer_applying" or self.stop.wait(0.05):
                     raise
@@ -110,34 +110,34 @@ class CoordinatorCalls:
     # --- blobs ------------------------------------------------------------------------------
 
     def put_blob(self, cid: str, data: bytes) -> BlobStored:
-        return BlobStored.model_validate(self.client.put_blob(cid, data))
+        return parse(BlobStored, self.client.put_blob(cid, data))
 
     def download_blob(self, cid: str, store: LocalBlobStore) -> int:
         return self.client.download_blob(cid, store)
 
     def holders(self, cid: str) -> list[PeerRef]:
         """The peers that hold blob ``cid``, other than this worker."""
-        return Holders.model_validate(self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.address})).data
+        return parse(Holders, self.client.get(f"/blobs/{cid}/holders", params={"exclude": self.address})).data
 
     def announce_holdings(self, advertise: str, cids: list[str]) -> None:
         self.client.post("/workers/holdings", {"advertise": advertise, "cids": cids})
 
     def report_bad_peer(self, cid: str, peer: str) -> str:
         """Report ``peer`` for serving bytes that are not ``cid``: the coordinator's verdict."""
-        return PeerVerdict.model_validate(self.client.post(f"/blobs/{cid}/bad-peer", {"peer": peer})).verdict
+        return parse(PeerVerdict, self.client.post(f"/blobs/{cid}/bad-peer", {"peer": peer})).verdict
 
     # --- gossip records ---------------------------------------------------------------------
 
     def record(self, job_id: str, round: int | None) -> SignedRecord:
         """The coordinator's copy of job ``job_id``'s signed record of ``round`` (None: its newest)."""
         params = {} if round is None else {"round": round}
-        return SignedRecord.model_validate(self.client.get(f"/jobs/{job_id}/records", params=params))
+        return parse(SignedRecord, self.client.get(f"/jobs/{job_id}/records", params=params))
 
     def post_record(self, job_id: str, signed: JsonObject) -> RecordAccepted:
-        return RecordAccepted.model_validate(self.client.post(f"/jobs/{job_id}/records", signed))
+        return parse(RecordAccepted, self.client.post(f"/jobs/{job_id}/records", signed))
 
     def witness(self, records: list[JsonObject], *, timeout: float | None = None) -> list[Witnessed]:
         """Report signed records seen (``POST /v1/records/witnessed``): the coordinator's
         verdict on each."""
         reply = self.client.post("/records/witnessed", {"records": records}, timeout=timeout)
-        return Page[Witnessed].model_validate(reply).data if reply else []
+        return parse(Page[Witnessed], reply).data if reply else []
