@@ -32,7 +32,18 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from aitbc.cli.common import DEFAULT_HOME, CoordinatorOption, HomeOption, agent, err, fit, fits, out, resolve_home
+from aitbc.cli.common import (
+    DEFAULT_HOME,
+    CoordinatorOption,
+    HomeOption,
+    agent,
+    err,
+    fit,
+    fits,
+    json_text,
+    out,
+    resolve_home,
+)
 from aitbc.errors import AitbcError, UsageError
 from aitbc.units import format_price
 
@@ -301,7 +312,7 @@ def entries(
     with agent(home, coordinator) as a:
         res = a.get_ledger_entries(after, limit)
     if json_out:
-        typer.echo(json.dumps(res))
+        typer.echo(json_text(res))
         return
     if not res["data"]:
         err.print(f"no ledger entries after {after}", highlight=False, markup=False)

@@ -7,26 +7,22 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from aitbc import stack as stk
-from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
+from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, json_text, out, resolve_home
 from aitbc.coordinator.api.web import dashboard_url, metrics_url
-
-if TYPE_CHECKING:
-    pass
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
 def emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.write(json_text(obj, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
