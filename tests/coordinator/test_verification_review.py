@@ -31,6 +31,8 @@ from aitbc.coordinator.storage import retention
 from aitbc.coordinator.store.models import Update
 from aitbc.core.compression import build_codec
 from aitbc.core.options import parse_spec
+from aitbc.replies.base import parse
+from aitbc.replies.jobs import JobOrder, JobPoll
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint, load_shard
@@ -179,8 +181,9 @@ def new_run(coord: Any, api: Any, providers: list[Any], prefix: str, *, options:
     return owner, run_id
 
 
-def view(client: Any) -> dict[str, Any]:
-    job = client.get(f"/workers/{client.wallet.address}/job", sign=True)["job"]
+def view(client: Any) -> JobOrder:
+    """The job as the worker reads it (the daemon's ``train_round`` takes the typed order)."""
+    job = parse(JobPoll, client.get(f"/workers/{client.wallet.address}/job", sign=True)).job
     assert job is not None
     return job
 

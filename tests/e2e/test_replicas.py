@@ -106,6 +106,7 @@ def test_killed_driver_hands_the_rounds_to_the_other_replica(stack, databases):
     killed = driving[0]
     survivor = "b" if killed == "a" else "a"
     stack.url = urls[survivor]  # the test's own reads go to the replica that lives
+    wait_until(lambda: watch.answers > 0, "the watcher's first answers", 60)  # it watches both sides of the kill
     watch.drop(killed)
     killed_at = time.monotonic()
     stack.kill(killed, signal.SIGKILL)
