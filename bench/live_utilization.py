@@ -269,11 +269,12 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int, rep
             c.put_blob(cid_of_bytes(manifest), manifest)
             c.post(f"/runs/{rid}/data", {"manifest_cid": cid_of_bytes(manifest), "source": cfg["data"]})
             _wait(f"{W} live offers", lambda: c.get("/market/offers")["count"] >= W, 120, workers)
+            # funded before hiring (a hire needs its rounds' pay in hand); no budget at init:
+            # distribute escrows the contracts' cost, at most max_cost
+            c.post("/wallets/fund", {"amount": "1000"})
             hired = c.post(f"/runs/{rid}/discover", {"required_workers": W, "min_gpu": None})
             if hired["count"] != W:
                 raise RuntimeError(f"hired {hired['count']} workers, wanted {W}")
-            # no budget at init: distribute escrows the contracts' cost, at most max_cost
-            c.post("/wallets/fund", {"amount": "1000"})
             t_dist = time.time()
             c.post(
                 f"/runs/{rid}/distribute",
