@@ -334,7 +334,7 @@ def test_no_round_closes_or_settles_without_the_lease(tmp_path, databases, api):
         for w in t.workers:
             cid = api.put_update(w, torch.full((t.d,), 0.01))
             w.post(f"/jobs/{t.jobs[w.wallet.address]}/updates", api.update_body(1, cid))
-        time.sleep(3.0)  # a dozen of the driver's ticks and three of its lease periods: it must not move
+        time.sleep(3.0)  # a dozen of the driver's ticks and three lease periods: it must not move
         run = t.owner.get(f"/runs/{t.run_id}")
         assert (run["status"], run["round"], run["rounds_completed"]) == ("training", 1, 0)
         assert coord.rows("SELECT count(*) AS n FROM settlements") == [{"n": 0}]
