@@ -10,10 +10,10 @@ import textwrap
 import pytest
 
 from aitbc.errors import UsageError
+from aitbc.run_defaults import MAX_PARAMS
 from aitbc.training.allow_code import check_prefixes, code_allowed
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.models import (
-    MAX_PARAMS,
     MAX_SAMPLE_BYTES,
     CodeNotAllowed,
     build_model,

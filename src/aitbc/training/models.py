@@ -1,13 +1,16 @@
-"""Model registry: ``mlp``, ``cnn``, ``transformer``, or a user's ``package.module:callable``.
+"""Model registry: ``mlp``, ``cnn``, ``transformer``, a Hugging Face family (``hf:llama``,
+``hf:gpt2``, ``hf:qwen2``, ``hf:mistral``: :mod:`aitbc.training.hf_models`), or a user's
+``package.module:callable``.
 
 A model is named by a registry name plus a typed config, never shipped as code: a
 provider builds it locally (see DESIGN.md, trust boundaries). Every model maps a batch
 of inputs to logits: ``(B, C)`` for classification, ``(B, T, V)`` for language data.
 
 Trust: a built-in model's options are bounded (:data:`MAX_LAYERS`, :data:`MAX_WIDTH`,
-:data:`MAX_CONTEXT`, :data:`MAX_PARAMS` parameters, and :data:`MAX_SAMPLE_BYTES` of
-activations for one sample's forward pass, each counted from the config before anything
-is built). A ``module:callable`` is imported only where this machine's operator
+:data:`MAX_CONTEXT`, and :data:`MAX_SAMPLE_BYTES` of activations for one sample's forward
+pass) and every model's parameters by the caller's ``max_params`` (the run's limit, the
+coordinator's ``--max-params``; the provider's own), each counted from the config before
+anything is built. A ``module:callable`` is imported only where this machine's operator
 allowed its module prefix (``allow_code``; ``True`` for ``aitbc simulate``, the user's own
 code on the user's own machine); otherwise it is refused without importing anything.
 
@@ -28,11 +31,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aitbc import run_defaults
 from aitbc.core.options import build_config
 from aitbc.core.registry import Registry
 from aitbc.errors import UsageError
 from aitbc.training.allow_code import AllowCode, code_allowed
 from aitbc.training.data_spec import DataSpec
+from aitbc.training.hf_models import (
+    HFConfig,
+    Weights,
+    build_hf,
+    count_hf_params,
+    hf_config,
+    hf_sample_bytes,
+    is_hf,
+)
 
 MODELS: Registry[Any] = Registry("model")
 
@@ -43,7 +56,6 @@ MODELS: Registry[Any] = Registry("model")
 MAX_LAYERS = 48  # mlp hidden layers, cnn stages, transformer blocks
 MAX_WIDTH = 8192  # mlp hidden size, cnn channels and hidden size, transformer d_model
 MAX_CONTEXT = 8192  # transformer context (tokens)
-MAX_PARAMS = 50_000_000  # parameters (200 MB in float32)
 # Activations one sample's evaluation forward pass may need (float32, counted by
 # sample_bytes): the coordinator evaluates and scores in batches cut to its eval_memory_mb
 # (at least this), so however long the sequences or wide the layers, one pass fits it. The
@@ -220,18 +232,41 @@ class Transformer(nn.Module):
         return self.head(self.ln_f(x))  # (B, T, V)
 
 
-def model_config(name: str, options: Mapping[str, object] | None = None) -> Any:
-    """The typed config of a registered model (``None`` for a user model, not imported);
-    unknown keys, wrong types and out-of-range sizes -> ``UsageError`` naming the option."""
-    if ":" in name:
+def model_config(
+    name: str, options: Mapping[str, object] | None = None, *, max_params: int | None = run_defaults.MAX_PARAMS
+) -> Any:
+    """The typed config of a registered or Hugging Face model (``None`` for a user model, not
+    imported); unknown keys, wrong types and out-of-range sizes -> ``UsageError`` naming the
+    option; a model of more than ``max_params`` parameters (None: no cap) refused."""
+    if is_hf(name):
+        cfg: Any = hf_config(name, options)
+    elif ":" in name:
         return None
-    cls = MODELS.get(name)
-    cfg = build_config(cls.Config, options, what=f"model {name!r}")
-    n = count_params(name, cfg, None)  # a lower bound before the data is known
-    if n > MAX_PARAMS:
-        raise UsageError(f"model {name!r} has at least {n:,} parameters; at most {MAX_PARAMS:,} are allowed")
+    else:
+        cfg = build_config(MODELS.get(name).Config, options, what=f"model {name!r}")
+    check_params(name, count_params(name, cfg, None), max_params, lower_bound=True)  # before the data is known
     check_sample_bytes(name, cfg, None)  # a transformer's at its full context; the others' once the data is known
     return cfg
+
+
+class TooManyParams(UsageError):
+    """A model over the parameter cap it was checked against (the run's or the offer's)."""
+
+    def __init__(self, message: str, params: int, cap: int) -> None:
+        super().__init__(message)
+        self.params, self.cap = params, cap
+
+
+def check_params(name: str, n: int, max_params: int | None, *, lower_bound: bool = False) -> None:
+    """A :class:`TooManyParams` when model ``name``'s ``n`` parameters pass ``max_params``."""
+    if max_params is not None and n > max_params:
+        what = "at least " if lower_bound else ""
+        where = "" if lower_bound else " for this data"
+        raise TooManyParams(
+            f"model {name!r} has {what}{n:,} parameters{where}; at most {max_params:,} are allowed here (--max-params)",
+            n,
+            max_params,
+        )
 
 
 def sample_bytes(name: str, cfg: Any, spec: DataSpec | None, *, training: bool = False) -> int:
@@ -242,6 +277,10 @@ def sample_bytes(name: str, cfg: Any, spec: DataSpec | None, *, training: bool =
     bound). An upper estimate of what torch allocates (measured on the CPU: a transformer's
     evaluation holds about 15 x T x D values at its peak, counted here as 16 x T x D plus
     2 x T x V for the logits and their loss; tests/training/test_model_bounds.py)."""
+    if is_hf(name):
+        tokens = spec.input_shape[0] if spec is not None else cfg.context
+        vocab = spec.num_classes if spec is not None else (cfg.vocab_size or VOCAB)
+        return hf_sample_bytes(cfg, tokens, vocab, training=training)
     shape = spec.input_shape if spec is not None else (1,)
     classes = spec.num_classes if spec is not None else (VOCAB if name == "transformer" else 1)
     if name == "mlp":
@@ -280,6 +319,13 @@ def check_sample_bytes(name: str, cfg: Any, spec: DataSpec | None) -> None:
     if need <= MAX_SAMPLE_BYTES:
         return
     cap = f"{MAX_SAMPLE_BYTES >> 20} MiB"
+    if is_hf(name):
+        t = spec.input_shape[0] if spec is not None else cfg.context
+        most = max(1, MAX_SAMPLE_BYTES * t // need)
+        raise UsageError(
+            f"model {name!r}: one sample of {t} tokens needs {need / 2**20:.0f} MiB of activations to evaluate, "
+            f"more than the {cap} allowed; context must be in [1, {most}] at this width and vocabulary"
+        )
     if name == "transformer":
         t = spec.input_shape[0] if spec is not None else cfg.context
         per_token = 4 * (16 * cfg.d_model + 2 * (spec.num_classes if spec is not None else VOCAB))
@@ -300,7 +346,10 @@ def check_sample_bytes(name: str, cfg: Any, spec: DataSpec | None) -> None:
 
 def count_params(name: str, cfg: Any, spec: DataSpec | None) -> int:
     """Parameters of built-in model ``name`` with config ``cfg``, counted without building
-    it; with ``spec`` None, a lower bound (one input value, one class)."""
+    it (a Hugging Face model on the meta device); with ``spec`` None, a lower bound (one
+    input value, one class; the smallest vocabulary)."""
+    if is_hf(name):
+        return count_hf_params(name, cfg, spec.num_classes if spec is not None else None)
     shape = spec.input_shape if spec is not None else (1,)
     classes = spec.num_classes if spec is not None else 1
 
@@ -324,11 +373,18 @@ def count_params(name: str, cfg: Any, spec: DataSpec | None) -> int:
     raise UsageError(f"unknown model {name!r}; allowed: {', '.join(MODELS.names())}")
 
 
-def check_model(name: str, options: Mapping[str, object] | None, *, allow_code: AllowCode = ()) -> Any:
+def check_model(
+    name: str,
+    options: Mapping[str, object] | None,
+    *,
+    allow_code: AllowCode = (),
+    max_params: int | None = run_defaults.MAX_PARAMS,
+) -> Any:
     """Refuse what this machine will not build, without importing or building anything:
     a ``module:callable`` its operator did not allow (:class:`CodeNotAllowed`), or a
-    built-in model's bad or out-of-range options. Returns the config (None for code)."""
-    if ":" in name:
+    built-in or Hugging Face model's bad or out-of-range options or too many parameters.
+    Returns the config (None for code)."""
+    if ":" in name and not is_hf(name):
         module, _, attr = name.partition(":")
         if not module or not attr:
             raise UsageError(f"user model {name!r} must look like package.module:callable")
@@ -340,28 +396,45 @@ def check_model(name: str, options: Mapping[str, object] | None, *, allow_code: 
                 f"use one of the built-in models: {', '.join(MODELS.names())}"
             )
         return None
-    return model_config(name, options)
+    return model_config(name, options, max_params=max_params)
 
 
 def build_model(
-    name: str, spec: DataSpec, options: Mapping[str, object] | None = None, *, allow_code: AllowCode = ()
+    name: str,
+    spec: DataSpec,
+    options: Mapping[str, object] | None = None,
+    *,
+    allow_code: AllowCode = (),
+    max_params: int | None = run_defaults.MAX_PARAMS,
+    weights: Weights | None = None,
 ) -> nn.Module:
     """Build model ``name`` for data described by ``spec``.
 
-    ``name`` is a registry name or ``package.module:callable`` (imported only if
-    ``allow_code`` allows it); a user callable gets the options as keyword arguments, plus
-    ``spec`` when its signature takes it. A built-in model's parameters are counted first:
-    past :data:`MAX_PARAMS` it is refused before any tensor is allocated."""
-    cfg = check_model(name, options, allow_code=allow_code)
+    ``name`` is a registry name, a Hugging Face family (``hf:llama``) or
+    ``package.module:callable`` (imported only if ``allow_code`` allows it); a user callable
+    gets the options as keyword arguments, plus ``spec`` when its signature takes it. A
+    built-in or Hugging Face model's parameters are counted first: past ``max_params`` (None:
+    no cap) it is refused before any tensor is allocated. ``weights`` resolves a blob's CID
+    to a local file: a model that starts from pretrained weights (``init_weights``) needs it."""
+    cfg = check_model(name, options, allow_code=allow_code, max_params=max_params)
     if cfg is None:
         return _build_user_model(name, spec, options or {})
-    n = count_params(name, cfg, spec)
-    if n > MAX_PARAMS:
-        raise UsageError(
-            f"model {name!r} with these options has {n:,} parameters for this data; at most {MAX_PARAMS:,} are allowed"
-        )
+    check_params(name, count_params(name, cfg, spec), max_params)
     check_sample_bytes(name, cfg, spec)
+    if isinstance(cfg, HFConfig):
+        return _build_hf_model(name, cfg, spec, weights)
     return MODELS.get(name)(cfg, spec)
+
+
+def _build_hf_model(name: str, cfg: HFConfig, spec: DataSpec, weights: Weights | None) -> nn.Module:
+    if spec.task != "language":
+        raise UsageError(f"model {name!r} needs a text dataset (a .txt, .jsonl or .parquet corpus, or stdlib)")
+    if spec.input_shape[0] > cfg.max_position_embeddings:
+        raise UsageError(
+            f"sequences of {spec.input_shape[0]} tokens exceed the model's max_position_embeddings "
+            f"{cfg.max_position_embeddings}"
+        )
+    return build_hf(name, cfg, spec.num_classes, weights)
 
 
 def _build_user_model(name: str, spec: DataSpec, options: Mapping[str, object]) -> nn.Module:
