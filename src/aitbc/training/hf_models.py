@@ -208,22 +208,22 @@ def hf_config(name: str, options: Mapping[str, object] | None) -> HFConfig:
     opts = dict(options or {})
     if "family" in opts:
         raise BadModel(f"model {name!r}: 'family' is set by the model type, not an option")
-    lora = opts.pop("lora", None)
+    raw = opts.pop("lora", None)
+    lora: LoraSpec | None = None
     try:
-        if lora is not None:
-            if isinstance(lora, str):
-                lora = parse_lora(lora)
-            if not isinstance(lora, Mapping):
+        if raw is not None:
+            if isinstance(raw, str):
+                raw = parse_lora(raw)
+            if not isinstance(raw, Mapping):
                 raise UsageError(f"model {name!r} option lora must be an object (r, alpha, dropout, targets)")
-            opts["lora"] = build_config(LoraSpec, lora, what=f"model {name!r} lora")
-        typed = {k: v for k, v in opts.items() if k != "lora"}
-        cfg = build_config(HFConfig, typed | {"family": fam}, what=f"model {name!r}")
+            lora = build_config(LoraSpec, raw, what=f"model {name!r} lora")
+        cfg = build_config(HFConfig, opts | {"family": fam}, what=f"model {name!r}")
     except BadModel:
         raise
     except UsageError as e:
         raise BadModel(str(e)) from None
-    if "lora" in opts:
-        cfg.lora = opts["lora"]
+    if lora is not None:
+        cfg.lora = lora
         try:
             cfg.__post_init__()
         except ValueError as e:
@@ -350,15 +350,16 @@ class LoraCausalLM(HFCausalLM):
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, nn.Parameter]]:
+        cut = len(prefix) + 1 if prefix else 0
         for n, p in super().named_parameters(prefix, recurse, remove_duplicate):
-            if n[len(prefix) + 1 :] in self._trained if prefix else n in self._trained:
+            if n[cut:] in self._trained:
                 yield n, p
 
     def all_parameters(self) -> Iterator[nn.Parameter]:
         for _, p in super().named_parameters():
             yield p
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         full = super().state_dict(*args, **kwargs)
         prefix = kwargs.get("prefix", "")
         return type(full)((k, v) for k, v in full.items() if k[len(prefix) :] in self._trained)
@@ -373,7 +374,8 @@ class LoraCausalLM(HFCausalLM):
     def base_model(self) -> PreTrainedModel:
         import copy
 
-        return copy.deepcopy(self.lm).merge_and_unload()
+        peft_model: Any = copy.deepcopy(self.lm)
+        return peft_model.merge_and_unload()
 
     def adapter(self) -> Any:
         """The ``peft`` model (``save_pretrained`` writes the adapter alone)."""
