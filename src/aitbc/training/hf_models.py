@@ -24,7 +24,7 @@ import functools
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -201,6 +201,10 @@ class HFConfig:
             raise ValueError("num_key_value_heads: hf:gpt2 has none (every head has its own keys)")
 
 
+# What a run may set: every config field but the family, which the model type names.
+OPTION_NAMES = tuple(f.name for f in fields(HFConfig) if f.name != "family")
+
+
 def hf_config(name: str, options: Mapping[str, object] | None) -> HFConfig:
     """The typed config of ``hf:FAMILY`` with ``options``; a ``BadModel`` naming the field
     for an unknown field, a wrong type or a value out of range."""
@@ -208,6 +212,9 @@ def hf_config(name: str, options: Mapping[str, object] | None) -> HFConfig:
     opts = dict(options or {})
     if "family" in opts:
         raise BadModel(f"model {name!r}: 'family' is set by the model type, not an option")
+    unknown = sorted(set(opts) - set(OPTION_NAMES))
+    if unknown:
+        raise BadModel(f"unknown model {name!r} option {unknown[0]!r}; allowed: {', '.join(OPTION_NAMES)}")
     raw = opts.pop("lora", None)
     lora: LoraSpec | None = None
     try:
@@ -490,7 +497,6 @@ _METADATA = {
     "pad_token_id",
     "initializer_range",
     "attention_dropout",
-    "mlp_bias",
     "pretraining_tp",
     "layer_norm_epsilon",
     "resid_pdrop",
@@ -522,6 +528,9 @@ _METADATA = {
     "rope_scaling",
     "rope_parameters",
 }
+# Metadata fields that would change the architecture away from their default: a config
+# that sets one otherwise is refused rather than built without it.
+_DEFAULT_ONLY = {"add_cross_attention": False, "mlp_bias": False}
 _FORBIDDEN = ("auto_map", "trust_remote_code", "custom_pipelines")
 
 
@@ -552,6 +561,11 @@ def options_from_hf_config(config: Mapping[str, Any]) -> tuple[str, dict[str, An
         if key in _TAKEN:
             if value is not None:
                 options[_TAKEN[key]] = value
+        elif key in _DEFAULT_ONLY:
+            if value not in (None, _DEFAULT_ONLY[key]):
+                raise BadModel(
+                    f"config.json field {key!r} is {value!r}; aitbc builds only {key}={_DEFAULT_ONLY[key]!r}"
+                )
         elif key not in _METADATA:
             raise BadModel(f"config.json field {key!r} is not one aitbc takes; allowed: {', '.join(sorted(_TAKEN))}")
     if isinstance(params, Mapping) and "rope_theta" in params:
