@@ -52,3 +52,9 @@ PRECISIONS = ("fp32", "bf16")
 # large enough for most folders, and one shard of it (x and y: 2 x 90%) still fits the
 # coordinator's default largest blob (256 MiB). The stdlib corpus is a 4 MiB sample.
 MAX_CORPUS_BYTES = 128 << 20
+# The largest model a coordinator trains, in parameters, unless its operator sets another
+# limit (``aitbc coordinator serve --max-params``): a run whose model counts more is refused
+# at init (from the options alone) and again when its data is attached (counted exactly).
+# A billion: about 20 GB of training state (weights, gradients, Adam's moments, a copy),
+# which one 40-80 GB GPU holds with room for activations.
+MAX_PARAMS = 1_000_000_000

@@ -33,7 +33,9 @@ def offers(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Offers: GPU class (and the device really found), price, reputation, availability, last heartbeat."""
+    """Offers: GPU class (and the device really found), the largest model it trains, price, reputation,
+    availability, last heartbeat."""
+    from aitbc.market.capacity import format_params
     from aitbc.market.ranking import offer_score
     from aitbc_agent_sdk.workers import market_offer
 
@@ -47,7 +49,8 @@ def offers(
         err.print("no offers" + ("" if all_offers else " live (try --all)"), highlight=False)
         return
     t = Table()
-    for col in ("worker", "GPU", "device", "price/round", "reputation", "availability", "score", "status", "heartbeat"):
+    cols = ("worker", "GPU", "device", "max params", "price/round", "reputation", "availability", "score", "status")
+    for col in (*cols, "heartbeat"):
         t.add_column(col)
     for o in offers:
         score = offer_score(market_offer(o))
@@ -55,6 +58,7 @@ def offers(
             o["worker_id"],
             others(o["gpu_type"]),  # the provider's words, as its device's name
             others(o["device"].get("name", "?")),
+            format_params(o.get("max_params")),
             format_price(o["price_micro"]),
             f"{o['reputation']:.2f}",
             f"{o['availability']:.2f}",

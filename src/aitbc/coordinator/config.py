@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from aitbc import run_defaults
 from aitbc.ledger.chain import LedgerError, check_network
 from aitbc.settings import KIB, MIB, Flag
 from aitbc.training.allow_code import check_prefixes
@@ -197,6 +198,13 @@ class Settings(BaseSettings):
         [],
         description="Module prefix whose module:callable models this coordinator may import (repeatable; "
         "none by default: owners get the built-in mlp, cnn, transformer). Only for code you trust.",
+    )
+
+    max_params: int = Field(
+        run_defaults.MAX_PARAMS,
+        ge=1,
+        description="Largest model this coordinator trains, in parameters: a run whose model counts more is "
+        "refused at init, and again when its data is attached (counted exactly).",
     )
 
     @field_validator("home")

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from aitbc import run_defaults
 from aitbc.coordinator.store.models import JobOverrides
 from aitbc.coordinator.transfer.peers import MAX_HELD, MAX_URL, check_advertise
+from aitbc.market.capacity import MAX_OFFER_PARAMS
 
 Advertise = Annotated[str, Field(min_length=1, max_length=MAX_URL), AfterValidator(check_advertise)]
 
@@ -157,6 +158,8 @@ class WorkerRegister(Body):
     availability: float = Field(1.0, ge=0, le=1)
     device: dict[str, Any] = Field(default_factory=dict)
     max_bond: str | float = "0"  # AIT: the most a contract may lock from this wallet
+    # the largest model it trains, in parameters (aitbc.market.capacity); none: no stated limit
+    max_params: int | None = Field(None, ge=1, le=MAX_OFFER_PARAMS)
     # where this worker serves blobs to its peers (peer transport); none: it fetches only
     advertise: Advertise | None = None
 

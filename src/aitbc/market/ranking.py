@@ -38,6 +38,7 @@ class Offer:
     reputation: float  # 0..5
     availability: float  # 0..1
     last_heartbeat: float  # unix seconds
+    max_params: int | None = None  # the largest model it trains (market.capacity); None: not stated
 
 
 @dataclass(frozen=True, slots=True)

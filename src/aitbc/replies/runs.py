@@ -124,6 +124,9 @@ class RankedOffer(Reply):
     availability: float
     score: float
     hired: bool
+    max_params: int | None = Field(
+        None, description="the largest model this provider trains, in parameters (none: no stated limit)"
+    )
 
 
 class Discovery(Reply):

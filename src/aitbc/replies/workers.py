@@ -19,6 +19,9 @@ class OfferView(Reply):
     live: bool
     last_heartbeat: float
     max_bond: str
+    max_params: int | None = Field(
+        None, description="the largest model this provider trains, in parameters (none: no stated limit)"
+    )
     last_heartbeat_age: float
     device: JsonObject
     flags: int

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from aitbc.market.capacity import MAX_OFFER_PARAMS
 from aitbc.settings import MIB, Flag
 from aitbc.storage.peer_url import check_advertise
 from aitbc.training.allow_code import check_prefixes
@@ -36,6 +37,14 @@ class WorkerSettings(BaseSettings):
         "0", description="Most AIT a contract may lock from this wallet as a bond (0: only bond-free runs)."
     )
     availability: float = Field(0.98, ge=0, le=1, description="Advertised availability in [0, 1].")
+    max_params: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_OFFER_PARAMS,
+        description="Largest model this worker trains, in parameters: stated in its offer (hiring passes it over "
+        "for larger runs), and a job of a larger model is refused. Default: derived from the training device's "
+        "memory (3/4 of it over 22 bytes a parameter: weights, gradients, Adam's moments, the round's start).",
+    )
     heartbeat_seconds: Annotated[float, Flag("--heartbeat")] = Field(
         2.0, gt=0, description="Seconds between heartbeats."
     )

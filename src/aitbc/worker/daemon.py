@@ -21,6 +21,7 @@ import torch
 
 from aitbc.client import CoordinatorClient
 from aitbc.ledger.wallet import ensure_wallet
+from aitbc.market.capacity import offer_max_params
 from aitbc.market.gpus import detect_device
 from aitbc.training.devices import resolve_devices
 from aitbc.training.parallel import Ranks
@@ -76,6 +77,9 @@ class Worker(JobLoop):
             calls, folder=home / "worker-proofs" / wallet.name, memory_bytes=cfg.proof_memory_bytes
         )
         attacker = Attacker(cfg.attack) if cfg.attack else None
+        device = detect_device(self.devices)
+        # what the offer states it trains, and the most this worker builds (None: no limit)
+        max_params = offer_max_params(device.get("memory_bytes"), override=cfg.max_params)
         trainer = RoundTrainer(
             cfg,
             fetcher=fetcher,
@@ -84,8 +88,8 @@ class Worker(JobLoop):
             reporter=reporter,
             devices=self.devices,
             attacker=attacker,
+            max_params=max_params,
         )
-        device = detect_device(self.devices)
         super().__init__(
             cfg,
             calls=calls,

@@ -27,6 +27,7 @@ from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.gossip import GossipLoop, GossipParts
 from aitbc.worker.gossip_publish import PublishedRecords
 from aitbc.worker.metrics import WorkerMetrics
+from aitbc.worker.model_cap import ModelTooLarge
 from aitbc.worker.progress import ProgressReport, Reporter, progress_body
 from aitbc.worker.records import JobState, ModelRefused
 from aitbc.worker.round_training import RoundTrainer
@@ -181,6 +182,8 @@ class JobLoop:
             "availability": self.cfg.availability,
             "device": self.device,
         }
+        if self.trainer.max_params is not None:  # none: no stated limit (a device of unknown memory)
+            offer["max_params"] = self.trainer.max_params
         if self.fetcher.advertise:
             offer["advertise"] = self.fetcher.advertise
         try:
@@ -212,11 +215,14 @@ class JobLoop:
 
     def decline(self, job: JobOrder, e: ModelRefused) -> None:
         """A job whose model this machine will not build (code its operator did not allow,
-        a model past the bounds): nothing imported, nothing trained; the owner sees it in
-        the job's status, and the round goes on without this worker (no update is no fault)."""
+        a model past the bounds or this worker's ``max_params``): nothing imported, nothing
+        trained; the owner sees it in the job's status (``refused: model not allowed``, or
+        ``refused: model too large``), and the round goes on without this worker (no update
+        is no fault)."""
         log.error("job %s of %s refused: %s", job.job_id, job.training_id, e)
         self.refused.add(job.job_id)
-        self._send_progress(job.job_id, progress_body(job.round, 0.0, None, 0.0, "refused: model not allowed"))
+        why = "refused: model too large" if isinstance(e, ModelTooLarge) else "refused: model not allowed"
+        self._send_progress(job.job_id, progress_body(job.round, 0.0, None, 0.0, why))
 
     def _on_refusal(self, job: JobOrder, e: ApiError) -> None:
         """The coordinator refused an update (or the round's work): why, in the log; a job

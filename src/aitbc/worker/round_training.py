@@ -17,7 +17,7 @@ from torch import Tensor
 
 from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import AitbcError, UsageError
+from aitbc.errors import AitbcError
 from aitbc.replies.jobs import JobOrder
 from aitbc.run_mode import RunMode
 from aitbc.storage.cid import cid_of_bytes
@@ -25,7 +25,6 @@ from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, param_layout
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalResult, LocalTrainer, eager_start, epoch_steps
-from aitbc.training.models import build_model
 from aitbc.training.parallel import Ranks
 from aitbc.training.proof import CommitmentJSON, Recorder
 from aitbc.worker.attack import Attacker
@@ -33,8 +32,9 @@ from aitbc.worker.cheats import skip_half
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.metrics import WorkerMetrics
+from aitbc.worker.model_cap import build_within
 from aitbc.worker.progress import Reporter, progress_body
-from aitbc.worker.records import JobState, ModelRefused, OwnUpdate, Trained, ahead_key
+from aitbc.worker.records import JobState, OwnUpdate, Trained, ahead_key
 from aitbc.worker.spot_checks import SpotChecks
 
 log = logging.getLogger("aitbc.worker")
@@ -72,10 +72,12 @@ class RoundTrainer:
         reporter: Reporter,
         devices: list[torch.device],
         attacker: Attacker | None,
+        max_params: int | None = None,
     ) -> None:
         self.cfg, self.fetcher, self.spot_checks = cfg, fetcher, spot_checks
         self.metrics, self.reporter = metrics, reporter
         self.devices, self.attacker = devices, attacker
+        self.max_params = max_params  # the offer's: larger models are refused (None: no limit)
         self.ranks: Ranks | None = None
         self._last_report: tuple[str, float] = ("", -float("inf"))  # (job, when) of the last progress report
 
@@ -102,10 +104,11 @@ class RoundTrainer:
             return current
         spec_d = known(job.data_spec, "data_spec", job)
         spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
-        try:  # before any download: code this operator did not allow is never imported
-            model = build_model(job.model_type, spec, job.model_options, allow_code=self.cfg.allow_code)
-        except UsageError as e:
-            raise ModelRefused(str(e)) from None
+        # before any download: code this operator did not allow is never imported, a model
+        # over this worker's capacity never allocated
+        model = build_within(
+            job.model_type, spec, job.model_options, allow_code=self.cfg.allow_code, max_params=self.max_params
+        )
         x, y = self._labels(load_shard_file(self.fetcher.shard(job.shard_cid)), job)
         cfg = LocalConfig(
             steps=local_steps(job, int(x.shape[0])),

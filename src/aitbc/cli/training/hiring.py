@@ -10,6 +10,7 @@ from rich.table import Table
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, fit, others, out, resolve_home
 from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, RunIdOpt, WalletOpt, emit_json, run_agent
+from aitbc.market.capacity import format_params
 
 
 def discover_workers(
@@ -24,7 +25,7 @@ def discover_workers(
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Rank live offers (GPU, price, reputation, availability) and hire the best."""
+    """Rank live offers (GPU, price, reputation, availability) that can train the model and hire the best."""
     home = resolve_home(home)
     checks.at_least(required_workers, 1, "--required-workers")
     if min_gpu is not None:
@@ -40,13 +41,14 @@ def discover_workers(
         emit_json(res)
         return
     t = Table(title=f"Offers for {training_id}" + (f" (GPU >= {min_gpu})" if min_gpu else ""))
-    for col in ("#", "worker", "GPU", "price/round", "reputation", "availability", "score", "hired"):
+    for col in ("#", "worker", "GPU", "max params", "price/round", "reputation", "availability", "score", "hired"):
         t.add_column(col, justify="right" if col not in ("worker", "GPU") else "left")
     for i, r in enumerate(res["ranked"], 1):
         t.add_row(
             str(i),
             r["worker_id"],
             others(r["gpu_type"]),  # the provider's words
+            format_params(r.get("max_params")),
             f"{r['price']:.2f}",
             f"{r['reputation']:.2f}",
             f"{r['availability']:.2f}",

@@ -69,7 +69,7 @@ def register(
         s.add(offer)
     offer.gpu, offer.price, offer.availability = normalize_gpu(body.gpu), price, body.availability
     offer.device, offer.status, offer.last_heartbeat = body.device, OfferStatus.ONLINE, now
-    offer.max_bond = max_bond
+    offer.max_bond, offer.max_params = max_bond, body.max_params
     offer.registration = request.as_dict() if request is not None and max_bond > 0 else None
     s.commit()
     ctx.liveness.touch(worker_id, now)

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found, unprocessable
-from aitbc.coordinator.live.runtime import build_run_config, drop_runtime
+from aitbc.coordinator.live.model_size import require_within_limit, run_params
+from aitbc.coordinator.live.runtime import build_run_config, data_spec, drop_runtime
 from aitbc.coordinator.money.escrow import (
     can_bond,
     distribution_cost,
@@ -39,6 +40,7 @@ from aitbc.core.options import parse_spec
 from aitbc.errors import AitbcError
 from aitbc.ledger.book import LedgerError, RequestAuth
 from aitbc.ledger.chain import escrow_account, wallet_account
+from aitbc.market.capacity import too_small
 from aitbc.market.gpus import check_gpu_class
 from aitbc.market.ranking import rank_offers
 from aitbc.replies.money import ManualPayment, Payments
@@ -68,8 +70,12 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
         )
     bond = parse_price(body.bond, field="bond")
     try:
-        # code not allowed here, unknown model, bad or out-of-range option -> 422 now, nothing imported
-        check_model(body.model_type, body.model_options, allow_code=ctx.settings.allow_code)
+        # code not allowed here, unknown model, bad or out-of-range option -> 422 now, nothing imported;
+        # over this coordinator's --max-params, counted from the options: a lower bound (the data may
+        # make it larger: counted again when it is attached)
+        check_model(
+            body.model_type, body.model_options, allow_code=ctx.settings.allow_code, max_params=ctx.settings.max_params
+        )
     except AitbcError as e:
         raise unprocessable("bad_model", str(e)) from None
     now = time.time()
@@ -123,6 +129,12 @@ def attach_data(ctx: Context, s: Session, run: Run, body: DataAttach) -> Run:
                 f"run {run.id} was configured for data {run.data_manifest['spec']}; this manifest is "
                 f"{manifest['spec']}",
             )
+    try:
+        spec = data_spec(manifest)
+    except (ValueError, TypeError) as e:
+        raise unprocessable("bad_manifest", f"manifest {body.manifest_cid}'s spec is not a data spec: {e}") from None
+    # the exact count, now that the data's shape and classes (or vocabulary) are known
+    require_within_limit(run.model_type, run.model_options, spec, ctx.settings.max_params)
     total = 0
     for entry in [*manifest["shards"], manifest["val"]]:
         if not ctx.store.has(entry["cid"]):
@@ -195,11 +207,16 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> Discovery:
     pool = [o for o in market_offers(ctx, s) if o.worker_id not in taken]
     unbonded = [o for o in pool if not can_bond(ctx, s, row(s, Offer, o.worker_id), run.bond)]
     pool = [o for o in pool if o not in unbonded]
-    ranked = rank_offers(pool, min_gpu=min_gpu, max_price=max_price, now=now, max_age=ctx.settings.lease_seconds)
+    params = run_params(run)
+    small = [o for o in pool if too_small(o.max_params, params)]
+    fitting = [o for o in pool if o not in small]
+    ranked = rank_offers(fitting, min_gpu=min_gpu, max_price=max_price, now=now, max_age=ctx.settings.lease_seconds)
     if len(ranked) < body.required_workers:
         asked = f" with GPU at least {min_gpu}" if min_gpu else ""
         asked += f" at most {format_price(parse_price(body.max_price))} AIT/round" if body.max_price is not None else ""
         asked += f" able to bond {format_price(run.bond)} AIT ({len(unbonded)} cannot)" if run.bond else ""
+        if small:
+            asked += f" able to train the run's {params:,} parameters ({len(small)} too small)"
         raise conflict(
             "not_enough_workers",
             f"found {len(ranked)} free live offer{'s' if len(ranked) != 1 else ''}{asked} "

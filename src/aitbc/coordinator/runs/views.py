@@ -409,6 +409,7 @@ def ranked_view(r: RankedOffer, *, hired: bool) -> RankedView:
         availability=o.availability,
         score=round(r.score, 6),
         hired=hired,
+        max_params=o.max_params,
     )
 
 
@@ -437,6 +438,7 @@ def offer_view(ctx: Context, o: Offer, *, now: float) -> OfferView:
         live=now - seen <= ctx.settings.lease_seconds,
         last_heartbeat=seen,
         max_bond=format_price(o.max_bond or 0),
+        max_params=o.max_params,
         last_heartbeat_age=round(now - seen, 3),
         device=o.device,
         flags=o.flags,

@@ -163,6 +163,8 @@ class Offer(Base):
     flags: Mapped[int] = mapped_column(Integer, default=0)
     failed_at: Mapped[float | None] = mapped_column(Float, default=None)  # when last marked failed
     max_bond: Mapped[int] = mapped_column(BigInteger, default=0)  # the most it lets a contract lock
+    # the largest model it trains, in parameters (aitbc.market.capacity); None: not stated, takes any run
+    max_params: Mapped[int | None] = mapped_column(BigInteger, default=None)
     registration: Mapped[Optional[JSONObject]] = mapped_column(
         JSON, default=None
     )  # its signed offer (authorises bonds)

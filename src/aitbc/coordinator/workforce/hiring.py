@@ -15,10 +15,12 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
+from aitbc.coordinator.live.model_size import run_params
 from aitbc.coordinator.money.escrow import can_bond, post_bond, require_hire_funds
 from aitbc.coordinator.store.models import Contract, Flag, Job, JobOverrides, Offer, Run, Update, new_id
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED, RUNNING, transition
+from aitbc.market.capacity import too_small
 from aitbc.market.ranking import Offer as MarketOffer
 from aitbc.market.ranking import offer_score, rank_offers
 from aitbc.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus
@@ -49,6 +51,7 @@ def market_offers(ctx: Context, s: Session) -> list[MarketOffer]:
             reputation=o.reputation,
             availability=o.availability,
             last_heartbeat=ctx.liveness.last_seen(o.id) or o.last_heartbeat,
+            max_params=o.max_params,
         )
         for o in offers
     ]
@@ -68,6 +71,13 @@ def hire_offer(ctx: Context, s: Session, run: Run, worker_id: str, price: int | 
         raise conflict("already_contracted", f"worker {offer.id} already has a contract with run {run.id}")
     if offer.id in busy_workers(s):
         raise conflict("worker_busy", f"worker {offer.id} is hired by another run")
+    params = run_params(run)
+    if too_small(offer.max_params, params):
+        raise conflict(
+            "worker_too_small",
+            f"worker {offer.id} trains models of at most {offer.max_params:,} parameters; "
+            f"run {run.id}'s has {params:,}",
+        )
     if price < offer.price:
         raise conflict(
             "price_rejected",
@@ -270,11 +280,13 @@ def assign_worker(
     contract = next((c for c in spares if ctx.liveness.alive(c.worker_id, now, lease)), None)
     if contract is None:
         in_run = set(s.scalars(select(Contract.worker_id).where(Contract.run_id == run.id)).all())
+        params = run_params(run)
         free = [
             o
             for o in market_offers(ctx, s)
             if o.worker_id not in taken
             and o.worker_id not in in_run
+            and not too_small(o.max_params, params)
             and can_bond(ctx, s, row(s, Offer, o.worker_id), run.bond)
         ]
         ranked = rank_offers(free, now=now, max_age=lease)
