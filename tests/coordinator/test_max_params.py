@@ -6,6 +6,7 @@ loopback, on the database under test (``AITBC_TEST_DB``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,8 @@ from aitbc import run_defaults
 from aitbc.client import ApiError
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.store.db import alembic_config
+from aitbc.coordinator.store.models import Run
+from aitbc.coordinator.workforce.hiring import assign_worker
 from aitbc.errors import UsageError
 from aitbc.settings import load_settings
 from aitbc.storage.cid import cid_of_bytes
@@ -164,6 +167,22 @@ def test_hiring_a_named_offer_too_small_is_refused(market, api):
         owner.post(f"/runs/{run_id}/contracts", {"worker_id": small.wallet.address, "price": "5"})
     api.assert_api_error(e, 409, "worker_too_small", "at most 600 parameters", "has 610")
     assert coord.snapshot() == before
+
+
+def test_an_automatic_replacement_skips_offers_too_small(market):
+    """The driver's hire for an orphaned shard (``assign_worker``) takes the best free offer
+    that can train the run, never one too small, however well it ranks."""
+    coord, _, run_id, small, big, unstated = market
+    ctx = coord.ctx
+    with ctx.session() as s:
+        run = s.get(Run, run_id)
+        job = assign_worker(ctx, s, run, 0, now=time.time())
+        assert job is not None and job.worker_id != small.wallet.address
+        assert job.worker_id in (big.wallet.address, unstated.wallet.address)
+        second = assign_worker(ctx, s, run, 1, now=time.time())
+        assert second is not None and second.worker_id not in (small.wallet.address, job.worker_id)
+        assert assign_worker(ctx, s, run, 0, now=time.time()) is None  # only the small one is left
+        s.rollback()
 
 
 # --- the worker's setting ----------------------------------------------------------------
