@@ -295,7 +295,7 @@ class AgentMethods:
 
     def initialize_distributed_training(
         self,
-        model_type: str,
+        model_type: str | None,
         dataset_size: int | float | str,
         target_workers: int,
         *,
@@ -304,6 +304,8 @@ class AgentMethods:
         budget: int | float | str | None = None,
         bond: int | float | str | None = None,
         control: Literal["automatic", "manual"] = "automatic",
+        from_pretrained: str | Path | None = None,
+        lora: str | JsonObject | None = None,
     ) -> NewRun:
         """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
@@ -315,6 +317,14 @@ class AgentMethods:
         ``"automatic"`` (the coordinator drives the phases) or ``"manual"`` (the agent does,
         with :meth:`update_training_phase`, :meth:`send_training_job` and
         :meth:`federated_average`; the coordinator waits).
+
+        ``from_pretrained``: a fine-tune of a local Hugging Face model directory (config.json,
+        ``*.safetensors``, tokenizer.json; a pickled ``.bin`` is refused): its weights and
+        tokenizer are stored on the coordinator for the run, and ``model_type`` (None, or the
+        config's family such as ``"hf:llama"``) and the options come from its config
+        (``model_options`` given here override them, e.g. ``context``). ``lora``: train a LoRA
+        adapter instead of every weight, ``"r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj"``
+        or that as a dict.
         """
 
     def list_trainings(self, status: str | None = None, owner: str | None = None) -> list[RunSummary]:
@@ -877,7 +887,7 @@ class AsyncAgentMethods:
 
     async def initialize_distributed_training(
         self,
-        model_type: str,
+        model_type: str | None,
         dataset_size: int | float | str,
         target_workers: int,
         *,
@@ -886,6 +896,8 @@ class AsyncAgentMethods:
         budget: int | float | str | None = None,
         bond: int | float | str | None = None,
         control: Literal["automatic", "manual"] = "automatic",
+        from_pretrained: str | Path | None = None,
+        lora: str | JsonObject | None = None,
     ) -> NewRun:
         """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
@@ -897,6 +909,14 @@ class AsyncAgentMethods:
         ``"automatic"`` (the coordinator drives the phases) or ``"manual"`` (the agent does,
         with :meth:`update_training_phase`, :meth:`send_training_job` and
         :meth:`federated_average`; the coordinator waits).
+
+        ``from_pretrained``: a fine-tune of a local Hugging Face model directory (config.json,
+        ``*.safetensors``, tokenizer.json; a pickled ``.bin`` is refused): its weights and
+        tokenizer are stored on the coordinator for the run, and ``model_type`` (None, or the
+        config's family such as ``"hf:llama"``) and the options come from its config
+        (``model_options`` given here override them, e.g. ``context``). ``lora``: train a LoRA
+        adapter instead of every weight, ``"r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj"``
+        or that as a dict.
         """
 
     async def list_trainings(self, status: str | None = None, owner: str | None = None) -> list[RunSummary]:

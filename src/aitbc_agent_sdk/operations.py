@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from aitbc import run_defaults
@@ -168,7 +169,7 @@ def _soft_run(self: AgentState, training_id: str | None) -> Op[str | None]:
 @operation
 def initialize_distributed_training(
     self: AgentState,
-    model_type: str,
+    model_type: str | None,
     dataset_size: int | float | str,
     target_workers: int,
     *,
@@ -177,6 +178,8 @@ def initialize_distributed_training(
     budget: int | float | str | None = None,
     bond: int | float | str | None = None,
     control: Literal["automatic", "manual"] = "automatic",
+    from_pretrained: str | Path | None = None,
+    lora: str | JsonObject | None = None,
 ) -> Op[NewRun]:
     """Create a run (``POST /v1/runs``); returns its summary with ``training_id``.
 
@@ -187,7 +190,15 @@ def initialize_distributed_training(
     contracts' cost); ``bond``: AIT each hired provider locks (default 0); ``control``:
     ``"automatic"`` (the coordinator drives the phases) or ``"manual"`` (the agent does,
     with :meth:`update_training_phase`, :meth:`send_training_job` and
-    :meth:`federated_average`; the coordinator waits)."""
+    :meth:`federated_average`; the coordinator waits).
+
+    ``from_pretrained``: a fine-tune of a local Hugging Face model directory (config.json,
+    ``*.safetensors``, tokenizer.json; a pickled ``.bin`` is refused): its weights and
+    tokenizer are stored on the coordinator for the run, and ``model_type`` (None, or the
+    config's family such as ``"hf:llama"``) and the options come from its config
+    (``model_options`` given here override them, e.g. ``context``). ``lora``: train a LoRA
+    adapter instead of every weight, ``"r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj"``
+    or that as a dict."""
     if control not in ("automatic", "manual"):
         raise InvalidArgument("bad_control", f"control must be 'automatic' or 'manual', got {control!r}")
     if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, float, str)):
@@ -197,6 +208,16 @@ def initialize_distributed_training(
     size = dataset_size if isinstance(dataset_size, str) else f"{dataset_size:g}GB"
     if isinstance(target_workers, bool) or not isinstance(target_workers, int) or target_workers < 1:
         raise InvalidArgument("bad_workers", f"target_workers must be an integer >= 1, got {target_workers!r}")
+    money = {k: _amount(v, k) for k, v in (("budget", budget), ("bond", bond)) if v is not None}
+    if from_pretrained is not None:
+        from aitbc_agent_sdk.pretrained import upload_pretrained
+
+        model = yield from upload_pretrained(self, from_pretrained, model_type, model_options, lora)
+        model_type, model_options = model.model_type, model.model_options
+    elif lora is not None:
+        raise InvalidArgument("bad_lora", "lora adapts pretrained weights: give from_pretrained=DIR too")
+    if not isinstance(model_type, str) or not model_type:
+        raise InvalidArgument("bad_model", "model_type is needed (or from_pretrained=DIR, which names it)")
     body: dict[str, Any] = {
         "model_type": model_type,
         "dataset_size": size,
@@ -206,10 +227,7 @@ def initialize_distributed_training(
         "seed": int(seed),
         "control": control,
     }
-    if budget is not None:
-        body["budget"] = _amount(budget, "budget")
-    if bond is not None:
-        body["bond"] = _amount(bond, "bond")
+    body |= money
     run = yield from ask(RunSummary, Http("POST", "/runs", body))
     self._training_id = run.training_id
     return NewRun.of(run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from aitbc.errors import AitbcError, UsageError
@@ -83,6 +84,28 @@ def model(name: str, options: Mapping[str, object], *, option: str = "--model-ty
     from aitbc.training.models import check_model
 
     _checked(option if not options else f"{option} / --model-opt", lambda: check_model(name, options, allow_code=True))
+
+
+def pretrained(path: Path, model_type: str | None, lora: str | None) -> None:
+    """A fine-tune's model directory, checked before anything is sent: its config.json on
+    the allow-list (``model_type``, if given, its family), safetensors weights (never a
+    pickle), ``--lora`` well formed. The weights themselves are read as they are uploaded."""
+    from aitbc.training.hf_models import options_from_hf_config, parse_lora
+    from aitbc.training.pretrained import read_config, weight_files
+
+    where = f"--from-pretrained {path}"
+    if lora is not None:
+        _checked("--lora", lambda: parse_lora(lora))
+
+    def check() -> None:
+        if not path.is_dir():
+            raise UsageError(f"{where}: not a directory (a Hugging Face model directory: config.json, *.safetensors)")
+        name, _ = options_from_hf_config(read_config(path, where))
+        if model_type is not None and model_type != name:
+            raise UsageError(f"--model-type {model_type}: the model in {path} is {name} (leave --model-type out)")
+        weight_files(path, where)
+
+    _checked(where, check)
 
 
 def dataset(data_path: str, *, option: str = "--data-path") -> str:

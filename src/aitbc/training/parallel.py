@@ -26,9 +26,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from datetime import timedelta
+from pathlib import Path
 from typing import Literal, TypedDict
 
 import torch
@@ -72,6 +73,7 @@ class _Job(TypedDict):
     allow_code: list[str]
     cfg: JSONObject  # the LocalConfig's fields
     seed: int
+    weights: dict[str, str]  # a fine-tune's pretrained blobs: CID -> the file rank 0 fetched
 
 
 class _Round(TypedDict):
@@ -193,9 +195,12 @@ class Ranks:
         seed: int,
         x: Tensor,
         y: Tensor,
+        *,
+        weights: Mapping[str, str] | None = None,
     ) -> None:
         """A new job: every other rank builds the model and takes the shard. The caller then
-        builds its own :class:`LocalTrainer` with :attr:`group` (DDP's collective setup)."""
+        builds its own :class:`LocalTrainer` with :attr:`group` (DDP's collective setup).
+        ``weights``: the local files of the blobs a fine-tune's options name, by CID."""
         self._check()
         body: _Job = {
             "cmd": "job",
@@ -205,6 +210,7 @@ class Ranks:
             "allow_code": self.allow_code,
             "cfg": asdict(cfg),
             "seed": seed,
+            "weights": dict(weights or {}),
         }
         _send(self.group, body, {"x": x, "y": y})
         self._sent_data = (x, y)
@@ -271,6 +277,17 @@ def _watch_parent(parent: int) -> None:
         time.sleep(1.0)
 
 
+def _local_files(files: Mapping[str, str]) -> Callable[[str], Path]:
+    """The pretrained blobs rank 0 fetched, by CID (one machine: its files are ours)."""
+
+    def path(cid: str) -> Path:
+        if cid not in files:
+            raise RankFailed(f"rank 0 sent no file for blob {cid}")
+        return Path(files[cid])
+
+    return path
+
+
 def serve(rank: int, world: int, port: int, device: torch.device) -> None:
     """A helper rank's loop: build each job's model, train each round as rank 0 says."""
     from aitbc.training.models import build_model
@@ -290,6 +307,7 @@ def serve(rank: int, world: int, port: int, device: torch.device) -> None:
                 DataSpec(task, tuple(shape), classes),
                 obj["model_options"],
                 allow_code=obj["allow_code"],
+                weights=_local_files(obj.get("weights", {})),
             )
             trainer = None  # the last job's DDP goes before the next is built
             trainer = LocalTrainer(model, ts["x"], ts["y"], cfg, seed=int(obj["seed"]), device=device, group=group)

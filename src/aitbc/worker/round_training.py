@@ -26,6 +26,7 @@ from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_sh
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalResult, LocalTrainer, eager_start, epoch_steps
 from aitbc.training.parallel import Ranks
+from aitbc.training.pretrained import blob_cids
 from aitbc.training.proof import CommitmentJSON, Recorder
 from aitbc.worker.attack import Attacker
 from aitbc.worker.cheats import skip_half
@@ -107,7 +108,12 @@ class RoundTrainer:
         # before any download: code this operator did not allow is never imported, a model
         # over this worker's capacity never allocated
         model = build_within(
-            job.model_type, spec, job.model_options, allow_code=self.cfg.allow_code, max_params=self.max_params
+            job.model_type,
+            spec,
+            job.model_options,
+            allow_code=self.cfg.allow_code,
+            max_params=self.max_params,
+            weights=self.fetcher.shard,  # a fine-tune's pretrained base, fetched by CID as a shard is
         )
         x, y = self._labels(load_shard_file(self.fetcher.shard(job.shard_cid)), job)
         cfg = LocalConfig(
@@ -118,7 +124,9 @@ class RoundTrainer:
             precision=job.precision or "fp32",  # a coordinator before bf16 sends none
         )
         if self.ranks is not None:
-            self.ranks.job(job.model_type, job.model_options, spec, cfg, job.seed, x, y)
+            # the other ranks read the base rank 0 fetched (the same machine's files)
+            local = {cid: str(self.fetcher.shard(cid)) for cid in blob_cids(job.model_options)}
+            self.ranks.job(job.model_type, job.model_options, spec, cfg, job.seed, x, y, weights=local)
         group = self.ranks.group if self.ranks is not None else None
         trainer = LocalTrainer(model, x, y, cfg, seed=job.seed, device=self.devices[0], group=group)
         name, opts = parse_spec(known(job.compression, "compression", job), what="codec")

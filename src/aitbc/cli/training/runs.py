@@ -54,7 +54,7 @@ OwnerWallet = Annotated[
     str, typer.Option("--wallet", help="The owner's wallet (created if it does not exist).", show_default=False)
 ]
 ModelType = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--model-type",
         help="mlp, cnn, transformer (options bounded: see the README's trust model); a package.module:callable "
@@ -81,6 +81,24 @@ Bond = Annotated[
     str, typer.Option(help="AIT each hired provider locks for the run (slashed for provable misbehaviour).")
 ]
 Network = Annotated[str, typer.Option(help="Ledger network: local (this build settles on the local ledger only).")]
+FromPretrained = Annotated[
+    Path | None,
+    typer.Option(
+        "--from-pretrained",
+        help="Fine-tune a local Hugging Face model directory (config.json, *.safetensors, tokenizer.json): its "
+        "weights and tokenizer are uploaded for the run, --model-type and the options come from its config "
+        "(--model-opt overrides, e.g. context=64). Weights are read as safetensors only; a .bin is refused.",
+        show_default=False,
+    ),
+]
+Lora = Annotated[
+    str | None,
+    typer.Option(
+        "--lora",
+        help="With --from-pretrained: train a LoRA adapter only, e.g. r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj.",
+        show_default=False,
+    ),
+]
 
 Strategy = Annotated[str, typer.Option(help="data-parallel (the one strategy this build runs).")]
 MinWorkers = Annotated[int | None, typer.Option(help="Fewest workers the run trains with (default 1).")]
@@ -117,10 +135,12 @@ Precision = Annotated[
 
 def init(
     wallet: OwnerWallet,
-    model_type: ModelType,
     dataset_size: DatasetSize,
     target_workers: TargetWorkers,
+    model_type: ModelType = None,
     model_opt: ModelOpt = None,
+    from_pretrained: FromPretrained = None,
+    lora: Lora = None,
     seed: Seed = 0,
     budget: Budget = None,
     bond: Bond = "0",
@@ -141,7 +161,14 @@ def init(
         raise UsageError(f"--network: {e.detail}") from None
     model_options = parse_kv(model_opt or [], what="--model-opt")
     checks.size(dataset_size)
-    checks.model(model_type, model_options)
+    if from_pretrained is None:
+        if lora is not None:
+            raise checks.OptionError("--lora: a LoRA adapter adapts pretrained weights; give --from-pretrained DIR too")
+        if model_type is None:
+            raise checks.OptionError("--model-type is required (or --from-pretrained DIR, whose config names it)")
+        checks.model(model_type, model_options)
+    else:
+        checks.pretrained(from_pretrained, model_type, lora)
     if budget is not None:
         checks.amount(budget, option="--budget")
     checks.price(bond, option="--bond")
@@ -158,7 +185,15 @@ def init(
         ),
     ):
         run = a.initialize_distributed_training(
-            model_type, dataset_size, target_workers, model_options=model_options, seed=seed, budget=budget, bond=bond
+            model_type,
+            dataset_size,
+            target_workers,
+            model_options=model_options,
+            seed=seed,
+            budget=budget,
+            bond=bond,
+            from_pretrained=from_pretrained,
+            lora=lora,
         )
         url = a.config.resolved_coordinator_url
     remember(home, run["training_id"], wallet, url)

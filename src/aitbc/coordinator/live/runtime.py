@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from aitbc.core.outer import build_outer
 from aitbc.core.staleness import build_staleness
 from aitbc.errors import AitbcError, NotFoundError
 from aitbc.run_mode import RunMode
+from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.allow_code import AllowCode
 from aitbc.training.checkpoint import (
@@ -48,6 +50,7 @@ from aitbc.training.checkpoint import (
     set_flat_params,
 )
 from aitbc.training.data_spec import DataSpec
+from aitbc.training.hf_models import Weights
 from aitbc.training.local import GLOBAL_RNG, LocalConfig, evaluate
 from aitbc.training.models import build_model, model_config, sample_bytes, step_bytes
 
@@ -70,12 +73,27 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
     return DataSpec(s["task"], tuple(int(v) for v in s["input_shape"]), int(s["num_classes"]))
 
 
-def build_initial_model(run: Run, allow_code: AllowCode) -> torch.nn.Module:
+def store_weights(store: LocalBlobStore) -> Weights:
+    """Resolves a pretrained-weights CID to its file in ``store`` (checked at the run's
+    creation and kept for its life by retention)."""
+
+    def path(cid: str) -> Path:
+        if not store.has(cid):
+            raise NotFoundError(f"pretrained weights {cid} are not on this coordinator")
+        return store.dir / cid
+
+    return path
+
+
+def build_initial_model(run: Run, allow_code: AllowCode, weights: Weights | None = None) -> torch.nn.Module:
     """The run's model at its seed; code only under a prefix this coordinator's operator
-    allowed, a built-in model only within its bounds (counted before it is built)."""
+    allowed, a built-in model only within its bounds (counted before it is built).
+    ``weights``: where a fine-tune's pretrained base is read (:func:`store_weights`)."""
     with GLOBAL_RNG:  # not while a replay's seeded step draws its dropout (another thread)
         torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
-        return build_model(run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code)
+        return build_model(
+            run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code, weights=weights
+        )
 
 
 def eval_rows(run: Run, budget_bytes: int) -> int:
@@ -117,7 +135,9 @@ def default_f(workers: int) -> int:
     return max(0, (workers - 3) // 4)
 
 
-def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: AllowCode) -> RunConfig:
+def build_run_config(
+    run: Run, body: Distribute, *, workers: int, allow_code: AllowCode, weights: Weights | None = None
+) -> RunConfig:
     """The run's config from a distribute request: defaults resolved (workers, quorum), and
     everything the config names built once, so a bad name or option is a 422 now, not a
     failure at round 1. ``workers``: how many will train at the start."""
@@ -143,7 +163,7 @@ def build_run_config(run: Run, body: Distribute, *, workers: int, allow_code: Al
             lr=body.lr,
             precision=body.precision,
         )
-        model = build_initial_model(run, allow_code)
+        model = build_initial_model(run, allow_code, weights)
         check_replay_batch(run, body.verify_rate, body.batch_size)
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
@@ -181,7 +201,7 @@ class RunRuntime:
 
     def __init__(self, ctx: Context, run: Run) -> None:
         cfg = run.cfg
-        self.model = build_initial_model(run, ctx.settings.allow_code)
+        self.model = build_initial_model(run, ctx.settings.allow_code, store_weights(ctx.store))
         self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.f)
         self.outer_name, self.outer_options = cfg.outer, cfg.outer_options
         self._staleness_specs = cfg.staleness, cfg.overlap_staleness

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found, unprocessable
 from aitbc.coordinator.live.model_size import require_within_limit, run_params
-from aitbc.coordinator.live.runtime import build_run_config, data_spec, drop_runtime
+from aitbc.coordinator.live.runtime import build_run_config, data_spec, drop_runtime, store_weights
 from aitbc.coordinator.money.escrow import (
     can_bond,
     distribution_cost,
@@ -29,6 +29,7 @@ from aitbc.coordinator.money.escrow import (
     require_hire_funds,
     require_network,
 )
+from aitbc.coordinator.runs.pretrained import check_pretrained
 from aitbc.coordinator.runs.views import contract_view, payments_view, ranked_view
 from aitbc.coordinator.schemas import ContractCreate, DataAttach, Discover, Distribute, RunCreate
 from aitbc.coordinator.store.models import Contract, Job, Offer, RoundRecord, Run, new_id
@@ -78,6 +79,7 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
         )
     except AitbcError as e:
         raise unprocessable("bad_model", str(e)) from None
+    check_pretrained(ctx, body.model_type, body.model_options)
     now = time.time()
     run = Run(
         id=new_id("training"),
@@ -335,7 +337,13 @@ def configure(
         # owner closing rounds by hand has neither
         raise unprocessable("bad_config", f"run {run.id} is owner-driven (manual): mode {mode} needs automatic control")
     n_shards = len(run.data_manifest["shards"])
-    cfg = build_run_config(run, body, workers=min(len(hired), n_shards), allow_code=ctx.settings.allow_code)
+    cfg = build_run_config(
+        run,
+        body,
+        workers=min(len(hired), n_shards),
+        allow_code=ctx.settings.allow_code,
+        weights=store_weights(ctx.store),
+    )
     if cfg.verify_rate > 0:
         _check_verifiable(cfg, ctx.settings.max_blob_bytes)
     if run.budget is None:  # no budget at init: escrow what the contracts will cost

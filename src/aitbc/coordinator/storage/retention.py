@@ -6,6 +6,8 @@ is *live* (kept) when it is:
 - a checkpoint (or outer-optimizer state) of one of the last ``keep_checkpoints`` rounds of
   its run (at least the last 1 + k in a run with ``overlap`` k), the run's current model (``global_cid``, ``outer_state_cid``) or its chosen
   result (``result_cid``);
+- a fine-tune's pretrained weights and tokenizer (its model options' ``init_weights`` and
+  ``tokenizer``), for the run's life: its checkpoints and result are read on top of them;
 - a checkpoint a pending step still reads: the model before the oldest unsettled round
   (scoring judges updates against it) and any round whose evaluation is missing;
 - data of a run not yet finalized: its manifest, shards (split ones included), the
@@ -54,6 +56,7 @@ from aitbc.coordinator.store.models import Job, Pin, RoundRecord, Run, Update
 from aitbc.errors import NotFoundError, UsageError
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.storage.unixfs import reachable
+from aitbc.training.pretrained import blob_cids
 
 log = logging.getLogger("aitbc.coordinator")
 # A blob this young is never deleted: the time a request has between storing a blob and
@@ -107,6 +110,7 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
     runs = s.scalars(select(Run)).all()
     for run in runs:
         live.update(c for c in (run.global_cid, run.outer_state_cid, run.result_cid) if c)
+        live.update(blob_cids(run.model_options))  # a fine-tune's base and tokenizer: its result needs them
         recs = s.execute(
             select(RoundRecord.round, RoundRecord.checkpoint_cid, RoundRecord.outer_state_cid, RoundRecord.val_loss)
             .where(RoundRecord.run_id == run.id)

@@ -55,7 +55,7 @@ from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.live.runtime import build_initial_model
+from aitbc.coordinator.live.runtime import build_initial_model, store_weights
 from aitbc.coordinator.schemas import ProofReveal
 from aitbc.coordinator.store.models import Flag, Job, Offer, RevealedStates, RoundRecord, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run, row
@@ -95,7 +95,7 @@ def start_params(ctx: Context, run: Run, cid: str, priors: Sequence[str] = ()) -
     """(d,) the parameters an update started from: the checkpoint ``cid``, less its
     worker's own previous updates ``priors`` when it names them (overlap, eager start:
     :func:`aitbc.coordinator.rounds.admission.update_prior`), computed as the worker does."""
-    model = build_initial_model(run, ctx.settings.allow_code)
+    model = build_initial_model(run, ctx.settings.allow_code, store_weights(ctx.store))
     load_checkpoint(model, ctx.store.get_bytes(cid))
     start = flat_params(model)
     return eager_start(start, [ctx.store.get_bytes(p) for p in priors]) if priors else start
@@ -358,7 +358,7 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
     ch = upd.challenge or {}
     rev: RevealedStates = upd.revealed or {"states": {}, "residual": None}
     c = Commitment.from_json(upd.proof, steps=int(ch["steps"]))
-    model = build_initial_model(run, ctx.settings.allow_code)
+    model = build_initial_model(run, ctx.settings.allow_code, store_weights(ctx.store))
     d = sum(p.numel() for p in model.parameters())
     states = {int(b): TrainState.from_bytes(ctx.store.get_bytes(cid), numel=d) for b, cid in rev["states"].items()}
     x, y = load_shard(ctx.store.get_bytes(run.data_manifest["shards"][int(ch["shard_index"])]["cid"]))
