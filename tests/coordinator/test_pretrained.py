@@ -11,6 +11,7 @@ import os
 import time
 
 import pytest
+import torch
 from tests.pretrained import tiny_pretrained_dir
 
 from aitbc.client import ApiError
@@ -149,3 +150,89 @@ def test_the_cli_refuses_pickled_weights_and_creates_a_fine_tune_from_a_director
     assert run["model_type"] == "hf:llama", run
     detail = coord.client("reader").get(f"/runs/{run['training_id']}")
     assert detail["model_options"]["lora"]["r"] == 4 and detail["model_options"]["init_weights"], detail
+
+
+def token_data(owner, tokenizer: bytes, vocab: int, shards: int, context: int = 16) -> str:
+    """The tiny corpus as token windows (x, and y shifted by one) in ``shards`` shards and a
+    validation split, uploaded; the manifest's CID."""
+    from aitbc.training.checkpoint import shard_bytes
+    from aitbc.training.tokenizer import encode_text, load_tokenizer
+    from tests.pretrained import CORPUS
+
+    ids = torch.tensor(encode_text(load_tokenizer(tokenizer), " ".join(CORPUS) * 4))
+    n = (ids.numel() - 1) // context
+    x, y = ids[: n * context].view(n, context), ids[1 : n * context + 1].view(n, context)
+    cut = [x.shape[0] * i // (shards + 1) for i in range(shards + 2)]
+    pieces = [
+        shard_bytes(x[a:b], y[a:b], dataset="tiny", index=i, count=shards) for i, (a, b) in enumerate(zip(cut, cut[1:]))
+    ]
+    for blob in pieces:
+        owner.put_blob(cid_of_bytes(blob), blob)
+    spec = {"task": "language", "input_shape": [context], "num_classes": vocab}
+    manifest = {
+        "format": "aitbc.manifest/1",
+        "dataset": "tiny",
+        "seed": 0,
+        "alpha": None,
+        "spec": spec,
+        "shards": [{"cid": cid_of_bytes(b), "samples": cut[i + 1] - cut[i]} for i, b in enumerate(pieces[:-1])],
+        "val": {"cid": cid_of_bytes(pieces[-1]), "samples": cut[-1] - cut[-2]},
+    }
+    blob = json.dumps(manifest, sort_keys=True).encode()
+    owner.put_blob(cid := cid_of_bytes(blob), blob)
+    return cid
+
+
+def test_a_lora_round_aggregates_evaluates_and_checkpoints_the_adapter_alone(new_coordinator, api, tmp_path):
+    """Two workers train the adapter on the pretrained base and send it; the round closes,
+    its checkpoint holds the adapter's tensors alone and loads onto the base from init_weights."""
+    from aitbc.training.checkpoint import load_checkpoint, load_shard, tensor_shapes
+    from aitbc.training.data_spec import DataSpec
+    from aitbc.training.local import LocalConfig, LocalTrainer
+    from aitbc.training.models import build_model
+
+    coord = new_coordinator()
+    p = read_pretrained(tiny_pretrained_dir(tmp_path, seed=2))
+    workers = [api.register_worker(coord, f"lora{i}") for i in range(2)]
+    owner = coord.client("lora-owner")
+    owner.post("/wallets/fund", {"amount": "1000"})
+    weights, tokenizer = cid_of_bytes(p.weights), cid_of_bytes(p.tokenizer)
+    owner.put_blob(weights, p.weights)
+    owner.put_blob(tokenizer, p.tokenizer)
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]}
+    opts = run_options(p, weights, tokenizer, lora) | {"context": 16}
+    body = {"model_type": p.model_type, "model_options": opts, "dataset_size": "1MB", "target_workers": 2}
+    run_id = owner.post("/runs", body | {"budget": "100"})["training_id"]
+    vocab = opts["vocab_size"]
+    manifest = token_data(owner, p.tokenizer, vocab, 2)
+    owner.post(f"/runs/{run_id}/data", {"manifest_cid": manifest, "source": "tiny"})
+    assert owner.post(f"/runs/{run_id}/discover", {"required_workers": 2})["count"] == 2
+    owner.post(f"/runs/{run_id}/distribute", {"rounds": 1, "local_steps": 5, "batch_size": 4, "verify_rate": 0})
+    run = api.wait_status(owner, run_id, "training")
+    d = run["config"]["d"]
+    assert d == 2 * 2 * (4 * 32 + 32 * 4)  # the adapter's parameters: what every update carries
+
+    def model():
+        spec = DataSpec("language", (16,), vocab)
+        return build_model(p.model_type, spec, opts, weights=lambda cid: tmp_path / "pretrained" / "model.safetensors")
+
+    assert (tmp_path / "pretrained" / "model.safetensors").is_file()
+    for w in workers:
+        order = api.job_order(w)
+        m = model()
+        load_checkpoint(m, w.get_blob(order["global_model_cid"]))
+        x, y = load_shard(w.get_blob(order["shard_cid"]))
+        tr = LocalTrainer(m, x, y, LocalConfig(steps=5, batch_size=4, optimizer="sgd", lr=0.5), seed=1)
+        delta = tr.train_round(flat_params(m)).delta
+        assert delta.shape == (d,)
+        w.post(f"/jobs/{order['job_id']}/updates", api.update_body(1, api.put_update(w, delta), steps=5))
+    api.wait_status(owner, run_id, "complete", timeout=60)
+    coord.settled()
+    rounds = owner.get(f"/runs/{run_id}/rounds")["data"]
+    final = owner.get_blob(rounds[-1]["checkpoint_cid"])
+    assert set(tensor_shapes(final)) == {n for n, _ in model().named_parameters()}
+    assert all("lora_" in n for n in tensor_shapes(final))
+    m = model()
+    load_checkpoint(m, final)
+    assert not torch.equal(flat_params(m), flat_params(model()))  # the adapter moved
+    assert rounds[-1]["val_loss"] is not None
