@@ -58,7 +58,8 @@ def upload_pretrained(
     """Read the model directory ``path``, store its weights and tokenizer and return the
     run's model (``model_type``, if given, must be the config's family; ``model_options``
     the caller gave override the config's, e.g. ``context``)."""
-    from aitbc.training.pretrained import read_pretrained, run_options
+    from aitbc.storage.cid import cid_of_bytes
+    from aitbc.training.pretrained import check_lora_targets, read_pretrained, run_options
     from aitbc_agent_sdk import ipfs
 
     adapter = lora_options(lora)
@@ -71,7 +72,11 @@ def upload_pretrained(
     for key in ("init_weights", "tokenizer", "lora"):
         if key in own:
             raise InvalidArgument("bad_model", f"model option {key!r} is set by from_pretrained (and lora=), not given")
-    weights = yield from ipfs.store_data(self, p.weights, False)
-    tokenizer = yield from ipfs.store_data(self, p.tokenizer, False)
-    options = run_options(p, weights, tokenizer, adapter)
-    return PretrainedModel(p.model_type, {**options, **own})
+    weights_cid = yield Offload(cid_of_bytes, (p.weights,))
+    tokenizer_cid = yield Offload(cid_of_bytes, (p.tokenizer,))
+    options = {**run_options(p, weights_cid, tokenizer_cid, adapter), **own}
+    # a LoRA target the model lacks, an option that breaks the config: refused before anything is uploaded
+    yield Offload(check_lora_targets, (p.model_type, options))
+    for blob in (p.weights, p.tokenizer):
+        yield from ipfs.store_data(self, blob, False)
+    return PretrainedModel(p.model_type, options)

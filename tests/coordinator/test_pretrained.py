@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from tests.pretrained import tiny_pretrained_dir
+from tests.pretrained import CORPUS, tiny_pretrained_dir
 
 from aitbc.client import ApiError
 from aitbc.coordinator.live.runtime import build_initial_model, store_weights
@@ -92,6 +92,8 @@ def test_the_sdk_refuses_lora_without_weights_and_a_family_that_is_not_the_confi
             a.initialize_distributed_training("hf:gpt2", "1MB", 2, from_pretrained=model_dir)
         with pytest.raises(InvalidArgument, match="lora r must be"):
             a.initialize_distributed_training(None, "1MB", 2, from_pretrained=model_dir, lora="r=0")
+        with pytest.raises(InvalidArgument, match="lora targets c_attn: no such linear module in hf:llama; it has"):
+            a.initialize_distributed_training(None, "1MB", 2, from_pretrained=model_dir, lora="targets=c_attn")
     assert coord.snapshot() == before
 
 
@@ -125,6 +127,8 @@ def test_blobs_that_are_missing_or_not_what_the_options_say_are_refused(coord, t
     refused(coord, owner, good | {"intermediate_size": 48}, "has shape", "the config's is")
     # the weights as the tokenizer
     refused(coord, owner, good | {"tokenizer": weights}, f"tokenizer blob {weights}: not JSON")
+    lora = {"r": 2, "alpha": 4, "dropout": 0.0, "targets": ["k_proj", "nope"]}
+    refused(coord, owner, good | {"lora": lora}, "lora targets nope: no such linear module", "q_proj")
     refused(coord, owner, good | {"vocab_size": 260}, "lm_head.weight has shape (300, 32); the config's is (260, 32)")
     assert owner.post(
         "/runs", {"model_type": "hf:llama", "model_options": good, "dataset_size": "1MB", "target_workers": 1}
@@ -157,7 +161,6 @@ def token_data(owner, tokenizer: bytes, vocab: int, shards: int, context: int = 
     validation split, uploaded; the manifest's CID."""
     from aitbc.training.checkpoint import shard_bytes
     from aitbc.training.tokenizer import encode_text, load_tokenizer
-    from tests.pretrained import CORPUS
 
     ids = torch.tensor(encode_text(load_tokenizer(tokenizer), " ".join(CORPUS) * 4))
     n = (ids.numel() - 1) // context

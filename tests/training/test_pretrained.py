@@ -84,6 +84,24 @@ def test_sharded_weights_read_as_the_single_file(tmp_path, pretrained_dir, blobs
     assert read_pretrained(d).weights == blobs[0].weights
 
 
+def test_tied_embeddings_may_be_absent_and_lora_wraps_gpt2s_fused_attention(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    d = tiny_pretrained_dir(tmp_path, family="gpt2")
+    p = read_pretrained(d)
+    assert p.model_type == "hf:gpt2" and p.options["tie_word_embeddings"] is True
+    files = {cid_of_bytes(p.weights): tmp_path / "w"}
+    (tmp_path / "w").write_bytes(p.weights)
+    lora = parse_lora("r=2,alpha=4,dropout=0,targets=c_attn")
+    opts = run_options(p, cid_of_bytes(p.weights), cid_of_bytes(p.tokenizer), lora) | {"context": 16}
+    assert check_weights_file(tmp_path / "w", p.model_type, opts) == p.params  # lm_head is wte: stored once
+    model = build_model(p.model_type, spec_of(p), opts, weights=files.__getitem__).eval()
+    assert sum(t.numel() for t in model.parameters()) == 2 * (2 * 32 + 96 * 2)  # c_attn: 32 -> 96, per layer
+    ids = torch.randint(0, p.options["vocab_size"], (1, 16))
+    original = AutoModelForCausalLM.from_pretrained(d).eval()
+    assert torch.allclose(model(ids), original(input_ids=ids).logits, atol=1e-5)
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

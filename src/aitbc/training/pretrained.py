@@ -60,6 +60,7 @@ class Expected:
 
     shapes: dict[str, tuple[int, ...]]
     tied: frozenset[str]
+    linear: frozenset[str]  # the linear modules' own names (q_proj, c_attn): what LoRA may target
 
 
 def expected_tensors(model_type: str, options: Mapping[str, object]) -> Expected:
@@ -77,7 +78,27 @@ def expected_tensors(model_type: str, options: Mapping[str, object]) -> Expected
     for n, p in lm.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(n)
     tied = frozenset(n for group in names.values() for n in group[1:])
-    return Expected({k: tuple(v.shape) for k, v in lm.state_dict().items()}, tied)
+    linear = frozenset(
+        n.rsplit(".", 1)[-1]
+        for n, m in lm.named_modules()
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"
+    )
+    return Expected({k: tuple(v.shape) for k, v in lm.state_dict().items()}, tied, linear)
+
+
+def check_lora_targets(model_type: str, options: Mapping[str, object], want: Expected | None = None) -> None:
+    """The ``lora`` option's targets are linear modules of the model (a ``BadModel`` naming
+    those it has otherwise): checked before anything is uploaded or any worker hired."""
+    lora = hf_config(model_type, options).lora
+    if lora is None:
+        return
+    want = want or expected_tensors(model_type, options)
+    missing = [t for t in lora.targets if t not in want.linear]
+    if missing:
+        raise BadModel(
+            f"lora targets {', '.join(missing)}: no such linear module in {model_type}; "
+            f"it has {', '.join(sorted(want.linear))}"
+        )
 
 
 def check_names(found: Mapping[str, tuple[int, ...]], want: Expected) -> None:

@@ -32,9 +32,10 @@ def check_pretrained(ctx: Context, model_type: str, options: Mapping[str, object
             )
     try:
         if cfg.init_weights is not None:
-            from aitbc.training.pretrained import check_weights_file
+            from aitbc.training.pretrained import check_lora_targets, check_weights_file
 
             check_weights_file(ctx.store.dir / cfg.init_weights, model_type, options)
+            check_lora_targets(model_type, options)
         if cfg.tokenizer is not None:
             _check_tokenizer(ctx, cfg.tokenizer, cfg.vocab_size)
     except AitbcError as e:
