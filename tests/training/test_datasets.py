@@ -16,7 +16,7 @@ def as_bytes(t: torch.Tensor) -> bytes:
 
 
 def test_registry_names():
-    assert DATASETS.names() == ["digits", "npz", "stdlib", "text"]
+    assert DATASETS.names() == ["digits", "docs", "npz", "stdlib", "text"]
 
 
 # --- digits ----------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_npz_bool_x_is_numeric_enough(tmp_path):
 
 
 def test_unknown_dataset_lists_names():
-    with pytest.raises(UsageError, match="unknown dataset 'mnist'; allowed: digits, npz, stdlib, text"):
+    with pytest.raises(UsageError, match="unknown dataset 'mnist'; allowed: digits, docs, npz, stdlib, text"):
         load_dataset("mnist")
 
 

@@ -1,4 +1,4 @@
-"""Dataset registry: ``digits``, ``text:PATH``, ``stdlib``, ``npz:PATH``.
+"""Dataset registry: ``digits``, ``text:PATH``, ``docs:PATH``, ``stdlib``, ``npz:PATH``.
 
 A dataset is a pair of train and validation tensors plus its :class:`DataSpec`.
 Classification data: ``x`` ``(N, *S)`` float32, ``y`` ``(N,)`` int64. Language data is
@@ -6,6 +6,8 @@ cut into consecutive windows of ``T = seq_len`` bytes: ``x`` ``(N, T)`` and ``y`
 ``(N, T)`` uint8, ``y`` being ``x`` shifted by one byte (so a window's last target is the
 next window's first input). Splits are fixed by seed;
 text corpora hold out their *last* 10% so no validation byte is seen in training.
+``text:PATH`` reads files as raw bytes; ``docs:PATH`` reads documents (``.jsonl``,
+``.parquet``, a saved dataset; see :mod:`aitbc.training.corpus`) joined by ``"\n"``.
 
 Everything is local or shipped with installed packages: nothing is downloaded.
 """
@@ -25,15 +27,12 @@ from torch import Tensor
 from aitbc import run_defaults
 from aitbc.core.registry import Registry
 from aitbc.errors import NotFoundError, UsageError
+from aitbc.training.corpus import DEFAULT_TEXT_FIELD, CorpusTruncated, Measured, list_files, read_documents
 from aitbc.training.data_spec import DataSpec
 
 VAL_FRACTION = 0.2  # classification hold-out
 TEXT_VAL_FRACTION = 0.1
 STDLIB_BYTES = 4 << 20  # the stdlib corpus: the first 4 MiB of the standard library's sources (a sample)
-
-
-class CorpusTruncated(UserWarning):
-    """A text corpus was longer than ``max_bytes`` and was read only up to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,7 @@ class Dataset:
     train_y: Tensor
     val_x: Tensor
     val_y: Tensor
+    measured: Measured | None = None  # what was read (bytes, documents, tokens, samples)
 
     @property
     def labels(self) -> Tensor | None:
@@ -56,6 +56,7 @@ class DataOptions:
     seed: int = 0
     seq_len: int = 128  # language data: bytes per sample
     max_bytes: int = run_defaults.MAX_CORPUS_BYTES  # language data: corpus cap (text:PATH)
+    text_field: str = DEFAULT_TEXT_FIELD  # docs:PATH: the records' text field
 
 
 Loader = Callable[[str | None, DataOptions], Dataset]
@@ -80,7 +81,8 @@ def _split(x: Tensor, y: Tensor, seed: int, name: str, spec: DataSpec) -> Datase
     perm = torch.randperm(n, generator=g)
     n_val = max(1, int(round(n * VAL_FRACTION)))
     val, train = perm[:n_val], perm[n_val:]
-    return Dataset(name, spec, x[train], y[train], x[val], y[val])
+    measured = Measured(bytes=x.nbytes + y.nbytes, samples=len(train), val_samples=len(val))
+    return Dataset(name, spec, x[train], y[train], x[val], y[val], measured)
 
 
 def _no_arg(name: str, arg: str | None) -> None:
@@ -140,7 +142,8 @@ def _npz(arg: str | None, opts: DataOptions) -> Dataset:
     return _split(x, y, opts.seed, f"npz:{arg}", spec)
 
 
-def _read_corpus(files: list[Path], max_bytes: int) -> bytes:
+def _read_corpus(files: list[Path], max_bytes: int) -> tuple[bytes, int]:
+    """The files' bytes joined by newlines, cut at ``max_bytes``, and how many were read."""
     parts, total = [], 0
     for f in files:
         data = f.read_bytes()[: max_bytes - total]
@@ -148,10 +151,10 @@ def _read_corpus(files: list[Path], max_bytes: int) -> bytes:
         total += len(data)
         if total >= max_bytes:
             break
-    return b"\n".join(parts)[:max_bytes]
+    return b"\n".join(parts)[:max_bytes], len(parts)
 
 
-def _language(corpus: bytes, name: str, opts: DataOptions) -> Dataset:
+def _language(corpus: bytes, name: str, opts: DataOptions, documents: int) -> Dataset:
     T = opts.seq_len
     n_val_bytes = int(len(corpus) * TEXT_VAL_FRACTION)
     train, val = corpus[: len(corpus) - n_val_bytes], corpus[len(corpus) - n_val_bytes :]
@@ -161,16 +164,18 @@ def _language(corpus: bytes, name: str, opts: DataOptions) -> Dataset:
             f"for sequences of {T} bytes (lower the model context)"
         )
     spec = DataSpec("language", (T,), 256)
-    tx, ty = _windows(train, T)
-    vx, vy = _windows(val, T)
-    return Dataset(name, spec, tx, ty, vx, vy)
+    tx, ty = windows(torch.frombuffer(bytearray(train), dtype=torch.uint8), T)
+    vx, vy = windows(torch.frombuffer(bytearray(val), dtype=torch.uint8), T)
+    measured = Measured(len(corpus), documents, len(corpus), len(tx), len(vx))
+    return Dataset(name, spec, tx, ty, vx, vy, measured)
 
 
-def _windows(data: bytes, T: int) -> tuple[Tensor, Tensor]:
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+def windows(buf: Tensor, T: int) -> tuple[Tensor, Tensor]:
+    """A stream of ``L`` tokens (bytes or ids) ``(L,)`` as ``N = (L - 1) // T`` consecutive
+    windows: ``x`` ``(N, T)`` and ``y`` ``(N, T)``, ``y`` shifted by one token."""
     n = (len(buf) - 1) // T
     x = buf[: n * T].view(n, T)  # (N, T)
-    y = buf[1 : n * T + 1].view(n, T)  # (N, T), shifted by one byte
+    y = buf[1 : n * T + 1].view(n, T)  # (N, T), shifted by one token
     return x.clone(), y.clone()
 
 
@@ -178,7 +183,7 @@ def _windows(data: bytes, T: int) -> tuple[Tensor, Tensor]:
 def _text(arg: str | None, opts: DataOptions) -> Dataset:
     """A text file, or every file under a folder (sorted by path), as bytes."""
     path = _need_arg("text", arg)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = list_files(path)  # each real file once, symlinks and hard links included
     if not files:
         raise UsageError(f"folder {path} holds no files")
     total = sum(f.stat().st_size for f in files)
@@ -190,7 +195,18 @@ def _text(arg: str | None, opts: DataOptions) -> Dataset:
             ),
             stacklevel=2,
         )
-    return _language(_read_corpus(files, opts.max_bytes), f"text:{arg}", opts)
+    corpus, documents = _read_corpus(files, opts.max_bytes)
+    return _language(corpus, f"text:{arg}", opts, documents)
+
+
+@DATASETS.register("docs")
+def _docs(arg: str | None, opts: DataOptions) -> Dataset:
+    """Documents (``.jsonl``, ``.parquet``, a saved dataset, a folder of them; text in
+    ``opts.text_field``) as bytes, joined by newlines: the byte-level model's corpus."""
+    path = _need_arg("docs", arg)
+    documents, measured = read_documents(path, opts.text_field, max_bytes=opts.max_bytes)
+    corpus = "\n".join(documents).encode("utf-8", errors="surrogatepass")[: opts.max_bytes]
+    return _language(corpus, f"docs:{arg}", opts, measured.documents or len(documents))
 
 
 @DATASETS.register("stdlib")
@@ -200,9 +216,15 @@ def _stdlib(arg: str | None, opts: DataOptions) -> Dataset:
     Files are taken in sorted path order (site-packages excluded): the first
     :data:`STDLIB_BYTES` (4 MiB), or ``max_bytes`` if smaller."""
     _no_arg("stdlib", arg)
+    files = stdlib_files()
+    corpus, documents = _read_corpus(files, min(opts.max_bytes, STDLIB_BYTES))
+    return _language(corpus, "stdlib", opts, documents)
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's ``.py`` files the ``stdlib`` corpus reads, in order."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "__pycache__" not in p.parts)
-    return _language(_read_corpus(files, min(opts.max_bytes, STDLIB_BYTES)), "stdlib", opts)
+    return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "__pycache__" not in p.parts)
 
 
-__all__ = ["DATASETS", "DataOptions", "Dataset", "load_dataset"]
+__all__ = ["DATASETS", "CorpusTruncated", "DataOptions", "Dataset", "load_dataset", "stdlib_files", "windows"]

@@ -1,5 +1,6 @@
 """A dataset as blobs for a live run: one safetensors blob per shard, one for the
-validation split, and a JSON manifest that names them by CID (``aitbc.manifest/1``).
+validation split, the tokenizer's JSON (token data), and a JSON manifest that names them by
+CID (``aitbc.manifest/1``), with what was measured (bytes, documents, tokens, samples).
 
 ``upload-data`` builds these on the owner's machine and uploads them; the coordinator reads
 the manifest to plan jobs and to evaluate each round's model on the validation split.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from aitbc.errors import NotFoundError, UsageError
 from aitbc.training.checkpoint import shard_bytes
+from aitbc.training.corpus import is_document_corpus
 from aitbc.training.datasets import DATASETS, Dataset
 from aitbc.training.sharding import shard_indices
 
@@ -22,7 +24,9 @@ MAX_VAL_SAMPLES = 2048  # the coordinator scores every round on at most this man
 
 def resolve_source(source: str) -> str:
     """What ``--data-path`` names, as a dataset spec: a registered dataset (``digits``,
-    ``stdlib``, ``text:PATH``, ``npz:PATH``), an ``.npz`` file, or a text file or folder."""
+    ``stdlib``, ``text:PATH``, ``docs:PATH``, ``npz:PATH``), an ``.npz`` file, documents
+    (``docs:``: a ``.jsonl`` or ``.parquet`` file, a ``save_to_disk`` directory, a folder
+    holding any of them), or a text file or folder (``text:``, read as bytes)."""
     name, sep, _ = source.partition(":")
     if name in DATASETS.names() and (sep or not Path(source).exists()):
         return source
@@ -30,9 +34,20 @@ def resolve_source(source: str) -> str:
     if not path.exists():
         raise NotFoundError(
             f"--data-path {source!r}: no such file or folder, and not a dataset name "
-            f"(one of: {', '.join(DATASETS.names())}, or a text file/folder, or an .npz file)"
+            f"(one of: {', '.join(DATASETS.names())}, or a text, .jsonl or .parquet file, a folder of them, "
+            f"a save_to_disk directory, or an .npz file)"
         )
-    return f"npz:{path}" if path.is_file() and path.suffix == ".npz" else f"text:{path}"
+    if path.is_file() and path.suffix == ".npz":
+        return f"npz:{path}"
+    return f"docs:{path}" if is_document_corpus(path) else f"text:{path}"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerBlob:
+    """The run's tokenizer as the manifest names it."""
+
+    cid: str
+    vocab_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +72,18 @@ def package(data: Dataset, k: int, *, seed: int, alpha: float | None = None) -> 
 
 
 def manifest_bytes(
-    data: Dataset, packaged: PackagedDataset, shard_cids: list[str], val_cid: str, *, seed: int, alpha: float | None
+    data: Dataset,
+    packaged: PackagedDataset,
+    shard_cids: list[str],
+    val_cid: str,
+    *,
+    seed: int,
+    alpha: float | None,
+    tokenizer: TokenizerBlob | None = None,
 ) -> bytes:
-    manifest = {
+    """The manifest's JSON: ``tokenizer`` (token data only) and ``measured`` are newer keys;
+    a reader of older manifests finds neither."""
+    manifest: dict[str, object] = {
         "format": MANIFEST_FORMAT,
         "dataset": data.name,
         "seed": seed,
@@ -72,4 +96,8 @@ def manifest_bytes(
         "shards": [{"cid": c, "samples": s} for c, s in zip(shard_cids, packaged.samples)],
         "val": {"cid": val_cid, "samples": packaged.val_samples},
     }
+    if data.measured is not None:
+        manifest["measured"] = data.measured.as_dict()
+    if tokenizer is not None:
+        manifest["tokenizer"] = {"cid": tokenizer.cid, "vocab_size": tokenizer.vocab_size}
     return json.dumps(manifest, sort_keys=True).encode()
