@@ -37,6 +37,9 @@ RUN_KEYS = {
     "updated_at",
 }
 DETAIL_KEYS = RUN_KEYS | {
+    "data_bytes",
+    "data_documents",
+    "data_tokens",
     "aggregator",
     "initial_val_loss",
     "rounds_completed",

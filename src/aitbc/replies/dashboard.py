@@ -88,6 +88,9 @@ class DashboardLedger(Reply):
 
 
 class DashboardRunDetail(DashboardRun):
+    data_bytes: int | None = Field(description="the text's (or arrays') bytes, measured as the data was read")
+    data_documents: int | None = Field(description="documents measured; null for arrays or before data")
+    data_tokens: int | None = Field(description="tokens measured (bytes for byte-level data); null for arrays")
     aggregator: str | None
     initial_val_loss: float | None
     rounds_completed: int

@@ -26,6 +26,16 @@ class RunSummary(Reply):
     updated_at: float
 
 
+class MeasuredSize(Reply):
+    """What was measured of a run's data as it was read (the manifest's ``measured``)."""
+
+    bytes: int = Field(description="UTF-8 bytes of the text read (a classifier's: its arrays' bytes)")
+    documents: int | None = Field(None, description="documents read (text files, records); null for arrays")
+    tokens: int | None = Field(None, description="tokens in the packed stream (bytes for byte-level data)")
+    samples: int | None = Field(None, description="training samples (windows of the model's context)")
+    val_samples: int | None = Field(None, description="validation samples")
+
+
 class ContractView(Reply):
     contract_id: str
     worker_id: str
@@ -80,7 +90,11 @@ class RunDetail(RunSummary):
     dataset_size_bytes: int
     data_source: str | None
     manifest_cid: str | None
-    data_bytes: int | None
+    data_bytes: int | None = Field(description="the stored data's bytes (shards, validation, tokenizer)")
+    measured: MeasuredSize | None = Field(
+        None, description="what was measured as the data was read; null for data uploaded before it was recorded"
+    )
+    vocab_size: int | None = Field(None, description="the data's tokenizer's vocabulary size; null for bytes/arrays")
     shards: int
     config: JsonObject
     global_model_cid: str | None

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.runs import views
+from aitbc.coordinator.runs.data_size import measured_size
 from aitbc.coordinator.store.models import Contract, Flag, Job, RoundRecord, Run, Score, Settlement
 from aitbc.ledger.book import Head
 from aitbc.ledger.chain import escrow_account
@@ -103,8 +104,12 @@ def run_page(ctx: Context, s: Session, run: Run) -> DashboardRunDetail:
         for r in s.scalars(picked.order_by(RoundRecord.round))
     ]
     pay = _pay(ctx, s, run)
+    measured = measured_size(run.manifest)
     return DashboardRunDetail(
         **dict(run_row(run)),
+        data_bytes=measured.bytes if measured else run.data_bytes,
+        data_documents=measured.documents if measured else None,
+        data_tokens=measured.tokens if measured else None,
         aggregator=run.cfg.aggregator if run.configured else None,
         initial_val_loss=run.initial_val_loss,
         rounds_completed=closed,

@@ -138,7 +138,7 @@ def attach_data(ctx: Context, s: Session, run: Run, body: DataAttach) -> Run:
     # the exact count, now that the data's shape and classes (or vocabulary) are known
     require_within_limit(run.model_type, run.model_options, spec, ctx.settings.max_params)
     total = 0
-    for entry in [*manifest["shards"], manifest["val"]]:
+    for entry in [*manifest["shards"], manifest["val"], *([manifest["tokenizer"]] if "tokenizer" in manifest else [])]:
         if not ctx.store.has(entry["cid"]):
             raise unprocessable(
                 "missing_blob",
@@ -177,15 +177,44 @@ def load_manifest(ctx: Context, cid: str) -> dict[str, Any]:
             and m["spec"].get("task") in ("classification", "language")
             and isinstance(m["spec"].get("input_shape"), list)
             and int(m["spec"].get("num_classes", 0)) > 0
+            and _newer_keys_ok(m)
         )
     except (ValueError, TypeError, AttributeError):
         ok = False
     if not ok:
         raise unprocessable(
             "bad_manifest",
-            f"blob {cid} is not an {MANIFEST_FORMAT} manifest (JSON with format, spec, shards[{{cid, samples}}], val{{cid}})",
+            f"blob {cid} is not an {MANIFEST_FORMAT} manifest (JSON with format, spec, shards[{{cid, samples}}], "
+            f"val{{cid}}; optional tokenizer{{cid, vocab_size}} for language data, measured{{bytes, ...}})",
         )
     return m
+
+
+MEASURED_KEYS = ("bytes", "documents", "tokens", "samples", "val_samples")
+
+
+def _newer_keys_ok(m: dict[str, Any]) -> bool:
+    """``tokenizer`` (language data only; its vocabulary is the data's classes) and
+    ``measured`` (non-negative integers or null, ``bytes`` set) are optional: older
+    manifests have neither."""
+    t = m.get("tokenizer")
+    if t is not None and not (
+        isinstance(t, dict)
+        and is_cid(str(t.get("cid")))
+        and m["spec"]["task"] == "language"
+        and type(t.get("vocab_size")) is int
+        and t["vocab_size"] == m["spec"]["num_classes"]
+    ):
+        return False
+    ms = m.get("measured")
+    if ms is None:
+        return True
+    return (
+        isinstance(ms, dict)
+        and set(ms) <= set(MEASURED_KEYS)
+        and type(ms.get("bytes")) is int
+        and all(ms.get(k) is None or (type(ms[k]) is int and ms[k] >= 0) for k in MEASURED_KEYS)
+    )
 
 
 # --- hiring --------------------------------------------------------------------------

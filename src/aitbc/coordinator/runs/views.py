@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, object_session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
+from aitbc.coordinator.runs.data_size import measured_size, vocab_size
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import job_settings, row
 from aitbc.coordinator.verification.spot_checks import summary as verification_summary
@@ -94,6 +95,8 @@ def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
         data_source=run.data_source,
         manifest_cid=run.manifest_cid,
         data_bytes=run.data_bytes,
+        measured=measured_size(run.manifest),
+        vocab_size=vocab_size(run.manifest),
         shards=len(run.data_manifest["shards"]) if run.manifest else 0,
         config=run.cfg.model_dump(mode="json") if run.configured else {},
         global_model_cid=run.global_cid,

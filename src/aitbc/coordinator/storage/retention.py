@@ -11,7 +11,8 @@ is *live* (kept) when it is:
 - a checkpoint a pending step still reads: the model before the oldest unsettled round
   (scoring judges updates against it) and any round whose evaluation is missing;
 - data of a run not yet finalized: its manifest, shards (split ones included), the
-  validation split, and every job's shard;
+  validation split, and every job's shard; a run's tokenizer (language data), for as long
+  as the run is recorded (its result is sampled, evaluated and downloaded with it);
 - an update of a round not yet scored and settled, in a run not yet finalized;
 - under a pin (:mod:`aitbc.coordinator.storage.pins`): every blob reachable from a pinned root
   (a file, or a folder's directory nodes and files, :mod:`aitbc.storage.unixfs`).
@@ -111,6 +112,9 @@ def live_cids(s: Session, keep_checkpoints: int) -> set[str]:
     for run in runs:
         live.update(c for c in (run.global_cid, run.outer_state_cid, run.result_cid) if c)
         live.update(blob_cids(run.model_options))  # a fine-tune's base and tokenizer: its result needs them
+        tok = (run.manifest or {}).get("tokenizer")
+        if isinstance(tok, dict) and tok.get("cid"):
+            live.add(str(tok["cid"]))
         recs = s.execute(
             select(RoundRecord.round, RoundRecord.checkpoint_cid, RoundRecord.outer_state_cid, RoundRecord.val_loss)
             .where(RoundRecord.run_id == run.id)

@@ -208,6 +208,15 @@
     $("workers").tBodies[0].replaceChildren(...rows);
   }
 
+  // the size measured when the data was read; the owner's declaration only beside it
+  function dataSize(run) {
+    if (run.data_bytes === null) return `${run.dataset_size} declared`;
+    const parts = [bytes(run.data_bytes)];
+    if (run.data_documents !== null) parts.push(`${run.data_documents.toLocaleString("en")} documents`);
+    if (run.data_tokens !== null) parts.push(`${run.data_tokens.toLocaleString("en")} tokens`);
+    return `${parts.join(" · ")} (declared ${run.dataset_size})`;
+  }
+
   function renderRun(run) {
     $("notice").hidden = true;
     $("run").hidden = false;
@@ -219,7 +228,7 @@
     $("run-error").textContent = run.error || "";
     fill($("run-facts"), [
       ["model", `${run.model_type}${run.parameters ? ` · ${run.parameters.toLocaleString("en")} parameters` : ""}`],
-      ["dataset", run.dataset_size],
+      ["dataset", dataSize(run)],
       ["workers", `${run.workers.length} hired / ${run.target_workers} wanted`],
       ["aggregator", run.aggregator || "–"],
       ["validation loss", `${num(run.initial_val_loss)} → ${num(run.val_loss)}`],
