@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aitbc.replies.base import Page
 from aitbc.replies.jobs import ShardView
-from aitbc.replies.runs import RunDetail
+from aitbc.replies.runs import MeasuredSize, RunDetail
 from aitbc_agent_sdk.errors import (
     Conflict,
     InvalidArgument,
@@ -20,6 +20,9 @@ from aitbc_agent_sdk.errors import (
 from aitbc_agent_sdk.operations import _soft_run, operation, resolve_run, run_detail
 from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress, ask
 from aitbc_agent_sdk.results import DataUploaded, ShardRef
+
+if TYPE_CHECKING:
+    from aitbc.run_data import TextOptions
 
 
 @operation
@@ -134,6 +137,7 @@ def _cut(
     source: str,
     alpha: float | None = None,
     max_bytes: int | None = None,
+    text: TextOptions | None = None,
     progress: Progress | None = None,
 ) -> Op[DataUploaded]:
     """Cut the dataset at ``data_path`` into ``k`` shards and a validation split, upload
@@ -145,7 +149,7 @@ def _cut(
     training_id = run.training_id
     packing = Meter(progress, "package")
     rd = yield Offload(
-        functools.partial(prepare_run_data, dict(run), data_path, shards=k, alpha=alpha, max_bytes=max_bytes)
+        functools.partial(prepare_run_data, dict(run), data_path, shards=k, alpha=alpha, max_bytes=max_bytes, text=text)
     )
     blobs = rd.blobs()
     size = sum(len(blob) for _, blob in blobs)
@@ -168,6 +172,9 @@ def _cut(
         dataset_size=run.dataset_size,
         dataset=rd.dataset.name,
         task=rd.dataset.spec.task,
+        measured=None if rd.dataset.measured is None else MeasuredSize(**rd.dataset.measured.as_dict()),
+        tokenizer_cid=None if rd.tokenizer_blob is None else rd.tokenizer_blob.cid,
+        vocab_size=None if rd.tokenizer_blob is None else rd.tokenizer_blob.vocab_size,
     )
 
 
@@ -193,17 +200,27 @@ def upload_data(
     *,
     alpha: float | None = None,
     max_bytes: int | None = None,
+    text_field: str = "text",
+    vocab_size: int | None = None,
+    tokenizer: str | Path | None = None,
     progress: Progress | None = None,
 ) -> Op[DataUploaded]:
     """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-    an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
-    shards and a validation split, upload them and the manifest that names them, and
-    attach the manifest to the run (initializing; or distributing, before any job).
-    ``num_shards``: as in :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of
-    the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
-    :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
-    shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
-    dataset_size (declared), dataset, task}``. ``progress(stage, done, total)`` (see
+    a ``.jsonl`` or ``.parquet`` file, a folder of them, a ``datasets`` ``save_to_disk``
+    directory, an ``.npz``; default: the run's dataset, uploaded with
+    :meth:`upload_to_ipfs`) into shards and a validation split, upload them and the
+    manifest that names them, and attach the manifest to the run (initializing; or
+    distributing, before any job). ``num_shards``: as in :meth:`create_data_shards`;
+    ``alpha``: Dirichlet label skew of the shards (IID if None); ``max_bytes``: text
+    corpora, bytes read at most (default :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`);
+    ``text_field``: the records' text field. A model with a tokenizer (``hf:...``) trains
+    on tokens: a byte-level BPE of at most ``vocab_size`` tokens (default 8192, 257 to
+    65536) is trained on the corpus, or ``tokenizer`` (a ``tokenizer.json`` path) is used,
+    or the tokenizer a pretrained model came with (the run's ``tokenizer`` option); it is
+    uploaded with the shards. Returns ``{training_id, manifest_cid, shards (CIDs),
+    shard_samples, val_cid, samples, val_samples, data_bytes (stored), dataset_size
+    (declared), dataset, task, measured {bytes, documents, tokens, samples, val_samples},
+    tokenizer_cid, vocab_size}``. ``progress(stage, done, total)`` (see
     :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
     made, then their bytes), then ``upload`` (bytes sent)."""
     tid = yield from resolve_run(self, training_id)
@@ -211,11 +228,22 @@ def upload_data(
     k = _shard_count(run, num_shards)
     if max_bytes is not None and max_bytes <= 0:
         raise InvalidArgument("bad_argument", f"max_bytes must be > 0, got {max_bytes}")
+    if not isinstance(text_field, str) or not text_field:
+        raise InvalidArgument("bad_argument", f"text_field must be a non-empty string, got {text_field!r}")
+    from aitbc.run_data import TextOptions  # torch: imported on use
+
+    run_tok = (run.model_options or {}).get("tokenizer")  # a pretrained model's, uploaded by init
+    run_tokenizer = (yield from get_from_ipfs(self, run_tok)) if isinstance(run_tok, str) else None
+    text = TextOptions(text_field, vocab_size, None if tokenizer is None else str(tokenizer), run_tokenizer)
     if data_path is None:
         path, source = yield from _dataset_path(self, run)
     else:
         path = source = data_path
-    return (yield from _cut(self, run, path, k, source=source, alpha=alpha, max_bytes=max_bytes, progress=progress))
+    return (
+        yield from _cut(
+            self, run, path, k, source=source, alpha=alpha, max_bytes=max_bytes, text=text, progress=progress
+        )
+    )
 
 
 @operation

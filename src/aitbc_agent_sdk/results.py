@@ -15,7 +15,7 @@ from pydantic import Field
 
 from aitbc.replies.base import Reply
 from aitbc.replies.jobs import Aggregated, JobDetail, WorkerJob
-from aitbc.replies.runs import ContractView, RankedOffer, RunDetail, RunSummary
+from aitbc.replies.runs import ContractView, MeasuredSize, RankedOffer, RunDetail, RunSummary
 from aitbc.replies.workers import MarketOffer
 from aitbc.states import JobStatus, OfferStatus, RunStatus, UpdateStatus
 
@@ -81,6 +81,9 @@ class DataUploaded(Reply):
     dataset_size: str = Field(description="as the owner declared it")
     dataset: str
     task: str
+    measured: MeasuredSize | None = Field(None, description="bytes, documents, tokens, samples as read")
+    tokenizer_cid: str | None = Field(None, description="the tokenizer blob (token data); null for bytes/arrays")
+    vocab_size: int | None = Field(None, description="the tokenizer's vocabulary size")
 
 
 class ShardRef(Reply):

@@ -96,7 +96,7 @@ def cmd(name: str) -> tuple[str, ...]:
         ),
         (
             (*cmd("upload-data"), "--data-path", "mnist"),
-            "--data-path 'mnist': no such file or folder, and not a dataset name (one of: digits, npz, stdlib, text",
+            "--data-path 'mnist': no such file or folder, and not a dataset name (one of: digits, docs, npz, stdlib, text",
         ),
         (
             (*cmd("discover-workers"), "--required-workers", "2", "--min-gpu", "GTX1"),
@@ -144,7 +144,7 @@ def cmd(name: str) -> tuple[str, ...]:
         (("demo", "--dataset", "mnist"), "--dataset 'mnist': no such file or folder"),
         (("simulate", "--aggregator", "avg"), "--aggregator: unknown aggregator 'avg'"),
         (("simulate", "--compression", "int8:chunk=0"), "--compression: unknown codec 'int8' option 'chunk'"),
-        (("simulate", "--dataset", "imagenet"), "--dataset: unknown dataset 'imagenet'; allowed: digits, npz"),
+        (("simulate", "--dataset", "imagenet"), "--dataset: unknown dataset 'imagenet'; allowed: digits, docs, npz"),
         (("simulate", "--threads", "0"), "--threads must be at least 1; got 0"),
         (("wallet", "fund", "owner", "-5"), "amount must be more than 0 AIT; got -5"),
         (("wallet", "fund", "owner", "0"), "amount must be more than 0 AIT; got 0"),

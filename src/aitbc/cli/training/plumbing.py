@@ -104,5 +104,18 @@ def human_bytes(n: int | None) -> str:
     return str(x)
 
 
+def measured_line(measured: dict[str, Any] | None, data_bytes: int | None) -> str:
+    """A run's data size as measured when it was read: bytes, documents and tokens of
+    text; an older manifest's: the stored bytes."""
+    if not measured:
+        return f"{human_bytes(data_bytes)} stored"
+    parts = [human_bytes(measured["bytes"])]
+    if measured.get("documents") is not None:
+        parts.append(f"{measured['documents']:,} documents")
+    if measured.get("tokens") is not None:
+        parts.append(f"{measured['tokens']:,} tokens")
+    return ", ".join(parts) + " measured"
+
+
 def fmt(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec)

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aitbc.cli.common import fit, out, shown
-from aitbc.cli.training.plumbing import fmt, human_bytes
+from aitbc.cli.training.plumbing import fmt, human_bytes, measured_line
 from aitbc.errors import AitbcError
 
 # At a narrow width, the worker table drops these first (the id, progress and status stay).
@@ -32,6 +32,10 @@ def run_view(run: dict[str, Any]) -> Group:
         f"bytes up {human_bytes(run['bytes_up'])}",
         f"down {human_bytes(run['bytes_down'])}",
     )
+    if run.get("manifest_cid"):
+        head.add_row(
+            f"data {measured_line(run.get('measured'), run.get('data_bytes'))}", f"declared {run['dataset_size']}"
+        )
     v = run.get("verification")
     if v:
         head.add_row(
