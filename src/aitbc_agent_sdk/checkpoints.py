@@ -7,22 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aitbc.replies.base import Page
 from aitbc.replies.jobs import UpdateView
 from aitbc.replies.results import Results, RoundView, ScorePage, ScoreView
 from aitbc_agent_sdk.errors import (
     AgentError,
-    Conflict,
-    IntegrityFailure,
     InvalidArgument,
     NotFound,
 )
 from aitbc_agent_sdk.operations import operation, resolve_run, run_detail
-from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress, ask
+from aitbc_agent_sdk.protocol import AgentState, Http, Offload, Op, Progress, ask
 from aitbc_agent_sdk.results import ModelDownload, RoundCheckpoint, Validity
+from aitbc_agent_sdk.run_model import download_blob, fetch_run_parts, model_cid
 from aitbc_agent_sdk.workers import current_jobs
+
+if TYPE_CHECKING:
+    from aitbc.training.use import RunParts
 
 
 @operation
@@ -178,49 +180,62 @@ def download_model(
     path: str | Path | None = None,
     round: int | None = None,
     *,
+    format: str = "safetensors",
+    adapter_only: bool = False,
     progress: Progress | None = None,
 ) -> Op[ModelDownload]:
-    """Write the run's model (``round``: that round's checkpoint; default the latest) to
-    the file ``path`` as a safetensors checkpoint, verified against its CID first; the
-    file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
-    :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
-    ``download`` (see :data:`aitbc_agent_sdk.Progress`)."""
+    """Write the run's model (``round``: that round's checkpoint; default the latest),
+    verified against its CID first. ``format="safetensors"`` (the default): to the file
+    ``path``, the checkpoint as stored (a built-in model loads it in plain PyTorch:
+    docs/owner.md, "Use your model"). ``format="hf"`` (a Hugging Face model's run): into the new or empty
+    folder ``path``, a directory that ``transformers``' ``AutoModelForCausalLM`` and
+    ``AutoTokenizer`` load with nothing of aitbc installed (a LoRA run's model merged
+    into its base; ``adapter_only``: the adapter alone, which ``peft`` loads onto the
+    base the run started from, the folder given to ``init --from-pretrained``). Either
+    appears only whole. Returns ``{training_id, path, cid, bytes}`` (``bytes``: all
+    written). No model yet: :class:`Conflict` (``no_model``); no such round:
+    :class:`NotFound`; a format the model has not: :class:`InvalidArgument`.
+    ``progress``: stage ``download`` (see :data:`aitbc_agent_sdk.Progress`)."""
+    from aitbc.training.export import check_format
+
     if path is None:
-        raise InvalidArgument("bad_argument", "download_model needs path=, the file to write")
+        raise InvalidArgument("bad_argument", "download_model needs path=, the file (or, format hf, folder) to write")
     training_id = yield from resolve_run(self, training_id)
     out = Path(path).expanduser()
+    if format == "hf":
+        run = yield from run_detail(training_id)
+        lora = run.model_options.get("lora") is not None
+        check_format(run.model_type, format, adapter_only=adapter_only, lora=lora)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise InvalidArgument("bad_argument", f"{out} exists and is not an empty folder; give a new or empty one")
+        if not out.parent.is_dir():
+            raise NotFound("not_found", f"no such directory: {out.parent}")
+        got = yield from fetch_run_parts(training_id, round, progress)
+        written = yield Offload(_export_hf, (got.parts, out, adapter_only))
+        return ModelDownload(training_id=training_id, path=str(out), cid=got.cid, bytes=written)
+    check_format("", format, adapter_only=adapter_only)  # safetensors, or a one-line refusal
     if out.is_dir():
         raise InvalidArgument("bad_argument", f"{out} is a directory; give the file to write")
     if not out.parent.exists():
         raise NotFound("not_found", f"no such directory: {out.parent}")
     res = yield from ask(Results, Http("GET", f"/runs/{training_id}/results"))
-    cid = res.model_cid
-    if round is not None:
-        match = [ck.cid for ck in res.checkpoints if ck.round == round]
-        if not match:
-            raise NotFound(
-                "unknown_round",
-                f"run {training_id} has no checkpoint for round {round} (it has 0..{len(res.checkpoints) - 1})",
-            )
-        cid = match[0]
-    if cid is None:
-        raise Conflict("no_model", f"run {training_id} has no model yet (status {res.status})")
-    data = yield from _download(cid, progress)
+    cid = model_cid(res, training_id, round)
+    data = yield from download_blob(cid, progress)
     yield Offload(_write_whole, (out, data))
     return ModelDownload(training_id=training_id, path=str(out), cid=cid, bytes=len(data))
 
 
-def _download(cid: str, progress: Progress | None = None) -> Op[bytes]:
-    """A blob's bytes, re-hashed here: a coordinator cannot hand us something else."""
-    from aitbc.storage.cid import cid_of_bytes
+def _export_hf(parts: RunParts, out: Path, adapter_only: bool) -> int:
+    """Rebuild the run's model and write it as a Hugging Face directory; its bytes."""
+    from aitbc.training.export import export_hf
+    from aitbc.training.use import load_run_model
 
-    receiving = Meter(progress, "download")
-    data = yield Http("GET", f"/blobs/{cid}", raw=True, progress=receiving.request())
-    receiving.end()
-    actual = yield Offload(cid_of_bytes, (data,))
-    if actual != cid:
-        raise IntegrityFailure("integrity", f"blob {cid} from the coordinator does not hash to its CID (got {actual})")
-    return data
+    rm = load_run_model(parts)
+    done = export_hf(rm.model, parts.tokenizer, out, adapter_only=adapter_only)
+    return sum((done.path / f).stat().st_size for f in done.files)
+
+
+_download = download_blob  # manual control and the tests fetch a verified blob through this name
 
 
 def _write_whole(path: Path, data: bytes) -> None:

@@ -25,6 +25,7 @@ from aitbc_agent_sdk import checkpoints as _checkpoints  # noqa: F401 - register
 from aitbc_agent_sdk import control as _control  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import data as _data  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import money as _money  # noqa: F401 - registers its operations
+from aitbc_agent_sdk import use as _use  # noqa: F401 - registers its operations
 from aitbc_agent_sdk import workers as _workers  # noqa: F401 - registers its operations
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import CoordinatorUnreachable, InvalidArgument

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 import aitbc.replies
 from aitbc_agent_sdk import clients as _clients  # noqa: F401 - registers every operation
-from aitbc_agent_sdk import results
+from aitbc_agent_sdk import results, use
 from aitbc_agent_sdk.operations import OPERATIONS
 
 STUB = Path(__file__).with_name("_methods.pyi")
@@ -51,7 +51,7 @@ IMPORTS = {
     "Path": "pathlib",
     "Progress": "aitbc_agent_sdk.protocol",
     "JsonObject": "aitbc.replies.base",
-    **_models(*_REPLIES, results),
+    **_models(*_REPLIES, results, use),
 }
 _RETURN = re.compile(r"^Op\[(?P<t>.+)\]$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")

@@ -11,15 +11,16 @@ coordinator a run belongs to in ``HOME/runs/<id>.json`` so the later commands ne
 Modules, each below the ones that use it: ``plumbing`` (shared options, the run memory,
 printing), ``view`` (a run on screen), ``follow`` (following a run to its end), then the
 commands: ``runs`` (init, distribute, stop, pause, resume), ``data`` (upload-data),
-``hiring`` (discover-workers), ``monitoring`` (monitor, status, list) and ``results``
-(results, download-model, verify, payments, report).
+``hiring`` (discover-workers), ``monitoring`` (monitor, status, list), ``results``
+(results, download-model, verify, payments, report) and ``use`` (sample, evaluate: the
+run's model on this machine).
 """
 
 from __future__ import annotations
 
 import typer
 
-from aitbc.cli.training import data, hiring, monitoring, results, runs
+from aitbc.cli.training import data, hiring, monitoring, results, runs, use
 
 app = typer.Typer(
     help="Train one model on hired providers: init, upload-data, discover-workers, distribute, monitor.",
@@ -40,6 +41,8 @@ for _name, _command in (
     ("resume", runs.resume),
     ("results", results.results),
     ("download-model", results.download_model),
+    ("sample", use.sample),
+    ("evaluate", use.evaluate),
     ("verify", results.verify),
     ("payments", results.payments),
     ("report", results.report),

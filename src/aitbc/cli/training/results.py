@@ -68,22 +68,52 @@ def results(
 
 def download_model(
     training_id: RunIdOpt,
-    output: Annotated[Path, typer.Option("-o", "--output", help="File to write (safetensors).", show_default=False)],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "-o",
+            "--output",
+            help="File to write (safetensors), or with --format hf a new or empty folder.",
+            show_default=False,
+        ),
+    ],
     round: Annotated[
         int | None, typer.Option("--round", help="A given round's checkpoint (default: the latest).")
     ] = None,
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="safetensors: the checkpoint as stored (a built-in model loads it in plain PyTorch, see "
+            "docs/owner.md); hf: a folder that transformers' AutoModelForCausalLM and AutoTokenizer load "
+            "(hf:... models only; a LoRA run's model merged into its base).",
+        ),
+    ] = "safetensors",
+    adapter_only: Annotated[
+        bool,
+        typer.Option(
+            "--adapter-only",
+            help="With --format hf, of a LoRA run: the adapter alone (adapter_config.json, "
+            "adapter_model.safetensors), which peft loads onto its base: the model folder given to "
+            "init --from-pretrained.",
+        ),
+    ] = False,
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Download the model (a safetensors checkpoint), verified against its CID."""
+    """Download the model, verified against its CID: a safetensors checkpoint, or (--format hf)
+    a Hugging Face model folder that loads with nothing of aitbc installed."""
     home = resolve_home(home)
     with run_agent(home, coordinator, training_id) as a, bars(json_out) as progress:
-        res = a.download_model(training_id, output, round=round, progress=progress)
+        res = a.download_model(
+            training_id, output, round=round, format=format, adapter_only=adapter_only, progress=progress
+        )
     if json_out:
         emit_json(res)
     else:
-        out.print(f"Wrote {res['path']} ({human_bytes(res['bytes'])}, CID {res['cid']})", highlight=False)
+        what = "" if format == "safetensors" else (" (adapter only)" if adapter_only else " (Hugging Face folder)")
+        out.print(f"Wrote {res['path']}{what} ({human_bytes(res['bytes'])}, CID {res['cid']})", highlight=False)
 
 
 def verify(
