@@ -12,8 +12,8 @@ import torch
 from aitbc.errors import UsageError
 from aitbc.run_data import TextOptions, prepare_run_data
 from aitbc.storage.cid import cid_of_bytes
-from aitbc.training.checkpoint import load_shard
-from aitbc.training.local import evaluate, loss_fn
+from aitbc.training.checkpoint import flat_params, load_shard, set_flat_params
+from aitbc.training.local import LocalConfig, LocalTrainer, evaluate, loss_fn
 from aitbc.training.models import build_model
 from aitbc.training.tokenizer import train_tokenizer
 
@@ -91,6 +91,28 @@ def test_token_shards_feed_the_loss_and_evaluation(tmp_path):
     step = loss_fn(model(x[:2]), y[:2])
 
     assert acc is None and 0 < loss < 10 and torch.isfinite(step)
+
+
+def test_a_worker_round_trains_on_token_shards(tmp_path):
+    write_corpus(tmp_path / "c.jsonl")
+    rd = prepare_run_data(hf_run(), str(tmp_path / "c.jsonl"), shards=2, text=TextOptions(vocab_size=300))
+    x, y = load_shard(rd.packaged.shards[0])
+    vx, vy = load_shard(rd.packaged.val)
+    torch.manual_seed(0)
+    model = build_model("hf:llama", rd.dataset.spec, {**TINY_LLAMA})
+    start = flat_params(model)
+    trainer = LocalTrainer(model, x, y, LocalConfig(optimizer="adamw", lr=1e-2, steps=20, batch_size=8), seed=0)
+
+    result = trainer.train_round(start)
+
+    set_flat_params(model, start - result.delta)
+    assert evaluate(model, vx, vy)[0] < evaluate(build_model_at(rd, start), vx, vy)[0]
+
+
+def build_model_at(rd, params):
+    model = build_model("hf:llama", rd.dataset.spec, {**TINY_LLAMA})
+    set_flat_params(model, params)
+    return model
 
 
 def test_users_tokenizer_and_the_runs_tokenizer(tmp_path):

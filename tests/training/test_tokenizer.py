@@ -14,7 +14,7 @@ import torch
 
 from aitbc.errors import UsageError
 from aitbc.training.corpus import Measured
-from aitbc.training.token_data import TOKEN_DTYPE, TokenOptions, pack_documents, tokenized_dataset
+from aitbc.training.token_data import TOKEN_DTYPE, TokenOptions, pack_documents, source_documents, tokenized_dataset
 from aitbc.training.tokenizer import (
     EOT,
     VocabCapped,
@@ -203,3 +203,10 @@ def test_tokenized_dataset_from_a_jsonl_trains_or_takes_the_users_tokenizer(tmp_
     assert torch.equal(own.dataset.train_x, trained.dataset.train_x)
     with pytest.raises(UsageError, match="is not text"):
         tokenized_dataset("digits", TokenOptions(seq_len=8, max_bytes=1 << 20))
+
+
+def test_stdlib_is_a_text_source_of_documents():
+    docs, measured = source_documents("stdlib", TokenOptions(seq_len=8, max_bytes=20_000))
+
+    assert measured.bytes == 20_000 and measured.documents == len(docs) >= 1
+    assert any("import" in d for d in docs)

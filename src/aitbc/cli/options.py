@@ -65,7 +65,7 @@ ModelOpt = Annotated[
 MaxBytes = Annotated[
     int,
     typer.Option(
-        help="text:PATH corpora: bytes to read at most; a longer corpus is cut, with a warning on stderr "
+        help="Text corpora (text files, .jsonl, .parquet, saved datasets): bytes to read at most; a longer corpus is cut, with a warning on stderr "
         "(stdlib is a 4 MiB sample)."
     ),
 ]
