@@ -34,6 +34,7 @@ from aitbc_agent_sdk.results import (
     WorkloadReduced,
     WorkSplit,
 )
+from aitbc_agent_sdk.use import Evaluation, Sample
 
 class AgentMethods:
     """The blocking methods of the agent, one per operation."""
@@ -102,13 +103,44 @@ class AgentMethods:
         path: str | Path | None = None,
         round: int | None = None,
         *,
+        format: str = "safetensors",
+        adapter_only: bool = False,
         progress: Progress | None = None,
     ) -> ModelDownload:
-        """Write the run's model (``round``: that round's checkpoint; default the latest) to
-        the file ``path`` as a safetensors checkpoint, verified against its CID first; the
-        file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
-        :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
-        ``download`` (see :data:`aitbc_agent_sdk.Progress`).
+        """Write the run's model (``round``: that round's checkpoint; default the latest),
+        verified against its CID first. ``format="safetensors"`` (the default): to the file
+        ``path``, the checkpoint as stored (a built-in model loads it in plain PyTorch:
+        docs/owner.md, "Use your model"). ``format="hf"`` (a Hugging Face model's run): into the new or empty
+        folder ``path``, a directory that ``transformers``' ``AutoModelForCausalLM`` and
+        ``AutoTokenizer`` load with nothing of aitbc installed (a LoRA run's model merged
+        into its base; ``adapter_only``: the adapter alone, which ``peft`` loads onto the
+        base the run started from, the folder given to ``init --from-pretrained``). Either
+        appears only whole. Returns ``{training_id, path, cid, bytes}`` (``bytes``: all
+        written). No model yet: :class:`Conflict` (``no_model``); no such round:
+        :class:`NotFound`; a format the model has not: :class:`InvalidArgument`.
+        ``progress``: stage ``download`` (see :data:`aitbc_agent_sdk.Progress`).
+        """
+
+    def evaluate(
+        self,
+        training_id: str | None = None,
+        data_path: str | Path | None = None,
+        *,
+        text_field: str = "text",
+        round: int | None = None,
+        progress: Progress | None = None,
+    ) -> Evaluation:
+        """The run's model (``round``: that round's; default the latest) on the owner's own
+        held-out data at ``data_path``, run here on the CPU. A language model reads text (a
+        text file, ``.jsonl`` or ``.parquet`` with its text in ``text_field``, a folder of
+        them, a ``datasets`` ``save_to_disk`` directory), tokenized as the run's data was (its
+        tokenizer; bytes for the built-in ``transformer``) and cut into windows of its context:
+        the mean loss per predicted token and its perplexity, exp(loss). A classifier reads
+        labelled arrays (an ``.npz`` with ``x`` and ``y``, or ``digits``): mean loss and
+        accuracy. The data is read before the model is downloaded, so a missing file or text
+        field is refused first (:class:`NotFound`, :class:`InvalidArgument`). Returns
+        ``{training_id, round, cid, data_path, loss, perplexity, accuracy, samples, tokens,
+        documents, context}``.
         """
 
     def federated_average(
@@ -425,6 +457,29 @@ class AgentMethods:
     def resume_training(self, training_id: str | None = None) -> RunSummary:
         """Continue a paused run; returns the run's summary."""
 
+    def sample(
+        self,
+        training_id: str | None = None,
+        prompt: str = "",
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        seed: int = 0,
+        round: int | None = None,
+        progress: Progress | None = None,
+    ) -> Sample:
+        """Continue ``prompt`` with the run's model (``round``: that round's; default the
+        latest), run here on the CPU: up to ``max_new_tokens`` (1..4096) tokens, each drawn
+        from the model's distribution at ``temperature`` (0: the most likely token) with a
+        generator seeded by ``seed`` (the same seed, the same text); it stops early when the
+        model writes its end-of-text token. A prompt longer than the model's context is cut to
+        its last ``context`` tokens (``prompt_cut`` says so). Language models only (an
+        ``hf:...`` family, with the run's tokenizer; the built-in ``transformer``, in bytes); a
+        classifier or code model is an :class:`InvalidArgument`, refused before anything is
+        downloaded. Returns ``{training_id, round, cid, text, prompt_tokens,
+        prompt_tokens_used, prompt_cut, new_tokens, stopped, context, temperature, seed}``.
+        """
+
     def save_training_results(
         self,
         training_id: str | None = None,
@@ -560,17 +615,27 @@ class AgentMethods:
         *,
         alpha: float | None = None,
         max_bytes: int | None = None,
+        text_field: str = "text",
+        vocab_size: int | None = None,
+        tokenizer: str | Path | None = None,
         progress: Progress | None = None,
     ) -> DataUploaded:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-        an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
-        shards and a validation split, upload them and the manifest that names them, and
-        attach the manifest to the run (initializing; or distributing, before any job).
-        ``num_shards``: as in :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of
-        the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
-        :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
-        shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
-        dataset_size (declared), dataset, task}``. ``progress(stage, done, total)`` (see
+        a ``.jsonl`` or ``.parquet`` file, a folder of them, a ``datasets`` ``save_to_disk``
+        directory, an ``.npz``; default: the run's dataset, uploaded with
+        :meth:`upload_to_ipfs`) into shards and a validation split, upload them and the
+        manifest that names them, and attach the manifest to the run (initializing; or
+        distributing, before any job). ``num_shards``: as in :meth:`create_data_shards`;
+        ``alpha``: Dirichlet label skew of the shards (IID if None); ``max_bytes``: text
+        corpora, bytes read at most (default :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`);
+        ``text_field``: the records' text field. A model with a tokenizer (``hf:...``) trains
+        on tokens: a byte-level BPE of at most ``vocab_size`` tokens (default 8192, 257 to
+        65536) is trained on the corpus, or ``tokenizer`` (a ``tokenizer.json`` path) is used,
+        or the tokenizer a pretrained model came with (the run's ``tokenizer`` option); it is
+        uploaded with the shards. Returns ``{training_id, manifest_cid, shards (CIDs),
+        shard_samples, val_cid, samples, val_samples, data_bytes (stored), dataset_size
+        (declared), dataset, task, measured {bytes, documents, tokens, samples, val_samples},
+        tokenizer_cid, vocab_size}``. ``progress(stage, done, total)`` (see
         :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
         made, then their bytes), then ``upload`` (bytes sent).
         """
@@ -692,13 +757,44 @@ class AsyncAgentMethods:
         path: str | Path | None = None,
         round: int | None = None,
         *,
+        format: str = "safetensors",
+        adapter_only: bool = False,
         progress: Progress | None = None,
     ) -> ModelDownload:
-        """Write the run's model (``round``: that round's checkpoint; default the latest) to
-        the file ``path`` as a safetensors checkpoint, verified against its CID first; the
-        file appears only whole. Returns ``{training_id, path, cid, bytes}``. No model yet:
-        :class:`Conflict` (``no_model``); no such round: :class:`NotFound`. ``progress``: stage
-        ``download`` (see :data:`aitbc_agent_sdk.Progress`).
+        """Write the run's model (``round``: that round's checkpoint; default the latest),
+        verified against its CID first. ``format="safetensors"`` (the default): to the file
+        ``path``, the checkpoint as stored (a built-in model loads it in plain PyTorch:
+        docs/owner.md, "Use your model"). ``format="hf"`` (a Hugging Face model's run): into the new or empty
+        folder ``path``, a directory that ``transformers``' ``AutoModelForCausalLM`` and
+        ``AutoTokenizer`` load with nothing of aitbc installed (a LoRA run's model merged
+        into its base; ``adapter_only``: the adapter alone, which ``peft`` loads onto the
+        base the run started from, the folder given to ``init --from-pretrained``). Either
+        appears only whole. Returns ``{training_id, path, cid, bytes}`` (``bytes``: all
+        written). No model yet: :class:`Conflict` (``no_model``); no such round:
+        :class:`NotFound`; a format the model has not: :class:`InvalidArgument`.
+        ``progress``: stage ``download`` (see :data:`aitbc_agent_sdk.Progress`).
+        """
+
+    async def evaluate(
+        self,
+        training_id: str | None = None,
+        data_path: str | Path | None = None,
+        *,
+        text_field: str = "text",
+        round: int | None = None,
+        progress: Progress | None = None,
+    ) -> Evaluation:
+        """The run's model (``round``: that round's; default the latest) on the owner's own
+        held-out data at ``data_path``, run here on the CPU. A language model reads text (a
+        text file, ``.jsonl`` or ``.parquet`` with its text in ``text_field``, a folder of
+        them, a ``datasets`` ``save_to_disk`` directory), tokenized as the run's data was (its
+        tokenizer; bytes for the built-in ``transformer``) and cut into windows of its context:
+        the mean loss per predicted token and its perplexity, exp(loss). A classifier reads
+        labelled arrays (an ``.npz`` with ``x`` and ``y``, or ``digits``): mean loss and
+        accuracy. The data is read before the model is downloaded, so a missing file or text
+        field is refused first (:class:`NotFound`, :class:`InvalidArgument`). Returns
+        ``{training_id, round, cid, data_path, loss, perplexity, accuracy, samples, tokens,
+        documents, context}``.
         """
 
     async def federated_average(
@@ -1017,6 +1113,29 @@ class AsyncAgentMethods:
     async def resume_training(self, training_id: str | None = None) -> RunSummary:
         """Continue a paused run; returns the run's summary."""
 
+    async def sample(
+        self,
+        training_id: str | None = None,
+        prompt: str = "",
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        seed: int = 0,
+        round: int | None = None,
+        progress: Progress | None = None,
+    ) -> Sample:
+        """Continue ``prompt`` with the run's model (``round``: that round's; default the
+        latest), run here on the CPU: up to ``max_new_tokens`` (1..4096) tokens, each drawn
+        from the model's distribution at ``temperature`` (0: the most likely token) with a
+        generator seeded by ``seed`` (the same seed, the same text); it stops early when the
+        model writes its end-of-text token. A prompt longer than the model's context is cut to
+        its last ``context`` tokens (``prompt_cut`` says so). Language models only (an
+        ``hf:...`` family, with the run's tokenizer; the built-in ``transformer``, in bytes); a
+        classifier or code model is an :class:`InvalidArgument`, refused before anything is
+        downloaded. Returns ``{training_id, round, cid, text, prompt_tokens,
+        prompt_tokens_used, prompt_cut, new_tokens, stopped, context, temperature, seed}``.
+        """
+
     async def save_training_results(
         self,
         training_id: str | None = None,
@@ -1152,17 +1271,27 @@ class AsyncAgentMethods:
         *,
         alpha: float | None = None,
         max_bytes: int | None = None,
+        text_field: str = "text",
+        vocab_size: int | None = None,
+        tokenizer: str | Path | None = None,
         progress: Progress | None = None,
     ) -> DataUploaded:
         """Split the dataset at ``data_path`` (``digits``, ``stdlib``, a text file or folder,
-        an ``.npz``; default: the run's dataset, uploaded with :meth:`upload_to_ipfs`) into
-        shards and a validation split, upload them and the manifest that names them, and
-        attach the manifest to the run (initializing; or distributing, before any job).
-        ``num_shards``: as in :meth:`create_data_shards`; ``alpha``: Dirichlet label skew of
-        the shards (IID if None); ``max_bytes``: text corpora, bytes read at most (default
-        :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`). Returns ``{training_id, manifest_cid,
-        shards (CIDs), shard_samples, val_cid, samples, val_samples, data_bytes (measured),
-        dataset_size (declared), dataset, task}``. ``progress(stage, done, total)`` (see
+        a ``.jsonl`` or ``.parquet`` file, a folder of them, a ``datasets`` ``save_to_disk``
+        directory, an ``.npz``; default: the run's dataset, uploaded with
+        :meth:`upload_to_ipfs`) into shards and a validation split, upload them and the
+        manifest that names them, and attach the manifest to the run (initializing; or
+        distributing, before any job). ``num_shards``: as in :meth:`create_data_shards`;
+        ``alpha``: Dirichlet label skew of the shards (IID if None); ``max_bytes``: text
+        corpora, bytes read at most (default :data:`aitbc.run_defaults.MAX_CORPUS_BYTES`);
+        ``text_field``: the records' text field. A model with a tokenizer (``hf:...``) trains
+        on tokens: a byte-level BPE of at most ``vocab_size`` tokens (default 8192, 257 to
+        65536) is trained on the corpus, or ``tokenizer`` (a ``tokenizer.json`` path) is used,
+        or the tokenizer a pretrained model came with (the run's ``tokenizer`` option); it is
+        uploaded with the shards. Returns ``{training_id, manifest_cid, shards (CIDs),
+        shard_samples, val_cid, samples, val_samples, data_bytes (stored), dataset_size
+        (declared), dataset, task, measured {bytes, documents, tokens, samples, val_samples},
+        tokenizer_cid, vocab_size}``. ``progress(stage, done, total)`` (see
         :data:`aitbc_agent_sdk.Progress`): ``package`` (its total is 0 until the shards are
         made, then their bytes), then ``upload`` (bytes sent).
         """
