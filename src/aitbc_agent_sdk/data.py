@@ -5,6 +5,7 @@ like the rest."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,9 +145,12 @@ def _cut(
     them and their manifest and attach it to the run (``source``: what it records).
     ``progress``: ``package`` (total 0 until the pieces are made, then their bytes) and
     ``upload``."""
-    from aitbc.run_data import prepare_run_data  # torch: imported on use
+    from aitbc.run_data import TextOptions, prepare_run_data  # torch: imported on use
 
     training_id = run.training_id
+    run_tok = (run.model_options or {}).get("tokenizer")  # a pretrained model's, uploaded by init
+    if isinstance(run_tok, str):  # its data is tokenized with it, however the data came
+        text = dataclasses.replace(text or TextOptions(), run_tokenizer=(yield from get_from_ipfs(self, run_tok)))
     packing = Meter(progress, "package")
     rd = yield Offload(
         functools.partial(prepare_run_data, dict(run), data_path, shards=k, alpha=alpha, max_bytes=max_bytes, text=text)
@@ -232,9 +236,7 @@ def upload_data(
         raise InvalidArgument("bad_argument", f"text_field must be a non-empty string, got {text_field!r}")
     from aitbc.run_data import TextOptions  # torch: imported on use
 
-    run_tok = (run.model_options or {}).get("tokenizer")  # a pretrained model's, uploaded by init
-    run_tokenizer = (yield from get_from_ipfs(self, run_tok)) if isinstance(run_tok, str) else None
-    text = TextOptions(text_field, vocab_size, None if tokenizer is None else str(tokenizer), run_tokenizer)
+    text = TextOptions(text_field, vocab_size, None if tokenizer is None else str(tokenizer))
     if data_path is None:
         path, source = yield from _dataset_path(self, run)
     else:
