@@ -195,8 +195,8 @@ MEASURED_KEYS = ("bytes", "documents", "tokens", "samples", "val_samples")
 
 def _newer_keys_ok(m: dict[str, Any]) -> bool:
     """``tokenizer`` (language data only; its vocabulary is the data's classes) and
-    ``measured`` (non-negative integers or null, ``bytes`` set) are optional: older
-    manifests have neither."""
+    ``measured`` (64-bit non-negative integers or null, ``bytes`` set; the owner's
+    measurement of their own data) are optional: older manifests have neither."""
     t = m.get("tokenizer")
     if t is not None and not (
         isinstance(t, dict)
@@ -213,7 +213,7 @@ def _newer_keys_ok(m: dict[str, Any]) -> bool:
         isinstance(ms, dict)
         and set(ms) <= set(MEASURED_KEYS)
         and type(ms.get("bytes")) is int
-        and all(ms.get(k) is None or (type(ms[k]) is int and ms[k] >= 0) for k in MEASURED_KEYS)
+        and all(ms.get(k) is None or (type(ms[k]) is int and 0 <= ms[k] < 2**63) for k in MEASURED_KEYS)
     )
 
 
