@@ -115,6 +115,17 @@ def prepare_dir(path: Path) -> Path:
 # --- building the data --------------------------------------------------------------------
 
 
+def _language_rows(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A language model's perplexity and the tokens it was trained on (a coordinator that
+    sends them; nothing for a classifier)."""
+    rows = []
+    if results.get("final_val_perplexity") is not None:
+        rows.append(("final validation perplexity", f"{results['final_val_perplexity']:.2f}"))
+    if results.get("tokens_seen") is not None:
+        rows.append(("tokens seen", f"{int(results['tokens_seen']):,}"))
+    return rows
+
+
 def from_run(
     *,
     results: Mapping[str, Any],
@@ -165,6 +176,7 @@ def from_run(
         ("initial validation loss", _num(results.get("initial_val_loss"))),
         ("final validation loss", _num(results.get("final_val_loss"))),
         ("final validation accuracy", _num(results.get("final_val_accuracy"))),
+        *_language_rows(results),
         (
             "updates accepted / rejected",
             f"{results.get('updates_accepted', 0)} / {results.get('updates_rejected', 0)}",

@@ -53,6 +53,8 @@ DETAIL_KEYS = RUN_KEYS | {
     "workers",
     "payments",
     "ledger",
+    "tokens_seen",
+    "val_perplexity",
     "time",
 }
 PAY_KEYS = ("score", "rounds_accepted", "rounds_scored", "price", "paid", "paid_micro", "slashed", "slashed_micro")
@@ -161,6 +163,7 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         assert list(run) == list(view) and list(run["workers"][0]) == list(view["workers"][0])
         assert list(run["curves"][0]) == list(view["curves"][0]) and list(run["payments"]) == list(view["payments"])
         assert run["parameters"] == t.d and run["rounds"] == 3 and run["rounds_completed"] >= 1
+        assert run["tokens_seen"] is None and run["val_perplexity"] is None  # a classifier has neither
         assert [r["round"] for r in run["curves"]][:2] == [0, 1] and run["curve_every"] == 1
         assert all(set(r) == ROUND_KEYS for r in run["curves"])
         closed = run["curves"][1]

@@ -1,6 +1,7 @@
 """End to end: the owner uses a trained run's model on their own machine, through the CLI
 and the SDK, against real coordinator and worker processes: ``sample`` and ``evaluate`` on
-a byte-level transformer and a classifier, ``download-model`` and its refusals."""
+a byte-level transformer and a classifier, ``download-model`` and its refusals; a language
+run's tokens seen and perplexity in its results, on the dashboard and in its report."""
 
 from __future__ import annotations
 
@@ -40,6 +41,20 @@ def test_sample_evaluate_and_download_a_trained_transformer_and_a_classifier(sta
     stack.wait_offers(1)
     run_id = stack.init_run(*TINY, model="transformer", workers=1)
     _trained(stack, run_id, str(_corpus(tmp_path)))
+
+    # tokens seen (each accepted update's steps x batch x context) and perplexity, in the
+    # results, on the dashboard and in the report
+    cfg = stack.api(f"/runs/{run_id}")["config"]
+    res = json.loads(stack.cli(DT, "results", "--training-id", run_id, "--json").stdout)
+    seen = res["updates_accepted"] * cfg["local_steps"] * cfg["batch_size"] * 32
+    assert res["updates_accepted"] == 2 and res["tokens_seen"] == seen > 0
+    assert res["final_val_perplexity"] == pytest.approx(math.exp(res["final_val_loss"]))
+    page = stack.api(f"/dashboard/runs/{run_id}")
+    assert page["tokens_seen"] == seen and page["val_perplexity"] == pytest.approx(res["final_val_perplexity"])
+    r = stack.cli(DT, "report", "--training-id", run_id, "-o", str(tmp_path / "report"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert f"<th>tokens seen</th><td>{seen:,}</td>" in html and "final validation perplexity" in html
 
     # sample: the same seed, the same text; through the CLI and the SDK alike
     ask = [DT, "sample", "--training-id", run_id, "--prompt", "def ", "--max-new-tokens", "12", "--seed", "3"]
@@ -88,3 +103,5 @@ def test_sample_evaluate_and_download_a_trained_transformer_and_a_classifier(sta
     assert r.returncode == 0, r.stderr
     ev = json.loads(r.stdout)
     assert ev["samples"] == 1797 and 0 <= ev["accuracy"] <= 1 and ev["perplexity"] is None
+    res = json.loads(stack.cli(DT, "results", "--training-id", mlp, "--json").stdout)
+    assert res["tokens_seen"] is None and res["final_val_perplexity"] is None  # a classifier has neither

@@ -150,6 +150,20 @@ def test_from_run_uses_per_round_bytes_scores_and_payments():
     assert not [v for _, v in d.summary if "bafy" in v]  # a shared report names no CID of the owner's model
 
 
+def test_a_language_run_reports_its_perplexity_and_tokens_seen_and_a_classifier_neither():
+    base = {"training_id": "training_x", "status": "complete", "final_val_loss": 2.0, "workers": []}
+    lm = from_run(
+        results=base | {"tokens_seen": 1_234_567, "final_val_perplexity": 7.389056}, rounds=[], scores=[], payments=None
+    )
+    assert ("final validation perplexity", "7.39") in lm.summary and ("tokens seen", "1,234,567") in lm.summary
+    clf = from_run(
+        results=base | {"tokens_seen": None, "final_val_perplexity": None}, rounds=[], scores=[], payments=None
+    )
+    older = from_run(results=base, rounds=[], scores=[], payments=None)  # a coordinator that does not send them
+    for d in (clf, older):
+        assert not [k for k, _ in d.summary if k in ("tokens seen", "final validation perplexity")]
+
+
 def test_from_simulation_turns_running_totals_into_per_round_bytes():
     rows = [
         {"round": 1, "val_loss": 1.0, "val_accuracy": 0.5, "train_loss": 1.1, "bytes_up": 100, "bytes_down": 1000},

@@ -106,4 +106,8 @@ class DashboardRunDetail(DashboardRun):
     workers: list[DashboardWorker]
     payments: DashboardPayments
     ledger: DashboardLedger
+    tokens_seen: int | None = Field(
+        None, description="language models: tokens the accepted updates were trained on; null for a classifier"
+    )
+    val_perplexity: float | None = Field(None, description="language models: exp(val_loss); null for a classifier")
     time: float = Field(description="the coordinator's clock when this was read")

@@ -85,6 +85,14 @@ class Results(Reply):
     )
     checkpoints: list[Checkpoint]
     workers: list[ResultWorker]
+    tokens_seen: int | None = Field(
+        None,
+        description="language models: tokens the accepted updates were trained on (each one's local steps x "
+        "batch size x context); null for a classifier",
+    )
+    final_val_perplexity: float | None = Field(
+        None, description="language models: exp(final_val_loss); null for a classifier or before an evaluation"
+    )
 
 
 class SavedResult(Results):

@@ -37,6 +37,8 @@ def results(
         ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
         ("validation loss", f"{fmt(res['initial_val_loss'])} -> {fmt(res['final_val_loss'])}"),
         ("validation accuracy", fmt(res["final_val_accuracy"], ".4f")),
+        *([("validation perplexity", fmt(res.final_val_perplexity, ".2f"))] if res.final_val_perplexity else []),
+        *([("tokens seen", f"{res.tokens_seen:,}")] if res.tokens_seen is not None else []),
         ("updates accepted / rejected", f"{res['updates_accepted']} / {res['updates_rejected']}"),
         ("bytes up / down", f"{human_bytes(res['bytes_up'])} / {human_bytes(res['bytes_down'])}"),
         ("wall time", "-" if res["wall_seconds"] is None else f"{res['wall_seconds']:.1f} s"),

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, object_session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
 from aitbc.coordinator.runs.data_size import measured_size, vocab_size
+from aitbc.coordinator.runs.language import perplexity, tokens_seen
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import job_settings, row
 from aitbc.coordinator.verification.spot_checks import summary as verification_summary
@@ -366,6 +367,8 @@ def results(ctx: Context, s: Session, run: Run) -> Results:
             )
             for c in contracts
         ],
+        tokens_seen=tokens_seen(s, run),
+        final_val_perplexity=perplexity(run, run.val_loss),
     )
 
 

@@ -232,7 +232,10 @@
       ["workers", `${run.workers.length} hired / ${run.target_workers} wanted`],
       ["aggregator", run.aggregator || "–"],
       ["validation loss", `${num(run.initial_val_loss)} → ${num(run.val_loss)}`],
-      ["accuracy", pct(run.val_accuracy)],
+      // a language model's perplexity and tokens trained on; a classifier's accuracy
+      ...(run.val_perplexity != null ? [["perplexity", num(run.val_perplexity)]] : []),
+      ...(run.tokens_seen != null ? [["tokens seen", run.tokens_seen.toLocaleString("en")]] : []),
+      ...(run.tokens_seen == null ? [["accuracy", pct(run.val_accuracy)]] : []),
       ["time", duration(run)],
       ["owner", shortId(run.owner), run.owner],
     ]);
