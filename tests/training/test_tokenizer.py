@@ -135,8 +135,19 @@ def test_users_tokenizer_outside_the_vocab_bounds(tmp_path):
     path = tmp_path / "tokenizer.json"
     path.write_text(small.to_str())
 
-    with pytest.raises(UsageError, match="its vocabulary size must be an integer from 256 to 65536, got 2"):
+    with pytest.raises(UsageError, match="its vocabulary size must be an integer from 256 to 262144, got 2"):
         read_tokenizer(path)
+
+
+def test_a_pretrained_models_large_tokenizer_is_taken(tmp_path):
+    """A user's tokenizer may be larger than any trained here (Llama 3's has 128,256 tokens)."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"w{i}": i for i in range(128_255)} | {"<|end_of_text|>": 128_255}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(Tokenizer(models.WordLevel(vocab, unk_token="w0")).to_str())
+    tok = read_tokenizer(path)
+    assert (tok.vocab_size, tok.eot_id) == (128_256, 128_255)
 
 
 def test_users_tokenizer_without_end_of_text(tmp_path):

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 DEFAULT_VOCAB = 8192
 MIN_VOCAB = 256
-MAX_VOCAB = 65536
+MAX_VOCAB = 65536  # a BPE trained on the owner's corpus (--vocab-size)
+# A user's own tokenizer.json (a pretrained model's: Llama 3's 128,256, Qwen's 151,646) may
+# be larger, up to the models' own bound on the vocabulary.
+MAX_USER_VOCAB = 262144
 EOT = "<|endoftext|>"  # the trained tokenizer's end-of-text token
 # what a user's tokenizer may call its end-of-text token (GPT-2/Qwen, Llama 1-2/Mistral, Llama 3, Gemma)
 EOT_NAMES = (EOT, "</s>", "<|end_of_text|>", "<eos>")
@@ -44,9 +47,9 @@ class RunTokenizer:
     eot_id: int
 
 
-def check_vocab_size(n: int, what: str = "--vocab-size") -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not MIN_VOCAB <= n <= MAX_VOCAB:
-        raise UsageError(f"{what} must be an integer from {MIN_VOCAB} to {MAX_VOCAB}, got {n!r}")
+def check_vocab_size(n: int, what: str = "--vocab-size", *, most: int = MAX_VOCAB) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not MIN_VOCAB <= n <= most:
+        raise UsageError(f"{what} must be an integer from {MIN_VOCAB} to {most}, got {n!r}")
     return n
 
 
@@ -87,7 +90,7 @@ def train_tokenizer(documents: list[str], vocab_size: int = DEFAULT_VOCAB) -> Ru
 
 def read_tokenizer(path: str | Path) -> RunTokenizer:
     """The user's ``tokenizer.json`` at ``path``, checked: the ``tokenizers`` library's JSON
-    format (parsed as data), a vocabulary of :data:`MIN_VOCAB`..:data:`MAX_VOCAB` ids, an
+    format (parsed as data), a vocabulary of :data:`MIN_VOCAB`..:data:`MAX_USER_VOCAB` ids, an
     end-of-text token (one of :data:`EOT_NAMES`). Anything else: a one-line
     :class:`UsageError` naming the file."""
     p = Path(path).expanduser()
@@ -104,7 +107,7 @@ def tokenizer_from_bytes(data: bytes, what: str) -> RunTokenizer:
     if len(data) > MAX_TOKENIZER_BYTES:
         raise UsageError(f"{what}: {len(data):,} bytes; at most {MAX_TOKENIZER_BYTES:,}")
     tok = parse_tokenizer(data, what)
-    n = check_vocab_size(_vocab_size(tok), f"{what}: its vocabulary size")
+    n = check_vocab_size(_vocab_size(tok), f"{what}: its vocabulary size", most=MAX_USER_VOCAB)
     return RunTokenizer(data, n, _eot_id(tok, what))
 
 
@@ -185,6 +188,7 @@ def encode_documents(tok: Tokenizer, documents: list[str], eot: int) -> list[int
 __all__ = [
     "DEFAULT_VOCAB",
     "EOT",
+    "MAX_USER_VOCAB",
     "MAX_VOCAB",
     "MIN_VOCAB",
     "RunTokenizer",
