@@ -453,3 +453,36 @@ def test_refusals_are_one_line_and_change_nothing(stack, tmp_path):
     refused(
         ("distributed-training", "discover-workers", "--training-id", run_id, "--required-workers", "1"), "too small"
     )
+
+
+# --- the SDK guide's example -------------------------------------------------------------------
+
+
+def test_the_sdk_guides_language_model_example(two_workers, tmp_path):
+    stack = two_workers
+    guide = (ROOT / "docs" / "sdk-guide.md").read_text()
+    section = guide[guide.index("## A language model on your corpus") :]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    small = {
+        '{"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "context": 128}': (
+            '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, '
+            '"context": 32}'
+        ),
+        "vocab_size=4096": "vocab_size=384",
+        "rounds=10, local_steps=20": "rounds=2, local_steps=10",
+    }
+    for documented, tested in small.items():
+        assert documented in example, documented
+        example = example.replace(documented, tested)
+    write_jsonl(tmp_path / "my-corpus.jsonl", documents(600, seed=5))  # the names the example uses
+    write_jsonl(tmp_path / "held-out.jsonl", documents(40, seed=6))
+
+    r = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, cwd=tmp_path, env=stack.env, timeout=900
+    )
+
+    assert r.returncode == 0, (r.stderr[-3000:], stack.log("coordinator")[-2000:])
+    sampled, _, perplexity = r.stdout.rstrip("\n").rpartition("\n")  # the continuation may hold newlines
+    assert sampled.strip(), r.stdout  # 40 new tokens of text
+    assert 1 < float(perplexity) < 384, r.stdout  # better than uniform over the vocabulary
+    generates(tmp_path / "my-llama", "Grace reads the", tmp_path)
