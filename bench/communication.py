@@ -20,7 +20,10 @@ frontier and the best reduction measured (printed either way). A third table run
 aggregation rules over SparseLoCo's sparse updates on digits and says what each does
 with them.
 
-Usage: python bench/communication.py [--quick] [--tasks digits,transformer]
+The ``llama`` task (not in the default ``--tasks``) is the transformer's with a Llama of
+about its size in its place: ``bench/models.py`` runs it.
+
+Usage: python bench/communication.py [--quick] [--tasks digits,transformer,llama]
 """
 
 from __future__ import annotations
@@ -65,8 +68,32 @@ TASKS: dict[str, tuple[dict[str, Any], int]] = {
         ),
         300,
     ),
+    # the transformer's task with a Llama of about its size (131K parameters against 135K):
+    # only the architecture differs (bench/models.py's sparseloco part)
+    "llama": (
+        dict(
+            model="hf:llama",
+            dataset="stdlib",
+            workers=4,
+            batch_size=16,
+            lr=3e-3,
+            seed=0,
+            aggregator="mean",
+            model_options={
+                "context": 32,
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 172,
+                "max_position_embeddings": 32,
+            },
+            max_bytes=1 << 20,
+            eval_samples=128,
+        ),
+        300,
+    ),
 }
-TARGETS = {"digits": 1000, "transformer": 3000}
+TARGETS = {"digits": 1000, "transformer": 3000, "llama": 3000}
 
 BETA = 0.95  # SparseLoCo's error-feedback decay
 
@@ -109,6 +136,15 @@ def configs(task: str, quick: bool) -> list[dict[str, Any]]:
         ]
     if quick:
         return [diloco(50, full=True), sparseloco(50, full=True)]
+    if task == "llama":  # the transformer's reference rows, its best SparseLoCo settings, and shorter H
+        return [
+            diloco(50, full=True),
+            fedavg(50, full=True),
+            sparseloco(50, full=True),
+            sparseloco(50, density=0.01),
+            sparseloco(20),
+            sparseloco(10),
+        ]
     return [
         diloco(50, full=True),  # full: no early stop, for the equal-rounds comparison
         diloco(100),

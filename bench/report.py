@@ -32,6 +32,7 @@ BENCHES = [
         "python bench/live_stragglers.py --only async --repeats 5",
     ),
     ("live_large", "A large model live: round-time breakdown", "OMP_NUM_THREADS=1 python bench/live_large.py"),
+    ("models", "Hugging Face models: live against the transformer, LoRA, SparseLoCo", "python bench/models.py"),
     ("overlap_loss", "Overlapping rounds: loss", "python bench/overlap_loss.py"),
     ("honest_runs", "Honest runs (false accusations)", "python bench/honest_runs.py"),
     ("verification", "Verification of work (spot checks)", "python bench/verification.py"),
