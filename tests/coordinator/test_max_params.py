@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, inspect, text
 from aitbc import run_defaults
 from aitbc.client import ApiError
 from aitbc.coordinator.config import Settings
+from aitbc.coordinator.live.runtime import check_replay_batch, eval_rows
 from aitbc.coordinator.store.db import alembic_config
 from aitbc.coordinator.store.models import Run
 from aitbc.coordinator.workforce.hiring import assign_worker
@@ -99,6 +100,30 @@ def test_data_that_makes_the_model_too_large_is_refused_and_nothing_changes(limi
     assert limited.snapshot() == before
     run = owner.get(f"/runs/{run_id}")
     assert run["status"] == "initializing" and run["manifest_cid"] is None, run
+
+
+# A transformer of about 38.7 billion parameters: counted from its config, never built here.
+HUGE = {"d_model": 8192, "n_layers": 48, "n_heads": 8, "context": 16}
+
+
+def test_the_operators_limit_not_a_constant_governs(new_coordinator, server, api):
+    """Past the default limit (a billion) a model is refused by a coordinator left at it, and
+    taken by one whose operator raised it; the coordinator then reads its config (evaluation
+    batches, a spot check's replay bound) with no second cap."""
+    owner = server.client("huge")
+    owner.post("/wallets/fund", {"amount": "100"})
+    body = {"model_type": "transformer", "model_options": HUGE, "dataset_size": "1GB", "target_workers": 1}
+    with pytest.raises(ApiError) as e:
+        owner.post("/runs", body)
+    api.assert_api_error(e, 422, "bad_model", "at most 1,000,000,000")
+    roomy = new_coordinator(max_params=10**11)
+    run_id = roomy.client("huge").post("/runs", body)["training_id"]
+    with roomy.ctx.session() as s:
+        run = s.get(Run, run_id)
+        run.manifest = {"spec": {"task": "language", "input_shape": [16], "num_classes": 256}, "shards": []}
+        assert eval_rows(run, 256 << 20) >= 1
+        check_replay_batch(run, 0.0, 32)  # no spot checks: nothing to bound, and no cap refused it
+        s.rollback()
 
 
 # --- offers ---------------------------------------------------------------------------

@@ -80,10 +80,14 @@ def gpu_class(value: str, *, option: str = "--min-gpu") -> str:
 
 def model(name: str, options: Mapping[str, object], *, option: str = "--model-type") -> None:
     """A built-in model and its options, within their bounds. A ``module:callable`` is
-    for the coordinator's operator to allow (``--allow-code``): only its shape is checked."""
+    for the coordinator's operator to allow (``--allow-code``): only its shape is checked;
+    its parameter count for the coordinator's (``--max-params``: a 422 naming both)."""
     from aitbc.training.models import check_model
 
-    _checked(option if not options else f"{option} / --model-opt", lambda: check_model(name, options, allow_code=True))
+    def check() -> object:
+        return check_model(name, options, allow_code=True, max_params=None)
+
+    _checked(option if not options else f"{option} / --model-opt", check)
 
 
 def pretrained(path: Path, model_type: str | None, lora: str | None) -> None:

@@ -307,6 +307,7 @@ def serve(rank: int, world: int, port: int, device: torch.device) -> None:
                 DataSpec(task, tuple(shape), classes),
                 obj["model_options"],
                 allow_code=obj["allow_code"],
+                max_params=None,  # rank 0 held it to the worker's max_params before any rank was told
                 weights=_local_files(obj.get("weights", {})),
             )
             trainer = None  # the last job's DDP goes before the next is built

@@ -63,6 +63,10 @@ MAX_STEP_BYTES = 512 << 20
 # A code model's (module:callable) activations cannot be counted: a pass takes at most this
 # many input values (a batch of digits: 1024 rows; of 512-token sequences: 128).
 CODE_CHUNK_ELEMENTS = 1 << 16
+# A run's model was held to this coordinator's --max-params when it was made and when its data
+# was attached (runs/owner.py); the config is read here with no cap of its own (models.py's
+# default is run_defaults.MAX_PARAMS, which an operator may have raised).
+UNCAPPED = None
 # Writes the rounds' checkpoints behind their closes (RunRuntime.checkpoint_behind): one
 # thread, so the writes land in the order they were made.
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
@@ -88,11 +92,18 @@ def store_weights(store: LocalBlobStore) -> Weights:
 def build_initial_model(run: Run, allow_code: AllowCode, weights: Weights | None = None) -> torch.nn.Module:
     """The run's model at its seed; code only under a prefix this coordinator's operator
     allowed, a built-in model only within its bounds (counted before it is built).
-    ``weights``: where a fine-tune's pretrained base is read (:func:`store_weights`)."""
+    ``weights``: where a fine-tune's pretrained base is read (:func:`store_weights`).
+    Its parameters were held to this coordinator's ``--max-params`` at init and when its
+    data was attached (:data:`UNCAPPED` here: no second, other cap)."""
     with GLOBAL_RNG:  # not while a replay's seeded step draws its dropout (another thread)
         torch.manual_seed(run.seed)  # the initial weights are a function of the run's seed
         return build_model(
-            run.model_type, data_spec(run.data_manifest), run.model_options, allow_code=allow_code, weights=weights
+            run.model_type,
+            data_spec(run.data_manifest),
+            run.model_options,
+            allow_code=allow_code,
+            max_params=UNCAPPED,
+            weights=weights,
         )
 
 
@@ -101,7 +112,7 @@ def eval_rows(run: Run, budget_bytes: int) -> int:
     fit ``budget_bytes`` of activations (``Settings.eval_memory_mb``), at least one (the
     model bounds keep one sample within every coordinator's budget)."""
     spec = data_spec(run.data_manifest)
-    cfg = model_config(run.model_type, run.model_options)
+    cfg = model_config(run.model_type, run.model_options, max_params=UNCAPPED)
     if cfg is None:
         return max(1, CODE_CHUNK_ELEMENTS // max(1, math.prod(spec.input_shape)))
     return max(1, budget_bytes // sample_bytes(run.model_type, cfg, spec))
@@ -112,7 +123,7 @@ def check_replay_batch(run: Run, verify_rate: float, batch_size: int) -> None:
     more than :data:`MAX_STEP_BYTES` of activations on the coordinator: the run's
     ``distribute`` and every job's own ``batch_size`` (a manual job's config, job control's
     ``set_config``) are held to it."""
-    cfg = model_config(run.model_type, run.model_options)
+    cfg = model_config(run.model_type, run.model_options, max_params=UNCAPPED)
     if verify_rate <= 0 or cfg is None:
         return
     spec = data_spec(run.data_manifest)
@@ -175,7 +186,7 @@ def build_run_config(
         build_outer(body.outer, body.outer_options)
     except (AitbcError, ValueError) as e:
         raise unprocessable("bad_config", str(e)) from None
-    mcfg = model_config(run.model_type, run.model_options)
+    mcfg = model_config(run.model_type, run.model_options, max_params=UNCAPPED)
     return RunConfig(
         **body.model_dump(
             exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback", "buffer", "topology"}
