@@ -428,6 +428,9 @@ def test_lora_load_state_dict_is_strict(pretrained):
     with pytest.raises(RuntimeError, match="unexpected"):
         model.load_state_dict(state | {base_key: torch.zeros(1)})
     model.load_state_dict(missing, strict=False)
+    first = next(iter(state))
+    with pytest.raises(RuntimeError, match="size mismatch"):  # shapes are checked even when names are not
+        model.load_state_dict(state | {first: torch.zeros(3, 3)}, strict=False)
 
 
 def test_a_training_step_changes_only_the_adapter(pretrained):
