@@ -37,6 +37,10 @@ def test_an_offer_states_the_least_over_precisions_or_its_operators_number():
     assert offer_max_params(80 * GIB, override=1_000) == 1_000  # --max-params wins, even over the device
     assert offer_max_params(None, override=5) == 5
     assert offer_max_params(None) is None  # memory unknown: no stated limit
+    # two data-parallel CPU ranks each hold the model in one machine's RAM: half each
+    assert offer_max_params(80 * GIB, sharing=2) == trainable_params(40 * GIB, "bf16")
+    with pytest.raises(ValueError, match="sharing must be >= 1"):
+        offer_max_params(GIB, sharing=0)
 
 
 def test_too_small_only_when_both_are_known():

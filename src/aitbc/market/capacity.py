@@ -47,15 +47,19 @@ def trainable_params(memory_bytes: int, precision: str) -> int:
     return memory_bytes * STATE_SHARE_NUM // (STATE_SHARE_DEN * BYTES_PER_PARAM[precision])
 
 
-def offer_max_params(memory_bytes: int | None, *, override: int | None = None) -> int | None:
+def offer_max_params(memory_bytes: int | None, *, override: int | None = None, sharing: int = 1) -> int | None:
     """What an offer states it can train: ``override`` (the operator's ``--max-params``) if
-    given, else the least :func:`trainable_params` over every precision a run may ask for;
-    None where the device's memory is unknown (the offer then states no limit)."""
+    given, else the least :func:`trainable_params` over every precision a run may ask for,
+    of the memory's share of each of the ``sharing`` processes that hold a copy of the model
+    in it (data-parallel ranks on one CPU's RAM; one per GPU otherwise); None where the
+    device's memory is unknown (the offer then states no limit)."""
     if override is not None:
         return override
     if memory_bytes is None:
         return None
-    return min(trainable_params(memory_bytes, p) for p in PRECISIONS)
+    if sharing < 1:
+        raise ValueError(f"sharing must be >= 1, got {sharing}")
+    return min(trainable_params(memory_bytes // sharing, p) for p in PRECISIONS)
 
 
 def too_small(max_params: int | None, params: int | None) -> bool:

@@ -79,7 +79,8 @@ class Worker(JobLoop):
         attacker = Attacker(cfg.attack) if cfg.attack else None
         device = detect_device(self.devices)
         # what the offer states it trains, and the most this worker builds (None: no limit)
-        max_params = offer_max_params(device.get("memory_bytes"), override=cfg.max_params)
+        sharing = len(self.devices) if device["device"] == "cpu" else 1  # CPU ranks share its RAM
+        max_params = offer_max_params(device.get("memory_bytes"), override=cfg.max_params, sharing=sharing)
         trainer = RoundTrainer(
             cfg,
             fetcher=fetcher,
