@@ -432,8 +432,7 @@ def test_an_update_trained_before_a_config_change_and_a_pause_is_taken(coord, ap
 def test_a_verifying_run_whose_states_cannot_be_uploaded_is_refused_or_revealable(new_coord, api):
     """The model checkpoint (4 bytes a parameter) and the update fit under the coordinator's
     ``max_blob_bytes``, the state a challenge asks for (params and AdamW's two moments) does
-    not. With the defaults (256 MiB, models up to 50M parameters) that is every model past
-    ~22M parameters. Either distributing such a run is refused, naming the limit, or the
+    not. With the default 256 MiB blob limit that is every model past ~22M parameters. Either distributing such a run is refused, naming the limit, or the
     honest worker's reveal goes through; today neither: PUT 413, the check goes
     unanswered, the update is unpaid and the job ends failed, every round, for everyone
     (and the daemon's ``_answer`` lets that ApiError out of ``run()`` on the job-view path)."""

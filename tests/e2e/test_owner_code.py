@@ -75,7 +75,7 @@ def test_owner_code_is_refused_at_init_and_nothing_is_imported(stack):
         ({"n_layers": 1000}, ["n_layers", "[1, 48]"]),
         ({"command": "x"}, ["unknown", "'command'", "d_model"]),
         ({"d_model": "huge"}, ["d_model='huge' must be int"]),
-        ({"d_model": 8192, "n_layers": 48, "n_heads": 8}, ["parameters", "50,000,000"]),
+        ({"d_model": 8192, "n_layers": 48, "n_heads": 8}, ["parameters", "1,000,000,000", "--max-params"]),
     ]:
         with pytest.raises(ApiError) as e:
             owner.post(
