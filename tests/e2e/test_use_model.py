@@ -49,6 +49,10 @@ def test_sample_evaluate_and_download_a_trained_transformer_and_a_classifier(sta
     seen = res["updates_accepted"] * cfg["local_steps"] * cfg["batch_size"] * 32
     assert res["updates_accepted"] == 2 and res["tokens_seen"] == seen > 0
     assert res["final_val_perplexity"] == pytest.approx(math.exp(res["final_val_loss"]))
+    detail = stack.api(f"/runs/{run_id}")
+    assert detail["tokens_seen"] == seen and detail["val_perplexity"] == pytest.approx(res["final_val_perplexity"])
+    r = stack.cli(DT, "status", "--training-id", run_id)
+    assert r.returncode == 0 and f"tokens seen {seen:,}" in r.stdout and "perplexity" in r.stdout, r.stdout
     page = stack.api(f"/dashboard/runs/{run_id}")
     assert page["tokens_seen"] == seen and page["val_perplexity"] == pytest.approx(res["final_val_perplexity"])
     r = stack.cli(DT, "report", "--training-id", run_id, "-o", str(tmp_path / "report"))
@@ -105,3 +109,5 @@ def test_sample_evaluate_and_download_a_trained_transformer_and_a_classifier(sta
     assert ev["samples"] == 1797 and 0 <= ev["accuracy"] <= 1 and ev["perplexity"] is None
     res = json.loads(stack.cli(DT, "results", "--training-id", mlp, "--json").stdout)
     assert res["tokens_seen"] is None and res["final_val_perplexity"] is None  # a classifier has neither
+    detail = stack.api(f"/runs/{mlp}")
+    assert detail["tokens_seen"] is None and detail["val_perplexity"] is None

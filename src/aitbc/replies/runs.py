@@ -95,6 +95,10 @@ class RunDetail(RunSummary):
         None, description="what was measured as the data was read; null for data uploaded before it was recorded"
     )
     vocab_size: int | None = Field(None, description="the data's tokenizer's vocabulary size; null for bytes/arrays")
+    tokens_seen: int | None = Field(
+        None, description="language models: tokens the accepted updates were trained on; null for a classifier"
+    )
+    val_perplexity: float | None = Field(None, description="language models: exp(val_loss); null for a classifier")
     shards: int
     config: JsonObject
     global_model_cid: str | None

@@ -17,6 +17,27 @@ from aitbc.errors import AitbcError
 RUN_VIEW_DROPS = ("heartbeat", "epoch", "this round", "shard", "flags", "rounds", "score", "loss")
 
 
+def _loss_rows(run: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Loss and bytes; a language model's perplexity and tokens seen, a classifier's accuracy."""
+    language = run.get("tokens_seen") is not None  # a coordinator that counts them, a language model
+    quality = (
+        f"perplexity {fmt(run.get('val_perplexity'), '.2f')}"
+        if language
+        else f"val acc {fmt(run['val_accuracy'], '.3f')}"
+    )
+    rows = [
+        (
+            f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}",
+            quality,
+            f"bytes up {human_bytes(run['bytes_up'])}",
+            f"down {human_bytes(run['bytes_down'])}",
+        )
+    ]
+    if language:
+        rows.append((f"tokens seen {run['tokens_seen']:,}",))
+    return rows
+
+
 def run_view(run: dict[str, Any]) -> Group:
     cfg = run.get("config") or {}
     head = Table.grid(padding=(0, 2))
@@ -26,12 +47,8 @@ def run_view(run: dict[str, Any]) -> Group:
         f"round {run['round']}/{cfg.get('rounds', '-')}",
         f"completed {run['rounds_completed']}",
     )
-    head.add_row(
-        f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}",
-        f"val acc {fmt(run['val_accuracy'], '.3f')}",
-        f"bytes up {human_bytes(run['bytes_up'])}",
-        f"down {human_bytes(run['bytes_down'])}",
-    )
+    for row in _loss_rows(run):
+        head.add_row(*row)
     if run.get("manifest_cid"):
         head.add_row(
             f"data {measured_line(run.get('measured'), run.get('data_bytes'))}", f"declared {run['dataset_size']}"
@@ -116,6 +133,13 @@ def ended_line(run: dict[str, Any]) -> str:
     return f"Run {run['training_id']} complete: {loss}, model {run['global_model_cid']}"
 
 
+def _quality(run: dict[str, Any]) -> str:
+    """A language model's perplexity, a classifier's accuracy."""
+    if run.get("tokens_seen") is not None:
+        return f"perplexity {fmt(run.get('val_perplexity'), '.2f')}, {run['tokens_seen']:,} tokens seen"
+    return f"val acc {fmt(run['val_accuracy'], '.3f')}"
+
+
 def changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
     """What changed between two snapshots of a run, one line each: the run's status, a
     round closed (with its evaluation), a worker's state, a worker joining. For a log:
@@ -134,10 +158,10 @@ def changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
         lines += [f"round {k}/{rounds} closed" for k in range(before["rounds_completed"] + 1, run["rounds_completed"])]
         lines.append(
             f"round {run['rounds_completed']}/{rounds} closed"
-            + (f": val loss {fmt(run['val_loss'])}, val acc {fmt(run['val_accuracy'], '.3f')}" if evaluated else "")
+            + (f": val loss {fmt(run['val_loss'])}, {_quality(run)}" if evaluated else "")
         )
     elif run["val_loss"] != before["val_loss"]:
-        lines.append(f"evaluation: val loss {fmt(run['val_loss'])}, val acc {fmt(run['val_accuracy'], '.3f')}")
+        lines.append(f"evaluation: val loss {fmt(run['val_loss'])}, {_quality(run)}")
     seen = {w["worker_id"]: w for w in before["workers"]}
     for w in run["workers"]:
         old = seen.get(w["worker_id"])

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.runs import views
 from aitbc.coordinator.runs.data_size import measured_size
-from aitbc.coordinator.runs.language import perplexity, tokens_seen
+from aitbc.coordinator.runs.language import detail_fields
 from aitbc.coordinator.store.models import Contract, Flag, Job, RoundRecord, Run, Score, Settlement
 from aitbc.ledger.book import Head
 from aitbc.ledger.chain import escrow_account
@@ -132,8 +132,7 @@ def run_page(ctx: Context, s: Session, run: Run) -> DashboardRunDetail:
             finalized=pay.finalized,
         ),
         ledger=ledger_head(ctx, s),
-        tokens_seen=tokens_seen(s, run),
-        val_perplexity=perplexity(run, run.val_loss),
+        **detail_fields(s, run),
         time=now,
     )
 

@@ -10,6 +10,7 @@ mean cross-entropy per token in nats. Classification runs have neither (None).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -56,3 +57,13 @@ def tokens_seen(s: Session, run: Run) -> int | None:
         cfg = job_settings(run, job)
         total += int(accepted[job.id]) * cfg["local_steps"] * cfg["batch_size"] * T
     return total
+
+
+def result_fields(s: Session, run: Run) -> dict[str, Any]:
+    """The results' language fields: ``tokens_seen`` and ``final_val_perplexity``."""
+    return {"tokens_seen": tokens_seen(s, run), "final_val_perplexity": perplexity(run, run.val_loss)}
+
+
+def detail_fields(s: Session, run: Run) -> dict[str, Any]:
+    """The run detail's and the dashboard's: ``tokens_seen`` and ``val_perplexity``."""
+    return {"tokens_seen": tokens_seen(s, run), "val_perplexity": perplexity(run, run.val_loss)}

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, object_session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
 from aitbc.coordinator.runs.data_size import measured_size, vocab_size
-from aitbc.coordinator.runs.language import perplexity, tokens_seen
+from aitbc.coordinator.runs.language import detail_fields, result_fields
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import job_settings, row
 from aitbc.coordinator.verification.spot_checks import summary as verification_summary
@@ -90,6 +90,7 @@ def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
         lags, async_view = _async_view(s, run, rounds_closed, now=now)
     return RunDetail(
         **dict(run_summary(run)),
+        **detail_fields(s, run),
         model_options=run.model_options,
         seed=run.seed,
         dataset_size_bytes=run.dataset_size_bytes,
@@ -367,8 +368,7 @@ def results(ctx: Context, s: Session, run: Run) -> Results:
             )
             for c in contracts
         ],
-        tokens_seen=tokens_seen(s, run),
-        final_val_perplexity=perplexity(run, run.val_loss),
+        **result_fields(s, run),
     )
 
 
