@@ -25,7 +25,7 @@ def _loss_rows(run: dict[str, Any]) -> list[tuple[str, ...]]:
         if language
         else f"val acc {fmt(run['val_accuracy'], '.3f')}"
     )
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}",
             quality,
