@@ -200,6 +200,15 @@ def test_a_lora_round_trains_the_adapter_alone_on_the_pretrained_base(blobs):
     assert torch.equal(flat_params(fresh), flat_params(tr.model))
 
 
+def test_a_lora_adapters_dropout_is_seen_by_the_data_parallel_check(blobs):
+    from aitbc.training.parallel import draws_dropout
+
+    assert draws_dropout(lora_model(blobs))  # LORA's dropout 0.1: a spot-checked job trains on one rank
+    p, _, weights = blobs
+    quiet = options(p, LORA | {"dropout": 0.0})
+    assert not draws_dropout(build_model(p.model_type, spec_of(p), quiet, weights=weights))
+
+
 def test_a_lora_step_replays_bit_exact_with_its_dropout(blobs):
     p, _, _ = blobs
     model = lora_model(blobs)

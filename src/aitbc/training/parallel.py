@@ -34,7 +34,7 @@ from typing import Literal, TypedDict
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from aitbc.core.options import build_config
 from aitbc.errors import AitbcError
@@ -264,6 +264,14 @@ class Ranks:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def draws_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` drops activations at random in training (a LoRA adapter's dropout,
+    GPT-2's, the built-in transformer's). Ranks that split a batch draw their masks for their
+    slices, not the slices of the whole batch's masks, so such a step does not replay on
+    one machine: a job whose updates are spot-checked trains it on one rank."""
+    return any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 # --- ranks 1..N-1 -----------------------------------------------------------------------

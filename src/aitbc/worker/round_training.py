@@ -25,7 +25,7 @@ from aitbc.training.batches import data_seed
 from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, param_layout
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalResult, LocalTrainer, eager_start, epoch_steps
-from aitbc.training.parallel import Ranks
+from aitbc.training.parallel import Ranks, draws_dropout
 from aitbc.training.pretrained import blob_cids
 from aitbc.training.proof import CommitmentJSON, Recorder
 from aitbc.worker.attack import Attacker
@@ -123,11 +123,17 @@ class RoundTrainer:
             lr=known(job.lr, "lr", job),
             precision=job.precision or "fp32",  # a coordinator before bf16 sends none
         )
-        if self.ranks is not None:
+        ranks = self.ranks
+        if ranks is not None and job.verify_rate > 0 and draws_dropout(model):
+            log.info(
+                "job %s: its model draws dropout and its updates are spot-checked: trained on one rank", job.job_id
+            )
+            ranks = None
+        if ranks is not None:
             # the other ranks read the base rank 0 fetched (the same machine's files)
             local = {cid: str(self.fetcher.shard(cid)) for cid in blob_cids(job.model_options)}
-            self.ranks.job(job.model_type, job.model_options, spec, cfg, job.seed, x, y, weights=local)
-        group = self.ranks.group if self.ranks is not None else None
+            ranks.job(job.model_type, job.model_options, spec, cfg, job.seed, x, y, weights=local)
+        group = ranks.group if ranks is not None else None
         trainer = LocalTrainer(model, x, y, cfg, seed=job.seed, device=self.devices[0], group=group)
         name, opts = parse_spec(known(job.compression, "compression", job), what="codec")
         codec = build_codec(
@@ -254,7 +260,7 @@ class RoundTrainer:
         """The round's local steps from ``start`` (the ranks beside this one, if any)."""
         if self.cfg.cheat == "skip-half":
             return skip_half(state.trainer, start, round, report)
-        if self.ranks is None:
+        if self.ranks is None or state.trainer.group is None:  # one rank (see prepare)
             return state.trainer.train_round(start, on_step=report, round=round, recorder=recorder), recorder
         try:  # the other ranks train this round beside this one
             self.ranks.round(state.trainer, start, round)
