@@ -239,3 +239,16 @@ def test_a_lora_round_aggregates_evaluates_and_checkpoints_the_adapter_alone(new
     load_checkpoint(m, final)
     assert not torch.equal(flat_params(m), flat_params(model()))  # the adapter moved
     assert rounds[-1]["val_loss"] is not None
+
+
+def test_upload_data_tokenizes_with_the_pretrained_models_tokenizer(coord, tmp_path, model_dir, pretrained):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in CORPUS * 20))
+    with agent(coord, tmp_path, "tokens") as a:
+        run = a.initialize_distributed_training(
+            None, "1MB", 2, from_pretrained=model_dir, model_options={"context": 16}
+        )
+        up = a.upload_data(run["training_id"], data_path=str(corpus))
+        detail = a.get_training_status(run["training_id"])
+    assert up["tokenizer_cid"] == cid_of_bytes(pretrained.tokenizer) == detail["model_options"]["tokenizer"]
+    assert up["vocab_size"] == pretrained.options["vocab_size"]
