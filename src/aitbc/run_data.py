@@ -132,12 +132,13 @@ def prepare_run_data(
 
 def _check_vocab(run: dict[str, Any], data: Dataset) -> None:
     """A model with a tokenizer takes its vocabulary from the data; one set in its options
-    must be the same (the model's own build, on the coordinator and the workers, checks the rest)."""
+    must cover it (a pretrained model may have more embedding rows than its tokenizer has
+    tokens; the model's own build, on the coordinator and the workers, checks the rest)."""
     fixed = (run.get("model_options") or {}).get("vocab_size")
-    if fixed is not None and fixed != data.spec.num_classes:
+    if isinstance(fixed, int) and fixed < data.spec.num_classes:
         raise UsageError(
             f"model {run['model_type']!r} has vocab_size {fixed}; the data's tokenizer has {data.spec.num_classes} "
-            f"tokens (use a tokenizer of {fixed} tokens, or leave vocab_size unset)"
+            f"tokens (use a tokenizer of at most {fixed} tokens, or leave vocab_size unset)"
         )
 
 

@@ -170,13 +170,28 @@ def test_unknown_option_lists_only_options_a_run_may_set():
     assert "family" not in text.partition("allowed:")[2]  # the model type sets it, never an option
 
 
-def test_vocab_size_must_be_the_datas():
+def test_vocab_size_must_cover_the_datas():
+    """The embedding may have more rows than the tokenizer has tokens (a pretrained Qwen2's
+    151,936 for 151,665), never fewer: a token id past the rows would index nothing."""
     with pytest.raises(BadModel) as e:
-        build_model("hf:llama", TEXT, GQA | {"vocab_size": 512})
-    one_line(e, "vocab_size 512", "300 tokens", "leave vocab_size unset")
+        build_model("hf:llama", TEXT, GQA | {"vocab_size": 299})
+    one_line(e, "vocab_size 299", "300 tokens", "leave vocab_size unset", "at least 300")
 
     torch.manual_seed(0)
     assert build_model("hf:llama", TEXT, GQA | {"vocab_size": 300}).lm.config.vocab_size == 300
+    wide = build_model("hf:llama", TEXT, GQA | {"vocab_size": 320})
+    assert wide.lm.config.vocab_size == 320
+    assert count_params("hf:llama", model_config("hf:llama", GQA | {"vocab_size": 320}), TEXT) == unique_params(wide)
+    assert wide(torch.randint(0, 300, (2, 16))).shape == (2, 16, 320)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2", "mistral"])
+def test_no_family_draws_dropout(family):
+    """A spot check replays a worker's steps; GPT-2's library default would drop 10%."""
+    options = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16}
+    model = build_model(f"hf:{family}", TEXT, options).train()
+    x = torch.randint(0, 300, (2, 16))
+    assert torch.equal(model(x), model(x))
 
 
 def test_sequences_longer_than_the_positions_are_refused():

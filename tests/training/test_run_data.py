@@ -138,7 +138,7 @@ def test_users_tokenizer_and_the_runs_tokenizer(tmp_path):
         (None, TextOptions(vocab_size=300, run_tokenizer=b"{}"), "brings its own vocabulary"),
         (None, TextOptions(tokenizer="t.json", run_tokenizer=b"{}"), "drop --tokenizer"),
         (None, TextOptions(vocab_size=100_000), "from 256 to 65536"),
-        (hf_run(vocab_size=999), TextOptions(vocab_size=300), "has vocab_size 999; the data's tokenizer has"),
+        (hf_run(vocab_size=257), TextOptions(vocab_size=300), "has vocab_size 257; the data.s tokenizer has"),
     ],
     ids=["byte-model", "vocab-and-own", "two-tokenizers", "vocab-range", "vocab-mismatch"],
 )

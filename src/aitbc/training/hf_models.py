@@ -248,16 +248,20 @@ def config_options(cfg: HFConfig) -> dict[str, Any]:
 
 
 def library_config(cfg: HFConfig, vocab_size: int) -> PretrainedConfig:
-    """The ``transformers`` config of ``cfg`` for a vocabulary of ``vocab_size`` tokens."""
+    """The ``transformers`` config of ``cfg`` for data of a ``vocab_size``-token tokenizer:
+    its embedding rows are the config's ``vocab_size`` where it gives one (a pretrained
+    model often has more rows than its tokenizer has tokens: Qwen2's 151,936 for 151,665),
+    else the tokenizer's. Dropout is off in every family: a spot check replays a worker's
+    steps, and a data-parallel worker's ranks would each draw their own masks."""
     from transformers import CONFIG_MAPPING
 
-    if cfg.vocab_size is not None and cfg.vocab_size != vocab_size:
+    if cfg.vocab_size is not None and cfg.vocab_size < vocab_size:
         raise BadModel(
-            f"vocab_size {cfg.vocab_size} differs from the data's tokenizer ({vocab_size} tokens); "
-            "leave vocab_size unset to take the tokenizer's"
+            f"vocab_size {cfg.vocab_size} is smaller than the data's tokenizer ({vocab_size} tokens); "
+            f"leave vocab_size unset to take the tokenizer's, or give at least {vocab_size}"
         )
     kw: dict[str, Any] = {
-        "vocab_size": vocab_size,
+        "vocab_size": cfg.vocab_size or vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads,
@@ -276,6 +280,7 @@ def library_config(cfg: HFConfig, vocab_size: int) -> PretrainedConfig:
         "attention_bias": cfg.attention_bias,
     }
     if cfg.family == "gpt2":
+        kw |= {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         kw["n_inner"] = cfg.intermediate_size
         if cfg.hidden_act is not None:
             kw["activation_function"] = cfg.hidden_act
@@ -283,6 +288,7 @@ def library_config(cfg: HFConfig, vocab_size: int) -> PretrainedConfig:
     else:
         kw["intermediate_size"] = cfg.intermediate_size or 4 * cfg.hidden_size
         kw["num_key_value_heads"] = cfg.num_key_value_heads or cfg.num_attention_heads
+        kw["attention_dropout"] = 0.0
         if cfg.hidden_act is not None:
             kw["hidden_act"] = cfg.hidden_act
     kw |= {k: v for k, v in optional.items() if v is not None}
@@ -308,7 +314,7 @@ def count_hf_params(name: str, cfg: HFConfig, vocab_size: int | None) -> int:
     have (256 tokens, or the config's own): a lower bound before the data is known."""
     import json
 
-    vocab = vocab_size or cfg.vocab_size or 256
+    vocab = max(vocab_size or 0, cfg.vocab_size or 0) or 256
     return _meta_counts(name, json.dumps(config_options(cfg), sort_keys=True), vocab)[0]
 
 
