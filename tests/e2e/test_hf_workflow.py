@@ -407,7 +407,6 @@ def test_refusals_are_one_line_and_change_nothing(stack, tmp_path):
     stack.start_worker("small", extra=("--max-params", "1000"))
     stack.wait_offers(1)
     base = tiny_pretrained_dir(tmp_path)
-    assert stack.cli("wallet", "create", "my-agent-wallet").returncode == 0  # as the README's workflow begins
     init = ("distributed-training", "init", "--wallet", "my-agent-wallet", "--dataset-size", "1MB", "--target-workers")
 
     def refused(args: tuple[str, ...], *words: str) -> None:
@@ -437,6 +436,8 @@ def test_refusals_are_one_line_and_change_nothing(stack, tmp_path):
     refused((*init, "1", "--model-type", "hf:bert"), "hf:bert", "hf:llama")
     refused((*init, "1", "--model-type", "hf:llama", "--model-opt", "hidden_size=100000"), "hidden_size", "16384")
     refused((*init, "1", "--model-type", "hf:llama", "--model-opt", "trust_remote_code=true"), "trust_remote_code")
+    assert not (stack.root / "owner" / "wallets").exists()  # refused before init made the owner's wallet
+    assert stack.cli("wallet", "create", "my-agent-wallet").returncode == 0  # as the README's workflow begins
     refused(
         (*init, "1", "--model-type", "hf:llama", "--model-opt", "hidden_size=256,num_hidden_layers=4"),
         "200,000",

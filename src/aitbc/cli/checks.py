@@ -90,12 +90,16 @@ def model(name: str, options: Mapping[str, object], *, option: str = "--model-ty
     _checked(option if not options else f"{option} / --model-opt", check)
 
 
+_UNUPLOADED = "bafkreinotuploadedyet"  # a CID-shaped stand-in for weights checked before their upload
+
+
 def pretrained(path: Path, model_type: str | None, lora: str | None) -> None:
-    """A fine-tune's model directory, checked before anything is sent: its config.json on
-    the allow-list (``model_type``, if given, its family), safetensors weights (never a
-    pickle), ``--lora`` well formed. The weights themselves are read as they are uploaded."""
+    """A fine-tune's model directory, checked before anything is sent or the wallet made: its
+    config.json on the allow-list (``model_type``, if given, its family), safetensors weights
+    (never a pickle), ``--lora`` well formed and its targets modules of the model. The
+    weights themselves are read as they are uploaded."""
     from aitbc.training.hf_models import options_from_hf_config, parse_lora
-    from aitbc.training.pretrained import read_config, weight_files
+    from aitbc.training.pretrained import check_lora_targets, read_config, weight_files
 
     where = f"--from-pretrained {path}"
     if lora is not None:
@@ -104,10 +108,12 @@ def pretrained(path: Path, model_type: str | None, lora: str | None) -> None:
     def check() -> None:
         if not path.is_dir():
             raise UsageError(f"{where}: not a directory (a Hugging Face model directory: config.json, *.safetensors)")
-        name, _ = options_from_hf_config(read_config(path, where))
+        name, options = options_from_hf_config(read_config(path, where))
         if model_type is not None and model_type != name:
             raise UsageError(f"--model-type {model_type}: the model in {path} is {name} (leave --model-type out)")
         weight_files(path, where)
+        if lora is not None:  # on the meta device; the blob's CID is not known until upload
+            check_lora_targets(name, options | {"lora": parse_lora(lora), "init_weights": _UNUPLOADED})
 
     _checked(where, check)
 
