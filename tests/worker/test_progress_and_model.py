@@ -239,3 +239,28 @@ def test_a_model_inside_the_job_view_is_kept_only_if_it_hashes_to_its_cid(worker
         assert worker.fetcher.global_model(other, inline=bad).read_bytes() == OTHER  # fetched by CID instead
     assert Blobs.gets == [other, other, other]
     assert _files(worker.fetcher.models.dir) == sorted([other])  # no temporary file left, nothing under a wrong name
+
+
+def test_a_shard_outside_its_spec_declines_the_job_in_one_line(worker):
+    """Token ids past the vocabulary (an owner's int32 windows can carry any id) are refused
+    before anything trains: a BadShard, which the job loop declines as ``refused: bad data``,
+    not an IntegrityError it would fetch again every second."""
+    import types
+
+    import torch
+
+    from aitbc.training.checkpoint import shard_bytes
+    from aitbc.training.data_spec import DataSpec
+    from aitbc.worker.records import BadShard
+
+    x = torch.zeros(2, 8, dtype=torch.int32)
+    x[1, 3] = 5000
+    good, bad = (shard_bytes(t, t, dataset="d", index=0, count=1) for t in (torch.zeros(2, 8, dtype=torch.int32), x))
+    Blobs.served = {cid_of_bytes(good): good, cid_of_bytes(bad): bad}
+    spec = DataSpec("language", (8,), 300)
+    job = types.SimpleNamespace(shard_cid=cid_of_bytes(good))
+    assert worker.trainer._shard(job, spec)[0].shape == (2, 8)
+    job.shard_cid = cid_of_bytes(bad)
+    with pytest.raises(BadShard) as e:
+        worker.trainer._shard(job, spec)
+    assert "token ids must be in [0, 300), found 0..5000" in str(e.value) and "\n" not in str(e.value)

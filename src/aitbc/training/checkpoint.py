@@ -18,6 +18,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from aitbc.errors import IntegrityError
+from aitbc.training.data_spec import DataSpec
 
 META_KEY = "aitbc"
 
@@ -157,14 +158,49 @@ def shard_bytes(x: Tensor, y: Tensor, *, dataset: str, index: int, count: int) -
     return tensors_to_bytes({"x": x, "y": y}, meta)
 
 
-def load_shard(data: bytes) -> tuple[Tensor, Tensor]:
+def load_shard(data: bytes, spec: DataSpec | None = None) -> tuple[Tensor, Tensor]:
+    """A shard's ``x`` and ``y``; with ``spec``, checked to be data of that spec
+    (:func:`check_shard`)."""
     t = bytes_to_tensors(data)
     if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
         raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
+    if spec is not None:
+        check_shard(t["x"], t["y"], spec)
     return t["x"], t["y"]
 
 
-def load_shard_file(path: Path) -> tuple[Tensor, Tensor]:
+def check_shard(x: Tensor, y: Tensor, spec: DataSpec) -> None:
+    """An ``IntegrityError`` unless ``x``/``y`` are data of ``spec``: a language shard's
+    token ids integers in ``[0, vocabulary)`` in windows of the spec's length, a
+    classification shard's labels integers in ``[0, classes)`` for inputs of the spec's
+    shape. An owner's shard is someone else's input: an id past the embedding would be an
+    IndexError on a CPU and a device-side assert that kills a GPU worker's process."""
+    n = spec.num_classes
+    if spec.task == "language":
+        if tuple(x.shape[1:]) != tuple(spec.input_shape) or tuple(y.shape) != tuple(x.shape):
+            raise IntegrityError(
+                f"shard holds windows of shape {tuple(x.shape[1:])} and {tuple(y.shape[1:])}; the data's are "
+                f"{tuple(spec.input_shape)}"
+            )
+        _ids("token ids", x, n)
+        _ids("token ids", y, n)
+        return
+    if tuple(x.shape[1:]) != tuple(spec.input_shape) or y.dim() != 1:
+        raise IntegrityError(
+            f"shard holds inputs of shape {tuple(x.shape[1:])} and labels of shape {tuple(y.shape[1:])}; "
+            f"the data's inputs are {tuple(spec.input_shape)} with one label each"
+        )
+    _ids("labels", y, n)
+
+
+def _ids(what: str, t: Tensor, n: int) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise IntegrityError(f"shard {what} must be integers, got {t.dtype}")
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
+        raise IntegrityError(f"shard {what} must be in [0, {n}), found {int(t.min())}..{int(t.max())}")
+
+
+def load_shard_file(path: Path, spec: DataSpec | None = None) -> tuple[Tensor, Tensor]:
     """:func:`load_shard` from a file (read once, memory-mapped, into the two tensors)."""
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -176,6 +212,8 @@ def load_shard_file(path: Path) -> tuple[Tensor, Tensor]:
         _finite(name, v)
     if set(t) != {"x", "y"} or t["x"].shape[0] != t["y"].shape[0]:
         raise IntegrityError(f"shard blob must hold x and y with equal first dimension; got {sorted(t)}")
+    if spec is not None:
+        check_shard(t["x"], t["y"], spec)
     return t["x"], t["y"]
 
 

@@ -29,7 +29,7 @@ from aitbc.worker.gossip_publish import PublishedRecords
 from aitbc.worker.metrics import WorkerMetrics
 from aitbc.worker.model_cap import ModelTooLarge
 from aitbc.worker.progress import ProgressReport, Reporter, progress_body
-from aitbc.worker.records import JobState, ModelRefused
+from aitbc.worker.records import BadShard, JobState, ModelRefused
 from aitbc.worker.round_training import RoundTrainer
 from aitbc.worker.sending import SendPipeline
 from aitbc.worker.spot_checks import SpotChecks
@@ -215,13 +215,19 @@ class JobLoop:
 
     def decline(self, job: JobOrder, e: ModelRefused) -> None:
         """A job whose model this machine will not build (code its operator did not allow,
-        a model past the bounds or this worker's ``max_params``): nothing imported, nothing
-        trained; the owner sees it in the job's status (``refused: model not allowed``, or
-        ``refused: model too large``), and the round goes on without this worker (no update
-        is no fault)."""
+        a model past the bounds or this worker's ``max_params``, a shard that is not data of
+        the job's spec): nothing imported, nothing trained; the owner sees it in the job's
+        status (``refused: model not allowed``, ``refused: model too large`` or ``refused:
+        bad data``), and the round goes on without this worker (no update is no fault)."""
         log.error("job %s of %s refused: %s", job.job_id, job.training_id, e)
         self.refused.add(job.job_id)
-        why = "refused: model too large" if isinstance(e, ModelTooLarge) else "refused: model not allowed"
+        why = (
+            "refused: model too large"
+            if isinstance(e, ModelTooLarge)
+            else "refused: bad data"
+            if isinstance(e, BadShard)
+            else "refused: model not allowed"
+        )
         self._send_progress(job.job_id, progress_body(job.round, 0.0, None, 0.0, why))
 
     def _on_refusal(self, job: JobOrder, e: ApiError) -> None:

@@ -22,6 +22,11 @@ class ModelRefused(AitbcError):
     """A job's model this worker will not build (see :meth:`aitbc.worker.job_loop.JobLoop.decline`)."""
 
 
+class BadShard(ModelRefused):
+    """A job's shard that is not data of its spec (token ids or labels out of range, windows
+    of another length): declined as a model is, never trained on."""
+
+
 @dataclass(frozen=True, slots=True)
 class RoundStart:
     """Where the optimizer and the error-feedback residual stood when a round began."""

@@ -17,12 +17,12 @@ from torch import Tensor
 
 from aitbc.core.compression import ErrorFeedback, build_codec
 from aitbc.core.options import parse_spec
-from aitbc.errors import AitbcError
+from aitbc.errors import AitbcError, IntegrityError
 from aitbc.replies.jobs import JobOrder
 from aitbc.run_mode import RunMode
 from aitbc.storage.cid import cid_of_bytes
 from aitbc.training.batches import data_seed
-from aitbc.training.checkpoint import flat_params, load_checkpoint_file, load_shard_file, param_layout
+from aitbc.training.checkpoint import check_shard, flat_params, load_checkpoint_file, load_shard_file, param_layout
 from aitbc.training.data_spec import DataSpec
 from aitbc.training.local import LocalConfig, LocalResult, LocalTrainer, eager_start, epoch_steps
 from aitbc.training.parallel import Ranks, draws_dropout
@@ -35,7 +35,7 @@ from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.metrics import WorkerMetrics
 from aitbc.worker.model_cap import build_within
 from aitbc.worker.progress import Reporter, progress_body
-from aitbc.worker.records import JobState, OwnUpdate, Trained, ahead_key
+from aitbc.worker.records import BadShard, JobState, OwnUpdate, Trained, ahead_key
 from aitbc.worker.spot_checks import SpotChecks
 
 log = logging.getLogger("aitbc.worker")
@@ -49,6 +49,11 @@ def known(value: T | None, what: str, job: JobOrder) -> T:
     if value is None:
         raise AitbcError(f"job {job.job_id}: its order to train has no {what}")
     return value
+
+
+def _spec(job: JobOrder) -> DataSpec:
+    d = known(job.data_spec, "data_spec", job)
+    return DataSpec(d["task"], tuple(d["input_shape"]), int(d["num_classes"]))
 
 
 def local_steps(job: JobOrder, samples: int) -> int:
@@ -92,7 +97,7 @@ class RoundTrainer:
         if current is not None and current.job_id == job.job_id:
             data = None
             if job.shard_cid != current.shard_cid:
-                data = self._labels(load_shard_file(self.fetcher.shard(job.shard_cid)), job)
+                data = self._labels(self._shard(job, _spec(job)), job)
                 current.shard_cid = job.shard_cid
                 log.info("job %s: now on shard %d (%d samples)", job.job_id, job.shard_index, data[0].shape[0])
             samples = int((data[0] if data is not None else current.trainer.x).shape[0])
@@ -103,8 +108,7 @@ class RoundTrainer:
                 data=data,
             )
             return current
-        spec_d = known(job.data_spec, "data_spec", job)
-        spec = DataSpec(spec_d["task"], tuple(spec_d["input_shape"]), int(spec_d["num_classes"]))
+        spec = _spec(job)
         # before any download: code this operator did not allow is never imported, a model
         # over this worker's capacity never allocated
         model = build_within(
@@ -115,7 +119,7 @@ class RoundTrainer:
             max_params=self.max_params,
             weights=self.fetcher.shard,  # a fine-tune's pretrained base, fetched by CID as a shard is
         )
-        x, y = self._labels(load_shard_file(self.fetcher.shard(job.shard_cid)), job)
+        x, y = self._labels(self._shard(job, spec), job)
         cfg = LocalConfig(
             steps=local_steps(job, int(x.shape[0])),
             batch_size=known(job.batch_size, "batch_size", job),
@@ -149,6 +153,16 @@ class RoundTrainer:
         )
         log.info("job %s: shard %d (%d samples) of %s", job.job_id, job.shard_index, x.shape[0], job.training_id)
         return state
+
+    def _shard(self, job: JobOrder, spec: DataSpec) -> tuple[Tensor, Tensor]:
+        """The job's shard, checked to be data of its spec before anything trains on it: a
+        :class:`BadShard` (the job declined) for token ids or labels out of range."""
+        x, y = load_shard_file(self.fetcher.shard(job.shard_cid))
+        try:
+            check_shard(x, y, spec)
+        except IntegrityError as e:
+            raise BadShard(f"shard {job.shard_cid}: {e}") from None
+        return x, y
 
     def _labels(self, shard: tuple[Any, Any], job: JobOrder) -> tuple[Any, Any]:
         x, y = shard

@@ -216,7 +216,8 @@ class RunRuntime:
         self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.f)
         self.outer_name, self.outer_options = cfg.outer, cfg.outer_options
         self._staleness_specs = cfg.staleness, cfg.overlap_staleness
-        val = load_shard(ctx.store.get_bytes(run.data_manifest["val"]["cid"]))
+        # checked as the workers check theirs: an id past the vocabulary fails here, in one line
+        val = load_shard(ctx.store.get_bytes(run.data_manifest["val"]["cid"]), data_spec(run.data_manifest))
         k = ctx.settings.eval_samples
         self.val_x, self.val_y = val[0][:k], val[1][:k]
         g = ctx.settings.guard_samples  # what the divergence check scores before a round commits

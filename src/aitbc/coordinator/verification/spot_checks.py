@@ -55,7 +55,7 @@ from torch import Tensor
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
-from aitbc.coordinator.live.runtime import build_initial_model, store_weights
+from aitbc.coordinator.live.runtime import build_initial_model, data_spec, store_weights
 from aitbc.coordinator.schemas import ProofReveal
 from aitbc.coordinator.store.models import Flag, Job, Offer, RevealedStates, RoundRecord, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run, row
@@ -361,7 +361,9 @@ def _judge(ctx: Context, run: Run, upd: Update) -> list[Verdict]:
     model = build_initial_model(run, ctx.settings.allow_code, store_weights(ctx.store))
     d = sum(p.numel() for p in model.parameters())
     states = {int(b): TrainState.from_bytes(ctx.store.get_bytes(cid), numel=d) for b, cid in rev["states"].items()}
-    x, y = load_shard(ctx.store.get_bytes(run.data_manifest["shards"][int(ch["shard_index"])]["cid"]))
+    x, y = load_shard(
+        ctx.store.get_bytes(run.data_manifest["shards"][int(ch["shard_index"])]["cid"]), data_spec(run.data_manifest)
+    )
     cfg = LocalConfig(
         steps=int(ch["steps"]),
         batch_size=int(ch["batch_size"]),
