@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -227,6 +228,9 @@ def live_run(
             run = stack.wait_run(
                 run_id, lambda r: r["status"] in ("complete", "failed", "cancelled"), timeout=timeout, what="run end"
             )
+            deadline = time.monotonic() + 60  # the last close is observed as the run completes
+            while len(closes.seen["close"]) < size.rounds and time.monotonic() < deadline:
+                time.sleep(0.2)
         rounds = [r for r in stack.api(f"/runs/{run_id}/rounds")["data"] if r["round"] > 0]
         workers = {
             f"w{i}": large.worker_rounds((root / f"w{i}.log").read_text(errors="replace"), run_id)
@@ -342,10 +346,13 @@ def pretrained_dir(run_root: Path, size: Size, vocab: int, out: Path) -> Path:
     ``model.safetensors`` (the library's own writer) and the run's ``tokenizer.json``."""
     import shutil
 
+    from transformers.utils import logging
+
     from aitbc.training.checkpoint import load_checkpoint_file
     from aitbc.training.data_spec import DataSpec
     from aitbc.training.models import build_model
 
+    logging.disable_progress_bar()  # the library's bar in the benchmark's printed output
     model = build_model("hf:llama", DataSpec("language", (size.llama["context"],), vocab), size.llama)
     load_checkpoint_file(model, final_model(run_root))
     out.mkdir(parents=True)
@@ -425,6 +432,7 @@ def print_live(rows: list[Live]) -> None:
             "utilization",
             "training wall s",
             "val loss start -> end",
+            "end: bits per text byte",
         ],
         [
             [
@@ -438,6 +446,7 @@ def print_live(rows: list[Live]) -> None:
                 f"{r.utilization:.1%}",
                 f"{r.training_wall_s:.1f}",
                 " -> ".join("-" if v is None else f"{v:.4f}" for v in r.val_loss),
+                "-" if r.val_loss[1] is None else f"{r.val_loss[1] / math.log(2) / r.bytes_per_token:.3f}",
             ]
             for r in rows
         ],
@@ -449,7 +458,7 @@ def print_live(rows: list[Live]) -> None:
             [
                 f"{r.label}, {name}",
                 *(_ms(ph[k]) for k in PHASES),
-                _ms(ph["total"] - sum(ph[k] for k in PHASES)),
+                _ms(max(0.0, ph["total"] - sum(ph[k] for k in PHASES))),  # the clocks' rounding aside
                 _ms(ph["total"]),
                 _ms(ph["close"]),
                 _ms(ph["wall"]),
