@@ -10,6 +10,7 @@ import re
 
 import httpx
 import pytest
+from tests.corpora import WORDS
 
 TINY_LLAMA = [
     "--model-opt",
@@ -22,23 +23,6 @@ TINY_LLAMA = [
     "intermediate_size=64",
     "--model-opt",
     "context=16",
-]
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "wizards",
-    "hex",
-    "jolly",
-    "bakers",
 ]
 
 

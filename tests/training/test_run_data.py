@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from tests.corpora import WORDS
 
 from aitbc.errors import UsageError
 from aitbc.run_data import TextOptions, prepare_run_data
@@ -24,23 +25,6 @@ TINY_LLAMA = {
     "intermediate_size": 64,
     "context": 16,
 }
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "wizards",
-    "hex",
-    "jolly",
-    "bakers",
-]
 
 
 def write_corpus(path, n: int = 80) -> list[str]:

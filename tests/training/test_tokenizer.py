@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from tests.corpora import WORDS
 
 from aitbc.errors import UsageError
 from aitbc.training.corpus import Measured
@@ -26,24 +27,6 @@ from aitbc.training.tokenizer import (
     tokenizer_cid,
     train_tokenizer,
 )
-
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "wizards",
-    "hex",
-    "jolly",
-    "bakers",
-]
 
 
 def corpus(n: int = 60, words: int = 40, seed: int = 0) -> list[str]:
