@@ -35,7 +35,7 @@ def test_create_json(aitbc):
     result = aitbc("wallet", "create", "bob", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data) == {"name", "address", "public_key", "created"}
+    assert set(data) == {"name", "address", "public_key", "created", "existed"}
     assert data["name"] == "bob"
     assert data["address"] == address_of(data["public_key"])
 
@@ -78,10 +78,32 @@ def test_list_without_wallets(aitbc):
     assert result.stderr.strip() == f"no wallets in {aitbc.home / 'wallets'}"
 
 
-def test_create_twice_is_one_line_error(aitbc):
+def test_create_again_leaves_the_wallet_and_says_so(aitbc):
+    """The README's setup line (``wallet create NAME && wallet fund NAME 100``) run twice
+    funds twice: the second create keeps the key (it may hold money) and exits 0."""
+    first = json.loads(aitbc("wallet", "create", "alice", "--json").stdout)
+    key = _private_key(aitbc, "alice")
+    again = aitbc("wallet", "create", "alice")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == ["Wallet exists: alice (left unchanged)", f"Address: {first['address']}"]
+    assert _private_key(aitbc, "alice") == key
+    as_json = json.loads(aitbc("wallet", "create", "alice", "--json").stdout)
+    assert as_json == {**first, "existed": True} and first["existed"] is False
+
+
+def test_create_again_refuses_what_it_cannot_keep(aitbc, tmp_path):
     assert aitbc("wallet", "create", "alice").returncode == 0
+    key = _private_key(aitbc, "alice")
+    # asked for an encrypted wallet, has a plaintext one: not reported as done
+    err = _one_line_error(aitbc("wallet", "create", "alice", "--encrypt"), 1)
+    assert "wallet 'alice' already exists unencrypted" in err and "another name" in err
+    assert _private_key(aitbc, "alice") == key
+    # the name's key file replaced by another key: refused as every use refuses it
+    assert aitbc("wallet", "create", "mallory", "--home", str(tmp_path / "m")).returncode == 0
+    planted = (tmp_path / "m" / "wallets" / "mallory" / "key.json").read_text().replace('"mallory"', '"alice"')
+    (aitbc.home / "wallets" / "alice" / "key.json").write_text(planted)
     err = _one_line_error(aitbc("wallet", "create", "alice"), 1)
-    assert "wallet 'alice' already exists" in err
+    assert "alice" in err and "Wallet exists" not in err
 
 
 def test_bad_name_is_a_usage_error(aitbc):

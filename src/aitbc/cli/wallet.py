@@ -29,9 +29,18 @@ from aitbc.cli.common import (
     page,
     resolve_home,
 )
-from aitbc.errors import NotFoundError, UsageError
+from aitbc.errors import AitbcError, NotFoundError, UsageError
 from aitbc.ledger.sealed import PASSPHRASE_ENV
-from aitbc.ledger.wallet import create_wallet, list_wallets, load_wallet, wallet_info, wallet_path, wallets_dir
+from aitbc.ledger.wallet import (
+    WalletExistsError,
+    create_wallet,
+    list_wallets,
+    load_wallet,
+    wallet_encrypted,
+    wallet_info,
+    wallet_path,
+    wallets_dir,
+)
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk import Agent
@@ -65,16 +74,25 @@ def create(
         ),
     ] = False,
 ) -> None:
-    """Create a new wallet (a fresh Ed25519 key pair) and print its address."""
+    """Create a new wallet (a fresh Ed25519 key pair) and print its address. A wallet of
+    that name in HOME already is left as it is and shown (exit 0), so a setup line can be
+    run again."""
     home = resolve_home(home)
+    if wallet_path(home, name).exists():  # before any passphrase is asked for
+        _existing(home, name, encrypt=encrypt, json_out=json_out)
+        return
     passphrase = None
     if encrypt:
         passphrase = os.environ.get(PASSPHRASE_ENV) or typer.prompt(
             f"Passphrase for wallet '{name}'", hide_input=True, confirmation_prompt=True
         )
-    wallet = create_wallet(home, name, passphrase=passphrase)
+    try:
+        wallet = create_wallet(home, name, passphrase=passphrase)
+    except WalletExistsError:  # another process created it meanwhile
+        _existing(home, name, encrypt=encrypt, json_out=json_out)
+        return
     if json_out:
-        _print_json(wallet.info().to_dict())
+        _print_json({**wallet.info().to_dict(), "existed": False})
         return
     typer.echo(f"Wallet created: {wallet.name}")
     typer.echo(f"Address: {wallet.address}")
@@ -82,6 +100,26 @@ def create(
     err.print(
         f"private key saved{sealed} to {wallet_path(home, name)} (keep it private)", highlight=False, markup=False
     )
+
+
+def _existing(home: Path, name: str, *, encrypt: bool, json_out: bool) -> None:
+    """``create`` of a wallet that exists: its key is never replaced (it may hold money or
+    sign a run). Shown as a load checks it, so a key file that is not the one created
+    under that name (another key, a plaintext one where an encrypted one was) is refused
+    as every use refuses it; ``--encrypt`` of a plaintext wallet is refused, not reported
+    as done."""
+    info = wallet_info(home, name)
+    encrypted = wallet_encrypted(home, name)
+    if encrypt and not encrypted:
+        raise AitbcError(
+            f"wallet '{name}' already exists unencrypted ({wallet_path(home, name).parent}) and was left as it is; "
+            "choose another name for an encrypted wallet"
+        )
+    if json_out:
+        _print_json({**info.to_dict(), "existed": True})
+        return
+    typer.echo(f"Wallet exists: {name} (left unchanged{', encrypted' if encrypted else ''})")
+    typer.echo(f"Address: {info.address}")
 
 
 @app.command("list")

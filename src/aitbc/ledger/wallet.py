@@ -427,6 +427,15 @@ def wallet_info(home: Path, name: str) -> WalletInfo:
     return WalletInfo(name, address, public.lower(), created)
 
 
+def wallet_encrypted(home: Path, name: str) -> bool:
+    """Whether the wallet's key is stored encrypted (check it first: :func:`wallet_info`)."""
+    try:
+        record = json.loads(wallet_path(Path(home), name).read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(record, dict) and _is_sealed(record)
+
+
 # --- what each wallet was created as ---------------------------------------------------
 
 
