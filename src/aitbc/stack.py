@@ -444,8 +444,9 @@ def _last_line(log: str) -> str:
 
 def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
     """Stop the stack's processes and their descendants: SIGTERM, up to ``grace`` seconds,
-    then SIGKILL. Returns what happened to each (``stopped``, ``killed``, ``not running``)
-    and forgets the stack."""
+    then SIGKILL. Returns what happened to each (``stopped``: on its own; ``forced``: the
+    coordinator needed a second signal, which skips its clean shutdown; ``killed``; ``not
+    running``) and forgets the stack."""
     outcome: dict[str, str] = {}
     ours: dict[str, psutil.Process] = {}
     for p in stack.processes:
@@ -456,23 +457,46 @@ def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
             ours[p.name] = proc
     t0 = time.monotonic()
     procs = _send(_with_descendants(ours.values()), signal.SIGTERM)
-    _, procs = psutil.wait_procs(procs, timeout=min(COORDINATOR_FORCE_AFTER, grace))
+    procs = _wait_ended(procs, min(COORDINATOR_FORCE_AFTER, grace))
     coordinator = [proc for p in stack.processes if p.role == "coordinator" and (proc := ours.get(p.name)) in procs]
     if coordinator:
-        # uvicorn waits for open requests; the workers' long polls hold one for up to 10 s.
-        # A second signal (its "CTRL+C to force quit") ends that wait.
+        # uvicorn waits for open requests (the coordinator ends its long polls at once, an
+        # upload may take longer). A second signal (its "CTRL+C to force quit") ends that wait.
         _send(coordinator, signal.SIGINT)
-    _, procs = psutil.wait_procs(procs, timeout=max(0.0, grace - (time.monotonic() - t0)))
+        outcome.update((name, "forced") for name, proc in ours.items() if proc in coordinator)
+    procs = _wait_ended(procs, max(0.0, grace - (time.monotonic() - t0)))
     if procs:
         procs = _send(_with_descendants(procs), signal.SIGKILL)  # and whatever they started meanwhile
         outcome.update((name, "killed") for name, proc in ours.items() if proc in procs)
-        psutil.wait_procs(procs, timeout=5.0)
+        _wait_ended(procs, 5.0)
     for popen in stack._popen.values():  # collect the exit status of our own children
         if popen.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=1.0)
     _forget(stack)
     return {p.name: outcome.get(p.name, "stopped") for p in stack.processes}
+
+
+def _wait_ended(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s for ``procs`` to end; those still running. A process that
+    exited counts at once, though it stays a zombie until its parent reaps it: ``up``'s
+    processes outlive the command that started them, so their parent is the system's init,
+    which in a container may reap late or never (psutil's wait_procs waits for the reaping)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        procs = [proc for proc in procs if not _ended(proc)]
+        if not procs or time.monotonic() >= deadline:
+            return procs
+        time.sleep(0.02)
+
+
+def _ended(proc: psutil.Process) -> bool:
+    try:  # is_running: false once the pid names another process (reused)
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False
 
 
 def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:

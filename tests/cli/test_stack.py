@@ -91,6 +91,24 @@ def test_up_status_down_stops_exactly_the_stack(home_stack):
     assert _status(aitbc)["running"] is False
 
 
+def test_down_stops_every_process_on_its_own_while_workers_poll(home_stack):
+    # Idle workers hold long polls open on the coordinator; a stop must not wait them out
+    # (nor need the second signal, which skips the coordinator's clean shutdown).
+    aitbc, home = home_stack, home_stack.home
+    up = aitbc("up", "--workers", "2", timeout=120)
+    assert up.returncode == 0, up.stderr
+    procs = [stk.Proc(**p) for p in json.loads((home / "stack.json").read_text())["processes"]]
+
+    down = aitbc("down", "--json", timeout=60)
+
+    assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout)["stopped"] == {p.name: "stopped" for p in procs}
+    assert not any(stk.is_ours(p) for p in procs)
+    assert not _processes_mentioning(home)  # no descendant left either
+    log = Path(procs[0].log).read_text()
+    assert "Application shutdown complete" in log  # the round driver stopped and the lease was released
+
+
 def test_down_with_nothing_running(aitbc):
     proc = aitbc("down")
 

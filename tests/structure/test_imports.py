@@ -216,7 +216,7 @@ COORDINATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("rounds",),
     ("runs",),
     ("api",),
-    ("app",),
+    ("app", "server"),
 )
 
 

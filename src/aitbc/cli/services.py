@@ -21,6 +21,9 @@ from aitbc.cli.common import DEFAULT_HOME, HomeOption, resolve_home
 from aitbc.cli.lazy_group import lazy_group
 
 MIB = 1 << 20
+# s a stopping coordinator waits for its round driver's passes: the process exits next, and
+# a pass cut short commits nothing (`aitbc down` gives the whole stop a few seconds)
+DRIVER_STOP_WAIT = 1.0
 
 
 def _serve_command() -> Any:
@@ -74,9 +77,10 @@ def _run_coordinator(settings: Any) -> None:
 
     from aitbc.coordinator.app import KEEP_ALIVE_SECONDS, create_app
     from aitbc.coordinator.heap import return_large_frees
+    from aitbc.coordinator.server import Server
 
     return_large_frees()  # a large model's freed tensors go back to the system (aitbc.coordinator.heap)
-    app = create_app(settings)
+    app = create_app(settings, stop_wait=DRIVER_STOP_WAIT)
     gc.freeze()  # torch, SQLAlchemy and FastAPI's long-lived objects: out of every full collection
     # Long polls hold requests up to their wait; a stop should not wait that long for them.
     config = uvicorn.Config(
@@ -90,7 +94,7 @@ def _run_coordinator(settings: Any) -> None:
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
     )
-    uvicorn.Server(config).run()
+    Server(config, on_stop=app.state.ctx.notifier.close).run()
 
 
 def start(
@@ -128,7 +132,10 @@ def start(
         settings, coordinator=coordinator_url(coordinator, home_dir), home=home_dir, ca_cert=ca_cert, metrics=metrics
     )
 
-    def _terminate(*_: object) -> None:  # out of a long poll or a training step at once
+    terminated: list[int] = []
+
+    def _terminate(sig: int, _frame: object) -> None:  # out of a long poll or a training step at once
+        terminated.append(sig)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
@@ -136,6 +143,21 @@ def start(
         worker.run()
     except KeyboardInterrupt:
         worker.stop.set()
+        if terminated:
+            _end_by(signal.SIGTERM)
+
+
+def _end_by(sig: signal.Signals) -> None:
+    """End this process as ``sig`` would have, once it has stopped cleanly: the interpreter's
+    teardown of torch's modules and objects takes a second or more of CPU and has nothing
+    left to do (uvicorn ends the coordinator the same way after its own shutdown)."""
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    signal.raise_signal(sig)
 
 
 @coordinator_app.command("gc")

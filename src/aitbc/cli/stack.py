@@ -110,7 +110,7 @@ def down(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
     """Stop the stack `aitbc up` started in HOME (only the processes it started)."""
     home = resolve_home(home).absolute()
     res = stk.down(home)
-    if json_out:  # each process: stopped, killed, or not running
+    if json_out:  # each process: stopped, forced, killed, or not running
         emit({"home": str(home), "stopped": {} if res is None else res[1]})
         return
     if res is None:

@@ -216,7 +216,9 @@ def _validation_detail(exc: RequestValidationError) -> tuple[str, str]:
     return "invalid_request", "; ".join(parts) + more
 
 
-def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
+def create_app(settings: Settings, *, run_driver: bool = True, stop_wait: float = 30.0) -> FastAPI:
+    """The coordinator's app; ``stop_wait``: seconds its stop waits for the round driver's
+    threads to finish their passes (a process that exits next waits little)."""
     ctx = build_context(settings)
     driver = RoundDriver(ctx)
 
@@ -228,7 +230,7 @@ def create_app(settings: Settings, *, run_driver: bool = True) -> FastAPI:
             yield
         finally:
             if run_driver:
-                driver.stop()
+                driver.stop(stop_wait)
             ctx.engine.dispose()
 
     app = FastAPI(

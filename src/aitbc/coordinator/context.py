@@ -79,10 +79,13 @@ class Liveness:
 class Notifier:
     """A counter bumped on every change a waiting worker may care about (a round opened,
     a job assigned). Long polls wait on it (:meth:`changed`) and are woken the moment it
-    moves, from whichever thread bumps it; they never query the database in a loop."""
+    moves, from whichever thread bumps it; they never query the database in a loop.
+    :meth:`close` (the server is stopping) wakes them all for good: the server waits for
+    every open request before it stops, and a long poll would hold it for its whole wait."""
 
     def __init__(self) -> None:
         self.version = 0
+        self.closed = False
         self._lock = threading.Lock()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self.wake_driver = threading.Event()
@@ -94,14 +97,22 @@ class Notifier:
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
 
+    def close(self) -> None:
+        """Wake every long poll now and every later one at once (the server is stopping)."""
+        with self._lock:
+            self.closed = True
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
     async def changed(self, seen: int, timeout: float) -> None:
-        """Return once ``version != seen``, or after ``timeout`` seconds."""
+        """Return once ``version != seen``, after ``timeout`` seconds, or once closed."""
         event = asyncio.Event()
         key = (asyncio.get_running_loop(), event)
         with self._lock:
             self._waiters.add(key)
         try:
-            if self.version == seen:
+            if self.version == seen and not self.closed:
                 await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             pass

@@ -106,13 +106,22 @@ class RoundDriver:
         for t in self._threads:
             t.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 30.0) -> None:
+        """Stop the threads: each ends after its current pass, waited for up to ``wait``
+        seconds in all. A process about to exit waits briefly: a pass cut short (a scoring,
+        an evaluation of a large model) commits nothing, and the next driver redoes it."""
         self._stop.set()
         self.ctx.notifier.poke_driver()
         self._wake_books.set()
+        deadline = time.monotonic() + wait
         for t in self._threads:
-            t.join(timeout=30)
-        self.ctx.lease.release()  # a clean stop hands the rounds to another replica at once
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        busy = [t.name for t in self._threads if t.is_alive()]
+        if busy:
+            log.info("stopping with the %s thread(s) mid-pass; what they had not committed is redone", ", ".join(busy))
+        # A clean stop hands the rounds to another replica at once. A thread still in its
+        # pass has its writes fenced: its transaction finds the lease gone and rolls back.
+        self.ctx.lease.release()
 
     def _loop(self, wake: threading.Event, tick: Callable[[], None]) -> None:
         while not self._stop.is_set():

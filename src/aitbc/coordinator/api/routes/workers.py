@@ -113,7 +113,7 @@ async def job(
         job = view.job
         ready = job is not None and job.action == "train" and (after is None or job.round > after)
         new = job is not None and known is not None and job.job_id != known
-        if ready or new or time.monotonic() >= deadline:
+        if ready or new or time.monotonic() >= deadline or ctx.notifier.closed:
             return view
         await ctx.notifier.changed(seen, max(0.0, deadline - time.monotonic()))
 
