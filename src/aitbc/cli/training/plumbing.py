@@ -29,7 +29,7 @@ LogToOpt = Annotated[
     typer.Option(
         "--log-to",
         help="Also write each closed round's metrics to an experiment tracker, from this machine as rounds "
-        "close: tensorboard:DIR (TensorBoard event files; needs the extra: pip install 'aitbc[tensorboard]').",
+        "close: tensorboard:DIR (TensorBoard event files; needs the extra: pip install 'aitbc\\[tensorboard]').",
         show_default=False,
     ),
 ]
@@ -39,10 +39,21 @@ def _runs_dir(home: Path) -> Path:
     return home / "runs"
 
 
-def remember(home: Path, run_id: str, wallet: str, url: str) -> None:
+def remember(home: Path, run_id: str, wallet: str, url: str, coordinator_id: str | None = None) -> None:
+    """Which wallet and coordinator a run belongs to: the coordinator by URL and by id
+    (asked of it when not given), so the run is found again when the URL changes."""
+    from aitbc.cli.training.locate import identity
+
+    found = coordinator_id or identity(url, home)
     d = _runs_dir(home)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{run_id}.json").write_text(json.dumps({"training_id": run_id, "wallet": wallet, "coordinator": url}))
+    record = {
+        "training_id": run_id,
+        "wallet": wallet,
+        "coordinator": url,
+        **({"coordinator_id": found} if found else {}),
+    }
+    (d / f"{run_id}.json").write_text(json.dumps(record))
 
 
 class Remembered(TypedDict, total=False):
@@ -51,13 +62,26 @@ class Remembered(TypedDict, total=False):
     training_id: str
     wallet: str
     coordinator: str
+    coordinator_id: str  # absent in a record from before coordinators had ids
 
 
 def recall(home: Path, run_id: str) -> Remembered:
+    """What :func:`remember` wrote of a run; when its coordinator no longer answers at the
+    URL remembered but is the local stack's, and that one has the run, the stack's URL
+    (remembered from now on)."""
     try:
-        return json.loads((_runs_dir(home) / f"{run_id}.json").read_text())
+        known: Remembered = json.loads((_runs_dir(home) / f"{run_id}.json").read_text())
     except (OSError, ValueError):
         return {}
+    url, coordinator_id = known.get("coordinator"), known.get("coordinator_id")
+    if url and coordinator_id:
+        from aitbc.cli.training.locate import moved_to
+
+        moved = moved_to(home, run_id, url, coordinator_id)
+        if moved is not None:
+            remember(home, run_id, known.get("wallet", ""), moved, coordinator_id)
+            known["coordinator"] = moved
+    return known
 
 
 def run_agent(
@@ -72,10 +96,21 @@ def run_agent(
     signed by the owner's wallet when the command changes the run (``need_wallet``);
     read-only otherwise."""
     known: Remembered = recall(home, run_id) if run_id else {}
+    url = coordinator or known.get("coordinator")
+    if need_wallet and run_id and not known:
+        _check_exists(home, url, run_id)
     name = wallet or known.get("wallet")
     if need_wallet and not name:
         raise UsageError(f"run {run_id} was not started from {home}; pass --wallet NAME (the owner's wallet)")
-    return agent(home, coordinator or known.get("coordinator"), name if need_wallet else None)
+    return agent(home, url, name if need_wallet else None)
+
+
+def _check_exists(home: Path, url: str | None, run_id: str) -> None:
+    """A run this HOME did not start is looked up before any wallet is asked for or
+    loaded: a mistyped id then fails as it does for every command (the coordinator's
+    not-found: the id and how to list runs, exit 1), not as a missing or unknown wallet."""
+    with agent(home, url) as a:
+        a.get_training_status(run_id)
 
 
 def api_view(run: NewRun | TrainingStatus) -> dict[str, Any]:
