@@ -58,6 +58,7 @@ class RoundPoint:
     bytes_down: int | None = None
     accepted: int | None = None
     rejected: int | None = None
+    eval_pending: bool = False  # its evaluation is due and had not landed: a gap in the validation curves
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,6 +148,7 @@ def from_run(
             bytes_down=r.get("bytes_down"),
             accepted=r.get("accepted"),
             rejected=r.get("rejected"),
+            eval_pending=bool(r.get("eval_pending")),
         )
         for r in sorted(rounds, key=lambda r: r["round"])
         if r["round"] > 0  # round 0 is the initial model: no training, no bytes
@@ -199,8 +201,18 @@ def from_run(
         ),
         summary=summary,
         workers=workers,
-        notes=notes,
+        notes=[*notes, *_pending_note(points)],
     )
+
+
+def _pending_note(points: Sequence[RoundPoint]) -> list[str]:
+    pending = [p.round for p in points if p.eval_pending]
+    if not pending:
+        return []
+    return [
+        f"evaluation pending for round{'s' if len(pending) > 1 else ''} {_spans(pending)} when this report was "
+        "written: a gap in the validation curves (write the report again to fill it)"
+    ]
 
 
 def from_simulation(
@@ -333,13 +345,29 @@ def _png(fig: Any) -> bytes:
 
 
 def _series(points: Sequence[RoundPoint], attr: str) -> tuple[list[int], list[float]]:
+    """The rounds that have ``attr`` and its values; a validation value still pending is
+    a NaN, which breaks the line (a round evaluated less often is joined across)."""
     xs, ys = [], []
     for p in points:
         v = getattr(p, attr)
         if v is not None and math.isfinite(v):
             xs.append(p.round)
             ys.append(float(v))
+        elif p.eval_pending and attr.startswith("val_") and xs:
+            xs.append(p.round)
+            ys.append(math.nan)
     return xs, ys
+
+
+def _spans(rounds: Sequence[int]) -> str:
+    """Sorted round numbers as spans: 4-9, 12."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _empty(ax: Any, text: str) -> None:

@@ -6,7 +6,6 @@ run that exists (with --wallet NAME of a wallet that does not exist, too)."""
 from __future__ import annotations
 
 import pytest
-
 from tests.e2e.conftest import Stack
 
 UNKNOWN = "training_nope"

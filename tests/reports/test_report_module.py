@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import re
 
 import pytest
@@ -18,6 +19,7 @@ from aitbc.reports import (
     ReportData,
     RoundPoint,
     WorkerRow,
+    _series,
     from_run,
     from_simulation,
     write_report,
@@ -211,3 +213,22 @@ def test_one_round_and_a_diverged_runs_non_finite_values(tmp_path):
             assert _png_size(paths[plot].read_bytes())[0] >= 400
         page = paths["html"].read_text()
         assert page.count("<tr><td") == len(rounds)
+
+
+def test_evaluations_pending_when_written_are_a_gap_and_a_note_not_a_straight_line():
+    """A report written right after a run: rounds 4-9 closed, their evaluations not landed."""
+    rounds = [
+        {"round": r, "val_loss": 3.0 - 0.1 * r if r <= 3 or r == 10 else None, "eval_pending": 3 < r < 10}
+        for r in range(0, 11)
+    ]
+    d = from_run(results={"training_id": "t"}, rounds=rounds, scores=[], payments=None)
+    assert d.notes == [
+        "evaluation pending for rounds 4-9 when this report was written: a gap in the validation curves "
+        "(write the report again to fill it)"
+    ]
+    xs, ys = _series(d.rounds, "val_loss")
+    assert xs == list(range(1, 11)) and all(math.isnan(y) for y in ys[3:9]) and ys[9] == pytest.approx(2.0)
+    # rounds evaluated less often (not due) are joined across, with no note
+    sparse = [{"round": r, "val_loss": 1.0 / r if r % 5 == 0 else None} for r in range(1, 11)]
+    d = from_run(results={"training_id": "t"}, rounds=sparse, scores=[], payments=None)
+    assert d.notes == [] and _series(d.rounds, "val_loss") == ([5, 10], [0.2, 0.1])

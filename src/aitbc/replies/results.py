@@ -14,6 +14,11 @@ class RoundView(Reply):
     checkpoint_cid: str
     val_loss: float | None
     val_accuracy: float | None
+    eval_pending: bool = Field(
+        False,
+        description="its evaluation is due and not recorded yet (it lands a moment after the round closes); "
+        "false for a round evaluated or not due (eval_every)",
+    )
     train_loss: float | None
     train_accuracy: float | None = Field(
         description="the mean of the accepted updates' training accuracy as their workers report it (classifiers; null for language data and rounds recorded before it was kept)"

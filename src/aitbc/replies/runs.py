@@ -108,6 +108,11 @@ class RunDetail(RunSummary):
     escrowed: str
     initial_val_loss: float | None
     val_accuracy: float | None
+    val_round: int | None = Field(
+        None,
+        description="the round whose evaluation val_loss and val_accuracy are (0: the initial model; a round's "
+        "lands a moment after it closes); null before any",
+    )
     rounds_completed: int
     bytes_up: int
     bytes_down: int

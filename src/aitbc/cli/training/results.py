@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -12,8 +13,12 @@ from rich.table import Table
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, fit, others, out, resolve_home
 from aitbc.cli.progress import bars
 from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, RunIdOpt, emit_json, fmt, human_bytes, run_agent, say
+from aitbc.cli.training.view import ENDED
 from aitbc.errors import AitbcError
 from aitbc.units import format_price
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk import Agent
 
 
 def results(
@@ -104,8 +109,10 @@ def download_model(
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Download the model, verified against its CID: a safetensors checkpoint, or (--format hf)
-    a Hugging Face model folder that loads with nothing of aitbc installed."""
+    """Download the model, verified against its CID.
+
+    A safetensors checkpoint, or (--format hf) a Hugging Face model folder that loads with
+    nothing of aitbc installed."""
     home = resolve_home(home)
     with run_agent(home, coordinator, training_id) as a, bars(json_out) as progress:
         res = a.download_model(
@@ -124,10 +131,11 @@ def verify(
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Download every round's checkpoint, re-hash it against its recorded CID and check
-    it is a loadable checkpoint of that round. A checkpoint whose bytes the coordinator's
-    blob retention deleted is reported as pruned; the latest must be there. Exit 1 if any
-    fails."""
+    """Download every round's checkpoint and check it against its recorded CID.
+
+    Each is re-hashed and checked to be a loadable checkpoint of its round. A checkpoint
+    whose bytes the coordinator's blob retention deleted is reported as pruned; the latest
+    must be there. Exit 1 if any fails."""
     home = resolve_home(home)
     rows = []
     with run_agent(home, coordinator, training_id) as a:
@@ -235,9 +243,11 @@ def report(
     json_out: Annotated[bool, typer.Option("--json", help="Print the written paths as JSON.")] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Write a report of the run into a folder: PNG plots (loss and accuracy by round, a
-    worker-by-round heatmap of scores, bytes per round) and a self-contained report.html
-    with the run's numbers. Of a running run: the report so far."""
+    """Write a report of the run into a folder: PNG plots and a self-contained report.html.
+
+    The plots: loss and accuracy (or perplexity) by round, a worker-by-round heatmap of
+    scores, bytes per round; the page adds the run's numbers. Of a running run: the report
+    so far."""
     from aitbc.reports import from_run, prepare_dir, write_report
 
     home = resolve_home(home)
@@ -246,7 +256,7 @@ def report(
         res = a.get_results(training_id)
         data = from_run(  # the reports read the replies as the JSON they came as
             results=res.model_dump(mode="json"),
-            rounds=[r.model_dump(mode="json") for r in a.get_rounds(training_id)],
+            rounds=_rounds_evaluated(a, training_id, ended=res["status"] in ENDED),
             scores=[s.model_dump(mode="json") for s in a.get_round_scores(training_id)],
             payments=a.get_payments(training_id).model_dump(mode="json"),
         )
@@ -256,3 +266,17 @@ def report(
         return
     say(f"Report of {training_id} ({res['status']}, {res['rounds_completed']} rounds) in {output}:")
     say(*(f"  {p}" for p in paths.values()))
+
+
+EVAL_WAIT_SECONDS = 30.0  # an ended run's last evaluations land a moment after it ends
+
+
+def _rounds_evaluated(a: Agent, training_id: str, *, ended: bool) -> list[dict[str, Any]]:
+    """The run's rounds (as JSON), an ended run's once the evaluations due have landed, for
+    at most ``EVAL_WAIT_SECONDS``; any still pending the report marks, not draws across."""
+    until = time.monotonic() + EVAL_WAIT_SECONDS
+    while True:
+        rounds = [r.model_dump(mode="json") for r in a.get_rounds(training_id)]
+        if not ended or not any(r["eval_pending"] for r in rounds) or time.monotonic() > until:
+            return rounds
+        time.sleep(0.5)

@@ -27,7 +27,7 @@ def _loss_rows(run: dict[str, Any]) -> list[tuple[str, ...]]:
     )
     rows: list[tuple[str, ...]] = [
         (
-            f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}",
+            loss_span(run),
             quality,
             f"bytes up {human_bytes(run['bytes_up'])}",
             f"down {human_bytes(run['bytes_down'])}",
@@ -36,6 +36,18 @@ def _loss_rows(run: dict[str, Any]) -> list[tuple[str, ...]]:
     if language:
         rows.append((f"tokens seen {run['tokens_seen']:,}",))
     return rows
+
+
+def loss_span(run: dict[str, Any]) -> str:
+    """The validation loss from the first evaluation (the initial model's) to the latest,
+    each with its round: a round's evaluation lands a moment after it closes (and only
+    every ``eval_every`` rounds), so until one has, there is one number, not ``x -> x``."""
+    first, latest, at = run["initial_val_loss"], run["val_loss"], run.get("val_round")
+    if first is None and latest is None:
+        return "val loss -"
+    if at is None or at == 0:
+        return f"val loss {fmt(first if first is not None else latest)} (initial model)"
+    return f"val loss {fmt(first)} -> {fmt(latest)} (round {at})"
 
 
 def run_view(run: dict[str, Any]) -> Group:
@@ -126,7 +138,7 @@ def finished(run: dict[str, Any]) -> None:
 
 
 def ended_line(run: dict[str, Any]) -> str:
-    loss = f"val loss {fmt(run['initial_val_loss'])} -> {fmt(run['val_loss'])}"
+    loss = loss_span(run)
     if run["status"] == "stopped":
         done = f"{run['rounds_completed']}/{(run.get('config') or {}).get('rounds', '-')} rounds"
         return f"Run {run['training_id']} stopped by its owner after {done}: {loss}, model {run['global_model_cid'] or '-'}"
@@ -138,6 +150,10 @@ def _quality(run: dict[str, Any]) -> str:
     if run.get("tokens_seen") is not None:
         return f"perplexity {fmt(run.get('val_perplexity'), '.2f')}, {run['tokens_seen']:,} tokens seen"
     return f"val acc {fmt(run['val_accuracy'], '.3f')}"
+
+
+def _evaluation(run: dict[str, Any]) -> str:
+    return f"val loss {fmt(run['val_loss'])}, {_quality(run)}"
 
 
 def changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
@@ -153,15 +169,16 @@ def changes(before: dict[str, Any] | None, run: dict[str, Any]) -> list[str]:
             f"val loss {fmt(run['val_loss'])}"
         ]
     lines = []
-    if run["rounds_completed"] > before["rounds_completed"]:  # each round, if several closed between two looks
-        evaluated = run["val_loss"] != before["val_loss"] or run["val_accuracy"] != before["val_accuracy"]
-        lines += [f"round {k}/{rounds} closed" for k in range(before["rounds_completed"] + 1, run["rounds_completed"])]
-        lines.append(
-            f"round {run['rounds_completed']}/{rounds} closed"
-            + (f": val loss {fmt(run['val_loss'])}, {_quality(run)}" if evaluated else "")
-        )
-    elif run["val_loss"] != before["val_loss"]:
-        lines.append(f"evaluation: val loss {fmt(run['val_loss'])}, {_quality(run)}")
+    evaluated = run.get("val_round") != before.get("val_round") or run["val_loss"] != before["val_loss"]
+    for k in range(before["rounds_completed"] + 1, run["rounds_completed"] + 1):  # each, if several closed
+        if evaluated and run.get("val_round") == k:  # its evaluation landed in the same look
+            lines.append(f"round {k}/{rounds} closed: {_evaluation(run)}")
+            evaluated = False
+        else:
+            lines.append(f"round {k}/{rounds} closed")
+    if evaluated:
+        at = run.get("val_round")
+        lines.append(f"{'evaluation' if at is None else f'round {at}/{rounds} evaluated'}: {_evaluation(run)}")
     seen = {w["worker_id"]: w for w in before["workers"]}
     for w in run["workers"]:
         old = seen.get(w["worker_id"])

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, object_session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
 from aitbc.coordinator.runs.data_size import measured_size, vocab_size
+from aitbc.coordinator.runs.evaluations import latest_evaluated, rounds_view
 from aitbc.coordinator.runs.language import detail_fields, result_fields
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import job_settings, row
@@ -26,7 +27,7 @@ from aitbc.market.ranking import RankedOffer
 from aitbc.replies.gossip import GossipView
 from aitbc.replies.jobs import JobDetail, JobView, ShardView, UpdateView, WorkerJob
 from aitbc.replies.money import EntryView, Payments, WorkerPay
-from aitbc.replies.results import Checkpoint, Results, ResultWorker, RoundView, ScorePage, ScoreView
+from aitbc.replies.results import Checkpoint, Results, ResultWorker, ScorePage, ScoreView
 from aitbc.replies.runs import AsyncView, ContractView, RunDetail, RunSummary, RunWorker, WorkerScore
 from aitbc.replies.runs import RankedOffer as RankedView
 from aitbc.replies.workers import MarketOffer, OfferView
@@ -108,6 +109,7 @@ def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
         escrowed=format_price(run.escrowed),
         initial_val_loss=run.initial_val_loss,
         val_accuracy=run.val_accuracy,
+        val_round=latest_evaluated(s, run),
         rounds_completed=rounds_closed,
         bytes_up=run.bytes_up,
         bytes_down=run.bytes_down,
@@ -284,29 +286,6 @@ def job_view(ctx: Context, j: Job, run: Run, this_round: str | None, *, gpu: str
         config=dict(j.config or {}),
         last_heartbeat_age=None if seen is None else round(now - seen, 3),
     )
-
-
-def rounds_view(s: Session, run: Run) -> list[RoundView]:
-    rows = s.scalars(select(RoundRecord).where(RoundRecord.run_id == run.id).order_by(RoundRecord.round)).all()
-    return [
-        RoundView(
-            round=r.round,
-            checkpoint_cid=r.checkpoint_cid,
-            val_loss=r.val_loss,
-            val_accuracy=r.val_accuracy,
-            train_loss=r.train_loss,
-            train_accuracy=r.train_accuracy,
-            accepted=r.accepted,
-            rejected=r.rejected,
-            stragglers=r.stragglers,
-            skipped=r.skipped,
-            bytes_up=r.bytes_up,
-            bytes_down=r.bytes_down,
-            started_at=r.started_at,
-            closed_at=r.closed_at,
-        )
-        for r in rows
-    ]
 
 
 def scores_view(s: Session, run: Run, *, after: int = 0, limit: int | None = None) -> ScorePage:
