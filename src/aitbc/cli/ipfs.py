@@ -28,7 +28,7 @@ from aitbc.storage.unixfs import is_dir_block, list_dir, resolve, split_path, wa
 from aitbc.storage.unixfs_add import add_path, input_bytes
 
 app = typer.Typer(
-    help="Files and folders named by their IPFS CIDv1 (as `ipfs add --cid-version=1`, `-r` for folders).",
+    help="Files and folders named by their IPFS CIDv1 (as 'ipfs add --cid-version=1' prints, with -r for folders).",
     no_args_is_help=True,
 )
 
@@ -84,9 +84,11 @@ def add(
     json_out: JsonOption = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Store a file, or a folder with -r, and print its CID (kubo's for the same input;
-    like `ipfs add -r`, names starting with '.' are left out unless --hidden). At a
-    terminal, an input of 8 MiB or more shows its hashing and storing on standard error."""
+    """Store a file, or a folder with -r, and print its CID.
+
+    The CID is kubo's for the same input; as with 'ipfs add -r', names starting with '.' are
+    left out unless --hidden. At a terminal, an input of 8 MiB or more shows its hashing and
+    storing on standard error."""
     if path.is_dir() and not path.is_symlink() and not recursive:
         raise UsageError(f"{path} is a folder; add it with -r (aitbc ipfs add -r {path})")
     if not path.exists() and not path.is_symlink():
@@ -121,8 +123,9 @@ def cat(
     coordinator: CoordinatorOption = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Write a file's bytes to standard output (verified before the first byte); a file
-    inside a folder is CID/path."""
+    """Write a file's bytes to standard output, verified before the first byte.
+
+    A file inside a folder is CID/path."""
     root, parts = split_path(target)
     store = _store(home)
     if not parts and store.has(root):
@@ -168,15 +171,16 @@ def get(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="File or folder to write (must not exist for a folder).  [default: ./NAME]"
+            "--output", "-o", help="File or folder to write (must not exist for a folder).  \\[default: ./NAME]"
         ),
     ] = None,
     json_out: JsonOption = False,
     coordinator: CoordinatorOption = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Write a file, or a folder with everything in it, to disk; it appears only once all
-    of it is verified."""
+    """Write a file, or a folder with everything in it, to disk.
+
+    It appears only once all of it is verified."""
     root, parts = split_path(target)
     dest = output if output is not None else Path(parts[-1] if parts else root)
     store = _store(home)
@@ -267,10 +271,11 @@ def ls(
     coordinator: CoordinatorOption = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """List a folder: one line per entry, its CID, its size in bytes (the DAG's) and its
-    name (folders end with '/'; a name with a control character, which whoever made the
-    folder chose, is printed quoted with it escaped, as Python writes it, never raw).
-    Without a CID: the local blobs, CID and size."""
+    """List a folder: one line per entry, its CID, size and name.
+
+    The size is the DAG's, in bytes; folders end with '/'; a name with a control character,
+    which whoever made the folder chose, is printed quoted with it escaped, as Python writes
+    it, never raw. Without a CID: the local blobs, CID and size."""
     if target is None:
         store = _store(home)
         blobs = store.list()

@@ -33,8 +33,10 @@ def offers(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Offers: GPU class (and the device really found), the largest model it trains, price, reputation,
-    availability, last heartbeat."""
+    """The live offers: GPU class, largest model, price, reputation, availability, heartbeat.
+
+    The GPU class is shown with the device really found, the largest model as the most
+    parameters it trains."""
     from aitbc.market.capacity import format_params
     from aitbc.market.ranking import offer_score
     from aitbc_agent_sdk.workers import market_offer

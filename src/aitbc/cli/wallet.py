@@ -74,9 +74,10 @@ def create(
         ),
     ] = False,
 ) -> None:
-    """Create a new wallet (a fresh Ed25519 key pair) and print its address. A wallet of
-    that name in HOME already is left as it is and shown (exit 0), so a setup line can be
-    run again."""
+    """Create a new wallet (a fresh Ed25519 key pair) and print its address.
+
+    A wallet of that name in HOME already is left as it is and shown (exit 0), so a setup
+    line can be run again."""
     home = resolve_home(home)
     if wallet_path(home, name).exists():  # before any passphrase is asked for
         _existing(home, name, encrypt=encrypt, json_out=json_out)

@@ -1,11 +1,13 @@
-"""Following a run until it ends: the ``--log-to`` tracker, Ctrl-C taken between looks,
-and the last round's evaluation and scores drained after the end."""
+"""Following a run until it ends: the ``--log-to`` tracker, Ctrl-C taken between looks (and
+the run left to go on), and the last round's evaluation and scores drained after the end."""
 
 from __future__ import annotations
 
 import contextlib
 import shlex
 import signal
+import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -58,6 +60,36 @@ class Detached(AitbcError):
 
     exit_code = 130
     code = "interrupted"
+
+
+def detached(training_id: str, log_to: str | None) -> Detached:
+    """Ctrl-C while following a run: one line saying the run goes on, and how to come back."""
+    again = f"aitbc distributed-training monitor --training-id {shlex.quote(training_id)}"
+    if log_to:
+        again += f" --log-to {shlex.quote(log_to)}"
+    return Detached(f"interrupted: run {training_id} goes on training; re-attach with: {again}")
+
+
+@contextlib.contextmanager
+def keys_not_echoed() -> Iterator[None]:
+    """Typed keys not echoed while a live view redraws (as ``top`` and ``watch`` do): the
+    terminal's echo of Ctrl-C, ``^C``, at the end of the view's last line (a table as wide
+    as the terminal) wraps it, and the redraws after it, moving up one line too few, leave
+    the view's first lines printed twice. Nothing where standard input is no terminal."""
+    before = None
+    with contextlib.suppress(OSError, ValueError, termios.error):
+        before = termios.tcgetattr(sys.stdin.fileno())
+    if before is None:
+        yield
+        return
+    fd = sys.stdin.fileno()
+    quiet = list(before)
+    quiet[3] = before[3] & ~termios.ECHO  # lflag
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, before)
 
 
 class CtrlC:
@@ -139,10 +171,7 @@ def follow(a: Agent, training_id: str, tracker: TensorBoardLog, log_to: str | No
                 ctrl_c.check()
             drain(a, run, tracker, ctrl_c)
     except KeyboardInterrupt:
-        raise Detached(
-            f"interrupted: run {training_id} goes on training; re-attach with: aitbc distributed-training "
-            f"monitor --training-id {shlex.quote(training_id)} --log-to {shlex.quote(log_to or '')}"
-        ) from None
+        raise detached(training_id, log_to) from None
     finished(run)
     if not quiet:
         say(ended_line(run))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
@@ -11,10 +12,14 @@ from rich.table import Table
 
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, fit, out, page, resolve_home
-from aitbc.cli.training.follow import CtrlC, closing, drain, open_tracker, track
+from aitbc.cli.training.follow import CtrlC, closing, detached, drain, keys_not_echoed, open_tracker, track
 from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, LogToOpt, RunIdOpt, api_view, emit_json, fmt, run_agent
 from aitbc.cli.training.view import ENDED, changes, ended_line, finished, log_lines, run_view
 from aitbc.errors import AitbcError
+
+if TYPE_CHECKING:
+    from aitbc.trackers import TensorBoardLog
+    from aitbc_agent_sdk import Agent
 
 
 def monitor(
@@ -27,62 +32,88 @@ def monitor(
     log_to: LogToOpt = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Watch a run until it completes, fails (exit 1) or is stopped by its owner (exit 0):
-    a live table in a terminal; elsewhere (a pipe, a log file) one line per change
-    (round closed, evaluation, a worker's state, the run's status), written as it happens.
-    With ``--log-to``, also writes the closed rounds' metrics to a tracker (those already
-    closed first, none twice)."""
+    """Watch a run until it completes, fails (exit 1) or is stopped by its owner (exit 0).
+
+    A live table in a terminal; elsewhere (a pipe, a log file) one line per change (round
+    closed, evaluation, a worker's state, the run's status), written as it happens. With
+    --log-to, also writes the closed rounds' metrics to a tracker (those already closed
+    first, none twice). Ctrl-C stops watching (exit 130); the run goes on."""
     home = resolve_home(home)
     checks.more_than(interval, 0, "--interval")
-    t0 = time.monotonic()
-    # Ctrl-C is taken between looks (see CtrlC), then ends the command as any Ctrl-C does (exit 130);
-    # from before the tracker locks its folder, so a Ctrl-C once it is locked always closes it.
-    with CtrlC() as ctrl_c:
-        tracker = open_tracker(log_to, training_id)
-        with closing(tracker), run_agent(home, coordinator, training_id) as a:
-
-            def look() -> dict[str, Any]:
-                run = api_view(a.get_training_status(training_id))
-                track(a, training_id, tracker)
-                return run
-
-            run = look()
-            if once or json_out:
-                while True:
-                    if json_out:
-                        emit_json(run)
-                    else:
-                        out.print(run_view(run))
-                    if once or run["status"] in ENDED:
-                        break
-                    _check_timeout(t0, timeout, training_id)
-                    time.sleep(interval)
-                    ctrl_c.check()
-                    run = look()
-                if not once:
-                    drain(a, run, tracker, ctrl_c)
-                    finished(run)
-                return
-            if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
-                log_lines(changes(None, run))
-                while run["status"] not in ENDED:
-                    _check_timeout(t0, timeout, training_id)
-                    time.sleep(interval)
-                    ctrl_c.check()
-                    before, run = run, look()
-                    log_lines(changes(before, run))
-            else:
-                with Live(run_view(run), console=out, refresh_per_second=4, transient=False) as live:
-                    while run["status"] not in ENDED:
-                        _check_timeout(t0, timeout, training_id)
-                        time.sleep(interval)
-                        ctrl_c.check()
-                        run = look()
-                        live.update(run_view(run))
-            drain(a, run, tracker, ctrl_c)
+    watch = _Watch(training_id=training_id, once=once, interval=interval, timeout=timeout, json_out=json_out)
+    # Ctrl-C is taken between looks (see CtrlC), then ends the command with one line: the run
+    # goes on, and how to come back (exit 130, as any Ctrl-C: a script's `monitor && results`
+    # does not go on to an unfinished run's results). From before the tracker locks its
+    # folder, so a Ctrl-C once it is locked always closes it.
+    try:
+        with CtrlC() as ctrl_c:
+            tracker = open_tracker(log_to, training_id)
+            with closing(tracker), run_agent(home, coordinator, training_id) as a:
+                run = _watch(a, watch, tracker, ctrl_c)
+    except KeyboardInterrupt:
+        raise detached(training_id, log_to) from None
+    if once:  # a snapshot, not an outcome
+        return
     finished(run)
-    out.print(ended_line(run), highlight=False)
-    out.file.flush()
+    if not json_out:
+        out.print(ended_line(run), highlight=False)
+        out.file.flush()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Watch:
+    """What ``monitor`` was asked to watch, and how."""
+
+    training_id: str
+    once: bool
+    interval: float
+    timeout: float | None
+    json_out: bool
+    t0: float = field(default_factory=time.monotonic)
+
+    def wait(self, ctrl_c: CtrlC) -> None:
+        """The pause between two looks (``--timeout`` checked first)."""
+        _check_timeout(self.t0, self.timeout, self.training_id)
+        time.sleep(self.interval)
+        ctrl_c.check()
+
+
+def _watch(a: Agent, w: _Watch, tracker: TensorBoardLog | None, ctrl_c: CtrlC) -> dict[str, Any]:
+    """Follow the run as asked until it ends (or once); the last snapshot."""
+
+    def look() -> dict[str, Any]:
+        run = api_view(a.get_training_status(w.training_id))
+        track(a, w.training_id, tracker)
+        return run
+
+    run = look()
+    if w.once or w.json_out:
+        while True:
+            if w.json_out:
+                emit_json(run)
+            else:
+                out.print(run_view(run))
+            if w.once or run["status"] in ENDED:
+                break
+            w.wait(ctrl_c)
+            run = look()
+        if not w.once:
+            drain(a, run, tracker, ctrl_c)
+        return run
+    if not out.is_terminal:  # a log: no redrawn table, one flushed line per change
+        log_lines(changes(None, run))
+        while run["status"] not in ENDED:
+            w.wait(ctrl_c)
+            before, run = run, look()
+            log_lines(changes(before, run))
+    else:
+        with keys_not_echoed(), Live(run_view(run), console=out, refresh_per_second=4, transient=False) as live:
+            while run["status"] not in ENDED:
+                w.wait(ctrl_c)
+                run = look()
+                live.update(run_view(run))
+    drain(a, run, tracker, ctrl_c)
+    return run
 
 
 def _check_timeout(t0: float, timeout: float | None, run_id: str) -> None:

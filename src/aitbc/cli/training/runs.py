@@ -265,9 +265,10 @@ def distribute(
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Assign shards to the hired workers and start the rounds. With ``--log-to``, stay
-    attached like ``monitor``: write each closed round's metrics to the tracker until the
-    run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on)."""
+    """Assign shards to the hired workers and start the rounds.
+
+    With --log-to, stay attached like monitor: write each closed round's metrics to the
+    tracker until the run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on)."""
     home = resolve_home(home)
     _check_distribute(strategy, mode, topology, outer, aggregator, compression, precision)
     tracker = open_tracker(log_to, training_id)  # refused (exit 2) before anything is distributed

@@ -30,9 +30,10 @@ def sample(
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Continue a prompt with the run's model, run here on the CPU (language models: hf:...
-    with the run's tokenizer, transformer in bytes). A prompt longer than the model's
-    context is cut to its last context tokens, and the output says so."""
+    """Continue a prompt with the run's model, run here on the CPU.
+
+    Language models: hf:... with the run's tokenizer, transformer in bytes. A prompt longer
+    than the model's context is cut to its last context tokens, and the output says so."""
     home = resolve_home(home)
     with run_agent(home, coordinator, training_id) as a, bars(json_out) as progress:
         res = a.sample(
@@ -75,8 +76,9 @@ def evaluate(
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Loss and perplexity of the run's model on your own held-out data, run here on the CPU
-    (tokenized with the run's tokenizer; bytes for transformer). A classifier: loss and
+    """Loss and perplexity of the run's model on your own held-out data, run here on the CPU.
+
+    Tokenized with the run's tokenizer (bytes for transformer). A classifier: loss and
     accuracy."""
     home = resolve_home(home)
     with run_agent(home, coordinator, training_id) as a, bars(json_out) as progress:
