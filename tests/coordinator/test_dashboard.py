@@ -62,6 +62,7 @@ ROUND_KEYS = {
     "round",
     "val_loss",
     "val_accuracy",
+    "val_perplexity",
     "train_loss",
     "train_accuracy",
     "accepted",

@@ -240,3 +240,40 @@ def test_the_page_works_behind_a_path_prefix(tmp_path, databases):
         sock.close()
         databases.drop(db_url)
     assert outside == []
+
+
+def test_a_language_runs_second_chart_is_perplexity_and_byte_labels_differ(stack, tmp_path):
+    """A language model has no accuracy: its second chart is validation perplexity (it was
+    an empty accuracy chart, with no word why). The bytes axis labels each tick apart: at
+    one decimal, ticks 10 KiB apart on a 5.4 MiB axis all read "5.4 MiB"."""
+    chromium = _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    stack.start_coordinator()
+    run_id = stack.init_run("--model-opt", "context=16,d_model=16,n_layers=1,n_heads=2", model="transformer", workers=1)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    up = stack.cli("distributed-training", "upload-data", "--training-id", run_id, "--data-path", str(corpus))
+    assert up.returncode == 0, up.stderr
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(f"{stack.url}/runs/{run_id}")
+            page.locator("#quality-caption", has_text="Validation perplexity by round").wait_for(timeout=30_000)
+            mib = 2**20
+            ticks = [5.40 * mib, 5.41 * mib, 5.42 * mib, 5.43 * mib]
+            labels = page.evaluate(f"window.aitbcFormats.byteTicks({ticks})")
+            assert labels == ["5.40 MiB", "5.41 MiB", "5.42 MiB", "5.43 MiB"]
+            assert page.evaluate(f"{ticks}.map(window.aitbcFormats.bytes)") == ["5.4 MiB"] * 4  # a value: one decimal
+            assert page.evaluate("window.aitbcFormats.byteTicks([0, 512, 1024, 1536])") == [
+                "0.0 KiB",
+                "0.5 KiB",
+                "1.0 KiB",
+                "1.5 KiB",
+            ]
+        finally:
+            browser.close()
+    assert problems == []

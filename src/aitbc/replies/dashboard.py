@@ -37,6 +37,7 @@ class DashboardRound(Reply):
     round: int = Field(description="0: the initial model")
     val_loss: float | None
     val_accuracy: float | None
+    val_perplexity: float | None = Field(None, description="language models: exp(val_loss); null for a classifier")
     train_loss: float | None = Field(description="the mean of the accepted updates' training losses")
     train_accuracy: float | None = Field(
         description="the mean of the accepted updates' training accuracy, as workers report it (classifiers)"

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.runs import views
 from aitbc.coordinator.runs.data_size import measured_size
-from aitbc.coordinator.runs.language import detail_fields
+from aitbc.coordinator.runs.language import detail_fields, perplexity
 from aitbc.coordinator.store.models import Contract, Flag, Job, RoundRecord, Run, Score, Settlement
 from aitbc.ledger.book import Head
 from aitbc.ledger.chain import escrow_account
@@ -93,6 +93,7 @@ def run_page(ctx: Context, s: Session, run: Run) -> DashboardRunDetail:
             round=r.round,
             val_loss=r.val_loss,
             val_accuracy=r.val_accuracy,
+            val_perplexity=perplexity(run, r.val_loss),
             train_loss=r.train_loss,
             train_accuracy=r.train_accuracy,
             accepted=r.accepted,

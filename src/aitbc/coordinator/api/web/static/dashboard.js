@@ -45,15 +45,23 @@
   const ait = (micro) => `${(micro / 1e6).toFixed(6).replace(/\.?0+$/, "")} AIT`;
   const shortId = (id) => (id.length > 18 ? `${id.slice(0, 10)}…${id.slice(-6)}` : id);
 
+  const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+  const unitOf = (n) => Math.min(UNITS.length - 1, n >= 1 ? Math.floor(Math.log2(n) / 10) : 0);
+
   function bytes(n) {
     if (n === null || n === undefined) return "–";
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (n >= 1024 && i < units.length - 1) {
-      n /= 1024;
-      i += 1;
+    const i = unitOf(n);
+    return `${(n / 1024 ** i).toFixed(i ? 1 : 0)} ${UNITS[i]}`;
+  }
+
+  // An axis's byte labels: all in the largest tick's unit, with as many decimals as keep
+  // them apart (ticks 5.40, 5.42 and 5.44 MiB all read "5.4 MiB" at one decimal).
+  function byteTicks(ticks) {
+    const i = unitOf(Math.max(0, ...ticks.map(Math.abs)));
+    for (let digits = i ? 1 : 0; ; digits += 1) {
+      const labels = ticks.map((t) => `${(t / 1024 ** i).toFixed(digits)} ${UNITS[i]}`);
+      if (new Set(labels).size === labels.length || digits >= 6) return labels;
     }
-    return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
   }
 
   function ago(seconds) {
@@ -118,24 +126,31 @@
 
   const COLORS = { val: "#2563eb", train: "#ea580c", acc: "#16a34a", up: "#9333ea", down: "#0891b2" };
 
-  function chartSpec(id) {
+  // A language model (it counts tokens) has no accuracy: its second chart is perplexity.
+  const isLanguage = (run) => run.tokens_seen != null;
+
+  function chartSpec(id, language) {
     const line = (label, stroke, fmt) => ({ label, stroke, width: 2, spanGaps: true, points: { size: 5 }, value: fmt });
     const round = { label: "round", value: (u, v) => (v === null ? "–" : v) };
     if (id === "chart-loss") {
       return [round, line("validation", COLORS.val, (u, v) => num(v)), line("training", COLORS.train, (u, v) => num(v))];
     }
+    if (id === "chart-accuracy" && language) return [round, line("validation", COLORS.acc, (u, v) => num(v, 2))];
     if (id === "chart-accuracy") {
       return [round, line("validation", COLORS.acc, (u, v) => pct(v)), line("training", COLORS.train, (u, v) => pct(v))];
     }
     return [round, line("up", COLORS.up, (u, v) => bytes(v)), line("down", COLORS.down, (u, v) => bytes(v))];
   }
 
-  function chartData(id, curves) {
+  function chartData(id, curves, language) {
     const x = curves.map((c) => c.round);
+    if (id === "chart-accuracy" && language) return [x, curves.map((c) => c.val_perplexity)];
     if (id === "chart-loss") return [x, curves.map((c) => c.val_loss), curves.map((c) => c.train_loss)];
     if (id === "chart-accuracy") return [x, curves.map((c) => c.val_accuracy), curves.map((c) => c.train_accuracy)];
     return [x, curves.map((c) => c.bytes_up), curves.map((c) => c.bytes_down)];
   }
+
+  window.aitbcFormats = Object.freeze({ bytes, byteTicks }); // for the browser test
 
   const ROUND_AXIS = { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, ticks) => ticks.map(String) };
 
@@ -144,20 +159,27 @@
   }
 
   function drawCharts(run) {
-    if (chartsOf !== run.training_id) {
+    const kind = `${run.training_id} ${isLanguage(run)}`; // a run's data names its task once uploaded
+    if (chartsOf !== kind) {
       for (const u of Object.values(charts)) u.destroy();
       for (const key of Object.keys(charts)) delete charts[key];
-      chartsOf = run.training_id;
+      chartsOf = kind;
     }
     for (const id of ["chart-loss", "chart-accuracy", "chart-bytes"]) {
       const node = $(id);
-      const data = chartData(id, run.curves);
+      const data = chartData(id, run.curves, isLanguage(run));
       node.dataset.points = String(run.curves.length);
       if (typeof window.uPlot !== "function") continue; // the library failed to load: the numbers still show
       if (!charts[id]) {
-        const y = id === "chart-bytes" ? { size: 74, values: (u, ticks) => ticks.map(bytes) } : { size: 48 };
+        const y = id === "chart-bytes" ? { size: 84, values: (u, ticks) => byteTicks(ticks) } : { size: 48 };
         charts[id] = new window.uPlot(
-          { ...size(node), series: chartSpec(id), axes: [ROUND_AXIS, y], scales: { x: { time: false } }, legend: { live: false } },
+          {
+            ...size(node),
+            series: chartSpec(id, isLanguage(run)),
+            axes: [ROUND_AXIS, y],
+            scales: { x: { time: false } },
+            legend: { live: false },
+          },
           data,
           node,
         );
@@ -166,6 +188,7 @@
       }
     }
     $("points").textContent = String(run.curves.length);
+    $("quality-caption").textContent = isLanguage(run) ? "Validation perplexity by round" : "Accuracy by round";
     // a long run's curves hold every n-th round (the coordinator bounds one poll's size)
     $("thinned").textContent =
       run.curve_every > 1 ? `: 1 in ${run.curve_every} of ${run.rounds_completed.toLocaleString("en")} closed` : "";
