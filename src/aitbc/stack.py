@@ -1,6 +1,8 @@
 """The local stack: one coordinator and N workers as background processes under one HOME.
 
     HOME/stack.json          {"coordinator": url, "processes": [...], "started_at": t}
+    HOME/stack.port          the coordinator's last port, kept after down: the next up takes it
+                             again when free, so the URLs runs were started at keep working
     HOME/pids/<name>.pid     one pid per process
     HOME/logs/<name>.log     its stdout and stderr
     HOME/coordinator/        the coordinator's database and blobs
@@ -24,13 +26,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 import psutil
 
+from aitbc import stack_procs
 from aitbc.client import CoordinatorClient, Unreachable
 from aitbc.errors import AitbcError, UsageError
 from aitbc.json_value import JSONObject
@@ -144,6 +147,18 @@ def stack_file(home: Path) -> Path:
     return home / "stack.json"
 
 
+def _port_file(home: Path) -> Path:
+    return home / "stack.port"
+
+
+def _last_port(home: Path) -> int | None:
+    try:
+        port = int(_port_file(home).read_text())
+    except (OSError, ValueError):
+        return None
+    return port if 1 <= port <= 65535 else None
+
+
 def _pid_file(home: Path, name: str) -> Path:
     return home / "pids" / f"{name}.pid"
 
@@ -240,7 +255,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """No socket listens on ``port``. With SO_REUSEADDR, as uvicorn binds: the connections a
+    stopped coordinator left in TIME_WAIT do not keep its port from the next ``up``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -293,6 +311,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     port = _claim(cfg)
     for d in ("logs", "pids", "coordinator", "workers"):
         (home / d).mkdir(parents=True, exist_ok=True)
+    _port_file(home).write_text(f"{port}\n")
     tls = _tls(cfg)
     url = f"{'https' if cfg.tls else 'http'}://{cfg.host}:{port}"
     if on_start is not None:
@@ -313,7 +332,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
 
 def _claim(cfg: StackConfig) -> int:
     """The coordinator's port, once no stack of ``cfg.home`` runs (one that died without
-    ``down`` is forgotten) and the port is free."""
+    ``down`` is forgotten) and the port is free: ``--port``, else the last one when free."""
     home = cfg.home
     previous = load(home)
     if previous is not None:
@@ -324,7 +343,10 @@ def _claim(cfg: StackConfig) -> int:
                 f"{len(live)} process{'es' if len(live) != 1 else ''}); stop it first: aitbc down --home {home}"
             )
         _forget(previous)  # a stack that died without `down`
-    port = cfg.port if cfg.port is not None else free_port(cfg.host)
+    if cfg.port is None:
+        last = _last_port(home)
+        return last if last is not None and _port_free(cfg.host, last) else free_port(cfg.host)
+    port = cfg.port
     if not _port_free(cfg.host, port):
         raise StackError(
             f"port {port} on {cfg.host} is in use; pick another with --port, or leave it out for a free one"
@@ -456,65 +478,27 @@ def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
         else:
             ours[p.name] = proc
     t0 = time.monotonic()
-    procs = _send(_with_descendants(ours.values()), signal.SIGTERM)
-    procs = _wait_ended(procs, min(COORDINATOR_FORCE_AFTER, grace))
+    procs = stack_procs.send(stack_procs.with_descendants(ours.values()), signal.SIGTERM)
+    procs = stack_procs.wait_ended(procs, min(COORDINATOR_FORCE_AFTER, grace))
     coordinator = [proc for p in stack.processes if p.role == "coordinator" and (proc := ours.get(p.name)) in procs]
     if coordinator:
         # uvicorn waits for open requests (the coordinator ends its long polls at once, an
         # upload may take longer). A second signal (its "CTRL+C to force quit") ends that wait.
-        _send(coordinator, signal.SIGINT)
+        stack_procs.send(coordinator, signal.SIGINT)
         outcome.update((name, "forced") for name, proc in ours.items() if proc in coordinator)
-    procs = _wait_ended(procs, max(0.0, grace - (time.monotonic() - t0)))
+    procs = stack_procs.wait_ended(procs, max(0.0, grace - (time.monotonic() - t0)))
     if procs:
-        procs = _send(_with_descendants(procs), signal.SIGKILL)  # and whatever they started meanwhile
+        procs = stack_procs.send(
+            stack_procs.with_descendants(procs), signal.SIGKILL
+        )  # and whatever they started meanwhile
         outcome.update((name, "killed") for name, proc in ours.items() if proc in procs)
-        _wait_ended(procs, 5.0)
+        stack_procs.wait_ended(procs, 5.0)
     for popen in stack._popen.values():  # collect the exit status of our own children
         if popen.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=1.0)
     _forget(stack)
     return {p.name: outcome.get(p.name, "stopped") for p in stack.processes}
-
-
-def _wait_ended(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait up to ``timeout`` s for ``procs`` to end; those still running. A process that
-    exited counts at once, though it stays a zombie until its parent reaps it: ``up``'s
-    processes outlive the command that started them, so their parent is the system's init,
-    which in a container may reap late or never (psutil's wait_procs waits for the reaping)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        procs = [proc for proc in procs if not _ended(proc)]
-        if not procs or time.monotonic() >= deadline:
-            return procs
-        time.sleep(0.02)
-
-
-def _ended(proc: psutil.Process) -> bool:
-    try:  # is_running: false once the pid names another process (reused)
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.AccessDenied:
-        return False
-
-
-def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
-    """``procs`` and every live descendant of theirs, each once."""
-    out: list[psutil.Process] = []
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            out.extend(c for c in [proc, *proc.children(recursive=True)] if c not in out)
-    return out
-
-
-def _send(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
-    """Signal each of ``procs``; returns them. psutil refuses to signal a pid that was
-    reused since the Process object was made (NoSuchProcess), and one already gone."""
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            proc.send_signal(sig)
-    return procs
 
 
 def down(home: Path, *, grace: float = 10.0) -> tuple[Stack, dict[str, str]] | None:

@@ -17,7 +17,7 @@ from aitbc.coordinator.config import Settings
 from aitbc.coordinator.observability.metrics import CoordinatorMetrics
 from aitbc.coordinator.store.db import make_engine, make_sessions
 from aitbc.coordinator.store.lease import DriverLease, replica_id
-from aitbc.coordinator.store.models import Offer
+from aitbc.coordinator.store.models import CoordinatorIdentity, Offer
 from aitbc.coordinator.store.nonces import nonce_store
 from aitbc.coordinator.transfer.peers import PeerBook
 from aitbc.coordinator.transfer.uploads import UploadSlots
@@ -139,6 +139,9 @@ class Context:
     lease: DriverLease
     # The blob uploads in flight, and each signer's (transfer.uploads; the app's Limits holds them).
     uploads: UploadSlots
+    # Which coordinator this is: its database's id (store.models.CoordinatorIdentity), the
+    # same for every replica serving it; "" until build_context reads it.
+    coordinator_id: str = ""
     # Worker leases and spot checks are judged from here at the earliest: this process's
     # start, or when it took the rounds over (nobody could reach a driver that was not one).
     judging_since: float = 0.0
@@ -191,5 +194,6 @@ def build_context(settings: Settings) -> Context:
     ctx.judging_since = ctx.started_at
     with ctx.session() as s:
         seen = s.execute(select(Offer.id, Offer.last_heartbeat)).all()
+        ctx.coordinator_id = s.execute(select(CoordinatorIdentity.id)).scalar_one()
     ctx.liveness.load(dict(seen))
     return ctx

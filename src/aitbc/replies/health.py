@@ -15,3 +15,7 @@ class Health(Reply):
     time: float = Field(description="the coordinator's clock (clients sign with timestamps)")
     replica: str = Field(description="this coordinator process's id among those sharing its database")
     driving: bool = Field(description="whether this process holds the driver lease (moves the rounds)")
+    coordinator_id: str = Field(
+        description="which coordinator this is: its database's id, the same for every replica and across restarts "
+        "(a client that remembered a run's coordinator finds it again by this id when its URL changes)"
+    )

@@ -39,10 +39,21 @@ def _runs_dir(home: Path) -> Path:
     return home / "runs"
 
 
-def remember(home: Path, run_id: str, wallet: str, url: str) -> None:
+def remember(home: Path, run_id: str, wallet: str, url: str, coordinator_id: str | None = None) -> None:
+    """Which wallet and coordinator a run belongs to: the coordinator by URL and by id
+    (asked of it when not given), so the run is found again when the URL changes."""
+    from aitbc.cli.training.locate import identity
+
+    found = coordinator_id or identity(url, home)
     d = _runs_dir(home)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{run_id}.json").write_text(json.dumps({"training_id": run_id, "wallet": wallet, "coordinator": url}))
+    record = {
+        "training_id": run_id,
+        "wallet": wallet,
+        "coordinator": url,
+        **({"coordinator_id": found} if found else {}),
+    }
+    (d / f"{run_id}.json").write_text(json.dumps(record))
 
 
 class Remembered(TypedDict, total=False):
@@ -51,13 +62,26 @@ class Remembered(TypedDict, total=False):
     training_id: str
     wallet: str
     coordinator: str
+    coordinator_id: str  # absent in a record from before coordinators had ids
 
 
 def recall(home: Path, run_id: str) -> Remembered:
+    """What :func:`remember` wrote of a run; when its coordinator no longer answers at the
+    URL remembered but is the local stack's, and that one has the run, the stack's URL
+    (remembered from now on)."""
     try:
-        return json.loads((_runs_dir(home) / f"{run_id}.json").read_text())
+        known: Remembered = json.loads((_runs_dir(home) / f"{run_id}.json").read_text())
     except (OSError, ValueError):
         return {}
+    url, coordinator_id = known.get("coordinator"), known.get("coordinator_id")
+    if url and coordinator_id:
+        from aitbc.cli.training.locate import moved_to
+
+        moved = moved_to(home, run_id, url, coordinator_id)
+        if moved is not None:
+            remember(home, run_id, known.get("wallet", ""), moved, coordinator_id)
+            known["coordinator"] = moved
+    return known
 
 
 def run_agent(

@@ -382,6 +382,16 @@ class Pin(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class CoordinatorIdentity(Base):
+    """The one row naming the coordinator this database is (``/v1/health``'s
+    ``coordinator_id``): drawn once, by the migration that made the table, and never changed."""
+
+    __tablename__ = "coordinator_identity"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # coordinator_<16 hex digits>
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class DriverLease(Base):
     """Who drives the rounds (:mod:`.lease`): one row per lease ``name``, taken and renewed
     only by a compare-and-set UPDATE, so two coordinators on one database never both hold it."""

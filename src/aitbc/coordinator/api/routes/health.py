@@ -16,4 +16,11 @@ def health(ctx: CtxDep) -> Health:
     """Liveness of the coordinator, and its clock (clients sign with timestamps); which
     replica answered and whether it drives the rounds (several coordinators on one database)."""
     now = time.time()
-    return Health(status="ok", version=__version__, time=now, replica=ctx.lease.me, driving=ctx.lease.holds())
+    return Health(
+        status="ok",
+        version=__version__,
+        time=now,
+        replica=ctx.lease.me,
+        driving=ctx.lease.holds(),
+        coordinator_id=ctx.coordinator_id,
+    )
