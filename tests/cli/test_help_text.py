@@ -19,8 +19,8 @@ from tests.conftest import AITBC
 
 from aitbc.cli.main import app
 
-# The groups held to it (the others: up, down and coordinator still to do).
-GROUPS = ("distributed-training", "wallet", "ipfs", "market")
+# The groups held to it (the stack's up and down: still to do).
+GROUPS = ("distributed-training", "wallet", "ipfs", "market", "coordinator", "worker", "ledger")
 
 
 def _commands() -> Iterator[tuple[str, Any]]:

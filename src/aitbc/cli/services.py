@@ -173,8 +173,10 @@ def gc_blobs(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be deleted.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """Run blob retention now: delete the coordinator's blobs no run needs any more (old
-    checkpoints, settled updates, data of finalized runs). Safe while the coordinator runs."""
+    """Run blob retention now: delete the coordinator's blobs no run needs any more.
+
+    Those are old checkpoints, settled updates and the data of finalized runs. Safe while
+    the coordinator runs."""
     import json
     import sys
 
