@@ -64,7 +64,7 @@ def up(
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOpt = False,
 ) -> None:
-    """Start a local coordinator and N workers in the background (stop them with `aitbc down`)."""
+    """Start a local coordinator and N workers in the background (stop them with: aitbc down)."""
     home = resolve_home(home).absolute()
     cfg = stk.StackConfig(home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout, tls=tls)
     t0 = time.monotonic()
@@ -107,7 +107,7 @@ def print_up(st: stk.Stack, seconds: float) -> None:
 
 
 def down(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
-    """Stop the stack `aitbc up` started in HOME (only the processes it started)."""
+    """Stop the stack that aitbc up started in HOME (only the processes it started)."""
     home = resolve_home(home).absolute()
     res = stk.down(home)
     if json_out:  # each process: stopped, forced, killed, or not running
