@@ -93,9 +93,11 @@ def test_a_trickling_peer_holds_only_its_own_rounds(stack):
         "--target-workers", "2",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert stack.cli("wallet", "fund", "other-owner", "1000").returncode == 0
+    assert stack.cli("wallet", "fund", "other-owner", "100000").returncode == 0
     sync = r.stdout.split("Training ID: ")[1].split()[0]
-    stack.start_run(sync, workers=2, rounds=60, local_steps=10, min_gpu="H100")
+    # rounds enough that it is still training whenever the trickler's round is held (on a
+    # loaded machine the gossip run's start took longer than 60 of its rounds)
+    stack.start_run(sync, workers=2, rounds=5000, local_steps=10, min_gpu="H100")
     stack.wait_run(sync, lambda r: r["round"] >= 1 and r["status"] == "training", timeout=120, what="training")
     gossip = _gossip_run(stack, rounds=gossip_rounds)
     slow = stack.worker_id("slow")
