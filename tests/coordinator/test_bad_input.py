@@ -570,10 +570,14 @@ def test_late_update_for_a_closed_round_is_not_flagged(new_coordinator, api):
     cid = api.put_update(fast, torch.zeros(t.d))
     fast.post(f"/jobs/{t.jobs[fast.wallet.address]}/updates", api.update_body(1, cid))
     deadline = time.monotonic() + 180
-    while (
-        t.owner.get(f"/runs/{t.run_id}")["round"] != 2 or t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"] < 1
-    ):
-        assert time.monotonic() < deadline  # round 1 closed, evaluated, scored and paid: the driver is idle
+
+    def idle() -> bool:  # round 1 closed, evaluated, scored and paid: the driver is idle
+        run = t.owner.get(f"/runs/{t.run_id}")
+        paid = t.owner.get(f"/runs/{t.run_id}/payments")["settled_round"] >= 1
+        return run["round"] == 2 and (run["val_round"] or 0) >= 1 and paid
+
+    while not idle():  # the evaluation may land after the settlement: both are waited for
+        assert time.monotonic() < deadline
         time.sleep(0.02)
     late = api.put_update(slow, torch.zeros(t.d).add_(0.5))
     before = t.coord.snapshot()
