@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 
 import pytest
+from tests.coordinator.conftest import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -70,10 +70,9 @@ def test_a_small_offer_is_passed_over_and_a_worker_refuses_a_model_over_its_cap(
 
     r = stack.cli("distributed-training", "stop", "--training-id", code_run)
     assert r.returncode == 0, r.stderr
-    deadline = time.monotonic() + 60
-    while not (pay := stack.api(f"/runs/{code_run}/payments"))["finalized"]:
-        assert time.monotonic() < deadline, pay
-        time.sleep(0.2)
+    pay = wait_for(
+        "the stopped run's settlement", lambda: stack.api(f"/runs/{code_run}/payments"), lambda p: p["finalized"], 180
+    )
     (row,) = pay["data"]
     assert row["worker_id"] == wid and row["slashed_micro"] == 0 and row["status"] != "slashed", row
     balances = stack.api("/ledger/balances")["data"]
