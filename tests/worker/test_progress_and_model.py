@@ -69,6 +69,41 @@ def test_drain_drops_the_waiting_report_and_waits_for_the_one_in_flight():
     r.close()
 
 
+def test_drain_sends_a_jobs_first_report_and_the_rate_limit_counts_reports_sent():
+    """A small model's round can end before the reporter's thread takes its first report:
+    drain sends that one (a job's first report goes out at once) and drops later ones;
+    ``sent_at`` stamps only reports that went out."""
+    gate, started = threading.Event(), threading.Event()
+    sent: list[tuple[str, int]] = []
+
+    def send(job_id: str, body: dict[str, Any]) -> None:
+        if job_id == "other":
+            started.set()
+            assert gate.wait(5)
+        sent.append((job_id, body["step"]))
+
+    r = Reporter(send)
+    r.report("other", {"step": 1})
+    assert started.wait(5)  # in flight until the gate opens
+    r.report("j", {"step": 1})  # waiting: job j has sent nothing yet
+    assert r.sent_at("j") is None
+    gate.set()
+    r.drain()
+    assert sent == [("other", 1), ("j", 1)]
+    assert r.sent_at("j") is not None
+
+    gate.clear()
+    started.clear()
+    r.report("other", {"step": 2})
+    assert started.wait(5)
+    r.report("j", {"step": 5})  # j has reported before: drain drops this one
+    gate.set()
+    r.drain()
+    assert r.flush(5)
+    assert sent == [("other", 1), ("j", 1), ("other", 2)]
+    r.close()
+
+
 def test_a_failing_send_does_not_end_reporting():
     calls = []
 

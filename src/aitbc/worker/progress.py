@@ -7,12 +7,17 @@ a newer report replaces one still waiting, so a slow coordinator gets fewer repo
 queue of stale ones. Before the round's update is sent, :meth:`Reporter.drain` drops the
 report waiting and waits for the one in flight: no report of the round can land after its
 update (which carries the round's last step itself) and move the job's progress back.
+A job's first report is the exception: drain waits for it to be sent instead (a small
+model's round can end before this thread is scheduled, every round). The reporter keeps
+when it last sent each job's report (:meth:`Reporter.sent_at`), so a caller's rate limit
+counts the reports that went out, not those dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import NotRequired, TypedDict
 
@@ -41,6 +46,7 @@ class Reporter:
         self._waiting: tuple[str, ProgressReport] | None = None
         self._busy = False  # a report is being sent
         self._closed = False
+        self._sent: dict[str, float] = {}  # job id -> time.perf_counter() its last report went out
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._thread.start()
 
@@ -50,12 +56,18 @@ class Reporter:
             self._waiting = (job_id, body)
             self._cond.notify_all()
 
-    def drain(self) -> None:
-        """Drop the report waiting, and return once none is in flight."""
+    def sent_at(self, job_id: str) -> float | None:
+        """When (``time.perf_counter()``) job ``job_id``'s last report was taken to be sent, or None."""
         with self._cond:
-            self._waiting = None
-            while self._busy:
-                self._cond.wait()
+            return self._sent.get(job_id)
+
+    def drain(self) -> None:
+        """Drop the report waiting (unless it is its job's first), and return once none
+        is waiting or in flight."""
+        with self._cond:
+            if self._waiting is not None and self._waiting[0] in self._sent:
+                self._waiting = None
+            self._cond.wait_for(lambda: self._waiting is None and not self._busy)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every report handed over has been sent (or failed); False on timeout."""
@@ -78,6 +90,7 @@ class Reporter:
                 assert self._waiting is not None
                 (job_id, body), self._waiting = self._waiting, None
                 self._busy = True
+                self._sent[job_id] = time.perf_counter()
             try:
                 self._send(job_id, body)
             except Exception:  # a bug in sending must not end reporting (or hang drain)

@@ -85,7 +85,6 @@ class RoundTrainer:
         self.devices, self.attacker = devices, attacker
         self.max_params = max_params  # the offer's: larger models are refused (None: no limit)
         self.ranks: Ranks | None = None
-        self._last_report: tuple[str, float] = ("", -float("inf"))  # (job, when) of the last progress report
 
     # --- the job ----------------------------------------------------------------------------
 
@@ -249,20 +248,19 @@ class RoundTrainer:
 
         def report(step: int, loss: float) -> None:
             # The first step opens the round's reports (its loss is the job's own from then on),
-            # then every `every` steps; at most one report per progress_seconds, except the
-            # job's first (a round shorter than that, a small model's, reports its first step
-            # once in progress_seconds: each report is a request the coordinator serves while
-            # the workers train). The last step goes with the update itself: an owner who sees
-            # the job complete reads its final step.
+            # then every `every` steps; at most one report per progress_seconds after the last
+            # one sent, the job's first at once (a round shorter than that, a small model's,
+            # reports its first step once in progress_seconds: each report is a request the
+            # coordinator serves while the workers train). The last step goes with the update
+            # itself: an owner who sees the job complete reads its final step.
             if self.cfg.step_delay:
                 time.sleep(self.cfg.step_delay)
             self.metrics.steps.inc()
             now = time.perf_counter()
             self.metrics.steps_per_second.set(step / max(now - t_compute, 1e-9))
-            last_job, last_at = self._last_report
-            due = last_job != job_id or now - last_at >= self.cfg.progress_seconds
+            sent = self.reporter.sent_at(job_id)
+            due = sent is None or now - sent >= self.cfg.progress_seconds
             if due and (step == 1 or (step % every == 0 and step < steps)):
-                self._last_report = (job_id, now)
                 body = progress_body(job.round, 100.0 * step / steps, loss, state.epoch, "training", step=step)
                 self.reporter.report(job.job_id, body)
 
