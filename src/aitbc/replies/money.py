@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from aitbc.replies.base import JsonObject, Page, Reply
-from aitbc.states import ContractStatus, Control
+from aitbc.states import ContractStatus, Control, RunStatus
 
 
 class WorkerPay(Reply):
@@ -37,6 +37,12 @@ class Payments(Reply):
     settled_round: int
     rounds_closed: int
     finalized: bool
+    status: RunStatus = Field(description="the run's state: complete, failed or stopped once it has ended")
+    settled: bool = Field(
+        description="the run has ended and the coordinator has paid all it pays by itself: every closed round "
+        "settled, accepted updates of a round that never closed paid as delivered, honest bonds returned; "
+        "until then the amounts may still grow (get_payments and `payments` wait for it)"
+    )
     data: list[WorkerPay]
     count: int
 

@@ -19,6 +19,7 @@ from aitbc.coordinator.runs.evaluations import latest_evaluated, rounds_view
 from aitbc.coordinator.runs.language import detail_fields, result_fields
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import job_settings, row
+from aitbc.coordinator.store.states import ENDED
 from aitbc.coordinator.verification.spot_checks import summary as verification_summary
 from aitbc.coordinator.workforce.hiring import busy_workers
 from aitbc.ledger.book import Entry
@@ -570,9 +571,21 @@ def payments_view(ctx: Context, s: Session, run: Run) -> Payments:
         settled_round=run.settled_round,
         rounds_closed=rounds_closed or 0,
         finalized=run.finalized,
+        status=RunStatus(run.status),
+        settled=books_closed(s, run),
         data=rows,
         count=len(rows),
     )
+
+
+def books_closed(s: Session, run: Run) -> bool:
+    """Whether the coordinator has paid all it pays for ``run`` by itself: the run ended, its
+    closed rounds are settled (the test the refund makes) and its end was booked (updates of a
+    round that never closed paid as delivered, bonds returned: the driver's finalize)."""
+    if run.finalized:
+        return True
+    closed = s.scalar(select(func.max(RoundRecord.round)).where(RoundRecord.run_id == run.id)) or 0
+    return run.status in ENDED and run.settled_round >= closed and run.bonds_returned
 
 
 def entry_view(e: Entry) -> EntryView:
