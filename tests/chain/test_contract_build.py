@@ -1,0 +1,76 @@
+"""The contracts compile from the sources the package ships, once per source and compiler
+(then from the cache), and the Python mirrors of their constants agree with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aitbc.chain.evm import contracts
+from aitbc.errors import AitbcError
+
+pytestmark = pytest.mark.chain
+
+
+def test_each_contract_compiles_once_then_comes_from_the_cache(tmp_path, monkeypatch):
+    first = {name: contracts.compiled(name, cache_dir=tmp_path) for name in contracts.NAMES}
+    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.json")) == ["AIT", "RunEscrow"]
+    import vyper
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again although cached")
+
+    monkeypatch.setattr(vyper, "compile_code", no_compile)
+    for name, c in first.items():
+        again = contracts.compiled(name, cache_dir=tmp_path)
+        assert again == c and again.bytecode and again.runtime and again.compiler == vyper.__version__
+
+
+def test_an_edited_source_is_another_key(tmp_path, monkeypatch):
+    before = contracts.compiled(contracts.AIT, cache_dir=tmp_path)
+    edited = contracts.source(contracts.AIT).replace('"AIT"', '"XAIT"', 1)
+    monkeypatch.setattr(contracts, "source", lambda name: edited)
+    after = contracts.compiled(contracts.AIT, cache_dir=tmp_path)
+    assert after.key != before.key and after.bytecode != before.bytecode
+    assert len(list(tmp_path.glob("AIT-*.json"))) == 2
+
+
+def test_a_corrupt_cache_file_is_compiled_again(tmp_path):
+    c = contracts.compiled(contracts.AIT, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("AIT-*.json")
+    path.write_text("{not json")
+    assert contracts.compiled(contracts.AIT, cache_dir=tmp_path) == c
+    assert json.loads(path.read_text())["abi"] == c.abi
+
+
+def test_an_unknown_contract_is_one_clear_line():
+    with pytest.raises(AitbcError, match=r"no contract 'Escrow'; the contracts are AIT, RunEscrow"):
+        contracts.source("Escrow")
+
+
+def test_the_interface_is_what_the_module_docstring_says():
+    abi = {e["name"]: e for e in contracts.compiled(contracts.RUN_ESCROW).abi if "name" in e}
+    fns = {n for n, e in abi.items() if e["type"] == "function"}
+    events = {n for n, e in abi.items() if e["type"] == "event"}
+    assert {"deposit", "post_bond", "settle", "finalize", "withdraw", "refund", "settled", "deadline"} <= fns
+    assert events == {
+        "Deposited",
+        "Bonded",
+        "Settled",
+        "Slashed",
+        "RoundSettled",
+        "Finalized",
+        "TimedOut",
+        "Withdrawn",
+        "Refunded",
+    }
+    for name in fns | events:
+        assert name in (contracts.__doc__ or ""), name
+    settle = [i["type"] for i in abi["settle"]["inputs"]]
+    assert settle == ["bytes32", "uint256", "address[]", "uint256[]", "bool[]"]
+
+
+def test_run_key_is_keccak_256_of_the_run_id():
+    assert contracts.run_key("abc").hex() == "4e03657aea45a94fc7d47ba826c8d667c0d1e6e33a64a036ec44f58fa12d6c45"
+    assert contracts.run_key("").hex() == "c5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470"
