@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import stat
 
-from aitbc.ledger.wallet import address_of
+from eth_account import Account
+
+from aitbc.ledger.evm_keys import evm_address, evm_key_path
+from aitbc.ledger.wallet import address_of, create_wallet
 
 
 def _one_line_error(result, code: int) -> str:
@@ -26,6 +29,8 @@ def test_create_prints_name_and_address(aitbc):
     lines = result.stdout.splitlines()
     assert lines[0] == "Wallet created: alice"
     assert lines[1].startswith("Address: ait1") and len(lines[1]) == len("Address: ") + 44
+    assert lines[2].startswith("EVM address: 0x") and len(lines[2]) == len("EVM address: ") + 42
+    assert stat.S_IMODE((aitbc.home / "wallets" / "alice" / "evm.json").stat().st_mode) == 0o600
     key_file = aitbc.home / "wallets" / "alice" / "key.json"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert _private_key(aitbc, "alice") not in result.stdout + result.stderr
@@ -35,9 +40,10 @@ def test_create_json(aitbc):
     result = aitbc("wallet", "create", "bob", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data) == {"name", "address", "public_key", "created", "existed"}
+    assert set(data) == {"name", "address", "evm_address", "public_key", "created", "existed"}
     assert data["name"] == "bob"
     assert data["address"] == address_of(data["public_key"])
+    assert data["evm_address"] == evm_address(aitbc.home, "bob")
 
 
 def test_list_and_show(aitbc):
@@ -57,6 +63,7 @@ def test_list_and_show(aitbc):
     alice = data["data"][0]
     for value in (alice["name"], alice["address"], alice["public_key"], alice["created"], "key.json"):
         assert value in shown.stdout
+    assert f"EVM address: {alice['evm_address']}" in shown.stdout.splitlines()
     assert _private_key(aitbc, "alice") not in shown.stdout + shown.stderr
 
     as_json = json.loads(aitbc("wallet", "show", "alice", "--json").stdout)
@@ -85,7 +92,11 @@ def test_create_again_leaves_the_wallet_and_says_so(aitbc):
     key = _private_key(aitbc, "alice")
     again = aitbc("wallet", "create", "alice")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.splitlines() == ["Wallet exists: alice (left unchanged)", f"Address: {first['address']}"]
+    assert again.stdout.splitlines() == [
+        "Wallet exists: alice (left unchanged)",
+        f"Address: {first['address']}",
+        f"EVM address: {first['evm_address']}",
+    ]
     assert _private_key(aitbc, "alice") == key
     as_json = json.loads(aitbc("wallet", "create", "alice", "--json").stdout)
     assert as_json == {**first, "existed": True} and first["existed"] is False
@@ -130,3 +141,22 @@ def test_home_that_is_a_file_is_one_line_error(aitbc, tmp_path):
     not_a_dir.write_text("x")
     err = _one_line_error(aitbc("wallet", "create", "alice", "--home", str(not_a_dir)), 1)
     assert "cannot create wallet 'alice'" in err
+
+
+def test_a_wallet_made_before_evm_accounts_shows_none_yet(aitbc):
+    create_wallet(aitbc.home, "old")  # as every wallet was made before: no evm.json
+    shown = aitbc("wallet", "show", "old")
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "EVM address: none yet (a wallet made before EVM accounts gets one at its first on-chain use)" in shown.stdout
+    )
+    assert json.loads(aitbc("wallet", "show", "old", "--json").stdout)["evm_address"] is None
+    assert not evm_key_path(aitbc.home, "old").exists()  # showing makes nothing
+
+
+def test_an_encrypted_wallet_s_evm_account_is_under_its_passphrase(aitbc, monkeypatch):
+    monkeypatch.setenv("AITBC_WALLET_PASSPHRASE", "s3cret")
+    made = aitbc("wallet", "create", "sealed", "--encrypt", "--json")
+    assert made.returncode == 0, made.stderr
+    keystore = json.loads(evm_key_path(aitbc.home, "sealed").read_text())
+    assert Account.from_key(Account.decrypt(keystore, "s3cret")).address == json.loads(made.stdout)["evm_address"]

@@ -2,6 +2,8 @@
 
 A wallet's public key identifies a worker or a client to the coordinator and the
 market; its private key (``HOME/wallets/NAME/key.json``, mode 0600) is never printed.
+A wallet made here also gets an EVM account (``evm.json``, a Web3 Secret Storage
+keystore: :mod:`aitbc.ledger.evm_keys`) to hold AIT on an EVM chain.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from aitbc.cli.common import (
     resolve_home,
 )
 from aitbc.errors import AitbcError, NotFoundError, UsageError
+from aitbc.ledger.evm_keys import create_evm_account, evm_address
 from aitbc.ledger.sealed import PASSPHRASE_ENV
 from aitbc.ledger.wallet import (
     WalletExistsError,
@@ -92,11 +95,13 @@ def create(
     except WalletExistsError:  # another process created it meanwhile
         _existing(home, name, encrypt=encrypt, json_out=json_out)
         return
+    evm = create_evm_account(home, name, passphrase=passphrase)
     if json_out:
-        _print_json({**wallet.info().to_dict(), "existed": False})
+        _print_json({**wallet.info().to_dict(), "evm_address": evm, "existed": False})
         return
     typer.echo(f"Wallet created: {wallet.name}")
     typer.echo(f"Address: {wallet.address}")
+    typer.echo(f"EVM address: {evm}")
     sealed = " encrypted with your passphrase" if encrypt else ""
     err.print(
         f"private key saved{sealed} to {wallet_path(home, name)} (keep it private)", highlight=False, markup=False
@@ -116,11 +121,17 @@ def _existing(home: Path, name: str, *, encrypt: bool, json_out: bool) -> None:
             f"wallet '{name}' already exists unencrypted ({wallet_path(home, name).parent}) and was left as it is; "
             "choose another name for an encrypted wallet"
         )
+    evm = evm_address(home, name)
     if json_out:
-        _print_json({**info.to_dict(), "existed": True})
+        _print_json({**info.to_dict(), "evm_address": evm, "existed": True})
         return
     typer.echo(f"Wallet exists: {name} (left unchanged{', encrypted' if encrypted else ''})")
     typer.echo(f"Address: {info.address}")
+    typer.echo(f"EVM address: {_evm_shown(evm)}")
+
+
+def _evm_shown(evm: str | None) -> str:
+    return evm if evm is not None else "none yet (a wallet made before EVM accounts gets one at its first on-chain use)"
 
 
 @app.command("list")
@@ -129,34 +140,39 @@ def list_(home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None
     home = resolve_home(home)
     infos = list_wallets(home)
     if json_out:
-        _print_json({"data": [info.to_dict() for info in infos], "count": len(infos)})
+        data = [{**info.to_dict(), "evm_address": evm_address(home, info.name)} for info in infos]
+        _print_json({"data": data, "count": len(infos)})
         return
     if not infos:
         err.print(f"no wallets in {wallets_dir(home)}", highlight=False, markup=False)
         return
-    table = Table("name", "address", "created")
+    table = Table("name", "address", "evm address", "created")
     for info in infos:
-        table.add_row(Text(info.name), Text(info.address), Text(info.created))
-    out.print(fit(table, whole=("address",), drop=("created",)), highlight=False)  # an address is copied whole
+        evm = evm_address(home, info.name) or "-"
+        table.add_row(Text(info.name), Text(info.address), Text(evm), Text(info.created))
+    # an address is copied whole; a narrow terminal drops the creation time, then the EVM address
+    out.print(fit(table, whole=("address", "evm address"), drop=("created", "evm address")), highlight=False)
 
 
 @app.command()
 def show(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
-    """Show a wallet's name, address, public key, creation time and key file."""
+    """Show a wallet's name, address, EVM address, public key, creation time and key file."""
     home = resolve_home(home)
     info = wallet_info(home, name)
     path = wallet_path(home, name)
+    evm = evm_address(home, name)
     if json_out:
-        _print_json({**info.to_dict(), "path": str(path)})
+        _print_json({**info.to_dict(), "evm_address": evm, "path": str(path)})
         return
     for label, value in (
         ("Name", info.name),
         ("Address", info.address),
+        ("EVM address", _evm_shown(evm)),
         ("Public key", info.public_key),
         ("Created", info.created),
         ("Path", str(path)),
     ):
-        typer.echo(f"{label + ':':<12}{value}")
+        typer.echo(f"{label + ':':<13}{value}")
 
 
 # --- money on the local network (the coordinator keeps the ledger) --------------------

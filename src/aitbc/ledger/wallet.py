@@ -15,8 +15,9 @@ win). Every load re-derives the public key and address from the private key and 
 a file whose stored ones differ.
 
 What a wallet was created as is also recorded outside its own directory, in
-``HOME/wallets/.records/NAME.json`` (``{"name", "address", "public_key", "encrypted"}``,
-0600; a dot name is never a wallet's): a ``key.json`` (or a whole ``NAME/`` folder) put in
+``HOME/wallets/.records/NAME.json`` (``{"name", "address", "public_key", "encrypted"}``, and
+``evm_address`` once the wallet has an EVM account (:mod:`aitbc.ledger.evm_keys`); 0600; a
+dot name is never a wallet's): a ``key.json`` (or a whole ``NAME/`` folder) put in
 place of the one created is refused by every load and by ``wallet show``, before any
 passphrase is asked for: a plaintext key where an encrypted one was (it would have been
 used without a passphrase or a word), or any key of another address. A wallet made
@@ -32,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError, UsageError
 from aitbc.json_value import JSONObject
+from aitbc.ledger.files import mkdir_private, replace_private, write_exclusive
 from aitbc.ledger.keys import key_problem, signature_problem
 from aitbc.ledger.sealed import SealedKey, passphrase_for, seal, unseal
 
@@ -59,7 +60,6 @@ RECORDS_DIR = ".records"  # under WALLETS_DIR: what each wallet was created as
 
 _KEY_HEX_LEN = 64  # 32 bytes, public key and private seed alike
 _SIG_HEX_LEN = 128  # 64 bytes
-_TEMP_PREFIX = ".tmp-"
 _FIELDS = ("name", "address", "public_key", "private_key", "created")
 
 
@@ -195,64 +195,6 @@ def wallet_path(home: Path, name: str) -> Path:
     return wallets_dir(home) / check_wallet_name(name) / KEY_FILE
 
 
-def _mkdir_private(path: Path) -> None:
-    """Create ``path`` (0700) if missing; parents as usual. An existing one is left as is."""
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        if not path.is_dir():
-            raise AitbcError(f"{path} exists and is not a directory") from None
-        return
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return _mkdir_private(path)
-    os.chmod(path, 0o700)  # mkdir's mode is masked by the umask; make it exact
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_exclusive(dest: Path, data: bytes) -> bool:
-    """Write ``data`` to ``dest`` (mode 0600) atomically, only if ``dest`` does not exist.
-
-    The bytes go to a temporary file beside it, are fsynced, then hard-linked to ``dest``
-    (``link`` fails if ``dest`` exists, so of two racing writers exactly one wins).
-    Returns False if ``dest`` already existed."""
-    temp = dest.parent / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(temp, dest)
-        except FileExistsError:
-            return False
-        except OSError:  # a file system without hard links: best effort, no clobbering
-            if dest.exists():
-                return False
-            os.replace(temp, dest)
-    finally:
-        temp.unlink(missing_ok=True)
-    _fsync_dir(dest.parent)
-    return True
-
-
 def create_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wallet:
     """Generate a wallet and save it as ``HOME/wallets/NAME/key.json``; with a
     ``passphrase``, its key is stored encrypted (:mod:`aitbc.ledger.sealed`).
@@ -284,9 +226,9 @@ def create_wallet(home: Path, name: str, *, passphrase: str | None = None) -> Wa
         }
     data = (json.dumps(record, indent=2) + "\n").encode()
     try:
-        _mkdir_private(wallets_dir(home))
-        _mkdir_private(path.parent)
-        written = _write_exclusive(path, data)
+        mkdir_private(wallets_dir(home))
+        mkdir_private(path.parent)
+        written = write_exclusive(path, data)
     except OSError as e:  # home is a file, no permission, disk full, ...
         raise AitbcError(f"cannot create wallet '{name}' in {path.parent}: {e.strerror or e}") from None
     if not written:
@@ -354,6 +296,7 @@ class WalletRecord:
 
     address: str
     encrypted: bool
+    evm_address: str | None = None  # its EVM account's (evm_keys), once it has one
 
 
 def _aad(name: object, address: object, public_key: object) -> bytes:
@@ -463,7 +406,10 @@ def _read_record(home: Path, name: str) -> WalletRecord | None:
             f"wallet '{name}''s record is corrupt ({path}): want a JSON object with an address and "
             "encrypted true or false (delete it to record the wallet as it is now)"
         )
-    return WalletRecord(address=record["address"], encrypted=record["encrypted"])
+    evm = record.get("evm_address")
+    return WalletRecord(
+        address=record["address"], encrypted=record["encrypted"], evm_address=evm if isinstance(evm, str) else None
+    )
 
 
 def _check_recorded(home: Path, name: str, path: Path, address: Any, *, encrypted: bool) -> None:
@@ -485,23 +431,35 @@ def _check_recorded(home: Path, name: str, path: Path, address: Any, *, encrypte
         )
 
 
-def _write_record(home: Path, wallet: Wallet, *, encrypted: bool) -> None:
+def _write_record(home: Path, wallet: Wallet, *, encrypted: bool, evm_address: str | None = None) -> None:
     folder = wallets_dir(home) / RECORDS_DIR
-    _mkdir_private(folder)
-    data = json.dumps(
-        {"name": wallet.name, "address": wallet.address, "public_key": wallet.public_key, "encrypted": encrypted}
-    )
-    temp = folder / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, record_path(home, wallet.name))
-    finally:
-        temp.unlink(missing_ok=True)
-    _fsync_dir(folder)
+    mkdir_private(folder)
+    record: dict[str, object] = {
+        "name": wallet.name,
+        "address": wallet.address,
+        "public_key": wallet.public_key,
+        "encrypted": encrypted,
+    }
+    if evm_address is not None:
+        record["evm_address"] = evm_address
+    replace_private(record_path(home, wallet.name), (json.dumps(record) + "\n").encode())
+
+
+def recorded_evm_address(home: Path, name: str) -> str | None:
+    """The EVM address recorded for the wallet (None: none recorded yet)."""
+    recorded = _read_record(Path(home), name)
+    return None if recorded is None else recorded.evm_address
+
+
+def record_evm_address(home: Path, name: str, evm_address: str) -> None:
+    """Record the wallet's EVM address in its record (which must exist: the wallet was
+    loaded or created first); a keystore put in place of the one recorded is then refused."""
+    path = record_path(Path(home), name)
+    if _read_record(Path(home), name) is None:
+        raise AitbcError(f"wallet '{name}' has no record ({path}) to add its EVM address to")
+    record = json.loads(path.read_bytes())
+    record["evm_address"] = evm_address
+    replace_private(path, (json.dumps(record) + "\n").encode())
 
 
 def _remember(home: Path, wallet: Wallet, *, encrypted: bool) -> None:
@@ -511,7 +469,7 @@ def _remember(home: Path, wallet: Wallet, *, encrypted: bool) -> None:
     if recorded is not None and (recorded.encrypted or not encrypted):
         return
     try:
-        _write_record(home, wallet, encrypted=encrypted)
+        _write_record(home, wallet, encrypted=encrypted, evm_address=recorded.evm_address if recorded else None)
     except OSError as e:  # a read-only home still loads its wallets, unrecorded
         warnings.warn(
             f"wallet '{wallet.name}' could not be recorded in {record_path(home, wallet.name)} ({e.strerror or e}); "
