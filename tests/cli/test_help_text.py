@@ -1,6 +1,7 @@
 """Help as typer's rich formatter shows it: a command's first paragraph is its line in its
 group's list, printed with its line breaks kept (a docstring wrapped at 90 columns broke
-mid-sentence at 80), so it is one line; no reST or Markdown backticks (shown raw); no text
+mid-sentence at 80), so it is one line, and its later paragraphs wrap at the terminal's
+width, not where the docstring's lines ended; no reST or Markdown backticks (shown raw); no text
 rich would read as markup and drop ('aitbc[tensorboard]' showed as 'aitbc')."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.conftest import AITBC
 
 from aitbc.cli.main import app
 
-GROUPS = ("distributed-training", "wallet", "ipfs", "market", "coordinator", "worker", "ledger")
+GROUPS = ("distributed-training", "wallet", "ipfs", "market", "coordinator", "worker", "ledger", "chain")
 
 
 def _commands() -> Iterator[tuple[str, Any]]:
@@ -73,3 +74,36 @@ def test_the_workflow_help_at_80_columns():
     )
     flat = " ".join(one.stdout.replace("│", " ").split())
     assert "pip install 'aitbc[tensorboard]'" in flat and "``" not in one.stdout
+
+
+def _described(path: str, command: Any) -> bool:
+    return "\n\n" in inspect.cleandoc(command.help or "").partition("\f")[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "command"),
+    [c for c in _commands() if _described(*c)],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_commands_details_wrap_at_the_terminals_width(path, command):
+    """Every paragraph of a command's --help is wrapped at 80 columns where the next word no
+    longer fits, never where the docstring's line ended (at 90 columns it broke mid-sentence:
+    'metrics to the' / 'tracker until the run ends')."""
+    from typer.testing import CliRunner
+
+    shown = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert shown.exit_code == 0, shown.output
+    body = shown.output.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[1:]
+    paragraphs = [[]]
+    for line in body:
+        if line.strip():
+            paragraphs[-1].append(line.strip())
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    early = [
+        (line, after)
+        for lines in paragraphs
+        for line, after in itertools.pairwise(lines)
+        if len(line) + 1 + len(after.split()[0]) <= 78  # 80 less rich's padding
+    ]
+    assert not early, early

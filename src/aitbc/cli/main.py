@@ -47,6 +47,34 @@ def _flags_without_placeholder() -> None:
 
 _flags_without_placeholder()
 
+
+def _help_paragraphs_reflowed() -> None:
+    """typer's rich help joins a command's first paragraph into one line but keeps the
+    docstring's line breaks in the others, so prose wrapped at 90 columns broke mid-sentence
+    at 80. Each later paragraph becomes one line that the terminal's width wraps, unless it
+    is laid out on purpose (click's ``\\b`` marker, or an indented line)."""
+    from typer import rich_utils
+
+    joined = getattr(rich_utils, "_fix_linebreaks", None)
+    if joined is None or getattr(joined, "_aitbc", False):  # another typer: it shows what it shows
+        return
+
+    def reflowed(paragraphs: list[str], markup_mode: Any) -> str:
+        return joined([_one_line(p) for p in paragraphs], markup_mode)
+
+    reflowed._aitbc = True  # type: ignore[attr-defined]
+    rich_utils._fix_linebreaks = reflowed
+
+
+def _one_line(paragraph: str) -> str:
+    lines = paragraph.split("\n")
+    if paragraph.startswith("\b") or any(line.startswith((" ", "\t")) for line in lines):
+        return paragraph
+    return " ".join(line.strip() for line in lines)
+
+
+_help_paragraphs_reflowed()
+
 _state = {"debug": False}
 
 
@@ -73,12 +101,13 @@ def _root(
 
 def _register() -> None:
     # Imported here so each command module stays importable on its own.
-    from aitbc.cli import demo, ipfs, ledger, market, services, simulate, stack, training, wallet
+    from aitbc.cli import chain, demo, ipfs, ledger, market, services, simulate, stack, training, wallet
 
     app.add_typer(ipfs.app, name="ipfs")
     app.command("simulate")(simulate.simulate)
     app.add_typer(wallet.app, name="wallet")
     app.add_typer(ledger.app, name="ledger")
+    app.add_typer(chain.app, name="chain")
     app.add_typer(services.coordinator_app, name="coordinator")
     app.add_typer(services.worker_app, name="worker")
     app.add_typer(training.app, name="distributed-training")
