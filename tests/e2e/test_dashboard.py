@@ -244,8 +244,9 @@ def test_the_page_works_behind_a_path_prefix(tmp_path, databases):
 
 def test_a_language_runs_second_chart_is_perplexity_and_byte_labels_differ(stack, tmp_path):
     """A language model has no accuracy: its second chart is validation perplexity (it was
-    an empty accuracy chart, with no word why). The bytes axis labels each tick apart: at
-    one decimal, ticks 10 KiB apart on a 5.4 MiB axis all read "5.4 MiB"."""
+    an empty accuracy chart, with no word why). Its dataset reads as measured, the owner's
+    declaration beside it. The bytes axis labels each tick apart: at one decimal, ticks
+    10 KiB apart on a 5.4 MiB axis all read "5.4 MiB"."""
     chromium = _browser_or_skip()
     from playwright.sync_api import sync_playwright
 
@@ -263,6 +264,11 @@ def test_a_language_runs_second_chart_is_perplexity_and_byte_labels_differ(stack
             page.on("pageerror", lambda e: problems.append(str(e)))
             page.goto(f"{stack.url}/runs/{run_id}")
             page.locator("#quality-caption", has_text="Validation perplexity by round").wait_for(timeout=30_000)
+            # The dataset is the size measured as the corpus was read, the owner's "100GB" beside it.
+            dataset = page.locator("#run-facts div", has=page.locator("dt", has_text="dataset")).locator("dd")
+            assert dataset.inner_text() == "17.6 KiB · 1 document · 18,000 tokens (declared 100GB)", (
+                dataset.inner_text()
+            )
             mib = 2**20
             ticks = [5.40 * mib, 5.41 * mib, 5.42 * mib, 5.43 * mib]
             labels = page.evaluate(f"window.aitbcFormats.byteTicks({ticks})")

@@ -235,8 +235,9 @@
   function dataSize(run) {
     if (run.data_bytes === null) return `${run.dataset_size} declared`;
     const parts = [bytes(run.data_bytes)];
-    if (run.data_documents !== null) parts.push(`${run.data_documents.toLocaleString("en")} documents`);
-    if (run.data_tokens !== null) parts.push(`${run.data_tokens.toLocaleString("en")} tokens`);
+    const count = (n, what) => `${n.toLocaleString("en")} ${what}${n === 1 ? "" : "s"}`;
+    if (run.data_documents !== null) parts.push(count(run.data_documents, "document"));
+    if (run.data_tokens !== null) parts.push(count(run.data_tokens, "token"));
     return `${parts.join(" · ")} (declared ${run.dataset_size})`;
   }
 
