@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 BENCH_STAMP := $(VENV)/.bench-installed
 LINT_STAMP  := $(VENV)/.lint-installed
 
-.PHONY: run test lint test-api test-long test-pg install bench clean
+.PHONY: run test lint test-api test-long test-pg install bench clean anvil test-chain
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ run: $(STAMP)
 # own, so it prints its case counts (schemathesis against a live coordinator, ~2 min).
 # The lint tools are installed too: the SDK's stub tests run ruff and mypy as a user would.
 test: $(LINT_STAMP)
-	$(PY) -m pytest -q -n 2 -m "not schemathesis and not long"
+	$(PY) -m pytest -q -n 2 -m "not schemathesis and not long and not chain"
 	$(MAKE) --no-print-directory test-api
 
 # The trust-boundary end-to-end suites, the documented examples, the live report/tracker and
@@ -52,6 +52,19 @@ PG_SUITES := tests/coordinator tests/ledger tests/e2e/test_payments.py tests/e2e
 test-pg: $(LINT_STAMP)
 	@test -n "$$AITBC_TEST_PG_URL" || { echo "error: make test-pg needs AITBC_TEST_PG_URL (eval \"\$$(.ci/postgres start DIR)\")" >&2; exit 2; }
 	AITBC_TEST_DB=postgresql $(PY) -m pytest -q -n 2 -m "not schemathesis" $(PG_SUITES)
+
+# The EVM node of the chain suites: Foundry's anvil, whose npm package ships the binary (so
+# nothing is downloaded at run time), installed under .tools/ (not committed).
+ANVIL := .tools/node_modules/.bin/anvil
+$(ANVIL):
+	npm install --prefix .tools --no-audit --no-fund --silent "@foundry-rs/anvil-linux-amd64@^1"
+anvil: $(ANVIL)
+
+# The chain suites (marker chain, kept out of make test): the node, EVM wallets and the
+# JSON-RPC client against a real anvil started by each test. AITBC_REQUIRE_ANVIL=1 makes a
+# missing anvil a failure, not a skip.
+test-chain: $(LINT_STAMP) $(ANVIL)
+	AITBC_REQUIRE_ANVIL=1 $(PY) -m pytest -q -n 2 -m chain tests/chain
 
 test-api: $(STAMP)
 	$(PY) -m pytest -q -m schemathesis tests/api
