@@ -146,7 +146,9 @@ LAYERS = {  # a module under the key may not import any module under the values
         "aitbc.stack",
     ),
     "aitbc.storage": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
-    "aitbc.ledger": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
+    "aitbc.ledger": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk", "aitbc.chain"),
+    # the EVM backend: a library the coordinator and the CLI call, never calling them
+    "aitbc.chain": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
     "aitbc.market": ("aitbc.sim", "aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
     "aitbc.sim": ("aitbc.coordinator", "aitbc.worker", "aitbc.cli", "aitbc_agent_sdk"),
     "aitbc.coordinator": ("aitbc.worker", "aitbc.cli", "aitbc_agent_sdk", "aitbc.sim"),
