@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from aitbc.cli import checks
@@ -40,6 +41,14 @@ def discover_workers(
     if json_out:
         emit_json(res)
         return
+    out.print(offers_table(res, training_id, min_gpu))
+    out.print(f"Contracted {res['count']} worker{'s' if res['count'] != 1 else ''} for {training_id}", highlight=False)
+
+
+def offers_table(res: Any, training_id: str, min_gpu: str | None, console: Console | None = None) -> Table:
+    """The ranked offers, fitted to the console's width: the worker's address whole, and at
+    80 columns the least useful columns dropped until no word is cut (a GPU class folded
+    as 'RTX409' / '0' is no longer one)."""
     t = Table(title=f"Offers for {training_id}" + (f" (GPU >= {min_gpu})" if min_gpu else ""))
     for col in ("#", "worker", "GPU", "max params", "price/round", "reputation", "availability", "score", "hired"):
         t.add_column(col, justify="right" if col not in ("worker", "GPU") else "left")
@@ -55,5 +64,4 @@ def discover_workers(
             f"{r['score']:.3f}",
             "yes" if r["hired"] else "",
         )
-    out.print(fit(t, whole=("worker",), drop=("availability", "reputation", "#", "score")))
-    out.print(f"Contracted {res['count']} worker{'s' if res['count'] != 1 else ''} for {training_id}", highlight=False)
+    return fit(t, whole=("worker",), drop=("availability", "reputation", "#", "score", "max params"), console=console)
