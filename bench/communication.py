@@ -166,6 +166,9 @@ RULES = {
     "trimmed-mean:beta=0.25": "drops the 2 largest and 2 smallest per coordinate of 8: a value sent by <= 2 workers is trimmed away",
     "centered-clip": "from the medoid update (one whole sparse update), adds the mean of the others' differences, each clipped to the rule's radius",
     "multi-krum:f=2": "averages the n-f updates nearest the others: whole sparse updates, fewer of them",
+    "sparse-robust": "the mean of whole updates, each clipped to the median norm, index-overlap copies merged, up "
+    "to f dropped against the last step or repeating it (the simulator's default for sparse codecs; "
+    "bench/sparse_robust.py runs it under every attack over seeds)",
 }
 ATTACKS = [(None, 0), ("sign-flip", 2)]
 

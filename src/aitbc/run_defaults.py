@@ -29,6 +29,13 @@ OUTER = "fedavg"  # outer optimizer
 # costs a Gram matrix and one product (about 3x a mean). See bench/RESULTS.md "Robustness"
 # and docs/ARCHITECTURE.md.
 AGGREGATOR = "trend+centered-clip"
+# With a sparse codec (each update nonzero on 1-2% of the coordinates, mostly different
+# ones) centered clipping is the mean, and the trend check is captured late in a run by an
+# attacker whose top-k repeats: sparse-robust clips each update to the round's median norm,
+# merges index-overlap copies, and drops up to f updates against the trend or repeating it
+# (aitbc.core.aggregation.sparse). The simulator picks it when no aggregator is given.
+SPARSE_AGGREGATOR = "sparse-robust"
+SPARSE_CODECS = frozenset({"topk", "topk-int8", "sparseloco"})
 COMPRESSION = "none"  # update codec spec
 ERROR_FEEDBACK = False
 MODE: Final = "sync"  # Final: typed as the literal, which the request body's mode field takes
@@ -58,3 +65,9 @@ MAX_CORPUS_BYTES = 128 << 20
 # A billion: about 20 GB of training state (weights, gradients, Adam's moments, a copy),
 # which one 40-80 GB GPU holds with room for activations.
 MAX_PARAMS = 1_000_000_000
+
+
+def default_aggregator(compression: str) -> str:
+    """The aggregator a run gets when it names none: :data:`SPARSE_AGGREGATOR` for a sparse
+    codec spec (``sparseloco:density=0.02``), else :data:`AGGREGATOR`."""
+    return SPARSE_AGGREGATOR if compression.partition(":")[0].strip() in SPARSE_CODECS else AGGREGATOR

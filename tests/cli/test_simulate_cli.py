@@ -224,3 +224,16 @@ def test_bad_robustness_options_are_one_line_usage_errors(aitbc, args, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.long  # two processes of the CLI (SimConfig's choice itself: tests/core/test_aggregation_sparse.py)
+@pytest.mark.parametrize(
+    ("args", "rule"),
+    [
+        (["--compression", "sparseloco:density=0.02,bits=2"], "sparse-robust"),
+        (["--compression", "sparseloco:density=0.02,bits=2", "--aggregator", "mean"], "mean"),
+    ],
+)
+def test_a_sparse_codec_gets_the_sparse_rule_unless_one_is_named(aitbc, args, rule):
+    proc = aitbc("simulate", "--rounds", "1", "--local-steps", "1", "--workers", "4", *args, "--json")
+    assert _json(proc)["config"]["aggregator"] == rule

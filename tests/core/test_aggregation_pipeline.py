@@ -31,6 +31,7 @@ def test_every_rule_and_wrapper_is_registered():
         "mean",
         "median",
         "multi-krum",
+        "sparse-robust",
         "trimmed-mean",
     ]
     assert WRAPPERS.names() == ["bucketing", "nnm", "trend"]
@@ -90,7 +91,7 @@ def test_aggregate_with_f_for_a_wrapper_only():
             "mode",
             {},
             "unknown aggregator 'mode'; allowed: bulyan, centered-clip, geometric-median, krum, mean, "
-            "median, multi-krum, trimmed-mean",
+            "median, multi-krum, sparse-robust, trimmed-mean",
         ),
         ("fancy+median", {}, "unknown aggregator wrapper 'fancy'; allowed: bucketing, nnm, trend"),
         ("nnm", {}, "'nnm' is a pre-aggregation wrapper; end the spec with a rule, e.g. 'nnm+median'"),

@@ -28,6 +28,7 @@ RULE_SPECS = [
     "centered-clip:tau=0.5,iters=4",
     "centered-clip:start=median",
     "centered-clip:start=previous",
+    "sparse-robust:f={f}",
 ]
 WRAPPER_SPECS = [
     "",

@@ -23,6 +23,16 @@ Aggregator = Annotated[
         "trimmed-mean:beta=0.25, krum, nnm+centered-clip."
     ),
 ]
+SimAggregator = Annotated[
+    str | None,
+    typer.Option(
+        "--aggregator",
+        help="Aggregation rule spec, e.g. trend+centered-clip (the default), mean, median, "
+        "trimmed-mean:beta=0.25, krum, nnm+centered-clip; with a sparse codec (topk, topk-int8, "
+        "sparseloco) the default is sparse-robust.",
+        show_default=False,
+    ),
+]
 Compression = Annotated[
     str, typer.Option(help="Update codec spec, e.g. none, int8, topk:ratio=0.01, sign, powersgd:rank=4.")
 ]

@@ -19,7 +19,6 @@ from aitbc import run_defaults as defaults
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
 from aitbc.cli.options import (
-    Aggregator,
     BatchSize,
     Buffer,
     Compression,
@@ -36,6 +35,7 @@ from aitbc.cli.options import (
     Quorum,
     Rounds,
     Seed,
+    SimAggregator,
     Staleness,
     Topology,
 )
@@ -113,7 +113,7 @@ def simulate(
     model_opt: ModelOpt = None,
     compression: Compression = defaults.COMPRESSION,
     error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
-    aggregator: Aggregator = defaults.AGGREGATOR,
+    aggregator: SimAggregator = None,
     attack: Attack = None,
     byzantine: Byzantine = 0,
     mode: Mode = defaults.MODE,
@@ -171,7 +171,8 @@ def _sim_config(options: Mapping[str, Any]) -> SimConfig:
     model_options = parse_kv(options["model_opt"] or [], what="model")
     checks.model(options["model"], model_options, option="--model")
     checks.dataset_name(options["dataset"])
-    checks.aggregator(options["aggregator"])
+    if options["aggregator"] is not None:
+        checks.aggregator(options["aggregator"])
     checks.codec(options["compression"])
     checks.outer(options["outer"], outer_options)
     same = {f.name for f in fields(SimConfig)} & set(options)
@@ -208,7 +209,7 @@ def _run(sim: Simulation, rounds: int, *, quiet: bool) -> SimResult:
 def _result_table(cfg: SimConfig, result: SimResult) -> Table:
     title = (
         f"simulation: {cfg.model} on {cfg.dataset}, {cfg.workers} workers, {cfg.mode}, {cfg.outer}, "
-        f"{cfg.aggregator}, {cfg.compression}"
+        f"{cfg.aggregator_spec}, {cfg.compression}"
     )
     if cfg.byzantine:
         title += f", {cfg.byzantine} x {cfg.attack}"

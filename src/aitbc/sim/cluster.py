@@ -133,7 +133,7 @@ class Cluster:
         norm bound, staleness rule, attack and the workers' codecs."""
         self.outer = build_outer(cfg.outer, cfg.outer_options)
         # A rule that takes f (updates it must tolerate) and is given none gets the attacker count.
-        self.aggregator = parse_aggregator(cfg.aggregator, default_f=cfg.byzantine)
+        self.aggregator = parse_aggregator(cfg.aggregator_spec, default_f=cfg.byzantine)
         self.aggregator.check(cfg.updates_per_aggregation())  # conditions like bulyan's n >= 4f+3, up front
         try:
             self.norm_bound = NormBound(clip=cfg.norm_clip, reject=cfg.norm_reject)

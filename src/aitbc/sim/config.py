@@ -29,7 +29,8 @@ class SimConfig:
     inner_opt: str = run_defaults.INNER_OPT
     outer: str = run_defaults.OUTER
     outer_options: Mapping[str, object] = field(default_factory=dict)
-    aggregator: str = run_defaults.AGGREGATOR  # spec: NAME[:k=v,...][+NAME[:k=v,...]]
+    # spec: NAME[:k=v,...][+NAME[:k=v,...]]; None: run_defaults.default_aggregator(compression)
+    aggregator: str | None = None
     compression: str = run_defaults.COMPRESSION  # spec: NAME[:k=v,...]
     error_feedback: bool = run_defaults.ERROR_FEEDBACK
     attack: str | None = None  # spec: NAME[:k=v,...]
@@ -58,6 +59,8 @@ class SimConfig:
     stop_at_target: bool = False  # end the run at the first evaluation that reaches the target
 
     def __post_init__(self) -> None:
+        if self.aggregator is None:
+            self.aggregator = run_defaults.default_aggregator(self.compression)
         for name in ("workers", "rounds", "eval_samples", "max_bytes", "eval_every", "quorum"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -90,6 +93,11 @@ class SimConfig:
             )
         if self.target_loss is not None and not self.target_loss > 0:
             raise UsageError(f"--target-loss must be > 0, got {self.target_loss}")
+
+    @property
+    def aggregator_spec(self) -> str:
+        """The aggregator spec, the codec's default filled in."""
+        return self.aggregator or run_defaults.default_aggregator(self.compression)
 
     def updates_per_aggregation(self) -> int:
         """How many updates one aggregation sees when nobody is late or rejected."""

@@ -14,7 +14,8 @@ Entry points::
     describe_aggregators() -> str   # rules, wrappers, options, defaults, for --help
 
 Rules (``AGGREGATORS``): ``mean``, ``median``, ``trimmed-mean``, ``krum``, ``multi-krum``,
-``bulyan``, ``centered-clip``, ``geometric-median``. Wrappers (``WRAPPERS``), composable
+``bulyan``, ``centered-clip``, ``geometric-median``, ``sparse-robust`` (for sparse
+updates: top-k and SparseLoCo codecs). Wrappers (``WRAPPERS``), composable
 with any rule: ``nnm``, ``bucketing``, ``trend``. Each rule's module docstring gives its
 paper, the condition it needs, and whether it uses ``weights``.
 
@@ -72,6 +73,7 @@ from aitbc.core.aggregation import krum as _krum  # noqa: F401
 
 # Rules and wrappers register themselves on import.
 from aitbc.core.aggregation import mean as _mean  # noqa: F401
+from aitbc.core.aggregation import sparse as _sparse  # noqa: F401
 from aitbc.core.aggregation import wrappers as _wrappers  # noqa: F401
 from aitbc.core.aggregation.base import (
     AGGREGATORS,

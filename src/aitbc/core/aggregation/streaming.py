@@ -56,7 +56,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from aitbc.core.aggregation import clipping, coordinate, geomed, krum, wrappers
+from aitbc.core.aggregation import clipping, coordinate, geomed, krum, sparse, wrappers
 from aitbc.core.aggregation._distances import distances_from_gram, mask_far
 from aitbc.core.aggregation.base import AGGREGATORS, WRAPPERS, AggregationInfo, Mixing, check_weights
 from aitbc.core.aggregation.pipeline import AggregatorPipeline, _through
@@ -349,6 +349,29 @@ def _clip_from_median(st: _Stream, w: Tensor, cfg: Any) -> Tensor:
     return st.combine(b, start=start, start_coef=(1.0 - b.sum()).item())
 
 
+def _sparse_robust(st: _Stream, w: Tensor, cfg: Any, with_info: bool) -> tuple[Tensor, AggregationInfo]:
+    """One pass for the Gram matrix, the support-overlap counts and the dots with the
+    reference, then the combining pass, as in memory."""
+    k = st.k
+    g = torch.zeros(k, k, dtype=torch.float64)
+    counts = torch.zeros(k, k, dtype=torch.float64)
+    ref_norm = sparse.reference_norm(st.reference)
+    ref = None if ref_norm is None or st.reference is None else st.reference.to(torch.float32)
+    dots = None if ref is None else torch.zeros(k, dtype=torch.float64)
+    for lo, hi, x in st.inputs():
+        g += _gram64(x)
+        s = (x != 0).to(torch.float64)  # (k, c)
+        counts += s @ s.T
+        if dots is not None and ref is not None:
+            dots += (x @ ref[lo:hi]).to(torch.float64)  # (k, c) @ (c,) -> (k,)
+    gram, far = mask_far(_as_f32_range(g))
+    stats = sparse.RoundStats(
+        gram=gram, far=far, counts=counts, dots=None if dots is None else _as_f32_range(dots), ref_norm=ref_norm
+    )
+    c = sparse.coefficients(stats, w, cfg)  # (k,)
+    return st.combine(c), (sparse.coefficient_info(c) if with_info else _NONE)
+
+
 _NONE = AggregationInfo()
 
 RULES: dict[str, RuleStream] = {
@@ -360,6 +383,7 @@ RULES: dict[str, RuleStream] = {
     "bulyan": _bulyan,
     "geometric-median": _geometric_median,
     "centered-clip": _centered_clip,
+    "sparse-robust": _sparse_robust,
 }
 
 # --- wrappers -----------------------------------------------------------------------------

@@ -45,7 +45,9 @@ coordinate, a few values among zeros:
   (under a sign-flip attack on digits only ``multi-krum`` still trained, short of the
   dense loss).
 
-So coordinate-wise rules are unfit for sparse updates; use a whole-update rule.
+So coordinate-wise rules are unfit for sparse updates; ``sparse-robust``
+(``aitbc.core.aggregation.sparse``) is the rule for them, the simulator's default with
+this codec.
 ``bench/communication.py`` measures each, with and without attackers.
 
 Untrusted blobs: the base class checks the payload length against ``d`` and the
