@@ -81,6 +81,18 @@ def test_a_transfer_signed_then_resent_after_a_crash_moves_once(chain):
     assert token.call("balanceOf", bob.address) == 100
 
 
+def test_a_transfer_signed_but_not_sent_before_a_crash_is_sent_once_after(chain):
+    client, deployer, deployment, _ = chain
+    token, _ = contracts_of(client, deployment)
+    carol = Account.create()
+    token.transact(deployer, "mint", deployer.address, 1_000)
+    kept = token.sign(deployer, "transfer", carol.address, 7)  # kept, then the sender crashed
+    with EvmClient(client.url) as restarted:
+        assert [restarted.broadcast(kept).outcome for _ in range(2)] == [SendOutcome.SENT, SendOutcome.ALREADY_SENT]
+        restarted.wait_receipt(kept.tx_hash)
+    assert token.call("balanceOf", carol.address) == 7
+
+
 def _open_run(client, deployer, deployment, run_id: str, providers):
     """A run with escrow 1000 at price 100 and each provider bonded with 10."""
     token, escrow = contracts_of(client, deployment)
