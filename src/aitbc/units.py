@@ -11,7 +11,9 @@ with a 422, the CLI with one ``error:`` line.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, overload
 
 from aitbc.errors import UsageError
 
@@ -113,3 +115,87 @@ def format_price(micro: int) -> str:
     sign = "-" if micro < 0 else ""
     whole, frac = divmod(abs(int(micro)), MICRO)
     return sign + (f"{whole}.{frac:06d}".rstrip("0") if frac else str(whole))
+
+
+class AIT(Decimal):
+    """An amount of AIT as the SDK and the replies carry it: a :class:`~decimal.Decimal`, exact
+    with ints and Decimals (``paid + due`` to the micro-AIT), that mixes with a float as an int
+    does, giving a float, where a plain Decimal raises TypeError: code written against prices
+    as numbers (the users' documentation scores an offer ``1 / (price + 1) * 0.3``) keeps
+    working. Comparisons stay Decimal's (exact)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what the loop below installs, as a type checker should see it
+
+        @overload  # type: ignore[override]  # wider than Decimal's: a float gives a float
+        def __add__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __add__(self, value: float, /) -> float: ...
+        def __add__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload
+        def __radd__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __radd__(self, value: float, /) -> float: ...
+        def __radd__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload  # type: ignore[override]  # wider than Decimal's: a float gives a float
+        def __sub__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __sub__(self, value: float, /) -> float: ...
+        def __sub__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload
+        def __rsub__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __rsub__(self, value: float, /) -> float: ...
+        def __rsub__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload  # type: ignore[override]  # wider than Decimal's: a float gives a float
+        def __mul__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __mul__(self, value: float, /) -> float: ...
+        def __mul__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload
+        def __rmul__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __rmul__(self, value: float, /) -> float: ...
+        def __rmul__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload  # type: ignore[override]  # wider than Decimal's: a float gives a float
+        def __truediv__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __truediv__(self, value: float, /) -> float: ...
+        def __truediv__(self, value: Decimal | float, /) -> AIT | float: ...
+        @overload
+        def __rtruediv__(self, value: Decimal | int, /) -> AIT: ...
+        @overload
+        def __rtruediv__(self, value: float, /) -> float: ...
+        def __rtruediv__(self, value: Decimal | float, /) -> AIT | float: ...
+        def __neg__(self) -> AIT: ...
+        def __pos__(self) -> AIT: ...
+        def __abs__(self) -> AIT: ...
+
+
+def _mixing(name: str) -> Callable[..., Any]:
+    exact = getattr(Decimal, name)
+
+    def op(self: AIT, *other: object) -> object:
+        if other and isinstance(other[0], float):
+            return getattr(float(self), name)(*other)
+        out = exact(self, *other)
+        return AIT(out) if isinstance(out, Decimal) else out
+
+    op.__name__ = name
+    return op
+
+
+for _name in (
+    *(f"__{n}__" for n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")),
+    *(f"__r{n}__" for n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")),
+    "__neg__",
+    "__pos__",
+    "__abs__",
+):
+    setattr(AIT, _name, _mixing(_name))
+
+
+def ait(micro: int) -> AIT:
+    """1_200_000 -> AIT("1.2"): micro-AIT as the exact amount of AIT a reply carries."""
+    return AIT(format_price(micro))

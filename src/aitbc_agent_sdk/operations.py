@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from aitbc import run_defaults
-from aitbc.replies.base import JsonObject, Page
+from aitbc.replies.base import JsonObject, Page, money_text
 from aitbc.replies.results import Results
 from aitbc.replies.runs import RunDetail, RunSummary
 from aitbc.run_mode import RunMode
@@ -49,9 +50,18 @@ def operation(fn: F) -> F:
 
 
 def _amount(value: Any, what: str) -> str:
-    """Money goes to the API as a decimal string (the server keeps integer micro-AIT)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidArgument("bad_amount", f'{what} must be a number of AIT (e.g. 100 or "1.5"), got {value!r}')
+    """Money goes to the API as a decimal string of AIT (the server keeps integer micro-AIT):
+    an int, a str, a :class:`~decimal.Decimal` (what the replies carry, so an amount read
+    off one can be passed back), or a float as written (its shortest repr: 0.1 is "0.1").
+    More than 6 decimals is the coordinator's ``bad_price``/``bad_amount``, never rounded."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, Decimal)):
+        raise InvalidArgument(
+            "bad_amount", f'{what} must be AIT as an int, str or Decimal (e.g. 100 or "1.5"), got {value!r}'
+        )
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise InvalidArgument("bad_amount", f"{what} must be a finite amount of AIT, got {value!r}")
+        return money_text(value)
     return value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
 
 

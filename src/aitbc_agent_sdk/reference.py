@@ -1,5 +1,6 @@
-"""The SDK's API reference, generated from the docstrings: ``python -m aitbc_agent_sdk.reference``
-prints it as Markdown (``docs/SDK.md`` is this output; a test keeps them equal)."""
+"""The SDK's API reference, generated from the docstrings and the returned models' fields
+(:mod:`~aitbc_agent_sdk.reference_models`): ``python -m aitbc_agent_sdk.reference`` prints it
+as Markdown (``docs/SDK.md`` is this output; a test keeps them equal)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from aitbc_agent_sdk.clients import Agent
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.operations import OPERATIONS
 from aitbc_agent_sdk.protocol import PROGRESS_DOC
+from aitbc_agent_sdk.reference_models import render_models
 from aitbc_agent_sdk.stub import parameters, returns
 
 
@@ -55,6 +57,7 @@ def render() -> str:
             _doc(getattr(Agent, name)),
             "",
         ]
+    out += render_models()
     out += [
         "## Progress",
         "",

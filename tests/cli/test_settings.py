@@ -299,4 +299,4 @@ def test_environment_and_flags_reach_both_services(tmp_path):
                 worker,
                 tmp_path / "worker.log",
             )
-            assert [(o["gpu_type"], o["price"]) for o in offers] == [("RTX4090", 2.5)], offers
+            assert [(o["gpu_type"], o["price"]) for o in offers] == [("RTX4090", "2.5")], offers

@@ -128,11 +128,11 @@ def test_bad_worker_registration(server, api, body, code):
 
 def test_prices_are_exact_integers(server, api):
     for price, micro, shown in [
-        ("1.20", 1_200_000, 1.2),
-        (0.3, 300_000, 0.3),
-        (2, 2_000_000, 2.0),
-        ("0.000001", 1, 0.000001),
-        ("0", 0, 0.0),
+        ("1.20", 1_200_000, "1.2"),
+        (0.3, 300_000, "0.3"),
+        (2, 2_000_000, "2"),
+        ("0.000001", 1, "0.000001"),
+        ("0", 0, "0"),
     ]:
         w = server.client("p")
         offer = w.post("/workers", {"gpu": "RTX3090", "price": price})

@@ -26,7 +26,7 @@ def test_hire_at_or_above_the_asking_price(new_coordinator, api):
     api.assert_api_error(e, 404, "unknown_worker")
     # At a higher price: a contract at the offered price.
     c = owner.post(f"/runs/{run_id}/contracts", {"worker_id": w.wallet.address, "price": "1.75"})
-    assert c["price"] == 1.75 and c["price_micro"] == 1_750_000 and c["status"] == "hired"
+    assert c["price"] == "1.75" and c["price_micro"] == 1_750_000 and c["status"] == "hired"
     assert [ct["contract_id"] for ct in owner.get(f"/runs/{run_id}")["contracts"]] == [c["contract_id"]]
     with pytest.raises(api.ApiError) as e:
         owner.post(f"/runs/{run_id}/contracts", {"worker_id": w.wallet.address, "price": "2"})

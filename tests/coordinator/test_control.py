@@ -545,7 +545,7 @@ def test_hiring_in_a_live_manual_run_and_a_job_for_the_new_hire(coord, api):
     late = api.register_worker(coord, "late")
     owner, p = t.owner, f"/runs/{t.run_id}"
     c = posted(coord, api, owner, f"{p}/contracts", {"worker_id": late.wallet.address, "price": "1.25"}, 201)
-    assert (c["worker_id"], c["price"], c["status"]) == (late.wallet.address, 1.25, "hired")
+    assert (c["worker_id"], c["price"], c["status"]) == (late.wallet.address, "1.25", "hired")
     assert job_payload(late) is None  # hired, no job yet: a manual run's owner sends it one
     time.sleep(IDLE)
     assert job_payload(late) is None  # the driver does not use it to fill a shard either
@@ -723,7 +723,7 @@ def test_job_controls_of_a_manual_run(new_coordinator, api):
     best2 = posted(coord, api, owner, f"/jobs/{moved['job_id']}/reassign", {}, 201)
     assert (best2["worker_id"], best2["shard_index"]) == (f_.wallet.address, 0)
     contract = {k["worker_id"]: k for k in owner.get(f"/runs/{run_id}")["contracts"]}[f_.wallet.address]
-    assert (contract["price"], contract["status"]) == (0.5, "working")
+    assert (contract["price"], contract["status"]) == ("0.5", "working")
     # nobody free is left
     refused(coord, api, owner, f"/jobs/{jb}/split", {}, 409, "no_free_worker", run_id=run_id)
     owner.post(f"/jobs/{best2['job_id']}/end", {"status": "released"})

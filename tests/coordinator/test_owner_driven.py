@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from decimal import Decimal
 
 import pytest
 import torch
@@ -97,15 +98,15 @@ def test_example_two_on_a_run_made_the_documented_way(coord, api):
     p = f"/runs/{run_id}"
     first = api.upload_digits(owner, run_id, 2)  # upload_to_ipfs(path=...) made it the run's dataset
 
-    # initializing: discover (prices are numbers) and negotiate a contract with each
+    # initializing: discover (prices are decimal strings of AIT) and negotiate a contract with each
     offers = {o["worker_id"]: o for o in owner.get("/market/offers")["data"]}
     contracts = {}
     for w in workers:
         o = offers[w.wallet.address]
-        assert (o["price"], o["price_micro"]) == (1.5, 1_500_000)
-        assert 1 / (o["price"] + 1) == pytest.approx(0.4)  # the example's price score
+        assert (o["price"], o["price_micro"]) == ("1.5", 1_500_000)
+        assert 1 / (Decimal(o["price"]) + 1) == Decimal("0.4")  # the example's price score, exact
         c = owner.post(f"{p}/contracts", {"worker_id": w.wallet.address, "price": o["price"]})
-        assert (c["price"], c["price_micro"], c["status"]) == (1.5, 1_500_000, "hired")
+        assert (c["price"], c["price_micro"], c["status"]) == ("1.5", 1_500_000, "hired")
         contracts[w.wallet.address] = c
 
     # update_training_phase('distributing'): the owner takes the run over
@@ -213,13 +214,13 @@ def test_example_two_on_a_run_made_the_documented_way(coord, api):
     results = owner.get(f"{p}/results")
     assert (results["model_cid"], results["metrics"]) == (model_cid, metrics)
 
-    # process_payment(worker_id, contract_id, amount=contract['price']): a number
+    # process_payment(worker_id, contract_id, amount=contract['price']): the decimal string it came as
     for w in workers:
         c = contracts[w.wallet.address]
         paid = owner.post(f"{p}/payments", {"contract_id": c["contract_id"], "amount": c["price"]})
         assert paid["amount_micro"] == 1_500_000
     rows = {r["worker_id"]: r for r in owner.get(f"{p}/payments")["data"]}
-    assert all((r["price"], r["price_micro"]) == (1.5, 1_500_000) for r in rows.values())
+    assert all((r["price"], r["price_micro"]) == ("1.5", 1_500_000) for r in rows.values())
     assert all(r["paid_micro"] >= 1_500_000 for r in rows.values())
     ledger_ok(coord)
 

@@ -30,9 +30,9 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     stack.wait_offers(3)
     offers = json.loads(stack.cli("market", "offers", "--json").stdout)["data"]
     assert sorted((o["gpu_type"], o["price"]) for o in offers) == [
-        ("RTX3080", 0.9),
-        ("RTX3090", 1.2),
-        ("RTX4090", 1.6),
+        ("RTX3080", "0.9"),
+        ("RTX3090", "1.2"),
+        ("RTX4090", "1.6"),
     ]
     assert all(o["live"] and o["reputation"] == 2.5 and o["device"]["device"] == "cpu" for o in offers)
     corpus = tmp_path / "corpus"

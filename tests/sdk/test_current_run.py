@@ -6,6 +6,7 @@ process), truthy ``ping_worker`` / ``verify_checkpoint`` results, and numeric pr
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -221,11 +222,11 @@ def test_ping_and_verify_are_truthy_exactly_when_alive_or_valid(stack):
     assert not Outcome(done=False, worker_id="w", detail="nobody free") and Outcome(done=True, worker_id="w", detail="")
 
 
-def test_prices_are_numbers_beside_their_exact_micro_ait(stack):
+def test_prices_are_exact_decimals_beside_their_micro_ait(stack):
     with _agent(stack, "prices") as a:
         a.fund_wallet(20)  # hiring needs price x 10 rounds in hand (issue 33)
         free = a.get_available_workers()
-        assert free and all(isinstance(o["price"], float) and o["price"] * 1e6 == o["price_micro"] for o in free)
+        assert free and all(isinstance(o["price"], Decimal) and o["price"] * 10**6 == o["price_micro"] for o in free)
         found = a.discover_gpu_workers(required_workers=1)
         assert 1 / (found[0]["price"] + 1) > 0  # the documentation's arithmetic
         tid = a.initialize_distributed_training("mlp", 1, 1)["training_id"]

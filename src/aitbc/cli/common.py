@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -89,8 +90,12 @@ def json_text(obj: Any, *, sort_keys: bool = False) -> str:
 def _reply_json(obj: object) -> Any:
     from pydantic import BaseModel  # imported on use, so --help stays fast
 
+    from aitbc.replies.base import money_text
+
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json", by_alias=True)
+    if isinstance(obj, Decimal):  # an amount of AIT read off a reply: the decimal string it came as
+        return money_text(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON")
 
 

@@ -45,7 +45,6 @@ from aitbc.cli.common import (
     resolve_home,
 )
 from aitbc.errors import AitbcError, UsageError
-from aitbc.units import format_price
 
 if TYPE_CHECKING:
     from aitbc.ledger.book import EntryRecord
@@ -285,7 +284,7 @@ def _entries_table(data: list[dict[str, Any]]) -> Table:
                 str(e["seq"]),
                 Text(e["kind"]),
                 *moved,
-                e.get("amount_ait") or format_price(e["amount"]),
+                str(e["amount_ait"]),
                 Text(e["key"] or ""),
                 Text(json.dumps(e["memo"], sort_keys=True)),
             )

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import KeysView
-from typing import Any, Generic, TypeVar
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
+
+from aitbc.units import AIT
 
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
@@ -19,6 +31,44 @@ JsonObject = dict[str, Any]
 model's options, a run's training config and data spec, an owner's saved metrics, a worker's
 device description, a ledger entry's memo and authorization, a gossip record as its worker
 signed it. Its readers look keys up; nothing here checks them."""
+
+
+def _money(value: object) -> AIT:
+    """An amount of AIT as a reply carries it: a decimal string on the wire ("32.8"); an
+    int, a Decimal, or a float a coordinator of an earlier release sent a price as (read by
+    its shortest repr, so 1.2 is 1.2, not 1.1999999999999999555910790149937)."""
+    if isinstance(value, bool) or not isinstance(value, (Decimal, int, str, float)):
+        raise ValueError(f'an amount of AIT must be a decimal string such as "32.8", got {value!r}')
+    try:
+        d = value if isinstance(value, Decimal) else Decimal(repr(value) if isinstance(value, float) else str(value))
+    except InvalidOperation:
+        raise ValueError(f'an amount of AIT must be a decimal string such as "32.8", got {value!r}') from None
+    if not d.is_finite():
+        raise ValueError(f"an amount of AIT must be finite, got {value!r}")
+    return AIT(money_text(d))  # one spelling per amount: "32.800000" reads as 32.8, "1E+2" as 100
+
+
+def money_text(d: Decimal) -> str:
+    """An amount as the wire and ``--json`` write it: plain decimal AIT, no exponent and no
+    trailing zeros (``Decimal("32.800000")`` -> ``"32.8"``, ``Decimal("1E+2")`` -> ``"100"``)."""
+    return format(d.normalize(), "f") if d else "0"
+
+
+Money = Annotated[
+    AIT,
+    PlainValidator(_money),
+    PlainSerializer(money_text, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "pattern": r"^-?\d+(\.\d{1,6})?$", "examples": ["32.8"]}),
+]
+"""Every amount of AIT a reply carries: an :class:`~aitbc.units.AIT`, a
+:class:`~decimal.Decimal`, in Python (exact: ``paid + due`` is to the micro-AIT), a decimal
+string of AIT in JSON (``"32.8"``), on the wire and in the CLI's ``--json``. The one type of money; the ``*_micro`` integers beside some amounts are
+the same amount in micro-AIT, kept for clients of earlier releases and for the ledger's
+audit, which adds its entries up in integers."""
+
+MicroAIT = Annotated[int, WithJsonSchema({"type": "integer", "description": "micro-AIT (1 AIT = 1000000)"})]
+"""An amount in integer micro-AIT: a ledger entry's ``amount`` and the ``*_micro`` companions of
+:data:`Money` amounts (the same amount, exact, for integer arithmetic)."""
 
 
 class Reply(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from aitbc.replies.base import Reply
+from aitbc.replies.base import MicroAIT, Money, Reply
 from aitbc.states import ContractStatus, Control, RunStatus
 
 
@@ -64,20 +64,22 @@ class DashboardWorker(Reply):
     score: float | None = Field(description="its mean quality over its scored rounds, 0..1")
     rounds_accepted: int
     rounds_scored: int
-    price: float = Field(description="AIT per round")
-    paid: str
-    paid_micro: int
-    slashed: str
-    slashed_micro: int
+    price: Money = Field(description="AIT per round at full quality")
+    paid: Money = Field(description="AIT paid to it so far")
+    paid_micro: MicroAIT = Field(description="paid in micro-AIT")
+    slashed: Money = Field(description="AIT burned from its bond")
+    slashed_micro: MicroAIT = Field(description="slashed in micro-AIT")
     flags: list[str] = Field(description="its scores' flags and the coordinator's records (rejected_update, ...)")
 
 
 class DashboardPayments(Reply):
     network: str
-    escrowed: str
-    escrow_balance: str
-    paid_micro: int = Field(description="paid to the providers so far, all together")
-    slashed_micro: int = Field(description="burned from bonds so far, all together")
+    escrowed: Money = Field(description="AIT escrowed for the run")
+    escrow_balance: Money = Field(description="AIT left in the escrow now")
+    paid: Money = Field(description="AIT paid to the providers so far, all together")
+    paid_micro: MicroAIT = Field(description="paid in micro-AIT")
+    slashed: Money = Field(description="AIT burned from bonds so far, all together")
+    slashed_micro: MicroAIT = Field(description="slashed in micro-AIT")
     settled_round: int
     finalized: bool
 

@@ -54,8 +54,8 @@ class ScorePage(Page[ScoreView]):
 
 
 class Checkpoint(Reply):
-    round: int
-    cid: str
+    round: int = Field(description="0: the initial model")
+    cid: str = Field(description="the global model's CID after the round")
 
 
 class ContractRef(Reply):
@@ -69,27 +69,29 @@ class ResultWorker(WorkerScore, ContractRef):
 
 
 class Results(Reply):
+    """What a run produced: its model, its losses, its traffic and its workers' scores."""
+
     training_id: str
-    status: RunStatus
-    error: str | None
-    model_cid: str | None
+    status: RunStatus = Field(description="the run's state (results are final once complete)")
+    error: str | None = Field(description="why it failed; null otherwise")
+    model_cid: str | None = Field(description="the trained model's CID (download_model fetches it); null before one")
     metrics: JsonObject = Field(description="what its owner saved with the result (save_training_results)")
-    rounds_completed: int
-    rounds: int | None
-    initial_val_loss: float | None
-    final_val_loss: float | None
-    final_val_accuracy: float | None
-    bytes_up: int
-    bytes_down: int
-    updates_accepted: int
-    updates_rejected: int
-    wall_seconds: float | None
+    rounds_completed: int = Field(description="rounds closed")
+    rounds: int | None = Field(description="rounds planned; null for a run without a round limit")
+    initial_val_loss: float | None = Field(description="validation loss of the initial model (round 0)")
+    final_val_loss: float | None = Field(description="validation loss of the latest evaluated round")
+    final_val_accuracy: float | None = Field(description="its validation accuracy (classifiers; null otherwise)")
+    bytes_up: int = Field(description="bytes of the workers' updates received, all rounds")
+    bytes_down: int = Field(description="bytes of the global model sent to workers, all rounds")
+    updates_accepted: int = Field(description="updates aggregated, all rounds")
+    updates_rejected: int = Field(description="updates refused (robust rule, checks, spot checks)")
+    wall_seconds: float | None = Field(description="seconds from training's start to its end; null before")
     settled_round: int = Field(
         description="rounds scored and paid so far: the workers' scores are means over these "
         "(settlement runs behind the rounds, so a just-finished run may show fewer)"
     )
-    checkpoints: list[Checkpoint]
-    workers: list[ResultWorker]
+    checkpoints: list[Checkpoint] = Field(description="each round's global model kept, by round")
+    workers: list[ResultWorker] = Field(description="one row per contract: its worker, status and scores")
     tokens_seen: int | None = Field(
         None,
         description="language models: tokens the accepted updates were trained on (each one's local steps x "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from aitbc.replies.base import JsonObject, Reply
+from aitbc.replies.base import JsonObject, MicroAIT, Money, Reply
 from aitbc.replies.gossip import GossipView
 from aitbc.replies.jobs import JobView
 from aitbc.states import ContractStatus, Control, RunStatus
@@ -13,17 +13,17 @@ from aitbc.states import ContractStatus, Control, RunStatus
 
 class RunSummary(Reply):
     training_id: str
-    status: RunStatus
-    owner: str
-    model_type: str
-    dataset_size: str
-    target_workers: int
-    round: int
-    rounds: int | None
-    val_loss: float | None
-    control: Control
-    created_at: float
-    updated_at: float
+    status: RunStatus = Field(description="where the run is in its life")
+    owner: str = Field(description="the owner's wallet address")
+    model_type: str = Field(description="the built-in model (mlp, transformer, ...) or hf:FAMILY")
+    dataset_size: str = Field(description="as the owner declared it")
+    target_workers: int = Field(description="workers the run trains on")
+    round: int = Field(description="the open round (1-based); 0 before training")
+    rounds: int | None = Field(description="rounds planned; null for a run without a round limit")
+    val_loss: float | None = Field(description="validation loss of the latest evaluated round")
+    control: Control = Field(description="automatic: the coordinator drives the rounds; manual: its owner does")
+    created_at: float = Field(description="unix seconds")
+    updated_at: float = Field(description="unix seconds")
 
 
 class MeasuredSize(Reply):
@@ -38,12 +38,12 @@ class MeasuredSize(Reply):
 
 class ContractView(Reply):
     contract_id: str
-    worker_id: str
+    worker_id: str = Field(description="the provider's wallet address")
     training_id: str
-    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
-    price_micro: int = Field(description="the exact price in micro-AIT")
+    price: Money = Field(description="AIT per round at full quality")
+    price_micro: MicroAIT = Field(description="price in micro-AIT")
     status: ContractStatus
-    score: float
+    score: float = Field(description="the offer's marketplace score when it was hired, 0..1")
 
 
 class WorkerScore(Reply):
@@ -103,9 +103,9 @@ class RunDetail(RunSummary):
     config: JsonObject
     global_model_cid: str | None
     network: str
-    budget: str | None
-    bond: str
-    escrowed: str
+    budget: Money | None = Field(description="AIT its owner set aside at create (escrowed at distribute); null: none")
+    bond: Money = Field(description="AIT each hired provider posts as bond")
+    escrowed: Money = Field(description="AIT escrowed for the run so far")
     initial_val_loss: float | None
     val_accuracy: float | None
     val_round: int | None = Field(
@@ -141,8 +141,8 @@ class RunDetail(RunSummary):
 class RankedOffer(Reply):
     worker_id: str
     gpu_type: str
-    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
-    price_micro: int = Field(description="the exact price in micro-AIT")
+    price: Money = Field(description="AIT per round at full quality")
+    price_micro: MicroAIT = Field(description="price in micro-AIT")
     reputation: float
     availability: float
     score: float

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from aitbc.replies.base import JsonObject, Reply
+from aitbc.replies.base import JsonObject, MicroAIT, Money, Reply
 from aitbc.states import OfferStatus
 
 
 class OfferView(Reply):
     worker_id: str
     gpu_type: str
-    price: float = Field(description="AIT per round, a number (price_micro / 1e6)")
-    price_micro: int = Field(description="the exact price in micro-AIT")
+    price: Money = Field(description="AIT per round it asks")
+    price_micro: MicroAIT = Field(description="price in micro-AIT")
     reputation: float
     availability: float
     status: OfferStatus
     live: bool
     last_heartbeat: float
-    max_bond: str
+    max_bond: Money = Field(description="the most AIT it posts as bond for one contract")
     max_params: int | None = Field(
         None, description="the largest model this provider trains, in parameters (none: no stated limit)"
     )

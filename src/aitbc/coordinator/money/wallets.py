@@ -16,7 +16,7 @@ from aitbc.coordinator.schemas import WalletFund, WalletSend
 from aitbc.ledger.book import Ledger, LedgerError, RequestAuth
 from aitbc.ledger.chain import mint_account, wallet_account
 from aitbc.replies.money import Funded, Sent
-from aitbc.units import MICRO, format_price, parse_amount
+from aitbc.units import MICRO, ait, format_price, parse_amount
 
 MAX_FAUCET = 1_000_000 * MICRO  # micro-AIT per request
 
@@ -45,9 +45,9 @@ def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> Funded:
     s.commit()
     return Funded(
         address=address,
-        amount=format_price(amount),
+        amount=ait(amount),
         entry=e.seq,
-        balance=format_price(Ledger.balance(s, wallet_account(address))),
+        balance=ait(Ledger.balance(s, wallet_account(address))),
     )
 
 
@@ -84,7 +84,7 @@ def send(ctx: Context, s: Session, body: WalletSend, *, address: str, request: R
     return Sent(
         from_=address,
         to=body.to,
-        amount=format_price(amount),
+        amount=ait(amount),
         entry=e.seq,
-        balance=format_price(Ledger.balance(s, wallet_account(address))),
+        balance=ait(Ledger.balance(s, wallet_account(address))),
     )

@@ -44,7 +44,7 @@ from aitbc.replies.dashboard import (
 )
 from aitbc.replies.jobs import JobView
 from aitbc.states import ContractStatus, Control, RunStatus, ScoreStatus
-from aitbc.units import MICRO, format_price
+from aitbc.units import AIT, ait
 
 MAX_RUNS = 200  # the list shows the newest runs
 MAX_CURVE_POINTS = 1000  # a longer run's curves hold every n-th round (and the newest): one poll stays small
@@ -127,7 +127,9 @@ def run_page(ctx: Context, s: Session, run: Run) -> DashboardRunDetail:
             network=run.network,
             escrowed=pay.escrowed,
             escrow_balance=pay.escrow_balance,
+            paid=ait(sum(w.paid_micro for w in pay.rows)),
             paid_micro=sum(w.paid_micro for w in pay.rows),
+            slashed=ait(sum(w.slashed_micro for w in pay.rows)),
             slashed_micro=sum(w.slashed_micro for w in pay.rows),
             settled_round=pay.settled_round,
             finalized=pay.finalized,
@@ -144,21 +146,21 @@ class _PayRow:
 
     worker_id: str
     contract_id: str
-    price: float  # AIT per round
+    price: AIT  # AIT per round
     score: float | None
     rounds_accepted: int
     rounds_scored: int
     flags: list[str]
-    paid: str
+    paid: AIT
     paid_micro: int
-    slashed: str
+    slashed: AIT
     slashed_micro: int
 
 
 @dataclass(frozen=True, slots=True)
 class _Pay:
-    escrowed: str
-    escrow_balance: str
+    escrowed: AIT
+    escrow_balance: AIT
     settled_round: int
     finalized: bool
     rows: list[_PayRow]
@@ -194,20 +196,20 @@ def _pay(ctx: Context, s: Session, run: Run) -> _Pay:
             _PayRow(
                 worker_id=c.worker_id,
                 contract_id=c.id,
-                price=c.price / MICRO,
+                price=ait(c.price),
                 score=(sum(q for _, q, _ in sc) / len(sc)) if sc else None,
                 rounds_accepted=sum(st == ScoreStatus.ACCEPTED for st, _, _ in sc),
                 rounds_scored=len(sc),
                 flags=sorted({f for _, _, fl in sc for f in fl}),
-                paid=format_price(paid),
+                paid=ait(paid),
                 paid_micro=paid,
-                slashed=format_price(c.slashed),
+                slashed=ait(c.slashed),
                 slashed_micro=c.slashed,
             )
         )
     return _Pay(
-        escrowed=format_price(run.escrowed),
-        escrow_balance=format_price(ctx.ledger.balance(s, escrow_account(run.id))),
+        escrowed=ait(run.escrowed),
+        escrow_balance=ait(ctx.ledger.balance(s, escrow_account(run.id))),
         settled_round=run.settled_round,
         finalized=run.finalized,
         rows=rows,

@@ -50,7 +50,7 @@ from aitbc.run_mode import RunMode
 from aitbc.states import ContractStatus, Control, RunStatus
 from aitbc.storage.cid import is_cid
 from aitbc.training.models import check_model
-from aitbc.units import MICRO, format_price, parse_amount, parse_price, parse_size
+from aitbc.units import MICRO, ait, format_price, parse_amount, parse_price, parse_size
 
 MANIFEST_FORMAT = "aitbc.manifest/1"
 MAX_MANIFEST_BYTES = 4 << 20
@@ -497,10 +497,10 @@ def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_
     return ManualPayment(
         contract_id=c.id,
         worker_id=c.worker_id,
-        amount=format_price(amount),
+        amount=ait(amount),
         amount_micro=amount,
         entry=e.seq,
-        escrow_left=format_price(ctx.ledger.balance(s, escrow_account(run.id))),
+        escrow_left=ait(ctx.ledger.balance(s, escrow_account(run.id))),
     )
 
 

@@ -1,8 +1,7 @@
 """Read-only views: what the API returns about runs, rounds, jobs, offers, money and
 updates, as the reply models of :mod:`aitbc.replies`. Nothing here writes; money is shown
-both as AIT text (``format_price``) and, where clients compute with it, as integer micro-AIT.
-Prices (AIT per round) are numbers, ``micro / 1e6``, with the exact ``price_micro`` beside
-them: the documented SDK examples compute with them (``1 / (worker['price'] + 1)``).
+as AIT text (``format_price``; a ``Decimal`` in the SDK), with the same amount in integer
+micro-AIT beside it where clients of earlier releases computed with it (``price_micro``).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from aitbc.replies.runs import AsyncView, ContractView, RunDetail, RunSummary, R
 from aitbc.replies.runs import RankedOffer as RankedView
 from aitbc.replies.workers import MarketOffer, OfferView
 from aitbc.states import ContractStatus, Control, JobStatus, OfferStatus, RunStatus, ScoreStatus, UpdateStatus
-from aitbc.units import MICRO, format_price
+from aitbc.units import MICRO, ait
 
 # --- runs ---------------------------------------------------------------------------------
 
@@ -105,9 +104,9 @@ def run_detail(ctx: Context, s: Session, run: Run) -> RunDetail:
         config=run.cfg.model_dump(mode="json") if run.configured else {},
         global_model_cid=run.global_cid,
         network=run.network,
-        budget=None if run.budget is None else format_price(run.budget),
-        bond=format_price(run.bond),
-        escrowed=format_price(run.escrowed),
+        budget=None if run.budget is None else ait(run.budget),
+        bond=ait(run.bond),
+        escrowed=ait(run.escrowed),
         initial_val_loss=run.initial_val_loss,
         val_accuracy=run.val_accuracy,
         val_round=latest_evaluated(s, run),
@@ -389,7 +388,7 @@ def ranked_view(r: RankedOffer, *, hired: bool) -> RankedView:
     return RankedView(
         worker_id=o.worker_id,
         gpu_type=o.gpu,
-        price=o.price,
+        price=ait(round(o.price * MICRO)),
         price_micro=round(o.price * MICRO),
         reputation=o.reputation,
         availability=o.availability,
@@ -404,7 +403,7 @@ def contract_view(c: Contract) -> ContractView:
         contract_id=c.id,
         worker_id=c.worker_id,
         training_id=c.run_id,
-        price=c.price / MICRO,
+        price=ait(c.price),
         price_micro=c.price,
         status=ContractStatus(c.status),
         score=round(c.score, 6),
@@ -416,14 +415,14 @@ def offer_view(ctx: Context, o: Offer, *, now: float) -> OfferView:
     return OfferView(
         worker_id=o.id,
         gpu_type=o.gpu,
-        price=o.price / MICRO,
+        price=ait(o.price),
         price_micro=o.price,
         reputation=o.reputation,
         availability=o.availability,
         status=OfferStatus(o.status),
         live=now - seen <= ctx.settings.lease_seconds,
         last_heartbeat=seen,
-        max_bond=format_price(o.max_bond or 0),
+        max_bond=ait(o.max_bond or 0),
         max_params=o.max_params,
         last_heartbeat_age=round(now - seen, 3),
         device=o.device,
@@ -542,19 +541,19 @@ def payments_view(ctx: Context, s: Session, run: Run) -> Payments:
             WorkerPay(
                 worker_id=c.worker_id,
                 contract_id=c.id,
-                price=c.price / MICRO,
+                price=ait(c.price),
                 price_micro=c.price,
                 status=ContractStatus(c.status),
                 rounds_accepted=sum(x.status == ScoreStatus.ACCEPTED for x in sc),
                 rounds_scored=len(sc),
                 score=(sum(x.quality for x in sc) / len(sc)) if sc else None,
                 flags=sorted({f for x in sc for f in x.flags}),
-                paid=format_price(paid),
+                paid=ait(paid),
                 paid_micro=paid,
-                due=format_price(int(due)),
+                due=ait(int(due)),
                 due_micro=int(due),
-                bond=format_price(c.bond),
-                slashed=format_price(c.slashed),
+                bond=ait(c.bond),
+                slashed=ait(c.slashed),
                 slashed_micro=c.slashed,
                 reputation=offer.reputation if offer else None,
             )
@@ -566,8 +565,8 @@ def payments_view(ctx: Context, s: Session, run: Run) -> Payments:
         training_id=run.id,
         network=run.network,
         control=Control(run.control),
-        escrowed=format_price(run.escrowed),
-        escrow_balance=format_price(ctx.ledger.balance(s, escrow_account(run.id))),
+        escrowed=ait(run.escrowed),
+        escrow_balance=ait(ctx.ledger.balance(s, escrow_account(run.id))),
         settled_round=run.settled_round,
         rounds_closed=rounds_closed or 0,
         finalized=run.finalized,
@@ -589,4 +588,4 @@ def books_closed(s: Session, run: Run) -> bool:
 
 
 def entry_view(e: Entry) -> EntryView:
-    return EntryView(**e.as_dict(), amount_ait=format_price(e.amount))
+    return EntryView(**e.as_dict(), amount_ait=ait(e.amount))

@@ -16,7 +16,7 @@ from aitbc.ledger.book import Entry, Head, Ledger
 from aitbc.ledger.chain import wallet_account
 from aitbc.replies.base import Page
 from aitbc.replies.money import Balance, Balances, Entries, EntryView, Funded, LedgerInfo, Sent
-from aitbc.units import format_price
+from aitbc.units import ait
 
 router = APIRouter(tags=["ledger"])
 MAX_SEQ = 2**31 - 1  # the largest sequence number the column holds on every backend (INTEGER on PostgreSQL)
@@ -38,7 +38,7 @@ def send(body: WalletSend, ctx: CtxDep, s: SessionDep, signer: SignerDep) -> Sen
 def balance(address: str, ctx: CtxDep, s: SessionDep) -> Balance:
     check_address(address)
     micro = Ledger.balance(s, wallet_account(address))
-    return Balance(address=address, network=ctx.ledger.network, balance=format_price(micro), balance_micro=micro)
+    return Balance(address=address, network=ctx.ledger.network, balance=ait(micro), balance_micro=micro)
 
 
 @router.get("/wallets/{address}/history", response_model=Page[EntryView], responses=errors(422))
