@@ -3,6 +3,7 @@
 # checked; at run time each method is the operation driven by the client.
 
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +41,10 @@ class AgentMethods:
     """The blocking methods of the agent, one per operation."""
 
     def add_worker(
-        self, worker_id: str | None = None, training_id: str | None = None, price: int | float | str | None = None
+        self,
+        worker_id: str | None = None,
+        training_id: str | None = None,
+        price: int | float | str | Decimal | None = None,
     ) -> WorkerAdded:
         """Hire one more worker for the run (default: the agent's current run): ``worker_id``
         (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
@@ -82,7 +86,7 @@ class AgentMethods:
         self,
         min_gpu: str | None = None,
         required_workers: int = 1,
-        max_price: int | float | str | None = None,
+        max_price: int | float | str | Decimal | None = None,
         training_id: str | None = None,
     ) -> list[FreeOffer] | list[HiredOffer]:
         """The best ``required_workers`` live, free offers, ranked by the marketplace score:
@@ -169,7 +173,7 @@ class AgentMethods:
         (``price``, with the exact ``price_micro``).
         """
 
-    def fund_wallet(self, amount: int | float | str) -> Funded:
+    def fund_wallet(self, amount: int | float | str | Decimal) -> Funded:
         """Mint ``amount`` AIT into the agent's wallet from the local network's faucet.
         Returns ``{address, amount, entry, balance}``.
         """
@@ -313,7 +317,7 @@ class AgentMethods:
         training_id: str | None = None,
         required_workers: int = 1,
         min_gpu: str | None = None,
-        max_price: int | float | str | None = None,
+        max_price: int | float | str | Decimal | None = None,
     ) -> Discovery:
         """Rank the live, free offers on the coordinator (``POST /v1/runs/{id}/discover``) and
         hire the best ``required_workers`` for the run at their asking price, in one step.
@@ -333,8 +337,8 @@ class AgentMethods:
         *,
         model_options: JsonObject | None = None,
         seed: int = 0,
-        budget: int | float | str | None = None,
-        bond: int | float | str | None = None,
+        budget: int | float | str | Decimal | None = None,
+        bond: int | float | str | Decimal | None = None,
         control: Literal["automatic", "manual"] = "automatic",
         from_pretrained: str | Path | None = None,
         lora: str | JsonObject | None = None,
@@ -377,7 +381,7 @@ class AgentMethods:
         """
 
     def negotiate_worker_contract(
-        self, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
+        self, worker_id: str, training_id: str | None = None, price: int | float | str | Decimal | None = None
     ) -> ContractView:
         """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
         per round (default: its asking price): accepted when it is at least the provider's
@@ -401,7 +405,7 @@ class AgentMethods:
         """
 
     def process_payment(
-        self, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
+        self, worker_id: str, contract_id: str, amount: int | float | str | Decimal, training_id: str | None = None
     ) -> ManualPayment:
         """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
         run's owner only). The run is found among the agent's runs from the contract (which
@@ -532,7 +536,7 @@ class AgentMethods:
         min_workers: int | None = None,
         max_workers: int | None = None,
         eval_every: int = 1,
-        max_cost: int | float | str | None = None,
+        max_cost: int | float | str | Decimal | None = None,
         verify_rate: float = 0.0,
         overlap: int = 0,
         precision: str = "fp32",
@@ -578,7 +582,7 @@ class AgentMethods:
         settled and the rest of the escrow refunded). Returns the run's summary.
         """
 
-    def transfer_funds(self, to: str, amount: int | float | str) -> Sent:
+    def transfer_funds(self, to: str, amount: int | float | str | Decimal) -> Sent:
         """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
         signed by the agent. Returns ``{from, to, amount, entry, balance}`` (``from_`` as an
         attribute). Not
@@ -694,7 +698,10 @@ class AsyncAgentMethods:
     """The awaitable methods of the agent, one per operation."""
 
     async def add_worker(
-        self, worker_id: str | None = None, training_id: str | None = None, price: int | float | str | None = None
+        self,
+        worker_id: str | None = None,
+        training_id: str | None = None,
+        price: int | float | str | Decimal | None = None,
     ) -> WorkerAdded:
         """Hire one more worker for the run (default: the agent's current run): ``worker_id``
         (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``
@@ -736,7 +743,7 @@ class AsyncAgentMethods:
         self,
         min_gpu: str | None = None,
         required_workers: int = 1,
-        max_price: int | float | str | None = None,
+        max_price: int | float | str | Decimal | None = None,
         training_id: str | None = None,
     ) -> list[FreeOffer] | list[HiredOffer]:
         """The best ``required_workers`` live, free offers, ranked by the marketplace score:
@@ -823,7 +830,7 @@ class AsyncAgentMethods:
         (``price``, with the exact ``price_micro``).
         """
 
-    async def fund_wallet(self, amount: int | float | str) -> Funded:
+    async def fund_wallet(self, amount: int | float | str | Decimal) -> Funded:
         """Mint ``amount`` AIT into the agent's wallet from the local network's faucet.
         Returns ``{address, amount, entry, balance}``.
         """
@@ -969,7 +976,7 @@ class AsyncAgentMethods:
         training_id: str | None = None,
         required_workers: int = 1,
         min_gpu: str | None = None,
-        max_price: int | float | str | None = None,
+        max_price: int | float | str | Decimal | None = None,
     ) -> Discovery:
         """Rank the live, free offers on the coordinator (``POST /v1/runs/{id}/discover``) and
         hire the best ``required_workers`` for the run at their asking price, in one step.
@@ -989,8 +996,8 @@ class AsyncAgentMethods:
         *,
         model_options: JsonObject | None = None,
         seed: int = 0,
-        budget: int | float | str | None = None,
-        bond: int | float | str | None = None,
+        budget: int | float | str | Decimal | None = None,
+        bond: int | float | str | Decimal | None = None,
         control: Literal["automatic", "manual"] = "automatic",
         from_pretrained: str | Path | None = None,
         lora: str | JsonObject | None = None,
@@ -1033,7 +1040,7 @@ class AsyncAgentMethods:
         """
 
     async def negotiate_worker_contract(
-        self, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
+        self, worker_id: str, training_id: str | None = None, price: int | float | str | Decimal | None = None
     ) -> ContractView:
         """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
         per round (default: its asking price): accepted when it is at least the provider's
@@ -1057,7 +1064,7 @@ class AsyncAgentMethods:
         """
 
     async def process_payment(
-        self, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
+        self, worker_id: str, contract_id: str, amount: int | float | str | Decimal, training_id: str | None = None
     ) -> ManualPayment:
         """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
         run's owner only). The run is found among the agent's runs from the contract (which
@@ -1188,7 +1195,7 @@ class AsyncAgentMethods:
         min_workers: int | None = None,
         max_workers: int | None = None,
         eval_every: int = 1,
-        max_cost: int | float | str | None = None,
+        max_cost: int | float | str | Decimal | None = None,
         verify_rate: float = 0.0,
         overlap: int = 0,
         precision: str = "fp32",
@@ -1234,7 +1241,7 @@ class AsyncAgentMethods:
         settled and the rest of the escrow refunded). Returns the run's summary.
         """
 
-    async def transfer_funds(self, to: str, amount: int | float | str) -> Sent:
+    async def transfer_funds(self, to: str, amount: int | float | str | Decimal) -> Sent:
         """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
         signed by the agent. Returns ``{from, to, amount, entry, balance}`` (``from_`` as an
         attribute). Not

@@ -7,6 +7,7 @@ like the rest, so ``Agent`` and ``AsyncAgent`` both get them."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from aitbc import run_defaults
@@ -250,7 +251,7 @@ def add_worker(
     self: AgentState,
     worker_id: str | None = None,
     training_id: str | None = None,
-    price: int | float | str | None = None,
+    price: int | float | str | Decimal | None = None,
 ) -> Op[WorkerAdded]:
     """Hire one more worker for the run (default: the agent's current run): ``worker_id``
     (e.g. from :meth:`get_available_workers`), or the best free one, at ``price``

@@ -5,6 +5,8 @@ faucet, balance, transfers and history; the ledger's head, entries and balances 
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from aitbc.replies.base import Page
 from aitbc.replies.money import (
     Balance,
@@ -25,7 +27,7 @@ from aitbc_agent_sdk.protocol import AgentState, Http, Op, ask
 
 
 @operation
-def fund_wallet(self: AgentState, amount: int | float | str) -> Op[Funded]:
+def fund_wallet(self: AgentState, amount: int | float | str | Decimal) -> Op[Funded]:
     """Mint ``amount`` AIT into the agent's wallet from the local network's faucet.
     Returns ``{address, amount, entry, balance}``."""
     body = {"amount": _amount(amount, "amount"), "network": self.config.blockchain_network}
@@ -40,7 +42,7 @@ def get_balance(self: AgentState) -> Op[Balance]:
 
 
 @operation
-def transfer_funds(self: AgentState, to: str, amount: int | float | str) -> Op[Sent]:
+def transfer_funds(self: AgentState, to: str, amount: int | float | str | Decimal) -> Op[Sent]:
     """Send ``amount`` AIT from the agent's wallet to the address ``to`` (``ait1...``),
     signed by the agent. Returns ``{from, to, amount, entry, balance}`` (``from_`` as an
     attribute). Not
@@ -99,7 +101,11 @@ def get_payments(self: AgentState, training_id: str | None = None) -> Op[Payment
 
 @operation
 def process_payment(
-    self: AgentState, worker_id: str, contract_id: str, amount: int | float | str, training_id: str | None = None
+    self: AgentState,
+    worker_id: str,
+    contract_id: str,
+    amount: int | float | str | Decimal,
+    training_id: str | None = None,
 ) -> Op[ManualPayment]:
     """Pay ``amount`` AIT from a run's escrow to the worker holding ``contract_id`` (the
     run's owner only). The run is found among the agent's runs from the contract (which

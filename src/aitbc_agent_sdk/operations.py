@@ -65,7 +65,7 @@ def _amount(value: Any, what: str) -> str:
     return value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
 
 
-def _max_cost(run: RunDetail, rounds: int, max_cost: int | float | str | None) -> str | None:
+def _max_cost(run: RunDetail, rounds: int, max_cost: int | float | str | Decimal | None) -> str | None:
     """The most ``distribute`` may escrow, signed by the owner: ``max_cost`` if given, else
     for a run without a budget the hired contracts' price x ``rounds`` (what the
     coordinator will escrow for them); None for a run with a budget (it is escrowed)."""
@@ -185,8 +185,8 @@ def initialize_distributed_training(
     *,
     model_options: JsonObject | None = None,
     seed: int = 0,
-    budget: int | float | str | None = None,
-    bond: int | float | str | None = None,
+    budget: int | float | str | Decimal | None = None,
+    bond: int | float | str | Decimal | None = None,
     control: Literal["automatic", "manual"] = "automatic",
     from_pretrained: str | Path | None = None,
     lora: str | JsonObject | None = None,
@@ -287,7 +287,7 @@ def start_training(
     min_workers: int | None = None,
     max_workers: int | None = None,
     eval_every: int = run_defaults.EVAL_EVERY,
-    max_cost: int | float | str | None = None,
+    max_cost: int | float | str | Decimal | None = None,
     verify_rate: float = run_defaults.VERIFY_RATE,
     overlap: int = run_defaults.OVERLAP,
     precision: str = run_defaults.PRECISION,

@@ -45,6 +45,7 @@ _REPLIES = [importlib.import_module(f"aitbc.replies.{m.name}") for m in pkgutil.
 # Names an annotation may use besides builtins: the stub imports exactly these.
 IMPORTS = {
     "Any": "typing",
+    "Decimal": "decimal",
     "Literal": "typing",
     "Mapping": "collections.abc",
     "Sequence": "collections.abc",

@@ -4,6 +4,7 @@ price, each worker's job and progress, whether a worker answers. Registered in
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from aitbc.market.ranking import Offer, rank_offers
@@ -29,7 +30,7 @@ def discover_gpu_workers(
     self: AgentState,
     min_gpu: str | None = None,
     required_workers: int = 1,
-    max_price: int | float | str | None = None,
+    max_price: int | float | str | Decimal | None = None,
     training_id: str | None = None,
 ) -> Op[list[FreeOffer] | list[HiredOffer]]:
     """The best ``required_workers`` live, free offers, ranked by the marketplace score:
@@ -70,7 +71,7 @@ def hire_workers(
     training_id: str | None = None,
     required_workers: int = 1,
     min_gpu: str | None = None,
-    max_price: int | float | str | None = None,
+    max_price: int | float | str | Decimal | None = None,
 ) -> Op[Discovery]:
     """Rank the live, free offers on the coordinator (``POST /v1/runs/{id}/discover``) and
     hire the best ``required_workers`` for the run at their asking price, in one step.
@@ -130,7 +131,7 @@ def rank_free(
 
 @operation
 def negotiate_worker_contract(
-    self: AgentState, worker_id: str, training_id: str | None = None, price: int | float | str | None = None
+    self: AgentState, worker_id: str, training_id: str | None = None, price: int | float | str | Decimal | None = None
 ) -> Op[ContractView]:
     """Hire one provider for the run (default: the agent's current run) at ``price`` AIT
     per round (default: its asking price): accepted when it is at least the provider's
@@ -144,7 +145,7 @@ def negotiate_worker_contract(
     return (yield from hire(training_id, worker_id, price))
 
 
-def hire(training_id: str, worker_id: str, price: int | float | str) -> Op[ContractView]:
+def hire(training_id: str, worker_id: str, price: int | float | str | Decimal) -> Op[ContractView]:
     """``POST /v1/runs/{id}/contracts``: the worker hired for the run at ``price`` AIT a round."""
     body = {"worker_id": worker_id, "price": _amount(price, "price")}
     return (yield from ask(ContractView, Http("POST", f"/runs/{training_id}/contracts", json=body)))
