@@ -55,6 +55,15 @@ RunEscrow
            RoundSettled(run_id, round, paid, burned), Finalized(run_id), TimedOut(run_id),
            Withdrawn(run_id, provider, earned, bond), Refunded(run_id, owner, amount)
     Every revert's reason starts with "RunEscrow: " (the token's with "AIT: ").
+
+What the rules leave to the settlement key, as the coordinator's ledger does: who is paid
+how much for a round (within the price and the escrow left) and whom to slash. What it
+cannot do: pay itself or anyone without a contract, pay a round twice, pay more than the
+escrow, give a slashed bond to anyone, move money after the run closes, or hold the money
+once it stops posting. Left open: a key that keeps posting (even empty rounds) keeps a run
+open; and a run id is first come, first served: whoever deposits under it first owns it,
+so a caller checks ``runs(run_id).owner`` is the owner it expects before hiring for it
+(one who saw the id first can block that run, never take its money).
 """
 
 from __future__ import annotations
