@@ -128,9 +128,11 @@ def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path, 
     bob = address(aitbc, "bob")
     out = ok(aitbc("wallet", "send", "alice", "bob", "12.5"))
     assert out.strip() == f"Sent 12.5 AIT from alice to {bob} (ledger entry 2); balance 87.5 AIT"
-    ok(aitbc("wallet", "fund", "bob", "3"))
+    funded = json.loads(ok(aitbc("wallet", "fund", "bob", "3", "--json")))
+    assert (funded["amount"], funded["balance"]) == ("3", "15.5")  # money in --json: decimal strings of AIT
     ok(aitbc("wallet", "send", "bob", "alice", "1.000001"))
-    ok(aitbc("wallet", "send", "alice", bob, "0.5"))  # to an address, too
+    sent = json.loads(ok(aitbc("wallet", "send", "alice", bob, "0.5", "--json")))  # to an address, too
+    assert (sent["amount"], sent["balance"]) == ("0.5", "88.000001")
     assert ok(aitbc("wallet", "balance", "bob")).strip() == f"bob ({bob}): 14.999999 AIT on local"
     bal = json.loads(ok(aitbc("wallet", "balance", "alice", "--json")))
     assert (bal["balance"], bal["balance_micro"], bal["name"]) == ("88.000001", 88_000_001, "alice")
@@ -144,6 +146,10 @@ def test_money_workflow_and_tamper_evident_ledger(aitbc, coordinator, tmp_path, 
         assert text in listed, (text, listed)
     page = json.loads(ok(aitbc("ledger", "entries", "--after", "3", "--limit", "1", "--json")))
     assert [e["seq"] for e in page["data"]] == [4] and page["next"] == 4
+    # the ledger's signed amount stays micro-AIT; amount_ait beside it is the decimal string
+    assert (page["data"][0]["amount_ait"], page["data"][0]["amount"]) == ("1.000001", 1_000_001)
+    history = json.loads(ok(aitbc("wallet", "history", "bob", "--json")))["data"]
+    assert all(isinstance(e["amount_ait"], str) and isinstance(e["amount"], int) for e in history)
 
     out = ok(aitbc("ledger", "verify"))
     assert out.startswith("ledger OK: 5 entries, head "), out
