@@ -268,11 +268,17 @@ def is_open(run_id: bytes32) -> bool:
 @view
 @internal
 def _expired(r: Run) -> bool:
+    """
+    @dev Whether the settlement key has posted nothing for `r.timeout` seconds.
+    """
     return block.timestamp >= r.last_post + r.timeout
 
 
 @internal
 def _require_open(run_id: bytes32):
+    """
+    @dev Revert unless run `run_id` was deposited and is neither finalized nor timed out.
+    """
     r: Run = self.runs[run_id]
     assert r.owner != empty(address), "RunEscrow: no such run"
     assert not r.finalized, "RunEscrow: run finalized"
@@ -298,6 +304,9 @@ def _close(run_id: bytes32) -> bool:
 
 @internal
 def _pay(run_id: bytes32, round: uint256, provider: address, amount: uint256, price: uint256) -> uint256:
+    """
+    @dev Credit a bonded provider `amount` (at most `price`) for round `round`.
+    """
     assert self.contracts[run_id][provider].bonded, "RunEscrow: provider has no contract in this run"
     assert amount <= price, "RunEscrow: amount above the run's price"
     self.contracts[run_id][provider].earned += amount
