@@ -60,13 +60,13 @@ class TrainingStatus(RunDetail):
 
 
 class TrainingProgress(Reply):
-    round: int
-    rounds: int | None
-    rounds_completed: int
+    round: int = Field(description="the open round (1-based); 0 before training")
+    rounds: int | None = Field(description="rounds planned; null for a run without a round limit")
+    rounds_completed: int = Field(description="rounds closed")
     speed: float = Field(description="rounds completed per second since training started")
     target_speed: float | None = Field(description="the rounds per second the run's plan asks for")
-    val_loss: float | None
-    phase: RunStatus
+    val_loss: float | None = Field(description="validation loss of the latest evaluated round")
+    phase: RunStatus = Field(description="the run's status")
 
 
 class DataUploaded(Reply):
@@ -94,9 +94,9 @@ class ShardRef(Reply):
 
 class ModelDownload(Reply):
     training_id: str
-    path: str
-    cid: str
-    bytes: int
+    path: str = Field(description="the file written")
+    cid: str = Field(description="the model's CID, which its bytes were checked against")
+    bytes: int = Field(description="its size")
 
 
 class RoundCheckpoint(Reply):
@@ -175,11 +175,11 @@ class Liveness(Verdict):
 
     verdict = "alive"
     worker_id: str
-    alive: bool
-    last_heartbeat_age: float
-    status: OfferStatus
+    alive: bool = Field(description="its offer is online and its last heartbeat recent (within the lease, or max_age)")
+    last_heartbeat_age: float = Field(description="seconds since its last heartbeat")
+    status: OfferStatus = Field(description="its offer's status")
     gpu_type: str
-    busy: bool
+    busy: bool = Field(description="hired by or working for a run that has not ended")
 
 
 class Validity(Verdict):

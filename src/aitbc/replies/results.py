@@ -10,29 +10,29 @@ from aitbc.states import ContractStatus, RunStatus, ScoreStatus
 
 
 class RoundView(Reply):
-    round: int
-    checkpoint_cid: str
-    val_loss: float | None
-    val_accuracy: float | None
+    round: int = Field(description="0: the initial model")
+    checkpoint_cid: str = Field(description="the global model's CID after the round")
+    val_loss: float | None = Field(description="validation loss of that model; null until evaluated")
+    val_accuracy: float | None = Field(description="its validation accuracy (classifiers; null otherwise)")
     eval_pending: bool = Field(
         False,
         description="its evaluation is due and not recorded yet (it lands a moment after the round closes); "
         "false for a round evaluated or not due (eval_every)",
     )
-    train_loss: float | None
+    train_loss: float | None = Field(description="the mean of the accepted updates' training losses")
     train_accuracy: float | None = Field(
         description="the mean of the accepted updates' training accuracy as their workers report it (classifiers; null for language data and rounds recorded before it was kept)"
     )
-    accepted: int
-    rejected: int
-    stragglers: list[str]
-    skipped: bool
+    accepted: int = Field(description="updates aggregated")
+    rejected: int = Field(description="updates refused")
+    stragglers: list[str] = Field(description="workers whose update missed the round")
+    skipped: bool = Field(description="too few updates for the aggregation rule (or none): the model is unchanged")
     bytes_up: int | None = Field(
         description="the bytes of the updates this round received; null for rounds recorded before it was counted"
     )
     bytes_down: int | None = Field(description="the global model's bytes once per answering worker; null as bytes_up")
-    started_at: float
-    closed_at: float
+    started_at: float = Field(description="unix seconds")
+    closed_at: float = Field(description="unix seconds")
 
 
 class ScoreView(Reply):
