@@ -37,7 +37,10 @@ what the overlap's staler updates cost.
 Each run also says how far the coordinator's books (evaluation, scoring, settlement, which
 run behind the rounds at a lower priority: ``--books-nice``) were when the run completed,
 and how long after that every round was settled: what keeping them off the workers' cores
-costs the owner and the providers.
+costs the owner and the providers. Beside every utilization figure: the settlement lag, each
+round's close to its settlement (the last of its contracts' settlement rows, from the
+coordinator's database; p50, p95 and max over the run's rounds, nearest rank), and how long
+after the run's end its last round was settled (targets: p95 <= 10 s, the last <= 15 s).
 
 Note: the compute seconds a worker reports cover its H local steps and the encoding of
 its update (progress reports go from a thread of their own), so they slightly overstate
@@ -57,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import signal
@@ -220,6 +224,39 @@ def _close_seconds(url: str) -> float | None:
     return float(vals["sum"]) / float(vals["count"])
 
 
+def _settlement_lags(db: sqlite3.Connection, run_id: str) -> dict[int, tuple[float, float]]:
+    """round -> (its close, its settlement: the last of its contracts' settlement rows),
+    from the coordinator's database, for every settled round after the initial model."""
+    rows = db.execute(
+        "SELECT r.round, r.closed_at, MAX(s.created_at) FROM rounds r JOIN settlements s "
+        "ON s.run_id = r.run_id AND s.round = r.round WHERE r.run_id = ? AND r.round > 0 GROUP BY r.round",
+        (run_id,),
+    ).fetchall()
+    return {r: (closed, settled) for r, closed, settled in rows}
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``xs`` (nearest rank: a value some round really had)."""
+    if not xs:
+        return None
+    ranked = sorted(xs)
+    return ranked[max(0, math.ceil(round(q * len(ranked), 9)) - 1)]
+
+
+def _lag_figures(lags: dict[int, tuple[float, float]], rounds: int, finished: float) -> dict[str, Any]:
+    """Each round's close-to-settlement seconds (p50, p95, max) and how long after the run's
+    end its last round was settled (None: not settled within --timeout)."""
+    xs = [settled - closed for closed, settled in lags.values()]
+    last = lags.get(rounds)
+    return {
+        "settle_lag_p50_s": _percentile(xs, 0.50),
+        "settle_lag_p95_s": _percentile(xs, 0.95),
+        "settle_lag_max_s": max(xs) if xs else None,
+        "last_settled_after_end_s": None if last is None else last[1] - finished,
+        "settle_lags_s": {r: settled - closed for r, (closed, settled) in sorted(lags.items())},
+    }
+
+
 def _wait(what: str, check, timeout: float, workers: Workers, interval: float = 0.25):
     t = time.monotonic()
     while time.monotonic() - t < timeout:
@@ -325,6 +362,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int, rep
             "WHERE run_id = ? ORDER BY round, created_at",
             (rid,),
         ).fetchall()
+        lags = _settlement_lags(db, rid)
         db.close()
         worker_addr = {j["worker_id"]: j for j in view["workers"]}
         logs = {}
@@ -464,6 +502,7 @@ def run_config(name: str, args: argparse.Namespace, tmp: Path, overlap: int, rep
         # (None: not all within --timeout)
         "settled_at_end": settled_at_end,
         "settle_lag_s": settle_lag,
+        **_lag_figures(lags, rounds, finished),
         "phases": phases,
         "per_round": per_round,
         "worker_jobs": list(worker_addr.values()),
@@ -476,13 +515,29 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ranked = sorted(runs, key=lambda r: r["utilization"])
     row = dict(ranked[(len(ranked) - 1) // 2])
     row["runs_utilization"] = [r["utilization"] for r in runs]
+    row["runs_settle_lag_p95_s"] = [r["settle_lag_p95_s"] for r in runs]
+    row["runs_last_settled_after_end_s"] = [r["last_settled_after_end_s"] for r in runs]
     return row
 
 
 def _settled(r: dict[str, Any]) -> str:
-    """How far the books were when the run ended, and when they caught up."""
+    """How far the books were when the run ended, when they caught up, and the lag from each
+    round's close to its settlement."""
     caught_up = "not all within --timeout" if r["settle_lag_s"] is None else f"all {r['settle_lag_s']:.1f} s later"
-    return f"{r['settled_at_end']} of {r['rounds']} rounds settled at the run's end, {caught_up}"
+    return f"{r['settled_at_end']} of {r['rounds']} rounds settled at the run's end, {caught_up}; {_lag(r)}"
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _lag(r: dict[str, Any]) -> str:
+    """A run's settlement lag, in the words of its target (p95 <= 10 s, the last round <= 15 s
+    after the run's end)."""
+    return (
+        f"settlement lag p50 {_s(r['settle_lag_p50_s'])} s, p95 {_s(r['settle_lag_p95_s'])} s, "
+        f"max {_s(r['settle_lag_max_s'])} s, last round settled {_s(r['last_settled_after_end_s'])} s after the end"
+    )
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -576,6 +631,9 @@ def main() -> None:
             "val loss start -> end",
             "target",
             "verdict",
+            "settlement lag p50/p95/max s",
+            "each run's p95 s",
+            "last round settled after end s (each run)",
         ],
         [
             [
@@ -594,6 +652,9 @@ def main() -> None:
                 f"{r['initial_val_loss']:.3f} -> {r['final_val_loss']:.3f}",
                 f">= {r['target']:.0%}",
                 "MET" if r["met"] else "MISSED",
+                "/".join(_s(r[k]) for k in ("settle_lag_p50_s", "settle_lag_p95_s", "settle_lag_max_s")),
+                " ".join(_s(v) for v in r["runs_settle_lag_p95_s"]),
+                " ".join(_s(v) for v in r["runs_last_settled_after_end_s"]),
             ]
             for r in rows
         ],
@@ -647,7 +708,7 @@ def main() -> None:
             )
         print(
             f"{_label(r)}: utilization {r['utilization']:.1%} "
-            f"({'meets' if r['met'] else 'MISSES'} the {r['target']:.0%} target); per round "
+            f"({'meets' if r['met'] else 'MISSES'} the {r['target']:.0%} target); {_lag(r)}; per round "
             + ", ".join(
                 f"r{p['round']} {1000 * p['wall_s']:.0f} ms/{p.get('utilization', 0):.0%}" for p in r["per_round"]
             )

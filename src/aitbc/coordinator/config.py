@@ -97,6 +97,20 @@ class Settings(BaseSettings):
         description="Nice levels (0-19) the books thread (evaluation, scoring, settlement) runs below the rest of "
         "the coordinator, so it takes only CPU the rounds and the workers on this machine leave (Linux).",
     )
+    # How far the books may fall behind the rounds: a round is settled within this many later
+    # closed rounds or seconds of its close, whichever is longer (rounds.catch_up).
+    settle_within_rounds: int = Field(
+        2,
+        ge=1,
+        description="Closed rounds settlement may fall behind (or --settle-within-seconds, whichever is longer): "
+        "past half of that a thread at the coordinator's priority settles, and a run's next round waits for it.",
+    )
+    settle_within_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="Seconds after its close a round is settled (or --settle-within-rounds later rounds, "
+        "whichever is longer).",
+    )
     network: str = Field(  # aitbc.ledger.chain.NETWORKS
         "local", description="Ledger network this coordinator settles on (local)."
     )

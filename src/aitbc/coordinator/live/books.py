@@ -15,9 +15,11 @@ run's shards leave the cache with its model.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from torch import Tensor, nn
 
@@ -76,18 +78,39 @@ class ShardCache:
         return self._bytes
 
 
+# Which books thread the caller is: the catch-up thread scores with a model of its own, so
+# it never loads a checkpoint into the one the books thread is evaluating with.
+_lane = threading.local()
+CATCH_UP = "catch-up"
+
+
+@contextlib.contextmanager
+def books_lane(name: str) -> Iterator[None]:
+    """Within this block, :func:`books_model` hands the calling thread lane ``name``'s copy."""
+    before = getattr(_lane, "name", None)
+    _lane.name = name
+    try:
+        yield
+    finally:
+        _lane.name = before
+
+
 def books_model(ctx: Context, run_id: str, rt: RunRuntime) -> nn.Module:
-    """Run ``run_id``'s model for the books thread (copied from ``rt``'s under its lock, once)."""
-    model = ctx.books_models.get(run_id)
+    """Run ``run_id``'s model for the books thread, or the catch-up thread's own within
+    :func:`books_lane` (copied from ``rt``'s under its lock, once)."""
+    lane = getattr(_lane, "name", None)
+    key = run_id if lane is None else f"{run_id}#{lane}"
+    model = ctx.books_models.get(key)
     if model is None:
         with rt.lock:
-            model = ctx.books_models[run_id] = copy.deepcopy(rt.model)
+            model = ctx.books_models[key] = copy.deepcopy(rt.model)
     return model
 
 
 def drop_books_model(ctx: Context, run_id: str) -> None:
-    """Forget run ``run_id``'s model and shards (it was finalized)."""
+    """Forget run ``run_id``'s models and shards (it was finalized)."""
     ctx.books_models.pop(run_id, None)
+    ctx.books_models.pop(f"{run_id}#{CATCH_UP}", None)
     if ctx.books_shards is not None:
         ctx.books_shards.drop_run(run_id)
 

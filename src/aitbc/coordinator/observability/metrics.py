@@ -90,6 +90,7 @@ def reason_case(column: Any) -> ColumnElement[str]:
 # --- counted by this process ---------------------------------------------------------------
 
 ROUND_CLOSE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+SETTLEMENT_LAG_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 BYTE_KINDS = ("blob", "api", "web")  # a blob's bytes (PUT/GET /v1/blobs/{cid}), other /v1 JSON, pages/assets
 
 
@@ -136,6 +137,13 @@ class CoordinatorMetrics:
             "Seconds to evaluate a round's model on the validation split (eval_samples): the last "
             "round's inside its close, the others' by the books thread after the next round opens",
             buckets=ROUND_CLOSE_BUCKETS,
+            registry=self.registry,
+        )
+        self.settlement_lag = Histogram(
+            "aitbc_settlement_lag_seconds",
+            "Seconds from a round's close to its settlement (every contract of it scored and paid, "
+            "the run's settled round moved past it), by the books thread or the rounds thread's catch-up",
+            buckets=SETTLEMENT_LAG_BUCKETS,
             registry=self.registry,
         )
 

@@ -10,7 +10,10 @@ books thread, woken when a round closes, does what no worker waits for: it evalu
 closed rounds' models, scores and settles them (exactly once, by key), finalizes ended
 runs and collects blobs; so the next round trains while the last one is scored and paid.
 It runs ``books_nice`` levels below the rest of the process (:func:`lower_priority`): on a
-machine the workers share, it takes the CPU the rounds and their steps leave.
+machine the workers share, it takes the CPU the rounds and their steps leave. On a machine
+with no CPU left that is almost none: the catch-up thread, at the process's priority,
+settles what the books thread leaves too long, and a run's round is not closed while its
+books are past their bound (:mod:`.catch_up`).
 Runs under manual control are left to their owner's agent (:mod:`.control`); the driver
 only scores their aggregated rounds. After a restart it simply finds runs where they
 were: ``distributing`` is finished, ``aggregating`` is redone from the persisted updates,
@@ -39,9 +42,10 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
-from aitbc.coordinator.live.books import drop_books_model
+from aitbc.coordinator.live.books import CATCH_UP, books_lane, drop_books_model
 from aitbc.coordinator.live.runtime import drop_runtime
 from aitbc.coordinator.money.escrow import expire_hires, finalize
+from aitbc.coordinator.rounds import catch_up
 from aitbc.coordinator.rounds import lifecycle as rounds
 from aitbc.coordinator.rounds.modes import mode_for, mode_of
 from aitbc.coordinator.rounds.workers import flush_heartbeats
@@ -56,6 +60,7 @@ from aitbc.states import Control, JobStatus, RunStatus
 
 log = logging.getLogger("aitbc.coordinator")
 MAX_FAILURES = 3
+CATCH_UP_PERIOD = 1.0  # seconds between the catch-up thread's looks when nothing wakes it
 
 
 def lower_priority(nice: int) -> int | None:
@@ -87,11 +92,19 @@ class RoundDriver:
         self.ctx = ctx
         self._stop = threading.Event()
         self._wake_books = threading.Event()
+        self._wake_catch_up = threading.Event()
+        # One round's scoring and settlement at a time, whichever thread does it (they share
+        # the run's runtime; money moves once by key either way).
+        self._money_lock = threading.Lock()
+        self._cost: dict[str, float] = {}  # run -> CPU seconds its last round's books took
+        self._held: frozenset[str] = frozenset()  # runs whose close waits for their settlement
+        self._bound = catch_up.SettleBound(ctx.settings.settle_within_rounds, ctx.settings.settle_within_seconds)
         self._threads = [
             threading.Thread(
                 target=self._loop, args=(ctx.notifier.wake_driver, self._poked_rounds), name="round-driver", daemon=True
             ),
             threading.Thread(target=self._books_loop, name="books", daemon=True),
+            threading.Thread(target=self._catch_up_loop, name="books-catch-up", daemon=True),
             threading.Thread(target=self._keep_lease, name="driver-lease", daemon=True),
         ]
         self._last_flush = 0.0
@@ -113,6 +126,7 @@ class RoundDriver:
         self._stop.set()
         self.ctx.notifier.poke_driver()
         self._wake_books.set()
+        self._wake_catch_up.set()
         deadline = time.monotonic() + wait
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -123,9 +137,9 @@ class RoundDriver:
         # pass has its writes fenced: its transaction finds the lease gone and rolls back.
         self.ctx.lease.release()
 
-    def _loop(self, wake: threading.Event, tick: Callable[[], None]) -> None:
+    def _loop(self, wake: threading.Event, tick: Callable[[], None], period: float | None = None) -> None:
         while not self._stop.is_set():
-            wake.wait(self.ctx.settings.tick_seconds)
+            wake.wait(self.ctx.settings.tick_seconds if period is None else period)
             wake.clear()
             if self._stop.is_set():
                 break
@@ -139,11 +153,20 @@ class RoundDriver:
         lower_priority(self.ctx.settings.books_nice)
         self._loop(self._wake_books, self.tick_books)
 
+    def _catch_up_loop(self) -> None:
+        # Urgency is a matter of seconds: a look a second (or when woken: a held close, a
+        # round the books thread left to it) is enough, and costs the workers little.
+        period = max(self.ctx.settings.tick_seconds, CATCH_UP_PERIOD)
+        with books_lane(CATCH_UP):  # a model of its own: the books thread may be evaluating with its
+            self._loop(self._wake_catch_up, self.tick_catch_up, period)
+
     def tick(self) -> None:
-        """One pass of the threads, in order (what a test steps through)."""
+        """One pass of the threads, in order (what a test steps through): the books settle
+        every closed round."""
         self.ctx.lease.tick(steal=not self._ever_drove and self.ctx.lease.sole_local())
         self.tick_rounds()
-        self.tick_books()
+        self.tick_books(everything=True)
+        self.tick_catch_up()
 
     def _poked_rounds(self) -> None:
         """The rounds thread's pass: its housekeeping only when a tick has gone by since the
@@ -279,11 +302,17 @@ class RoundDriver:
             live = s.execute(
                 select(Run.id, Run.status).where(Run.status.in_(ADVANCING), Run.control == Control.AUTOMATIC)
             ).all()
-            due = []
+            due, held = [], set()
             for run_id, status in live:
                 run = row(s, Run, run_id)
                 if status != RunStatus.TRAINING or mode_of(run).round_due(self.ctx, s, run, now=now):
-                    due.append(run_id)
+                    if status == RunStatus.TRAINING and self._bound.holds(catch_up.backlog(s, run), now):
+                        held.add(run_id)  # its books are past their bound: settled first
+                    else:
+                        due.append(run_id)
+        self._held = frozenset(held)
+        if held:
+            self._wake_catch_up.set()
         moved = False
         for run_id in due:
             if not self.ctx.lease.holds():
@@ -296,9 +325,11 @@ class RoundDriver:
             self.ctx.notifier.poke_driver()
         return bool(due)
 
-    def tick_books(self) -> None:
+    def tick_books(self, *, everything: bool = False) -> None:
         """Evaluate, score and settle closed rounds; finalize ended runs; collect blobs
-        (the driver lease's holder only)."""
+        (the driver lease's holder only). A round the catch-up thread should take (urgent, or
+        of a run whose books cost too much for this thread's priority) is left to it, unless
+        ``everything``."""
         ctx, now = self.ctx, time.time()
         if not ctx.lease.holds():
             return
@@ -308,20 +339,69 @@ class RoundDriver:
         for run_id, r in missing:
             rounds.evaluate_round(ctx, run_id, r)
         for run_id, r in unsettled:  # score and pay the oldest closed round of each run
-            with ctx.session() as s:
-                found = s.get(Run, run_id)
-                mode = mode_of(found) if found is not None else mode_for(None)
-            self._money(run_id, partial(mode.score, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
+            if everything or (self._light(run_id) and not self._urgent(run_id)):
+                self._settle_round(run_id, r)
+            else:  # the catch-up thread's: this one would only hold it up at its priority
+                self._wake_catch_up.set()
         for run_id in ended:  # then refund the rest and return bonds
-            self._money(run_id, partial(finalize, ctx, run_id))
-            drop_runtime(ctx, run_id)
-            drop_books_model(ctx, run_id)
+            with self._money_lock:
+                self._money(run_id, partial(finalize, ctx, run_id))
+                drop_runtime(ctx, run_id)
+                drop_books_model(ctx, run_id)
         if now - self._last_gc >= ctx.settings.gc_interval_seconds:  # delete blobs no rule keeps
             self._last_gc = now
             try:
                 retention.run(ctx)
             except Exception:  # a file system error: the next interval tries again
                 log.exception("blob retention failed; retrying in %g s", ctx.settings.gc_interval_seconds)
+
+    def tick_catch_up(self) -> None:
+        """Score and settle, at the coordinator's priority, each run's rounds that are
+        half-way to their bound (:meth:`.catch_up.SettleBound.urgent`), and every round of a
+        run whose books are heavy; then let the runs held for it close."""
+        ctx = self.ctx
+        if not ctx.lease.holds():
+            return
+        with ctx.session() as s:
+            todo = catch_up.backlogs(s)
+        for first in todo:
+            b: catch_up.Backlog | None = first
+            while b is not None and (self._bound.urgent(b, time.time()) or not self._light(b.run_id)):
+                if not self._settle_round(b.run_id, b.oldest):
+                    break  # failed (logged): retried next tick
+                with ctx.session() as s:
+                    found = s.get(Run, b.run_id)
+                    b = catch_up.backlog(s, found) if found is not None else None
+            if b != first and first.run_id in self._held:
+                ctx.notifier.poke_driver()  # settled some: the held round may close now
+
+    def _urgent(self, run_id: str) -> bool:
+        """Whether run ``run_id``'s oldest unsettled round is the catch-up thread's by now."""
+        with self.ctx.session() as s:
+            found = s.get(Run, run_id)
+            b = catch_up.backlog(s, found) if found is not None else None
+        return b is not None and self._bound.urgent(b, time.time())
+
+    def _light(self, run_id: str) -> bool:
+        """Whether the low-priority books thread settles run ``run_id``'s rounds: the last
+        took at most :data:`.catch_up.HEAVY_SECONDS` of CPU (a run's first is taken as light:
+        the books thread's, as before there was a catch-up thread)."""
+        cost = self._cost.get(run_id)
+        return cost is None or cost <= catch_up.HEAVY_SECONDS
+
+    def _settle_round(self, run_id: str, r: int) -> bool:
+        """Score and settle run ``run_id``'s round ``r`` (one round at a time across the
+        books threads); whether it went through. Its CPU seconds are kept for :meth:`_light`."""
+        ctx = self.ctx
+        with self._money_lock:
+            with ctx.session() as s:
+                found = s.get(Run, run_id)
+                mode = mode_of(found) if found is not None else mode_for(None)
+            t0 = time.thread_time()
+            ok = self._money(run_id, partial(mode.score, ctx, run_id, r), partial(settlement.settle, ctx, run_id, r))
+            if ok:
+                self._cost[run_id] = time.thread_time() - t0
+            return ok
 
     def _fail_idle_manual_runs(self, s: Session, now: float) -> bool:
         """A manual run nobody moves (its agent crashed or gave up) would hold its
@@ -348,13 +428,15 @@ class RoundDriver:
             changed = True
         return changed
 
-    def _money(self, run_id: str, *steps: Callable[[], None]) -> None:
-        """Run ``steps`` in order; a failure stops the rest until the next tick."""
+    def _money(self, run_id: str, *steps: Callable[[], None]) -> bool:
+        """Run ``steps`` in order; a failure stops the rest until the next tick. Whether all ran."""
         try:
             for step in steps:
                 step()
         except Exception:  # money steps are idempotent: retried next tick, logged in full
             log.exception("run %s: scoring/settlement step failed; retrying next tick", run_id)
+            return False
+        return True
 
     def _advance(self, run_id: str) -> bool:
         """Open the first round or close the current one; whether the run moved (its status

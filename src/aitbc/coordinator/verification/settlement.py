@@ -49,8 +49,12 @@ def settle(ctx: Context, run_id: str, r: int) -> None:
     with ctx.session() as s:
         run = lock_run(s, row(s, Run, run_id))
         _pay_excluded(ctx, s, run, r)
+        moved = run.settled_round < r
         run.settled_round = max(run.settled_round, r)
+        closed = s.scalar(select(RoundRecord.closed_at).where(RoundRecord.run_id == run_id, RoundRecord.round == r))
         s.commit()
+    if moved and closed is not None:  # once per round: a redo after a restart is not a second lag
+        ctx.metrics.settlement_lag.observe(max(0.0, time.time() - closed))
 
 
 def _pay_excluded(ctx: Context, s: Session, run: Run, r: int) -> None:
