@@ -10,8 +10,10 @@
 * scaling: below the target number of providers (a failure nobody could replace), hire
   a free one.
 
-    aitbc up --workers 4          # two to hire, two free to replace or help them
-    python examples/fault_tolerance.py
+    (trap 'aitbc down' EXIT; aitbc up --workers 4 && python examples/fault_tolerance.py)
+
+starts a coordinator and four workers (two to hire, two free to replace or help them),
+runs the script and stops the stack whatever the script's exit.
 
 Kill a worker while it runs (``kill -9`` one of the pids ``aitbc status`` shows) to see
 it replaced. Prints a JSON summary last, with every action taken.

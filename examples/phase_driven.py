@@ -1,8 +1,10 @@
 """The documentation's phase-driven coordinator: the agent, not the coordinator, moves
 the run through its phases (manual control), with the asyncio client.
 
-    aitbc up --workers 2          # a coordinator and two workers on this machine
-    python examples/phase_driven.py [--wallet NAME] [--rounds N] [--workers N]
+    (trap 'aitbc down' EXIT; aitbc up --workers 2 && python examples/phase_driven.py)
+
+starts a coordinator and two workers on this machine, runs the script (options: --wallet
+NAME, --rounds N, --workers N) and stops the stack whatever the script's exit.
 
 Each pass of the loop looks at the run's phase and does that phase's work: hire and
 shard (initializing), send the jobs (distributing), wait for every worker's update
@@ -139,14 +141,10 @@ async def _step(
             await agent.update_training_phase(training_id=training_id, phase="training")
 
 
-async def pay(agent: AsyncAgent, training_id: str, timeout: float = 120.0) -> Payments:
+async def pay(agent: AsyncAgent, training_id: str) -> Payments:
     """Once every round is scored, pay each contract what its scores earned (price x
     quality per round), then refund what is left in escrow."""
-    deadline = time.monotonic() + timeout
-    payments = await agent.get_payments(training_id)
-    while payments.settled_round < payments.rounds_closed and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-        payments = await agent.get_payments(training_id)
+    payments = await agent.get_payments(training_id)  # waits until the coordinator has settled every round
     for row in payments.data:
         owed = row.due_micro - row.paid_micro
         if owed > 0:

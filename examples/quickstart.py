@@ -1,7 +1,9 @@
 """The documentation's quick start, against a local stack.
 
-    aitbc up --workers 2          # a coordinator and two workers on this machine
-    python examples/quickstart.py
+    (trap 'aitbc down' EXIT; aitbc up --workers 2 && python examples/quickstart.py)
+
+starts a coordinator and two workers on this machine, runs the script, and stops the stack
+whatever the script's exit (the line's status is the script's).
 
 The coordinator comes from the environment only: AITBC_COORDINATOR, else the local
 stack's HOME/stack.json (HOME: AITBC_HOME or ~/.aitbc). Prints a JSON summary last.
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from aitbc_agent_sdk import Agent, AgentConfig, AgentError
 
@@ -52,11 +53,7 @@ def main() -> int:
         verified = [agent.verify_checkpoint(ck) for ck in checkpoints]
         print(f"Checkpoints verified: {sum(map(bool, verified))}/{len(verified)}")
 
-        payments = agent.get_payments()
-        deadline = time.monotonic() + 60
-        while not payments.finalized and time.monotonic() < deadline:  # the last settlement follows completion
-            time.sleep(0.5)
-            payments = agent.get_payments()
+        payments = agent.get_payments()  # waits until the coordinator has settled the run's every round
         for p in payments.data:
             print(f"Paid {p.paid} AIT to {p.worker_id} for {p.rounds_accepted} rounds")
         refund = agent.refund_payments()

@@ -21,6 +21,7 @@ from aitbc_agent_sdk.errors import (
     IntegrityFailure,
     InvalidArgument,
     NotFound,
+    SettlementTimeout,
     TrainingFailed,
     Unauthorized,
     Unprocessable,
@@ -48,5 +49,6 @@ __all__ = [
     "AmbiguousRun",
     "TrainingFailed",
     "WaitTimeout",
+    "SettlementTimeout",
     "IntegrityFailure",
 ]

@@ -240,8 +240,25 @@ class AgentMethods:
         also offers that are not live (failed, silent), with their status.
         """
 
-    def get_payments(self, training_id: str | None = None) -> Payments:
-        """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    def get_payments(
+        self,
+        training_id: str | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 600.0,
+        progress: Progress | None = None,
+    ) -> Payments:
+        """The run's escrow and, per contract, rounds accepted, score, paid, due, bond, slashed
+        and reputation. The coordinator scores and pays each closed round behind the training
+        (minutes behind on a loaded machine), so an ended run's payments are final only once
+        ``settled``: every closed round paid, the end booked (updates of a round that never
+        closed paid as delivered, honest bonds returned). For an ended run this waits for that
+        (``wait=False``: the payments so far, at once, ``settled`` false while they may still
+        grow), at most ``timeout`` seconds (default 600), then raises :class:`SettlementTimeout`
+        (``unsettled``, naming the run's state and how far it got). A run still going answers
+        at once. ``progress`` (a :data:`Progress`) is told ``("settle", rounds settled, rounds
+        closed)`` while it waits.
+        """
 
     def get_results(self, training_id: str | None = None) -> Results:
         """Final metrics, the model's CID, every checkpoint and the workers' scores."""
@@ -441,9 +458,21 @@ class AgentMethods:
         failed meanwhile) is ``done: False`` with the reason, not an error.
         """
 
-    def refund_payments(self, training_id: str | None = None) -> Payments:
-        """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
-        returns the payments view. A run still going: :class:`Conflict` (``bad_state``).
+    def refund_payments(
+        self,
+        training_id: str | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 600.0,
+        progress: Progress | None = None,
+    ) -> Payments:
+        """Return an ended run's unspent escrow to the agent (a manual run's contracts first
+        paid what their scores earned; honest providers' bonds returned); returns the
+        payments view, final (``finalized``). The coordinator refunds only once every closed
+        round is settled: this waits for that as :meth:`get_payments` does (``timeout``,
+        ``progress``; past the timeout :class:`SettlementTimeout`); ``wait=False``
+        asks once, and a run still settling is a :class:`Conflict` (``unsettled``). A run
+        still going: :class:`Conflict` (``bad_state``).
         """
 
     def remove_worker(self, worker_id: str, training_id: str | None = None) -> JobDetail:
@@ -691,7 +720,7 @@ class AgentMethods:
     ) -> TrainingStatus:
         """Poll the run until it ends; returns its detail when ``complete``. Raises
         :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
-        ``timeout`` s.
+        ``timeout`` s. Its last rounds may not be paid yet: :meth:`get_payments` waits for that.
         """
 
 class AsyncAgentMethods:
@@ -899,8 +928,25 @@ class AsyncAgentMethods:
         also offers that are not live (failed, silent), with their status.
         """
 
-    async def get_payments(self, training_id: str | None = None) -> Payments:
-        """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    async def get_payments(
+        self,
+        training_id: str | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 600.0,
+        progress: Progress | None = None,
+    ) -> Payments:
+        """The run's escrow and, per contract, rounds accepted, score, paid, due, bond, slashed
+        and reputation. The coordinator scores and pays each closed round behind the training
+        (minutes behind on a loaded machine), so an ended run's payments are final only once
+        ``settled``: every closed round paid, the end booked (updates of a round that never
+        closed paid as delivered, honest bonds returned). For an ended run this waits for that
+        (``wait=False``: the payments so far, at once, ``settled`` false while they may still
+        grow), at most ``timeout`` seconds (default 600), then raises :class:`SettlementTimeout`
+        (``unsettled``, naming the run's state and how far it got). A run still going answers
+        at once. ``progress`` (a :data:`Progress`) is told ``("settle", rounds settled, rounds
+        closed)`` while it waits.
+        """
 
     async def get_results(self, training_id: str | None = None) -> Results:
         """Final metrics, the model's CID, every checkpoint and the workers' scores."""
@@ -1100,9 +1146,21 @@ class AsyncAgentMethods:
         failed meanwhile) is ``done: False`` with the reason, not an error.
         """
 
-    async def refund_payments(self, training_id: str | None = None) -> Payments:
-        """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
-        returns the payments view. A run still going: :class:`Conflict` (``bad_state``).
+    async def refund_payments(
+        self,
+        training_id: str | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 600.0,
+        progress: Progress | None = None,
+    ) -> Payments:
+        """Return an ended run's unspent escrow to the agent (a manual run's contracts first
+        paid what their scores earned; honest providers' bonds returned); returns the
+        payments view, final (``finalized``). The coordinator refunds only once every closed
+        round is settled: this waits for that as :meth:`get_payments` does (``timeout``,
+        ``progress``; past the timeout :class:`SettlementTimeout`); ``wait=False``
+        asks once, and a run still settling is a :class:`Conflict` (``unsettled``). A run
+        still going: :class:`Conflict` (``bad_state``).
         """
 
     async def remove_worker(self, worker_id: str, training_id: str | None = None) -> JobDetail:
@@ -1350,5 +1408,5 @@ class AsyncAgentMethods:
     ) -> TrainingStatus:
         """Poll the run until it ends; returns its detail when ``complete``. Raises
         :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
-        ``timeout`` s.
+        ``timeout`` s. Its last rounds may not be paid yet: :meth:`get_payments` waits for that.
         """

@@ -79,7 +79,18 @@ class TrainingFailed(AgentError):
 
 
 class WaitTimeout(AgentError, TimeoutError):
-    """``wait_for_completion``: the run did not end within the timeout."""
+    """A wait ran past its timeout: ``wait_for_completion``'s run did not end (``timeout``);
+    ``get_payments``' or ``refund_payments``' ended run was not settled (``unsettled``)."""
+
+
+class SettlementTimeout(WaitTimeout):
+    """``get_payments`` or ``refund_payments`` waited ``timeout`` seconds for an ended run's
+    settlement, which is not done (code ``unsettled``); ``where`` is how far it got, one
+    line naming the run's state (the message adds what to do)."""
+
+    def __init__(self, code: str, detail: str, where: str = "") -> None:
+        super().__init__(code, detail)
+        self.where = where
 
 
 class IntegrityFailure(AgentError):

@@ -19,9 +19,18 @@ from aitbc.replies.money import (
     Payments,
     Sent,
 )
-from aitbc_agent_sdk.errors import InvalidArgument, NotFound
-from aitbc_agent_sdk.operations import _amount, _wallet, list_trainings, operation, resolve_run, run_detail
-from aitbc_agent_sdk.protocol import AgentState, Http, Op, ask
+from aitbc_agent_sdk.errors import Conflict, InvalidArgument, NotFound
+from aitbc_agent_sdk.operations import (
+    ENDED,
+    _amount,
+    _wallet,
+    list_trainings,
+    operation,
+    resolve_run,
+    run_detail,
+)
+from aitbc_agent_sdk.protocol import AgentState, Http, Op, Progress, ask
+from aitbc_agent_sdk.settling import SETTLE_TIMEOUT, SettleWait, books_settled, payments_now, rounds_settled
 
 # --- the agent's wallet ------------------------------------------------------------------
 
@@ -93,10 +102,29 @@ def get_ledger_balances(self: AgentState) -> Op[dict[str, int]]:
 
 
 @operation
-def get_payments(self: AgentState, training_id: str | None = None) -> Op[Payments]:
-    """Per contract: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+def get_payments(
+    self: AgentState,
+    training_id: str | None = None,
+    *,
+    wait: bool = True,
+    timeout: float = SETTLE_TIMEOUT,
+    progress: Progress | None = None,
+) -> Op[Payments]:
+    """The run's escrow and, per contract, rounds accepted, score, paid, due, bond, slashed
+    and reputation. The coordinator scores and pays each closed round behind the training
+    (minutes behind on a loaded machine), so an ended run's payments are final only once
+    ``settled``: every closed round paid, the end booked (updates of a round that never
+    closed paid as delivered, honest bonds returned). For an ended run this waits for that
+    (``wait=False``: the payments so far, at once, ``settled`` false while they may still
+    grow), at most ``timeout`` seconds (default 600), then raises :class:`SettlementTimeout`
+    (``unsettled``, naming the run's state and how far it got). A run still going answers
+    at once. ``progress`` (a :data:`Progress`) is told ``("settle", rounds settled, rounds
+    closed)`` while it waits."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield from ask(Payments, Http("GET", f"/runs/{training_id}/payments")))
+    pay = yield from payments_now(training_id)
+    if not wait or pay.status not in ENDED:
+        return pay
+    return (yield from SettleWait(training_id, timeout, progress).until(books_settled, pay))
 
 
 @operation
@@ -141,8 +169,27 @@ def _run_of_contract(self: AgentState, contract_id: str, *, worker_id: str) -> O
 
 
 @operation
-def refund_payments(self: AgentState, training_id: str | None = None) -> Op[Payments]:
-    """Return an ended run's unspent escrow to the agent (and honest providers' bonds);
-    returns the payments view. A run still going: :class:`Conflict` (``bad_state``)."""
+def refund_payments(
+    self: AgentState,
+    training_id: str | None = None,
+    *,
+    wait: bool = True,
+    timeout: float = SETTLE_TIMEOUT,
+    progress: Progress | None = None,
+) -> Op[Payments]:
+    """Return an ended run's unspent escrow to the agent (a manual run's contracts first
+    paid what their scores earned; honest providers' bonds returned); returns the
+    payments view, final (``finalized``). The coordinator refunds only once every closed
+    round is settled: this waits for that as :meth:`get_payments` does (``timeout``,
+    ``progress``; past the timeout :class:`SettlementTimeout`); ``wait=False``
+    asks once, and a run still settling is a :class:`Conflict` (``unsettled``). A run
+    still going: :class:`Conflict` (``bad_state``)."""
     training_id = yield from resolve_run(self, training_id)
-    return (yield from ask(Payments, Http("POST", f"/runs/{training_id}/refund")))
+    waiting = SettleWait(training_id, timeout, progress)
+    while True:
+        try:
+            return (yield from ask(Payments, Http("POST", f"/runs/{training_id}/refund")))
+        except Conflict as e:
+            if not wait or e.code != "unsettled":
+                raise
+        yield from waiting.until(rounds_settled)

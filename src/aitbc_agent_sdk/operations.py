@@ -390,7 +390,7 @@ def wait_for_completion(
 ) -> Op[TrainingStatus]:
     """Poll the run until it ends; returns its detail when ``complete``. Raises
     :class:`TrainingFailed` if it fails or is stopped and :class:`WaitTimeout` after
-    ``timeout`` s."""
+    ``timeout`` s. Its last rounds may not be paid yet: :meth:`get_payments` waits for that."""
     training_id = yield from resolve_run(self, training_id)
     t0 = time.monotonic()
     while True:

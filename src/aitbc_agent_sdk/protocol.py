@@ -32,7 +32,10 @@ stage's first call, except a download's (0 until the reply's length is in) and
 ``package``'s. Called from the thread doing the work (``AsyncAgent``: a worker thread while
 hashing or packaging); it should return quickly. An exception it raises ends the
 operation and reaches the caller as itself (not as an ``AgentError``); what was sent so far
-stays stored, but a run's dataset is attached only once all its pieces are."""
+stays stored, but a run's dataset is attached only once all its pieces are. One stage counts
+rounds, not bytes: ``settle`` (``get_payments`` and ``refund_payments`` waiting for an ended
+run's settlement), the rounds settled of the rounds closed, reported at each look while they
+wait (nothing when the payments are final at the first look)."""
 
 CHUNK = 256 << 10  # bytes per piece of an upload whose progress is reported
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import typer
 from rich.markup import escape
@@ -25,9 +25,6 @@ from aitbc.cli.stack import emit, print_up, starting
 from aitbc.coordinator.api.web import dashboard_url
 from aitbc.errors import AitbcError
 from aitbc.json_value import JSONObject
-
-if TYPE_CHECKING:
-    from aitbc_agent_sdk import Agent
 
 DEMO_OWNER_FUNDS = "1000"  # AIT minted by the local faucet for the demo's owner
 DEMO_WORKER_FUNDS = "10"
@@ -331,10 +328,11 @@ def _settle_and_audit(st: stk.Stack, run: DemoRun, run_id: str, summary: JSONObj
     """The run's payments once settled, and the whole ledger fetched and re-checked (what
     ``aitbc ledger verify`` does); a ledger that does not verify is an error."""
     from aitbc.cli.ledger import audit_coordinator
+    from aitbc.cli.progress import settle_line
     from aitbc.cli.training.results import payments_table
 
-    with agent(run.home, st.coordinator, OWNER) as a:
-        pay = _wait_settled(a, run_id, timeout=60)
+    with agent(run.home, st.coordinator, OWNER) as a, settle_line(False) as progress:
+        pay = a.get_payments(run_id, progress=progress).model_dump(mode="json")  # waits for the last settlements
         out.print(payments_table(pay))
         out.print(
             f"Escrowed {pay['escrowed']} AIT; {pay['escrow_balance']} AIT left in escrow (unspent budget refunded to the owner)",
@@ -345,16 +343,6 @@ def _settle_and_audit(st: stk.Stack, run: DemoRun, run_id: str, summary: JSONObj
     summary.update(escrowed=pay["escrowed"], escrow_balance=pay["escrow_balance"], ledger_ok=result.ok)
     if not result.ok:
         raise AitbcError(f"ledger verification failed: {result.describe()}")
-
-
-def _wait_settled(a: Agent, run_id: str, *, timeout: float) -> JSONObject:
-    """Payments settle after the run completes; wait until the run is finalized."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pay = a.get_payments(run_id)
-        if pay.finalized or time.monotonic() > deadline:
-            return pay.model_dump(mode="json")
-        time.sleep(0.2)
 
 
 def _verified(v: dict[str, Any] | None) -> str:

@@ -6,7 +6,10 @@ A bar is drawn only when standard error is a terminal (not ``TERM=dumb``) and ``
 not given: in a pipe, a log file or a script there is no bar and no escape code. Standard
 output may still be redirected (``aitbc ipfs add big.bin > cid.txt`` shows the bar). The
 commands report the SDK's stages (:data:`aitbc_agent_sdk.Progress`) as they come, one line
-each: ``hashing``, ``packaging``, ``storing``, ``uploading``, ``downloading``, in bytes."""
+each: ``hashing``, ``packaging``, ``storing``, ``uploading``, ``downloading``, in bytes.
+
+A wait for a run's settlement (``payments``) is one status line instead (:func:`settle_line`),
+in rounds; in a pipe it is said once, in plain text."""
 
 from __future__ import annotations
 
@@ -82,3 +85,38 @@ def bars(json_out: bool, *, show: bool = True) -> Iterator[Report | None]:
             progress.update(current[1], completed=done, total=total or None)
 
         yield report
+
+
+def settle_text(done: int, total: int) -> str:
+    """What a settlement wait shows: rounds settled of the rounds closed, or the end's booking."""
+    if done < total:
+        return f"settling: round {done} of {total} settled ..."
+    return "settling: every round settled; booking the run's end (bonds, last deliveries) ..."
+
+
+@contextmanager
+def settle_line(json_out: bool) -> Iterator[Report]:
+    """``report("settle", settled, closed)`` for the SDK's settlement waits (pass it as
+    ``progress=``): on a terminal (see :func:`at_terminal`) one line on standard error,
+    redrawn at each look and gone once the wait ends; elsewhere (a pipe, a log, ``--json``)
+    one plain line at the first report, so a script's log says why the command waits, and
+    nothing more. The SDK reports nothing when the answer is final at once."""
+    if at_terminal(json_out):
+        with err.status("settling ...") as status:
+
+            def redraw(stage: str, done: int, total: int) -> None:
+                status.update(settle_text(done, total))
+
+            yield redraw
+        return
+    said = False
+
+    def once(stage: str, done: int, total: int) -> None:
+        nonlocal said
+        if not said:
+            said = True
+            err.print(
+                f"{settle_text(done, total)} (waiting; --no-wait answers with the payments so far)", highlight=False
+            )
+
+    yield once

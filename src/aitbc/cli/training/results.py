@@ -11,13 +11,15 @@ import typer
 from rich.table import Table
 
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, fit, others, out, resolve_home
-from aitbc.cli.progress import bars
+from aitbc.cli.progress import bars, settle_line
 from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, RunIdOpt, emit_json, fmt, human_bytes, run_agent, say
 from aitbc.cli.training.view import ENDED
 from aitbc.errors import AitbcError
 from aitbc.units import format_price
+from aitbc_agent_sdk.settling import SETTLE_TIMEOUT
 
 if TYPE_CHECKING:
+    from aitbc.replies.money import Payments
     from aitbc_agent_sdk import Agent
 
 
@@ -177,24 +179,66 @@ def verify(
         out.print(f"All {kept} {'kept ' if pruned else ''}checkpoints verified{tail}", highlight=False)
 
 
+NoWaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait",
+        help="Answer at once with the payments so far: an ended run's last rounds may not be settled yet.",
+    ),
+]
+SettleTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        min=0,
+        help="Seconds to wait for an ended run's settlement before giving up (exit 1, naming how far it got).",
+    ),
+]
+
+
 def payments(
     training_id: RunIdOpt,
+    no_wait: NoWaitOpt = False,
+    timeout: SettleTimeoutOpt = SETTLE_TIMEOUT,
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Per worker: rounds accepted, score, paid, bond, slashed, reputation; and the escrow."""
+    """Per worker: rounds accepted, score, paid, bond, slashed, reputation; and the escrow.
+
+    The coordinator pays each closed round behind the training, so for an ended run this
+    waits until every round is settled and the run's end booked (a line on standard error
+    says how far settlement is), at most --timeout seconds; --no-wait answers at once."""
+    from aitbc_agent_sdk import SettlementTimeout
+
     home = resolve_home(home)
-    with run_agent(home, coordinator, training_id) as a:
-        res = a.get_payments(training_id)
+    with run_agent(home, coordinator, training_id) as a, settle_line(json_out) as progress:
+        try:
+            res = a.get_payments(training_id, wait=not no_wait, timeout=timeout, progress=progress)
+        except SettlementTimeout as e:
+            raise AitbcError(
+                f"{e.where}; wait longer (--timeout SECONDS) or see the payments so far (--no-wait)"
+            ) from None
     if json_out:
         emit_json(res)
         return
     out.print(payments_table(res.model_dump(mode="json")))
     out.print(
         f"Escrowed {res['escrowed']} AIT; left in escrow {res['escrow_balance']} AIT; "
-        f"settled through round {res['settled_round']}" + ("; finalized" if res["finalized"] else ""),
+        f"settled through round {res.settled_round} of {res.rounds_closed}" + ("; finalized" if res.finalized else ""),
         highlight=False,
+    )
+    if not res.settled:
+        out.print(partial_note(res), highlight=False)
+
+
+def partial_note(res: Payments) -> str:
+    """Why the payments shown may still grow: the run goes on, or its settlement does."""
+    if res.status not in ENDED:
+        return f"Payments so far: the run is {res.status}; each round is paid once it is settled."
+    return (
+        f"Partial: the run is {res.status} but the coordinator is still settling it; "
+        "amounts may still grow (without --no-wait, payments waits for them)."
     )
 
 
@@ -258,7 +302,7 @@ def report(
             results=res.model_dump(mode="json"),
             rounds=_rounds_evaluated(a, training_id, ended=res["status"] in ENDED),
             scores=[s.model_dump(mode="json") for s in a.get_round_scores(training_id)],
-            payments=a.get_payments(training_id).model_dump(mode="json"),
+            payments=_settled_payments(a, training_id).model_dump(mode="json"),
         )
     paths = write_report(data, output)
     if json_out:
@@ -269,6 +313,17 @@ def report(
 
 
 EVAL_WAIT_SECONDS = 30.0  # an ended run's last evaluations land a moment after it ends
+
+
+def _settled_payments(a: Agent, training_id: str) -> Payments:
+    """An ended run's payments once settled, waiting at most ``EVAL_WAIT_SECONDS``; then as
+    they stand (the report shows the round they are settled through)."""
+    from aitbc_agent_sdk import SettlementTimeout
+
+    try:
+        return a.get_payments(training_id, timeout=EVAL_WAIT_SECONDS)
+    except SettlementTimeout:
+        return a.get_payments(training_id, wait=False)
 
 
 def _rounds_evaluated(a: Agent, training_id: str, *, ended: bool) -> list[dict[str, Any]]:
