@@ -88,7 +88,7 @@ $(BENCH_STAMP): $(STAMP)
 
 # All benchmarks, one after another; each prints its table and writes bench/results/<name>.json.
 # bench/report.py then gathers the printed tables into bench/RESULTS.md.
-BENCHES := aggregation_speed aggregation_memory communication robustness stragglers coordinator_load live_utilization live_stragglers live_large models overlap_loss honest_runs metrics_scrape verification replay_drift replica_takeover peer_transport
+BENCHES := aggregation_speed aggregation_memory communication sparse_robust robustness stragglers coordinator_load live_utilization live_stragglers live_large models overlap_loss honest_runs metrics_scrape verification replay_drift replica_takeover peer_transport
 bench: $(BENCH_STAMP)
 	mkdir -p bench/results
 	set -o pipefail; for b in $(BENCHES); do \

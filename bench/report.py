@@ -16,6 +16,7 @@ BENCHES = [
     ("aggregation_speed", "Aggregation speed", "python bench/aggregation_speed.py"),
     ("aggregation_memory", "Aggregation memory (streamed from disk)", "python bench/aggregation_memory.py"),
     ("communication", "Communication", "python bench/communication.py"),
+    ("sparse_robust", "Sparse + robust: SparseLoCo updates under attack", "python bench/sparse_robust.py"),
     ("robustness", "Robustness", "python bench/robustness.py"),
     ("stragglers", "Stragglers", "python bench/stragglers.py"),
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
