@@ -25,12 +25,19 @@ def _one_line_error(result, code: int) -> str:
 def test_deploy_writes_chain_json_and_refuses_in_one_line(aitbc, tmp_path, monkeypatch):
     monkeypatch.setenv("AITBC_WALLET_PASSPHRASE", "ops pass")
     assert aitbc("wallet", "create", "ops", "--encrypt").returncode == 0
+    assert evm_address(aitbc.home, "ops") is None  # made at its first on-chain use
     with running_anvil(tmp_path / "anvil") as node:
         rpc = ("--rpc", node.url, "--wallet", "ops")
-        no_gas = _one_line_error(aitbc("chain", "deploy", *rpc), 1)
-        assert f"{evm_address(aitbc.home, 'ops')} has no ether" in no_gas and "--fund-gas" in no_gas
         bad_key = _one_line_error(aitbc("chain", "deploy", *rpc, "--settlement-key", "0x12"), 2)
         assert "bad --settlement-key '0x12'" in bad_key
+        monkeypatch.setenv("AITBC_WALLET_PASSPHRASE", "not it")
+        assert _one_line_error(aitbc("chain", "deploy", *rpc, "--fund-gas"), 1) == (
+            "error: wrong passphrase for wallet 'ops'\n"
+        )
+        assert evm_address(aitbc.home, "ops") is None  # nothing made under a passphrase the wallet lacks
+        monkeypatch.setenv("AITBC_WALLET_PASSPHRASE", "ops pass")
+        no_gas = _one_line_error(aitbc("chain", "deploy", *rpc), 1)  # the EVM account is made, then refused
+        assert f"{evm_address(aitbc.home, 'ops')} has no ether" in no_gas and "--fund-gas" in no_gas
         monkeypatch.setenv("AITBC_WALLET_PASSPHRASE", "not it")
         assert _one_line_error(aitbc("chain", "deploy", *rpc, "--fund-gas"), 1) == (
             "error: wrong passphrase for wallet 'ops'\n"

@@ -1,6 +1,6 @@
 """A wallet's EVM account: a Web3 Secret Storage (v3) keystore beside its Ed25519 key,
-readable by eth-account both ways, 0600, created whole once, recorded, and opened only with
-the wallet's passphrase."""
+written and opened by eth-account, 0600, created whole once, recorded, opened only with the
+wallet's passphrase, and refused in one line when it does not open."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from eth_account import Account
 
 from aitbc.errors import AitbcError, IntegrityError, NotFoundError
-from aitbc.ledger import keystore as v3
 from aitbc.ledger.evm_keys import (
     create_evm_account,
     ensure_evm_account,
@@ -27,35 +26,14 @@ DEV_KEY = bytes.fromhex("ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7
 DEV_ADDRESS = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"
 
 
-def test_addresses_and_checksums_match_eth_account():
-    assert v3.address_of_key(DEV_KEY) == DEV_ADDRESS == Account.from_key(DEV_KEY).address
-    assert v3.checksummed(DEV_ADDRESS.lower()) == DEV_ADDRESS
-    key = v3.new_key()
-    assert v3.address_of_key(key) == Account.from_key(key).address
-    with pytest.raises(ValueError):
-        v3.checksummed("0x1234")
-
-
-def test_keystores_open_both_ways_with_eth_account():
-    ours = v3.encrypt(DEV_KEY, "pass word", n=1 << 10)
-    assert Account.decrypt(ours, "pass word") == DEV_KEY
-    for kdf in ("scrypt", "pbkdf2"):
-        theirs = Account.encrypt(DEV_KEY, "pw", kdf=kdf, iterations=1 << 10)
-        assert v3.decrypt(theirs, "pw") == DEV_KEY
-    with pytest.raises(v3.WrongPassword):
-        v3.decrypt(ours, "wrong")
-    with pytest.raises(v3.BadKeystore):
-        v3.decrypt({"crypto": {"cipher": "aes-256-gcm"}}, "pw")
-
-
 def test_an_unencrypted_wallet_gets_a_keystore_with_an_empty_password(tmp_path):
     create_wallet(tmp_path, "alice")
-    assert evm_address(tmp_path, "alice") is None  # made before EVM accounts: none yet
+    assert evm_address(tmp_path, "alice") is None  # none until its first on-chain use
     address = create_evm_account(tmp_path, "alice")
     path = evm_key_path(tmp_path, "alice")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     keystore = json.loads(path.read_text())
-    assert keystore["version"] == 3 and v3.checksummed(keystore["address"]) == address
+    assert keystore["version"] == 3 and "0x" + keystore["address"].lower() == address.lower()
     assert Account.from_key(Account.decrypt(keystore, "")).address == address  # the standard format
     assert evm_address(tmp_path, "alice") == address
     key = load_evm_account(tmp_path, "alice")
@@ -87,7 +65,7 @@ def test_an_encrypted_wallet_s_keystore_opens_with_its_passphrase_only(tmp_path,
 def test_a_keystore_put_in_place_of_the_one_created_is_refused(tmp_path):
     create_wallet(tmp_path, "alice")
     create_evm_account(tmp_path, "alice")
-    evm_key_path(tmp_path, "alice").write_text(json.dumps(v3.encrypt(DEV_KEY, "", n=1 << 10)))
+    evm_key_path(tmp_path, "alice").write_text(json.dumps(Account.encrypt(DEV_KEY, "", iterations=1 << 10)))
     for read in (evm_address, load_evm_account):
         with pytest.raises(IntegrityError, match="not the one created for it") as refused:
             read(tmp_path, "alice")
@@ -104,3 +82,27 @@ def test_an_account_for_a_missing_wallet_or_none_yet(tmp_path):
     with pytest.raises(NotFoundError, match="has no EVM account"):
         load_evm_account(tmp_path, "carol")
     assert ensure_evm_account(tmp_path, "carol").address == evm_address(tmp_path, "carol")
+
+
+def test_a_keystore_that_does_not_open_is_one_line_and_refused(tmp_path):
+    create_wallet(tmp_path, "alice")
+    path = evm_key_path(tmp_path, "alice")
+    path.write_text(json.dumps(Account.encrypt(DEV_KEY, "not empty", iterations=1 << 10)))
+    assert evm_address(tmp_path, "alice") == DEV_ADDRESS  # unrecorded: checksummed, trusted now, recorded
+    assert json.loads(record_path(tmp_path, "alice").read_text())["evm_address"] == DEV_ADDRESS
+    with pytest.raises(IntegrityError, match="does not open with an empty password"):
+        load_evm_account(tmp_path, "alice")
+    keystore = Account.encrypt(DEV_KEY, "", iterations=1 << 10)
+    for crypto, why in (
+        ({**keystore["crypto"], "kdf": "argon2"}, "unknown kdf 'argon2'"),
+        ({**keystore["crypto"], "kdfparams": {**keystore["crypto"]["kdfparams"], "n": 1 << 30}}, "is not in 1.."),
+        ({**keystore["crypto"], "ciphertext": "zz"}, "corrupt"),
+        ({k: v for k, v in keystore["crypto"].items() if k != "mac"}, "malformed"),
+    ):
+        path.write_text(json.dumps({**keystore, "crypto": crypto}))
+        with pytest.raises(IntegrityError, match=why) as refused:
+            load_evm_account(tmp_path, "alice")
+        assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+    path.write_text(json.dumps({**keystore, "address": "12"}))
+    with pytest.raises(IntegrityError, match="not 40 hex digits"):
+        evm_address(tmp_path, "alice")

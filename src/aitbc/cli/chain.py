@@ -49,20 +49,17 @@ def deploy(
     another address."""
     # Imported when run: eth-account costs seconds to import, which every aitbc command would pay.
     from eth_account import Account
+    from eth_utils import is_hex_address, to_checksum_address
 
     from aitbc.chain.evm.client import EvmClient
     from aitbc.chain.evm.deploy import chain_file, deploy_contracts, write_deployment
     from aitbc.ledger.evm_keys import ensure_evm_account
-    from aitbc.ledger.keystore import checksummed
 
     home = resolve_home(home)
     if settlement_key is not None:
-        try:
-            settlement_key = checksummed(settlement_key)
-        except ValueError:
-            raise UsageError(
-                f"bad --settlement-key {settlement_key!r}: want an EVM address, 0x and 40 hex digits"
-            ) from None
+        if not is_hex_address(settlement_key):
+            raise UsageError(f"bad --settlement-key {settlement_key!r}: want an EVM address, 0x and 40 hex digits")
+        settlement_key = to_checksum_address(settlement_key)
     if chain_file(home).exists() and not replace:
         raise AitbcError(
             f"{chain_file(home)} names contracts deployed already; pass --replace to deploy new ones "

@@ -2,8 +2,10 @@
 
 A wallet's public key identifies a worker or a client to the coordinator and the
 market; its private key (``HOME/wallets/NAME/key.json``, mode 0600) is never printed.
-A wallet made here also gets an EVM account (``evm.json``, a Web3 Secret Storage
-keystore: :mod:`aitbc.ledger.evm_keys`) to hold AIT on an EVM chain.
+A wallet's EVM account (``evm.json``, a Web3 Secret Storage keystore:
+:mod:`aitbc.ledger.evm_keys`), which holds AIT on an EVM chain, is made at its first
+on-chain use or by ``aitbc wallet evm NAME``, not here: making one imports eth-account,
+which takes seconds.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from aitbc.cli.common import (
     resolve_home,
 )
 from aitbc.errors import AitbcError, NotFoundError, UsageError
-from aitbc.ledger.evm_keys import create_evm_account, evm_address
+from aitbc.ledger.evm_keys import ensure_evm_account, evm_address, evm_key_path
 from aitbc.ledger.sealed import PASSPHRASE_ENV
 from aitbc.ledger.wallet import (
     WalletExistsError,
@@ -95,13 +97,12 @@ def create(
     except WalletExistsError:  # another process created it meanwhile
         _existing(home, name, encrypt=encrypt, json_out=json_out)
         return
-    evm = create_evm_account(home, name, passphrase=passphrase)
     if json_out:
-        _print_json({**wallet.info().to_dict(), "evm_address": evm, "existed": False})
+        _print_json({**wallet.info().to_dict(), "evm_address": None, "existed": False})
         return
     typer.echo(f"Wallet created: {wallet.name}")
     typer.echo(f"Address: {wallet.address}")
-    typer.echo(f"EVM address: {evm}")
+    typer.echo(f"EVM address: {_evm_shown(name, None)}")
     sealed = " encrypted with your passphrase" if encrypt else ""
     err.print(
         f"private key saved{sealed} to {wallet_path(home, name)} (keep it private)", highlight=False, markup=False
@@ -127,11 +128,11 @@ def _existing(home: Path, name: str, *, encrypt: bool, json_out: bool) -> None:
         return
     typer.echo(f"Wallet exists: {name} (left unchanged{', encrypted' if encrypted else ''})")
     typer.echo(f"Address: {info.address}")
-    typer.echo(f"EVM address: {_evm_shown(evm)}")
+    typer.echo(f"EVM address: {_evm_shown(name, evm)}")
 
 
-def _evm_shown(evm: str | None) -> str:
-    return evm if evm is not None else "none yet (a wallet made before EVM accounts gets one at its first on-chain use)"
+def _evm_shown(name: str, evm: str | None) -> str:
+    return evm if evm is not None else f"none yet (made at its first on-chain use, or by: aitbc wallet evm {name})"
 
 
 @app.command("list")
@@ -167,12 +168,32 @@ def show(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOpti
     for label, value in (
         ("Name", info.name),
         ("Address", info.address),
-        ("EVM address", _evm_shown(evm)),
+        ("EVM address", _evm_shown(name, evm)),
         ("Public key", info.public_key),
         ("Created", info.created),
         ("Path", str(path)),
     ):
         typer.echo(f"{label + ':':<13}{value}")
+
+
+@app.command()
+def evm(name: NameArgument, home: HomeOption = DEFAULT_HOME, json_out: JsonOption = False) -> None:
+    """Make wallet NAME's EVM account if it has none, and print its address.
+
+    It is made under the wallet's passphrase (asked for, or AITBC_WALLET_PASSPHRASE) and
+    never replaced; an on-chain command (aitbc chain deploy) makes it too."""
+    home = resolve_home(home)
+    wallet_info(home, name)  # a missing or replaced wallet is refused before a passphrase is asked for
+    address = evm_address(home, name)
+    existed = address is not None
+    if address is None:  # eth-account is imported (seconds) only to make one
+        address = ensure_evm_account(home, name).address
+    if json_out:
+        _print_json({"name": name, "evm_address": address, "existed": existed})
+        return
+    typer.echo(f"EVM address: {address}")
+    if not existed:
+        err.print(f"EVM account made: {evm_key_path(home, name)} (keep it private)", highlight=False, markup=False)
 
 
 # --- money on the local network (the coordinator keeps the ledger) --------------------
