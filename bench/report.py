@@ -17,6 +17,11 @@ BENCHES = [
     ("aggregation_memory", "Aggregation memory (streamed from disk)", "python bench/aggregation_memory.py"),
     ("communication", "Communication", "python bench/communication.py"),
     ("sparse_robust", "Sparse + robust: SparseLoCo updates under attack", "python bench/sparse_robust.py"),
+    (
+        "sparse_robust_transformer",
+        "Sparse + robust: the transformer",
+        "python bench/sparse_robust.py --task transformer --seeds 0",
+    ),
     ("robustness", "Robustness", "python bench/robustness.py"),
     ("stragglers", "Stragglers", "python bench/stragglers.py"),
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),

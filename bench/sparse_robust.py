@@ -13,9 +13,12 @@ reduction against dense, and the rounds.
 
 Target: >= 1000x fewer bytes than dense under every attack (issue: "sparse + robust").
 
+``--task transformer``: the communication bench's transformer task (4 workers, 1 attacking;
+SparseLoCo H=50, 1%), target 3000x; its JSON is ``sparse_robust_transformer.json``.
+
 ``--rules`` adds rows for other rules (e.g. ``trend+centered-clip``, the dense default).
 
-Usage: python bench/sparse_robust.py [--seeds 0,1,2,3,4] [--attacks ...] [--rules SPEC;...]
+Usage: python bench/sparse_robust.py [--task digits|transformer] [--seeds 0,1,2,3,4] [--attacks ...] [--rules SPEC;...]
 """
 
 from __future__ import annotations
@@ -33,27 +36,32 @@ from aitbc import run_defaults
 from communication import TASKS, run, sparseloco
 
 ATTACKS = ["none", "sign-flip", "ipm", "alie", "gaussian", "scale"]
-BYZANTINE = 2
-TARGET = 1000
+# task: (H, density, target reduction); each the communication bench's best SparseLoCo setting
+PLANS = {"digits": (30, 0.02, 1000), "transformer": (50, 0.01, 3000)}
 MAX_FACTOR = 3.0
 
 
-def baseline(seed: int) -> tuple[float, float, float]:
+def attackers(task: str) -> int:
+    return TASKS[task][0]["workers"] // 4  # 25%
+
+
+def baseline(seed: int, task: str) -> tuple[float, float, float]:
     """The dense run's final loss, its bytes per worker, and its wall seconds."""
-    shared, steps = TASKS["digits"]
+    shared, steps = TASKS[task]
     t = time.perf_counter()
     base, _, _ = run(dict(**{**shared, "seed": seed}, local_steps=1, rounds=steps, outer="fedavg", compression="none"))
     return base.final_val_loss, base.bytes_up / shared["workers"], time.perf_counter() - t
 
 
-def attacked(seed: int, attack: str, rule: str | None, target: float, dense_bytes: float) -> dict[str, Any]:
-    shared, steps = TASKS["digits"]
-    c = sparseloco(30)
+def attacked(seed: int, attack: str, rule: str | None, target: float, dense_bytes: float, task: str) -> dict[str, Any]:
+    shared, steps = TASKS[task]
+    h, density, _ = PLANS[task]
+    c = sparseloco(h, density=density)
     c.pop("label")
     opts = {**shared, "seed": seed, "aggregator": rule, **c}
     opts["rounds"] = int(MAX_FACTOR * steps / c["local_steps"])
     if attack != "none":
-        opts.update(attack=attack, byzantine=BYZANTINE)
+        opts.update(attack=attack, byzantine=attackers(task))
     t = time.perf_counter()
     r, metrics, _ = run(dict(**opts, target_loss=target, stop_at_target=True))
     reached = r.bytes_to_target is not None
@@ -101,6 +109,7 @@ def fmt(x: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--task", default="digits", choices=sorted(PLANS))
     ap.add_argument("--attacks", default=",".join(ATTACKS))
     ap.add_argument("--rules", default="", help="rules beside the sparse default, ';'-separated")
     args = ap.parse_args()
@@ -109,12 +118,12 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     bases = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        loss, dense_bytes, wall = baseline(seed)
+        loss, dense_bytes, wall = baseline(seed, args.task)
         bases.append(dict(seed=seed, loss=loss, bytes_per_worker=dense_bytes, wall_s=wall))
         print(f"seed {seed}: dense baseline loss {loss:.4f} (target {1.02 * loss:.4f}), {wall:.0f} s", flush=True)
         for rule in rules:
             for attack in args.attacks.split(","):
-                row = attacked(seed, attack, rule, 1.02 * loss, dense_bytes)
+                row = attacked(seed, attack, rule, 1.02 * loss, dense_bytes, args.task)
                 rows.append(row)
                 print(
                     f"  {row['rule']:24s} {attack:10s} rounds {row['rounds']:3d} loss {row['val_loss']:.4f} "
@@ -129,8 +138,11 @@ def report(rows: list[dict[str, Any]], bases: list[dict[str, Any]], args: argpar
     after every seed, so a run cut short still leaves its finished seeds)."""
     seeds = ",".join(str(b["seed"]) for b in bases)
     table = summary(rows)
+    h, density, goal = PLANS[args.task]
+    workers = TASKS[args.task][0]["workers"]
     print_table(
-        f"sparse + robust: SparseLoCo H=30, 2%, 2-bit on digits, {BYZANTINE} of 8 attacking, seeds {seeds}",
+        f"sparse + robust: SparseLoCo H={h}, {density:.0%}, 2-bit on {args.task}, {attackers(args.task)} of "
+        f"{workers} attacking, seeds {seeds}",
         ["rule", "attack", "reached", "reduction median", "reduction worst", "rounds median", "rounds worst"],
         [
             [s["rule"], s["attack"], f"{s['reached']}/{s['seeds']}", fmt(s["median"]), fmt(s["worst"])]
@@ -138,15 +150,16 @@ def report(rows: list[dict[str, Any]], bases: list[dict[str, Any]], args: argpar
             for s in table
         ],
     )
-    default = run_defaults.default_aggregator(sparseloco(30)["compression"])
+    default = run_defaults.default_aggregator(sparseloco(h)["compression"])
     mine = [s for s in table if s["rule"] == default and s["attack"] != "none"]
-    ok = all(s["median"] >= TARGET for s in mine)
+    ok = all(s["median"] >= goal for s in mine)
     worst = min((s["worst"] for s in mine), default=0.0)
     print(
-        f"default for sparse codecs ({default}): median >= {TARGET}x under every attack: "
+        f"default for sparse codecs ({default}): median >= {goal}x under every attack: "
         f"{'met' if ok else 'MISSED'}; worst seed over all attacks {fmt(worst)}"
     )
-    write_json("sparse_robust", {"machine": machine(), "args": vars(args), "baselines": bases, "rows": rows})
+    name = "sparse_robust" if args.task == "digits" else f"sparse_robust_{args.task}"
+    write_json(name, {"machine": machine(), "args": vars(args), "baselines": bases, "rows": rows})
 
 
 if __name__ == "__main__":
