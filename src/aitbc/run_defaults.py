@@ -71,3 +71,9 @@ def default_aggregator(compression: str) -> str:
     """The aggregator a run gets when it names none: :data:`SPARSE_AGGREGATOR` for a sparse
     codec spec (``sparseloco:density=0.02``), else :data:`AGGREGATOR`."""
     return SPARSE_AGGREGATOR if compression.partition(":")[0].strip() in SPARSE_CODECS else AGGREGATOR
+
+
+# Seconds payments and refund (the SDK's and the CLI's) wait at most for an ended run's
+# settlement: generous, a loaded two-core machine has taken minutes to settle a run's last
+# rounds. Here, not in the SDK, so the command line has it without importing the SDK.
+SETTLE_TIMEOUT = 600.0

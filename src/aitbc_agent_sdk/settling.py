@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from aitbc import run_defaults
 from aitbc.replies.money import Payments
 from aitbc_agent_sdk.errors import SettlementTimeout
 from aitbc_agent_sdk.protocol import Http, Meter, Op, Progress, Sleep, ask
 
-SETTLE_TIMEOUT = 600.0  # s: generous, a loaded two-core machine has taken minutes to settle a run's last rounds
+SETTLE_TIMEOUT = run_defaults.SETTLE_TIMEOUT  # s
 POLL = 0.5  # s between two looks at the payments view
 STAGE = "settle"  # the Progress stage: rounds settled of the rounds closed
 

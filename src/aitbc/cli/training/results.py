@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from aitbc import run_defaults
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, fit, others, out, resolve_home
 from aitbc.cli.progress import bars, settle_line
 from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, RunIdOpt, emit_json, fmt, human_bytes, run_agent, say
 from aitbc.cli.training.view import ENDED
 from aitbc.errors import AitbcError
 from aitbc.units import format_price
-from aitbc_agent_sdk.settling import SETTLE_TIMEOUT
 
 if TYPE_CHECKING:
     from aitbc.replies.money import Payments
@@ -199,7 +199,7 @@ SettleTimeoutOpt = Annotated[
 def payments(
     training_id: RunIdOpt,
     no_wait: NoWaitOpt = False,
-    timeout: SettleTimeoutOpt = SETTLE_TIMEOUT,
+    timeout: SettleTimeoutOpt = run_defaults.SETTLE_TIMEOUT,
     coordinator: CoordinatorOpt = None,
     json_out: JsonOpt = False,
     home: HomeOption = DEFAULT_HOME,
