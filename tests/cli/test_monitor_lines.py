@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aitbc.cli.training.view import changes, ended_line, loss_span
+from aitbc.cli.training.view import changes, ended_line, loss_span, span
 
 
 def snapshot(*, closed: int, val_loss: float | None, val_round: int | None, **extra: Any) -> dict[str, Any]:
@@ -50,3 +50,11 @@ def test_the_header_spans_the_first_evaluation_to_the_latest():
     assert loss_span(snapshot(closed=2, val_loss=4.1, val_round=1)) == "val loss 5.5602 -> 4.1000 (round 1)"
     done = snapshot(closed=10, val_loss=3.2, val_round=10, status="complete")
     assert ended_line(done) == "Run training_x complete: val loss 5.5602 -> 3.2000 (round 10), model bafy"
+
+
+def test_results_spans_the_loss_the_same_way():
+    """``results`` right after a run read ``8.3535 -> 8.3535`` while only the initial model was
+    evaluated; it says which round its final loss is of, as the header does."""
+    assert span(8.3535, 8.3535, 0) == "8.3535 (initial model)"
+    assert span(8.3535, 6.1, 3) == "8.3535 -> 6.1000 (round 3)"
+    assert span(None, None, None) == "-"

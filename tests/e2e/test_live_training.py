@@ -129,6 +129,7 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     res = json.loads(stack.cli("distributed-training", "results", "--training-id", run_id, "--json").stdout)
     assert res["status"] == "complete" and res["rounds_completed"] == 4
     assert res["final_val_loss"] < res["initial_val_loss"]
+    assert res["final_val_round"] == stack.api(f"/runs/{run_id}")["val_round"] > 0  # the round its loss is of
     assert res["updates_accepted"] == 12 and res["updates_rejected"] == 0
     # Each round's bytes add up to the run's totals (round 0, the initial model, moved none).
     rounds = stack.api(f"/runs/{run_id}/rounds")["data"]

@@ -81,6 +81,11 @@ class Results(Reply):
     initial_val_loss: float | None = Field(description="validation loss of the initial model (round 0)")
     final_val_loss: float | None = Field(description="validation loss of the latest evaluated round")
     final_val_accuracy: float | None = Field(description="its validation accuracy (classifiers; null otherwise)")
+    final_val_round: int | None = Field(
+        None,
+        description="the round final_val_loss is of (0: the initial model; a round's evaluation lands a moment "
+        "after it closes); null before any",
+    )
     bytes_up: int = Field(description="bytes of the workers' updates received, all rounds")
     bytes_down: int = Field(description="bytes of the global model sent to workers, all rounds")
     updates_accepted: int = Field(description="updates aggregated, all rounds")

@@ -14,7 +14,7 @@ from aitbc import run_defaults
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, fit, others, out, resolve_home
 from aitbc.cli.progress import bars, settle_line
 from aitbc.cli.training.plumbing import CoordinatorOpt, JsonOpt, RunIdOpt, emit_json, fmt, human_bytes, run_agent, say
-from aitbc.cli.training.view import ENDED
+from aitbc.cli.training.view import ENDED, span
 from aitbc.errors import AitbcError
 from aitbc.units import format_price
 
@@ -42,7 +42,7 @@ def results(
     rows = [
         ("status", res["status"]),
         ("rounds", f"{res['rounds_completed']}/{res['rounds'] or '-'}"),
-        ("validation loss", f"{fmt(res['initial_val_loss'])} -> {fmt(res['final_val_loss'])}"),
+        ("validation loss", span(res.initial_val_loss, res.final_val_loss, res.final_val_round)),
         ("validation accuracy", fmt(res["final_val_accuracy"], ".4f")),
         *([("validation perplexity", fmt(res.final_val_perplexity, ".2f"))] if res.final_val_perplexity else []),
         *([("tokens seen", f"{res.tokens_seen:,}")] if res.tokens_seen is not None else []),

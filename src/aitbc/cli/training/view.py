@@ -42,12 +42,16 @@ def loss_span(run: dict[str, Any]) -> str:
     """The validation loss from the first evaluation (the initial model's) to the latest,
     each with its round: a round's evaluation lands a moment after it closes (and only
     every ``eval_every`` rounds), so until one has, there is one number, not ``x -> x``."""
-    first, latest, at = run["initial_val_loss"], run["val_loss"], run.get("val_round")
+    return "val loss " + span(run["initial_val_loss"], run["val_loss"], run.get("val_round"))
+
+
+def span(first: float | None, latest: float | None, at: int | None) -> str:
+    """``first -> latest (round at)``, or the one number there is before a round's evaluation."""
     if first is None and latest is None:
-        return "val loss -"
+        return "-"
     if at is None or at == 0:
-        return f"val loss {fmt(first if first is not None else latest)} (initial model)"
-    return f"val loss {fmt(first)} -> {fmt(latest)} (round {at})"
+        return f"{fmt(first if first is not None else latest)} (initial model)"
+    return f"{fmt(first)} -> {fmt(latest)} (round {at})"
 
 
 def run_view(run: dict[str, Any]) -> Group:

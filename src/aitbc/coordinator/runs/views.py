@@ -331,6 +331,7 @@ def results(ctx: Context, s: Session, run: Run) -> Results:
         initial_val_loss=run.initial_val_loss,
         final_val_loss=run.val_loss,
         final_val_accuracy=run.val_accuracy,
+        final_val_round=latest_evaluated(s, run),
         bytes_up=run.bytes_up,
         bytes_down=run.bytes_down,
         updates_accepted=sum(u.status == UpdateStatus.ACCEPTED for u in updates),
