@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -200,6 +202,33 @@ def test_codec_decode_refuses_another_codecs_blob():
 def test_deeply_nested_header_is_an_integrity_error():
     with pytest.raises(IntegrityError):
         decode(make_blob(b"[" * 200_000))
+
+
+def test_deep_header_is_refused_where_the_recursion_limit_was_raised():
+    """A library may raise the interpreter's recursion limit for the whole process (titanoboa
+    sets 100000): the JSON parser then overflows the C stack on a megabyte of "[" instead of
+    raising RecursionError, so the depth is checked before parsing. In a process of its own:
+    before the check this one crashed."""
+    code = (
+        "import sys; sys.setrecursionlimit(1_000_000)\n"
+        "from aitbc.core.compression.base import MAX_HEADER, _PREFIX\n"
+        "from aitbc.core.compression import MAGIC, decode\n"
+        "from aitbc.errors import IntegrityError\n"
+        "h = b'[' * (MAX_HEADER - 1)\n"
+        "try:\n"
+        "    decode(_PREFIX.pack(MAGIC, 1, len(h)) + h)\n"
+        "except IntegrityError as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert "nested deeper than 32 levels" in r.stdout
+
+
+def test_brackets_inside_strings_are_not_nesting():
+    meta = {"note": "[[[[" * 20 + '\\"{{{{' * 20}
+    header = {"codec": "none", "shape": [2], "dtype": "float32", "params": {}, "meta": meta}
+    assert decode(make_blob(header, struct.pack("<2f", 1.0, 2.0))).tolist() == [1.0, 2.0]
 
 
 def test_unknown_params_in_header_are_an_integrity_error():

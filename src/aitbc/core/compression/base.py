@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import re
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,13 @@ MAGIC = b"ATBC"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<4sBI")  # magic, version, header length
 MAX_HEADER = 1 << 20
+# A header's arrays and objects nest a few levels deep. Deeper is refused before it is parsed:
+# the JSON parser recurses per level, and a process whose recursion limit was raised (a library
+# may raise it for the whole process) overflows the C stack on a megabyte of "[" instead of
+# raising RecursionError.
+MAX_HEADER_DEPTH = 32
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 # Decoding refuses blobs that claim more values than this (PowerSGD's factors expand
 # quadratically, so a small payload can claim a huge matrix). Callers that know the
 # model's size pass ``max_numel=d``.
@@ -172,8 +180,11 @@ def split_blob(blob: bytes) -> tuple[Header, memoryview]:
         raise IntegrityError(f"unsupported update format version {version}; this build reads {FORMAT_VERSION}")
     if hlen > MAX_HEADER or _PREFIX.size + hlen > len(blob):
         raise IntegrityError(f"update header length {hlen} is out of range for a {len(blob)}-byte blob")
+    text = bytes(blob[_PREFIX.size : _PREFIX.size + hlen])
+    if _nesting(text) > MAX_HEADER_DEPTH:
+        raise IntegrityError(f"malformed update header: nested deeper than {MAX_HEADER_DEPTH} levels")
     try:
-        raw = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
+        raw = json.loads(text)
         header = Header(
             codec=str(raw["codec"]),
             shape=tuple(_strict_int(s) for s in raw["shape"]),
@@ -186,6 +197,15 @@ def split_blob(blob: bytes) -> tuple[Header, memoryview]:
     if any(s < 0 for s in header.shape):
         raise IntegrityError(f"update header has a negative dimension: {header.shape}")
     return header, memoryview(blob)[_PREFIX.size + hlen :]
+
+
+def _nesting(text: bytes) -> int:
+    """How deep ``text``'s JSON arrays and objects nest (brackets inside strings not counted)."""
+    depth = deepest = 0
+    for b in _JSON_STRING.sub(b"", text).translate(None, delete=_NOT_BRACKETS):
+        depth += 1 if b in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _one_line(e: BaseException) -> str:
