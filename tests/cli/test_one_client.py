@@ -19,7 +19,9 @@ from aitbc.coordinator.schemas import Distribute
 from aitbc_agent_sdk.operations import start_training
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "aitbc" / "cli"
-SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "aggregator", "compression", "error_feedback"]
+# Not aggregator: simulate picks the rule by codec when none is named (sparse-robust for a
+# sparse codec), a live run does not yet (test_the_aggregator_defaults_differ_only_by_codec).
+SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "compression", "error_feedback"]
 SHARED += ["mode", "deadline", "quorum", "eval_every", "buffer", "max_staleness", "staleness"]
 
 
@@ -53,6 +55,18 @@ def test_simulate_and_distribute_declare_shared_options_once(name):
     dist = _params("distributed-training", "distribute")[name]
     assert sim.default == dist.default, (name, sim.default, dist.default)
     assert sim.opts == dist.opts and sim.help == dist.help  # one declaration, not two alike
+
+
+def test_the_aggregator_defaults_differ_only_by_codec():
+    """simulate leaves the rule to the codec (``run_defaults.default_aggregator``); distribute
+    and demo name the dense default, which is simulate's for every dense codec."""
+    sim = _params("simulate")["aggregator"]
+    dist = _params("distributed-training", "distribute")["aggregator"]
+    assert sim.default is None and dist.default == run_defaults.AGGREGATOR
+    assert sim.opts == dist.opts == ["--aggregator"]
+    assert "sparse-robust" in (sim.help or "") and run_defaults.AGGREGATOR in (dist.help or "")
+    assert run_defaults.default_aggregator(run_defaults.COMPRESSION) == run_defaults.AGGREGATOR
+    assert run_defaults.default_aggregator("sparseloco:density=0.02,bits=2") == run_defaults.SPARSE_AGGREGATOR
 
 
 def test_defaults_agree_with_the_coordinator_and_the_sdk():
