@@ -8,13 +8,14 @@ import os
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = ROOT / ".venv" / "bin"
+VENV_BIN = Path(sys.executable).parent  # the interpreter running the tests: its aitbc
 EXAMPLES = ("quickstart", "phase_driven", "fault_tolerance")
 # a subshell whose EXIT trap runs `aitbc down` on any exit (the example failing, Ctrl-C)
 SHAPE = re.compile(r"^\(trap 'aitbc down' EXIT; aitbc up --workers \d+[^;&|]* && python examples/(\w+)\.py[^;&|]*\)$")
