@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Optional, TypedDict
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from aitbc.coordinator.store.run_config import RunConfig
@@ -111,6 +111,10 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     # money (micro-AIT)
     network: Mapped[str] = mapped_column(String(16), default="local")
+    # On an EVM chain (the coordinator's --chain evm): the owner's account, from which the
+    # run's escrow key is derived, and the on-chain deposit mirrored into escrow so far.
+    owner_evm: Mapped[str | None] = mapped_column(String(42), default=None)
+    chain_deposited: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     budget: Mapped[int | None] = mapped_column(BigInteger, default=None)  # escrowed at init, if given
     bond: Mapped[int] = mapped_column(BigInteger, default=0)  # each hired provider posts this
     escrowed: Mapped[int] = mapped_column(BigInteger, default=0)  # total moved into escrow
@@ -168,6 +172,7 @@ class Offer(Base):
     registration: Mapped[Optional[JSONObject]] = mapped_column(
         JSON, default=None
     )  # its signed offer (authorises bonds)
+    evm_address: Mapped[str | None] = mapped_column(String(42), default=None)  # paid here on an EVM chain
     last_heartbeat: Mapped[float] = mapped_column(Float)
     registered_at: Mapped[float] = mapped_column(Float)
 
@@ -187,6 +192,9 @@ class Contract(Base):
     bond: Mapped[int] = mapped_column(BigInteger, default=0)  # posted when hired
     slashed: Mapped[int] = mapped_column(BigInteger, default=0)
     paid_manual: Mapped[int] = mapped_column(BigInteger, default=0)  # the owner's own payments (process_payment)
+    # On an EVM chain: the provider's account when hired, and its bond seen on chain and mirrored.
+    evm_address: Mapped[str | None] = mapped_column(String(42), default=None)
+    chain_bonded: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -364,6 +372,36 @@ class Settlement(Base):
     paid: Mapped[int] = mapped_column(BigInteger)  # what escrow could pay of it
     entry_seq: Mapped[int | None] = mapped_column(Integer, default=None)  # the ledger entry, if paid > 0
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class ChainTx(Base):
+    """A transaction the settlement key owes the chain (``kind`` ``settle`` for round
+    ``round``, ``finalize`` with round 0), queued in the transaction that settles the round in
+    the books. Its nonce and signed bytes are stored before the broadcast, so a sender that
+    restarts resends the same transaction (``status``: queued, signed, sent, mined, final,
+    failed). ``payload``: ``{"providers": [...], "amounts": [...], "slashes": [...]}``
+    for a settlement (providers in increasing address order)."""
+
+    __tablename__ = "chain_txs"
+    __table_args__ = (UniqueConstraint("run_id", "kind", "round"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    round: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[JSONObject] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    nonce: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    raw_tx: Mapped[str | None] = mapped_column(Text, default=None)  # 0x-hex, signed
+    tx_hash: Mapped[str | None] = mapped_column(String(66), default=None)
+    block: Mapped[int | None] = mapped_column(BigInteger, default=None)  # mined in
+    confirmations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    gas_used: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    sender: Mapped[str | None] = mapped_column(String(64), default=None)  # the replica that signed it
+    created_at: Mapped[float] = mapped_column(Float)
+    sent_at: Mapped[float | None] = mapped_column(Float, default=None)
+    final_at: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class Pin(Base):
