@@ -206,6 +206,7 @@ def test_layers_point_downward():
 COORDINATOR = "aitbc.coordinator"
 COORDINATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "config", "heap"),
+    ("chain_backend",),
     ("store",),
     ("transfer",),
     ("observability",),

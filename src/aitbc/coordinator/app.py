@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from aitbc import __version__
 from aitbc.coordinator.api.deps import STREAM_SIGNER, signed, signed_stream, verify_stream
 from aitbc.coordinator.api.responses import errors
-from aitbc.coordinator.api.routes import blobs, control, dashboard, health, ledger, runs, workers
+from aitbc.coordinator.api.routes import blobs, chain, control, dashboard, health, ledger, runs, workers
 from aitbc.coordinator.api.routes import docs as api_docs
 from aitbc.coordinator.api.web import STATIC_DIR
 from aitbc.coordinator.config import Settings
@@ -232,6 +232,8 @@ def create_app(settings: Settings, *, run_driver: bool = True, stop_wait: float 
             if run_driver:
                 driver.stop(stop_wait)
             ctx.engine.dispose()
+            if ctx.chain is not None:
+                ctx.chain.close()
 
     app = FastAPI(
         title="aitbc coordinator",
@@ -272,6 +274,7 @@ def create_app(settings: Settings, *, run_driver: bool = True, stop_wait: float 
 
     routers = (
         health.router,
+        chain.router,
         blobs.router,
         blobs.pins_router,
         runs.router,

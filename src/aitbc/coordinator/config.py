@@ -114,6 +114,27 @@ class Settings(BaseSettings):
     network: str = Field(  # aitbc.ledger.chain.NETWORKS
         "local", description="Ledger network this coordinator settles on (local)."
     )
+    # Where the money is (coordinator.chain_backend): this coordinator's own ledger, or an EVM
+    # chain's escrow contract, which the books then mirror (deposits, bonds) and settle on.
+    chain: Literal["local", "evm"] = Field(
+        "local",
+        description="Where runs' money is held: local (this coordinator's ledger) or evm (the escrow contract of "
+        "--chain-file, settled with --settlement-wallet's key).",
+    )
+    chain_file: Path | None = Field(
+        None, description="With --chain evm: the deployment record (aitbc chain deploy); none: HOME/chain.json."
+    )
+    rpc: str | None = Field(
+        None, description="With --chain evm: the node's JSON-RPC URL (none: the one in the deployment record)."
+    )
+    settlement_wallet: str | None = Field(
+        None,
+        description="With --chain evm: the wallet under HOME/wallets whose EVM account is the deployment's "
+        "settlement key (passphrase from AITBC_WALLET_PASSPHRASE).",
+    )
+    chain_confirmations: int = Field(
+        2, ge=1, le=1000, description="With --chain evm: blocks on a settlement (its own counted) before it is final."
+    )
     manual_idle_seconds: Annotated[float, Flag("--manual-idle")] = Field(
         3600.0,
         gt=0,
@@ -233,6 +254,11 @@ class Settings(BaseSettings):
             return check_network(network)
         except LedgerError as e:
             raise ValueError(e.detail) from None
+
+    @field_validator("chain_file")
+    @classmethod
+    def _expand_chain_file(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser()
 
     @field_validator("norm_reject")
     @classmethod

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +25,9 @@ from aitbc.ledger.book import Ledger
 from aitbc.ledger.signing import NonceStore
 from aitbc.ledger.wallet import ensure_wallet
 from aitbc.storage.blobstore import LocalBlobStore
+
+if TYPE_CHECKING:
+    from aitbc.coordinator.chain_backend import ChainBackend
 
 
 class Liveness:
@@ -157,6 +160,8 @@ class Context:
     metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
     # Which workers serve which blobs (peer transport), in memory (transfer.peers).
     peers: PeerBook = field(default_factory=PeerBook)
+    # The EVM chain this coordinator settles on (--chain evm); None: its own ledger holds the money.
+    chain: ChainBackend | None = None
 
     def session(self) -> Session:
         return self.sessions()
@@ -174,8 +179,18 @@ def _sqlite_lock(engine: Engine) -> Path | None:
     return Path(f"{engine.url.database}.driver-lock")
 
 
+def _connect_chain(settings: Settings) -> ChainBackend | None:
+    if settings.chain == "local":
+        return None
+    # eth-account and the contracts' ABI cost a second to import: only an EVM coordinator pays it
+    from aitbc.coordinator.chain_backend import connect
+
+    return connect(settings)
+
+
 def build_context(settings: Settings) -> Context:
     settings.home.mkdir(parents=True, exist_ok=True)
+    chain = _connect_chain(settings)  # first: a chain that does not match stops the start before anything is written
     engine = make_engine(settings.database_url)
     sessions = make_sessions(engine)
     ctx = Context(
@@ -190,6 +205,7 @@ def build_context(settings: Settings) -> Context:
         ledger=Ledger(ensure_wallet(settings.home, "coordinator"), settings.network),
         lease=DriverLease(sessions, replica_id(), settings.driver_lease_seconds, local_lock=_sqlite_lock(engine)),
         uploads=UploadSlots(settings.max_uploads, settings.max_uploads_per_signer),
+        chain=chain,
     )
     ctx.judging_since = ctx.started_at
     with ctx.session() as s:

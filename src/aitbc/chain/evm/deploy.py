@@ -92,7 +92,12 @@ def write_deployment(home: Path, deployment: Deployment) -> Path:
 
 def read_deployment(home: Path) -> Deployment:
     """``HOME/chain.json``; ``NotFoundError`` if absent, ``AitbcError`` if malformed."""
-    path = chain_file(home)
+    return read_deployment_file(chain_file(home))
+
+
+def read_deployment_file(path: Path) -> Deployment:
+    """A deployment record at any ``path`` (a coordinator's ``--chain-file``); errors as
+    :func:`read_deployment`'s."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
