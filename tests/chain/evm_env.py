@@ -73,16 +73,23 @@ class Chain:
             self.events.append(_decode(sources[to_checksum_address(address)], topics, data))
         return out
 
-    def account(self, funds: int = 0) -> str:
-        """A new address holding ``funds`` micro-AIT, minted (the faucet)."""
-        address = str(boa.env.generate_address())
+    def account(self, funds: int = 0, *, address: str | None = None) -> str:
+        """A new address (``address`` when given: a test's fixed one) holding ``funds``
+        micro-AIT, minted (the faucet)."""
+        address = address or str(boa.env.generate_address())
         if funds:
             self.send(self.minter, self.token, "mint", address, funds)
         return address
 
-    def deposit(self, owner: str, run: bytes, amount: int, *, price: int, timeout: int = DAY) -> None:
+    def deposit(self, owner: str, run_id: bytes, amount: int, *, price: int, timeout: int = DAY) -> bytes:
+        """``owner`` deposits run ``run_id`` (a ref); the run's key."""
         self.send(owner, self.token, "approve", str(self.escrow.address), amount)
-        self.send(owner, self.escrow, "deposit", run, amount, price, timeout)
+        self.send(owner, self.escrow, "deposit", run_id, amount, price, timeout)
+        return bytes(self.escrow.key_of(owner, run_id))
+
+    def top_up(self, owner: str, run: bytes, amount: int) -> None:
+        self.send(owner, self.token, "approve", str(self.escrow.address), amount)
+        self.send(owner, self.escrow, "top_up", run, amount)
 
     def bond(self, provider: str, run: bytes, amount: int) -> None:
         self.send(provider, self.token, "approve", str(self.escrow.address), amount)

@@ -12,14 +12,17 @@ from aitbc.chain.evm import books, contracts
 from aitbc.chain.evm.books import BooksError, ChainEvent
 
 pytestmark = pytest.mark.chain
-R1, R2 = contracts.run_key("r1"), contracts.run_key("r2")
+REF1, REF2 = contracts.run_ref("r1"), contracts.run_ref("r2")
 
 
 def test_every_balance_run_and_contract_is_rebuilt_from_the_events_alone():
     with fresh_chain() as c:
         owner, a, b, d = c.account(100), c.account(10), c.account(10), c.account(10)
-        c.deposit(owner, R1, 30, price=8, timeout=100)
-        c.deposit(owner, R2, 20, price=5, timeout=50)
+        R1 = c.deposit(owner, REF1, 25, price=8, timeout=100)
+        R2 = c.deposit(owner, REF2, 20, price=5, timeout=50)
+        c.top_up(owner, R1, 5)
+        other = c.account(3)
+        R3 = c.deposit(other, REF1, 3, price=1, timeout=100)  # the same id, another owner's run
         for p in (a, b, d):
             c.bond(p, R1, 4)
         c.bond(a, R2, 3)
@@ -39,16 +42,19 @@ def test_every_balance_run_and_contract_is_rebuilt_from_the_events_alone():
         everyone = [owner, a, b, d, c.minter, c.key, str(c.escrow.address)]
         assert {x: rebuilt.balance(x) for x in everyone} == {x: c.balance(x) for x in everyone}
         assert rebuilt.supply == c.token.totalSupply() and rebuilt.burned == c.escrow.burned() == 4
-        for run in (R1, R2):
+        for run in (R1, R2, R3):
             on_chain, book = c.escrow.runs(run), rebuilt.runs[run]
-            assert (book.owner, book.price, book.timeout, book.escrow, book.finalized, book.timed_out) == (
+            fields = (book.owner, book.price, book.timeout, book.escrow, book.deposited, book.finalized)
+            assert (*fields, book.timed_out) == (
                 on_chain.owner,
                 on_chain.price,
                 on_chain.timeout,
                 on_chain.escrow,
+                on_chain.deposited,
                 on_chain.finalized,
                 on_chain.timed_out,
             )
+        assert (rebuilt.runs[R1].run_id, rebuilt.runs[R3].run_id, rebuilt.runs[R1].deposited) == (REF1, REF1, 30)
         assert rebuilt.runs[R1].rounds == {1, 2} and rebuilt.runs[R2].rounds == {1}
         assert rebuilt.runs[R2].timed_out and rebuilt.runs[R1].escrow == 0
         for (run, p), book in rebuilt.contracts.items():
@@ -57,17 +63,20 @@ def test_every_balance_run_and_contract_is_rebuilt_from_the_events_alone():
 
 
 OWNER, P = "0x" + "11" * 20, "0x" + "22" * 20
+R1 = contracts.run_key(OWNER, "r1")
 
 
 def _deposit(run: bytes = R1, amount: int = 10, price: int = 4) -> ChainEvent:
-    return ChainEvent("RunEscrow", "Deposited", dict(run_id=run, owner=OWNER, amount=amount, price=price, timeout=9))
+    return ChainEvent(
+        "RunEscrow", "Deposited", dict(key=run, owner=OWNER, run_id=REF1, amount=amount, price=price, timeout=9)
+    )
 
 
 def _settled(amount: int, rnd: int = 1) -> ChainEvent:
-    return ChainEvent("RunEscrow", "Settled", dict(run_id=R1, round=rnd, provider=P, amount=amount))
+    return ChainEvent("RunEscrow", "Settled", dict(key=R1, round=rnd, provider=P, amount=amount))
 
 
-BONDED = ChainEvent("RunEscrow", "Bonded", dict(run_id=R1, provider=P, amount=2))
+BONDED = ChainEvent("RunEscrow", "Bonded", dict(key=R1, provider=P, amount=2))
 
 
 @pytest.mark.parametrize(
@@ -81,13 +90,18 @@ BONDED = ChainEvent("RunEscrow", "Bonded", dict(run_id=R1, provider=P, amount=2)
             [
                 _deposit(),
                 BONDED,
-                *[ChainEvent("RunEscrow", "RoundSettled", dict(run_id=R1, round=1, paid=0, burned=0))] * 2,
+                *[ChainEvent("RunEscrow", "RoundSettled", dict(key=R1, round=1, paid=0, burned=0))] * 2,
             ],
             "round 1 settled twice",
         ),
         (
-            [_deposit(), BONDED, ChainEvent("RunEscrow", "Withdrawn", dict(run_id=R1, provider=P, earned=0, bond=3))],
+            [_deposit(), BONDED, ChainEvent("RunEscrow", "Withdrawn", dict(key=R1, provider=P, earned=0, bond=3))],
             f"bond of {P}: 3 moved out of 2",
+        ),
+        ([_deposit(), _deposit()], "run 0x.* deposited twice"),
+        (
+            [_deposit(), ChainEvent("RunEscrow", "ToppedUp", dict(key=R1, owner=OWNER, amount=2, deposited=13))],
+            "deposits add up to 12, the event says 13",
         ),
         ([ChainEvent("AIT", "Transfer", dict(sender=P, receiver=OWNER, value=1))], f"balance of {P}: 1 moved out of 0"),
     ],

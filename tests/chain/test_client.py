@@ -93,39 +93,41 @@ def test_a_transfer_signed_but_not_sent_before_a_crash_is_sent_once_after(chain)
     assert token.call("balanceOf", carol.address) == 7
 
 
-def _open_run(client, deployer, deployment, run_id: str, providers):
-    """A run with escrow 1000 at price 100 and each provider bonded with 10."""
-    token, escrow = contracts_of(client, deployment)
-    token.transact(deployer, "mint", deployer.address, 10_000)
-    token.transact(deployer, "approve", escrow.address, 1_000)
-    escrow.transact(deployer, "deposit", run_key(run_id), 1_000, 100, 3600)
+def _open_run(client, deployer, deployment, run_id: str, providers) -> bytes:
+    """A run with escrow 1000 at price 100 and each provider bonded with 10, through the
+    Escrow wrapper (which approves first); its key."""
+    escrow = Escrow(client, deployment)
+    escrow.mint(deployer, deployer.address, 10_000)
+    escrow.deposit(deployer, run_id, 1_000, 100, 3600)
+    key = run_key(deployer.address, run_id)
     for p in providers:
         client.rpc.call("anvil_setBalance", p.address, hex(10**18))
-        token.transact(deployer, "mint", p.address, 10)
-        token.transact(p, "approve", escrow.address, 10)
-        escrow.transact(p, "post_bond", run_key(run_id), 10)
+        escrow.mint(deployer, p.address, 10)
+        escrow.post_bond(p, key, 10)
+    return key
 
 
 def test_a_settlement_resent_after_a_crash_is_paid_once(chain):
     client, deployer, deployment, _ = chain
     providers = [Account.create() for _ in range(3)]
-    _open_run(client, deployer, deployment, "run-1", providers)
+    key = _open_run(client, deployer, deployment, "run-1", providers)
     escrow = Escrow(client, deployment)
+    assert escrow.find_key("run-1") == (key, deployer.address)
     payouts = [Payout(p.address, 40, slash=i == 2) for i, p in enumerate(providers)]
 
-    assert not escrow.settled("run-1", 0)
-    signed = escrow.sign_settlement(deployer, "run-1", 0, payouts)
+    assert not escrow.settled(key, 0)
+    signed = escrow.sign_settlement(deployer, key, 0, payouts)
     client.broadcast(signed)
     # crashed after broadcasting, before recording it: the restarted sender checks the chain
     with EvmClient(client.url) as restarted:
         again = Escrow(restarted, deployment)
         restarted.wait_receipt(signed.tx_hash)
-        assert again.settled("run-1", 0)
+        assert again.settled(key, 0)
         assert restarted.broadcast(signed).outcome is SendOutcome.ALREADY_SENT  # the kept one: no-op
         with pytest.raises(TxReverted, match="round already settled"):  # a fresh one: refused by the contract
-            again.sign_settlement(deployer, "run-1", 0, payouts)
-    events = escrow.contract.events("Settled", from_block=deployment.block)
+            again.sign_settlement(deployer, key, 0, payouts)
+    events = escrow.escrow.events("Settled", from_block=deployment.block)
     assert sorted((e.args["provider"], e.args["amount"]) for e in events) == sorted((p.address, 40) for p in providers)
-    assert [e.args["round"] for e in escrow.contract.events("RoundSettled")] == [0]
-    assert escrow.contract.call("runs", run_key("run-1"))[3] == 1_000 - 120  # the escrow left
-    assert [e.args["provider"] for e in escrow.contract.events("Slashed")] == [providers[2].address]
+    assert [e.args["round"] for e in escrow.escrow.events("RoundSettled")] == [0]
+    assert escrow.run(key).escrow == 1_000 - 120  # the escrow left
+    assert [e.args["provider"] for e in escrow.escrow.events("Slashed")] == [providers[2].address]

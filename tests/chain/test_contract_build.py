@@ -52,9 +52,11 @@ def test_the_interface_is_what_the_module_docstring_says():
     abi = {e["name"]: e for e in contracts.compiled(contracts.RUN_ESCROW).abi if "name" in e}
     fns = {n for n, e in abi.items() if e["type"] == "function"}
     events = {n for n, e in abi.items() if e["type"] == "event"}
-    assert {"deposit", "post_bond", "settle", "finalize", "withdraw", "refund", "settled", "deadline"} <= fns
+    assert {"deposit", "top_up", "key_of", "post_bond", "settle", "finalize", "withdraw", "refund"} <= fns
+    assert {"settled", "deadline", "is_open", "runs", "contracts"} <= fns
     assert events == {
         "Deposited",
+        "ToppedUp",
         "Bonded",
         "Settled",
         "Slashed",
@@ -70,6 +72,23 @@ def test_the_interface_is_what_the_module_docstring_says():
     assert settle == ["bytes32", "uint256", "address[]", "uint256[]", "bool[]"]
 
 
-def test_run_key_is_keccak_256_of_the_run_id():
-    assert contracts.run_key("abc").hex() == "4e03657aea45a94fc7d47ba826c8d667c0d1e6e33a64a036ec44f58fa12d6c45"
-    assert contracts.run_key("").hex() == "c5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470"
+def test_run_ref_is_keccak_256_of_the_run_id():
+    assert contracts.run_ref("abc").hex() == "4e03657aea45a94fc7d47ba826c8d667c0d1e6e33a64a036ec44f58fa12d6c45"
+    assert contracts.run_ref("").hex() == "c5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470"
+
+
+def test_run_key_is_the_contracts_key_of_the_owner_and_the_ref():
+    import boa
+    from tests.chain.evm_env import fresh_chain
+
+    owner = "0x" + "ab" * 20
+    with fresh_chain() as c:
+        for run_id in ("abc", "", "run-\u00e9"):
+            assert contracts.run_key(owner, run_id) == c.escrow.key_of(owner, contracts.run_ref(run_id))
+        other = str(boa.env.generate_address())
+        assert contracts.run_key(other, "abc") == c.escrow.key_of(other, contracts.run_ref("abc"))
+    assert contracts.run_key(owner.upper().replace("0X", "0x"), "abc") == contracts.run_key(owner, "abc")
+    assert contracts.run_key(owner, "abc") != contracts.run_key(owner, "abd") != contracts.run_key(other, "abd")
+    for bad in ("0x12", "ab" * 20 + "zz", "0x" + "g" * 40):
+        with pytest.raises(AitbcError, match="bad owner address"):
+            contracts.run_key(bad, "abc")

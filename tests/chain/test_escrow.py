@@ -10,6 +10,7 @@ import boa
 import pytest
 from eth.exceptions import Revert
 from eth_abi import decode, encode
+from eth_utils import to_checksum_address
 from tests.chain.evm_env import DAY, Chain, _factory, fresh_chain
 
 from aitbc.chain.evm import contracts
@@ -17,7 +18,9 @@ from aitbc.chain.evm.books import ChainEvent
 from aitbc.units import MICRO
 
 pytestmark = pytest.mark.chain
-RUN = contracts.run_key("run-1")
+OWNER = to_checksum_address("0x" + "0a" * 20)  # fixed, so the run's key is a constant
+REF = contracts.run_ref("run-1")
+RUN = contracts.run_key(OWNER, "run-1")
 PRICE = 1 * MICRO
 ESCROW = 5 * MICRO
 BOND = 2 * MICRO
@@ -42,9 +45,9 @@ def chain():
 
 @pytest.fixture
 def run(chain) -> Run:
-    owner = chain.account(ESCROW)
+    owner = chain.account(ESCROW, address=OWNER)
     a, b = sorted((chain.account(BOND), chain.account(BOND)), key=lambda x: int(x, 16))
-    chain.deposit(owner, RUN, ESCROW, price=PRICE)
+    chain.deposit(owner, REF, ESCROW, price=PRICE)
     chain.bond(a, RUN, BOND)
     chain.bond(b, RUN, BOND)
     return Run(chain, owner, a, b)
@@ -73,14 +76,16 @@ def test_the_python_mirrors_of_the_limits_are_the_contracts(chain):
     assert chain.escrow.token() == chain.token.address and chain.escrow.settlement_key() == chain.key
 
 
-def test_deposit_moves_the_escrow_in_and_opens_the_run(chain):
-    owner = chain.account(ESCROW)
-    chain.deposit(owner, RUN, ESCROW, price=PRICE, timeout=3600)
+def test_deposit_moves_the_escrow_in_and_opens_the_run_under_the_owners_key(chain):
+    owner = chain.account(ESCROW, address=OWNER)
+    assert chain.deposit(owner, REF, ESCROW, price=PRICE, timeout=3600) == RUN
+    assert chain.escrow.key_of(owner, REF) == RUN  # the Python key is the contract's
     r = chain.escrow.runs(RUN)
-    assert (r.owner, r.price, r.timeout, r.escrow, r.finalized, r.timed_out) == (
+    assert (r.owner, r.price, r.timeout, r.escrow, r.deposited, r.finalized, r.timed_out) == (
         owner,
         PRICE,
         3600,
+        ESCROW,
         ESCROW,
         False,
         False,
@@ -88,16 +93,28 @@ def test_deposit_moves_the_escrow_in_and_opens_the_run(chain):
     assert r.last_post == boa.env.timestamp and chain.escrow.deadline(RUN) == boa.env.timestamp + 3600
     assert chain.escrow.is_open(RUN) and chain.balance(owner) == 0 and _escrow_holds(chain) == ESCROW
     assert chain.events[-1] == ChainEvent(
-        "RunEscrow", "Deposited", {"run_id": RUN, "owner": owner, "amount": ESCROW, "price": PRICE, "timeout": 3600}
+        "RunEscrow",
+        "Deposited",
+        {"key": RUN, "owner": owner, "run_id": REF, "amount": ESCROW, "price": PRICE, "timeout": 3600},
     )
+    assert chain.escrow.runs(REF).owner == ZERO  # the ref itself names no run
+
+
+def test_nobody_squats_a_run_id_another_deposits_under_the_same_id_into_a_run_of_its_own(chain):
+    squatter = chain.account(1)
+    theirs = chain.deposit(squatter, REF, 1, price=1, timeout=1)
+    owner = chain.account(ESCROW, address=OWNER)
+    assert chain.deposit(owner, REF, ESCROW, price=PRICE) == RUN != theirs
+    assert chain.escrow.runs(RUN).owner == owner and chain.escrow.runs(RUN).escrow == ESCROW
+    assert chain.escrow.runs(theirs).owner == squatter and chain.escrow.runs(theirs).escrow == 1
 
 
 def test_deposit_reverts_twice_for_a_run_for_nothing_for_a_bad_timeout_or_without_allowance(chain):
-    owner = chain.account(3 * ESCROW)
-    chain.deposit(owner, RUN, ESCROW, price=PRICE)
+    owner = chain.account(3 * ESCROW, address=OWNER)
+    chain.deposit(owner, REF, ESCROW, price=PRICE)
     chain.send(owner, chain.token, "approve", str(chain.escrow.address), 2 * ESCROW)
     for run, amount, timeout, reason in (
-        (RUN, 1, DAY, "RunEscrow: run already deposited"),
+        (REF, 1, DAY, "RunEscrow: run already deposited"),
         (b"\x02" * 32, 0, DAY, "RunEscrow: deposit must be more than 0"),
         (b"\x02" * 32, 1, 0, "RunEscrow: timeout must be 1 to MAX_TIMEOUT seconds"),
         (b"\x02" * 32, 1, contracts.MAX_TIMEOUT + 1, "RunEscrow: timeout must be 1 to MAX_TIMEOUT seconds"),
@@ -105,14 +122,54 @@ def test_deposit_reverts_twice_for_a_run_for_nothing_for_a_bad_timeout_or_withou
     ):
         with boa.reverts(reason):
             chain.send(owner, chain.escrow, "deposit", run, amount, PRICE, timeout)
-    assert chain.balance(owner) == 2 * ESCROW and chain.escrow.deadline(b"\x02" * 32) == 0
+    assert chain.balance(owner) == 2 * ESCROW and chain.escrow.deadline(chain.escrow.key_of(owner, b"\x02" * 32)) == 0
+
+
+def test_top_up_adds_to_the_escrow_and_the_deposits_and_keeps_the_deadline(run):
+    c = run.chain
+    c.send(c.minter, c.token, "mint", run.owner, 3 * PRICE)
+    boa.env.time_travel(seconds=60)
+    c.settle(RUN, 1, {run.a: PRICE})
+    deadline = c.escrow.deadline(RUN)
+    boa.env.time_travel(seconds=60)
+    c.top_up(run.owner, RUN, 2 * PRICE)
+    r = c.escrow.runs(RUN)
+    assert (r.escrow, r.deposited) == (ESCROW - PRICE + 2 * PRICE, ESCROW + 2 * PRICE)
+    assert c.escrow.deadline(RUN) == deadline  # only the settlement key's posts move it
+    assert c.events[-1] == ChainEvent(
+        "RunEscrow", "ToppedUp", {"key": RUN, "owner": run.owner, "amount": 2 * PRICE, "deposited": ESCROW + 2 * PRICE}
+    )
+    assert (
+        c.balance(run.owner) == PRICE and _escrow_holds(c) == ESCROW + 2 * PRICE + 2 * BOND
+    )  # a's earnings not withdrawn
+
+
+def test_top_up_reverts_for_anyone_but_the_owner_for_nothing_and_once_closed(run):
+    c = run.chain
+    c.send(c.minter, c.token, "mint", run.owner, PRICE)
+    c.send(run.owner, c.token, "approve", str(c.escrow.address), PRICE)
+    for who in (run.a, c.key, c.minter):
+        c.send(c.minter, c.token, "mint", who, PRICE)
+        c.send(who, c.token, "approve", str(c.escrow.address), PRICE)
+        with boa.reverts("RunEscrow: only the run's owner tops up"):
+            c.send(who, c.escrow, "top_up", RUN, PRICE)
+    with boa.reverts("RunEscrow: only the run's owner tops up"):
+        c.send(run.owner, c.escrow, "top_up", b"\x06" * 32, PRICE)  # no such run
+    with boa.reverts("RunEscrow: top-up must be more than 0"):
+        c.send(run.owner, c.escrow, "top_up", RUN, 0)
+    with boa.reverts("AIT: allowance too low"):
+        c.send(run.owner, c.escrow, "top_up", RUN, PRICE + 1)
+    c.send(c.key, c.escrow, "finalize", RUN)
+    with boa.reverts("RunEscrow: run finalized"):
+        c.send(run.owner, c.escrow, "top_up", RUN, PRICE)
+    assert c.escrow.runs(RUN).deposited == ESCROW and c.balance(run.owner) == PRICE
 
 
 def test_post_bond_locks_the_bond_once_per_run(run):
     c = run.chain
     assert c.contract(RUN, run.a) == (True, BOND, 0, False)
     assert c.balance(run.a) == 0 and _escrow_holds(c) == ESCROW + 2 * BOND
-    assert c.events[-1] == ChainEvent("RunEscrow", "Bonded", {"run_id": RUN, "provider": run.b, "amount": BOND})
+    assert c.events[-1] == ChainEvent("RunEscrow", "Bonded", {"key": RUN, "provider": run.b, "amount": BOND})
     with boa.reverts("RunEscrow: bond already posted"):
         c.send(run.a, c.escrow, "post_bond", RUN, 0)
     with boa.reverts("RunEscrow: no such run"):
@@ -136,9 +193,9 @@ def test_settle_pays_each_contract_from_the_escrow_once_per_round(run):
     assert c.contract(RUN, run.a).earned == PRICE and c.contract(RUN, run.b).earned == PRICE // 2
     assert c.escrow.settled(RUN, 1) and not c.escrow.settled(RUN, 2)
     assert c.events[-3:] == [
-        ChainEvent("RunEscrow", "Settled", {"run_id": RUN, "round": 1, "provider": run.a, "amount": PRICE}),
-        ChainEvent("RunEscrow", "Settled", {"run_id": RUN, "round": 1, "provider": run.b, "amount": PRICE // 2}),
-        ChainEvent("RunEscrow", "RoundSettled", {"run_id": RUN, "round": 1, "paid": PRICE + PRICE // 2, "burned": 0}),
+        ChainEvent("RunEscrow", "Settled", {"key": RUN, "round": 1, "provider": run.a, "amount": PRICE}),
+        ChainEvent("RunEscrow", "Settled", {"key": RUN, "round": 1, "provider": run.b, "amount": PRICE // 2}),
+        ChainEvent("RunEscrow", "RoundSettled", {"key": RUN, "round": 1, "paid": PRICE + PRICE // 2, "burned": 0}),
     ]
     with boa.reverts("RunEscrow: round already settled"):
         c.settle(RUN, 1, {run.a: 1})
@@ -163,9 +220,9 @@ def test_settle_reverts_above_the_price(run):
 
 
 def test_settle_reverts_above_the_escrow_left(chain):
-    owner = chain.account(ESCROW)
+    owner = chain.account(ESCROW, address=OWNER)
     ps = sorted((chain.account() for _ in range(6)), key=lambda x: int(x, 16))
-    chain.deposit(owner, RUN, ESCROW, price=PRICE)
+    chain.deposit(owner, REF, ESCROW, price=PRICE)
     for p in ps:
         chain.send(p, chain.escrow, "post_bond", RUN, 0)
     with boa.reverts("RunEscrow: settlement above the escrow left"):
@@ -210,11 +267,9 @@ def test_a_slash_burns_the_bond_and_pays_it_to_nobody(run):
     assert c.token.totalSupply() == supply - BOND and c.escrow.burned() == BOND
     assert [c.balance(x) for x in (run.owner, run.b, c.key, c.minter)] == others
     assert _escrow_holds(c) == ESCROW + BOND  # b's bond; a's is gone; b's earnings are in the escrow's books
-    assert (
-        ChainEvent("RunEscrow", "Slashed", {"run_id": RUN, "round": 1, "provider": run.a, "amount": BOND}) in c.events
-    )
+    assert ChainEvent("RunEscrow", "Slashed", {"key": RUN, "round": 1, "provider": run.a, "amount": BOND}) in c.events
     assert c.events[-1] == ChainEvent(
-        "RunEscrow", "RoundSettled", {"run_id": RUN, "round": 1, "paid": PRICE, "burned": BOND}
+        "RunEscrow", "RoundSettled", {"key": RUN, "round": 1, "paid": PRICE, "burned": BOND}
     )
     c.settle(RUN, 2, {run.a: PRICE}, slash=frozenset({run.a}))  # paid for work; nothing left to burn
     assert c.escrow.burned() == BOND and c.contract(RUN, run.a).earned == PRICE
@@ -230,7 +285,7 @@ def test_finalize_by_the_settlement_key_only_and_once(run):
             c.send(who, c.escrow, "finalize", RUN)
     c.send(c.key, c.escrow, "finalize", RUN)
     assert c.escrow.runs(RUN).finalized and not c.escrow.is_open(RUN)
-    assert c.events[-1] == ChainEvent("RunEscrow", "Finalized", {"run_id": RUN})
+    assert c.events[-1] == ChainEvent("RunEscrow", "Finalized", {"key": RUN})
     with boa.reverts("RunEscrow: run finalized"):
         c.send(c.key, c.escrow, "finalize", RUN)
     with boa.reverts("RunEscrow: no such run"):
@@ -251,7 +306,7 @@ def test_withdraw_pays_earnings_any_time_and_the_bond_once_finalized(run):
     c.send(run.a, c.escrow, "withdraw", RUN)
     assert c.balance(run.a) == PRICE and c.contract(RUN, run.a) == (True, BOND, 0, False)
     assert c.events[-1] == ChainEvent(
-        "RunEscrow", "Withdrawn", {"run_id": RUN, "provider": run.a, "earned": PRICE, "bond": 0}
+        "RunEscrow", "Withdrawn", {"key": RUN, "provider": run.a, "earned": PRICE, "bond": 0}
     )
     with boa.reverts("RunEscrow: nothing to withdraw"):  # the bond waits for the run's close
         c.send(run.a, c.escrow, "withdraw", RUN)
@@ -260,7 +315,7 @@ def test_withdraw_pays_earnings_any_time_and_the_bond_once_finalized(run):
     c.send(run.a, c.escrow, "withdraw", RUN)
     assert c.balance(run.a) == 2 * PRICE + BOND and c.contract(RUN, run.a) == (True, 0, 0, False)
     assert c.events[-1] == ChainEvent(
-        "RunEscrow", "Withdrawn", {"run_id": RUN, "provider": run.a, "earned": PRICE, "bond": BOND}
+        "RunEscrow", "Withdrawn", {"key": RUN, "provider": run.a, "earned": PRICE, "bond": BOND}
     )
 
 
@@ -299,7 +354,7 @@ def test_refund_after_finalization_pays_the_owner_the_escrow_left_once(run):
     c.send(run.owner, c.escrow, "refund", RUN)
     assert c.balance(run.owner) == ESCROW - 2 * PRICE and c.escrow.runs(RUN).escrow == 0
     assert c.events[-1] == ChainEvent(
-        "RunEscrow", "Refunded", {"run_id": RUN, "owner": run.owner, "amount": ESCROW - 2 * PRICE}
+        "RunEscrow", "Refunded", {"key": RUN, "owner": run.owner, "amount": ESCROW - 2 * PRICE}
     )
     with boa.reverts("RunEscrow: nothing to refund"):
         c.send(run.owner, c.escrow, "refund", RUN)

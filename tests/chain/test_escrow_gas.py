@@ -19,8 +19,8 @@ BLOCK = 30_000_000  # the usual block gas limit (anvil's default)
 def _settle_gas(n: int) -> tuple[int, int]:
     """Execution gas of a round paying ``n`` contracts, then of one paying and slashing them all."""
     with fresh_chain() as c:
-        owner, run = c.account(10 * n * MICRO), contracts.run_key("gas")
-        c.deposit(owner, run, 10 * n * MICRO, price=MICRO)
+        owner = c.account(10 * n * MICRO)
+        run = c.deposit(owner, contracts.run_ref("gas"), 10 * n * MICRO, price=MICRO)
         providers = [c.account(MICRO) for _ in range(n)]
         for p in providers:
             c.bond(p, run, MICRO)

@@ -1,5 +1,6 @@
-"""Random sequences of deposits, bonds, settlements (with slashes), finalizations,
-withdrawals, refunds and the clock moving on, against the contracts and against a model of
+"""Random sequences of deposits (several owners under one run id among them), top-ups,
+bonds, settlements (with slashes), finalizations, withdrawals, refunds and the clock
+moving on, against the contracts and against a model of
 the rules written here in Python:
 
 - every call succeeds exactly when the rules allow it, and reverts with the reason of the
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import boa
 import pytest
+from eth_utils import keccak
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -32,14 +34,20 @@ OWNERS, PROVIDERS, FUNDS = 2, 4, 60  # small amounts, so the escrow and the bala
 E = "RunEscrow: "
 
 
+def key_of(owner: str, ref: bytes) -> bytes:
+    """The contract's key of ``owner``'s run ``ref``, computed here: abi.encode is two words."""
+    return keccak(bytes(12) + bytes.fromhex(owner[2:]) + ref)
+
+
 @dataclass
 class MRun:
     owner: str
+    ref: bytes  # the run id it was deposited under
     price: int
     timeout: int
     escrow: int
     last_post: int
-    deposit: int
+    deposit: int  # every deposit and top-up together
     paid: int = 0  # settled to providers, in all
     finalized: bool = False
     timed_out: bool = False
@@ -93,17 +101,25 @@ class EscrowMachine(RuleBasedStateMachine):
         return E + "run timed out" if self._expired(r) else None
 
     def _run_id(self, data: st.DataObject, *, known_odds: int = 9, prefer_open: bool = False) -> bytes:
-        """A deposited run ``known_odds`` times in 10 (``prefer_open``: mostly an open one),
-        else (mostly) a new id."""
-        known, live = sorted(self.runs), self._live()
+        """A deposited run's key ``known_odds`` times in 10 (``prefer_open``: mostly an open
+        one), else (mostly) a key no run has."""
+        known, live = list(self.runs), self._live()  # in deposit order: keys hash the (fresh) addresses
         if prefer_open and live and data.draw(st.integers(0, 9), label="open run?") < 8:
             return data.draw(st.sampled_from(live), label="run")
         if known and data.draw(st.integers(0, 9), label="known run?") < known_odds:
             return data.draw(st.sampled_from(known), label="run")
         return bytes([data.draw(st.integers(1, 200), label="new run")]) * 32
 
+    def _ref(self, data: st.DataObject) -> bytes:
+        """A run id to deposit under: mostly one deposited already (by this owner: refused;
+        by another: a run of its own), else a new one."""
+        refs = sorted({r.ref for r in self.runs.values()})
+        if refs and data.draw(st.integers(0, 9), label="known id?") < 5:
+            return data.draw(st.sampled_from(refs), label="id")
+        return bytes([data.draw(st.integers(1, 200), label="new id")]) * 32
+
     def _live(self) -> list[bytes]:
-        return [run for run in sorted(self.runs) if self._open_problem(run) is None]
+        return [run for run in self.runs if self._open_problem(run) is None]
 
     def _party(self, data: st.DataObject, likely: list[str], others: list[str]) -> str:
         """One of ``likely`` 4 times in 5 (where there is one), else one of ``others``."""
@@ -137,7 +153,8 @@ class EscrowMachine(RuleBasedStateMachine):
         price=st.sampled_from([5, 12, 1, 0]),  # up to a whole small escrow a round
     )
     def deposit(self, data: st.DataObject, who: int, amount: int, price: int) -> None:
-        owner, run = self.owners[who], self._run_id(data, known_odds=2)
+        owner, ref = self.owners[who], self._ref(data)
+        run = key_of(owner, ref)
         timeout = data.draw(st.sampled_from([5, 60, 1000]), label="timeout")
         self.c.send(owner, self.c.token, "approve", str(self.c.escrow.address), amount)
         problem = (
@@ -149,9 +166,30 @@ class EscrowMachine(RuleBasedStateMachine):
             if amount > self.balances[owner]
             else None
         )
-        if self._expect(problem, owner, self.c.escrow, "deposit", run, amount, price, timeout):
-            self.runs[run] = MRun(owner, price, timeout, amount, boa.env.timestamp, deposit=amount)
+        if self._expect(problem, owner, self.c.escrow, "deposit", ref, amount, price, timeout):
+            self.runs[run] = MRun(owner, ref, price, timeout, amount, boa.env.timestamp, deposit=amount)
             self.balances[owner] -= amount
+
+    @precondition(lambda self: self.runs)
+    @rule(data=st.data(), amount=st.sampled_from([3, 20, 0, 100]))
+    def top_up(self, data: st.DataObject, amount: int) -> None:
+        run = self._run_id(data, prefer_open=True)
+        r = self.runs.get(run)
+        caller = self._party(data, [r.owner] if r else [], [*self.owners, self.providers[0]])
+        self.c.send(caller, self.c.token, "approve", str(self.c.escrow.address), amount)
+        if r is None or r.owner != caller:
+            problem: str | None = E + "only the run's owner tops up"
+        else:
+            problem = self._open_problem(run)
+        if problem is None and amount == 0:
+            problem = E + "top-up must be more than 0"
+        if problem is None and amount > self.balances[caller]:
+            problem = "AIT: transfer above balance"
+        if self._expect(problem, caller, self.c.escrow, "top_up", run, amount):
+            assert r is not None
+            r.escrow += amount
+            r.deposit += amount
+            self.balances[caller] -= amount
 
     @precondition(lambda self: self.runs)
     @rule(data=st.data(), who=st.integers(0, PROVIDERS - 1), amount=st.integers(0, 20))
@@ -329,11 +367,18 @@ class EscrowMachine(RuleBasedStateMachine):
         assert rebuilt.runs.keys() == self.runs.keys()
         for run, r in self.runs.items():
             on_chain = self.c.escrow.runs(run)
-            assert (on_chain.escrow, on_chain.finalized, on_chain.timed_out) == (r.escrow, r.finalized, r.timed_out)
-            b = rebuilt.runs[run]
-            assert (b.owner, b.escrow, b.finalized, b.timed_out, b.rounds) == (
-                r.owner,
+            assert (on_chain.escrow, on_chain.deposited, on_chain.finalized, on_chain.timed_out) == (
                 r.escrow,
+                r.deposit,
+                r.finalized,
+                r.timed_out,
+            )
+            b = rebuilt.runs[run]
+            assert (b.owner, b.run_id, b.escrow, b.deposited, b.finalized, b.timed_out, b.rounds) == (
+                r.owner,
+                r.ref,
+                r.escrow,
+                r.deposit,
                 r.finalized,
                 r.timed_out,
                 r.rounds,

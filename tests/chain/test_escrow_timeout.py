@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import boa
 import pytest
+from eth_utils import to_checksum_address
 from tests.chain.evm_env import fresh_chain
 
 from aitbc.chain.evm import contracts
@@ -14,22 +15,24 @@ from aitbc.chain.evm.books import ChainEvent
 from aitbc.units import MICRO
 
 pytestmark = pytest.mark.chain
-RUN = contracts.run_key("run-t")
+OWNER = to_checksum_address("0x" + "0a" * 20)  # fixed, so the run's key is a constant
+REF = contracts.run_ref("run-t")
+RUN = contracts.run_key(OWNER, "run-t")
 PRICE, ESCROW, BOND, TIMEOUT = MICRO, 5 * MICRO, 2 * MICRO, 3600
 
 
 @pytest.fixture
 def run():
     with fresh_chain() as c:
-        owner, a, b = c.account(ESCROW), c.account(BOND), c.account(BOND)
-        c.deposit(owner, RUN, ESCROW, price=PRICE, timeout=TIMEOUT)
+        owner, a, b = c.account(ESCROW, address=OWNER), c.account(BOND), c.account(BOND)
+        c.deposit(owner, REF, ESCROW, price=PRICE, timeout=TIMEOUT)
         c.bond(a, RUN, BOND)
         c.bond(b, RUN, BOND)
         yield c, owner, a, b
 
 
 def _timed_out_events(c) -> int:
-    return c.events.count(ChainEvent("RunEscrow", "TimedOut", {"run_id": RUN}))
+    return c.events.count(ChainEvent("RunEscrow", "TimedOut", {"key": RUN}))
 
 
 def test_before_the_timeout_neither_the_owner_nor_a_provider_takes_anything_back(run):
@@ -51,8 +54,8 @@ def test_after_the_timeout_the_owner_reclaims_the_unsettled_escrow_alone(run):
     c.send(owner, c.escrow, "refund", RUN)
     assert c.balance(owner) == ESCROW - PRICE and c.escrow.runs(RUN).timed_out
     assert [e for e in c.events if e.contract == "RunEscrow"][-2:] == [
-        ChainEvent("RunEscrow", "TimedOut", {"run_id": RUN}),
-        ChainEvent("RunEscrow", "Refunded", {"run_id": RUN, "owner": owner, "amount": ESCROW - PRICE}),
+        ChainEvent("RunEscrow", "TimedOut", {"key": RUN}),
+        ChainEvent("RunEscrow", "Refunded", {"key": RUN, "owner": owner, "amount": ESCROW - PRICE}),
     ]
     with boa.reverts("RunEscrow: nothing to refund"):
         c.send(owner, c.escrow, "refund", RUN)
@@ -81,7 +84,7 @@ def test_a_slashed_provider_gets_no_bond_back_after_the_timeout(run):
 
 
 def test_after_the_timeout_the_settlement_key_can_do_nothing_more(run):
-    c, _, a, _ = run
+    c, owner, a, _ = run
     boa.env.time_travel(seconds=TIMEOUT)
     with boa.reverts("RunEscrow: run timed out"):
         c.settle(RUN, 1, {a: PRICE})
@@ -89,6 +92,9 @@ def test_after_the_timeout_the_settlement_key_can_do_nothing_more(run):
         c.send(c.key, c.escrow, "finalize", RUN)
     with boa.reverts("RunEscrow: run timed out"):
         c.bond(c.account(1), RUN, 1)
+    c.send(c.minter, c.token, "mint", owner, 1)
+    with boa.reverts("RunEscrow: run timed out"):  # nor the owner put more money in
+        c.top_up(owner, RUN, 1)
 
 
 def test_each_settlement_restarts_the_clock(run):

@@ -2,8 +2,8 @@
 
 :func:`replay` reads the token's ``Transfer`` events and the escrow's events, in chain
 order, into :class:`Books`: each address's token balance and the supply, each run's
-escrow left and state, each contract's (run, provider) bond and unwithdrawn earnings, the
-rounds settled and what was burned. Anyone holding the logs can so check what the
+(by its key) deposits, escrow left and state, each contract's (run key, provider) bond and
+unwithdrawn earnings, the rounds settled and what was burned. Anyone holding the logs can so check what the
 contracts hold and what a coordinator says it paid, trusting neither (the contracts'
 interface: :mod:`aitbc.chain.evm.contracts`). Pure: no node, no decoding of raw logs.
 """
@@ -32,9 +32,11 @@ class ChainEvent:
 @dataclass(slots=True)
 class RunBook:
     owner: str
+    run_id: bytes  # the ref the owner deposited under (contracts.run_ref of the run id)
     price: int
     timeout: int
     escrow: int  # deposited, not yet settled or refunded
+    deposited: int  # every deposit and top-up together
     finalized: bool = False
     timed_out: bool = False
     rounds: set[int] = field(default_factory=set)
@@ -86,18 +88,35 @@ def _transfer(b: Books, a: Mapping[str, Any]) -> None:
 
 
 def _deposited(b: Books, a: Mapping[str, Any]) -> None:
-    b.runs[a["run_id"]] = RunBook(owner=a["owner"], price=a["price"], timeout=a["timeout"], escrow=a["amount"])
+    if a["key"] in b.runs:
+        raise BooksError(f"run 0x{a['key'].hex()} deposited twice")
+    b.runs[a["key"]] = RunBook(
+        owner=a["owner"],
+        run_id=a["run_id"],
+        price=a["price"],
+        timeout=a["timeout"],
+        escrow=a["amount"],
+        deposited=a["amount"],
+    )
+
+
+def _topped_up(b: Books, a: Mapping[str, Any]) -> None:
+    run = _run(b, a)
+    run.escrow += a["amount"]
+    run.deposited += a["amount"]
+    if run.deposited != a["deposited"]:
+        raise BooksError(f"run 0x{a['key'].hex()}: deposits add up to {run.deposited}, the event says {a['deposited']}")
 
 
 def _bonded(b: Books, a: Mapping[str, Any]) -> None:
-    b.contracts[(a["run_id"], a["provider"])] = ContractBook(bond=a["amount"])
+    b.contracts[(a["key"], a["provider"])] = ContractBook(bond=a["amount"])
 
 
 def _settled(b: Books, a: Mapping[str, Any]) -> None:
     run = _run(b, a)
     if a["amount"] > run.price:
-        raise BooksError(f"run 0x{a['run_id'].hex()} round {a['round']}: {a['amount']} paid above the price")
-    run.escrow = _less(run.escrow, a["amount"], "escrow of run 0x" + a["run_id"].hex())
+        raise BooksError(f"run 0x{a['key'].hex()} round {a['round']}: {a['amount']} paid above the price")
+    run.escrow = _less(run.escrow, a["amount"], "escrow of run 0x" + a["key"].hex())
     _contract(b, a).earned += a["amount"]
 
 
@@ -110,7 +129,7 @@ def _slashed(b: Books, a: Mapping[str, Any]) -> None:
 def _round_settled(b: Books, a: Mapping[str, Any]) -> None:
     run = _run(b, a)
     if a["round"] in run.rounds:
-        raise BooksError(f"run 0x{a['run_id'].hex()}: round {a['round']} settled twice")
+        raise BooksError(f"run 0x{a['key'].hex()}: round {a['round']} settled twice")
     run.rounds.add(a["round"])
 
 
@@ -130,20 +149,20 @@ def _withdrawn(b: Books, a: Mapping[str, Any]) -> None:
 
 def _refunded(b: Books, a: Mapping[str, Any]) -> None:
     run = _run(b, a)
-    run.escrow = _less(run.escrow, a["amount"], "escrow of run 0x" + a["run_id"].hex())
+    run.escrow = _less(run.escrow, a["amount"], "escrow of run 0x" + a["key"].hex())
 
 
 def _run(b: Books, a: Mapping[str, Any]) -> RunBook:
-    run = b.runs.get(a["run_id"])
+    run = b.runs.get(a["key"])
     if run is None:
-        raise BooksError(f"an event of run 0x{a['run_id'].hex()}, which was never deposited")
+        raise BooksError(f"an event of run 0x{a['key'].hex()}, which was never deposited")
     return run
 
 
 def _contract(b: Books, a: Mapping[str, Any]) -> ContractBook:
-    c = b.contracts.get((a["run_id"], a["provider"]))
+    c = b.contracts.get((a["key"], a["provider"]))
     if c is None:
-        raise BooksError(f"an event of {a['provider']} in run 0x{a['run_id'].hex()}, which it never bonded")
+        raise BooksError(f"an event of {a['provider']} in run 0x{a['key'].hex()}, which it never bonded")
     return c
 
 
@@ -160,6 +179,7 @@ def _take(balances: dict[str, int], address: str, amount: int, what: str) -> Non
 _HANDLERS: dict[tuple[str, str], Callable[[Books, Mapping[str, Any]], None]] = {
     ("AIT", "Transfer"): _transfer,
     ("RunEscrow", "Deposited"): _deposited,
+    ("RunEscrow", "ToppedUp"): _topped_up,
     ("RunEscrow", "Bonded"): _bonded,
     ("RunEscrow", "Settled"): _settled,
     ("RunEscrow", "Slashed"): _slashed,

@@ -8,6 +8,7 @@ described in :mod:`aitbc.chain.evm.client`); ``transact`` signs, sends and waits
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from eth_account.signers.local import LocalAccount
@@ -49,9 +50,20 @@ class Contract:
     def transact(self, account: LocalAccount, name: str, *args: Any, timeout: float = 120.0) -> Receipt:
         return self.client.transact(account, to=self.address, data=self.abi.encode_call(name, *args), timeout=timeout)
 
-    def events(self, name: str | None = None, *, from_block: int = 0, to_block: int | None = None) -> list[Event]:
-        """The contract's events (only ``name``'s when given) in the block range, in chain order."""
-        topics: list[str | None] | None = [self.abi.event(name).topic] if name is not None else None
+    def events(
+        self,
+        name: str | None = None,
+        *,
+        indexed: Sequence[str | None] = (),
+        from_block: int = 0,
+        to_block: int | None = None,
+    ) -> list[Event]:
+        """The contract's events (only ``name``'s when given) in the block range, in chain
+        order; ``indexed``: the topics (0x + 64 hex) its indexed arguments must have, in
+        their order, None for any (the node filters: a scan reads only the matches)."""
+        if indexed and name is None:
+            raise AitbcError("filtering events on their indexed arguments needs the event's name")
+        topics: list[str | None] | None = [self.abi.event(name).topic, *indexed] if name is not None else None
         logs = self.client.logs(self.address, topics=topics, from_block=from_block, to_block=to_block)
         decoded = (self.abi.decode_log(log) for log in logs)
         return [event for event in decoded if event is not None]

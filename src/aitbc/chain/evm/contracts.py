@@ -9,8 +9,10 @@ stale artifact can never be deployed, because an edited source or another compil
 another key. Nothing compiled is committed, so there is no artifact to keep in step.
 
 Money is integers of micro-AIT on both sides: the token has 6 decimals
-(``aitbc.units.MICRO``), so 1 token unit is 1 micro-AIT. A run on chain is
-:func:`run_key` of the coordinator's run id; a contract is (run, provider address).
+(``aitbc.units.MICRO``), so 1 token unit is 1 micro-AIT. The owner deposits a run under
+:func:`run_ref` of the coordinator's run id; on chain the run is then known by its key,
+:func:`run_key` (the owner's address and that ref), and a contract is (run key, provider
+address).
 
 AIT (ERC-20, 6 decimals)
     constructor()                                     the deployer is the minter
@@ -29,41 +31,46 @@ RunEscrow
     token() -> address, settlement_key() -> address, burned() -> uint256 (all slashes)
     MAX_SETTLE() -> 128                               most contracts in one settle (gas bound)
     MAX_TIMEOUT() -> 315360000                        longest timeout, seconds
-    deposit(run_id: bytes32, amount, price, timeout)  owner: approve first; one deposit a run
-    post_bond(run_id, amount)                         provider: approve first; once a run;
+    deposit(run_id: bytes32, amount, price, timeout)  owner: approve first; opens the run
+                                                      key_of(caller, run_id); once per key
+    top_up(key, amount)                               owner, open run: approve first; more escrow
+    key_of(owner, run_id) -> bytes32                  keccak256(abi_encode(owner, run_id))
+    post_bond(key, amount)                            provider: approve first; once a run;
                                                       0 allowed; only bonded providers are paid
-    settle(run_id, round, providers: address[], amounts: uint256[], slashes: bool[])
+    settle(key, round, providers: address[], amounts: uint256[], slashes: bool[])
                                                       settlement key only, once per (run, round);
                                                       providers strictly increasing (sorted by
                                                       address, no duplicates), each bonded;
                                                       each amount <= price; their sum <= escrow left;
                                                       slashes[i]: burn that provider's bond
-    finalize(run_id)                                  settlement key only: closes the run
-    withdraw(run_id)                                  provider: its earnings (any time) and its
+    finalize(key)                                     settlement key only: closes the run
+    withdraw(key)                                     provider: its earnings (any time) and its
                                                       unslashed bond (once closed); nothing: reverts
-    refund(run_id)                                    owner, once closed: the escrow left
-    runs(run_id) -> (owner, price, timeout, escrow, last_post, finalized, timed_out)
-    contracts(run_id, provider) -> (bonded, bond, earned, slashed)
-    settled(run_id, round) -> bool                    check before resending a settlement
-    deadline(run_id) -> uint256                       timestamp it times out at (0: no run)
-    is_open(run_id) -> bool
+    refund(key)                                       owner, once closed: the escrow left
+    runs(key) -> (owner, price, timeout, escrow, deposited, last_post, finalized, timed_out)
+                                                      deposited: every deposit and top-up together
+    contracts(key, provider) -> (bonded, bond, earned, slashed)
+    settled(key, round) -> bool                       check before resending a settlement
+    deadline(key) -> uint256                          timestamp it times out at (0: no run)
+    is_open(key) -> bool
     A run is closed once finalized, or once ``timeout`` seconds passed since its deposit or
     its last settle: then settle, finalize and post_bond revert, the owner may refund and
     each provider withdraw its bond, with no other signature.
-    events Deposited(run_id, owner, amount, price, timeout), Bonded(run_id, provider, amount),
-           Settled(run_id, round, provider, amount), Slashed(run_id, round, provider, amount),
-           RoundSettled(run_id, round, paid, burned), Finalized(run_id), TimedOut(run_id),
-           Withdrawn(run_id, provider, earned, bond), Refunded(run_id, owner, amount)
+    events Deposited(key, owner, run_id, amount, price, timeout) (the three first indexed),
+           ToppedUp(key, owner, amount, deposited), Bonded(key, provider, amount),
+           Settled(key, round, provider, amount), Slashed(key, round, provider, amount),
+           RoundSettled(key, round, paid, burned), Finalized(key), TimedOut(key),
+           Withdrawn(key, provider, earned, bond), Refunded(key, owner, amount)
     Every revert's reason starts with "RunEscrow: " (the token's with "AIT: ").
 
 What the rules leave to the settlement key, as the coordinator's ledger does: who is paid
 how much for a round (within the price and the escrow left) and whom to slash. What it
 cannot do: pay itself or anyone without a contract, pay a round twice, pay more than the
 escrow, give a slashed bond to anyone, move money after the run closes, or hold the money
-once it stops posting. Left open: a key that keeps posting (even empty rounds) keeps a run
-open; and a run id is first come, first served: whoever deposits under it first owns it,
-so a caller checks ``runs(run_id).owner`` is the owner it expects before hiring for it
-(one who saw the id first can block that run, never take its money).
+once it stops posting. Nobody can take or block another owner's run: its key is derived
+from the depositor's address, so a deposit under the same run id by anyone else is a run
+of its own, under another key. Left open: a key that keeps posting (even empty rounds)
+keeps a run open.
 """
 
 from __future__ import annotations
@@ -131,11 +138,25 @@ def compiled(name: str, *, cache_dir: Path | None = None) -> Compiled:
     )
 
 
-def run_key(run_id: str) -> bytes:
-    """A coordinator run id as the escrow's ``run_id``: keccak-256 of its UTF-8 bytes."""
+def run_ref(run_id: str) -> bytes:
+    """A coordinator run id as the escrow's ``run_id`` (what the owner deposits under):
+    keccak-256 of its UTF-8 bytes."""
+    return _keccak(run_id.encode("utf-8"))
+
+
+def run_key(owner: str, run_id: str) -> bytes:
+    """The escrow's key of run ``run_id`` deposited by ``owner`` (an EVM address), as the
+    contract derives it (``key_of``): keccak-256 of ``abi.encode(owner, run_ref(run_id))``."""
+    text = owner.removeprefix("0x").removeprefix("0X")
+    if len(text) != 40 or any(ch not in "0123456789abcdefABCDEF" for ch in text):
+        raise AitbcError(f"bad owner address {owner!r}: want an EVM address, 0x and 40 hex digits")
+    return _keccak(bytes(12) + bytes.fromhex(text) + run_ref(run_id))
+
+
+def _keccak(data: bytes) -> bytes:
     from Crypto.Hash import keccak  # pycryptodome, a dependency of vyper and of the chain extra
 
-    return keccak.new(digest_bits=256, data=run_id.encode("utf-8")).digest()
+    return keccak.new(digest_bits=256, data=data).digest()
 
 
 def _vyper() -> Any:
