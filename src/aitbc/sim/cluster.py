@@ -89,6 +89,8 @@ class Cluster:
         self.store = LocalBlobStore(home)
         g = torch.Generator().manual_seed(cfg.seed + 1)
         self.byzantine = sorted(torch.randperm(cfg.workers, generator=g)[: cfg.byzantine].tolist())
+        # the workers that train and send: with --attack absent the attackers' draw is left out
+        self.present = [i for i in range(cfg.workers) if not (cfg.absent and i in self.byzantine)]
         self.attack_gen = torch.Generator().manual_seed(cfg.seed + 2)
         self.mode_gen = torch.Generator().manual_seed(cfg.seed + 3)  # gossip peers, etc.
 
@@ -140,7 +142,9 @@ class Cluster:
         except ValueError as e:
             raise UsageError(f"--norm-clip/--norm-reject: {e}") from None
         self.staleness_weight = build_staleness(*parse_spec(cfg.staleness, what="staleness rule"))
-        self.attack: Attack | None = build_attack(*parse_spec(cfg.attack, what="attack")) if cfg.attack else None
+        self.attack: Attack | None = None
+        if cfg.attack and not cfg.absent:
+            self.attack = build_attack(*parse_spec(cfg.attack, what="attack"))
         if self.attack is not None and self.attack.flips_labels and task != "classification":
             raise UsageError("attack 'label-flip' needs a classification dataset")
         codec_name, codec_opts = parse_spec(cfg.compression, what="codec")

@@ -13,6 +13,10 @@ from aitbc.run_mode import RunMode
 from aitbc.training.local import LocalConfig
 
 MODES = tuple(RunMode)
+# The attack that is none: the K workers an attack would take (the same ones, chosen by
+# seed) take no part at all, their shards untrained on; the fair reference for an attacked
+# run, since data leaves with the attackers (most on label-skewed shards).
+ABSENT = "absent"
 
 
 @dataclass(kw_only=True)
@@ -33,7 +37,7 @@ class SimConfig:
     aggregator: str | None = None
     compression: str = run_defaults.COMPRESSION  # spec: NAME[:k=v,...]
     error_feedback: bool = run_defaults.ERROR_FEEDBACK
-    attack: str | None = None  # spec: NAME[:k=v,...]
+    attack: str | None = None  # spec: NAME[:k=v,...], or ABSENT
     byzantine: int = 0
     mode: str = run_defaults.MODE
     deadline: float | None = None  # sync: virtual seconds a round waits at most
@@ -76,23 +80,36 @@ class SimConfig:
             raise UsageError("--byzantine K needs an --attack (e.g. sign-flip, gaussian, alie, ipm)")
         if self.attack and not self.byzantine:
             raise UsageError(f"--attack {self.attack} needs --byzantine K > 0 attackers")
-        if self.quorum > self.workers:
-            raise UsageError(f"--quorum {self.quorum} exceeds the {self.workers} workers")
+        if self.attack is not None and self.attack.partition(":")[0].strip() == ABSENT and self.attack != ABSENT:
+            raise UsageError(f"--attack {ABSENT} takes no options, got {self.attack!r}")
+        if self.quorum > self.present_workers:
+            raise UsageError(f"--quorum {self.quorum} exceeds the {self.present_workers} workers taking part")
         if self.deadline is not None and not (self.deadline > 0 and math.isfinite(self.deadline)):
             raise UsageError(f"--deadline must be > 0 seconds, got {self.deadline}")
         if self.max_staleness < 0:
             raise UsageError(f"--max-staleness must be >= 0, got {self.max_staleness}")
-        if self.buffer is not None and not 1 <= self.buffer <= self.workers:
-            raise UsageError(f"--buffer must be between 1 and {self.workers}, got {self.buffer}")
+        if self.buffer is not None and not 1 <= self.buffer <= self.present_workers:
+            raise UsageError(f"--buffer must be between 1 and {self.present_workers}, got {self.buffer}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise UsageError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         kind, _, k = self.topology.partition(":")
-        if not (self.topology == "ring" or (kind == "random" and k.isdigit() and 1 <= int(k) < self.workers)):
+        if not (self.topology == "ring" or (kind == "random" and k.isdigit() and 1 <= int(k) < self.present_workers)):
             raise UsageError(
-                f"unknown --topology {self.topology!r}; allowed: ring, random:K with 1 <= K < workers ({self.workers})"
+                f"unknown --topology {self.topology!r}; allowed: ring, random:K with 1 <= K < workers taking part "
+                f"({self.present_workers})"
             )
         if self.target_loss is not None and not self.target_loss > 0:
             raise UsageError(f"--target-loss must be > 0, got {self.target_loss}")
+
+    @property
+    def absent(self) -> bool:
+        """The attackers take no part (``--attack absent``)."""
+        return self.attack == ABSENT
+
+    @property
+    def present_workers(self) -> int:
+        """Workers that train and send: all but the absent ones."""
+        return self.workers - self.byzantine if self.absent else self.workers
 
     @property
     def aggregator_spec(self) -> str:
@@ -101,13 +118,13 @@ class SimConfig:
 
     def updates_per_aggregation(self) -> int:
         """How many updates one aggregation sees when nobody is late or rejected."""
-        mode = RunMode(self.mode)
+        mode, n = RunMode(self.mode), self.present_workers
         if mode.buffered:
-            return self.buffer or max(1, self.workers // 2)
+            return self.buffer or max(1, n // 2)
         if mode.peer_to_peer:
             kind, _, k = self.topology.partition(":")
-            return 1 + (int(k) if kind == "random" else min(2, self.workers - 1))
-        return self.workers
+            return 1 + (int(k) if kind == "random" else min(2, n - 1))
+        return n
 
     def local_config(self) -> LocalConfig:
         """Each worker's local training settings."""

@@ -37,7 +37,7 @@ from aitbc.storage.cid import cid_of_bytes
 
 
 def run_sync(sim: Cluster) -> None:
-    cfg, ids = sim.cfg, list(range(sim.cfg.workers))
+    cfg, ids = sim.cfg, sim.present
     for r in range(1, cfg.rounds + 1):
         down = len(sim.checkpoint(sim.params, r - 1))  # every worker downloads the global model blob
         sent = sim.work(ids, dict.fromkeys(ids, sim.params), down)
@@ -69,7 +69,7 @@ def run_sync(sim: Cluster) -> None:
 
 def run_async(sim: Cluster) -> None:
     cfg = sim.cfg
-    n = cfg.workers
+    n = len(sim.present)
     buffer_size = buffer_size_of(cfg.buffer, n)
     version = 0  # aggregations so far
     # (arrival, worker, version, blob, loss, training accuracy)
@@ -83,7 +83,7 @@ def run_async(sim: Cluster) -> None:
             recent_honest.append(decode_update(s.blob))  # attackers read honest updates off the wire
         heapq.heappush(events, (now + s.seconds, i, version, s.blob, s.loss, s.accuracy))
 
-    for i in range(n):
+    for i in sim.present:
         start(i, 0.0)
     buffer: list[Tensor] = []
     weights: list[float] = []
@@ -116,40 +116,42 @@ def run_async(sim: Cluster) -> None:
 
 def run_gossip(sim: Cluster) -> None:
     cfg = sim.cfg
-    n = cfg.workers
-    peers_of = neighbours(cfg.topology, n, sim.mode_gen)  # the live workers' own draw (core/gossip)
-    models = [sim.params.clone() for _ in range(n)]  # (d,) each worker's own model
-    honest = [i for i in range(n) if i not in sim.byzantine]
+    present = sim.present  # position k is worker present[k] (all of them unless --attack absent)
+    n = len(present)
+    peers_of = neighbours(cfg.topology, n, sim.mode_gen)  # the live workers' own draw (core/gossip), by position
+    models = {i: sim.params.clone() for i in present}  # (d,) each worker's own model
+    honest = [k for k, i in enumerate(present) if i not in sim.byzantine]
+    samples = [float(sim.samples[i]) for i in present]
     for r in range(1, cfg.rounds + 1):
         # Workers train from their own models on the round's own batch order (as a live
         # worker: aitbc.worker.gossip); only models travel (encoded), not updates.
-        sent = sim.work(list(range(n)), dict(enumerate(models)), 0, count_bytes=False, data_round=r)
+        sent = sim.work(present, models, 0, count_bytes=False, data_round=r)
         local = [models[s.worker] - s.update for s in sent]  # start minus (possibly crafted) update
         messages = [sim.plain_codec.encode(m) for m in local]
         peers = peers_of()
         seconds = [0.0] * n
         accepted = 0
-        new_models = list(models)
-        for i in honest:
-            own = sim.receive(messages[i])  # what its neighbours get (a lossy codec: the same rounding)
-            received, weights = [own if own is not None else local[i]], [float(sim.samples[i])]
-            for j in peers[i]:
+        new_models = dict(models)
+        for k in honest:
+            own = sim.receive(messages[k])  # what its neighbours get (a lossy codec: the same rounding)
+            received, weights = [own if own is not None else local[k]], [samples[k]]
+            for j in peers[k]:
                 m = sim.receive(messages[j])
                 sim.updates_sent += 1
                 sim.bytes_up += len(messages[j])
                 sim.bytes_down += len(messages[j])
-                seconds[i] += sim.profiles[i].transfer_seconds(len(messages[j]))
-                weight = mix_weight(float(sim.samples[j]), 0, sim.staleness_weight, cfg.max_staleness)  # as live
+                seconds[k] += sim.profiles[present[k]].transfer_seconds(len(messages[j]))
+                weight = mix_weight(samples[j], 0, sim.staleness_weight, cfg.max_staleness)  # as live
                 if m is not None and weight is not None:  # (live: its newest may be rounds old)
                     received.append(m)
                     weights.append(weight)
             accepted += len(received) - 1
             mixed = sim.aggregate(received, weights, round_index=r)  # (k+1, d) -> (d,), as a live worker's mix
-            new_models[i] = mixed if mixed is not None else received[0]
-        for s in sent:
-            seconds[s.worker] += s.seconds
+            new_models[present[k]] = mixed if mixed is not None else received[0]
+        for k, s in enumerate(sent):
+            seconds[k] += s.seconds
         models = new_models
-        stack = torch.stack([models[i] for i in honest])  # (h, d)
+        stack = torch.stack([models[present[k]] for k in honest])  # (h, d)
         sim.params = stack.mean(dim=0)  # the reported model: honest workers' average
         sim.spread = float((stack - sim.params).norm(dim=1).mean())
         sim.clock += max(seconds)
@@ -158,7 +160,7 @@ def run_gossip(sim: Cluster) -> None:
             "spread": sim.spread,
             # each worker's published model's CID: what a live worker on that shard signs
             "published": [cid_of_bytes(m) for m in messages],
-            "consensus_val_loss": _consensus_loss(sim, messages, r),
+            "consensus_val_loss": _consensus_loss(sim, messages, samples, r),
         }
         if sim.record(
             train_losses=[s.loss for s in sent if s.loss is not None],
@@ -169,10 +171,11 @@ def run_gossip(sim: Cluster) -> None:
             return
 
 
-def _consensus_loss(sim: Cluster, messages: list[bytes], r: int) -> float | None:
+def _consensus_loss(sim: Cluster, messages: list[bytes], samples: list[float], r: int) -> float | None:
     """The validation loss of what a live coordinator records as round ``r``'s model (its
     consensus: :func:`aitbc.core.gossip.robust_combine` over every published model, as
-    :func:`aitbc.coordinator.rounds.gossip_close.close_round`); None on a round that is not evaluated."""
+    :func:`aitbc.coordinator.rounds.gossip_close.close_round`); None on a round that is not evaluated.
+    ``samples``: each message's sender's sample count."""
     if r % sim.cfg.eval_every and r != sim.cfg.rounds:
         return None
     models, weights = [], []
@@ -183,7 +186,7 @@ def _consensus_loss(sim: Cluster, messages: list[bytes], r: int) -> float | None
             continue
         if m.shape == (sim.d,) and torch.isfinite(m).all():
             models.append(m.to(torch.float32))
-            weights.append(float(sim.samples[i]))
+            weights.append(samples[i])
     if not models:
         return None
     out = robust_combine(
