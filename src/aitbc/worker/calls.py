@@ -15,9 +15,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, NotRequired, TypedDict, TypeVar
 
+from aitbc.chain_clients import parse_chain
 from aitbc.client import ApiError, CoordinatorClient, Unreachable
 from aitbc.replies.base import JsonObject, Page, parse
 from aitbc.replies.blobs import BlobStored, Holders, PeerRef, PeerVerdict
+from aitbc.replies.chain import EvmChain, LocalChain
 from aitbc.replies.gossip import RecordAccepted, SignedRecord, Witnessed
 from aitbc.replies.jobs import Challenge, JobPoll, UpdateAccepted
 from aitbc.storage.blobstore import LocalBlobStore
@@ -69,6 +71,15 @@ class CoordinatorCalls:
         self.client.close()
 
     # --- the offer and the job ------------------------------------------------------------
+
+    def chain(self) -> LocalChain | EvmChain:
+        """Where the coordinator holds runs' money (one without the route: its own ledger)."""
+        try:
+            return parse_chain(self.client.get("/chain"))
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return parse_chain(None)
 
     def register(self, offer: dict[str, Any]) -> None:
         self.client.post("/workers", offer)

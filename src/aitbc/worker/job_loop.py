@@ -19,9 +19,11 @@ from aitbc.client import ApiError, Unreachable
 from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.wallet import Wallet
 from aitbc.replies.base import JsonObject
+from aitbc.replies.chain import EvmChain
 from aitbc.replies.jobs import JobOrder, JobPoll
 from aitbc.run_mode import RunMode
 from aitbc.worker.calls import CoordinatorCalls
+from aitbc.worker.chain_bonds import BondOrder, WorkerChain
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.gossip import GossipLoop, GossipParts
@@ -69,6 +71,7 @@ class JobLoop:
         self.published = PublishedRecords()  # gossip: its signed records, served by its peer server
         self._gossip: GossipLoop | None = None
         self._seen_job = ""  # the last job a view named (the long poll's ``known``)
+        self.chain: WorkerChain | None = None  # on an EVM coordinator: its account there (at registration)
         self.pipeline = SendPipeline(
             trainer=trainer,
             calls=calls,
@@ -105,6 +108,10 @@ class JobLoop:
             return
         if job.action == "train":
             self.fetcher.expect(job.global_model_cid)
+        bond = getattr(job, "bond_required", None)
+        if bond is not None:  # its contract's bond is not on chain yet: posted, then asked again
+            self._post_bond(job, bond)
+            return
         if job.job_id in self.refused:
             self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
             return
@@ -118,6 +125,19 @@ class JobLoop:
                 log.warning("spot check of round %s: %s", job.challenge.round, e.detail)
         if job.action == "train":
             self._train(job)
+
+    def _post_bond(self, job: JobOrder, bond: object) -> None:
+        """Post the bond ``job`` asks for; the next poll answers at once (the coordinator
+        looks for the bond at pickup). One that failed is tried again after a pause."""
+        posted = False
+        if self.chain is None:
+            log.error("job %s asks for a bond on chain, but the coordinator said it settles locally", job.job_id)
+        else:
+            posted = self.chain.post_bond(BondOrder.of(bond))
+        if posted:
+            self._seen_job = ""
+        else:
+            self.stop.wait(self.cfg.poll_seconds)
 
     def _release(self) -> None:
         """The job is over for this worker: nothing of it is kept."""
@@ -186,6 +206,12 @@ class JobLoop:
             offer["max_params"] = self.trainer.max_params
         if self.fetcher.advertise:
             offer["advertise"] = self.fetcher.advertise
+        if self.chain is None:
+            view = self.calls.chain()
+            if isinstance(view, EvmChain):  # its bonds go on chain from its wallet's EVM account
+                self.chain = WorkerChain(view, home=self.home, wallet=self.wallet.name)
+        if self.chain is not None:
+            offer["evm_address"] = self.chain.address
         try:
             self.calls.register(offer)
         except ApiError as e:

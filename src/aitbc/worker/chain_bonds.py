@@ -1,0 +1,98 @@
+"""The worker on an EVM coordinator (``GET /v1/chain`` says ``evm``): its offer names its
+wallet's EVM account, and it posts its bonds on chain.
+
+A hired provider is paid on chain only once its bond is there (0 is a bond too). The
+coordinator hands a job whose contract is not bonded yet with ``bond_required`` (the
+chain, the escrow, the run's key and the amount); the worker posts it from its wallet's
+EVM account (:func:`aitbc.chain_clients.ensure_bond`: nothing is sent if it is there
+already) and asks for the job again. A bond it cannot post (no AIT, no gas, a node that
+does not answer) is one line in the log, and is tried again at the next pickup, after a
+pause. eth-account (seconds to import) is imported only here, and only on an EVM coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aitbc.chain_clients import ensure_bond, open_escrow
+from aitbc.errors import AitbcError
+from aitbc.replies.chain import EvmChain
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+log = logging.getLogger("aitbc.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class BondOrder:
+    """A job's ``bond_required``: post ``amount`` micro-AIT as the bond in run ``key``."""
+
+    chain_id: int
+    escrow: str
+    token: str
+    key: bytes
+    amount: int
+
+    @classmethod
+    def of(cls, raw: Any) -> BondOrder:
+        """From the job's ``bond_required`` (a reply model or its JSON)."""
+        data = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
+        key = str(data["key"])
+        return cls(
+            chain_id=int(data["chain_id"]),
+            escrow=str(data["escrow"]),
+            token=str(data["token"]),
+            key=bytes.fromhex(key.removeprefix("0x")),
+            amount=int(data["amount"]),
+        )
+
+
+class WorkerChain:
+    """This worker's EVM account on the chain ``view`` names (made at the first use if its
+    wallet has none; the wallet's passphrase as for its Ed25519 key)."""
+
+    def __init__(self, view: EvmChain, *, home: Path, wallet: str) -> None:
+        from aitbc.ledger.evm_keys import evm_address
+
+        self.view, self.home, self.wallet = view, home, wallet
+        self._account: LocalAccount | None = None
+        self.address = evm_address(home, wallet) or self.account.address
+
+    @property
+    def account(self) -> LocalAccount:
+        if self._account is None:
+            from eth_account import Account
+
+            from aitbc.ledger.evm_keys import ensure_evm_account
+
+            self._account = Account.from_key(ensure_evm_account(self.home, self.wallet).private_key)
+        return self._account
+
+    def post_bond(self, order: BondOrder) -> bool:
+        """Post the bond ``order`` asks for; False (logged in one line) if it could not be."""
+        if (order.chain_id, order.escrow.lower()) != (self.view.chain_id, self.view.escrow.lower()):
+            log.error(
+                "bond in run 0x%s not posted: asked on chain %s escrow %s, the coordinator settles on chain %s escrow %s",
+                order.key.hex(),
+                order.chain_id,
+                order.escrow,
+                self.view.chain_id,
+                self.view.escrow,
+            )
+            return False
+        try:
+            escrow = open_escrow(self.view)
+            try:
+                tx = ensure_bond(escrow, self.account, order.key, order.amount, wallet=self.wallet)
+            finally:
+                escrow.client.close()
+        except AitbcError as e:
+            log.error("bond not posted (tried again at the next pickup): %s", e)
+            return False
+        if tx is not None:
+            log.info("bond of %s micro-AIT posted in run 0x%s (tx %s)", order.amount, order.key.hex(), tx)
+        return True
