@@ -12,22 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from tests.chain.anvil import running_anvil
-from tests.coordinator.conftest import serve
+from tests.coordinator.conftest import Coordinator, serve
 
 from aitbc.chain.evm.client import EvmClient
 from aitbc.chain.evm.deploy import Deployment, deploy_contracts, write_deployment
 from aitbc.chain.evm.escrow import Escrow
 from aitbc.chain.evm.node import AnvilNode
-from aitbc.client import CoordinatorClient
 from aitbc.coordinator.app import create_app
 from aitbc.coordinator.config import Settings
-from aitbc.coordinator.context import Context
 from aitbc.ledger.evm_keys import ensure_evm_account
-from aitbc.ledger.wallet import Wallet, create_wallet
+from aitbc.ledger.wallet import create_wallet
 
 GAS_WEI = 100 * 10**18
 SETTLEMENT_WALLET = "ops"
@@ -47,7 +44,7 @@ class EvmStack:
         acct = Account.create()
         self.client.rpc.call("anvil_setBalance", acct.address, hex(GAS_WEI))
         if ait:
-            self.escrow.token.transact(self.minter, "mint", acct.address, ait)
+            self.escrow.mint(self.minter, acct.address, ait)
         return acct
 
     def settings(self, **over: Any) -> Settings:
@@ -78,28 +75,13 @@ def evm_stack(tmp: Path) -> Iterator[EvmStack]:
         yield EvmStack(node, client, deployment, Escrow(client, deployment), minter, home)
 
 
-@dataclass
-class Coordinator:
-    url: str
-    ctx: Context
-    clients: list[CoordinatorClient]
-
-    def client(self, name: str = "user") -> CoordinatorClient:
-        c = CoordinatorClient(self.url, Wallet.generate(name))
-        self.clients.append(c)
-        return c
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
-
-
 @contextmanager
 def coordinator(settings: Settings) -> Iterator[Coordinator]:
     """``settings``' coordinator served in this process until the block ends, as
     tests/coordinator's fixtures (and `aitbc coordinator serve`) run it."""
     app = create_app(settings)
     url, stop = serve(app)
-    coord = Coordinator(url, app.state.ctx, [])
+    coord = Coordinator(url, app.state.ctx, settings.home)
     try:
         yield coord
     finally:

@@ -544,3 +544,44 @@ def test_malformed_entry_fails_without_a_traceback(book):
     entries, _, _ = book.read()
     del entries[1]["auth"]
     assert_fails_at(audit(entries), 2, "malformed entry")
+
+
+# --- money mirrored from an EVM chain -------------------------------------------------------
+
+
+def test_chain_mirrors_out_of_the_mint_pass(book):
+    """A coordinator on an EVM chain records a run's deposit and a contract's bond as the
+    chain shows them: out of the mint, signed by itself, into the escrow and the bond."""
+    book.post(
+        kind="chain-deposit", debit=MINT, credit=escrow_account("run2"), amount=8 * AIT, key="chain-deposit:run2:8"
+    )
+    book.post(kind="chain-bond", debit=MINT, credit="bond:c2", amount=2 * AIT, key="chain-bond:c2")
+    r = book.audit()
+    assert r.ok, r.describe()
+    assert (r.balances[escrow_account("run2")], r.balances["bond:c2"]) == (8 * AIT, 2 * AIT)
+
+
+def test_a_chain_mirror_into_a_wallet_fails(book, people):
+    seq = forge(book, kind="chain-deposit", debit=MINT, credit=wallet_account(people["mallory"].address), amount=AIT)
+    assert_fails_at(book.audit(), seq, "credits an escrow account, not wallet:")
+
+
+def test_a_chain_bond_out_of_an_escrow_fails(book):
+    book.post(
+        kind="chain-deposit", debit=MINT, credit=escrow_account("run2"), amount=8 * AIT, key="chain-deposit:run2:8"
+    )
+    seq = forge(book, kind="chain-bond", debit=escrow_account("run2"), credit="bond:c2", amount=AIT)
+    assert_fails_at(book.audit(), seq, "comes out of the mint, not out of escrow:run2")
+
+
+def test_a_chain_deposit_by_a_signed_request_fails(book, people):
+    alice = people["alice"]
+    seq = forge(
+        book,
+        kind="chain-deposit",
+        debit=wallet_account(alice.address),
+        credit=escrow_account("run2"),
+        amount=AIT,
+        request=signed(alice, {"budget": "1"}, "budget", "/v1/runs/run2/distribute"),
+    )
+    assert_fails_at(book.audit(), seq, "only the coordinator records one")

@@ -55,6 +55,9 @@ class RunCreate(Body):
     bond: str | float = "0"  # AIT each hired provider locks for the run
     network: str = "local"
     control: Literal["automatic", "manual"] = "automatic"  # manual: the owner's agent moves the phases
+    # the owner's EVM account, on a coordinator that settles on an EVM chain (required there):
+    # the run's escrow key on chain is derived from it, and the escrow left is refunded to it
+    evm_address: str | None = Field(None, max_length=64)
 
 
 class DataAttach(Body):
@@ -116,7 +119,8 @@ class Distribute(Body):
     inner_opt: str = run_defaults.INNER_OPT
     outer: str = run_defaults.OUTER
     outer_options: dict[str, Any] = Field(default_factory=dict)
-    aggregator: str = run_defaults.AGGREGATOR
+    # None: the codec's (run_defaults.default_aggregator: sparse-robust for a sparse codec), as simulate
+    aggregator: str | None = None
     compression: str = run_defaults.COMPRESSION
     error_feedback: bool = run_defaults.ERROR_FEEDBACK
     # sync: a round waits for every worker (or its deadline); async: every ``buffer`` accepted
@@ -162,6 +166,9 @@ class WorkerRegister(Body):
     max_params: int | None = Field(None, ge=1, le=MAX_OFFER_PARAMS)
     # where this worker serves blobs to its peers (peer transport); none: it fetches only
     advertise: Advertise | None = None
+    # the provider's EVM account, on a coordinator that settles on an EVM chain (required there):
+    # it bonds from it and is paid at it
+    evm_address: str | None = Field(None, max_length=64)
 
 
 class Holdings(Body):

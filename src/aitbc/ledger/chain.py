@@ -63,6 +63,10 @@ ENTRY_FIELDS = (
     "auth",
     "created_at",
 )
+# Money a coordinator on an EVM chain mirrors into its books from what the chain shows: a
+# run's deposit into its escrow, a contract's bond. Only the coordinator records them, out of
+# the mint (the chain, not a wallet here, holds that money): kind -> the account prefix credited.
+MIRROR_KINDS = {"chain-deposit": "escrow:", "chain-bond": "bond:"}
 NETWORKS = ("local",)
 REFUSED_NETWORKS = ("mainnet", "testnet")
 
@@ -140,6 +144,9 @@ def check_authorisation(entry: Mapping[str, Any], system_key: str | None) -> str
     why = key_problem_hex(signer)
     if why is not None:  # a small-order key "signs" any message: refused outright
         return f"signer key {str(signer)[:16]}... is {why}"
+    why = _mirror_problem(entry)
+    if why is not None:
+        return why
     if auth.get("type") == "entry":
         if system_key is not None and signer != system_key:
             return f"signed by {str(signer)[:16]}..., not the coordinator's key"
@@ -189,6 +196,21 @@ def check_authorisation(entry: Mapping[str, Any], system_key: str | None) -> str
             return f"credits {entry['credit']}, but the signed request is about run {parts[3]}"
         return None
     return f"unknown authorisation type {auth.get('type')!r}"
+
+
+def _mirror_problem(entry: Mapping[str, Any]) -> str | None:
+    """Why an entry of a mirror kind (:data:`MIRROR_KINDS`) is not one, or None."""
+    kind = entry.get("kind")
+    if kind not in MIRROR_KINDS:
+        return None
+    if entry["auth"].get("type") != "entry":
+        return f"a {kind} entry mirrors the chain: only the coordinator records one, not a signed request"
+    if not str(entry["debit"]).startswith("mint:"):
+        return f"a {kind} entry comes out of the mint, not out of {entry['debit']}"
+    prefix = MIRROR_KINDS[str(kind)]
+    if not str(entry["credit"]).startswith(prefix):
+        return f"a {kind} entry credits an {prefix[:-1]} account, not {entry['credit']}"
+    return None
 
 
 @dataclass

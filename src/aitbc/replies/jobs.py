@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from aitbc.replies.base import JsonObject, Reply
+from aitbc.replies.base import JsonObject, MicroAIT, Reply
 from aitbc.replies.blobs import PeerRef
 from aitbc.replies.gossip import GossipOrder
 from aitbc.states import JobStatus, RunStatus, UpdateStatus
@@ -140,6 +140,19 @@ class Aggregated(Reply):
 Action = Literal["train", "wait"]  # what a job's worker is to do now
 
 
+class BondRequired(Reply):
+    """On an EVM coordinator: the bond this job's provider must post on chain before it
+    trains (approve ``amount`` of ``token`` to ``escrow``, then ``post_bond(key, amount)``;
+    0 is a bond too, and only a bonded provider can be paid). The job waits until the bond
+    is seen on chain; updates sent before are refused 409 ``bond_required``."""
+
+    chain_id: int
+    escrow: str = Field(description="the RunEscrow contract's address")
+    token: str = Field(description="the AIT token's address")
+    key: str = Field(description="the run's key on chain, 0x + 64 hex digits")
+    amount: MicroAIT = Field(description="the bond, in micro-AIT (token units)")
+
+
 class JobOrder(Reply):
     """What a worker should do now with its job."""
 
@@ -193,6 +206,11 @@ class JobOrder(Reply):
         "and this one is no larger (check them against the CID); null: fetch it by its CID",
     )
     gossip: GossipOrder | None = Field(None, description="gossip runs: the roster and how to mix")
+    bond_required: BondRequired | None = Field(
+        None,
+        description="on an EVM coordinator, until this job's bond is seen on chain: post it, then ask again "
+        "(the job waits meanwhile); null: bonded, or a local coordinator",
+    )
 
 
 class JobPoll(Reply):

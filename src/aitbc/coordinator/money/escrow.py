@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from aitbc import run_defaults
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, unprocessable
+from aitbc.coordinator.money import onchain
 from aitbc.coordinator.store.models import Contract, Job, Offer, RoundRecord, Run, Settlement, Update
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED
@@ -104,7 +105,10 @@ def escrow(ctx: Context, s: Session, run: Run, amount: int, request: RequestAuth
 
 
 def can_bond(ctx: Context, s: Session, offer: Offer, bond: int) -> bool:
-    """Whether this provider allowed and can afford a bond of ``bond``."""
+    """Whether this provider allowed and can afford a bond of ``bond`` (on an EVM
+    coordinator: with its AIT on chain, where it posts the bond itself)."""
+    if ctx.chain is not None:
+        return onchain.can_bond(ctx, offer, bond)
     if bond == 0:
         return True
     return (
@@ -115,8 +119,11 @@ def can_bond(ctx: Context, s: Session, offer: Offer, bond: int) -> bool:
 
 
 def post_bond(ctx: Context, s: Session, run: Run, contract: Contract, offer: Offer) -> None:
-    """The provider's bond, authorised by its signed offer (``max_bond``)."""
-    if run.bond == 0:
+    """The provider's bond, authorised by its signed offer (``max_bond``). On an EVM
+    coordinator nothing is posted here: the provider bonds on chain from the account its
+    offer names, and the books mirror it when they see it (:func:`.onchain.sync_bond`)."""
+    contract.evm_address = offer.evm_address
+    if run.bond == 0 or ctx.chain is not None:
         return
     registration = offer.registration
     if registration is None:  # can_bond refuses such an offer; reaching here is a bug
@@ -203,6 +210,7 @@ def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]
     owner's other live, undistributed runs' hires count on. An owner with nothing hires
     nobody, and one wallet cannot back the same money's hires on many runs."""
     new = list(prices)
+    onchain.sync_deposit(ctx, s, run)  # a deposit already on chain counts as escrow
     need = hire_commitment(ctx, s, run, sum(new))
     if need == 0:
         return
@@ -211,20 +219,24 @@ def require_hire_funds(ctx: Context, s: Session, run: Run, prices: Iterable[int]
     # its wallet) waits for it, then counts this one, so two cannot both pass on one balance.
     ctx.ledger.lock(s)
     others = held_for_hires(ctx, s, run.owner, besides=run.id)
-    have = ctx.ledger.balance(s, wallet_account(run.owner))
+    on_chain = ctx.chain is not None
+    # on an EVM chain the owner's money is its account's AIT there (need counts the mirrored escrow)
+    have = onchain.owner_balance(ctx, run) if on_chain else ctx.ledger.balance(s, wallet_account(run.owner))
     if need + others <= have:
         return
     rounds = planned_rounds(run)
     held_by = f"; the hires of the owner's other runs count on {format_price(others)} AIT of it" if others else ""
+    holder = f"EVM account {run.owner_evm} holds" if on_chain else f"wallet {run.owner} holds"
+    hint = onchain.hire_shortfall_hint(ctx) or _fund_hint(need + others - have)
     raise ApiError(
         409,
         "insufficient_funds",
         f"hiring {len(new)} worker{'s' if len(new) != 1 else ''} at {format_price(sum(new))} AIT per round "
         f"for {rounds} round{'s' if rounds != 1 else ''}"
         f"{' left' if run.configured else ' (the default plan until distribute names the rounds)'} "
-        f"needs {format_price(need)} AIT beyond run {run.id}'s escrow; wallet {run.owner} holds "
+        f"needs {format_price(need)} AIT beyond run {run.id}'s escrow; {holder} "
         f"{format_price(have)} AIT{held_by}; short by {format_price(need + others - have)} AIT; "
-        f"{_fund_hint(need + others - have)}; no contract was made",
+        f"{hint}; no contract was made",
     )
 
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, unprocessable
 from aitbc.coordinator.money.escrow import ledger_error, require_network, require_unheld
+from aitbc.coordinator.money.onchain import refuse_on_chain
 from aitbc.coordinator.schemas import WalletFund, WalletSend
 from aitbc.ledger.book import Ledger, LedgerError, RequestAuth
 from aitbc.ledger.chain import mint_account, wallet_account
@@ -30,6 +31,7 @@ def check_address(text: str) -> str:
 
 def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> Funded:
     """The local faucet: mint ``amount`` into the signer's wallet (a recorded mint)."""
+    refuse_on_chain(ctx, "the local faucet", "mint AIT on chain (aitbc chain fund WALLET AMOUNT on a dev chain)")
     require_network(ctx, body.network)
     amount = parse_amount(body.amount)
     if amount > MAX_FAUCET:
@@ -54,6 +56,7 @@ def fund(ctx: Context, s: Session, body: WalletFund, *, address: str) -> Funded:
 def send(ctx: Context, s: Session, body: WalletSend, *, address: str, request: RequestAuth) -> Sent:
     """Move ``amount`` from the signer's wallet to the address ``to`` (signed by the sender);
     not the money its runs' hires hold (:func:`.escrow.require_unheld`)."""
+    refuse_on_chain(ctx, "a transfer between wallets here", "send AIT on chain from your EVM account")
     require_network(ctx, body.network)
     amount = parse_amount(body.amount)
     check_address(body.to)

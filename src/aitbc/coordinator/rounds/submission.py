@@ -15,12 +15,13 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, unprocessable
+from aitbc.coordinator.money import onchain
 from aitbc.coordinator.rounds.admission import update_prior
 from aitbc.coordinator.rounds.jobs import CHECKING, flag_job, own_job, reached, trained_shard, update_problem
 from aitbc.coordinator.rounds.modes import mode_of
 from aitbc.coordinator.rounds.workers import flag_blob
 from aitbc.coordinator.schemas import UpdateSubmit
-from aitbc.coordinator.store.models import Job, Run, Update
+from aitbc.coordinator.store.models import Contract, Job, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run
 from aitbc.coordinator.store.states import ENDED
 from aitbc.coordinator.verification import spot_checks as verification
@@ -41,6 +42,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
     always in its round's aggregation)."""
     job, run = own_job(s, job_id, signer)
     _round_gate(s, job, run, body)
+    onchain.require_bond(ctx, s, run, job)  # EVM: only a contract bonded on chain can be paid for it
     if not is_cid(body.cid):
         raise unprocessable("bad_cid", f"{body.cid!r} is not a CID")
     inline = None if body.blob is None else _inline_blob(ctx, signer, body.cid, body.blob)
@@ -62,6 +64,10 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         s.rollback()
         raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
     _round_gate(s, job, run, body)
+    contract = s.get(Contract, job.contract_id)
+    if contract is not None and not onchain.sync_bond(ctx, s, run, contract):  # mirrored under the run's lock
+        s.rollback()
+        raise onchain.bond_refusal(ctx, run, contract)
     now = time.time()
     round = mode.admit(s, job, run, body, base, now=now)
     trained = trained_shard(run, job, body.shard_cid)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.money import onchain
 from aitbc.coordinator.rounds.jobs import own_job
 from aitbc.coordinator.rounds.lifecycle import sends_ahead
 from aitbc.coordinator.rounds.modes import mode_of
@@ -47,6 +48,7 @@ def register(
     process registering while the first is still heartbeating is refused."""
     price = parse_price(body.price)
     max_bond = parse_price(body.max_bond, field="max_bond")
+    evm_address = onchain.evm_account(ctx, body.evm_address, whose="a provider's offer")
     try:
         check_offer_fields(body.gpu, price / MICRO, body.availability)
     except AitbcError as e:
@@ -69,7 +71,7 @@ def register(
         s.add(offer)
     offer.gpu, offer.price, offer.availability = normalize_gpu(body.gpu), price, body.availability
     offer.device, offer.status, offer.last_heartbeat = body.device, OfferStatus.ONLINE, now
-    offer.max_bond, offer.max_params = max_bond, body.max_params
+    offer.max_bond, offer.max_params, offer.evm_address = max_bond, body.max_params, evm_address
     offer.registration = request.as_dict() if request is not None and max_bond > 0 else None
     s.commit()
     ctx.liveness.touch(worker_id, now)
@@ -111,6 +113,9 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> Job
         action = "train" if run.status == RunStatus.TRAINING and done is None else "wait"
     view = mode_of(run).job_view(ctx, s, run, job, Turn(action, done))
     action, done = view.turn.action, view.turn.answered
+    bond = onchain.bond_required(ctx, s, run, job)  # EVM: no training before the bond is on chain
+    if bond is not None:
+        action = "wait"
     # while unanswered, whatever the run's phase (a manual run aggregating, a pause): if its reply was lost
     challenge = None if done is None else verification.challenge_view(done)
     if challenge is None and sent_ahead is not None:
@@ -148,6 +153,7 @@ def job_for(ctx: Context, s: Session, worker_id: str, *, inline: int = 0) -> Job
         challenge=challenge,
         model_peers=peers,
         global_model=model,
+        bond_required=bond,
         **view.fields,
     )
     return JobPoll(job=order, version=ctx.notifier.version)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, unprocessable
 from aitbc.coordinator.live.runtime import check_replay_batch, drop_runtime, runtime
+from aitbc.coordinator.money import onchain
 from aitbc.coordinator.money.escrow import pay_as_delivered
 from aitbc.coordinator.rounds.aggregation import aggregate_round
 from aitbc.coordinator.rounds.commit import commit_round
@@ -105,6 +106,7 @@ def take_over(run: Run, *, now: float) -> None:
 def set_phase(ctx: Context, s: Session, run: Run, body: PhaseSet, request: RequestAuth) -> Run:
     """Move an owner-driven run to ``body.phase``. The first call on an automatic run
     takes it over (:func:`take_over`) in the same transaction as the move."""
+    onchain.refuse_on_chain(ctx, "setting a run's phase by hand (manual control)", "the coordinator drives the run")
     to = RunStatus(body.phase)
     if body.config is not None and to != RunStatus.DISTRIBUTING:
         raise unprocessable("bad_config", f"config goes with phase distributing only, not {to}")

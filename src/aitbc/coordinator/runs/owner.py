@@ -19,6 +19,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found, unprocessable
 from aitbc.coordinator.live.model_size import require_within_limit, run_params
 from aitbc.coordinator.live.runtime import build_run_config, data_spec, drop_runtime, store_weights
+from aitbc.coordinator.money import onchain
 from aitbc.coordinator.money.escrow import (
     can_bond,
     distribution_cost,
@@ -70,6 +71,13 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
             "bad_price", "budget must be more than 0 AIT (or leave it out: distribute escrows the contracts' cost)"
         )
     bond = parse_price(body.bond, field="bond")
+    owner_evm = onchain.evm_account(ctx, body.evm_address, whose="the run's owner")
+    if Control(body.control) == Control.MANUAL:
+        onchain.refuse_on_chain(ctx, "manual control", "create the run with control automatic")
+    if budget is not None:
+        onchain.refuse_on_chain(
+            ctx, "a budget escrowed from a wallet here", "leave budget out and deposit on chain (aitbc chain deposit)"
+        )
     try:
         # code not allowed here, unknown model, bad or out-of-range option -> 422 now, nothing imported;
         # over this coordinator's --max-params, counted from the options: a lower bound (the data may
@@ -93,6 +101,7 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
         target_workers=body.target_workers,
         seed=body.seed,
         network=body.network,
+        owner_evm=owner_evm,
         budget=budget,
         bond=bond,
         escrowed=0,
@@ -288,7 +297,9 @@ def hire(ctx: Context, s: Session, run: Run, body: ContractCreate) -> ContractVi
     ``negotiate_worker_contract``): accepted if it is at least the provider's asking price
     and the provider is live, free, and able to post the run's bond."""
     require_status(run, *LIVE, action="hire workers")
-    c = hire_offer(ctx, s, run, body.worker_id, parse_price(body.price))
+    price = parse_price(body.price)
+    onchain.require_price(ctx, run, price)  # a settlement on chain pays at most the deposit's price
+    c = hire_offer(ctx, s, run, body.worker_id, price)
     s.commit()
     return contract_view(c)
 
@@ -393,14 +404,17 @@ def configure(
                 f"the contracts cost {format_price(cost)} AIT over {cfg.rounds} rounds; "
                 f"max_cost allows {format_price(limit)}",
             )
-        escrow(
-            ctx,
-            s,
-            run,
-            cost,
-            dataclasses.replace(request, field=cost_field),
-            why=f"{len(paid)} workers x {cfg.rounds} rounds at their agreed prices",
-        )
+        if ctx.chain is not None:  # the owner deposited on chain: mirrored, and checked against the contracts
+            onchain.require_distributable(ctx, s, run, cost, cfg.round_deadline)
+        else:
+            escrow(
+                ctx,
+                s,
+                run,
+                cost,
+                dataclasses.replace(request, field=cost_field),
+                why=f"{len(paid)} workers x {cfg.rounds} rounds at their agreed prices",
+            )
     run.config = cfg.model_dump(mode="json")
     return list(hired)
 
@@ -477,6 +491,7 @@ def resume(ctx: Context, s: Session, run: Run) -> Run:
 
 
 def manual_payment(ctx: Context, s: Session, run: Run, contract_id: str, amount_text: str | float) -> ManualPayment:
+    onchain.refuse_on_chain(ctx, "paying a contract by hand", "the coordinator's settlements pay on chain")
     amount = parse_amount(amount_text)
     c = s.get(Contract, contract_id)
     if c is None or c.run_id != run.id:

@@ -17,6 +17,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
 from aitbc.coordinator.live.model_size import run_params
 from aitbc.coordinator.money.escrow import can_bond, post_bond, require_hire_funds
+from aitbc.coordinator.money.onchain import price_on_chain
 from aitbc.coordinator.store.models import Contract, Flag, Job, JobOverrides, Offer, Run, Update, new_id
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED, RUNNING, transition
@@ -281,12 +282,14 @@ def assign_worker(
     if contract is None:
         in_run = set(s.scalars(select(Contract.worker_id).where(Contract.run_id == run.id)).all())
         params = run_params(run)
+        top = price_on_chain(ctx, run)  # EVM: a settlement pays at most the deposit's price
         free = [
             o
             for o in market_offers(ctx, s)
             if o.worker_id not in taken
             and o.worker_id not in in_run
             and not too_small(o.max_params, params)
+            and (top is None or row(s, Offer, o.worker_id).price <= top)
             and can_bond(ctx, s, row(s, Offer, o.worker_id), run.bond)
         ]
         ranked = rank_offers(free, now=now, max_age=lease)

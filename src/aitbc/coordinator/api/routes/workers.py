@@ -111,7 +111,9 @@ async def job(
         seen = ctx.notifier.version
         view = await run_in_threadpool(look)
         job = view.job
-        ready = job is not None and job.action == "train" and (after is None or job.round > after)
+        # a bond to post on chain is something to do now, as a round to train is
+        ready = job is not None and (job.action == "train" or job.bond_required is not None)
+        ready = ready and (after is None or job is None or job.round > after or job.bond_required is not None)
         new = job is not None and known is not None and job.job_id != known
         if ready or new or time.monotonic() >= deadline or ctx.notifier.closed:
             return view
