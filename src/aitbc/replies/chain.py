@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, RootModel
 
 from aitbc.replies.base import Reply
 
@@ -25,3 +25,8 @@ class EvmChain(Reply):
 
 
 ChainView = Annotated[LocalChain | EvmChain, Field(discriminator="chain")]
+
+
+class ChainReply(RootModel[ChainView]):
+    """``GET /v1/chain``'s reply: a :class:`LocalChain` or an :class:`EvmChain`, by ``chain``
+    (one named schema in the API's document)."""

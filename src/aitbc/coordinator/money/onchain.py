@@ -35,7 +35,7 @@ from aitbc.coordinator.errors import ApiError, conflict, unprocessable
 from aitbc.coordinator.store.models import Contract, Job, Offer, Run
 from aitbc.coordinator.store.states import ENGAGED
 from aitbc.ledger.chain import bond_account, escrow_account, mint_account
-from aitbc.replies.chain import ChainView, EvmChain, LocalChain
+from aitbc.replies.chain import ChainReply, EvmChain, LocalChain
 from aitbc.replies.jobs import BondRequired
 from aitbc.units import format_price
 
@@ -47,20 +47,22 @@ TIMEOUT_DEADLINES = 4
 NOT_ON_CHAIN = "not_on_chain"
 
 
-def chain_view(ctx: Context) -> ChainView:
+def chain_view(ctx: Context) -> ChainReply:
     """``GET /v1/chain``: where this coordinator holds runs' money."""
     chain = ctx.chain
     if chain is None:
-        return LocalChain(chain="local")
+        return ChainReply(LocalChain(chain="local"))
     d = chain.deployment
-    return EvmChain(
-        chain="evm",
-        chain_id=d.chain_id,
-        rpc=chain.rpc,
-        token=d.token,
-        escrow=d.escrow,
-        settlement_key=d.settlement_key,
-        confirmations=chain.confirmations,
+    return ChainReply(
+        EvmChain(
+            chain="evm",
+            chain_id=d.chain_id,
+            rpc=chain.rpc,
+            token=d.token,
+            escrow=d.escrow,
+            settlement_key=d.settlement_key,
+            confirmations=chain.confirmations,
+        )
     )
 
 
@@ -224,6 +226,17 @@ def require_bond(ctx: Context, s: Session, run: Run, job: Job) -> None:
         return
     view = ctx.chain.escrow.contract(key_of(run), contract.evm_address) if contract.evm_address else None
     if view is None or not view.bonded or view.bond < run.bond:
+        raise bond_refusal(ctx, run, contract)
+
+
+def mirror_bond(ctx: Context, s: Session, run: Run, job: Job) -> None:
+    """Under the run's lock, before an update or a record is admitted: the job's contract's
+    bond mirrored (:func:`sync_bond`), or the transaction rolled back and 409 ``bond_required``."""
+    if ctx.chain is None:
+        return
+    contract = s.get(Contract, job.contract_id)
+    if contract is not None and not sync_bond(ctx, s, run, contract):
+        s.rollback()
         raise bond_refusal(ctx, run, contract)
 
 
