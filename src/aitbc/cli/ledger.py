@@ -18,6 +18,9 @@ balances are the ones the entries give. It reads the ledger either
 Online, ``--system-key`` pins the key: a coordinator reporting another one fails the
 audit. The head is read before and after the entries; if the ledger moved meanwhile
 (a live coordinator), the audit is redone, up to a few times.
+
+``aitbc ledger verify --chain evm`` checks the money of a coordinator that settles on an
+EVM chain against the chain's events instead (:mod:`aitbc.cli.ledger_evm`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,16 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Audit the coordinator's ledger and list its entries.", no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+ChainOption = Annotated[
+    str,
+    typer.Option(
+        "--chain", help="local: audit the ledger's entries. evm: hold the coordinator's payments to the chain's events."
+    ),
+]
+ChainFileOption = Annotated[
+    Path | None,
+    typer.Option("--chain-file", help="With --chain evm: the deployment record (default HOME/chain.json)."),
+]
 PAGE = 1000
 ATTEMPTS = 5  # audits redone while a live ledger keeps moving
 
@@ -200,6 +213,17 @@ def audit_coordinator(url: str, *, system_key: str | None = None) -> AuditResult
         source.close()
 
 
+def _on_chain(chain: str, chain_file: Path | None, *, db: str | None, system_key: str | None) -> bool:
+    """Whether ``verify`` checks an EVM chain; refuses options that do not go together."""
+    if chain not in ("local", "evm"):
+        raise UsageError(f"--chain {chain!r}: allowed are local, evm")
+    if chain == "evm" and (db is not None or system_key is not None):
+        raise UsageError("--chain evm reads the coordinator's API and the chain: --db and --system-key do not apply")
+    if chain == "local" and chain_file is not None:
+        raise UsageError("--chain-file goes with --chain evm")
+    return chain == "evm"
+
+
 @app.command()
 def verify(
     coordinator: CoordinatorOption = None,
@@ -217,11 +241,22 @@ def verify(
             help="The coordinator's public key (64 hex). Offline: default from HOME/wallets/coordinator/key.json. Online: fail if the coordinator reports another.",
         ),
     ] = None,
+    chain: ChainOption = "local",
+    chain_file: ChainFileOption = None,
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
-    """Audit every ledger entry: chain, signatures, authorisations, balances, head."""
+    """Audit every ledger entry: chain, signatures, authorisations, balances, head.
+
+    With --chain evm: rebuild every balance from the EVM chain's events and compare each
+    EVM run's payments (escrow, each provider's pay, bond and slash, each settlement
+    transaction) with them."""
     home = resolve_home(home)
+    if _on_chain(chain, chain_file, db=db, system_key=system_key):
+        from aitbc.cli.ledger_evm import verify_evm
+
+        verify_evm(coordinator, home, chain_file, json_out=json_out)
+        return
     if db is not None and coordinator is not None:
         raise UsageError("give --coordinator (audit through the API) or --db (audit the database), not both")
     if db is not None:
