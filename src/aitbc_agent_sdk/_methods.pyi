@@ -557,7 +557,7 @@ class AgentMethods:
         inner_opt: str = "adamw",
         outer: str = "fedavg",
         outer_options: JsonObject | None = None,
-        aggregator: str = "trend+centered-clip",
+        aggregator: str | None = None,
         compression: str = "none",
         error_feedback: bool = False,
         deadline: float | None = None,
@@ -578,7 +578,8 @@ class AgentMethods:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
         ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
-        ``trimmed-mean:beta=0.2``) and the ``outer`` optimizer (fedavg, diloco; its
+        ``trimmed-mean:beta=0.2``; default the codec's: ``sparse-robust`` for a sparse codec,
+        else :data:`aitbc.run_defaults.AGGREGATOR`) and the ``outer`` optimizer (fedavg, diloco; its
         ``outer_options``), updates sent through ``compression`` (e.g. ``int8``,
         ``topk:ratio=0.01``; ``error_feedback`` keeps each worker's residual). ``deadline``:
         seconds a round waits at most (default :data:`aitbc.run_defaults.DEADLINE`), then
@@ -1245,7 +1246,7 @@ class AsyncAgentMethods:
         inner_opt: str = "adamw",
         outer: str = "fedavg",
         outer_options: JsonObject | None = None,
-        aggregator: str = "trend+centered-clip",
+        aggregator: str | None = None,
         compression: str = "none",
         error_feedback: bool = False,
         deadline: float | None = None,
@@ -1266,7 +1267,8 @@ class AsyncAgentMethods:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
         ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
-        ``trimmed-mean:beta=0.2``) and the ``outer`` optimizer (fedavg, diloco; its
+        ``trimmed-mean:beta=0.2``; default the codec's: ``sparse-robust`` for a sparse codec,
+        else :data:`aitbc.run_defaults.AGGREGATOR`) and the ``outer`` optimizer (fedavg, diloco; its
         ``outer_options``), updates sent through ``compression`` (e.g. ``int8``,
         ``topk:ratio=0.01``; ``error_feedback`` keeps each worker's residual). ``deadline``:
         seconds a round waits at most (default :data:`aitbc.run_defaults.DEADLINE`), then

@@ -279,7 +279,7 @@ def start_training(
     inner_opt: str = run_defaults.INNER_OPT,
     outer: str = run_defaults.OUTER,
     outer_options: JsonObject | None = None,
-    aggregator: str = run_defaults.AGGREGATOR,
+    aggregator: str | None = None,
     compression: str = run_defaults.COMPRESSION,
     error_feedback: bool = run_defaults.ERROR_FEEDBACK,
     deadline: float | None = None,
@@ -300,7 +300,8 @@ def start_training(
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
     ``lr``, optimizer ``inner_opt``) per worker, aggregated by ``aggregator`` (e.g.
-    ``trimmed-mean:beta=0.2``) and the ``outer`` optimizer (fedavg, diloco; its
+    ``trimmed-mean:beta=0.2``; default the codec's: ``sparse-robust`` for a sparse codec,
+    else :data:`aitbc.run_defaults.AGGREGATOR`) and the ``outer`` optimizer (fedavg, diloco; its
     ``outer_options``), updates sent through ``compression`` (e.g. ``int8``,
     ``topk:ratio=0.01``; ``error_feedback`` keeps each worker's residual). ``deadline``:
     seconds a round waits at most (default :data:`aitbc.run_defaults.DEADLINE`), then

@@ -19,9 +19,7 @@ from aitbc.coordinator.schemas import Distribute
 from aitbc_agent_sdk.operations import start_training
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "aitbc" / "cli"
-# Not aggregator: simulate picks the rule by codec when none is named (sparse-robust for a
-# sparse codec), a live run does not yet (test_the_aggregator_defaults_differ_only_by_codec).
-SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "compression", "error_feedback"]
+SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "aggregator", "compression", "error_feedback"]
 SHARED += ["mode", "deadline", "quorum", "eval_every", "buffer", "max_staleness", "staleness"]
 
 
@@ -57,14 +55,16 @@ def test_simulate_and_distribute_declare_shared_options_once(name):
     assert sim.opts == dist.opts and sim.help == dist.help  # one declaration, not two alike
 
 
-def test_the_aggregator_defaults_differ_only_by_codec():
-    """simulate leaves the rule to the codec (``run_defaults.default_aggregator``); distribute
-    and demo name the dense default, which is simulate's for every dense codec."""
-    sim = _params("simulate")["aggregator"]
-    dist = _params("distributed-training", "distribute")["aggregator"]
-    assert sim.default is None and dist.default == run_defaults.AGGREGATOR
-    assert sim.opts == dist.opts == ["--aggregator"]
-    assert "sparse-robust" in (sim.help or "") and run_defaults.AGGREGATOR in (dist.help or "")
+def test_every_client_leaves_the_aggregator_to_the_codec():
+    """simulate, distribute, demo, the SDK and the coordinator's request body name no rule:
+    the codec picks it (``run_defaults.default_aggregator``), so a live run with a sparse
+    codec gets sparse-robust as a simulation does."""
+    for path in [("simulate",), ("distributed-training", "distribute"), ("demo",)]:
+        option = _params(*path)["aggregator"]
+        assert option.default is None and option.opts == ["--aggregator"], path
+        assert "sparse-robust" in (option.help or "") and run_defaults.AGGREGATOR in (option.help or ""), path
+    assert Distribute.model_fields["aggregator"].default is None
+    assert inspect.signature(start_training).parameters["aggregator"].default is None
     assert run_defaults.default_aggregator(run_defaults.COMPRESSION) == run_defaults.AGGREGATOR
     assert run_defaults.default_aggregator("sparseloco:density=0.02,bits=2") == run_defaults.SPARSE_AGGREGATOR
 
@@ -72,7 +72,7 @@ def test_the_aggregator_defaults_differ_only_by_codec():
 def test_defaults_agree_with_the_coordinator_and_the_sdk():
     dist = _params("distributed-training", "distribute")
     sdk = inspect.signature(start_training).parameters
-    for name in ("rounds", "local_steps", "batch_size", "lr", "outer", "aggregator", "compression", "eval_every"):
+    for name in ("rounds", "local_steps", "batch_size", "lr", "outer", "compression", "eval_every"):
         expected = getattr(run_defaults, name.upper())
         assert dist[name].default == expected, name
         assert Distribute.model_fields[name].default == expected, name  # a client that omits it gets the same

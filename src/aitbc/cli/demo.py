@@ -36,7 +36,12 @@ Workers = Annotated[int, typer.Option("--workers", "-n", help="Workers to start 
 Model = Annotated[str, typer.Option(help="Model type (mlp, cnn, transformer).")]
 Dataset = Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file or folder, or .npz.")]
 Aggregator = Annotated[
-    str, typer.Option(help="Robust rule, e.g. trend+centered-clip, mean, median, trimmed-mean:beta=0.2.")
+    str | None,
+    typer.Option(
+        help="Robust rule, e.g. trend+centered-clip (the default), mean, median, trimmed-mean:beta=0.2; "
+        "with a sparse codec (topk, topk-int8, sparseloco) the default is sparse-robust.",
+        show_default=False,
+    ),
 ]
 Compression = Annotated[str, typer.Option(help="Update codec, e.g. none, int8, topk:ratio=0.1.")]
 VerifyRate = Annotated[
@@ -59,7 +64,7 @@ class DemoRun:
     local_steps: int
     model: str
     dataset: str
-    aggregator: str
+    aggregator: str | None  # None: the codec's (run_defaults.default_aggregator)
     compression: str
     verify_rate: float
     min_gpu: str | None
@@ -72,7 +77,8 @@ class DemoRun:
         checks.more_than(self.timeout, 0, "--timeout")
         checks.model(self.model, {}, option="--model")
         checks.dataset(self.dataset, option="--dataset")
-        checks.aggregator(self.aggregator)
+        if self.aggregator is not None:
+            checks.aggregator(self.aggregator)
         checks.codec(self.compression)
         if self.min_gpu is not None:
             checks.gpu_class(self.min_gpu)
@@ -84,7 +90,7 @@ def demo(
     local_steps: LocalSteps = defaults.LOCAL_STEPS,
     model: Model = "mlp",
     dataset: Dataset = "digits",
-    aggregator: Aggregator = defaults.AGGREGATOR,
+    aggregator: Aggregator = None,
     compression: Compression = "none",
     verify_rate: VerifyRate = 0.1,
     min_gpu: MinGpu = None,

@@ -16,14 +16,8 @@ LocalSteps = Annotated[int, typer.Option(help="Inner steps per worker per round 
 BatchSize = Annotated[int, typer.Option(help="Samples per inner step.")]
 Lr = Annotated[float, typer.Option(help="Inner learning rate.")]
 Outer = Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")]
+# No default: the codec picks it (run_defaults.default_aggregator), in simulate and in a live run
 Aggregator = Annotated[
-    str,
-    typer.Option(
-        help="Aggregation rule spec, e.g. trend+centered-clip (the default), mean, median, "
-        "trimmed-mean:beta=0.25, krum, nnm+centered-clip."
-    ),
-]
-SimAggregator = Annotated[
     str | None,
     typer.Option(
         "--aggregator",

@@ -19,6 +19,7 @@ from aitbc import run_defaults as defaults
 from aitbc.cli import checks
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, out, resolve_home
 from aitbc.cli.options import (
+    Aggregator,
     BatchSize,
     Buffer,
     Compression,
@@ -35,7 +36,6 @@ from aitbc.cli.options import (
     Quorum,
     Rounds,
     Seed,
-    SimAggregator,
     Staleness,
     Topology,
 )
@@ -63,7 +63,11 @@ Speeds = Annotated[str, typer.Option(help="Relative compute speed: one value or 
 Bandwidth = Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")]
 Latency = Annotated[str, typer.Option(help="One-way latency in ms: one value or one per worker.")]
 Attack = Annotated[
-    str | None, typer.Option(help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider.")
+    str | None,
+    typer.Option(
+        help="Byzantine attack spec: sign-flip, gaussian, label-flip, alie, ipm, free-rider; "
+        "absent: the attackers take no part (the reference for an attacked run)."
+    ),
 ]
 Byzantine = Annotated[int, typer.Option(help="Number of Byzantine workers (chosen by seed).")]
 TargetLoss = Annotated[
@@ -113,7 +117,7 @@ def simulate(
     model_opt: ModelOpt = None,
     compression: Compression = defaults.COMPRESSION,
     error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
-    aggregator: SimAggregator = None,
+    aggregator: Aggregator = None,
     attack: Attack = None,
     byzantine: Byzantine = 0,
     mode: Mode = defaults.MODE,
@@ -212,7 +216,7 @@ def _result_table(cfg: SimConfig, result: SimResult) -> Table:
         f"{cfg.aggregator_spec}, {cfg.compression}"
     )
     if cfg.byzantine:
-        title += f", {cfg.byzantine} x {cfg.attack}"
+        title += f", {cfg.byzantine} absent (taking no part)" if cfg.absent else f", {cfg.byzantine} x {cfg.attack}"
     table = Table(title=title, show_header=False)
     table.add_column(overflow="fold")
     table.add_column(overflow="fold")

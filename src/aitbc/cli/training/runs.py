@@ -243,7 +243,7 @@ def distribute(
     batch_size: BatchSize = defaults.BATCH_SIZE,
     lr: Lr = defaults.LR,
     outer: Outer = defaults.OUTER,
-    aggregator: Aggregator = defaults.AGGREGATOR,
+    aggregator: Aggregator = None,
     compression: Compression = defaults.COMPRESSION,
     error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
     mode: Mode = defaults.MODE,
@@ -313,7 +313,7 @@ def distribute(
 
 
 def _check_distribute(
-    strategy: str, mode: str, topology: str, outer: str, aggregator: str, compression: str, precision: str
+    strategy: str, mode: str, topology: str, outer: str, aggregator: str | None, compression: str, precision: str
 ) -> None:
     """The choices ``distribute`` refuses before it talks to the coordinator (exit 2)."""
     if strategy != "data-parallel":
@@ -324,7 +324,8 @@ def _check_distribute(
     if run_mode.peer_to_peer:
         checks.topology(topology)
     checks.outer(outer)
-    checks.aggregator(aggregator)
+    if aggregator is not None:  # none: the codec's, resolved by the coordinator
+        checks.aggregator(aggregator)
     checks.codec(compression)
     if precision not in defaults.PRECISIONS:
         raise UsageError(f"--precision {precision!r} is not available; choose one of: {', '.join(defaults.PRECISIONS)}")

@@ -24,6 +24,7 @@ import torch
 from sqlalchemy import select
 from torch import Tensor
 
+from aitbc import run_defaults
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import unprocessable
 from aitbc.coordinator.live.mode_config import MODE_CHECKS
@@ -146,6 +147,10 @@ def default_f(workers: int) -> int:
     return max(0, (workers - 3) // 4)
 
 
+# Distribute's fields the run's config holds as resolved here (or not at all), not as given
+RESOLVED = {"max_cost", "min_workers", "max_workers", "quorum", "error_feedback", "buffer", "topology", "aggregator"}
+
+
 def build_run_config(
     run: Run, body: Distribute, *, workers: int, allow_code: AllowCode, weights: Weights | None = None
 ) -> RunConfig:
@@ -178,7 +183,8 @@ def build_run_config(
         check_replay_batch(run, body.verify_rate, body.batch_size)
         layout = [tuple(p.shape) for p in model.parameters()]
         f = default_f(workers)
-        agg = parse_aggregator(body.aggregator, default_f=f)
+        aggregator = body.aggregator or run_defaults.default_aggregator(body.compression)
+        agg = parse_aggregator(aggregator, default_f=f)
         agg.check(shape.group(workers=workers, quorum=quorum, deadline=body.deadline))
         name, opts = parse_spec(body.compression, what="codec")
         codec = build_codec(name, opts, layout=layout, error_feedback=body.error_feedback)
@@ -188,9 +194,8 @@ def build_run_config(
         raise unprocessable("bad_config", str(e)) from None
     mcfg = model_config(run.model_type, run.model_options, max_params=UNCAPPED)
     return RunConfig(
-        **body.model_dump(
-            exclude={"max_cost", "min_workers", "max_workers", "quorum", "error_feedback", "buffer", "topology"}
-        ),
+        **body.model_dump(exclude=RESOLVED),
+        aggregator=aggregator,
         # on when the flag or the codec spec asks for it (error_feedback_decay=...): workers, the
         # spot checks' residual and the run's views all read this one flag
         error_feedback=isinstance(codec, ErrorFeedback),
