@@ -281,3 +281,21 @@ def _verify_ledger(url: str, tmp: Path) -> dict[str, Any]:
     )
     assert r.returncode == 0, (r.stdout, r.stderr)
     return json.loads(r.stdout)
+
+
+def test_a_gossip_record_before_the_bond_is_refused(tmp_path):
+    with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
+        owner, acct, run_id, providers = _hired(stack, coord, 2)
+        stack.escrow.deposit(acct, run_id, 6 * AIT, AIT, 3600)
+        owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, "local_steps": 1, "mode": "gossip", "max_cost": "6"})
+        _d(coord, run_id)  # training
+        worker = providers[0][0]
+        job = _job(worker)
+        assert job["bond_required"] is not None
+        _refused(
+            coord,
+            lambda: worker.post(f"/jobs/{job['job_id']}/records", {"record": {}, "signature": "00"}),
+            409,
+            "bond_required",
+            "post_bond(",
+        )

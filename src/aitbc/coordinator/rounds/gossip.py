@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, forbidden, not_found, unprocessable
+from aitbc.coordinator.money import onchain
 from aitbc.coordinator.store.models import (
     Contract,
     Flag,
@@ -113,10 +114,12 @@ def publish(ctx: Context, s: Session, job: Job, run: Run, signed: JSONObject) ->
         raise conflict("not_gossip", f"run {run.id} is a {run.cfg.mode} run: its workers send updates, not records")
     if run.status not in (RunStatus.TRAINING, RunStatus.AGGREGATING):
         raise conflict("not_accepting", f"run {run.id} is {run.status}: it records no models now")
+    onchain.require_bond(ctx, s, run, job)  # EVM: only a contract bonded on chain can be paid for its models
     checked = _checked_record(s, job, run, signed)
     rec = checked["record"]
     r, loss = rec["round"], rec["train_loss"]
     lock_run(s, run)
+    onchain.mirror_bond(ctx, s, run, job)
     now = time.time()
     before = s.scalar(select(Update).where(Update.job_id == job.id, Update.round == r))
     if before is not None and before.cid != rec["cid"]:  # two records of one round, both signed by it

@@ -21,7 +21,7 @@ from aitbc.coordinator.rounds.jobs import CHECKING, flag_job, own_job, reached, 
 from aitbc.coordinator.rounds.modes import mode_of
 from aitbc.coordinator.rounds.workers import flag_blob
 from aitbc.coordinator.schemas import UpdateSubmit
-from aitbc.coordinator.store.models import Contract, Job, Run, Update
+from aitbc.coordinator.store.models import Job, Run, Update
 from aitbc.coordinator.store.repository import job_settings, lock_run
 from aitbc.coordinator.store.states import ENDED
 from aitbc.coordinator.verification import spot_checks as verification
@@ -64,10 +64,7 @@ def submit_update(ctx: Context, s: Session, job_id: str, signer: str, body: Upda
         s.rollback()
         raise conflict("job_not_active", f"job {job_id} is {job.status}: {job.end_reason}")
     _round_gate(s, job, run, body)
-    contract = s.get(Contract, job.contract_id)
-    if contract is not None and not onchain.sync_bond(ctx, s, run, contract):  # mirrored under the run's lock
-        s.rollback()
-        raise onchain.bond_refusal(ctx, run, contract)
+    onchain.mirror_bond(ctx, s, run, job)
     now = time.time()
     round = mode.admit(s, job, run, body, base, now=now)
     trained = trained_shard(run, job, body.shard_cid)
