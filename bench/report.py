@@ -46,6 +46,8 @@ BENCHES = [
     ("metrics_scrape", "Metrics scrape cost", "python bench/metrics_scrape.py"),
     ("replica_takeover", "Replicated coordinators: takeover after SIGKILL", "python bench/replica_takeover.py"),
     ("peer_transport", "Peer transport: coordinator egress", "python bench/peer_transport.py"),
+    # needs anvil (make anvil): not part of `make bench`
+    ("chain_gas", "Gas on an EVM chain", "python bench/chain_gas.py"),
     # written only on a machine with a CUDA GPU (not part of `make bench`, which runs on CPUs)
     ("gpu", "GPU training throughput", "python bench/gpu.py"),
 ]
