@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import torch
 from tests.chain.evm_coordinator import coordinator, evm_stack
-from tests.coordinator.conftest import MODEL_OPTIONS, assert_api_error, put_update, update_body, upload_digits
+from tests.coordinator.conftest import (
+    MODEL_OPTIONS,
+    assert_api_error,
+    put_update,
+    update_body,
+    upload_digits,
+    wait_for,
+)
 
 from aitbc.chain.evm.contracts import run_key
 from aitbc.client import ApiError
@@ -299,3 +306,27 @@ def test_a_gossip_record_before_the_bond_is_refused(tmp_path):
             "bond_required",
             "post_bond(",
         )
+
+
+def test_money_that_reached_the_chain_late_is_in_the_books_before_the_run_is_finalized(tmp_path):
+    """A top-up after distribute, and a bond posted after its job's last pickup, are mirrored
+    when the run ends, before its bonds and escrow go back in the books."""
+    with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
+        owner, acct, run_id, providers = _hired(stack, coord, 2)
+        stack.escrow.deposit(acct, run_id, 6 * AIT, AIT, 3600)
+        owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, "local_steps": 1, "batch_size": 8, "max_cost": "6"})
+        _d(coord, run_id)
+        key = run_key(acct.address, run_id)
+        stack.escrow.top_up(acct, key, AIT)
+        stack.escrow.post_bond(providers[0][1], key, BOND)  # never picked up again
+        owner.post(f"/runs/{run_id}/stop")
+        wait_for(
+            "the run finalized",
+            lambda: coord.rows("SELECT finalized FROM runs WHERE id = :r", r=run_id)[0]["finalized"],
+            bool,
+            timeout=60,
+        )
+        assert [e["amount"] for e in _entries(coord, "chain-deposit")] == [6 * AIT, AIT]
+        assert [e["amount"] for e in _entries(coord, "chain-bond")] == [BOND]
+        refunds = coord.rows("SELECT amount FROM ledger_entries WHERE kind = 'refund'")
+        assert refunds == [{"amount": 7 * AIT}]  # nothing was settled: every deposited AIT goes back

@@ -438,6 +438,7 @@ def finalize(ctx: Context, run_id: str, *, refund_escrow: bool | None = None) ->
             return
         if refund_escrow is None:
             refund_escrow = not owner_may_still_pay(ctx, run, time.time())
+        onchain.sync_run(ctx, s, run)  # EVM: money that reached the chain since it was last looked at
         pay_delivered(ctx, s, run)  # first: what the owner received is paid before anything goes back
         for c in s.scalars(select(Contract).where(Contract.run_id == run_id).order_by(Contract.id)).all():
             held = ctx.ledger.balance(s, bond_account(c.id))

@@ -190,6 +190,17 @@ def sync_bond(ctx: Context, s: Session, run: Run, contract: Contract) -> bool:
     return True
 
 
+def sync_run(ctx: Context, s: Session, run: Run) -> None:
+    """At a run's end, before anything goes back: its deposit and every contract's bond as
+    the chain shows them now (a late top-up, a bond posted after its job's last pickup), so
+    what the books pay and return is what the chain holds. The caller holds the run's lock."""
+    if ctx.chain is None or run.owner_evm is None:
+        return
+    sync_deposit(ctx, s, run)
+    for c in s.scalars(select(Contract).where(Contract.run_id == run.id).order_by(Contract.id)).all():
+        sync_bond(ctx, s, run, c)
+
+
 # --- what the chain must show before the coordinator goes on --------------------------------
 
 
