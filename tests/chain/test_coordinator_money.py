@@ -86,13 +86,13 @@ def test_refusals_at_init_offer_and_wallet_are_one_line_and_change_nothing(tmp_p
             _refused(coord, call, status, code, words)
         run = owner.post("/runs", _run_body(acct.address.lower()))  # all lower case: no checksum to check
         assert coord.rows("SELECT owner_evm FROM runs")[0]["owner_evm"] == acct.address  # stored checksummed
-        _refused(
-            coord,
-            lambda: owner.post(f"/runs/{run['training_id']}/phase", {"phase": "distributing"}),
-            422,
-            "not_on_chain",
-            "manual control",
-        )
+        rid = run["training_id"]
+        for call, words in [
+            (lambda: owner.post(f"/runs/{rid}/phase", {"phase": "distributing"}), "manual control"),
+            (lambda: owner.post(f"/runs/{rid}/payments", {"contract_id": "contract_x", "amount": "1"}), "by hand"),
+            (lambda: owner.post("/wallets/send", {"to": "ait1" + "0" * 40, "amount": "1"}), "transfer"),
+        ]:
+            _refused(coord, call, 422, "not_on_chain", words)
 
 
 def test_a_local_coordinator_keeps_an_evm_address_unused(tmp_path):
