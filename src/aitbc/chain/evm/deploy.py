@@ -6,9 +6,10 @@
     {"version": 1, "rpc": "http://127.0.0.1:8545", "chain_id": 31337,
      "token": "0x...", "escrow": "0x...", "settlement_key": "0x...", "minter": "0x...",
      "block": <the deployment's first block: event scans start there>,
-     "compiler": "0.4.3", "deployed_at": <ISO 8601 UTC>}
+     "compiler": "0.4.3", "deployed_at": <ISO 8601 UTC>, "minter_wallet": "ops"}
 
-The deployer is the token's minter (the local faucet); the settlement key, the only
+The deployer is the token's minter (the local faucet; ``minter_wallet`` names its wallet
+in the deploying HOME, for ``aitbc chain fund``, or is null); the settlement key, the only
 address that settles and finalizes runs, is the deployer's too unless another is given.
 :func:`check_deployment` holds a record to the chain: the same chain id, and at each
 address the code these sources compile to (an address reused on a restarted dev node, or
@@ -48,6 +49,7 @@ class Deployment:
     block: int
     compiler: str
     deployed_at: str
+    minter_wallet: str | None = None  # the deploying HOME's wallet that holds the minter's key
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": _VERSION, **asdict(self)}
@@ -58,9 +60,15 @@ def chain_file(home: Path) -> Path:
 
 
 def deploy_contracts(
-    client: EvmClient, account: LocalAccount, *, settlement_key: str | None = None, cache_dir: Path | None = None
+    client: EvmClient,
+    account: LocalAccount,
+    *,
+    settlement_key: str | None = None,
+    cache_dir: Path | None = None,
+    minter_wallet: str | None = None,
 ) -> Deployment:
-    """Deploy AIT then RunEscrow from ``account``; where they are."""
+    """Deploy AIT then RunEscrow from ``account`` (wallet ``minter_wallet``'s, recorded
+    when given); where they are."""
     key = to_checksum_address(settlement_key or account.address)
     first_block = client.block_number() + 1
     token = compiled(AIT, cache_dir=cache_dir)
@@ -77,6 +85,7 @@ def deploy_contracts(
         block=first_block,
         compiler=token.compiler,
         deployed_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        minter_wallet=minter_wallet,
     )
 
 
@@ -122,9 +131,16 @@ def read_deployment_file(path: Path) -> Deployment:
             block=int(data["block"]),
             compiler=str(data["compiler"]),
             deployed_at=str(data["deployed_at"]),
+            minter_wallet=_optional_name(data.get("minter_wallet")),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise AitbcError(f"{path} is not a deployment record: {e}") from None
+
+
+def _optional_name(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ValueError(f"minter_wallet is {value!r}, want a wallet's name or null")
 
 
 def check_deployment(client: EvmClient, deployment: Deployment, *, cache_dir: Path | None = None) -> None:

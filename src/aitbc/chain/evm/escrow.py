@@ -64,7 +64,7 @@ class RunView:
 
     @property
     def exists(self) -> bool:
-        return self.owner != ZERO_ADDRESS
+        return int(self.owner, 16) != 0
 
     @property
     def state(self) -> str:
@@ -116,9 +116,9 @@ class Escrow:
         r = self.escrow.call("runs", key)
         owner, price, timeout, escrow, deposited, last_post, finalized, timed_out = r
         is_open = bool(self.escrow.call("is_open", key))
-        exists = owner != ZERO_ADDRESS
+        exists = int(owner, 16) != 0
         return RunView(
-            owner=owner,
+            owner=to_checksum_address(owner),
             price=price,
             timeout=timeout,
             escrow=escrow,
