@@ -11,7 +11,7 @@ from tests.chain.anvil import running_anvil
 from aitbc.chain.evm.client import EvmClient, SendOutcome, TxReverted
 from aitbc.chain.evm.contracts import run_key
 from aitbc.chain.evm.deploy import check_deployment, contracts_of, deploy_contracts
-from aitbc.chain.evm.escrow import Escrow, Payout
+from aitbc.chain.evm.escrow import ContractView, Escrow, Payout
 from aitbc.errors import AitbcError
 
 pytestmark = pytest.mark.chain
@@ -131,3 +131,57 @@ def test_a_settlement_resent_after_a_crash_is_paid_once(chain):
     assert [e.args["round"] for e in escrow.escrow.events("RoundSettled")] == [0]
     assert escrow.run(key).escrow == 1_000 - 120  # the escrow left
     assert [e.args["provider"] for e in escrow.escrow.events("Slashed")] == [providers[2].address]
+
+
+def test_the_escrow_wrapper_reads_runs_and_contracts_finds_keys_and_says_a_revert_in_one_line(chain):
+    client, deployer, deployment, node = chain
+    escrow = Escrow(client, deployment)
+    other = Account.from_key(node.accounts[1].private_key)
+    provider = Account.create()
+    key = _open_run(client, deployer, deployment, "run-w", [provider])
+    escrow.mint(deployer, other.address, 50)
+    escrow.deposit(other, "run-w", 5, 1, 60)  # the same id: a run of its own, under another key
+    theirs = run_key(other.address, "run-w")
+    assert [(d.key, d.owner, d.amount) for d in escrow.deposits("run-w")] == [
+        (key, deployer.address, 1_000),
+        (theirs, other.address, 5),
+    ]
+    assert escrow.find_key("run-w") == (key, deployer.address)  # the first deposit
+    assert escrow.find_key("run-w", other.address) == (theirs, other.address)
+    assert escrow.find_key("run-w", provider.address) is None and escrow.find_key("nope") is None
+
+    escrow.top_up(deployer, key, 500)
+    view = escrow.run(key)
+    assert (view.owner, view.price, view.timeout, view.escrow, view.deposited) == (
+        deployer.address,
+        100,
+        3600,
+        1_500,
+        1_500,
+    )
+    assert view.open and view.exists and view.state == "open" and view.deadline == view.last_post + 3600
+    assert escrow.contract(key, provider.address) == ContractView(bonded=True, bond=10, earned=0, slashed=False)
+    assert escrow.contract(key, other.address) == ContractView(bonded=False, bond=0, earned=0, slashed=False)
+    assert not escrow.run(b"\x01" * 32).exists and escrow.run(b"\x01" * 32).state == "none"
+
+    for call, reason in (
+        (lambda: escrow.withdraw(provider, key), "withdraw from run 0x"),
+        (lambda: escrow.top_up(other, key, 1), "top-up of run 0x"),
+        (lambda: escrow.deposit(deployer, "run-w", 1, 1, 60), "deposit for 'run-w' refused: RunEscrow: run already"),
+        (lambda: escrow.refund(deployer, key), "refund of run 0x"),
+        (lambda: escrow.mint(other, other.address, 1), "minting 1 micro-AIT to"),
+    ):
+        with pytest.raises(TxReverted) as refused:
+            call()
+        assert reason in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    with pytest.raises(TxReverted, match="refused: RunEscrow: only the run's owner tops up"):
+        escrow.top_up(other, key, 1)
+    with pytest.raises(TxReverted, match="refused: RunEscrow: nothing to withdraw"):
+        escrow.withdraw(provider, key)
+
+    signed = escrow.sign_finalize(deployer, key)
+    client.broadcast(signed)
+    client.wait_receipt(signed.tx_hash)
+    assert escrow.run(key).state == "finalized" and not escrow.run(key).open
+    escrow.refund(deployer, key)
+    assert escrow.token_balance(deployer.address) == 10_000 - 1_000 - 500 + 1_500  # every deposit back
