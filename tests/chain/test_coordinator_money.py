@@ -251,6 +251,15 @@ def test_distribute_needs_the_deposits_price_and_timeout(tmp_path):
                 code,
                 words,
             )
+        # a hire at more than the deposit's price (a settlement could not pay it): refused
+        (late, _), *_ = _providers(stack, coord, 1)
+        _refused(
+            coord,
+            lambda: owner.post(f"/runs/{run_id}/contracts", {"worker_id": late.wallet.address, "price": "1.5"}),
+            409,
+            "price_above_deposit",
+            "at most 1 AIT",
+        )
 
 
 def _sync_deposit(coord, run_id: str) -> None:
