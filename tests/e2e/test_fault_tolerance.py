@@ -13,6 +13,7 @@ def _flags(stack, run_id: str) -> list[tuple[str, str, int]]:
     return stack.rows("SELECT worker_id, kind, round FROM flags WHERE run_id = :r ORDER BY id", r=run_id)
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_deadline_closes_rounds_with_a_quorum_and_records_stragglers(stack):
     stack.start_coordinator()
     stack.start_worker("fast0", price="1.00")
@@ -36,6 +37,7 @@ def test_deadline_closes_rounds_with_a_quorum_and_records_stragglers(stack):
     assert run["val_loss"] < run["initial_val_loss"]
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_joiner_is_taken_in_and_the_slowest_dropped_over_target(stack):
     stack.start_coordinator()
     stack.start_worker("a", price="1.00", step_delay=0.02)

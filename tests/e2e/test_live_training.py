@@ -23,6 +23,7 @@ TINY_TRANSFORMER = [
 ]
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_documented_workflow_trains_a_transformer(stack, tmp_path):
     stack.start_coordinator()
     for i, (gpu, price) in enumerate([("RTX4090", "1.60"), ("RTX3090", "1.20"), ("RTX3080", "0.90")]):

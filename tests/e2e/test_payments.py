@@ -19,6 +19,7 @@ def _verify(stack) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_byzantine_worker_is_slashed_and_honest_workers_are_paid(stack):
     stack.start_coordinator()
     for i in range(3):

@@ -27,6 +27,7 @@ def _progress_posts(log: str) -> list[float]:
     return [int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000 for h, m, s, ms in stamps]
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_short_rounds_report_progress_once_per_progress_seconds_not_every_round(stack):
     stack.start_coordinator()
     stack.start_worker("limited")  # --progress-seconds 1 (the default)

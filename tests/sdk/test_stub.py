@@ -52,6 +52,7 @@ def _mypy(tmp_path: Path, cache: Path, code: str) -> tuple[str, int]:
     return stdout + stderr, status
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_mypy_checks_calls_to_the_agents(tmp_path, mypy_cache):
     # The SDK is found as an installed package, so this also proves its py.typed marker.
     out, status = _mypy(

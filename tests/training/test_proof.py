@@ -94,6 +94,7 @@ def test_every_interval_replays_bit_exact(model_type, options, optimizer):
         assert v.steps_replayed == steps[i + 1] - steps[i]
 
 
+@pytest.mark.long  # a minute or more on 2 cores: make test-long
 def test_a_replay_with_another_thread_count_lands_within_tolerance(tmp_path):
     """The coordinator re-runs with its own thread count: kernels sum in another order, so
     a cnn's states are not bit-exact, but every interval lands within the tolerance, far
