@@ -265,7 +265,19 @@ UPDATE_STATUSES = tuple(s.value for s in UpdateStatus)
 OFFER_STATUSES = tuple(s.value for s in OfferStatus)
 JOB_STATUSES = tuple(s.value for s in JobStatus)
 # Written only by this code (escrow, settlement, wallets; workers, workforce, rounds, control).
-LEDGER_KINDS = ("mint", "transfer", "escrow", "bond", "settle", "bond_return", "refund", "slash", "payment")
+LEDGER_KINDS = (
+    "mint",
+    "transfer",
+    "escrow",
+    "bond",
+    "settle",
+    "bond_return",
+    "refund",
+    "slash",
+    "payment",
+    "chain-deposit",  # an EVM coordinator's mirror of a deposit on chain (money.onchain)
+    "chain-bond",  # and of a bond posted on chain
+)
 FLAG_KINDS = (
     "rejected_update",
     "lease_expired",
