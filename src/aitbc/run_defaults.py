@@ -13,6 +13,7 @@ with eight workers, and a live run's escrow (price x rounds) that stays small by
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 ROUNDS = 10  # aggregation rounds
@@ -77,3 +78,17 @@ def default_aggregator(compression: str) -> str:
 # settlement: generous, a loaded two-core machine has taken minutes to settle a run's last
 # rounds. Here, not in the SDK, so the command line has it without importing the SDK.
 SETTLE_TIMEOUT = 600.0
+
+# An EVM run's escrow (aitbc.chain.evm): seconds the coordinator may post nothing for it
+# before its owner and providers can take their money back without it. The owner's client
+# sets it at the deposit (distribute's --chain-timeout); the coordinator wants at least
+# min_chain_timeout(deadline), so a round that takes its whole deadline, and the settling
+# after it, never lets a healthy run time out.
+CHAIN_TIMEOUT = 3600
+MIN_CHAIN_TIMEOUT = 600
+
+
+def min_chain_timeout(deadline: float | None) -> int:
+    """The shortest on-chain timeout a run with round ``deadline`` (None: :data:`DEADLINE`)
+    may have: four deadlines, and never under :data:`MIN_CHAIN_TIMEOUT`."""
+    return max(MIN_CHAIN_TIMEOUT, math.ceil(4 * (DEADLINE if deadline is None else deadline)))

@@ -7,6 +7,8 @@
     HOME/logs/<name>.log     its stdout and stderr
     HOME/coordinator/        the coordinator's database and blobs
     HOME/workers/wK/         worker K's wallet (provider-K) and blob cache
+    HOME/chain.json          ``up --chain evm``: the contracts on the stack's dev node
+                             (:mod:`aitbc.stack_chain`; the node is a process of the stack)
 
 :func:`up` starts the processes in their own sessions (they outlive the command that
 started them) and returns once the coordinator answers and every worker's offer is live.
@@ -29,11 +31,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import psutil
 
-from aitbc import stack_procs
+from aitbc import stack_chain, stack_procs
 from aitbc.client import CoordinatorClient, Unreachable
 from aitbc.errors import AitbcError, UsageError
 from aitbc.json_value import JSONObject
@@ -75,8 +77,11 @@ class StackConfig:
     lease: float | None = None
     ready_timeout: float = 60.0  # s to wait for the coordinator and every offer
     tls: bool = False  # serve HTTPS with a local CA's certificate (HOME/tls, see aitbc.tls)
+    chain: str = "local"  # evm: a dev node of the stack's own holds the money (aitbc.stack_chain)
 
     def __post_init__(self) -> None:
+        if self.chain not in stack_chain.CHAINS:
+            raise UsageError(f"--chain must be one of {', '.join(stack_chain.CHAINS)}, got {self.chain!r}")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise UsageError(f"--workers must be in 1..{MAX_WORKERS}, got {self.workers}")
         if self.port is not None and not 1 <= self.port <= 65535:
@@ -105,8 +110,8 @@ class StackConfig:
 class Proc:
     """One process of the stack, as ``up`` recorded it."""
 
-    name: str  # coordinator, worker-1, ...
-    role: str  # coordinator | worker
+    name: str  # anvil, coordinator, worker-1, ...
+    role: str  # chain | coordinator | worker
     pid: int
     log: str
     cmd: list[str]
@@ -125,6 +130,7 @@ class Stack:
     processes: list[Proc]
     started_at: float
     ca_cert: str | None = None  # the local CA clients trust (aitbc up --tls)
+    chain: str = "local"  # evm: HOME/chain.json names the contracts on the stack's node
     _popen: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> JSONObject:
@@ -132,6 +138,7 @@ class Stack:
             "coordinator": self.coordinator,
             "started_at": self.started_at,
             **({"ca_cert": self.ca_cert} if self.ca_cert else {}),
+            "chain": self.chain,
             "processes": [asdict(p) for p in self.processes],
         }
 
@@ -173,6 +180,7 @@ def load(home: Path) -> Stack | None:
             coordinator=raw["coordinator"],
             started_at=float(raw["started_at"]),
             ca_cert=raw.get("ca_cert"),
+            chain=str(raw.get("chain", "local")),
             processes=[Proc(**{**p, "start_time": float(p["start_time"])}) for p in raw["processes"]],
         )
     except FileNotFoundError:
@@ -316,10 +324,13 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     url = f"{'https' if cfg.tls else 'http'}://{cfg.host}:{port}"
     if on_start is not None:
         on_start(url)
-    stack = Stack(home=home, coordinator=url, processes=[], started_at=time.time(), ca_cert=tls.ca_cert)
+    stack = Stack(
+        home=home, coordinator=url, processes=[], started_at=time.time(), ca_cert=tls.ca_cert, chain=cfg.chain
+    )
     env = _child_env()
     try:
-        _spawn_coordinator(stack, cfg, port, tls, env)
+        chain_args = _start_chain(stack) if cfg.chain == "evm" else []
+        _spawn_coordinator(stack, cfg, port, tls, env, chain_args)
         for k in range(1, cfg.workers + 1):
             _spawn_worker(stack, cfg, k, env)
         _write(stack)
@@ -372,14 +383,41 @@ def _tls(cfg: StackConfig) -> _Tls:
     return _Tls(["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)], str(certs.ca_cert))
 
 
-def _spawn_coordinator(stack: Stack, cfg: StackConfig, port: int, tls: _Tls, env: dict[str, str]) -> None:
+def _start_chain(stack: Stack) -> list[str]:
+    """``up --chain evm``: the dev node, recorded first (so a failure after stops it), and
+    the contracts deployed on it; the coordinator's flags to settle there."""
+    chain = stack_chain.start_chain(stack.home)
+    node = chain.node
+    try:
+        proc = psutil.Process(node.pid)
+        cmd, start_time = proc.cmdline(), proc.create_time()
+    except psutil.Error:  # gone already: recorded so its log is named, never ours again
+        cmd, start_time = [], 0.0
+    p = Proc(
+        name=stack_chain.NODE_NAME, role="chain", pid=node.pid, log=str(node.log_path), cmd=cmd, start_time=start_time
+    )
+    stack._popen[p.pid] = node.process
+    stack.processes.append(p)
+    _write(stack)
+    return chain.coordinator_args
+
+
+def _deployment(stack: Stack) -> Any:
+    from aitbc.chain.evm.deploy import read_deployment
+
+    return read_deployment(stack.home)
+
+
+def _spawn_coordinator(
+    stack: Stack, cfg: StackConfig, port: int, tls: _Tls, env: dict[str, str], chain_args: list[str]
+) -> None:
     args = ["coordinator", "serve", "--home", str(cfg.home / "coordinator"), "--host", cfg.host, "--port", str(port)]
     _spawn(
         stack,
         name="coordinator",
         role="coordinator",
         env=env,
-        args=[*args, "--lease", f"{cfg.lease:g}", *tls.serve_args],
+        args=[*args, "--lease", f"{cfg.lease:g}", *tls.serve_args, *chain_args],
     )
 
 
@@ -389,6 +427,8 @@ def _spawn_worker(stack: Stack, cfg: StackConfig, k: int, env: dict[str, str]) -
     availability = AVAILABILITIES[(k - 1) % len(AVAILABILITIES)]
     whome = cfg.home / "workers" / f"w{k}"
     wallet = ensure_wallet(whome, f"provider-{k}")  # made here, so we know the offer to wait for
+    if stack.chain == "evm":  # its bonds are posted on chain: gas and AIT before it starts
+        stack_chain.fund_worker(stack.home, _deployment(stack), whome, wallet.name)
     offer = ["--wallet", wallet.name, "--gpu", gpu, "--price", price, "--availability", f"{availability:g}"]
     _spawn(
         stack,
@@ -417,7 +457,7 @@ def _wait_ready(stack: Stack, timeout: float) -> None:
     workers as live for one lease without having heard from them (they may not run)."""
     deadline = time.monotonic() + timeout
     wanted = {p.address: p for p in stack.workers}
-    coordinator = stack.processes[0]
+    coordinator = next(p for p in stack.processes if p.role == "coordinator")
     since: float | None = None  # the coordinator's clock when it first answered
     heard: set[str | None] = set()
     with CoordinatorClient(stack.coordinator, timeout=2.0, ca_cert=stack.ca_cert) as c:
@@ -507,72 +547,3 @@ def down(home: Path, *, grace: float = 10.0) -> tuple[Stack, dict[str, str]] | N
     if stack is None:
         return None
     return stack, stop(stack, grace=grace)
-
-
-# --- status ----------------------------------------------------------------------------
-
-
-class ProcessStatus(TypedDict):
-    """One of the stack's processes as recorded, and whether it is still alive."""
-
-    name: str
-    role: str
-    pid: int
-    alive: bool
-    log: str
-    address: str | None
-    gpu: str | None
-    price: str | None
-
-
-class StackStatus(TypedDict):
-    """What :func:`status` finds of HOME's stack."""
-
-    home: str
-    coordinator: str
-    started_at: float
-    running: bool
-    healthy: bool
-    health_error: str | None
-    live_offers: int | None
-    processes: list[ProcessStatus]
-
-
-def status(home: Path) -> StackStatus | None:
-    """HOME's stack as recorded, each process alive or not, the coordinator's health and
-    the live offers; None if HOME has no stack."""
-    stack = load(home)
-    if stack is None:
-        return None
-    procs: list[ProcessStatus] = [
-        {
-            "name": p.name,
-            "role": p.role,
-            "pid": p.pid,
-            "alive": is_ours(p),
-            "log": p.log,
-            "address": p.address,
-            "gpu": p.gpu,
-            "price": p.price,
-        }
-        for p in stack.processes
-    ]
-    health: JSONObject | None = None
-    offers: int | None = None
-    error: str | None = None
-    try:
-        with CoordinatorClient(stack.coordinator, timeout=2.0, ca_cert=stack.ca_cert) as c:
-            health = c.get("/health")
-            offers = c.get("/market/offers")["count"]
-    except AitbcError as e:
-        error = str(e)
-    return {
-        "home": str(home),
-        "coordinator": stack.coordinator,
-        "started_at": stack.started_at,
-        "running": any(p["alive"] for p in procs),
-        "healthy": bool(health and health.get("status") == "ok"),
-        "health_error": error,
-        "live_offers": offers,
-        "processes": procs,
-    }

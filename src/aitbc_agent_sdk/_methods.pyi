@@ -574,6 +574,8 @@ class AgentMethods:
         max_staleness: int = 4,
         staleness: str = "polynomial",
         topology: str = "ring",
+        chain_timeout: int | None = None,
+        progress: Progress | None = None,
     ) -> TrainingStatus:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -601,6 +603,8 @@ class AgentMethods:
         ``mode`` ``gossip``: workers train from their own models and mix them with their
         ``topology`` neighbours' (``ring``, ``random:K``) peer to peer, by the run's rule; the
         coordinator records each worker's signed model CID per round and scores them.
+        On an EVM coordinator the wallet's EVM account deposits the escrow on chain first, once
+        (:func:`aitbc_agent_sdk.chain.deposit_for_distribute`: ``chain_timeout``, ``progress``).
         Returns the run detail with ``phase``.
         """
 
@@ -1263,6 +1267,8 @@ class AsyncAgentMethods:
         max_staleness: int = 4,
         staleness: str = "polynomial",
         topology: str = "ring",
+        chain_timeout: int | None = None,
+        progress: Progress | None = None,
     ) -> TrainingStatus:
         """Assign the shards to the hired workers and start the rounds (``distribute``):
         ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -1290,6 +1296,8 @@ class AsyncAgentMethods:
         ``mode`` ``gossip``: workers train from their own models and mix them with their
         ``topology`` neighbours' (``ring``, ``random:K``) peer to peer, by the run's rule; the
         coordinator records each worker's signed model CID per round and scores them.
+        On an EVM coordinator the wallet's EVM account deposits the escrow on chain first, once
+        (:func:`aitbc_agent_sdk.chain.deposit_for_distribute`: ``chain_timeout``, ``progress``).
         Returns the run detail with ``phase``.
         """
 

@@ -28,13 +28,14 @@ from aitbc.replies.results import Results
 from aitbc.replies.runs import RunDetail, RunSummary
 from aitbc.run_mode import RunMode
 from aitbc.units import format_price
+from aitbc_agent_sdk.chain import deposit_for_distribute, owner_evm
 from aitbc_agent_sdk.errors import (
     AmbiguousRun,
     InvalidArgument,
     TrainingFailed,
     WaitTimeout,
 )
-from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Sleep, ask
+from aitbc_agent_sdk.protocol import AgentState, Close, Http, Offload, Op, Progress, Sleep, ask
 from aitbc_agent_sdk.results import NewRun, Started, Stopped, TrainingProgress, TrainingStatus
 
 OPERATIONS: dict[str, Callable[..., Op[Any]]] = {}
@@ -238,6 +239,9 @@ def initialize_distributed_training(
         "control": control,
     }
     body |= money
+    evm_address = yield from owner_evm(self)
+    if evm_address is not None:  # an EVM coordinator: the run's owner on chain
+        body["evm_address"] = evm_address
     run = yield from ask(RunSummary, Http("POST", "/runs", body))
     self._training_id = run.training_id
     return NewRun.of(run)
@@ -296,6 +300,8 @@ def start_training(
     max_staleness: int = 4,
     staleness: str = "polynomial",
     topology: str = "ring",
+    chain_timeout: int | None = None,
+    progress: Progress | None = None,
 ) -> Op[TrainingStatus]:
     """Assign the shards to the hired workers and start the rounds (``distribute``):
     ``rounds`` of ``local_steps`` inner steps (of ``batch_size`` samples, learning rate
@@ -323,6 +329,8 @@ def start_training(
     ``mode`` ``gossip``: workers train from their own models and mix them with their
     ``topology`` neighbours' (``ring``, ``random:K``) peer to peer, by the run's rule; the
     coordinator records each worker's signed model CID per round and scores them.
+    On an EVM coordinator the wallet's EVM account deposits the escrow on chain first, once
+    (:func:`aitbc_agent_sdk.chain.deposit_for_distribute`: ``chain_timeout``, ``progress``).
     Returns the run detail with ``phase``."""
     training_id = yield from resolve_run(self, training_id)
     run = yield from run_detail(training_id)
@@ -338,6 +346,7 @@ def start_training(
         body["topology"] = topology
     if outer_options is not None:
         body["outer_options"] = dict(outer_options)
+    yield from deposit_for_distribute(self, run, body, rounds=rounds, chain_timeout=chain_timeout, progress=progress)
     run = yield from ask(RunDetail, Http("POST", f"/runs/{training_id}/distribute", body))
     return TrainingStatus.of(run)
 

@@ -35,7 +35,9 @@ operation and reaches the caller as itself (not as an ``AgentError``); what was 
 stays stored, but a run's dataset is attached only once all its pieces are. One stage counts
 rounds, not bytes: ``settle`` (``get_payments`` and ``refund_payments`` waiting for an ended
 run's settlement), the rounds settled of the rounds closed, reported at each look while they
-wait (nothing when the payments are final at the first look)."""
+wait (nothing when the payments are final at the first look). Another counts micro-AIT:
+``deposit`` (``start_training`` on an EVM coordinator), the run's escrow on chain before
+its transactions and once they are mined (nothing when it holds enough already)."""
 
 CHUNK = 256 << 10  # bytes per piece of an upload whose progress is reported
 

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from aitbc import stack as stk
+from aitbc import stack_status
 from aitbc.cli.common import DEFAULT_HOME, HomeOption, err, json_text, out, resolve_home
 from aitbc.coordinator.api.web import dashboard_url, metrics_url
 
@@ -61,12 +62,22 @@ def up(
             "--tls", help="Serve HTTPS with a local CA made under HOME/tls (the CLI and SDK trust it from HOME)."
         ),
     ] = False,
+    chain: Annotated[
+        str,
+        typer.Option(
+            "--chain",
+            help="Where runs' money is held: local (the coordinator's ledger) or evm (a local anvil node started "
+            "with the stack, the contracts deployed on it, the workers given gas and AIT for their bonds).",
+        ),
+    ] = "local",
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOpt = False,
 ) -> None:
     """Start a local coordinator and N workers in the background (stop them with: aitbc down)."""
     home = resolve_home(home).absolute()
-    cfg = stk.StackConfig(home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout, tls=tls)
+    cfg = stk.StackConfig(
+        home=home, workers=workers, port=port, lease=lease, ready_timeout=timeout, tls=tls, chain=chain
+    )
     t0 = time.monotonic()
     st = stk.up(cfg, on_start=lambda url: err.print(starting(cfg, url), highlight=False))
     if json_out:
@@ -89,8 +100,10 @@ def up(
 
 
 def starting(cfg: stk.StackConfig, url: str) -> str:
+    node = "an EVM dev node (anvil), " if cfg.chain == "evm" else ""
     return (
-        f"Starting a coordinator at {url} and {cfg.workers} worker{'s' if cfg.workers != 1 else ''} in {cfg.home} ..."
+        f"Starting {node}a coordinator at {url} and {cfg.workers} worker{'s' if cfg.workers != 1 else ''} "
+        f"in {cfg.home} ..."
     )
 
 
@@ -102,6 +115,10 @@ def print_up(st: stk.Stack, seconds: float) -> None:
         highlight=False,
     )
     out.print(processes_table(st))
+    if st.chain == "evm":
+        out.print(
+            f"Money on chain: the contracts on the stack's anvil node, in {st.home / 'chain.json'}", highlight=False
+        )
     out.print(f"Dashboard: {dashboard_url(st.coordinator)}", highlight=False)
     out.print(f"Metrics (Prometheus): {metrics_url(st.coordinator)}", highlight=False)
 
@@ -133,7 +150,7 @@ def _print_down(st: stk.Stack, outcome: dict[str, str]) -> None:
 def status(home: HomeOption = DEFAULT_HOME, json_out: JsonOpt = False) -> None:
     """The local stack's processes, its coordinator's health and the live offers."""
     home = resolve_home(home).absolute()
-    s = stk.status(home)
+    s = stack_status.status(home)
     if json_out:
         emit(s if s is not None else {"home": str(home), "running": False, "processes": []})
         return

@@ -227,15 +227,59 @@ def fund(
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
-    """The local faucet: mint AMOUNT AIT into wallet NAME (a recorded, signed mint)."""
+    """The local faucet: mint AMOUNT AIT into wallet NAME (a recorded, signed mint).
+
+    On a local stack started with --chain evm, the AIT is minted on its chain to the
+    wallet's EVM account (made if it has none), which is given ether for gas too."""
     home = resolve_home(home)
     checks.amount(amount)
+    if _evm_stack(home):
+        _fund_on_chain(home, name, amount, json_out)
+        return
     with _money_agent(home, coordinator, name, network) as a:
         res = a.fund_wallet(amount)
     if json_out:
         _print_json(res)
         return
     typer.echo(f"Funded {name} with {res['amount']} AIT (ledger entry {res['entry']}); balance {res['balance']} AIT")
+
+
+def _evm_stack(home: Path) -> bool:
+    """HOME's local stack was started with --chain evm (its chain.json names the contracts)."""
+    from aitbc import stack
+    from aitbc.chain.evm.deploy import chain_file
+
+    recorded = stack.load(home)
+    return recorded is not None and recorded.chain == "evm" and chain_file(home).exists()
+
+
+def _fund_on_chain(home: Path, name: str, amount: str, json_out: bool) -> None:
+    """``fund`` on an EVM stack: the stack's minter mints AMOUNT to NAME's EVM account."""
+    from aitbc import stack_chain
+    from aitbc.chain.evm.deploy import read_deployment
+    from aitbc.units import format_price, parse_amount
+
+    load_wallet(home, name)  # a missing wallet is refused before anything is made or sent
+    micro = parse_amount(amount)
+    deployment = read_deployment(home)
+    address = ensure_evm_account(home, name).address
+    done = stack_chain.fund_account(home, deployment, address, micro)
+    if json_out:
+        _print_json(
+            {
+                "name": name,
+                "evm_address": address,
+                "chain_id": deployment.chain_id,
+                "amount": format_price(micro),
+                "balance": format_price(done.balance),
+                "tx_hash": done.tx_hash,
+            }
+        )
+        return
+    typer.echo(
+        f"Funded {name} with {format_price(micro)} AIT on chain {deployment.chain_id} (EVM account {address}, "
+        f"tx {done.tx_hash}, gas included); balance {format_price(done.balance)} AIT"
+    )
 
 
 @app.command()

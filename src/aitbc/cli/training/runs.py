@@ -101,6 +101,16 @@ Lora = Annotated[
 ]
 
 Strategy = Annotated[str, typer.Option(help="data-parallel (the one strategy this build runs).")]
+ChainTimeout = Annotated[
+    int | None,
+    typer.Option(
+        "--chain-timeout",
+        help="On an EVM coordinator: seconds without a settlement after which the run's escrow on chain closes "
+        "and you and the providers take your money back without the coordinator (default 3600, at least four "
+        "--deadline and 600).",
+        show_default=False,
+    ),
+]
 MinWorkers = Annotated[int | None, typer.Option(help="Fewest workers the run trains with (default 1).")]
 MaxWorkers = Annotated[int | None, typer.Option(help="Most workers, joiners included (default: target workers).")]
 VerifyRate = Annotated[
@@ -259,6 +269,7 @@ def distribute(
     max_staleness: MaxStaleness = 4,
     staleness: Staleness = "polynomial",
     topology: Topology = "ring",
+    chain_timeout: ChainTimeout = None,
     log_to: LogToOpt = None,
     coordinator: CoordinatorOpt = None,
     wallet: WalletOpt = None,
@@ -268,15 +279,17 @@ def distribute(
     """Assign shards to the hired workers and start the rounds.
 
     With --log-to, stay attached like monitor: write each closed round's metrics to the
-    tracker until the run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on)."""
+    tracker until the run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on).
+    On an EVM coordinator the run's escrow is deposited on chain first (once)."""
     home = resolve_home(home)
     _check_distribute(strategy, mode, topology, outer, aggregator, compression, precision)
+    _check_chain_timeout(chain_timeout, deadline)
     tracker = open_tracker(log_to, training_id)  # refused (exit 2) before anything is distributed
     with (
         closing(tracker),
         run_agent(home, coordinator, training_id, wallet, need_wallet=True) as a,
         naming_wallet(wallet or recall(home, training_id).get("wallet")),
-        checks.naming_flags(*DISTRIBUTE_FIELDS),
+        checks.naming_flags(*DISTRIBUTE_FIELDS, "chain_timeout"),
     ):
         # A run without a budget escrows its contracts' cost now; the SDK signs the most
         # it may be (price x rounds) as max_cost.
@@ -303,6 +316,8 @@ def distribute(
             max_staleness=max_staleness,
             staleness=staleness,
             topology=topology,
+            chain_timeout=chain_timeout,
+            progress=_deposit_lines,
         )
         if json_out:
             emit_json(api_view(run))
@@ -310,6 +325,28 @@ def distribute(
             _say_distributed(api_view(run), strategy)
         if tracker is not None:
             follow(a, training_id, tracker, log_to, quiet=json_out)
+
+
+def _check_chain_timeout(chain_timeout: int | None, deadline: float | None) -> None:
+    least = defaults.min_chain_timeout(deadline)
+    if chain_timeout is not None and chain_timeout < least:
+        raise UsageError(
+            f"--chain-timeout must be at least {least} s (600, and four round deadlines of "
+            f"{deadline or defaults.DEADLINE:g} s), got {chain_timeout}"
+        )
+
+
+def _deposit_lines(stage: str, done: int, total: int) -> None:
+    """The SDK's ``deposit`` stage on standard error: once before its transactions, once after."""
+    if stage != "deposit":
+        return
+    if done < total:
+        err.print(
+            f"depositing {format_price(total - done)} AIT into the run's escrow on chain (approve, then deposit) ...",
+            highlight=False,
+        )
+    else:
+        err.print(f"deposited on chain: the run's escrow holds {format_price(total)} AIT", highlight=False)
 
 
 def _check_distribute(
