@@ -18,8 +18,10 @@ from aitbc.chain.evm.deploy import contracts_of, deploy_contracts
 from aitbc.chain_clients import ChainRefused, DepositPlan, ensure_deposit, open_escrow
 from aitbc.ledger.evm_keys import ensure_evm_account
 from aitbc.ledger.wallet import create_wallet
+from aitbc.replies.base import parse
 from aitbc.replies.chain import EvmChain
-from aitbc.worker.chain_bonds import BondOrder, WorkerChain
+from aitbc.replies.jobs import BondRequired
+from aitbc.worker.chain_bonds import WorkerChain
 
 pytestmark = pytest.mark.chain
 
@@ -135,19 +137,43 @@ def test_a_worker_posts_its_bond_once_and_logs_one_line_when_it_cannot(chain, tm
     assert _tx_count(client, worker.address) == sent
     assert escrow.token_balance(worker.address) == 2_000_000
 
-    zero = _order(view, _other_run(escrow, owner), 0)
-    assert worker.post_bond(zero) is True and escrow.contract(zero.key, worker.address).bonded  # 0 is a bond too
+    other = _other_run(escrow, owner)
+    assert worker.post_bond(_order(view, other, 0)) is True
+    assert escrow.contract(other, worker.address).bonded  # 0 is a bond too
 
     elsewhere = _order(view, key, 3_000_000, chain_id=view.chain_id + 1)
     assert worker.post_bond(elsewhere) is False  # not the coordinator's chain: refused, logged
+    assert worker.post_bond(_order(view, "0x12", 0)) is False  # no run key: refused, logged
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1] == (
+        "bond not posted: bond_required names no run key: '0x12' is not 0x and 64 hex digits"
+    )
 
 
-def _order(view: EvmChain, key: bytes, amount: int, *, chain_id: int | None = None) -> BondOrder:
+def _order(view: EvmChain, key: bytes | str, amount: int, *, chain_id: int | None = None) -> BondRequired:
     """A job's bond_required as the coordinator's JSON has it."""
-    raw = {"chain_id": chain_id or view.chain_id, "escrow": view.escrow, "token": view.token, "key": "0x" + key.hex()}
-    return BondOrder.of({**raw, "amount": amount})
+    raw = {"chain_id": chain_id or view.chain_id, "escrow": view.escrow, "token": view.token, "amount": amount}
+    return parse(BondRequired, {**raw, "key": key if isinstance(key, str) else "0x" + key.hex()})
 
 
 def _other_run(escrow, owner) -> bytes:
     plan = DepositPlan(run_id="training_zero", amount=1_000_000, price=1_000_000, timeout=3600)
     return ensure_deposit(escrow, owner, plan, wallet="o").key
+
+
+def test_the_sdk_deposit_refuses_a_wallet_without_an_evm_account_or_not_the_owner(chain, tmp_path):
+    from aitbc_agent_sdk.chain import _deposit
+    from aitbc_agent_sdk.errors import AgentError, Forbidden
+    from aitbc_agent_sdk.protocol import Meter
+
+    view, _, _ = chain
+    home = tmp_path / "owner"
+    wallet = create_wallet(home, "owner")
+    plan = DepositPlan(run_id="training_nokey", amount=1_000_000, price=1_000_000, timeout=3600)
+    with pytest.raises(AgentError) as refused:
+        _deposit(home, "owner", wallet.address, view, plan, Meter(None, "deposit"))
+    assert refused.value.code == "chain_error" and "\n" not in refused.value.detail
+    assert "wallet 'owner' has no EVM account" in refused.value.detail
+    assert "aitbc wallet evm owner" in refused.value.detail
+
+    with pytest.raises(Forbidden, match="is owned by ait1someone, not wallet 'owner'"):
+        _deposit(home, "owner", "ait1someone", view, plan, Meter(None, "deposit"))

@@ -117,7 +117,9 @@ def print_up(st: stk.Stack, seconds: float) -> None:
     out.print(processes_table(st))
     if st.chain == "evm":
         out.print(
-            f"Money on chain: the contracts on the stack's anvil node, in {st.home / 'chain.json'}", highlight=False
+            f"Money on chain: a new local chain (anvil; its state ends with aitbc down), contracts in "
+            f"{st.home / 'chain.json'}; workers funded, fund your wallet with: aitbc wallet fund NAME AMOUNT",
+            highlight=False,
         )
     out.print(f"Dashboard: {dashboard_url(st.coordinator)}", highlight=False)
     out.print(f"Metrics (Prometheus): {metrics_url(st.coordinator)}", highlight=False)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aitbc.chain_clients import ensure_bond, open_escrow
 from aitbc.errors import AitbcError
 from aitbc.replies.chain import EvmChain
+from aitbc.replies.jobs import BondRequired
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -38,16 +39,20 @@ class BondOrder:
     amount: int
 
     @classmethod
-    def of(cls, raw: Any) -> BondOrder:
-        """From the job's ``bond_required`` (a reply model or its JSON)."""
-        data = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
-        key = str(data["key"])
+    def of(cls, required: BondRequired) -> BondOrder:
+        """From the job's ``bond_required``; ``AitbcError`` for a key that is not 32 bytes of hex."""
+        try:
+            key = bytes.fromhex(required.key.removeprefix("0x"))
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            raise AitbcError(f"bond_required names no run key: {required.key!r} is not 0x and 64 hex digits")
         return cls(
-            chain_id=int(data["chain_id"]),
-            escrow=str(data["escrow"]),
-            token=str(data["token"]),
-            key=bytes.fromhex(key.removeprefix("0x")),
-            amount=int(data["amount"]),
+            chain_id=required.chain_id,
+            escrow=required.escrow,
+            token=required.token,
+            key=key,
+            amount=int(required.amount),
         )
 
 
@@ -72,8 +77,14 @@ class WorkerChain:
             self._account = Account.from_key(ensure_evm_account(self.home, self.wallet).private_key)
         return self._account
 
-    def post_bond(self, order: BondOrder) -> bool:
-        """Post the bond ``order`` asks for; False (logged in one line) if it could not be."""
+    def post_bond(self, required: BondRequired) -> bool:
+        """Post the bond a job's ``bond_required`` asks for; False (logged in one line) if
+        it could not be."""
+        try:
+            order = BondOrder.of(required)
+        except AitbcError as e:
+            log.error("bond not posted: %s", e)
+            return False
         if (order.chain_id, order.escrow.lower()) != (self.view.chain_id, self.view.escrow.lower()):
             log.error(
                 "bond in run 0x%s not posted: asked on chain %s escrow %s, the coordinator settles on chain %s escrow %s",

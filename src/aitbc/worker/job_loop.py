@@ -20,10 +20,10 @@ from aitbc.errors import AitbcError, IntegrityError
 from aitbc.ledger.wallet import Wallet
 from aitbc.replies.base import JsonObject
 from aitbc.replies.chain import EvmChain
-from aitbc.replies.jobs import JobOrder, JobPoll
+from aitbc.replies.jobs import BondRequired, JobOrder, JobPoll
 from aitbc.run_mode import RunMode
 from aitbc.worker.calls import CoordinatorCalls
-from aitbc.worker.chain_bonds import BondOrder, WorkerChain
+from aitbc.worker.chain_bonds import WorkerChain
 from aitbc.worker.config import WorkerSettings
 from aitbc.worker.fetcher import ModelFetcher
 from aitbc.worker.gossip import GossipLoop, GossipParts
@@ -108,9 +108,8 @@ class JobLoop:
             return
         if job.action == "train":
             self.fetcher.expect(job.global_model_cid)
-        bond = getattr(job, "bond_required", None)
-        if bond is not None:  # its contract's bond is not on chain yet: posted, then asked again
-            self._post_bond(job, bond)
+        if job.bond_required is not None:  # its contract's bond is not on chain yet: posted, then asked again
+            self._post_bond(job, job.bond_required)
             return
         if job.job_id in self.refused:
             self.stop.wait(self.cfg.poll_seconds)  # the run goes on without us; ask again later
@@ -126,14 +125,14 @@ class JobLoop:
         if job.action == "train":
             self._train(job)
 
-    def _post_bond(self, job: JobOrder, bond: object) -> None:
+    def _post_bond(self, job: JobOrder, bond: BondRequired) -> None:
         """Post the bond ``job`` asks for; the next poll answers at once (the coordinator
         looks for the bond at pickup). One that failed is tried again after a pause."""
         posted = False
         if self.chain is None:
             log.error("job %s asks for a bond on chain, but the coordinator said it settles locally", job.job_id)
         else:
-            posted = self.chain.post_bond(BondOrder.of(bond))
+            posted = self.chain.post_bond(bond)
         if posted:
             self._seen_job = ""
         else:
