@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aitbc.coordinator.store.models import Flag, Job, Offer, RoundRecord, Run, Update
+from aitbc.coordinator.store.models import ChainTx, Flag, Job, Offer, RoundRecord, Run, Update
 from aitbc.coordinator.store.states import LIVE
 from aitbc.ledger.book import Entry
 from aitbc.states import JobStatus, OfferStatus, RunStatus, UpdateStatus
@@ -91,6 +91,7 @@ def reason_case(column: Any) -> ColumnElement[str]:
 
 ROUND_CLOSE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SETTLEMENT_LAG_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+CHAIN_FINAL_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 BYTE_KINDS = ("blob", "api", "web")  # a blob's bytes (PUT/GET /v1/blobs/{cid}), other /v1 JSON, pages/assets
 
 
@@ -144,6 +145,13 @@ class CoordinatorMetrics:
             "Seconds from a round's close to its settlement (every contract of it scored and paid, "
             "the run's settled round moved past it), by the books thread or the rounds thread's catch-up",
             buckets=SETTLEMENT_LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.chain_tx_final = Histogram(
+            "aitbc_chain_tx_final_seconds",
+            "Seconds from a chain transaction's queueing (its round settled in the books) to its final "
+            "confirmation, as the chain sender of this process saw it",
+            buckets=CHAIN_FINAL_BUCKETS,
             registry=self.registry,
         )
 
@@ -370,6 +378,7 @@ class RecordCollector(Collector):
             yield from _update_families(s)
             yield from _worker_families(s)
             yield from _money_families(s)
+            yield from _chain_families(s)
         alive = GaugeMetricFamily("aitbc_workers_alive", "Workers heard from within the lease (in-memory heartbeats)")
         alive.add_metric([], self.alive())
         yield alive
@@ -472,6 +481,25 @@ def _money_families(s: Session) -> Iterator[Metric]:
     moved.add_metric(["up"], int(up or 0))
     moved.add_metric(["down"], int(down or 0))
     yield moved
+
+
+CHAIN_TX_STATUSES = ("queued", "signed", "sent", "mined", "final", "failed")  # money.outbox.STATUSES
+
+
+def _chain_families(s: Session) -> Iterator[Metric]:
+    """The settlement outbox's transactions by status, and the gas they used on chain."""
+    rows = s.execute(select(ChainTx.status, func.count()).group_by(ChainTx.status)).all()
+    yield _gauge(
+        "aitbc_chain_txs",
+        "Chain transactions of the settlement outbox (EVM runs), by status: queued, signed (stored before "
+        "its broadcast), sent, mined, final (confirmed), failed (reverted)",
+        "status",
+        (*CHAIN_TX_STATUSES, OTHER),
+        _known(CHAIN_TX_STATUSES, rows),
+    )
+    gas = CounterMetricFamily("aitbc_chain_gas_used", "Gas the outbox's mined transactions used on chain")
+    gas.add_metric([], int(s.scalar(select(func.sum(ChainTx.gas_used))) or 0))
+    yield gas
 
 
 # --- the route -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ It runs ``books_nice`` levels below the rest of the process (:func:`lower_priori
 machine the workers share, it takes the CPU the rounds and their steps leave. On a machine
 with no CPU left that is almost none: the catch-up thread, at the process's priority,
 settles what the books thread leaves too long, and a run's round is not closed while its
-books are past their bound (:mod:`.catch_up`).
+books are past their bound (:mod:`.catch_up`). On an EVM coordinator a ``chain-sender``
+thread sends the settlement transactions the books queue (:mod:`..money.sender`).
 Runs under manual control are left to their owner's agent (:mod:`.control`); the driver
 only scores their aggregated rounds. After a restart it simply finds runs where they
 were: ``distributing`` is finished, ``aggregating`` is redone from the persisted updates,
@@ -45,6 +46,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.live.books import CATCH_UP, books_lane, drop_books_model
 from aitbc.coordinator.live.runtime import drop_runtime
 from aitbc.coordinator.money.escrow import expire_hires, finalize
+from aitbc.coordinator.money.sender import ChainSender
 from aitbc.coordinator.rounds import catch_up
 from aitbc.coordinator.rounds import lifecycle as rounds
 from aitbc.coordinator.rounds.modes import mode_for, mode_of
@@ -107,6 +109,9 @@ class RoundDriver:
             threading.Thread(target=self._catch_up_loop, name="books-catch-up", daemon=True),
             threading.Thread(target=self._keep_lease, name="driver-lease", daemon=True),
         ]
+        # An EVM coordinator's settlement transactions go out from their own thread: a node's
+        # round trips never hold up a round or a settlement in the books.
+        self._sender = ChainSender(ctx, ctx.chain) if ctx.chain is not None else None
         self._last_flush = 0.0
         self._last_housekeeping = 0.0  # the rounds thread's leases, refills and failures last ran
         self._last_gc = 0.0  # blob retention (.retention) last ran
@@ -118,6 +123,8 @@ class RoundDriver:
     def start(self) -> None:
         for t in self._threads:
             t.start()
+        if self._sender is not None:
+            self._sender.start()
 
     def stop(self, wait: float = 30.0) -> None:
         """Stop the threads: each ends after its current pass, waited for up to ``wait``
@@ -128,6 +135,8 @@ class RoundDriver:
         self._wake_books.set()
         self._wake_catch_up.set()
         deadline = time.monotonic() + wait
+        if self._sender is not None:
+            self._sender.stop(max(0.0, deadline - time.monotonic()))
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         busy = [t.name for t in self._threads if t.is_alive()]
@@ -167,6 +176,8 @@ class RoundDriver:
         self.tick_rounds()
         self.tick_books(everything=True)
         self.tick_catch_up()
+        if self._sender is not None:
+            self._sender.tick()
 
     def _poked_rounds(self) -> None:
         """The rounds thread's pass: its housekeeping only when a tick has gone by since the

@@ -5,7 +5,8 @@ its own transaction, keyed ``settle:<contract>:<round>`` (a restart redoes only 
 without a settlement row); reputations move; :func:`slash` burns a provable cheater's bond
 (``burn:<network>``, never the owner's escrow: an owner can make honest work look bad, so
 it must not gain from a slash; nor other providers, who could frame a rival) and ejects it. :func:`pending` lists what the driver still has to settle
-and finalize.
+and finalize. On an EVM chain, the round's settlement transaction is queued
+(:mod:`aitbc.coordinator.money.outbox`) in the transaction that records the round settled.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.money.escrow import owner_may_still_pay, pay_as_delivered, settle_round
+from aitbc.coordinator.money.outbox import queue_settlement
 from aitbc.coordinator.store.models import Contract, Flag, Job, Offer, RoundRecord, Run, Score, Settlement, Update
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED
@@ -51,6 +53,8 @@ def settle(ctx: Context, run_id: str, r: int) -> None:
         _pay_excluded(ctx, s, run, r)
         moved = run.settled_round < r
         run.settled_round = max(run.settled_round, r)
+        if moved:  # an EVM run's round is owed to the chain from the moment the books pay it
+            queue_settlement(ctx, s, run, r)
         closed = s.scalar(select(RoundRecord.closed_at).where(RoundRecord.run_id == run_id, RoundRecord.round == r))
         s.commit()
     if moved and closed is not None:  # once per round: a redo after a restart is not a second lag
