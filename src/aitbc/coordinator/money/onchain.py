@@ -29,6 +29,7 @@ from eth_utils import is_checksum_address, to_checksum_address
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from aitbc import run_defaults
 from aitbc.chain.evm.contracts import run_key
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, unprocessable
@@ -40,10 +41,6 @@ from aitbc.replies.jobs import BondRequired
 from aitbc.units import format_price
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
-# The shortest on-chain timeout distribute accepts, and how many round deadlines it must
-# cover at least: the contract closes a run the settlement key has not posted to for that long.
-MIN_TIMEOUT = 600
-TIMEOUT_DEADLINES = 4
 NOT_ON_CHAIN = "not_on_chain"
 
 
@@ -296,7 +293,7 @@ def require_distributable(ctx: Context, s: Session, run: Run, cost: int, deadlin
             f"run {rid}'s deposit on chain pays at most {format_price(view.price)} AIT per round and contract; a "
             f"hired contract's price is {format_price(top)} AIT: deposit with --price {format_price(top)} or more",
         )
-    least = max(MIN_TIMEOUT, int(TIMEOUT_DEADLINES * deadline + 0.999999))
+    least = run_defaults.min_chain_timeout(deadline)  # the rule the owner's client deposits by
     if view.timeout < least:
         raise conflict(
             "timeout_too_short",
