@@ -114,8 +114,10 @@ def run_(
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
-    """A run's money on chain: its escrow left and deposits, price, deadline, state (open,
-    finalized, timed out), the rounds settled, and each contract's bond and earnings."""
+    """A run's money on chain.
+
+    Its escrow left and deposits, price, deadline, state (open, finalized, timed out), the
+    rounds settled, and each contract's bond and earnings."""
     home = resolve_home(home)
     with money.open_chain(home, chain_file) as chain:
         report = money.run_report(chain, training_id, money.find_run(chain, training_id, owner))
@@ -204,8 +206,10 @@ def deposit(
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
-    """Deposit AMOUNT into the wallet's run on chain, or top its escrow up if it deposited
-    the run already (the price and timeout are fixed at the first deposit)."""
+    """Deposit AMOUNT into the wallet's run on chain, or top its escrow up.
+
+    A run deposited already is topped up: the price and timeout are fixed at the first
+    deposit."""
     home = resolve_home(home)
     micro = parse_amount(amount, field="--amount")
     price_micro = None if price is None else parse_price(price, field="--price")
@@ -258,8 +262,9 @@ def withdraw(
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
-    """A provider takes what it earned in a run, and its bond once the run is closed
-    (finalized, or timed out without the coordinator)."""
+    """A provider takes what it earned in a run, and its bond once the run is closed.
+
+    A run is closed when finalized, or when it timed out without the coordinator."""
     home = resolve_home(home)
     with money.open_chain(home, chain_file) as chain:
         account = money.account_of(home, wallet)
@@ -291,8 +296,10 @@ def refund(
     home: HomeOption = DEFAULT_HOME,
     json_out: JsonOption = False,
 ) -> None:
-    """The owner takes back the escrow left in its run, once the run is finalized or has
-    timed out (no settlement for its timeout: the way out without the coordinator)."""
+    """The owner takes back the escrow left in its run, once finalized or timed out.
+
+    A run times out when no settlement came for its timeout: the way out without the
+    coordinator."""
     home = resolve_home(home)
     with money.open_chain(home, chain_file) as chain:
         account = money.account_of(home, wallet)
