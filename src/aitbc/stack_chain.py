@@ -75,7 +75,7 @@ def start_chain(home: Path) -> DevChain:
         operator = _operator(home)
         with EvmClient(node.url) as client:
             give_gas(client, operator.address)
-            deployment = deploy_contracts(client, operator)
+            deployment = deploy_contracts(client, operator, minter_wallet=OPERATOR_WALLET)
         path = write_deployment(home, deployment)
     except BaseException:
         node.stop(grace=2.0)

@@ -82,6 +82,10 @@ def test_up_chain_evm_runs_the_node_deploys_funds_workers_and_down_stops_it_all(
         assert token.call("balanceOf", owner) == 30_000_000 and client.balance(owner) > 0
         again = aitbc("wallet", "fund", "owner", "2.5")
         assert again.returncode == 0 and "balance 32.5 AIT" in again.stdout
+        # aitbc chain fund finds the stack's minter (chain-operator, in HOME/coordinator/wallets)
+        by_chain = aitbc("chain", "fund", "owner", "1.5")
+        assert by_chain.returncode == 0, by_chain.stderr
+        assert token.call("balanceOf", owner) == 34_000_000
 
     down = aitbc("down", "--json")
     assert down.returncode == 0, down.stderr

@@ -172,7 +172,7 @@ def fund(
         minter_name = minter_wallet or chain.deployment.minter_wallet
         if minter_name is None:
             raise UsageError("the deployment record names no minter wallet: pass --minter-wallet NAME")
-        minter = money.account_of(home, minter_name)
+        minter = money.account_of(money.minter_home(home, minter_name), minter_name)
         if minter.address != chain.deployment.minter:
             raise AitbcError(
                 f"wallet '{minter_name}' ({minter.address}) is not the token's minter ({chain.deployment.minter})"

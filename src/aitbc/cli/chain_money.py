@@ -72,6 +72,17 @@ def account_of(home: Path, wallet: str) -> LocalAccount:
     return Account.from_key(ensure_evm_account(home, wallet).private_key)
 
 
+def minter_home(home: Path, wallet: str) -> Path:
+    """Where the minter's wallet lives: HOME's wallets, else the local stack's coordinator
+    HOME, where ``aitbc up --chain evm`` keeps its chain-operator wallet."""
+    from aitbc.ledger.wallet import wallet_path
+    from aitbc.stack_chain import coordinator_home
+
+    if not wallet_path(home, wallet).exists() and wallet_path(coordinator_home(home), wallet).exists():
+        return coordinator_home(home)
+    return home
+
+
 def address_of(home: Path, wallet: str) -> str:
     """Wallet ``wallet``'s EVM address; one line if it has no EVM account yet."""
     from aitbc.ledger.evm_keys import evm_address
