@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from rich.console import Console
 from sqlalchemy import select
 from tests.chain.anvil import running_anvil
 
@@ -21,12 +22,15 @@ from aitbc.chain.evm.client import EvmClient
 from aitbc.chain.evm.contracts import run_key
 from aitbc.chain.evm.deploy import deploy_contracts
 from aitbc.chain.evm.escrow import Escrow, Payout
+from aitbc.cli.training.results import chain_table
 from aitbc.coordinator.chain_backend import ChainBackend
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
 from aitbc.coordinator.money import outbox
 from aitbc.coordinator.money.sender import ChainSender
 from aitbc.coordinator.observability.metrics import _chain_families
+from aitbc.coordinator.runs.dashboard import run_page
+from aitbc.coordinator.runs.views import payments_view
 from aitbc.coordinator.store.models import ChainTx, Contract, Offer, Run, Score, Settlement
 from aitbc.coordinator.verification import settlement
 from aitbc.ledger.chain import escrow_account, mint_account
@@ -286,3 +290,43 @@ def test_only_the_replica_holding_the_driver_lease_sends(world):
 
     (done,) = until(ChainSender(driver, driver.chain), driver, run_id, all_final, "sent by the driver")
     assert done.sender == driver.lease.me and world.key_txs() == 1
+
+
+def test_confirmations_are_counted_until_final_and_payments_settle_only_then(world):
+    ctx = world.coordinator(confirmations=3)
+    run_id, (a, _, _) = open_run(world, ctx)
+    score(ctx, run_id, 1, {a: 1.0})
+    with ctx.session() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        run.status, run.finalized, run.bonds_returned = RunStatus.COMPLETE, True, True
+        s.commit()
+    sender = ChainSender(ctx, ctx.chain)
+
+    def payments():
+        with ctx.session() as s:
+            return payments_view(ctx, s, s.get(Run, run_id))
+
+    (mined,) = until(sender, ctx, run_id, lambda f: f[0].status == "mined", "the settle mined")
+    assert mined.confirmations == 1
+    pay = payments()
+    assert pay.chain is not None and not pay.chain.final and not pay.settled  # the books are done, the chain not
+    assert pay.chain.owner == world.owner.address and pay.chain.deposited == DEPOSIT
+    assert [(t.kind, t.round, t.tx_hash, t.confirmations) for t in pay.chain.txs] == [("settle", 1, mined.tx_hash, 1)]
+    world.client.rpc.call("anvil_mine", "0x2")  # two blocks on top: three confirmations
+    found = until(sender, ctx, run_id, lambda f: len(f) == 2 and f[1].status == "mined", "finalize mined")
+    assert found[0].status == "final" and found[0].confirmations == 3
+    assert not payments().settled  # the finalize is not final yet
+    world.client.rpc.call("anvil_mine", "0x2")
+    until(sender, ctx, run_id, lambda f: len(f) == 2 and all_final(f), "finalize final")
+    pay = payments()
+    assert pay.settled and pay.chain is not None and pay.chain.final
+    assert [t.status for t in pay.chain.txs] == ["final", "final"]
+    with ctx.session() as s:  # the dashboard's payments show each transaction's hash and depth
+        shown = run_page(ctx, s, s.get(Run, run_id)).payments.chain_txs
+    assert [(t.kind, t.tx_hash, t.status) for t in shown] == [(t.kind, t.tx_hash, "final") for t in pay.chain.txs]
+    assert shown[0].confirmations >= 3
+    console = Console(record=True, width=200)  # and `payments` prints them
+    console.print(chain_table(pay.chain))
+    printed = console.export_text()
+    assert all(t.tx_hash and t.tx_hash in printed for t in pay.chain.txs) and "finalize" in printed

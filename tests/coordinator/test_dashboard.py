@@ -189,7 +189,9 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
             "slashed_micro",
             "settled_round",
             "finalized",
+            "chain_txs",
         }
+        assert run["payments"]["chain_txs"] == []  # the coordinator's own ledger: no chain transactions
         assert run["payments"]["paid_micro"] == sum(w["paid_micro"] for w in workers.values()) > 0
         ledger = http.get("/v1/ledger").json()
         assert run["ledger"]["network"] == ledger["network"]

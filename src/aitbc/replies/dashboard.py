@@ -72,6 +72,16 @@ class DashboardWorker(Reply):
     flags: list[str] = Field(description="its scores' flags and the coordinator's records (rejected_update, ...)")
 
 
+class DashboardChainTx(Reply):
+    """One settlement transaction of a run on an EVM chain (public on the chain itself)."""
+
+    kind: str = Field(description="settle or finalize")
+    round: int = Field(description="the round it settles (0 for finalize)")
+    tx_hash: str | None = Field(description="null until signed")
+    status: str = Field(description="queued, signed, sent, mined, final or failed")
+    confirmations: int
+
+
 class DashboardPayments(Reply):
     network: str
     escrowed: Money = Field(description="AIT escrowed for the run")
@@ -82,6 +92,9 @@ class DashboardPayments(Reply):
     slashed_micro: MicroAIT = Field(description="slashed in micro-AIT")
     settled_round: int
     finalized: bool
+    chain_txs: list[DashboardChainTx] = Field(
+        default_factory=list, description="on an EVM chain: the run's settlement transactions; empty otherwise"
+    )
 
 
 class DashboardLedger(Reply):

@@ -5,6 +5,8 @@ JSON); a ``*_micro`` field is the same amount in integer micro-AIT."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ConfigDict, Field
 
 from aitbc.replies.base import JsonObject, MicroAIT, Money, Page, Reply
@@ -33,6 +35,32 @@ class WorkerPay(Reply):
     reputation: float | None = Field(description="the provider's marketplace reputation, 0..5")
 
 
+class ChainTxView(Reply):
+    """One transaction the run owes the chain: a round's settlement or the run's finalization."""
+
+    kind: Literal["settle", "finalize"]
+    round: int = Field(description="the round it settles (0 for finalize)")
+    tx_hash: str | None = Field(description="its transaction's hash; null until signed")
+    status: str = Field(
+        description="queued, signed (stored before its broadcast), sent, mined, final (confirmed), "
+        "failed (the contract refused it: see the coordinator's log)"
+    )
+    confirmations: int = Field(description="blocks on it, its own counted (0 until mined)")
+    gas_used: int | None = Field(description="gas it used; null until mined")
+
+
+class ChainPayments(Reply):
+    """A run's money on an EVM chain: where its escrow is, and the settlement transactions."""
+
+    chain_id: int
+    escrow: str = Field(description="the escrow contract's address")
+    key: str = Field(description="the run's key in the escrow contract (0x + 64 hex)")
+    owner: str = Field(description="the owner's EVM account, which deposited the escrow")
+    deposited: MicroAIT = Field(description="micro-AIT deposited on chain and mirrored into the books")
+    final: bool = Field(description="every transaction queued so far is final (confirmed)")
+    txs: list[ChainTxView] = Field(description="in the order they were queued")
+
+
 class Payments(Reply):
     """A run's money: its escrow and, per contract, what was paid. Settlement runs behind the
     rounds, so right after the run ends (even after ``wait_for_completion``) its last rounds
@@ -50,11 +78,15 @@ class Payments(Reply):
     status: RunStatus = Field(description="the run's state: complete, failed or stopped once it has ended")
     settled: bool = Field(
         description="the run has ended and the coordinator has paid all it pays by itself: every closed round "
-        "settled, accepted updates of a round that never closed paid as delivered, honest bonds returned; "
-        "until then the amounts may still grow (get_payments and `payments` wait for it)"
+        "settled, accepted updates of a round that never closed paid as delivered, honest bonds returned, "
+        "and on an EVM chain every transaction queued final; until then the amounts may still grow "
+        "(get_payments and `payments` wait for it)"
     )
     data: list[WorkerPay] = Field(description="one row per contract")
     count: int = Field(description="contracts")
+    chain: ChainPayments | None = Field(
+        None, description="the run's escrow and transactions on an EVM chain; null on a coordinator's own ledger"
+    )
 
 
 class ManualPayment(Reply):

@@ -19,7 +19,7 @@ from aitbc.errors import AitbcError
 from aitbc.units import format_price
 
 if TYPE_CHECKING:
-    from aitbc.replies.money import Payments
+    from aitbc.replies.money import ChainPayments, Payments
     from aitbc_agent_sdk import Agent
 
 
@@ -228,8 +228,29 @@ def payments(
         f"settled through round {res.settled_round} of {res.rounds_closed}" + ("; finalized" if res.finalized else ""),
         highlight=False,
     )
+    if res.chain is not None:
+        out.print(chain_table(res.chain))
     if not res.settled:
         out.print(partial_note(res), highlight=False)
+
+
+def chain_table(chain: ChainPayments) -> Table:
+    """An EVM run's settlement transactions: each one's hash, state and confirmations."""
+    t = Table(
+        title=f"On chain {chain.chain_id}: escrow {chain.escrow}, deposited {format_price(chain.deposited)} AIT"
+        + ("" if chain.final else " (not final yet)")
+    )
+    for col in ("transaction", "hash", "status", "confirmations", "gas"):
+        t.add_column(col, justify="right" if col in ("confirmations", "gas") else "left")
+    for x in chain.txs:
+        t.add_row(
+            "finalize" if x.kind == "finalize" else f"round {x.round}",
+            x.tx_hash or "-",
+            x.status,
+            str(x.confirmations),
+            "-" if x.gas_used is None else str(x.gas_used),
+        )
+    return fit(t, whole=("hash",), drop=("gas", "confirmations"))
 
 
 def partial_note(res: Payments) -> str:

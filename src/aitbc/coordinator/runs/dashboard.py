@@ -27,6 +27,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from aitbc.coordinator.context import Context
+from aitbc.coordinator.money import outbox
 from aitbc.coordinator.runs import views
 from aitbc.coordinator.runs.data_size import measured_size
 from aitbc.coordinator.runs.language import detail_fields, perplexity
@@ -34,6 +35,7 @@ from aitbc.coordinator.store.models import Contract, Flag, Job, RoundRecord, Run
 from aitbc.ledger.book import Head
 from aitbc.ledger.chain import escrow_account
 from aitbc.replies.dashboard import (
+    DashboardChainTx,
     DashboardLedger,
     DashboardPayments,
     DashboardRound,
@@ -133,6 +135,12 @@ def run_page(ctx: Context, s: Session, run: Run) -> DashboardRunDetail:
             slashed_micro=sum(w.slashed_micro for w in pay.rows),
             settled_round=pay.settled_round,
             finalized=pay.finalized,
+            chain_txs=[
+                DashboardChainTx(
+                    kind=t.kind, round=t.round, tx_hash=t.tx_hash, status=t.status, confirmations=t.confirmations
+                )
+                for t in outbox.run_txs(s, run.id)
+            ],
         ),
         ledger=ledger_head(ctx, s),
         **detail_fields(s, run),

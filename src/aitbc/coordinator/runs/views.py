@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, object_session
 
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import not_found, unprocessable
+from aitbc.coordinator.runs.chain_view import chain_final, chain_payments
 from aitbc.coordinator.runs.data_size import measured_size, vocab_size
 from aitbc.coordinator.runs.evaluations import latest_evaluated, rounds_view
 from aitbc.coordinator.runs.language import detail_fields, result_fields
@@ -572,9 +573,10 @@ def payments_view(ctx: Context, s: Session, run: Run) -> Payments:
         rounds_closed=rounds_closed or 0,
         finalized=run.finalized,
         status=RunStatus(run.status),
-        settled=books_closed(s, run),
+        settled=books_closed(s, run) and chain_final(ctx, s, run),
         data=rows,
         count=len(rows),
+        chain=chain_payments(ctx, s, run),
     )
 
 

@@ -241,6 +241,22 @@
     return `${parts.join(" · ")} (declared ${run.dataset_size})`;
   }
 
+  // an EVM run's settlement transactions: hash and confirmations (empty on the coordinator's own ledger)
+  function renderChainTxs(txs) {
+    $("chain-txs").hidden = txs.length === 0;
+    const rows = txs.map((t) =>
+      el(
+        "tr",
+        { "data-tx-hash": t.tx_hash || "" },
+        el("td", {}, t.kind === "finalize" ? "finalize" : `round ${t.round}`),
+        el("td", { class: "mono", title: t.tx_hash || "" }, t.tx_hash ? shortId(t.tx_hash) : "–"),
+        el("td", {}, el("span", { class: `badge ${t.status}` }, t.status)),
+        el("td", { class: "num" }, String(t.confirmations)),
+      ),
+    );
+    $("chain-txs").tBodies[0].replaceChildren(...rows);
+  }
+
   function renderRun(run) {
     $("notice").hidden = true;
     $("run").hidden = false;
@@ -273,6 +289,7 @@
       ["slashed", ait(p.slashed_micro)],
       ["settled", `round ${p.settled_round}${p.finalized ? " · finalized" : ""}`],
     ]);
+    renderChainTxs(p.chain_txs || []);
     fill($("ledger"), [
       ["network", run.ledger.network],
       ["entries", String(run.ledger.entries)],
