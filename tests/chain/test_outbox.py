@@ -330,3 +330,70 @@ def test_confirmations_are_counted_until_final_and_payments_settle_only_then(wor
     console.print(chain_table(pay.chain))
     printed = console.export_text()
     assert all(t.tx_hash and t.tx_hash in printed for t in pay.chain.txs) and "finalize" in printed
+
+
+def end(ctx: Context, run_id: str, **settlements: int) -> None:
+    """The books finalize the run (stopped), paying ``settlements`` (contract -> round) as
+    delivered first, as their finalize pays an update of a round that never closed."""
+    with ctx.session() as s:
+        for cid, r in settlements.items():
+            worker = s.get(Contract, cid).worker_id
+            s.add(
+                Settlement(
+                    run_id=run_id,
+                    contract_id=cid,
+                    worker_id=worker,
+                    round=r,
+                    quality=1.0,
+                    due=PRICE,
+                    paid=PRICE,
+                    created_at=time.time(),
+                )
+            )
+        run = s.get(Run, run_id)
+        run.status, run.finalized, run.bonds_returned = RunStatus.STOPPED, True, True
+        s.commit()
+
+
+def slash(ctx: Context, cid: str) -> None:
+    with ctx.session() as s:
+        s.get(Contract, cid).status = ContractStatus.SLASHED
+        s.commit()
+
+
+def lines(tx: ChainTx) -> list[tuple[list[str], int, bool]]:
+    return [(x.contracts, x.amount, x.slash) for x in outbox.SettlePayload.of(tx.payload).lines]
+
+
+def test_a_slash_burns_the_bond_once_and_one_after_the_last_round_gets_a_round_of_its_own(world):
+    ctx = world.coordinator()
+    run_id, (a, b, c) = open_run(world, ctx)
+    key = run_key(world.owner.address, run_id)
+    slash(ctx, c)  # a spot check slashed c before round 1 was settled: nothing paid, its bond burns
+    score(ctx, run_id, 1, {a: 1.0, b: 1.0})
+    score(ctx, run_id, 2, {a: 1.0, b: 0.5})
+    first, second = rows(ctx, run_id)
+    assert ([c], 0, True) in lines(first) and not any(slashed for _, _, slashed in lines(second))  # burned once
+    slash(ctx, b)  # after its last round
+    end(ctx, run_id)
+
+    found = until(ChainSender(ctx, ctx.chain), ctx, run_id, lambda f: len(f) == 4 and all_final(f), "all final")
+    assert [(t.kind, t.round) for t in found] == [("settle", 1), ("settle", 2), ("settle", 3), ("finalize", 0)]
+    assert lines(found[2]) == [([b], 0, True)]
+    for p in world.providers[1:3]:  # b's and c's bonds burned on chain
+        assert world.escrow.contract(key, p.address).slashed and world.escrow.contract(key, p.address).bond == 0
+    assert world.escrow.run(key).finalized and world.key_txs() == 4
+
+
+def test_a_finalized_run_first_sends_the_rounds_its_finalize_paid(world):
+    ctx = world.coordinator()
+    run_id, (a, b, _) = open_run(world, ctx)
+    key = run_key(world.owner.address, run_id)
+    score(ctx, run_id, 1, {a: 1.0, b: 1.0})
+    end(ctx, run_id, **{a: 2})  # a's update of round 2, which never closed, paid as delivered
+
+    found = until(ChainSender(ctx, ctx.chain), ctx, run_id, lambda f: len(f) == 3 and all_final(f), "all final")
+    assert [(t.kind, t.round) for t in found] == [("settle", 1), ("settle", 2), ("finalize", 0)]
+    assert lines(found[1]) == [([a], PRICE, False)]
+    assert world.escrow.contract(key, world.providers[0].address).earned == 2 * PRICE
+    assert world.escrow.run(key).finalized
