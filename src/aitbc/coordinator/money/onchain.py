@@ -116,6 +116,39 @@ def can_bond(ctx: Context, offer: Offer, bond: int) -> bool:
     return offer.max_bond >= bond and ctx.chain.escrow.token_balance(offer.evm_address) >= bond
 
 
+def accounts_in_run(ctx: Context, s: Session, run: Run) -> set[str]:
+    """The EVM accounts (lower case) with a contract in ``run``. On chain a contract is (run,
+    account): two contracts naming one account would share its one bond (each mirrored),
+    lose it to either's slash, and get one settlement line between them that the contract
+    cannot take, so a hire skips an account already in the run (empty on a local coordinator)."""
+    if ctx.chain is None:
+        return set()
+    rows = s.scalars(select(Contract.evm_address).where(Contract.run_id == run.id, Contract.evm_address.is_not(None)))
+    return {a.lower() for a in rows.all() if a}
+
+
+def account_free(ctx: Context, offer: Offer, taken: set[str]) -> bool:
+    """Whether ``offer``'s EVM account is not in ``taken`` (:func:`accounts_in_run`); adds it
+    when it is free, so a batch of hires takes each account once."""
+    if ctx.chain is None or offer.evm_address is None:
+        return True
+    account = offer.evm_address.lower()
+    if account in taken:
+        return False
+    taken.add(account)
+    return True
+
+
+def require_account_free(ctx: Context, s: Session, run: Run, offer: Offer) -> None:
+    """409 ``evm_account_in_run`` when ``offer``'s EVM account has a contract in ``run`` already."""
+    if not account_free(ctx, offer, accounts_in_run(ctx, s, run)):
+        raise conflict(
+            "evm_account_in_run",
+            f"worker {offer.id}'s EVM account {offer.evm_address} already has a contract in run {run.id}: on chain "
+            "an account holds one contract of a run (one bond, one pay); hire a provider paid at another account",
+        )
+
+
 def key_of(run: Run) -> bytes:
     """The run's key on chain: derived from its owner's account and its id, as the contract does."""
     if run.owner_evm is None:  # init requires it on an EVM coordinator; reaching here is a bug

@@ -251,12 +251,17 @@ def discover(ctx: Context, s: Session, run: Run, body: Discover) -> Discovery:
     small = [o for o in pool if too_small(o.max_params, params)]
     fitting = [o for o in pool if o not in small]
     ranked = rank_offers(fitting, min_gpu=min_gpu, max_price=max_price, now=now, max_age=ctx.settings.lease_seconds)
+    accounts = onchain.accounts_in_run(ctx, s, run)  # EVM: one contract of a run per account, the best offer's
+    shared = [r for r in ranked if not onchain.account_free(ctx, row(s, Offer, r.offer.worker_id), accounts)]
+    ranked = [r for r in ranked if r not in shared]
     if len(ranked) < body.required_workers:
         asked = f" with GPU at least {min_gpu}" if min_gpu else ""
         asked += f" at most {format_price(parse_price(body.max_price))} AIT/round" if body.max_price is not None else ""
         asked += f" able to bond {format_price(run.bond)} AIT ({len(unbonded)} cannot)" if run.bond else ""
         if small:
             asked += f" able to train the run's {params:,} parameters ({len(small)} too small)"
+        if shared:
+            asked += f" paid at an EVM account of their own ({len(shared)} share one)"
         raise conflict(
             "not_enough_workers",
             f"found {len(ranked)} free live offer{'s' if len(ranked) != 1 else ''}{asked} "

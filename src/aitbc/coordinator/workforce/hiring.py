@@ -17,7 +17,7 @@ from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
 from aitbc.coordinator.live.model_size import run_params
 from aitbc.coordinator.money.escrow import can_bond, post_bond, require_hire_funds
-from aitbc.coordinator.money.onchain import price_on_chain
+from aitbc.coordinator.money.onchain import account_free, accounts_in_run, price_on_chain, require_account_free
 from aitbc.coordinator.store.models import Contract, Flag, Job, JobOverrides, Offer, Run, Update, new_id
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED, RUNNING, transition
@@ -70,6 +70,7 @@ def hire_offer(ctx: Context, s: Session, run: Run, worker_id: str, price: int | 
         raise conflict("worker_not_live", f"worker {offer.id} is not live (status {offer.status})")
     if s.scalar(select(Contract.id).where(Contract.run_id == run.id, Contract.worker_id == offer.id)):
         raise conflict("already_contracted", f"worker {offer.id} already has a contract with run {run.id}")
+    require_account_free(ctx, s, run, offer)  # EVM: one contract of a run per account
     if offer.id in busy_workers(s):
         raise conflict("worker_busy", f"worker {offer.id} is hired by another run")
     params = run_params(run)
@@ -283,6 +284,7 @@ def assign_worker(
         in_run = set(s.scalars(select(Contract.worker_id).where(Contract.run_id == run.id)).all())
         params = run_params(run)
         top = price_on_chain(ctx, run)  # EVM: a settlement pays at most the deposit's price
+        accounts = accounts_in_run(ctx, s, run)  # EVM: one contract of a run per account
         free = [
             o
             for o in market_offers(ctx, s)
@@ -291,6 +293,7 @@ def assign_worker(
             and not too_small(o.max_params, params)
             and (top is None or row(s, Offer, o.worker_id).price <= top)
             and can_bond(ctx, s, row(s, Offer, o.worker_id), run.bond)
+            and account_free(ctx, row(s, Offer, o.worker_id), accounts)
         ]
         ranked = rank_offers(free, now=now, max_age=lease)
         if not ranked:
