@@ -46,9 +46,9 @@ def parse_chain(data: Any) -> LocalChain | EvmChain:
 
 def open_escrow(view: EvmChain) -> Escrow:
     """The escrow and token ``view`` names, through its JSON-RPC URL; refused if the node
-    there is another chain."""
+    there is another chain, or the contracts are not our code on the token and key named."""
     from aitbc.chain.evm.client import EvmClient
-    from aitbc.chain.evm.deploy import Deployment
+    from aitbc.chain.evm.deploy import Deployment, check_deployment
     from aitbc.chain.evm.escrow import Escrow
 
     client = EvmClient(view.rpc)
@@ -69,6 +69,9 @@ def open_escrow(view: EvmChain) -> Escrow:
             compiler="",
             deployed_at="",
         )
+        # The coordinator names the contracts a client approves and sends its AIT to: only
+        # our escrow's code, on the token and key named, is trusted with them.
+        check_deployment(client, deployment)
         return Escrow(client, deployment)
     except BaseException:
         client.close()

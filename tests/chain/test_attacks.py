@@ -3,13 +3,36 @@ it cannot: each test is one attack, held off."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
+from eth_account import Account
+from tests.chain.anvil import running_anvil
 from tests.chain.evm_coordinator import coordinator, evm_stack
+from tests.chain.test_client_money import GAS, _fund, _order
 from tests.chain.test_coordinator_money import AIT, _offer, _refused, _run
 
+from aitbc.chain.evm.client import EvmClient
+from aitbc.chain.evm.deploy import contracts_of, deploy_contracts
+from aitbc.chain_clients import DepositPlan, ensure_deposit, open_escrow
+from aitbc.errors import AitbcError
+from aitbc.ledger.evm_keys import ensure_evm_account
+from aitbc.ledger.wallet import create_wallet
+from aitbc.replies.chain import EvmChain
+from aitbc.worker.chain_bonds import WorkerChain
+
 pytestmark = pytest.mark.chain
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """(view, client, minter) on a fresh anvil with both contracts deployed."""
+    with running_anvil(tmp_path_factory.mktemp("anvil")) as node, EvmClient(node.url) as client:
+        minter = Account.from_key(node.accounts[0].private_key)
+        d = deploy_contracts(client, minter)
+        fields = ("chain_id", "rpc", "token", "escrow", "settlement_key")
+        yield EvmChain(chain="evm", confirmations=1, **{f: getattr(d, f) for f in fields}), client, minter
 
 
 def _provider(coord, address: str) -> Any:
@@ -52,3 +75,49 @@ def test_an_evm_account_holds_one_contract_of_a_run(tmp_path):
             "evm_account_in_run",
             victim.address,
         )
+
+
+def _allowance(view, client, owner: str, spender: str) -> int:
+    token, _ = contracts_of(client, open_escrow(view).deployment)
+    return int(token.call("allowance", owner, spender))
+
+
+def test_a_worker_bonds_no_more_than_its_max_bond_and_only_in_our_escrow(chain, tmp_path, caplog):
+    # The coordinator says where and how much to bond; a malicious one could name a contract
+    # of its own (that takes what it is approved for) or a bond above what the provider allowed.
+    view, client, minter = chain
+    owner = Account.create()
+    _fund(chain, owner.address, 2_000_000)
+    key = ensure_deposit(
+        open_escrow(view),
+        owner,
+        DepositPlan(run_id="training_h7", amount=1_000_000, price=1_000_000, timeout=3600),
+        wallet="o",
+    ).key
+    home = tmp_path / "worker"
+    create_wallet(home, "provider-1")
+    ensure_evm_account(home, "provider-1")
+    worker = WorkerChain(view, home=home, wallet="provider-1", max_bond=2_000_000)
+    _fund(chain, worker.address, 10_000_000)
+    caplog.set_level(logging.INFO, logger="aitbc.worker")
+
+    assert worker.post_bond(_order(view, key, 3_000_000)) is False
+    assert "max_bond" in [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1]
+    assert not open_escrow(view).contract(key, worker.address).bonded
+    assert _allowance(view, client, worker.address, view.escrow) == 0
+
+    # another escrow of the same code, on a token and a key of the attacker's
+    attacker = Account.create()
+    client.rpc.call("anvil_setBalance", attacker.address, GAS)
+    theirs = deploy_contracts(client, attacker)
+    for fake in (
+        view.model_copy(update={"escrow": theirs.escrow}),  # the real token, their escrow: it pays in its own token
+        view.model_copy(update={"escrow": view.token}),  # not an escrow at all
+        view.model_copy(update={"escrow": theirs.escrow, "token": theirs.token}),  # all theirs, settled by their key
+    ):
+        with pytest.raises(AitbcError, match="escrow|RunEscrow|settlement key"):
+            open_escrow(fake)
+        duped = WorkerChain(fake, home=home, wallet="provider-1", max_bond=2_000_000)
+        assert duped.post_bond(_order(fake, key, 1_000_000)) is False
+        assert _allowance(view, client, worker.address, fake.escrow) == 0
+    assert worker.post_bond(_order(view, key, 2_000_000)) is True  # the real one, within max_bond

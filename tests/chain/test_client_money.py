@@ -108,7 +108,7 @@ def _worker(tmp_path, view) -> WorkerChain:
     home = tmp_path / "worker"
     create_wallet(home, "provider-1")
     ensure_evm_account(home, "provider-1")
-    return WorkerChain(view, home=home, wallet="provider-1")
+    return WorkerChain(view, home=home, wallet="provider-1", max_bond=5_000_000)
 
 
 def test_a_worker_posts_its_bond_once_and_logs_one_line_when_it_cannot(chain, tmp_path, caplog):

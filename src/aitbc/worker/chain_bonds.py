@@ -58,12 +58,14 @@ class BondOrder:
 
 class WorkerChain:
     """This worker's EVM account on the chain ``view`` names (made at the first use if its
-    wallet has none; the wallet's passphrase as for its Ed25519 key)."""
+    wallet has none; the wallet's passphrase as for its Ed25519 key). It bonds at most
+    ``max_bond`` micro-AIT (its offer's): the amount comes from the coordinator, which must
+    not be able to lock more of the provider's AIT than the provider allowed."""
 
-    def __init__(self, view: EvmChain, *, home: Path, wallet: str) -> None:
+    def __init__(self, view: EvmChain, *, home: Path, wallet: str, max_bond: int) -> None:
         from aitbc.ledger.evm_keys import evm_address
 
-        self.view, self.home, self.wallet = view, home, wallet
+        self.view, self.home, self.wallet, self.max_bond = view, home, wallet, max_bond
         self._account: LocalAccount | None = None
         self.address = evm_address(home, wallet) or self.account.address
 
@@ -93,6 +95,14 @@ class WorkerChain:
                 order.escrow,
                 self.view.chain_id,
                 self.view.escrow,
+            )
+            return False
+        if order.amount > self.max_bond:
+            log.error(
+                "bond in run 0x%s not posted: asked for %s micro-AIT, above this worker's max_bond of %s",
+                order.key.hex(),
+                order.amount,
+                self.max_bond,
             )
             return False
         try:

@@ -22,6 +22,7 @@ from aitbc.replies.base import JsonObject
 from aitbc.replies.chain import EvmChain
 from aitbc.replies.jobs import BondRequired, JobOrder, JobPoll
 from aitbc.run_mode import RunMode
+from aitbc.units import parse_price
 from aitbc.worker.calls import CoordinatorCalls
 from aitbc.worker.chain_bonds import WorkerChain
 from aitbc.worker.config import WorkerSettings
@@ -208,7 +209,9 @@ class JobLoop:
         if self.chain is None:
             view = self.calls.chain()
             if isinstance(view, EvmChain):  # its bonds go on chain from its wallet's EVM account
-                self.chain = WorkerChain(view, home=self.home, wallet=self.wallet.name)
+                self.chain = WorkerChain(
+                    view, home=self.home, wallet=self.wallet.name, max_bond=parse_price(self.cfg.max_bond)
+                )
         if self.chain is not None:
             offer["evm_address"] = self.chain.address
         try:

@@ -156,6 +156,16 @@ def check_deployment(client: EvmClient, deployment: Deployment, *, cache_dir: Pa
         # Vyper appends the immutables (the escrow's token and key) to the runtime code
         if not code or not code.startswith(compiled(name, cache_dir=cache_dir).runtime):
             raise AitbcError(f"no {name} contract at {address} on the node at {client.url}: deploy again")
+    # The same code with another token or key is another escrow: it would pay in a token of
+    # someone else's minting, or be settled by a key the record does not name.
+    _, escrow = contracts_of(client, deployment, cache_dir=cache_dir)
+    for field in ("token", "settlement_key"):
+        held, recorded = str(escrow.call(field)), str(getattr(deployment, field))
+        if held.lower() != recorded.lower():
+            raise AitbcError(
+                f"the RunEscrow at {deployment.escrow} has {field} {held}, not {recorded} as recorded: "
+                "not this deployment's escrow"
+            )
 
 
 def contracts_of(
