@@ -33,6 +33,9 @@ class WorkerPay(Reply):
     slashed: Money = Field(description="AIT burned from its bond for provable misbehaviour")
     slashed_micro: MicroAIT = Field(description="slashed in micro-AIT")
     reputation: float | None = Field(description="the provider's marketplace reputation, 0..5")
+    evm_address: str | None = Field(
+        None, description="the provider's EVM account, its contract on chain (an EVM run); null on the local ledger"
+    )
 
 
 class ChainTxView(Reply):

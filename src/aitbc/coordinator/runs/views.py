@@ -558,6 +558,7 @@ def payments_view(ctx: Context, s: Session, run: Run) -> Payments:
                 slashed=ait(c.slashed),
                 slashed_micro=c.slashed,
                 reputation=offer.reputation if offer else None,
+                evm_address=c.evm_address,
             )
         )
     rounds_closed = s.scalar(
