@@ -148,8 +148,15 @@ def ensure_deposit(escrow: Escrow, account: LocalAccount, plan: DepositPlan, *, 
 
 def ensure_bond(escrow: Escrow, account: LocalAccount, key: bytes, amount: int, *, wallet: str) -> str | None:
     """Post ``account``'s bond of ``amount`` in run ``key`` unless it is on chain already;
-    the transaction's hash, None if nothing was sent."""
-    if escrow.contract(key, account.address).bonded:
+    the transaction's hash, None if nothing was sent. A bond already there below ``amount``
+    is refused (a bond is posted once a run, and the coordinator does not count a short one)."""
+    held = escrow.contract(key, account.address)
+    if held.bonded and held.bond < amount and not held.slashed:
+        raise ChainRefused(
+            f"{account.address} bonded {_ait(held.bond)} in run 0x{key.hex()}, which asks {_ait(amount)}: a bond is "
+            "posted once a run, so this contract cannot be bonded; its bond comes back when the run closes"
+        )
+    if held.bonded:
         return None
     check_can_pay(escrow, account.address, amount, wallet=wallet, what=f"the bond in run 0x{key.hex()}")
     return escrow.post_bond(account, key, amount).tx_hash

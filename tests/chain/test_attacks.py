@@ -121,3 +121,23 @@ def test_a_worker_bonds_no_more_than_its_max_bond_and_only_in_our_escrow(chain, 
         assert duped.post_bond(_order(fake, key, 1_000_000)) is False
         assert _allowance(view, client, worker.address, fake.escrow) == 0
     assert worker.post_bond(_order(view, key, 2_000_000)) is True  # the real one, within max_bond
+
+
+def test_a_bond_posted_short_is_one_line_not_a_loop(chain, tmp_path, caplog):
+    # A bond is posted once a run; one below the run's is never mirrored, so a worker that
+    # took "bonded" for "done" would ask for its job again at once, forever.
+    view, _, _ = chain
+    owner = Account.create()
+    _fund(chain, owner.address, 2_000_000)
+    plan = DepositPlan(run_id="training_short", amount=1_000_000, price=1_000_000, timeout=3600)
+    escrow = open_escrow(view)
+    key = ensure_deposit(escrow, owner, plan, wallet="o").key
+    home = tmp_path / "worker"
+    create_wallet(home, "provider-1")
+    worker = WorkerChain(view, home=home, wallet="provider-1", max_bond=2_000_000)
+    _fund(chain, worker.address, 2_000_000)
+    escrow.post_bond(worker.account, key, 500_000)
+    caplog.set_level(logging.INFO, logger="aitbc.worker")
+    assert worker.post_bond(_order(view, key, 1_000_000)) is False
+    line = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1]
+    assert "0.5 AIT" in line and "1 AIT" in line and "\n" not in line
