@@ -4,6 +4,8 @@ it cannot: each test is one attack, held off."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from threading import Barrier
 from typing import Any
 
 import pytest
@@ -11,11 +13,14 @@ from eth_account import Account
 from tests.chain.anvil import running_anvil
 from tests.chain.evm_coordinator import coordinator, evm_stack
 from tests.chain.test_client_money import GAS, _fund, _order
-from tests.chain.test_coordinator_money import AIT, _offer, _refused, _run
+from tests.chain.test_coordinator_money import AIT, BOND, _entries, _hired, _offer, _refused, _run
 
 from aitbc.chain.evm.client import EvmClient
+from aitbc.chain.evm.contracts import run_key
 from aitbc.chain.evm.deploy import contracts_of, deploy_contracts
 from aitbc.chain_clients import DepositPlan, ensure_deposit, open_escrow
+from aitbc.coordinator.money.onchain import sync_bond, sync_deposit
+from aitbc.coordinator.store.models import Contract, Run
 from aitbc.errors import AitbcError
 from aitbc.ledger.evm_keys import ensure_evm_account
 from aitbc.ledger.wallet import create_wallet
@@ -141,3 +146,39 @@ def test_a_bond_posted_short_is_one_line_not_a_loop(chain, tmp_path, caplog):
     assert worker.post_bond(_order(view, key, 1_000_000)) is False
     line = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1]
     assert "0.5 AIT" in line and "1 AIT" in line and "\n" not in line
+
+
+def test_concurrent_mirrors_count_the_chains_money_once(tmp_path):
+    # Every pickup, update and distribute may mirror at once: each read the run before
+    # any wrote, then all post. The books must hold the chain's deposit and bond once.
+    threads = 6
+    with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
+        _, acct, run_id, providers = _hired(stack, coord, 1)
+        key = run_key(acct.address, run_id)
+        cid = coord.rows("SELECT id FROM contracts WHERE run_id = :r", r=run_id)[0]["id"]
+
+        def mirror(barrier: Barrier) -> None:
+            with coord.ctx.session() as s:
+                run, contract = s.get(Run, run_id), s.get(Contract, cid)
+                assert run is not None and contract is not None
+                barrier.wait(timeout=60)
+                sync_deposit(coord.ctx, s, run)
+                sync_bond(coord.ctx, s, run, contract)
+                s.commit()
+
+        def race() -> None:
+            barrier = Barrier(threads)
+            with ThreadPoolExecutor(threads) as pool:
+                for f in [pool.submit(mirror, barrier) for _ in range(threads)]:
+                    f.result(timeout=120)
+
+        stack.escrow.deposit(acct, run_id, 4 * AIT, AIT, 3600)
+        stack.escrow.post_bond(providers[0][1], key, BOND)
+        race()
+        stack.escrow.top_up(acct, key, 2 * AIT)
+        race()
+        assert [e["amount"] for e in _entries(coord, "chain-deposit")] == [4 * AIT, 2 * AIT]
+        assert [e["amount"] for e in _entries(coord, "chain-bond")] == [BOND]
+        assert coord.rows("SELECT escrowed, chain_deposited FROM runs WHERE id = :r", r=run_id) == [
+            {"escrowed": 6 * AIT, "chain_deposited": 6 * AIT}
+        ]
