@@ -4,6 +4,7 @@ it cannot: each test is one attack, held off."""
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from threading import Barrier
 from typing import Any
@@ -13,7 +14,7 @@ from eth_account import Account
 from tests.chain.anvil import running_anvil
 from tests.chain.evm_coordinator import coordinator, evm_stack
 from tests.chain.test_client_money import GAS, _fund, _order
-from tests.chain.test_coordinator_money import AIT, BOND, _entries, _hired, _offer, _refused, _run
+from tests.chain.test_coordinator_money import AIT, BOND, _d, _entries, _hired, _offer, _refused, _run
 
 from aitbc.chain.evm.client import EvmClient
 from aitbc.chain.evm.contracts import run_key
@@ -21,6 +22,7 @@ from aitbc.chain.evm.deploy import contracts_of, deploy_contracts
 from aitbc.chain_clients import DepositPlan, ensure_deposit, open_escrow
 from aitbc.coordinator.money.onchain import sync_bond, sync_deposit
 from aitbc.coordinator.store.models import Contract, Run
+from aitbc.coordinator.workforce.hiring import stop_long_pauses
 from aitbc.errors import AitbcError
 from aitbc.ledger.evm_keys import ensure_evm_account
 from aitbc.ledger.wallet import create_wallet
@@ -182,3 +184,19 @@ def test_concurrent_mirrors_count_the_chains_money_once(tmp_path):
         assert coord.rows("SELECT escrowed, chain_deposited FROM runs WHERE id = :r", r=run_id) == [
             {"escrowed": 6 * AIT, "chain_deposited": 6 * AIT}
         ]
+
+
+def test_an_owners_pause_ends_before_the_chain_would_let_it_take_the_escrow_back(tmp_path):
+    # An owner who pauses a run after its providers delivered, for longer than the chain's
+    # timeout, could refund the escrow before the round is settled: honest work unpaid.
+    with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
+        owner, acct, run_id, _ = _hired(stack, coord, 1)
+        stack.escrow.deposit(acct, run_id, 10 * AIT, AIT, 800)  # pause_seconds: a day
+        owner.post(f"/runs/{run_id}/distribute", {"rounds": 3, "max_cost": "3", "deadline": 150})
+        _d(coord, run_id)  # training
+        owner.post(f"/runs/{run_id}/pause", {})
+        with coord.ctx.session() as s:
+            assert not stop_long_pauses(coord.ctx, s, now=time.time() + 350)  # under half the timeout
+            assert stop_long_pauses(coord.ctx, s, now=time.time() + 450)  # settled with 350 s still to go
+            s.commit()
+        assert coord.rows("SELECT status FROM runs WHERE id = :r", r=run_id) == [{"status": "stopped"}]

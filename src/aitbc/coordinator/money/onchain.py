@@ -347,6 +347,17 @@ def require_price(ctx: Context, run: Run, price: int) -> None:
         )
 
 
+def pause_limit(ctx: Context, run: Run, wait: float) -> float:
+    """How long ``run`` may stay paused: ``wait``, and on chain at most half its deposit's
+    timeout. Past the timeout with no settlement the owner may take the escrow back, the pay
+    of the updates delivered before the pause included; stopped at half of it, those are
+    settled with a round deadline or more to spare (the timeout is 4 deadlines or more)."""
+    if ctx.chain is None or run.owner_evm is None:
+        return wait
+    view = ctx.chain.escrow.run(key_of(run))
+    return min(wait, view.timeout / 2) if view.exists else wait
+
+
 def hire_shortfall_hint(ctx: Context) -> str | None:
     """How an owner short for a hire adds AIT on an EVM coordinator (None: a local one)."""
     if ctx.chain is None:

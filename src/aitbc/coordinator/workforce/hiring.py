@@ -13,11 +13,18 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from aitbc import run_defaults
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import conflict, not_found
 from aitbc.coordinator.live.model_size import run_params
 from aitbc.coordinator.money.escrow import can_bond, post_bond, require_hire_funds
-from aitbc.coordinator.money.onchain import account_free, accounts_in_run, price_on_chain, require_account_free
+from aitbc.coordinator.money.onchain import (
+    account_free,
+    accounts_in_run,
+    pause_limit,
+    price_on_chain,
+    require_account_free,
+)
 from aitbc.coordinator.store.models import Contract, Flag, Job, JobOverrides, Offer, Run, Update, new_id
 from aitbc.coordinator.store.repository import lock_run, row
 from aitbc.coordinator.store.states import ENDED, ENGAGED, RUNNING, transition
@@ -383,17 +390,22 @@ def stop_long_pauses(ctx: Context, s: Session, *, now: float) -> bool:
     of the round that never closed (:func:`.escrow.pay_delivered`), returns bonds and
     refunds the escrow, as for any stop. Returns whether any stopped; the caller commits."""
     wait = ctx.settings.pause_seconds
+    # on chain a pause ends sooner: before the deposit's timeout (pause_limit), at least 300 s
+    soonest = wait if ctx.chain is None else min(wait, run_defaults.MIN_CHAIN_TIMEOUT / 2)
     runs = s.scalars(
-        select(Run).where(Run.status == RunStatus.PAUSED, Run.updated_at < now - wait).order_by(Run.id)
+        select(Run).where(Run.status == RunStatus.PAUSED, Run.updated_at < now - soonest).order_by(Run.id)
     ).all()
     changed = False
     for run in runs:
         paused_at = run.updated_at  # lock_run stamps it
-        lock_run(s, run)
-        if run.status != RunStatus.PAUSED or now - paused_at < wait:
+        limit = pause_limit(ctx, run, wait)
+        if now - paused_at < limit:
             continue
-        end_run(s, run, RunStatus.STOPPED, now=now, reason=f"paused for over {wait:g} s")
-        log.info("run %s stopped: paused for over %g s (--max-pause)", run.id, wait)
+        lock_run(s, run)
+        if run.status != RunStatus.PAUSED or now - paused_at < limit:
+            continue
+        end_run(s, run, RunStatus.STOPPED, now=now, reason=f"paused for over {limit:g} s")
+        log.info("run %s stopped: paused for over %g s (--max-pause, or half its timeout on chain)", run.id, limit)
         changed = True
     return changed
 
