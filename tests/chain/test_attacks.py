@@ -15,6 +15,7 @@ from tests.chain.anvil import running_anvil
 from tests.chain.evm_coordinator import coordinator, evm_stack
 from tests.chain.test_client_money import GAS, _fund, _order
 from tests.chain.test_coordinator_money import AIT, BOND, _d, _entries, _hired, _offer, _refused, _run
+from tests.coordinator.conftest import MODEL_OPTIONS
 
 from aitbc.chain.evm.client import EvmClient
 from aitbc.chain.evm.contracts import run_key
@@ -200,3 +201,15 @@ def test_an_owners_pause_ends_before_the_chain_would_let_it_take_the_escrow_back
             assert stop_long_pauses(coord.ctx, s, now=time.time() + 450)  # settled with 350 s still to go
             s.commit()
         assert coord.rows("SELECT status FROM runs WHERE id = :r", r=run_id) == [{"status": "stopped"}]
+
+
+def test_the_zero_address_is_nobodys_account(tmp_path):
+    # Nobody signs for it: a run or a contract paid there could never deposit or bond.
+    zero = "0x" + "00" * 20
+    with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
+        owner, provider = coord.client("owner"), coord.client("provider")
+        body = {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 1}
+        _refused(
+            coord, lambda: owner.post("/runs", {**body, "evm_address": zero}), 422, "bad_evm_address", "zero address"
+        )
+        _refused(coord, lambda: provider.post("/workers", _offer(zero)), 422, "bad_evm_address", "zero address")

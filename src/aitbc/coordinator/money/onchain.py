@@ -86,6 +86,12 @@ def evm_account(ctx: Context, address: str | None, *, whose: str) -> str | None:
             f"evm_address {address[:60]!r} is not an EVM address (0x and 40 hex digits, a mixed-case one with "
             "a valid checksum)",
         )
+    if int(address, 16) == 0:  # nobody signs for it: no deposit or bond could ever come from it
+        raise unprocessable(
+            "bad_evm_address",
+            "evm_address is the zero address, which no wallet holds: name the EVM account of your wallet "
+            "(aitbc wallet evm NAME shows it)",
+        )
     return str(to_checksum_address(address))
 
 
