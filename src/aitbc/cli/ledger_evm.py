@@ -258,7 +258,13 @@ def verify_evm(coordinator: str | None, home: Path, chain_file: Path | None, *, 
     with agent(home, coordinator) as a:
         where = a.config.resolved_coordinator_url
         pays = [a.get_payments(r.training_id, wait=False).model_dump(mode="json") for r in a.list_trainings()]
+    local = sum(not p.get("chain") for p in pays)
     pays = [p for p in pays if p.get("chain")]
+    if local and not pays:
+        raise AitbcError(
+            f"the coordinator at {where} holds its {local} run(s)' money on its own ledger, not on a chain: "
+            "audit it with aitbc ledger verify (without --chain evm)"
+        )
     for p in pays:
         c = p["chain"]
         if int(c["chain_id"]) != deployment.chain_id or str(c["escrow"]).lower() != deployment.escrow.lower():

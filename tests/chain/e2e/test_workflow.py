@@ -88,6 +88,8 @@ def test_the_documented_workflow_is_paid_on_chain_and_verified(user):
     verified = user("ledger", "verify", "--chain", "evm")
     assert verified.returncode == 0, verified.stderr
     assert "1 EVM run(s)" in verified.stdout and "agree with the chain" in verified.stdout
+    as_json = json.loads(_ok(user("ledger", "verify", "--chain", "evm", "--json")))
+    assert as_json["ok"] and as_json["differences"] == [] and [r["run_id"] for r in as_json["runs"]] == [run_id]
 
     # someone with the database raises one settlement's amount: the books no longer match the chain
     (db,) = Path(user.home).rglob("coordinator.db")
@@ -101,6 +103,9 @@ def test_the_documented_workflow_is_paid_on_chain_and_verified(user):
     assert tampered.returncode == 1, tampered.stdout
     assert f"run {run_id}, contract {contract}" in tampered.stderr and "paid" in tampered.stderr, tampered.stderr
     assert len(tampered.stderr.strip().splitlines()) == 1 and "Traceback" not in tampered.stderr
+    as_json = user("ledger", "verify", "--chain", "evm", "--json")
+    assert as_json.returncode == 1 and not json.loads(as_json.stdout)["ok"]
+    assert any(f"contract {contract}" in d for d in json.loads(as_json.stdout)["differences"]), as_json.stdout
 
 
 def _balances_match(home: Path, pay: dict) -> None:
