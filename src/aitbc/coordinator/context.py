@@ -188,11 +188,25 @@ def _connect_chain(settings: Settings) -> ChainBackend | None:
     return connect(settings)
 
 
+def _bind_chain(engine: Engine, sessions: sessionmaker[Session], chain: ChainBackend | None) -> None:
+    """The database's money stays on the chain it was first started with (chain_binding)."""
+    from aitbc.coordinator.store.chain_binding import bind
+
+    try:
+        bind(sessions, chain, rpc=chain.rpc if chain is not None else "")
+    except BaseException:
+        engine.dispose()
+        if chain is not None:
+            chain.close()
+        raise
+
+
 def build_context(settings: Settings) -> Context:
     settings.home.mkdir(parents=True, exist_ok=True)
     chain = _connect_chain(settings)  # first: a chain that does not match stops the start before anything is written
     engine = make_engine(settings.database_url)
     sessions = make_sessions(engine)
+    _bind_chain(engine, sessions, chain)
     ctx = Context(
         settings=settings,
         engine=engine,

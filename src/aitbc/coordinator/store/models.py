@@ -430,6 +430,24 @@ class CoordinatorIdentity(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class ChainBinding(Base):
+    """The one row naming where this database's money is (:mod:`.chain_binding`):
+    written by the first start (``chain`` local, or evm with the deployment it settled on)
+    and never changed, so a start on another chain is refused instead of spending the books."""
+
+    __tablename__ = "chain_binding"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)  # always 1: one row
+    chain: Mapped[str] = mapped_column(String(8))  # local | evm
+    chain_id: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    escrow: Mapped[str | None] = mapped_column(String(42), default=None)
+    token: Mapped[str | None] = mapped_column(String(42), default=None)
+    # The hash of the deployment's block: a node reset and redeployed from the same key puts
+    # the contracts at the same addresses on the same chain id, but never in the same block.
+    anchor: Mapped[str | None] = mapped_column(String(66), default=None)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class DriverLease(Base):
     """Who drives the rounds (:mod:`.lease`): one row per lease ``name``, taken and renewed
     only by a compare-and-set UPDATE, so two coordinators on one database never both hold it."""
