@@ -317,6 +317,7 @@ def up(cfg: StackConfig, *, on_start: Callable[[str], None] | None = None) -> St
     log to read."""
     home = cfg.home
     port = _claim(cfg)
+    stack_chain.check_database(home, cfg.chain)
     for d in ("logs", "pids", "coordinator", "workers"):
         (home / d).mkdir(parents=True, exist_ok=True)
     _port_file(home).write_text(f"{port}\n")
@@ -517,6 +518,8 @@ def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
             outcome[p.name] = "not running"
         else:
             ours[p.name] = proc
+    # The chain's node last: it writes the chain's state as it exits, after the coordinator's last transaction
+    nodes = {p.name: ours.pop(p.name) for p in stack.processes if p.role == "chain" and p.name in ours}
     t0 = time.monotonic()
     procs = stack_procs.send(stack_procs.with_descendants(ours.values()), signal.SIGTERM)
     procs = stack_procs.wait_ended(procs, min(COORDINATOR_FORCE_AFTER, grace))
@@ -533,12 +536,21 @@ def stop(stack: Stack, *, grace: float = 10.0) -> dict[str, str]:
         )  # and whatever they started meanwhile
         outcome.update((name, "killed") for name, proc in ours.items() if proc in procs)
         stack_procs.wait_ended(procs, 5.0)
+    outcome.update(_stop_nodes(nodes, grace))
     for popen in stack._popen.values():  # collect the exit status of our own children
         if popen.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=1.0)
     _forget(stack)
     return {p.name: outcome.get(p.name, "stopped") for p in stack.processes}
+
+
+def _stop_nodes(nodes: dict[str, psutil.Process], grace: float) -> dict[str, str]:
+    """SIGTERM (anvil dumps its state on it), SIGKILL after ``grace`` s: the names killed."""
+    left = stack_procs.wait_ended(stack_procs.send(list(nodes.values()), signal.SIGTERM), grace)
+    if left:
+        stack_procs.wait_ended(stack_procs.send(left, signal.SIGKILL), 5.0)
+    return {name: "killed" for name, proc in nodes.items() if proc in left}
 
 
 def down(home: Path, *, grace: float = 10.0) -> tuple[Stack, dict[str, str]] | None:

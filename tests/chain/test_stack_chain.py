@@ -150,3 +150,36 @@ def test_distribute_deposits_once_and_the_workers_post_their_bonds(home_stack):
         workers = [evm_address(home / "workers" / f"w{k}", f"provider-{k}") for k in (1, 2)]
         wait_until(lambda: all(escrow.contract(key, w).bonded for w in workers), "both bonds on chain", timeout=120)
         assert [escrow.contract(key, w).bond for w in workers] == [1_000_000, 1_000_000]
+
+
+@pytest.mark.long  # about 60 s on a loaded two-core machine: three stacks started
+def test_the_stack_keeps_its_chain_across_down_and_up(home_stack):
+    aitbc, home = home_stack, home_stack.home
+    assert aitbc("up", "--chain", "evm", "--workers", "1", timeout=240).returncode == 0
+    assert aitbc("wallet", "create", "owner").returncode == 0
+    assert aitbc("wallet", "fund", "owner", "30").returncode == 0
+    first = read_deployment(home)
+    assert aitbc("down").returncode == 0
+    assert (home / "chain-state.json").exists()  # written by the node as down stopped it
+
+    local = aitbc("up", "--workers", "1")  # its database keeps the money of a chain
+    assert "keeps its money on an EVM chain" in _one_line(local) and "aitbc up --chain evm" in local.stderr
+    assert not (home / "stack.json").exists()
+
+    again = aitbc("up", "--chain", "evm", "--workers", "1", timeout=240)
+    assert again.returncode == 0, again.stderr  # the coordinator started on the same database
+    second = read_deployment(home)
+    assert (second.escrow, second.token, second.block) == (first.escrow, first.token, first.block)
+    with EvmClient(second.rpc) as client:
+        token, _ = contracts_of(client, second)
+        assert token.call("balanceOf", evm_address(home, "owner")) == 30_000_000
+        worker = evm_address(home / "workers" / "w1", "provider-1")
+        assert token.call("balanceOf", worker) == 100_000_000  # topped up to its bonds' AIT, not minted twice
+    assert aitbc("down").returncode == 0
+
+    (home / "chain-state.json").unlink()  # the chain lost: the contracts deployed anew, the database refused
+    lost = aitbc("up", "--chain", "evm", "--workers", "1", timeout=240)
+    assert lost.returncode == 1 and "Traceback" not in lost.stderr, lost.stderr
+    errors = [ln for ln in lost.stderr.splitlines() if ln.startswith("error: ")]  # after "Starting ..."
+    assert len(errors) == 1 and "the stack's chain is gone" in errors[0] and "chain-state.json" in errors[0]
+    assert not (home / "stack.json").exists()

@@ -117,7 +117,8 @@ def print_up(st: stk.Stack, seconds: float) -> None:
     out.print(processes_table(st))
     if st.chain == "evm":
         out.print(
-            f"Money on chain: a new local chain (anvil; its state ends with aitbc down), contracts in "
+            f"Money on chain: a local chain (anvil; kept in {st.home / 'chain-state.json'} across down and up), "
+            f"contracts in "
             f"{st.home / 'chain.json'}; workers funded, fund your wallet with: aitbc wallet fund NAME AMOUNT",
             highlight=False,
         )

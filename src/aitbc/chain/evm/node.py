@@ -9,7 +9,9 @@ process's own listening socket, then the node counts as up once its JSON-RPC ans
 and for ``aitbc up --chain evm``.
 
 Stop sends SIGTERM, then SIGKILL after ``grace`` seconds, and reaps the process: nothing
-is left running.
+is left running. A node started with ``state`` keeps its chain in that file: anvil loads it
+at start and writes it when it exits on SIGTERM or SIGINT (never on SIGKILL), so a node
+stopped and started again is the same chain, its blocks and their hashes included.
 """
 
 from __future__ import annotations
@@ -98,15 +100,20 @@ def start_anvil(
     chain_id: int = DEV_CHAIN_ID,
     accounts: int = 10,
     timeout: float = 60.0,
+    state: Path | None = None,
 ) -> AnvilNode:
     """Start anvil on 127.0.0.1 (``port`` 0: one the kernel picks), its log and account list
     under ``workdir``; return once its JSON-RPC answers, or raise ``AitbcError`` with the
-    end of its log (the process then stopped)."""
+    end of its log (the process then stopped). ``state``: the file the chain is loaded from
+    (when it exists) and written to at exit."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path, config_path = workdir / "anvil.log", workdir / "anvil-accounts.json"
     config_path.unlink(missing_ok=True)
     command = [str(find_anvil(binary)), "--host", "127.0.0.1", "--port", str(port), "--chain-id", str(chain_id)]
     command += ["--accounts", str(accounts), "--config-out", str(config_path), "--silent"]
+    if state is not None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        command += ["--state", str(state)]
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     node = AnvilNode(process=process, url="", port=0, chain_id=chain_id, log_path=log_path)
