@@ -50,7 +50,8 @@ def rules(n: int, f: int, beta: float) -> list[tuple[str, str]]:
         ("bulyan", f"bulyan:f={f}"),
         ("centered-clip", "centered-clip:tau=1,iters=3"),
         ("geometric-median", "geometric-median"),
-        ("trend+centered-clip", f"trend:f={f}+centered-clip"),  # the default rule of runs
+        ("trend+centered-clip", f"trend:f={f}+centered-clip"),
+        ("default", f"trend:f={f}+centered-clip:iters=1,norm=1.5"),  # run_defaults.AGGREGATOR
         ("nnm+mean", f"nnm:f={f}+mean"),
         ("bucketing+median", "bucketing:s=2+median"),
     ]

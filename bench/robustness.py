@@ -86,6 +86,7 @@ AGGREGATORS = [
     "trend+centered-clip",
     "centered-clip:start=previous",
     "trend+centered-clip:start=previous",
+    run_defaults.AGGREGATOR,  # the default rule of runs
 ]
 # Dirichlet 0.1, the harder row: the mean, the default and the rules that held best on 0.3
 HARD_AGGREGATORS = [
@@ -95,6 +96,7 @@ HARD_AGGREGATORS = [
     "nnm+centered-clip",
     "bucketing:s=2+centered-clip",
     "trend+centered-clip",
+    run_defaults.AGGREGATOR,
 ]
 HARD_ALPHA = 0.1
 SEEDS = "0-4"

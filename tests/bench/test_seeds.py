@@ -14,7 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from aitbc import run_defaults
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+DEFAULT = run_defaults.AGGREGATOR  # the rule the verdicts name
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +63,15 @@ def recorded() -> dict[Path, int]:
 
 # (seed, shard alpha, rule, attack) -> final accuracy; the absent run is the reference
 ACCURACY = {
-    (0, 0.3, "trend+centered-clip", None): 0.90,
-    (0, 0.3, "trend+centered-clip", "absent"): 0.80,
-    (0, 0.3, "trend+centered-clip", "sign-flip"): 0.79,  # 98.75% of absent, 87.8% of clean
-    (1, 0.3, "trend+centered-clip", None): 0.92,
-    (1, 0.3, "trend+centered-clip", "absent"): 0.90,
-    (1, 0.3, "trend+centered-clip", "sign-flip"): 0.864,  # 96%
-    (2, 0.3, "trend+centered-clip", None): 0.88,
-    (2, 0.3, "trend+centered-clip", "absent"): 0.85,
-    (2, 0.3, "trend+centered-clip", "sign-flip"): 0.85,  # 100%
+    (0, 0.3, DEFAULT, None): 0.90,
+    (0, 0.3, DEFAULT, "absent"): 0.80,
+    (0, 0.3, DEFAULT, "sign-flip"): 0.79,  # 98.75% of absent, 87.8% of clean
+    (1, 0.3, DEFAULT, None): 0.92,
+    (1, 0.3, DEFAULT, "absent"): 0.90,
+    (1, 0.3, DEFAULT, "sign-flip"): 0.864,  # 96%
+    (2, 0.3, DEFAULT, None): 0.88,
+    (2, 0.3, DEFAULT, "absent"): 0.85,
+    (2, 0.3, DEFAULT, "sign-flip"): 0.85,  # 100%
 }
 
 
@@ -84,12 +87,12 @@ def test_robustness_measures_each_seed_against_its_absent_run(bench, monkeypatch
     before = recorded()
     out = tmp_path / "rob.json"
     argv = ["robustness.py", "--seeds", "0-2", "--shards", "0.3", "--attacks", "sign-flip", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", [*argv, "--aggregators", "trend+centered-clip"])
+    monkeypatch.setattr(sys, "argv", [*argv, "--aggregators", DEFAULT])
     bench.robustness.main()
 
     # every seed: the clean run, the absent run (3 workers out) and the attack (3 attacking)
     assert calls == [
-        (seed, 0.3, "trend+centered-clip", attack, byz)
+        (seed, 0.3, DEFAULT, attack, byz)
         for seed in (0, 1, 2)
         for attack, byz in ((None, 0), ("absent", 3), ("sign-flip", 3))
     ]
@@ -97,14 +100,14 @@ def test_robustness_measures_each_seed_against_its_absent_run(bench, monkeypatch
     verdict = result["verdicts"]["dirichlet 0.3"]["sign-flip"]
     assert verdict["default"] == pytest.approx({"median": 0.9875, "worst": 0.96, "worst_seed": 1, "seeds": 3})
     assert verdict["default_meets"] is True  # >= 97% at the median, >= 95% on the worst seed
-    assert result["by_seed"]["1"]["dirichlet 0.3"]["trend+centered-clip"]["absent"] == 0.90
+    assert result["by_seed"]["1"]["dirichlet 0.3"][DEFAULT]["absent"] == 0.90
     printed = capsys.readouterr().out
     assert "98.8% / 96.0% s1" in printed and "target 97% / 95%: met" in printed
     assert recorded() == before  # --out: the recorded results are left as they are
 
 
 def test_robustness_misses_on_a_worst_seed_under_95(bench, monkeypatch, tmp_path, capsys):
-    acc = dict(ACCURACY) | {(1, 0.3, "trend+centered-clip", "sign-flip"): 0.85}  # 94.4% of 0.90
+    acc = dict(ACCURACY) | {(1, 0.3, DEFAULT, "sign-flip"): 0.85}  # 94.4% of 0.90
     monkeypatch.setattr(
         bench.robustness,
         "simulate",
@@ -113,7 +116,7 @@ def test_robustness_misses_on_a_worst_seed_under_95(bench, monkeypatch, tmp_path
         ),
     )
     argv = ["robustness.py", "--seeds", "0-2", "--shards", "0.3", "--attacks", "sign-flip"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--aggregators", "trend+centered-clip", "--out", str(tmp_path / "r")])
+    monkeypatch.setattr(sys, "argv", [*argv, "--aggregators", DEFAULT, "--out", str(tmp_path / "r")])
     bench.robustness.main()
     assert "target 97% / 95%: MISSED" in capsys.readouterr().out
 
@@ -142,12 +145,12 @@ def test_the_robustness_program_runs_a_few_real_cells(tmp_path):
 
     out = tmp_path / "rob.json"
     cmd = [sys.executable, "robustness.py", "--seeds", "0-1", "--shards", "0.3", "--rounds", "1", "--workers", "4"]
-    cmd += ["--byzantine", "1", "--aggregators", "trend+centered-clip", "--attacks", "sign-flip", "--out", str(out)]
+    cmd += ["--byzantine", "1", "--aggregators", DEFAULT, "--attacks", "sign-flip", "--out", str(out)]
     done = subprocess.run(cmd, cwd=BENCH, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     cells = json.loads(out.read_text())["by_seed"]
     assert sorted(cells) == ["0", "1"]
     for seed in cells.values():
-        row = seed["dirichlet 0.3"]["trend+centered-clip"]
+        row = seed["dirichlet 0.3"][DEFAULT]
         assert set(row) == {"clean", "absent", "sign-flip"} and all(isinstance(v, float) for v in row.values())
     assert "of the honest-absent accuracy (median / worst seed" in done.stdout

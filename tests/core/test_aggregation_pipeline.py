@@ -43,7 +43,7 @@ def test_every_rule_and_wrapper_is_registered():
         ("median", "median"),
         ("trimmed-mean:beta=0.25", "trimmed-mean:beta=0.25"),
         ("bucketing:s=2+krum:f=1", "bucketing:s=2,seed=0+krum:f=1"),
-        ("nnm:f=1+centered-clip:tau=0.5", "nnm:f=1+centered-clip:tau=0.5,iters=3,start=medoid"),
+        ("nnm:f=1+centered-clip:tau=0.5", "nnm:f=1+centered-clip:tau=0.5,iters=3,start=medoid,norm=None"),
         (" bucketing:s=3 , seed=7 + nnm + multi-krum:f=2,m=3", "bucketing:s=3,seed=7+nnm:f=2+multi-krum:f=2,m=3"),
     ],
 )
@@ -68,7 +68,10 @@ def test_params_go_to_the_final_rule():
 def test_nnm_takes_f_from_the_rule_the_params_or_default_f():
     assert str(parse_aggregator("nnm+krum:f=2")) == "nnm:f=2+krum:f=2"
     assert str(parse_aggregator("nnm:f=1+krum:f=2")) == "nnm:f=1+krum:f=2"
-    assert str(parse_aggregator("nnm+centered-clip", {"f": 2})) == "nnm:f=2+centered-clip:tau=auto,iters=3,start=medoid"
+    assert (
+        str(parse_aggregator("nnm+centered-clip", {"f": 2}))
+        == "nnm:f=2+centered-clip:tau=auto,iters=3,start=medoid,norm=None"
+    )
     assert str(parse_aggregator("nnm+median", default_f=3)) == "nnm:f=3+median"
     assert str(parse_aggregator("nnm+krum", default_f=3)) == "nnm:f=3+krum:f=3"
 

@@ -28,6 +28,7 @@ RULE_SPECS = [
     "centered-clip:tau=0.5,iters=4",
     "centered-clip:start=median",
     "centered-clip:start=previous",
+    "centered-clip:iters=1,norm=1.5",
     "sparse-robust:f={f}",
 ]
 WRAPPER_SPECS = [

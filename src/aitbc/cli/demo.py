@@ -38,7 +38,7 @@ Dataset = Annotated[str, typer.Option(help="Dataset: digits, stdlib, a text file
 Aggregator = Annotated[
     str | None,
     typer.Option(
-        help="Robust rule, e.g. trend+centered-clip (the default), mean, median, trimmed-mean:beta=0.2; "
+        help=f"Robust rule, e.g. {defaults.AGGREGATOR} (the default), mean, median, trimmed-mean:beta=0.2; "
         "with a sparse codec (topk, topk-int8, sparseloco) the default is sparse-robust.",
         show_default=False,
     ),

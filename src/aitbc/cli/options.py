@@ -21,7 +21,7 @@ Aggregator = Annotated[
     str | None,
     typer.Option(
         "--aggregator",
-        help="Aggregation rule spec, e.g. trend+centered-clip (the default), mean, median, "
+        help=f"Aggregation rule spec, e.g. {run_defaults.AGGREGATOR} (the default), mean, median, "
         "trimmed-mean:beta=0.25, krum, nnm+centered-clip; with a sparse codec (topk, topk-int8, "
         "sparseloco) the default is sparse-robust.",
         show_default=False,

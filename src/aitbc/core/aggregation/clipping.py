@@ -79,6 +79,9 @@ class CenteredClipConfig(RuleConfig):
     tau: float | Literal["auto"] = "auto"  # clipping radius: in the units of the updates, or auto
     iters: int = 3
     start: Literal["medoid", "median", "previous"] = "medoid"  # the center the iterations start from
+    # medoid start only: each update first scaled down to at most this multiple of the
+    # round's lower median norm (None: as sent)
+    norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.tau != "auto" and not (isinstance(self.tau, float | int) and self.tau > 0 and math.isfinite(self.tau)):
@@ -87,6 +90,11 @@ class CenteredClipConfig(RuleConfig):
             raise ValueError(f"centered-clip needs iters >= 1, got iters={self.iters}")
         if self.start not in STARTS:  # the spec parser checks this too; direct callers get the same line
             raise ValueError(f"centered-clip start must be one of {', '.join(STARTS)}; got start={self.start!r}")
+        if self.norm is not None:
+            if not (isinstance(self.norm, float | int) and self.norm >= 1 and math.isfinite(self.norm)):
+                raise ValueError(f"centered-clip needs norm >= 1 (a multiple of the median norm), got norm={self.norm}")
+            if self.start != "medoid":
+                raise ValueError(f"centered-clip norm=... works with start=medoid only, got start={self.start!r}")
 
     @property
     def reads_reference(self) -> bool:
@@ -108,8 +116,9 @@ def centered_clip(
         b = previous_coefficients(k, far, dots, float(ref.to(torch.float64).square().sum()), weights, cfg)
         out = (1.0 - b.sum()).item() * v0 + b.to(updates.dtype) @ updates  # (d,)
         return out, (previous_info(b) if with_info else NO_INFO)
-    c = medoid_coefficients(*gram(updates), weights, cfg)  # (n,)
-    out = c.to(updates.dtype) @ updates  # (d,)
+    k, far = gram(updates)
+    c = medoid_coefficients(k, far, weights, cfg)  # (n,) shares of the norm-clipped updates
+    out = (c * norm_scales(k, far, cfg)).to(updates.dtype) @ updates  # (d,)
     if not with_info:
         return out, NO_INFO
     return out, AggregationInfo(kept_fraction=(c > 0).to(torch.float64), weight=c)
@@ -118,8 +127,11 @@ def centered_clip(
 def medoid_coefficients(k: Tensor, far: Tensor, weights: Tensor, cfg: CenteredClipConfig) -> Tensor:
     """The ``medoid`` start's result as ``(n,)`` float64 coefficients ``c`` (the result is
     ``c @ U``), from the raw Gram matrix ``k`` ``(n, n)`` and its overflow mask ``far``
-    (``_distances.gram``)."""
+    (``_distances.gram``). With ``cfg.norm`` the coefficients are of the norm-clipped
+    updates: the result is ``(c * norm_scales(k, far, cfg)) @ U``."""
     n = k.shape[0]
+    scale = norm_scales(k, far, cfg)  # (n,)
+    k = k * scale[:, None] * scale[None, :]  # the Gram matrix of the scaled updates
     sq = k.diagonal()  # (n,)
     k = 0.5 * (k + k.T)
     dist = (sq[:, None] + sq[None, :] - 2.0 * k).clamp_min(0.0)  # (n, n) squared distances
@@ -133,6 +145,33 @@ def medoid_coefficients(k: Tensor, far: Tensor, weights: Tensor, cfg: CenteredCl
     c = b.clone()  # (n,) the result's coefficients: (1 - sum b) x_s + b @ U
     c[s] += 1.0 - float(b.sum())
     return c
+
+
+def norm_scales(k: Tensor, far: Tensor, cfg: CenteredClipConfig) -> Tensor:
+    """``(n,)`` float64 factors that bring each update's norm down to at most ``cfg.norm``
+    times the lower median of the finite norms (all 1 without ``cfg.norm``), from the raw
+    Gram matrix ``k`` and its overflow mask ``far``.
+
+    Why: on label-skewed shards honest updates point many ways and largely cancel, so their
+    mean is short, while f attackers sending the same direction each pull the center by up
+    to ``tau`` per iteration; an attacker sending a long update (sign-flip's ``-4 x own``,
+    which the norm bound lets through at 3x the median) is still at the radius after every
+    iteration. Scaled to the median norm, it sits among the honest updates' distances and
+    weighs as one of them. Honest norms lie within about 1.6x of the median (see
+    ``aitbc.core.norms``), so the honest spread is kept in direction, only shortened."""
+    n = k.shape[0]
+    scales = torch.ones(n, dtype=torch.float64, device=k.device)
+    if cfg.norm is None:
+        return scales
+    norms = k.diagonal().to(torch.float64).clamp_min(0.0).sqrt()  # (n,)
+    live = norms[~far]
+    if not live.numel():
+        return scales
+    bound = float(cfg.norm) * float(live.median())  # torch's median of an even count is the lower one
+    if not bound > 0:  # most updates are zero: nothing to measure against
+        return scales
+    # an overflowed row keeps 1: the clipping gives it no weight anyway
+    return torch.where(~far & (norms > bound), bound / norms.clamp_min(1e-300), scales)
 
 
 def usable_reference(reference: Tensor | None) -> Tensor | None:

@@ -312,8 +312,9 @@ def _centered_clip(st: _Stream, w: Tensor, cfg: Any, with_info: bool) -> tuple[T
     ref = clipping.usable_reference(st.reference) if cfg.start == "previous" else None
     if ref is not None:
         return _clip_from_previous(st, w, cfg, ref.to(torch.float32), with_info)
-    c = clipping.medoid_coefficients(*st.gram(), w, cfg)  # (k,)
-    out = st.combine(c)
+    k, far = st.gram()
+    c = clipping.medoid_coefficients(k, far, w, cfg)  # (k,) shares of the norm-clipped inputs
+    out = st.combine(c * clipping.norm_scales(k, far, cfg))
     return out, AggregationInfo(kept_fraction=(c > 0).to(torch.float64), weight=c) if with_info else _NONE
 
 
