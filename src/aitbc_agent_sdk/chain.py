@@ -1,5 +1,5 @@
 """The owner's money on an EVM coordinator (``GET /v1/chain`` says ``evm``): the run's
-owner is the wallet's EVM account, named at init, and ``start_training`` deposits the
+owner is the wallet's EVM account, named at init with its proof, and ``start_training`` deposits the
 run's escrow on chain before it asks the coordinator to distribute
 (:mod:`aitbc.chain_clients` sends it, at most once). On a local coordinator nothing here
 sends anything."""
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aitbc import run_defaults
+from aitbc.chain.evm.proof import sign_proof
 from aitbc.chain_clients import (
     ChainRefused,
     Deposited,
@@ -22,10 +23,11 @@ from aitbc.chain_clients import (
 )
 from aitbc.errors import AitbcError
 from aitbc.replies.chain import EvmChain, LocalChain
+from aitbc.replies.health import Health
 from aitbc.replies.runs import RunDetail
 from aitbc.units import parse_price
 from aitbc_agent_sdk.errors import AgentError, Conflict, Forbidden, InvalidArgument, NotFound
-from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress
+from aitbc_agent_sdk.protocol import AgentState, Http, Meter, Offload, Op, Progress, ask
 
 ENGAGED = ("hired", "working")  # contracts whose price the deposit must cover
 
@@ -45,19 +47,30 @@ def _wallet_name(self: AgentState) -> str:
     return self.config.wallet_name
 
 
-def _evm_address(home: Path, name: str) -> str:
-    """The wallet's EVM address, its account made first if it has none."""
-    from aitbc.ledger.evm_keys import ensure_evm_account, evm_address
+def _owner_account(home: Path, name: str, coordinator_id: str) -> dict[str, str]:
+    """Run in a thread: the init body's ``evm_address`` and ``evm_proof``: the wallet's EVM
+    account (made first if it has none; an encrypted wallet's passphrase asked as for its
+    other key) signs that it belongs to the wallet at ``coordinator_id``."""
+    from eth_account import Account
 
-    return evm_address(home, name) or ensure_evm_account(home, name).address
+    from aitbc.ledger.evm_keys import ensure_evm_account
+    from aitbc.ledger.wallet import wallet_info
+
+    account = Account.from_key(ensure_evm_account(home, name).private_key)
+    proof = sign_proof(account, wallet_info(home, name).address, coordinator_id)
+    return {"evm_address": account.address, "evm_proof": proof}
 
 
-def owner_evm(self: AgentState) -> Op[str | None]:
-    """The wallet's EVM address to name as a new run's owner on an EVM coordinator, else None."""
+def owner_evm(self: AgentState) -> Op[dict[str, str] | None]:
+    """On an EVM coordinator, the fields naming a new run's owner there: the wallet's EVM
+    address and the proof that the wallet holds it (:mod:`aitbc.chain.evm.proof`), bound to
+    the coordinator's id; on a local coordinator None."""
     view = yield from chain_of(self)
     if not isinstance(view, EvmChain):
         return None
-    return (yield Offload(_evm_address, (self.config.resolved_home, _wallet_name(self))))
+    health = yield from ask(Health, Http("GET", "/health", sign=False))
+    work = functools.partial(_owner_account, self.config.resolved_home, _wallet_name(self), health.coordinator_id)
+    return (yield Offload(work))
 
 
 def chain_timeout_of(chain_timeout: int | None, deadline: float | None) -> int:

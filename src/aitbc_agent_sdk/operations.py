@@ -239,9 +239,9 @@ def initialize_distributed_training(
         "control": control,
     }
     body |= money
-    evm_address = yield from owner_evm(self)
-    if evm_address is not None:  # an EVM coordinator: the run's owner on chain
-        body["evm_address"] = evm_address
+    owner_on_chain = yield from owner_evm(self)
+    if owner_on_chain is not None:  # an EVM coordinator: the run's owner on chain, and its proof
+        body |= owner_on_chain
     run = yield from ask(RunSummary, Http("POST", "/runs", body))
     self._training_id = run.training_id
     return NewRun.of(run)

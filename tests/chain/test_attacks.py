@@ -14,7 +14,7 @@ from eth_account import Account
 from tests.chain.anvil import running_anvil
 from tests.chain.evm_coordinator import coordinator, evm_stack
 from tests.chain.test_client_money import GAS, _fund, _order
-from tests.chain.test_coordinator_money import AIT, BOND, _d, _entries, _hired, _offer, _refused, _run
+from tests.chain.test_coordinator_money import AIT, BOND, _d, _entries, _hired, _offer, _proof, _refused, _run
 from tests.coordinator.conftest import MODEL_OPTIONS
 
 from aitbc.chain.evm.client import EvmClient
@@ -43,9 +43,9 @@ def chain(tmp_path_factory):
         yield EvmChain(chain="evm", confirmations=1, **{f: getattr(d, f) for f in fields}), client, minter
 
 
-def _provider(coord, address: str) -> Any:
+def _provider(coord, acct: Any) -> Any:
     c = coord.client("provider")
-    c.post("/workers", _offer(address))
+    c.post("/workers", _offer(acct.address, _proof(coord, c, acct)))
     return c
 
 
@@ -54,9 +54,9 @@ def test_an_evm_account_holds_one_contract_of_a_run(tmp_path):
     # would share one bond (the books minting it twice), one slash would burn it for both,
     # and their settlement (one line per account) could never be sent.
     with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
-        victim = stack.account(5 * AIT)
-        _provider(coord, victim.address)
-        _provider(coord, victim.address)  # another provider naming the victim's account
+        shared = stack.account(5 * AIT)
+        _provider(coord, shared)
+        _provider(coord, shared)  # a second wallet of the account's holder naming it too
         owner, _, run_id = _run(stack, coord, 2)
         _refused(
             coord,
@@ -65,23 +65,23 @@ def test_an_evm_account_holds_one_contract_of_a_run(tmp_path):
             "not_enough_workers",
         )
         other = stack.account(5 * AIT)
-        third = _provider(coord, other.address)
+        third = _provider(coord, other)
         hired = owner.post(f"/runs/{run_id}/discover", {"required_workers": 2})
         assert hired["count"] == 2
         rows = coord.rows("SELECT worker_id, evm_address FROM contracts WHERE run_id = :r", r=run_id)
-        assert sorted(r["evm_address"] for r in rows) == sorted([victim.address, other.address])
+        assert sorted(r["evm_address"] for r in rows) == sorted([shared.address, other.address])
         assert third.wallet.address in {r["worker_id"] for r in rows}
         twin = next(
             o["worker_id"]
             for o in coord.rows("SELECT id AS worker_id, evm_address FROM offers")
-            if o["evm_address"] == victim.address and o["worker_id"] not in {r["worker_id"] for r in rows}
+            if o["evm_address"] == shared.address and o["worker_id"] not in {r["worker_id"] for r in rows}
         )
         _refused(
             coord,
             lambda: owner.post(f"/runs/{run_id}/contracts", {"worker_id": twin, "price": "1"}),
             409,
             "evm_account_in_run",
-            victim.address,
+            shared.address,
         )
 
 

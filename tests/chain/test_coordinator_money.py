@@ -28,6 +28,7 @@ from tests.coordinator.conftest import (
 )
 
 from aitbc.chain.evm.contracts import run_key
+from aitbc.chain.evm.proof import sign_proof
 from aitbc.client import ApiError
 from aitbc.coordinator.money.onchain import sync_bond, sync_deposit
 from aitbc.coordinator.store.models import Contract, Run
@@ -57,34 +58,52 @@ def _entries(coord, kind: str) -> list[dict[str, Any]]:
     return coord.rows("SELECT credit, amount, key FROM ledger_entries WHERE kind = :k ORDER BY seq", k=kind)
 
 
-def _run_body(evm: str | None, **over: Any) -> dict[str, Any]:
+def _proof(coord, client, acct) -> str:
+    """``acct``'s proof that it belongs to ``client``'s wallet at ``coord``."""
+    return sign_proof(acct, client.wallet.address, coord.ctx.coordinator_id)
+
+
+def _named(evm: str | None, proof: str | None) -> dict[str, Any]:
+    return {k: v for k, v in (("evm_address", evm), ("evm_proof", proof)) if v is not None}
+
+
+def _run_body(evm: str | None, proof: str | None = None, **over: Any) -> dict[str, Any]:
     body = {"model_type": "mlp", "model_options": MODEL_OPTIONS, "dataset_size": "1GB", "target_workers": 2}
-    if evm is not None:
-        body["evm_address"] = evm
-    return {**body, "bond": "2", **over}
+    return {**body, **_named(evm, proof), "bond": "2", **over}
 
 
-def _offer(evm: str | None) -> dict[str, Any]:
+def _offer(evm: str | None, proof: str | None = None) -> dict[str, Any]:
     body = {"gpu": "RTX4090", "price": "1.0", "availability": 0.99, "max_bond": "5"}
-    return body if evm is None else {**body, "evm_address": evm}
+    return {**body, **_named(evm, proof)}
 
 
 def test_refusals_at_init_offer_and_wallet_are_one_line_and_change_nothing(tmp_path):
     with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
         owner, acct = coord.client("owner"), stack.account()
+        proof = _proof(coord, owner, acct)
         cases = [
             (lambda: owner.post("/runs", _run_body(None)), 422, "evm_account_required", "evm_address"),
             (lambda: owner.post("/runs", _run_body("0x12")), 422, "bad_evm_address", "'0x12'"),
             # a mixed-case address whose checksum is wrong: a typo, caught
             (lambda: owner.post("/runs", _run_body(acct.address.swapcase())), 422, "bad_evm_address", "checksum"),
-            (lambda: owner.post("/runs", _run_body(acct.address, control="manual")), 422, "not_on_chain", "manual"),
-            (lambda: owner.post("/runs", _run_body(acct.address, budget="5")), 422, "not_on_chain", "chain deposit"),
+            (
+                lambda: owner.post("/runs", _run_body(acct.address, proof, control="manual")),
+                422,
+                "not_on_chain",
+                "manual",
+            ),
+            (
+                lambda: owner.post("/runs", _run_body(acct.address, proof, budget="5")),
+                422,
+                "not_on_chain",
+                "chain deposit",
+            ),
             (lambda: owner.post("/wallets/fund", {"amount": "5"}), 422, "not_on_chain", "faucet"),
             (lambda: owner.post("/workers", _offer(None)), 422, "evm_account_required", "evm_address"),
         ]
         for call, status, code, words in cases:
             _refused(coord, call, status, code, words)
-        run = owner.post("/runs", _run_body(acct.address.lower()))  # all lower case: no checksum to check
+        run = owner.post("/runs", _run_body(acct.address.lower(), proof))  # all lower case: no checksum to check
         assert coord.rows("SELECT owner_evm FROM runs")[0]["owner_evm"] == acct.address  # stored checksummed
         rid = run["training_id"]
         for call, words in [
@@ -116,7 +135,7 @@ def _providers(stack, coord, n: int) -> list[tuple[Any, Any]]:
     for _ in range(n):
         acct = stack.account(5 * AIT)
         c = coord.client("provider")
-        c.post("/workers", _offer(acct.address))
+        c.post("/workers", _offer(acct.address, _proof(coord, c, acct)))
         providers.append((c, acct))
     return providers
 
@@ -125,7 +144,7 @@ def _run(stack, coord, n: int, *, owner_ait: int = 100 * AIT) -> tuple[Any, Any,
     """An owner with ``owner_ait`` on chain and its run of ``n`` digits shards, bond 2 AIT:
     (client, account, run id)."""
     owner, acct = coord.client("owner"), stack.account(owner_ait)
-    run_id = owner.post("/runs", _run_body(acct.address, target_workers=n))["training_id"]
+    run_id = owner.post("/runs", _run_body(acct.address, _proof(coord, owner, acct), target_workers=n))["training_id"]
     upload_digits(owner, run_id, max(n, 2))  # one digits shard is over the test blob limit
     return owner, acct, run_id
 
@@ -142,7 +161,8 @@ def test_hires_count_ait_on_chain_and_post_no_bond_here(tmp_path):
     with evm_stack(tmp_path) as stack, coordinator(stack.settings()) as coord:
         providers = _providers(stack, coord, 2)
         poor = coord.client("poor")  # no AIT on chain: cannot bond
-        poor.post("/workers", _offer(stack.account().address))
+        broke = stack.account()
+        poor.post("/workers", _offer(broke.address, _proof(coord, poor, broke)))
         short, _, short_run = _run(stack, coord, 2, owner_ait=AIT)  # 1 AIT: short of 2 x 1 AIT x 10 rounds
         _refused(
             coord,

@@ -58,6 +58,8 @@ class RunCreate(Body):
     # the owner's EVM account, on a coordinator that settles on an EVM chain (required there):
     # the run's escrow key on chain is derived from it, and the escrow left is refunded to it
     evm_address: str | None = Field(None, max_length=64)
+    # that account's signature over aitbc.chain.evm.proof.proof_message (required with it there)
+    evm_proof: str | None = Field(None, max_length=200)
 
 
 class DataAttach(Body):
@@ -169,6 +171,8 @@ class WorkerRegister(Body):
     # the provider's EVM account, on a coordinator that settles on an EVM chain (required there):
     # it bonds from it and is paid at it
     evm_address: str | None = Field(None, max_length=64)
+    # that account's signature over aitbc.chain.evm.proof.proof_message (required with it there)
+    evm_proof: str | None = Field(None, max_length=200)
 
 
 class Holdings(Body):

@@ -21,6 +21,7 @@ from aitbc.replies.base import JsonObject, Page, parse
 from aitbc.replies.blobs import BlobStored, Holders, PeerRef, PeerVerdict
 from aitbc.replies.chain import EvmChain, LocalChain
 from aitbc.replies.gossip import RecordAccepted, SignedRecord, Witnessed
+from aitbc.replies.health import Health
 from aitbc.replies.jobs import Challenge, JobPoll, UpdateAccepted
 from aitbc.storage.blobstore import LocalBlobStore
 from aitbc.worker.progress import ProgressReport
@@ -80,6 +81,10 @@ class CoordinatorCalls:
             if e.status != 404:
                 raise
             return parse_chain(None)
+
+    def coordinator_id(self) -> str:
+        """The coordinator's id (``/v1/health``): what an offer's ``evm_proof`` is bound to."""
+        return parse(Health, self.client.get("/health")).coordinator_id
 
     def register(self, offer: dict[str, Any]) -> None:
         self.client.post("/workers", offer)

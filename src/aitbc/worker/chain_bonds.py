@@ -2,6 +2,7 @@
 wallet's EVM account, and it posts its bonds on chain.
 
 A hired provider is paid on chain only once its bond is there (0 is a bond too). The
+offer names the account with a proof that it controls it (:mod:`aitbc.chain.evm.proof`). The
 coordinator hands a job whose contract is not bonded yet with ``bond_required`` (the
 chain, the escrow, the run's key and the amount); the worker posts it from its wallet's
 EVM account (:func:`aitbc.chain_clients.ensure_bond`: nothing is sent if it is there
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aitbc.chain.evm.proof import sign_proof
 from aitbc.chain_clients import ensure_bond, open_escrow
 from aitbc.errors import AitbcError
 from aitbc.replies.chain import EvmChain
@@ -78,6 +80,11 @@ class WorkerChain:
 
             self._account = Account.from_key(ensure_evm_account(self.home, self.wallet).private_key)
         return self._account
+
+    def proof(self, wallet: str, coordinator_id: str) -> str:
+        """The offer's ``evm_proof``: this account's signature saying it belongs to ``wallet``
+        (the worker's aitbc address) at ``coordinator_id``."""
+        return sign_proof(self.account, wallet, coordinator_id)
 
     def post_bond(self, required: BondRequired) -> bool:
         """Post the bond a job's ``bond_required`` asks for; False (logged in one line) if

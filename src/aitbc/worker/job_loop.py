@@ -212,8 +212,9 @@ class JobLoop:
                 self.chain = WorkerChain(
                     view, home=self.home, wallet=self.wallet.name, max_bond=parse_price(self.cfg.max_bond)
                 )
-        if self.chain is not None:
+        if self.chain is not None:  # named with its proof, bound to this wallet at this coordinator
             offer["evm_address"] = self.chain.address
+            offer["evm_proof"] = self.chain.proof(self.wallet.address, self.calls.coordinator_id())
         try:
             self.calls.register(offer)
         except ApiError as e:

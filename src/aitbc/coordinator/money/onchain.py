@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from aitbc import run_defaults
 from aitbc.chain.evm.contracts import run_key
+from aitbc.chain.evm.proof import proof_message, proof_signer
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, unprocessable
 from aitbc.coordinator.store.models import Contract, Job, Offer, Run
@@ -66,11 +67,13 @@ def chain_view(ctx: Context) -> ChainReply:
 # --- the parties' accounts ------------------------------------------------------------------
 
 
-def evm_account(ctx: Context, address: str | None, *, whose: str) -> str | None:
+def evm_account(ctx: Context, address: str | None, proof: str | None, *, wallet: str, whose: str) -> str | None:
     """A signed body's ``evm_address``, checksummed: required on an EVM coordinator (422
     ``evm_account_required``), a well-formed address wherever given (422 ``bad_evm_address``;
-    a mixed-case address must carry a valid checksum, as wallets write it). A local
-    coordinator keeps it unused."""
+    a mixed-case address must carry a valid checksum, as wallets write it). On an EVM
+    coordinator the body's ``evm_proof`` must show that the account signed for ``wallet``
+    (the request's signer) here (:func:`require_proof`). A local coordinator keeps the
+    address unused and reads no proof."""
     if address is None:
         if ctx.chain is not None:
             raise unprocessable(
@@ -92,7 +95,32 @@ def evm_account(ctx: Context, address: str | None, *, whose: str) -> str | None:
             "evm_address is the zero address, which no wallet holds: name the EVM account of your wallet "
             "(aitbc wallet evm NAME shows it)",
         )
-    return str(to_checksum_address(address))
+    checksummed = str(to_checksum_address(address))
+    if ctx.chain is not None:
+        require_proof(ctx, checksummed, proof, wallet=wallet, whose=whose)
+    return checksummed
+
+
+def require_proof(ctx: Context, address: str, proof: str | None, *, wallet: str, whose: str) -> None:
+    """422 ``evm_proof_required`` without ``evm_proof``, ``bad_evm_proof`` unless it is
+    ``address``'s signature over :func:`~aitbc.chain.evm.proof.proof_message` for ``wallet``
+    at this coordinator: a name alone would let a party spend or block a stranger's account
+    (hire checks count the owner account's AIT; an offer's account must bond)."""
+    message = proof_message(address, wallet, ctx.coordinator_id)
+    if proof is None:
+        raise unprocessable(
+            "evm_proof_required",
+            f"{whose} names EVM account {address} without evm_proof: sign {message!r} with that account "
+            "(EIP-191 personal_sign, 0x and 130 hex digits); aitbc's clients do this from the wallet's EVM key",
+        )
+    signer = proof_signer(address, wallet, ctx.coordinator_id, proof)
+    if signer != address:
+        got = "is not a signature" if signer is None else f"is signed by {signer}"
+        raise unprocessable(
+            "bad_evm_proof",
+            f"evm_proof {got}, not by {address} over {message!r}: only the account's own key proves {whose}'s "
+            "account (a proof made for another wallet or another coordinator does not)",
+        )
 
 
 def refuse_on_chain(ctx: Context, what: str, instead: str) -> None:

@@ -48,7 +48,9 @@ def register(
     process registering while the first is still heartbeating is refused."""
     price = parse_price(body.price)
     max_bond = parse_price(body.max_bond, field="max_bond")
-    evm_address = onchain.evm_account(ctx, body.evm_address, whose="a provider's offer")
+    evm_address = onchain.evm_account(
+        ctx, body.evm_address, body.evm_proof, wallet=worker_id, whose="a provider's offer"
+    )
     try:
         check_offer_fields(body.gpu, price / MICRO, body.availability)
     except AitbcError as e:
