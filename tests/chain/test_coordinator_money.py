@@ -99,6 +99,13 @@ def test_refusals_at_init_offer_and_wallet_are_one_line_and_change_nothing(tmp_p
                 "chain deposit",
             ),
             (lambda: owner.post("/wallets/fund", {"amount": "5"}), 422, "not_on_chain", "faucet"),
+            # more workers than one settlement transaction pays: the run could never be paid
+            (
+                lambda: owner.post("/runs", _run_body(acct.address, proof, target_workers=129)),
+                422,
+                "too_many_workers",
+                "at most 128",
+            ),
             (lambda: owner.post("/workers", _offer(None)), 422, "evm_account_required", "evm_address"),
         ]
         for call, status, code, words in cases:

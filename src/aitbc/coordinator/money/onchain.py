@@ -30,7 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aitbc import run_defaults
-from aitbc.chain.evm.contracts import run_key
+from aitbc.chain.evm.contracts import MAX_SETTLE, run_key
 from aitbc.chain.evm.proof import proof_message, proof_signer
 from aitbc.coordinator.context import Context
 from aitbc.coordinator.errors import ApiError, conflict, unprocessable
@@ -65,6 +65,18 @@ def chain_view(ctx: Context) -> ChainReply:
 
 
 # --- the parties' accounts ------------------------------------------------------------------
+
+
+def require_settleable(ctx: Context, target_workers: int) -> None:
+    """On an EVM coordinator a round settles in one transaction of at most ``MAX_SETTLE``
+    contracts (the contract's gas bound): a run of more workers could never be paid, so it
+    is refused at ``init`` (422 ``too_many_workers``), before anything is created."""
+    if ctx.chain is not None and target_workers > MAX_SETTLE:
+        raise unprocessable(
+            "too_many_workers",
+            f"target_workers {target_workers} is more than a round on chain settles: at most {MAX_SETTLE} "
+            "workers a run on an EVM coordinator",
+        )
 
 
 def evm_account(ctx: Context, address: str | None, proof: str | None, *, wallet: str, whose: str) -> str | None:

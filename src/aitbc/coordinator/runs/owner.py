@@ -71,6 +71,7 @@ def create_run(ctx: Context, s: Session, body: RunCreate, *, owner: str, owner_k
             "bad_price", "budget must be more than 0 AIT (or leave it out: distribute escrows the contracts' cost)"
         )
     bond = parse_price(body.bond, field="bond")
+    onchain.require_settleable(ctx, body.target_workers)
     owner_evm = onchain.evm_account(ctx, body.evm_address, body.evm_proof, wallet=owner, whose="the run's owner")
     if Control(body.control) == Control.MANUAL:
         onchain.refuse_on_chain(ctx, "manual control", "create the run with control automatic")
