@@ -22,7 +22,7 @@ from aitbc.chain.evm.client import EvmClient
 from aitbc.chain.evm.contracts import run_key
 from aitbc.chain.evm.deploy import deploy_contracts
 from aitbc.chain.evm.escrow import Escrow, Payout
-from aitbc.cli.training.results import chain_table
+from aitbc.cli.training.results import chain_table, payments_table
 from aitbc.coordinator.chain_backend import ChainBackend
 from aitbc.coordinator.config import Settings
 from aitbc.coordinator.context import Context, build_context
@@ -330,6 +330,9 @@ def test_confirmations_are_counted_until_final_and_payments_settle_only_then(wor
     console.print(chain_table(pay.chain))
     printed = console.export_text()
     assert all(t.tx_hash and t.tx_hash in printed for t in pay.chain.txs) and "finalize" in printed
+    console.print(payments_table(pay.model_dump(mode="json")))  # its title names the chain, not the local ledger
+    titled = console.export_text()
+    assert f"EVM chain {pay.chain.chain_id}, AIT" in titled and "local network" not in titled
 
 
 def end(ctx: Context, run_id: str, **settlements: int) -> None:

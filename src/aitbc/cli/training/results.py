@@ -264,7 +264,9 @@ def partial_note(res: Payments) -> str:
 
 
 def payments_table(res: dict[str, Any]) -> Table:
-    t = Table(title=f"Payments of {res['training_id']} ({res['network']} network, AIT)")
+    chain = res.get("chain")
+    where = f"EVM chain {chain['chain_id']}, AIT" if chain else f"{res['network']} network, AIT"
+    t = Table(title=f"Payments of {res['training_id']} ({where})")
     for col in (
         "worker",
         "price/round",
