@@ -151,7 +151,7 @@ def test_a_worker_posts_its_bond_once_and_logs_one_line_when_it_cannot(chain, tm
 
 def _order(view: EvmChain, key: bytes | str, amount: int, *, chain_id: int | None = None) -> BondRequired:
     """A job's bond_required as the coordinator's JSON has it."""
-    raw = {"chain_id": chain_id or view.chain_id, "escrow": view.escrow, "token": view.token, "amount": amount}
+    raw = {"chain_id": chain_id or view.chain_id, "escrow": view.escrow, "token": view.token, "amount_micro": amount}
     return parse(BondRequired, {**raw, "key": key if isinstance(key, str) else "0x" + key.hex()})
 
 

@@ -228,7 +228,7 @@ def test_deposit_and_bond_mirrored_once_and_gating(tmp_path):
             "escrow": stack.deployment.escrow,
             "token": stack.deployment.token,
             "key": "0x" + key.hex(),
-            "amount": BOND,
+            "amount_micro": BOND,
         }
         worker, w_acct = providers[0]
         blob = put_update(worker, torch.zeros(_d(coord, run_id)))

@@ -142,7 +142,7 @@ Action = Literal["train", "wait"]  # what a job's worker is to do now
 
 class BondRequired(Reply):
     """On an EVM coordinator: the bond this job's provider must post on chain before it
-    trains (approve ``amount`` of ``token`` to ``escrow``, then ``post_bond(key, amount)``;
+    trains (approve ``amount_micro`` of ``token`` to ``escrow``, then ``post_bond(key, amount_micro)``;
     0 is a bond too, and only a bonded provider can be paid). The job waits until the bond
     is seen on chain; updates sent before are refused 409 ``bond_required``."""
 
@@ -150,7 +150,7 @@ class BondRequired(Reply):
     escrow: str = Field(description="the RunEscrow contract's address")
     token: str = Field(description="the AIT token's address")
     key: str = Field(description="the run's key on chain, 0x + 64 hex digits")
-    amount: MicroAIT = Field(description="the bond, in micro-AIT (token units)")
+    amount_micro: MicroAIT = Field(description="the bond, in micro-AIT (token units)")
 
 
 class JobOrder(Reply):

@@ -54,7 +54,7 @@ class BondOrder:
             escrow=required.escrow,
             token=required.token,
             key=key,
-            amount=int(required.amount),
+            amount=int(required.amount_micro),
         )
 
 

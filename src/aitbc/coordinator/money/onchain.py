@@ -285,7 +285,7 @@ def bond_order(ctx: Context, run: Run, contract: Contract) -> BondRequired:
     assert ctx.chain is not None
     d = ctx.chain.deployment
     return BondRequired(
-        chain_id=d.chain_id, escrow=d.escrow, token=d.token, key="0x" + key_of(run).hex(), amount=run.bond
+        chain_id=d.chain_id, escrow=d.escrow, token=d.token, key="0x" + key_of(run).hex(), amount_micro=run.bond
     )
 
 
@@ -333,7 +333,7 @@ def bond_refusal(ctx: Context, run: Run, contract: Contract) -> ApiError:
     return conflict(
         "bond_required",
         f"contract {contract.id}'s bond of {format_price(run.bond)} AIT is not on chain {order.chain_id} yet: post it "
-        f"from {contract.evm_address} with post_bond({order.key}, {order.amount}) on escrow {order.escrow} "
+        f"from {contract.evm_address} with post_bond({order.key}, {order.amount_micro}) on escrow {order.escrow} "
         "(the worker does when its job asks), then send the update again",
     )
 
