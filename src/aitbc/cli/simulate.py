@@ -212,8 +212,8 @@ def _run(sim: Simulation, rounds: int, *, quiet: bool) -> SimResult:
 
 def _result_table(cfg: SimConfig, result: SimResult) -> Table:
     title = (
-        f"simulation: {cfg.model} on {cfg.dataset}, {cfg.workers} workers, {cfg.mode}, {cfg.outer}, "
-        f"{cfg.aggregator_spec}, {cfg.compression}"
+        f"simulation: {cfg.model} on {cfg.dataset}, {cfg.workers} workers, {cfg.mode}, {cfg.outer},\n"
+        f"{cfg.aggregator_spec}, {cfg.compression}"  # two lines: an aggregation spec alone can be long
     )
     if cfg.byzantine:
         title += f", {cfg.byzantine} absent (taking no part)" if cfg.absent else f", {cfg.byzantine} x {cfg.attack}"
