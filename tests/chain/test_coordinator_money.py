@@ -302,12 +302,12 @@ def _job(worker) -> dict[str, Any]:
 
 
 def _d(coord, run_id: str) -> int:
-    import time
-
-    deadline = time.monotonic() + 60
-    while (cfg := coord.rows("SELECT status, config FROM runs WHERE id = :r", r=run_id)[0])["status"] != "training":
-        assert time.monotonic() < deadline, cfg["status"]
-        time.sleep(0.05)
+    cfg = wait_for(
+        "the run training",
+        lambda: coord.rows("SELECT status, config FROM runs WHERE id = :r", r=run_id)[0],
+        lambda row: row["status"] == "training",
+        timeout=120,
+    )
     config = cfg["config"]
     return int((json.loads(config) if isinstance(config, str) else config)["d"])
 
