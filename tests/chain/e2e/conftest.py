@@ -11,6 +11,7 @@ faucet the test funds every party from), ``chain-operator`` is the settlement ke
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from collections.abc import Iterator
@@ -157,9 +158,11 @@ class EvmStack(Stack):
             self.node.stop()
 
 
-@pytest.fixture
-def evm_stack(tmp_path: Path, databases: Any) -> Iterator[EvmStack]:
-    url = databases.new(tmp_path / "coordinator")
+@contextlib.contextmanager
+def started_stack(tmp_path: Path, databases: Any, **backend: str) -> Iterator[EvmStack]:
+    """An :class:`EvmStack` with its chain started on a database of its own (``backend``:
+    the ``databases`` fixture's, e.g. ``backend="postgresql"``), closed and dropped after."""
+    url = databases.new(tmp_path / "coordinator", **backend)
     s = EvmStack(tmp_path, url)
     try:
         s.start_chain()
@@ -167,6 +170,12 @@ def evm_stack(tmp_path: Path, databases: Any) -> Iterator[EvmStack]:
     finally:
         s.close()
         databases.drop(url)
+
+
+@pytest.fixture
+def evm_stack(tmp_path: Path, databases: Any) -> Iterator[EvmStack]:
+    with started_stack(tmp_path, databases) as s:
+        yield s
 
 
 def settled_rounds(escrow: Any, key: bytes) -> list[int]:

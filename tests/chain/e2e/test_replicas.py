@@ -11,7 +11,7 @@ import socket
 
 import httpx
 import pytest
-from tests.chain.e2e.conftest import key_of, settled_rounds
+from tests.chain.e2e.conftest import key_of, settled_rounds, started_stack
 from tests.conftest import PG_URL, wait_until
 
 pytestmark = [pytest.mark.chain, pytest.mark.long]
@@ -33,16 +33,8 @@ def _health(url: str) -> dict:
 def pg_stack(tmp_path, databases):
     if not PG_URL:
         pytest.skip("AITBC_TEST_PG_URL is not set: replicas share a PostgreSQL database")
-    from tests.chain.e2e.conftest import EvmStack
-
-    url = databases.new(tmp_path / "coordinator", backend="postgresql")
-    s = EvmStack(tmp_path, url)
-    try:
-        s.start_chain()
+    with started_stack(tmp_path, databases, backend="postgresql") as s:
         yield s
-    finally:
-        s.close()
-        databases.drop(url)
 
 
 def test_only_the_lease_holder_sends_settlements(pg_stack):
