@@ -87,7 +87,18 @@ class Settings(BaseSettings):
         2.0, gt=0, description="Seconds between two writes of the in-memory heartbeats to the database."
     )
     eval_samples: int = Field(512, ge=1, description="Validation samples scored each round.")
-    score_samples: int = Field(512, ge=1, description="Samples per batch when scoring one update.")
+    # A batch's noise falls with its loss terms, not its samples: a 64-token sequence carries 64
+    # (its loss is their mean), a digit image one. So a budget of terms sizes a sequence model's
+    # batches, within [verification.scoring.MIN_SCORE_SAMPLES, score_samples] samples.
+    score_samples: int = Field(
+        512, ge=1, description="Most samples per batch when scoring one update (see --score-terms)."
+    )
+    score_terms: int = Field(
+        8192,
+        ge=1,
+        description="Loss terms per batch when scoring one update: a sample of T target positions (a sequence "
+        "of T tokens) counts T, so a batch holds score_terms // T samples, at least 64, at most --score-samples.",
+    )
     # The books thread (evaluation, scoring, settlement, retention: nothing a worker waits for)
     # runs below the rest so that it takes only the CPU the rounds leave.
     books_nice: int = Field(

@@ -37,6 +37,9 @@ from aitbc.training.checkpoint import flat_params, load_checkpoint, set_flat_par
 from aitbc.training.local import eager_start
 
 SCORING = ScoringConfig()
+# The fewest samples a sequence model's scoring batch holds, whatever its terms budget: the
+# standard errors the flags are judged by come from the spread over a batch's samples.
+MIN_SCORE_SAMPLES = 64
 # The most bytes of a round's updates the books thread scores from memory (one float32 column
 # block). A larger round is read from a spill file, a row or a column block at a time: the
 # next round's close may hold its own matrix meanwhile, and the two together (with scoring's
@@ -255,6 +258,7 @@ def _judge_decoded(
     all_shards = books_shards(ctx, run.id, [e["cid"] for e in run.data_manifest["shards"]])
     split = [("split_into" in e) for e in run.data_manifest["shards"]]  # its samples live on in its halves
     w = torch.tensor([float(u.samples) for u, _ in accepted])  # (n,)
+    terms = int(rt.val_y[0].numel()) if len(rt.val_y) else 1  # loss terms a sample carries (its targets)
     with rt.lock:  # the rule is the one the rounds thread aggregates with
         kept = kept_shares(rt.aggregator, U, w, r, rt.trend(ctx, run.id, r))
     return judge(
@@ -266,11 +270,19 @@ def _judge_decoded(
         split,
         (rt.val_x, rt.val_y),
         kept,
-        samples=ctx.settings.score_samples,
+        samples=score_batch(terms, ctx.settings.score_terms, ctx.settings.score_samples),
         seed=run.seed * 1_000_003 + r,
         starts=starts,
         rows=rt.eval_rows,
     )
+
+
+def score_batch(terms_per_sample: int, terms: int, cap: int) -> int:
+    """Samples in each scoring batch: ``terms`` loss terms' worth of samples that carry
+    ``terms_per_sample`` each (a sequence's target positions; 1 for an image), at least
+    :data:`MIN_SCORE_SAMPLES` and at most ``cap``. A sequence's loss is the mean over its
+    tokens, so fewer of them measure a gain about as closely as 512 images do."""
+    return min(cap, max(MIN_SCORE_SAMPLES, terms // max(1, terms_per_sample)))
 
 
 def kept_shares(
