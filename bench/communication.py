@@ -29,7 +29,14 @@ worst seed (a miss counts as none), and so are the robust rules'. The equal-roun
 comparison is printed per seed; the bytes-loss frontier is the first seed's. ``--out
 PATH`` writes the JSON there instead of ``bench/results/`` (a smoke run's).
 
-Usage: python bench/communication.py [--quick] [--tasks digits,transformer,llama] [--seeds 0-4] [--out PATH]
+``--configs 'NAME;NAME'`` runs only the configurations whose label contains one of the
+names (case-insensitive; semicolons, as labels hold commas: ``'sparseloco H=30, 1%'``), in
+each task that has them, beside each seed's dense baseline (the target). The robust rules'
+table is left out of such a run. A name that matches no configuration of the tasks run is
+refused. Its JSON is ``communication_configs.json``.
+
+Usage: python bench/communication.py [--quick] [--tasks digits,transformer,llama] [--seeds 0-4]
+       [--configs 'NAME;NAME'] [--out PATH]
 """
 
 from __future__ import annotations
@@ -179,6 +186,23 @@ RULES = {
 ATTACKS = [(None, 0), ("sign-flip", 2)]
 
 
+def chosen_configs(tasks: list[str], quick: bool, names: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Each task's configurations, or only those whose label contains one of ``names``
+    (';'-separated, case-insensitive); ValueError naming a name that matches none of them."""
+    plans = {task: configs(task, quick) for task in tasks}
+    if names is None:
+        return plans
+    typed = [n.strip() for n in names.split(";") if n.strip()]
+    if not typed:
+        raise ValueError("configs: no configuration named (e.g. --configs 'sparseloco H=30, 1%')")
+    wanted = [n.lower() for n in typed]
+    for name, as_typed in zip(wanted, typed, strict=True):
+        if not any(name in c["label"].lower() for plan in plans.values() for c in plan):
+            labels = "; ".join(dict.fromkeys(c["label"] for plan in plans.values() for c in plan))
+            raise ValueError(f"configs: {as_typed!r} matches no configuration of {','.join(tasks)} (labels: {labels})")
+    return {task: [c for c in plan if any(n in c["label"].lower() for n in wanted)] for task, plan in plans.items()}
+
+
 def run(options: dict[str, Any]) -> tuple[Any, list[dict[str, Any]], float]:
     """One simulation: its result, its metrics rows, and its last aggregate's density."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,10 +215,10 @@ def run(options: dict[str, Any]) -> tuple[Any, list[dict[str, Any]], float]:
 
 
 def run_task(
-    name: str, quick: bool, max_factor: float, *, seed: int = 0
+    name: str, quick: bool, max_factor: float, *, seed: int = 0, plan: list[dict[str, Any]] | None = None
 ) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
-    """Task ``name``'s dense baseline and every configuration against its target, on ``seed``;
-    the rows and the bytes-loss frontier."""
+    """Task ``name``'s dense baseline and every configuration (or those of ``plan``) against
+    its target, on ``seed``; the rows and the bytes-loss frontier."""
     shared, base_steps = TASKS[name]
     shared = {**shared, "seed": seed}
     if quick:
@@ -222,7 +246,7 @@ def run_task(
             wall_s=time.perf_counter() - t,
         )
     ]
-    for c in configs(name, quick):
+    for c in configs(name, quick) if plan is None else plan:
         c = dict(c)
         label, full = c.pop("label"), c.pop("full", False)
         rounds = max(1, math.ceil(max_factor * base_steps / c["local_steps"]))
@@ -522,29 +546,37 @@ def main() -> None:
     ap.add_argument("--tasks", default="digits,transformer")
     ap.add_argument("--max-factor", type=float, default=3.0, help="step budget relative to the baseline")
     ap.add_argument("--seeds", default="0-4", help="e.g. 0-4 (the default), 0,2 or 3")
+    ap.add_argument("--configs", help="only configurations whose label contains one of these, ';'-separated")
     ap.add_argument("--out", type=Path, help="write the JSON here, not under bench/results/")
     args = ap.parse_args()
+    tasks = args.tasks.split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        ap.error(f"tasks: {', '.join(unknown)} not one of {', '.join(TASKS)}")
     try:
         seeds = parse_seeds(args.seeds)
+        plans = chosen_configs(tasks, args.quick, args.configs)
     except ValueError as e:
         ap.error(str(e))
+    for task in [t for t in tasks if not plans[t]]:
+        print(f"{task}: no configuration matches --configs {args.configs!r}; not run")
+    tasks = [t for t in tasks if plans[t]]
     torch.manual_seed(0)
-    tasks = args.tasks.split(",")
     rows: list[dict[str, Any]] = []
     fronts: dict[str, list[tuple[float, float]]] = {}
     for seed in seeds:
         for task in tasks:
-            task_rows, front = run_task(task, args.quick, args.max_factor, seed=seed)
+            task_rows, front = run_task(task, args.quick, args.max_factor, seed=seed, plan=plans[task])
             rows += task_rows
             fronts.setdefault(task, front)  # the first seed's
     summary = reduction_spread(rows)
     print_rows(rows, summary, seeds)
     verdicts = {task: task_verdict(task, rows, summary, fronts[task]) for task in tasks}
-    rules = rules_section(rows, args, seeds) if "digits" in tasks else []
+    rules = rules_section(rows, args, seeds) if "digits" in tasks and args.configs is None else []
     for r in rows:
         r.pop("curve")
     write_json(
-        "communication",
+        "communication" if args.configs is None else "communication_configs",  # a part keeps the matrix's
         {
             "machine": machine(),
             "args": vars(args),
