@@ -111,11 +111,14 @@ TARGETS = {"digits": 1000, "transformer": 3000, "llama": 3000}
 BETA = 0.95  # SparseLoCo's error-feedback decay
 
 
-def sparseloco(h: int, density: float = 0.02, bits: int = 2, **more: Any) -> dict[str, Any]:
+def sparseloco(h: int, density: float = 0.02, bits: int = 2, *, outer_lr: float = 1.0, **more: Any) -> dict[str, Any]:
+    """SparseLoCo at H=``h``; ``outer_lr`` scales the averaged step (plain outer SGD). Sparse
+    updates on mostly disjoint supports are each divided by n in the average, so a coordinate
+    one worker sent moves by 1/n of it: an outer lr above 1 gives some of that back."""
     spec = f"sparseloco:density={density:g},bits={bits},error_feedback_decay={BETA:g}"
-    return dict(
-        label=f"sparseloco H={h}, {density:.0%}, {bits}-bit", local_steps=h, outer="fedavg", compression=spec, **more
-    )
+    label = f"sparseloco H={h}, {density:.0%}, {bits}-bit" + (f", outer lr {outer_lr:g}" if outer_lr != 1.0 else "")
+    outer = {"outer_options": {"lr": outer_lr}} if outer_lr != 1.0 else {}
+    return dict(label=label, local_steps=h, outer="fedavg", compression=spec, **outer, **more)
 
 
 def diloco(h: int, codec: str = "none", ef: bool = False, **more: Any) -> dict[str, Any]:
@@ -167,6 +170,8 @@ def configs(task: str, quick: bool) -> list[dict[str, Any]]:
         fedavg(50, full=True),
         sparseloco(50, full=True),
         sparseloco(50, density=0.01),
+        # outer lr 2: chosen on seeds 5 and 6 (1, 2 and 3 tried), not on the seeds reported
+        sparseloco(50, density=0.01, outer_lr=2),
         sparseloco(100),
     ]
 

@@ -7,14 +7,14 @@ digits) for SparseLoCo (H=30, 2% chunk-wise top-k, 2-bit, decayed error feedback
 scaled updates (attackers send through the plain codec: no error feedback), and without
 attackers. The aggregator is the run's default for a sparse codec (none is named:
 ``run_defaults.default_aggregator``), after the norm bound. Each seed has its own dense
-baseline (its own target); a run that does not reach the target within 3x the baseline's
-steps (60 rounds) is a miss. Reported per attack: the median and the worst seed's
+baseline (its own target); a run that does not reach the target within 5x the baseline's
+steps (100 rounds) is a miss, and the inner steps a run took against dense's are printed. Reported per attack: the median and the worst seed's
 reduction against dense, and the rounds.
 
 Target: >= 1000x fewer bytes than dense under every attack (issue: "sparse + robust").
 
 ``--task transformer``: the communication bench's transformer task (4 workers, 1 attacking;
-SparseLoCo H=50, 1%), target 3000x; its JSON is ``sparse_robust_transformer.json``.
+SparseLoCo H=50, 1%, outer lr 2, chosen on seeds 5-6), target 3000x; its JSON is ``sparse_robust_transformer.json``.
 
 ``--rules`` adds rows for other rules (e.g. ``trend+centered-clip``, the dense default).
 
@@ -40,9 +40,15 @@ from aitbc import run_defaults
 from communication import TASKS, run, sparseloco
 
 ATTACKS = ["none", "sign-flip", "ipm", "alie", "gaussian", "scale"]
-# task: (H, density, target reduction); each the communication bench's best SparseLoCo setting
-PLANS = {"digits": (30, 0.02, 1000), "transformer": (50, 0.01, 3000)}
-MAX_FACTOR = 3.0
+# task: (H, density, target reduction, outer lr); each the communication bench's best SparseLoCo
+# setting. The transformer's outer lr 2 was chosen on seeds 5 and 6 (1, 2 and 3 tried: 2 reached
+# the target in 19-20 rounds against 23 at 1), the digits' 1 likewise (2 diverged on seed 6): the
+# reported seeds 0-4 played no part in the choice.
+PLANS = {"digits": (30, 0.02, 1000, 1.0), "transformer": (50, 0.01, 3000, 2.0)}
+# A run that has not reached the target within MAX_FACTOR x the dense baseline's inner steps is a
+# miss; each row says the inner steps it took against dense's (``steps x``): the compute paid for
+# the bytes saved.
+MAX_FACTOR = 5.0
 
 
 def attackers(task: str) -> int:
@@ -63,8 +69,8 @@ def attacked(
     """One SparseLoCo run under ``attack`` until ``target``, within MAX_FACTOR x ``steps``
     inner steps (the dense baseline's)."""
     shared, _ = TASKS[task]
-    h, density, _ = PLANS[task]
-    c = sparseloco(h, density=density)
+    h, density, _, outer_lr = PLANS[task]
+    c = sparseloco(h, density=density, outer_lr=outer_lr)
     c.pop("label")
     opts = {**shared, "seed": seed, "aggregator": rule, **c}
     opts["rounds"] = max(1, int(MAX_FACTOR * steps / c["local_steps"]))
@@ -85,6 +91,7 @@ def attacked(
         target=target,
         bytes_per_worker=(r.bytes_to_target if reached else r.bytes_up) / workers,
         reduction=dense_bytes / (r.bytes_to_target / workers) if reached else None,
+        steps_factor=(r.rounds_to_target if reached else r.rounds) * h / steps,
         wall_s=time.perf_counter() - t,
     )
 
@@ -159,10 +166,11 @@ def report(rows: list[dict[str, Any]], bases: list[dict[str, Any]], args: argpar
     after every seed, so a run cut short still leaves its finished seeds)."""
     seeds = ",".join(str(b["seed"]) for b in bases)
     table = summary(rows)
-    h, density, goal = PLANS[args.task]
+    h, density, goal, outer_lr = PLANS[args.task]
     workers = TASKS[args.task][0]["workers"]
     print_table(
-        f"sparse + robust: SparseLoCo H={h}, {density:.0%}, 2-bit on {args.task}, {attackers(args.task)} of "
+        f"sparse + robust: SparseLoCo H={h}, {density:.0%}, 2-bit, outer lr {outer_lr:g} on {args.task}, "
+        f"{attackers(args.task)} of "
         f"{workers} attacking, seeds {seeds}",
         ["rule", "attack", "reached", "reduction median", "reduction worst (seed)", "rounds median", "rounds worst"],
         [
@@ -172,6 +180,9 @@ def report(rows: list[dict[str, Any]], bases: list[dict[str, Any]], args: argpar
         ],
     )
     default = run_defaults.default_aggregator(sparseloco(h)["compression"])
+    steps = max((r["steps_factor"] for r in rows if r["reached"]), default=None)
+    if steps is not None:
+        print(f"inner steps to the target: at most {steps:.1f}x the dense baseline's (over every reached run)")
     mine = [s for s in table if s["rule"] == default and s["attack"] != "none"]
     ok = all(s["median"] >= goal for s in mine)
     worst = min(mine, key=lambda s: s["worst"], default=None)

@@ -69,6 +69,7 @@ def test_only_the_named_configurations_run_beside_the_baseline(communication, ru
             ("mlp", 30, sl, seed),
             ("transformer", 1, "none", seed),
             ("transformer", 50, sl, seed),
+            ("transformer", 50, sl, seed),  # the same at outer lr 2: its label holds the name too
         ]
     ]
     result = json.loads(out.read_text())
@@ -78,6 +79,7 @@ def test_only_the_named_configurations_run_beside_the_baseline(communication, ru
         ("digits", "sparseloco H=30, 1%, 2-bit"),
         ("transformer", "dense baseline (H=1, fp32, 300 steps)"),
         ("transformer", "sparseloco H=50, 1%, 2-bit"),
+        ("transformer", "sparseloco H=50, 1%, 2-bit, outer lr 2"),
     }
     assert result["robust_rules"] == []  # the rules' table is not part of a chosen run
     assert "robust rules" not in capsys.readouterr().out
@@ -106,3 +108,10 @@ def test_an_unknown_task_is_refused(communication, runs, monkeypatch, capsys):
         main(communication, monkeypatch, "--tasks", "digits,mnist")
     assert e.value.code == 2 and runs == []
     assert "tasks: mnist not one of digits, transformer, llama" in capsys.readouterr().err
+
+
+def test_an_outer_lr_reaches_the_simulation_and_the_label(communication):
+    c = communication.sparseloco(50, density=0.01, outer_lr=2)
+    assert c["outer_options"] == {"lr": 2} and c["label"].endswith(", outer lr 2")
+    plain = communication.sparseloco(50, density=0.01)
+    assert "outer_options" not in plain and plain["label"] == "sparseloco H=50, 1%, 2-bit"
