@@ -16,13 +16,25 @@ BENCHES = [
     ("aggregation_speed", "Aggregation speed", "python bench/aggregation_speed.py"),
     ("aggregation_memory", "Aggregation memory (streamed from disk)", "python bench/aggregation_memory.py"),
     ("communication", "Communication", "python bench/communication.py"),
+    # the headline SparseLoCo rows alone over seeds 0-4 (the whole matrix over five seeds is hours)
+    (
+        "communication_configs",
+        "Communication over seeds 0-4: the SparseLoCo headline configurations",
+        "python bench/communication.py --configs 'sparseloco H=20;sparseloco H=30;sparseloco H=50'",
+    ),
     ("sparse_robust", "Sparse + robust: SparseLoCo updates under attack", "python bench/sparse_robust.py"),
     (
         "sparse_robust_transformer",
         "Sparse + robust: the transformer",
-        "python bench/sparse_robust.py --task transformer --seeds 0",
+        "python bench/sparse_robust.py --task transformer",
     ),
     ("robustness", "Robustness", "python bench/robustness.py"),
+    (
+        "robustness_dirichlet01",
+        "Robustness: the default rule on Dirichlet 0.1 shards over seeds 0-4",
+        "python bench/robustness.py --shards 0.1 --aggregators 'trend+centered-clip:iters=1,norm=1.5' "
+        "--out bench/results/robustness_dirichlet01.json",
+    ),
     ("stragglers", "Stragglers", "python bench/stragglers.py"),
     ("coordinator_load", "Coordinator load", "python bench/coordinator_load.py"),
     ("live_utilization", "Live utilization", "python bench/live_utilization.py"),
