@@ -19,7 +19,8 @@ from aitbc.coordinator.schemas import Distribute
 from aitbc_agent_sdk.operations import start_training
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "aitbc" / "cli"
-SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "aggregator", "compression", "error_feedback"]
+SHARED = ["rounds", "local_steps", "batch_size", "lr", "outer", "outer_lr", "outer_momentum", "aggregator"]
+SHARED += ["compression", "error_feedback"]
 SHARED += ["mode", "deadline", "quorum", "eval_every", "buffer", "max_staleness", "staleness"]
 
 

@@ -135,6 +135,14 @@ def cmd(name: str) -> tuple[str, ...]:
             "--outer: unknown outer optimizer 'adam'; allowed: diloco, fedavg",
         ),
         (
+            (*cmd("distribute"), "--outer-lr", "0"),
+            "--outer: outer optimizer 'fedavg': lr must be in (0, 10], got 0.0",
+        ),
+        (
+            (*cmd("distribute"), "--outer", "diloco", "--outer-momentum", "1.5"),
+            "--outer: outer optimizer 'diloco': momentum must be in [0, 0.99], got 1.5",
+        ),
+        (
             (*cmd("distribute"), "--precision", "fp16"),
             "--precision 'fp16' is not available; choose one of: fp32, bf16",
         ),

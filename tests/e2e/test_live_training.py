@@ -120,9 +120,12 @@ def test_documented_workflow_trains_a_transformer(stack, tmp_path):
         "3e-3",
         "--compression",
         "int8",
+        "--outer-lr",
+        "0.9",
     ]
     r = stack.cli(*dist)
     assert r.returncode == 0, r.stderr
+    assert stack.api(f"/runs/{run_id}")["config"]["outer_options"] == {"lr": 0.9}  # the outer step the run takes
     r = stack.cli("distributed-training", "monitor", "--training-id", run_id, "--timeout", "240")
     assert r.returncode == 0, r.stderr + r.stdout
     assert f"Run {run_id} complete" in r.stdout

@@ -16,6 +16,8 @@ LocalSteps = Annotated[int, typer.Option(help="Inner steps per worker per round 
 BatchSize = Annotated[int, typer.Option(help="Samples per inner step.")]
 Lr = Annotated[float, typer.Option(help="Inner learning rate.")]
 Outer = Annotated[str, typer.Option(help="Outer optimizer: fedavg or diloco.")]
+OuterLr = Annotated[float | None, typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")]
+OuterMomentum = Annotated[float | None, typer.Option(help="diloco Nesterov momentum (0.9).")]
 # No default: the codec picks it (run_defaults.default_aggregator), in simulate and in a live run
 Aggregator = Annotated[
     str | None,

@@ -33,6 +33,8 @@ from aitbc.cli.options import (
     Mode,
     ModelOpt,
     Outer,
+    OuterLr,
+    OuterMomentum,
     Quorum,
     Rounds,
     Seed,
@@ -56,8 +58,6 @@ ModelChoice = Annotated[
 Dataset = Annotated[str, typer.Option(help="digits, stdlib, text:PATH or npz:PATH.")]
 Workers = Annotated[int, typer.Option(help="Number of virtual workers.")]
 InnerOpt = Annotated[str, typer.Option(help="Inner optimizer: adamw, adam, sgd.")]
-OuterLr = Annotated[float | None, typer.Option(help="Outer learning rate (fedavg 1.0, diloco 0.7).")]
-OuterMomentum = Annotated[float | None, typer.Option(help="diloco Nesterov momentum (0.9).")]
 Alpha = Annotated[float | None, typer.Option(help="Dirichlet label skew; smaller is more non-IID. IID if unset.")]
 Speeds = Annotated[str, typer.Option(help="Relative compute speed: one value or one per worker, e.g. 1,1,1,0.1.")]
 Bandwidth = Annotated[str, typer.Option(help="Link bandwidth in Mbit/s: one value or one per worker.")]

@@ -25,6 +25,8 @@ from aitbc.cli.options import (
     Mode,
     ModelOpt,
     Outer,
+    OuterLr,
+    OuterMomentum,
     Quorum,
     Rounds,
     Seed,
@@ -253,6 +255,8 @@ def distribute(
     batch_size: BatchSize = defaults.BATCH_SIZE,
     lr: Lr = defaults.LR,
     outer: Outer = defaults.OUTER,
+    outer_lr: OuterLr = None,
+    outer_momentum: OuterMomentum = None,
     aggregator: Aggregator = None,
     compression: Compression = defaults.COMPRESSION,
     error_feedback: ErrorFeedback = defaults.ERROR_FEEDBACK,
@@ -282,7 +286,8 @@ def distribute(
     tracker until the run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on).
     On an EVM coordinator the run's escrow is deposited on chain first (once)."""
     home = resolve_home(home)
-    _check_distribute(strategy, mode, topology, outer, aggregator, compression, precision)
+    outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
+    _check_distribute(strategy, mode, topology, outer, aggregator, compression, precision, outer_options)
     _check_chain_timeout(chain_timeout, deadline)
     tracker = open_tracker(log_to, training_id)  # refused (exit 2) before anything is distributed
     with (
@@ -300,6 +305,7 @@ def distribute(
             batch_size=batch_size,
             lr=lr,
             outer=outer,
+            outer_options=outer_options or None,
             aggregator=aggregator,
             compression=compression,
             error_feedback=error_feedback,
@@ -350,7 +356,14 @@ def _deposit_lines(stage: str, done: int, total: int) -> None:
 
 
 def _check_distribute(
-    strategy: str, mode: str, topology: str, outer: str, aggregator: str | None, compression: str, precision: str
+    strategy: str,
+    mode: str,
+    topology: str,
+    outer: str,
+    aggregator: str | None,
+    compression: str,
+    precision: str,
+    outer_options: dict[str, float] | None = None,
 ) -> None:
     """The choices ``distribute`` refuses before it talks to the coordinator (exit 2)."""
     if strategy != "data-parallel":
@@ -360,7 +373,7 @@ def _check_distribute(
         raise UsageError(f"--mode {mode!r} is not a mode; choose one of: {', '.join(RunMode)}")
     if run_mode.peer_to_peer:
         checks.topology(topology)
-    checks.outer(outer)
+    checks.outer(outer, outer_options)
     if aggregator is not None:  # none: the codec's, resolved by the coordinator
         checks.aggregator(aggregator)
     checks.codec(compression)
