@@ -285,6 +285,7 @@ def distribute(
     With --log-to, stay attached like monitor: write each closed round's metrics to the
     tracker until the run ends (exit 1 if it fails; Ctrl-C detaches, the run goes on).
     On an EVM coordinator the run's escrow is deposited on chain first (once)."""
+    knobs = {name: value for name, value in locals().items() if name in DISTRIBUTE_FIELDS}  # as the SDK names them
     home = resolve_home(home)
     outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
     _check_distribute(strategy, mode, topology, outer, aggregator, compression, precision, outer_options)
@@ -300,28 +301,8 @@ def distribute(
         # it may be (price x rounds) as max_cost.
         run = a.start_training(
             training_id,
-            rounds,
-            local_steps,
-            batch_size=batch_size,
-            lr=lr,
-            outer=outer,
+            **knobs,
             outer_options=outer_options or None,
-            aggregator=aggregator,
-            compression=compression,
-            error_feedback=error_feedback,
-            deadline=deadline,
-            quorum=quorum,
-            min_workers=min_workers,
-            max_workers=max_workers,
-            eval_every=eval_every,
-            verify_rate=verify_rate,
-            overlap=overlap,
-            precision=precision,
-            mode=mode,
-            buffer=buffer,
-            max_staleness=max_staleness,
-            staleness=staleness,
-            topology=topology,
             chain_timeout=chain_timeout,
             progress=_deposit_lines,
         )
