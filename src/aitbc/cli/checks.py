@@ -172,6 +172,12 @@ def codec(spec: str, *, option: str = "--compression") -> None:
     _checked(option, check)
 
 
+def outer_options(lr: float | None, momentum: float | None) -> dict[str, float]:
+    """The outer optimizer's options that ``--outer-lr`` and ``--outer-momentum`` set (an unset
+    flag leaves the optimizer's own default)."""
+    return {k: v for k, v in (("lr", lr), ("momentum", momentum)) if v is not None}
+
+
 def outer(name: str, options: Mapping[str, object] | None = None, *, option: str = "--outer") -> None:
     from aitbc.core.outer import build_outer
 

@@ -171,7 +171,7 @@ def _sim_config(options: Mapping[str, Any]) -> SimConfig:
     parsed and the choices checked first, each refusal naming its flag."""
     from aitbc.sim.config import SimConfig
 
-    outer_options = {k: options[f"outer_{k}"] for k in ("lr", "momentum") if options[f"outer_{k}"] is not None}
+    outer_options = checks.outer_options(options["outer_lr"], options["outer_momentum"])
     model_options = parse_kv(options["model_opt"] or [], what="model")
     checks.model(options["model"], model_options, option="--model")
     checks.dataset_name(options["dataset"])

@@ -287,7 +287,7 @@ def distribute(
     On an EVM coordinator the run's escrow is deposited on chain first (once)."""
     knobs = {name: value for name, value in locals().items() if name in DISTRIBUTE_FIELDS}  # as the SDK names them
     home = resolve_home(home)
-    outer_options = {k: v for k, v in (("lr", outer_lr), ("momentum", outer_momentum)) if v is not None}
+    outer_options = checks.outer_options(outer_lr, outer_momentum)
     _check_distribute(strategy, mode, topology, outer, aggregator, compression, precision, outer_options)
     _check_chain_timeout(chain_timeout, deadline)
     tracker = open_tracker(log_to, training_id)  # refused (exit 2) before anything is distributed
