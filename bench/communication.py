@@ -29,6 +29,12 @@ worst seed (a miss counts as none), and so are the robust rules'. The equal-roun
 comparison is printed per seed; the bytes-loss frontier is the first seed's. ``--out
 PATH`` writes the JSON there instead of ``bench/results/`` (a smoke run's).
 
+Parts run apart (one process a core, or on two machines): each with ``--out PART.json`` and
+its own ``--seeds`` or ``--tasks``, then ``--combine A.json,B.json`` runs nothing, merges
+their rows and prints and writes them as one run of them all would
+(``results/communication.json``, each part's arguments and machine under ``parts``). The
+parts must share ``--max-factor``.
+
 ``--configs 'NAME;NAME'`` runs only the configurations whose label contains one of the
 names (case-insensitive; semicolons, as labels hold commas: ``'sparseloco H=30, 1%'``), in
 each task that has them, beside each seed's dense baseline (the target). The robust rules'
@@ -36,7 +42,7 @@ table is left out of such a run. A name that matches no configuration of the tas
 refused. Its JSON is ``communication_configs.json``.
 
 Usage: python bench/communication.py [--quick] [--tasks digits,transformer,llama] [--seeds 0-4]
-       [--configs 'NAME;NAME'] [--out PATH]
+       [--configs 'NAME;NAME'] [--out PATH] [--combine A.json,B.json]
 """
 
 from __future__ import annotations
@@ -500,13 +506,18 @@ def equal_rounds(task: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def rules_section(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: list[int]) -> list[dict[str, Any]]:
+def run_rules(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: list[int]) -> list[dict[str, Any]]:
     """The robust rules over SparseLoCo's sparse updates on digits, each seed against its own
-    dense baseline; printed per seed and as the median and worst seed per rule and attack."""
+    dense baseline."""
     rules: list[dict[str, Any]] = []
     for seed in seeds:
         base = next(r for r in rows if r["task"] == "digits" and r["seed"] == seed)
         rules += robust_rules(args.quick, args.max_factor, base["val_loss"] * 1.02, base["bytes_per_worker"], seed=seed)
+    return rules
+
+
+def print_rules(rules: list[dict[str, Any]], seeds: list[int]) -> None:
+    """The robust rules' rows per seed, then the median and worst seed per rule and attack."""
     print_table(
         "robust rules over SparseLoCo's sparse updates (digits, 8 workers, H=30, 2%, 2-bit)",
         ["rule", "attack", "seed", "rounds", "val loss", "reached", "reduction"] + ["aggregate density", "wall s"],
@@ -542,7 +553,6 @@ def rules_section(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: l
     print("What each rule does with sparse updates (n = 8, each nonzero on ~2% of coordinates, mostly different ones):")
     for rule, effect in RULES.items():
         print(f"  {rule}: {effect}")
-    return rules
 
 
 def main() -> None:
@@ -553,7 +563,18 @@ def main() -> None:
     ap.add_argument("--seeds", default="0-4", help="e.g. 0-4 (the default), 0,2 or 3")
     ap.add_argument("--configs", help="only configurations whose label contains one of these, ';'-separated")
     ap.add_argument("--out", type=Path, help="write the JSON here, not under bench/results/")
+    ap.add_argument("--combine", help="run nothing: merge these parts' JSON files (comma-separated) and report them")
     args = ap.parse_args()
+    if args.combine is not None:
+        paths = [Path(p.strip()) for p in args.combine.split(",") if p.strip()]
+        if not paths:
+            ap.error("--combine: name the parts' JSON files, comma-separated (e.g. --combine a.json,b.json)")
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            ap.error(f"--combine: no such file {missing[0]!r}")
+        if args.configs is not None:
+            ap.error("--combine runs nothing: not with --configs")
+        return combine(args, paths)
     tasks = args.tasks.split(",")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
@@ -574,25 +595,81 @@ def main() -> None:
             task_rows, front = run_task(task, args.quick, args.max_factor, seed=seed, plan=plans[task])
             rows += task_rows
             fronts.setdefault(task, front)  # the first seed's
+    rules = run_rules(rows, args, seeds) if "digits" in tasks and args.configs is None else []
+    for r in rows:
+        r.pop("curve")
+    payload = report(rows, fronts, rules, seeds, tasks)
+    payload |= {"machine": machine(), "args": vars(args)}
+    write_json("communication" if args.configs is None else "communication_configs", payload, path=args.out)
+
+
+def report(
+    rows: list[dict[str, Any]],
+    fronts: dict[str, list[tuple[float, float]]],
+    rules: list[dict[str, Any]],
+    seeds: list[int],
+    tasks: list[str],
+) -> dict[str, Any]:
+    """Print every table and verdict of these rows; the payload's results."""
     summary = reduction_spread(rows)
     print_rows(rows, summary, seeds)
     verdicts = {task: task_verdict(task, rows, summary, fronts[task]) for task in tasks}
-    rules = rules_section(rows, args, seeds) if "digits" in tasks and args.configs is None else []
-    for r in rows:
-        r.pop("curve")
-    write_json(
-        "communication" if args.configs is None else "communication_configs",  # a part keeps the matrix's
-        {
-            "machine": machine(),
-            "args": vars(args),
-            "rows": rows,
-            "summary": summary,
-            "verdicts": verdicts,
-            "pareto": {k: [list(p) for p in v] for k, v in fronts.items()},
-            "robust_rules": rules,
-        },
-        path=args.out,
+    if rules:
+        print_rules(rules, seeds)
+    return {
+        "rows": rows,
+        "summary": summary,
+        "verdicts": verdicts,
+        "pareto": {k: [list(p) for p in v] for k, v in fronts.items()},
+        "robust_rules": rules,
+    }
+
+
+SHAPE = ("max_factor", "quick")  # what combined parts must share
+
+
+def combine(args: argparse.Namespace, paths: list[Path]) -> None:
+    """Merge parts written with ``--out`` (a later part's row for the same task, seed and
+    configuration, or rule and attack, replaces an earlier one's), print and write them as one
+    run of them all."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    rules: dict[tuple, dict[str, Any]] = {}
+    fronts: dict[str, tuple[int, list[tuple[float, float]]]] = {}
+    parts = []
+    for path in paths:
+        try:
+            part = json.loads(path.read_text())
+            part_rows, part_args = part["rows"], part["args"]
+            part_rules, pareto = part.get("robust_rules", []), part["pareto"]
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(f"--combine: {path} is not a part written by this program with --out (no rows)") from None
+        other = [k for k in SHAPE if part_args.get(k) != getattr(args, k)]
+        if other:
+            raise SystemExit(
+                f"--combine: {path} ran with other {', '.join(other)} than this run's "
+                f"({', '.join(f'{k}={getattr(args, k)}' for k in other)}); pass the same flags"
+            )
+        first = min(r["seed"] for r in part_rows) if part_rows else 0
+        for r in part_rows:
+            rows[(r["task"], r["seed"], r["config"])] = r
+        for r in part_rules:
+            rules[(r["rule"], r["attack"], r["seed"])] = r
+        for task, front in pareto.items():  # the frontier of the lowest seed run
+            if task not in fronts or first < fronts[task][0]:
+                fronts[task] = (first, [tuple(p) for p in front])
+        parts.append({"file": path.name, "args": part_args, "machine": part["machine"]})
+    ordered = sorted(rows.values(), key=lambda r: r["seed"])  # stable: each part's own order within a seed
+    seeds = sorted({r["seed"] for r in ordered})
+    tasks = [t for t in TASKS if any(r["task"] == t for r in ordered)]
+    payload = report(
+        ordered, {t: f for t, (_, f) in fronts.items()}, sorted(rules.values(), key=lambda r: r["seed"]), seeds, tasks
     )
+    payload |= {
+        "machine": parts[0]["machine"],
+        "args": vars(args) | {"combine": [str(p) for p in paths]},
+        "parts": parts,
+    }
+    write_json("communication", payload, path=args.out)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,16 @@ verdict is printed from the merged matrix, so its output replaces
 global update is public, so it keeps a small positive cosine with it and the trend lets
 it through. ``--out PATH`` writes the JSON there instead (a smoke run's).
 
+Parts run apart (two processes, one a core, or two machines): each with ``--out PART.json``
+and its own ``--seeds``/``--shards``/``--aggregators``, then ``--combine A.json,B.json``
+runs nothing, merges their cells (a later part's cell replaces an earlier one's) and
+prints and writes the matrix as one run of them all would (``results/robustness.json``,
+each part's arguments and machine listed under ``parts``). The parts must share rounds,
+compression, workers and Byzantine count.
+
 Usage: python bench/robustness.py [--quick] [--scaled] [--seeds 0-4] [--shards iid,0.3,0.1]
        [--compression int8] [--rounds 20] [--aggregators 'SPEC;SPEC'] [--attacks a,b]
-       [--merge | --report] [--out PATH]
+       [--merge | --report | --combine A.json,B.json] [--out PATH]
 """
 
 from __future__ import annotations
@@ -157,6 +164,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--attacks", help="only these columns, comma-separated (references always run; default: all)")
     ap.add_argument("--merge", action="store_true", help="merge the cells run into results/robustness.json")
     ap.add_argument("--report", action="store_true", help="run nothing: print results/robustness.json's tables")
+    ap.add_argument("--combine", help="run nothing: merge these parts' JSON files (comma-separated) into the matrix")
     ap.add_argument("--compression", default="int8")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--byzantine", type=int, default=3)
@@ -175,6 +183,17 @@ def parse_args() -> argparse.Namespace:
     args.merge = args.merge or args.report
     if args.merge and (args.quick or args.scaled or args.out):
         ap.error("--merge writes into the full matrix: not with --quick, --scaled or --out")
+    if args.combine is not None:
+        if args.merge or args.quick or args.scaled or args.chosen_aggs or args.chosen_attacks:
+            ap.error(
+                "--combine runs nothing: not with --merge, --report, --quick, --scaled, --aggregators or --attacks"
+            )
+        args.parts = [Path(p.strip()) for p in args.combine.split(",") if p.strip()]
+        if not args.parts:
+            ap.error("--combine: name the parts' JSON files, comma-separated (e.g. --combine a.json,b.json)")
+        missing = [str(p) for p in args.parts if not p.is_file()]
+        if missing:
+            ap.error(f"--combine: no such file {missing[0]!r}")
     if args.quick:
         args.rounds = 5
     return args
@@ -213,13 +232,53 @@ def run_matrix(args: argparse.Namespace, matrix: Matrix) -> None:
                     )
 
 
+SHAPE = ("rounds", "compression", "workers", "byzantine")  # what merged cells must share
+
+
+def combine(args: argparse.Namespace) -> None:
+    """Merge the parts' cells (later over earlier), print the tables and write the matrix."""
+    matrix: Matrix = {}
+    parts = []
+    for path in args.parts:
+        try:
+            part = json.loads(path.read_text())
+            cells, part_args = part["by_seed"], part["args"]
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(
+                f"--combine: {path} is not a part written by this program with --out (no by_seed)"
+            ) from None
+        other = [k for k in SHAPE if part_args.get(k) != getattr(args, k)]
+        if other:
+            raise SystemExit(
+                f"--combine: {path} ran with other {', '.join(other)} than this run's "
+                f"({', '.join(f'{k}={getattr(args, k)}' for k in other)}); pass the same flags"
+            )
+        for seed, shards in cells.items():
+            for label, rules in shards.items():
+                for agg, row in rules.items():
+                    matrix.setdefault(seed, {}).setdefault(label, {}).setdefault(agg, {}).update(row)
+        parts.append({"file": path.name, "args": part_args, "machine": part["machine"]})
+    verdicts = report(matrix, args)
+    payload = {
+        "machine": parts[0]["machine"],
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "parts")},
+        "by_seed": matrix,
+        "verdicts": verdicts,
+        "default_rule": run_defaults.default_aggregator(args.compression),
+        "parts": parts,
+    }
+    write_json("robustness", payload, path=args.out)
+
+
 def main() -> None:
     args = parse_args()
+    if args.combine is not None:
+        return combine(args)
     matrix: Matrix = {}
     previous: dict = {}
     if args.merge:
         previous = json.loads((RESULTS / "robustness.json").read_text())
-        same = [previous["args"].get(k) == getattr(args, k) for k in ("rounds", "compression", "workers", "byzantine")]
+        same = [previous["args"].get(k) == getattr(args, k) for k in SHAPE]
         if not all(same):
             raise SystemExit(
                 "--merge needs the rounds, compression, workers and byzantine of the results it merges into"

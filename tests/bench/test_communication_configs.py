@@ -41,6 +41,7 @@ def runs(communication, monkeypatch):
             rounds=options["rounds"],
             rounds_to_target=None if dense else 1,
             compression_ratio=1.0,
+            skipped_rounds=0,
         )
         return result, [], math.nan
 
@@ -115,3 +116,45 @@ def test_an_outer_lr_reaches_the_simulation_and_the_label(communication):
     assert c["outer_options"] == {"lr": 2} and c["label"].endswith(", outer lr 2")
     plain = communication.sparseloco(50, density=0.01)
     assert "outer_options" not in plain and plain["label"] == "sparseloco H=50, 1%, 2-bit"
+
+
+def test_parts_run_apart_combine_into_one_report(communication, runs, monkeypatch, tmp_path, capsys):
+    """Seed 0 in one process and seed 1 in another, combined: one table over both seeds,
+    the robust rules' rows of both, each part named."""
+    for seed in ("0", "1"):
+        main(communication, monkeypatch, "--quick", "--tasks", "digits", "--seeds", seed, "--out", str(tmp_path / seed))
+    capsys.readouterr()
+    out = tmp_path / "all.json"
+    main(communication, monkeypatch, "--quick", "--combine", f"{tmp_path / '0'},{tmp_path / '1'}", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert sorted({r["seed"] for r in result["rows"]}) == [0, 1]
+    assert {s["seeds"] for s in result["summary"]} == {2}
+    assert sorted({r["seed"] for r in result["robust_rules"]}) == [0, 1]
+    assert [p["file"] for p in result["parts"]] == ["0", "1"]
+    assert "communication over seeds 0,1" in capsys.readouterr().out
+    n_runs = len(runs)
+    with pytest.raises(SystemExit, match=r"ran with other max_factor, quick than this run's"):
+        main(communication, monkeypatch, "--max-factor", "5", "--combine", str(tmp_path / "0"), "--out", str(out))
+    assert len(runs) == n_runs  # combining runs nothing
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--combine", "/nonexistent/part.json"], "no such file"),
+        (["--combine", ","], "name the parts' JSON files"),
+        (["--combine", __file__, "--configs", "sparseloco"], "not with --configs"),
+    ],
+)
+def test_combine_refuses_what_it_cannot_merge(communication, runs, monkeypatch, capsys, args, said):
+    with pytest.raises(SystemExit) as e:
+        main(communication, monkeypatch, *args)
+    assert e.value.code == 2 and said in capsys.readouterr().err and runs == []
+
+
+def test_combine_refuses_a_file_that_is_not_a_part(communication, runs, monkeypatch, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"args": {}}')
+    with pytest.raises(SystemExit, match="is not a part written by this program"):
+        main(communication, monkeypatch, "--combine", str(bad), "--out", str(tmp_path / "o.json"))
+    assert not (tmp_path / "o.json").exists()

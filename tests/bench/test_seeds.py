@@ -121,6 +121,59 @@ def test_robustness_misses_on_a_worst_seed_under_95(bench, monkeypatch, tmp_path
     assert "target 97% / 95%: MISSED" in capsys.readouterr().out
 
 
+def test_parts_run_apart_combine_into_one_matrix(bench, monkeypatch, tmp_path, capsys):
+    """Seeds 0-1 in one process and seed 2 in another, combined: the verdicts of one run of
+    all three, written with each part named."""
+    monkeypatch.setattr(
+        bench.robustness,
+        "simulate",
+        lambda *, seed, alpha, aggregator, attack, **_: SimpleNamespace(
+            final_val_accuracy=ACCURACY[(seed, alpha, aggregator, attack)]
+        ),
+    )
+    common = ["--shards", "0.3", "--attacks", "sign-flip", "--aggregators", DEFAULT]
+    for seeds, name in (("0-1", "a.json"), ("2", "b.json")):
+        monkeypatch.setattr(sys, "argv", ["robustness.py", "--seeds", seeds, *common, "--out", str(tmp_path / name)])
+        bench.robustness.main()
+    capsys.readouterr()
+    before = recorded()
+    out = tmp_path / "all.json"
+    combine = f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"
+    monkeypatch.setattr(sys, "argv", ["robustness.py", "--combine", combine, "--out", str(out)])
+    bench.robustness.main()
+    result = json.loads(out.read_text())
+    verdict = result["verdicts"]["dirichlet 0.3"]["sign-flip"]
+    assert verdict["default"] == pytest.approx({"median": 0.9875, "worst": 0.96, "worst_seed": 1, "seeds": 3})
+    assert sorted(result["by_seed"]) == ["0", "1", "2"]
+    assert [p["file"] for p in result["parts"]] == ["a.json", "b.json"]
+    assert result["parts"][1]["args"]["seeds"] == "2"
+    assert "seeds 0,1,2" in capsys.readouterr().out
+    assert recorded() == before
+
+
+def test_combine_refuses_parts_it_cannot_merge(bench, monkeypatch, tmp_path, capsys):
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"args": {"rounds": 5, "compression": "int8", "workers": 12, "byzantine": 3},
+                                "machine": {}, "by_seed": {}}))  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["robustness.py", "--combine", str(part), "--out", str(tmp_path / "o.json")])
+    with pytest.raises(SystemExit, match=r"ran with other rounds than this run's \(rounds=20\)"):
+        bench.robustness.main()
+    (tmp_path / "old.json").write_text(json.dumps({"accuracy": {}}))
+    monkeypatch.setattr(sys, "argv", ["robustness.py", "--combine", str(tmp_path / "old.json")])
+    with pytest.raises(SystemExit, match="is not a part written by this program with --out"):
+        bench.robustness.main()
+    for argv, said in (
+        (["--combine", str(tmp_path / "none.json")], "no such file"),
+        (["--combine", " , "], "name the parts' JSON files"),
+        (["--combine", str(part), "--merge"], "--combine runs nothing"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["robustness.py", *argv])
+        with pytest.raises(SystemExit) as e:
+            bench.robustness.main()
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_robustness_refuses_bad_seeds(bench, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["robustness.py", "--seeds", "4-0"])
     with pytest.raises(SystemExit) as e:
