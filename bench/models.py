@@ -1,7 +1,7 @@
 """Benchmark: a Hugging Face model against the built-in transformer of its size, live; a
-LoRA fine-tune's bytes against the full model's; SparseLoCo on the Llama at equal loss.
+LoRA fine-tune's bytes against the full model's.
 
-Three parts (``--parts``, default all):
+Two parts (``--parts``, default both):
 
 - ``live``: for each model, one ``aitbc coordinator serve`` and three ``aitbc worker start``
   processes on loopback (``OMP_NUM_THREADS=1`` each), the owner's CLI driving the run as a
@@ -21,18 +21,16 @@ Three parts (``--parts``, default all):
   (``config.json``, ``model.safetensors``, ``tokenizer.json``), then ``init
   --from-pretrained DIR --lora r=..`` on it and the same live run: bytes per worker per
   round, up (its update) and down (the round's model), against the full model's.
-- ``sparseloco``: the simulator (``aitbc simulate``'s engine, in process) on a Llama the
-  size of the transformer whose 4972x ``bench/communication.py`` measured (about 135K
-  parameters, context 32, byte-level on the stdlib corpus, 4 workers, batch 16, lr 3e-3:
-  the same task, only the architecture differs): bytes per worker to reach the dense
-  baseline's loss (+2%), through ``communication.run_task``.
+SparseLoCo on a Llama of the transformer's size (the simulator, bytes per worker to the
+dense baseline's loss +2%, over seeds 0-4) is ``python bench/communication.py --tasks
+llama``: its seeds run in parts and combine as the other communication rows do.
 
 The coordinator scores on 8 samples (``--eval-samples``, ``--guard-samples``,
 ``--score-samples``), as ``bench/live_large.py`` does: a 25M model's forward pass on 512
 sequences would be most of a round on a CPU. The machine is shared: the load average before
 and after each run goes with its figures.
 
-Usage: python bench/models.py [--size 25m|small] [--parts live,lora,sparseloco] [--keep DIR]
+Usage: python bench/models.py [--size 25m|small] [--parts live,lora] [--keep DIR]
 Writes bench/results/models.json (print to bench/results/models.txt with tee).
 """
 
@@ -57,7 +55,6 @@ from _sims import machine
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 3
 PHASES = ("download", "compute", "encode", "upload")
-TRANSFORMER_BEST = 4972  # communication.py: the transformer's sparseloco reduction, the figure to beat
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,6 @@ class Size:
     batch_size: int
     lora: str
     lr: float = 6e-4
-    quick_sim: bool = False  # the sparseloco part's short runs (communication.py --quick)
 
 
 SIZES = {
@@ -115,7 +111,6 @@ SIZES = {
         batch_size=4,
         lora="r=4,alpha=8,targets=q_proj,v_proj",
         lr=3e-3,
-        quick_sim=True,
     ),
 }
 
@@ -404,16 +399,6 @@ def _say(r: Live) -> None:
     )
 
 
-def sparseloco_part(size: Size, max_factor: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """communication.py's llama task: bytes per worker to the dense baseline's loss (+2%)."""
-    import communication
-
-    rows, front = communication.run_task("llama", size.quick_sim, max_factor)
-    for r in rows:
-        r.pop("curve")
-    return rows, {"pareto": [list(p) for p in front], "wire": communication.wire_bytes("llama")}
-
-
 def _ms(v: float) -> str:
     return f"{v:.2f}"
 
@@ -488,100 +473,27 @@ def print_live(rows: list[Live]) -> None:
         )
 
 
-def print_sparseloco(rows: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
-    print_table(
-        "SparseLoCo on the Llama (simulator): bytes per worker to the dense baseline's loss (+2%)",
-        [
-            "configuration",
-            "inner steps",
-            "val loss",
-            "reached",
-            "MiB sent/worker",
-            "codec ratio",
-            "reduction",
-            "wall s",
-        ],
-        [
-            [
-                r["config"],
-                r["steps"],
-                f"{r['val_loss']:.4f}",
-                "yes" if r["reached"] else "no",
-                f"{r['bytes_per_worker'] / 2**20:.3f}",
-                f"{r['compression_ratio']:.1f}x",
-                "-" if r["reduction"] is None else f"{r['reduction']:.0f}x",
-                f"{r['wall_s']:.0f}",
-            ]
-            for r in rows
-        ],
-    )
-    best = max((r for r in rows if r["config"].startswith("sparseloco") and r["reduction"]), key=lambda r: r["reduction"], default=None)  # fmt: skip
-    if best is None:
-        print(
-            f"llama: no sparseloco configuration reached the dense loss (+2%): MISSES the transformer's {TRANSFORMER_BEST}x"
-        )
-    else:
-        verdict = "beats" if best["reduction"] > TRANSFORMER_BEST else "does NOT beat"
-        print(
-            f"llama: best sparseloco {best['config']}: {best['reduction']:.0f}x fewer bytes than dense at equal loss "
-            f"(+2%); {verdict} the transformer's {TRANSFORMER_BEST}x"
-        )
-    d_row = next((r for r in rows if r["config"] == "diloco H=50, none"), None)
-    s_row = next((r for r in rows if r["config"] == "sparseloco H=50, 2%, 2-bit"), None)
-    equal = None
-    if d_row is not None and s_row is not None and d_row["rounds"] == s_row["rounds"]:
-        equal = {
-            "rounds": d_row["rounds"],
-            "sparseloco_loss": s_row["val_loss"],
-            "diloco_loss": d_row["val_loss"],
-            "bytes_fewer": d_row["bytes_total_per_worker"] / s_row["bytes_total_per_worker"],
-        }
-        lower = s_row["val_loss"] < d_row["val_loss"]
-        print(
-            f"llama: equal rounds ({d_row['rounds']} of H=50): SparseLoCo val loss {s_row['val_loss']:.4f} vs DiLoCo "
-            f"{d_row['val_loss']:.4f} with {equal['bytes_fewer']:.0f}x fewer bytes: "
-            f"{'lower' if lower else 'NOT lower'} loss"
-        )
-    front = extra["pareto"]
-    shown = front if len(front) <= 12 else [front[round(i * (len(front) - 1) / 11)] for i in range(12)]
-    print(
-        f"llama: bytes-loss Pareto frontier over every evaluation of every run (MiB/worker -> val loss; target "
-        f"{rows[0]['val_loss'] * 1.02:.4f}): " + ", ".join(f"{b / 2**20:.3f} -> {loss:.4f}" for b, loss in shown)
-    )
-    w = extra["wire"]
-    print(
-        f"llama: one sparseloco update (d={w['d']}, 2%, 2-bit) is {w['blob']} bytes on the wire: header {w['header']}, "
-        f"chunk scales {w['scales']}, value codes {w['codes']}, indices {w['indices']} (fp32: {4 * w['d']} bytes)"
-    )
-    return {
-        "best": None if best is None else best["config"],
-        "best_reduction": None if best is None else best["reduction"],
-        "transformer_reduction": TRANSFORMER_BEST,
-        "beats_transformer": best is not None and best["reduction"] > TRANSFORMER_BEST,
-        "equal_rounds": equal,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="25m", help="25m: the benchmark; small: a quick check")
-    ap.add_argument("--parts", default="live,lora,sparseloco", help="comma-separated: live, lora, sparseloco")
-    ap.add_argument("--max-factor", type=float, default=3.0, help="sparseloco: step budget relative to the baseline")
+    ap.add_argument("--parts", default="live,lora", help="comma-separated: live, lora")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one live run may take")
     ap.add_argument("--keep", type=Path, help="run the live parts in this new folder and keep it (logs, stores)")
     ap.add_argument("--no-write", action="store_true", help="print only: leave bench/results/models.json as it is")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    bad = [p for p in parts if p not in ("live", "lora", "sparseloco")]
+    if "sparseloco" in parts:
+        ap.error("--parts sparseloco moved: python bench/communication.py --tasks llama runs it over seeds 0-4")
+    bad = [p for p in parts if p not in ("live", "lora")]
     if bad or not parts:
-        ap.error(f"--parts takes live, lora and sparseloco, comma-separated; got {args.parts!r}")
+        ap.error(f"--parts takes live and lora, comma-separated; got {args.parts!r}")
     if "lora" in parts and "live" not in parts:
         ap.error("--parts lora fine-tunes the live part's Llama: add live")
     size = SIZES[args.size]
     os.environ["OMP_NUM_THREADS"] = "1"  # the processes it starts
     import torch
 
-    torch.set_num_threads(1)  # this one: the simulator's runs, as communication.py's were measured
+    torch.set_num_threads(1)  # this process's own torch work (the LoRA base's save), as the workers'
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     print(f"started {started}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}", flush=True)
     live: list[Live] = []
@@ -592,12 +504,6 @@ def main(argv: list[str] | None = None) -> int:
             root = args.keep or Path(tmp)
             live = live_part(e2e, large, root, size, "lora" in parts, args.timeout)
         print_live(live)
-    sparse_rows: list[dict[str, Any]] = []
-    verdict: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    if "sparseloco" in parts:
-        sparse_rows, extra = sparseloco_part(size, args.max_factor)
-        verdict = print_sparseloco(sparse_rows, extra)
     ended = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     print(f"started {started}, ended {ended}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     if not args.no_write:
@@ -606,8 +512,6 @@ def main(argv: list[str] | None = None) -> int:
         got: dict[str, Any] = {}
         if live:
             got["live"] = {**when, "rows": [asdict(r) for r in live]}
-        if "sparseloco" in parts:
-            got["sparseloco"] = {**when, "rows": sparse_rows, **extra, "verdict": verdict}
         _write(got)
     return 0
 
@@ -619,7 +523,7 @@ def _write(parts: dict[str, Any]) -> None:
 
     path = RESULTS / "models.json"
     kept = json.loads(path.read_text()) if path.exists() else {}
-    out = {k: kept[k] for k in ("live", "sparseloco") if k in kept and k not in parts}
+    out = {k: kept[k] for k in ("live",) if k in kept and k not in parts}
     write_json(
         "models",
         {

@@ -1,6 +1,7 @@
 """bench/models.py cannot rot: its sizes are what it says (the Llama and the transformer of
 about the same parameters), its LoRA base is a folder ``init --from-pretrained`` reads, the
-simulator task it hands to communication.py builds, and bad flags are refused. The live
+Llama's simulator task (``communication.py --tasks llama``, which took its SparseLoCo part
+over) builds, and bad flags are refused. The live
 runs themselves are minutes: ``python bench/models.py --size small`` runs them."""
 
 from __future__ import annotations
@@ -85,8 +86,16 @@ def test_the_simulator_task_builds(models_bench):
     assert {"diloco H=50, none", "sparseloco H=50, 2%, 2-bit"} <= labels  # the equal-rounds pair
 
 
-@pytest.mark.parametrize("argv", [["--parts", "lora"], ["--parts", "live,gossip"], ["--size", "7b"]])
-def test_bad_flags_are_refused(models_bench, argv):
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--parts", "lora"], "add live"),
+        (["--parts", "live,gossip"], "--parts takes live and lora"),
+        (["--size", "7b"], "invalid choice"),
+        (["--parts", "live,sparseloco"], "communication.py --tasks llama"),
+    ],
+)
+def test_bad_flags_are_refused(models_bench, argv, said, capsys):
     with pytest.raises(SystemExit) as e:
         models_bench.main(argv)
-    assert e.value.code == 2
+    assert e.value.code == 2 and said in capsys.readouterr().err
