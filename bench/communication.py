@@ -21,7 +21,8 @@ aggregation rules over SparseLoCo's sparse updates on digits and says what each 
 with them.
 
 The ``llama`` task (not in the default ``--tasks``) is the transformer's with a Llama of
-about its size in its place: ``bench/models.py`` runs it.
+about its size in its place (131,904 parameters against 134,912): ``--tasks llama --out
+results/communication_llama.json`` runs it, a section of its own in ``RESULTS.md``.
 
 Seeds (``--seeds``, default 0-4): every configuration runs on each, each seed with its own
 dense baseline and target; a reduction is reported as the median over the seeds and the
