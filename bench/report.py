@@ -15,12 +15,22 @@ RESULTS = HERE / "results"
 BENCHES = [
     ("aggregation_speed", "Aggregation speed", "python bench/aggregation_speed.py"),
     ("aggregation_memory", "Aggregation memory (streamed from disk)", "python bench/aggregation_memory.py"),
-    ("communication", "Communication", "python bench/communication.py"),
+    (
+        "communication",
+        "Communication",
+        "python bench/communication.py (run as five parts, --seeds S --out S.json, then --combine)",
+    ),
     # the headline SparseLoCo rows alone over seeds 0-4 (the whole matrix over five seeds is hours)
     (
         "communication_configs",
         "Communication over seeds 0-4: the SparseLoCo headline configurations",
         "python bench/communication.py --configs 'sparseloco H=20;sparseloco H=30;sparseloco H=50'",
+    ),
+    (
+        "communication_llama",
+        "Communication: SparseLoCo on a Llama of the transformer's size, seeds 0-4",
+        "python bench/communication.py --tasks llama (five parts, --seeds S --out S.json, then --combine "
+        "... --out bench/results/communication_llama.json)",
     ),
     ("sparse_robust", "Sparse + robust: SparseLoCo updates under attack", "python bench/sparse_robust.py"),
     (
@@ -28,7 +38,11 @@ BENCHES = [
         "Sparse + robust: the transformer",
         "python bench/sparse_robust.py --task transformer",
     ),
-    ("robustness", "Robustness", "python bench/robustness.py"),
+    (
+        "robustness",
+        "Robustness",
+        "python bench/robustness.py (run as parts, --seeds/--shards ... --out PART.json, then --combine)",
+    ),
     (
         "robustness_dirichlet01",
         "Robustness: the default rule on Dirichlet 0.1 shards over seeds 0-4",
@@ -50,7 +64,7 @@ BENCHES = [
         "python bench/live_stragglers.py --only async --repeats 5",
     ),
     ("live_large", "A large model live: round-time breakdown", "OMP_NUM_THREADS=1 python bench/live_large.py"),
-    ("models", "Hugging Face models: live against the transformer, LoRA, SparseLoCo", "python bench/models.py"),
+    ("models", "Hugging Face models: live against the transformer, LoRA", "python bench/models.py"),
     ("overlap_loss", "Overlapping rounds: loss", "python bench/overlap_loss.py"),
     ("honest_runs", "Honest runs (false accusations)", "python bench/honest_runs.py"),
     ("verification", "Verification of work (spot checks)", "python bench/verification.py"),
