@@ -642,6 +642,8 @@ def combine(args: argparse.Namespace, paths: list[Path]) -> None:
             part = json.loads(path.read_text())
             part_rows, part_args = part["rows"], part["args"]
             part_rules, pareto = part.get("robust_rules", []), part["pareto"]
+            keys = [(r["task"], r["seed"], r["config"]) for r in part_rows]
+            keys += [(r["rule"], r["attack"], r["seed"]) for r in part_rules]
         except (ValueError, KeyError, TypeError):
             raise SystemExit(f"--combine: {path} is not a part written by this program with --out (no rows)") from None
         other = [k for k in SHAPE if part_args.get(k) != getattr(args, k)]

@@ -243,7 +243,14 @@ def combine(args: argparse.Namespace) -> None:
         try:
             part = json.loads(path.read_text())
             cells, part_args = part["by_seed"], part["args"]
-        except (ValueError, KeyError, TypeError):
+            if not all(
+                isinstance(row, dict)
+                for shards in cells.values()
+                for rules in shards.values()
+                for row in rules.values()
+            ):
+                raise TypeError("a cell row is not an object")
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise SystemExit(
                 f"--combine: {path} is not a part written by this program with --out (no by_seed)"
             ) from None

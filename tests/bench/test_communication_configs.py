@@ -154,7 +154,8 @@ def test_combine_refuses_what_it_cannot_merge(communication, runs, monkeypatch, 
 
 def test_combine_refuses_a_file_that_is_not_a_part(communication, runs, monkeypatch, tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"args": {}}')
-    with pytest.raises(SystemExit, match="is not a part written by this program"):
-        main(communication, monkeypatch, "--combine", str(bad), "--out", str(tmp_path / "o.json"))
+    for text in ('{"args": {}}', "[1, 2]", '{"args": {}, "pareto": {}, "rows": [{"task": "digits"}]}'):
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match="is not a part written by this program"):
+            main(communication, monkeypatch, "--combine", str(bad), "--out", str(tmp_path / "o.json"))
     assert not (tmp_path / "o.json").exists()

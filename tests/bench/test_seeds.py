@@ -158,10 +158,11 @@ def test_combine_refuses_parts_it_cannot_merge(bench, monkeypatch, tmp_path, cap
     monkeypatch.setattr(sys, "argv", ["robustness.py", "--combine", str(part), "--out", str(tmp_path / "o.json")])
     with pytest.raises(SystemExit, match=r"ran with other rounds than this run's \(rounds=20\)"):
         bench.robustness.main()
-    (tmp_path / "old.json").write_text(json.dumps({"accuracy": {}}))
-    monkeypatch.setattr(sys, "argv", ["robustness.py", "--combine", str(tmp_path / "old.json")])
-    with pytest.raises(SystemExit, match="is not a part written by this program with --out"):
-        bench.robustness.main()
+    for bad in ({"accuracy": {}}, [1], {"args": {}, "machine": {}, "by_seed": {"0": {"iid": {"mean": 0.9}}}}):
+        (tmp_path / "old.json").write_text(json.dumps(bad))
+        monkeypatch.setattr(sys, "argv", ["robustness.py", "--combine", str(tmp_path / "old.json")])
+        with pytest.raises(SystemExit, match="is not a part written by this program with --out"):
+            bench.robustness.main()
     for argv, said in (
         (["--combine", str(tmp_path / "none.json")], "no such file"),
         (["--combine", " , "], "name the parts' JSON files"),
