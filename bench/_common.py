@@ -1,15 +1,16 @@
 """Helpers shared by the benchmark programs: a rich table on stdout, JSON results under
 ``bench/results/<name>.json``, and figures over seeds (``--seeds 0-4``: the median and the
-worst seed)."""
+worst seed), and the parts of a matrix run apart (``--combine``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -76,3 +77,38 @@ def spread(by_seed: Mapping[int, float], *, higher_is_better: bool = True) -> Se
     pick = min if higher_is_better else max
     worst_seed = pick(sorted(by_seed), key=lambda s: by_seed[s])
     return SeedSpread(statistics.median(by_seed.values()), by_seed[worst_seed], worst_seed, len(by_seed))
+
+
+T = TypeVar("T")
+
+
+def part_paths(text: str) -> list[Path]:
+    """``--combine``'s comma-separated part files; ValueError naming what is wrong."""
+    paths = [Path(p.strip()) for p in text.split(",") if p.strip()]
+    if not paths:
+        raise ValueError("--combine: name the parts' JSON files, comma-separated (e.g. --combine a.json,b.json)")
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ValueError(f"--combine: no such file {missing[0]!r}")
+    return paths
+
+
+def read_part(
+    path: Path, args: argparse.Namespace, shape: Sequence[str], unpack: Callable[[dict[str, Any]], T]
+) -> tuple[dict[str, Any], T]:
+    """One part a program wrote with ``--out``: where it came from (file, arguments, machine)
+    and ``unpack`` of its JSON. SystemExit in one line when it is not such a part (its JSON
+    or ``unpack`` fails) or ran with other ``shape`` flags than ``args``."""
+    try:
+        part = json.loads(path.read_text())
+        got = unpack(part)
+        source = {"file": path.name, "args": part["args"], "machine": part["machine"]}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise SystemExit(f"--combine: {path} is not a part written by this program with --out") from None
+    other = [k for k in shape if source["args"].get(k) != getattr(args, k)]
+    if other:
+        raise SystemExit(
+            f"--combine: {path} ran with other {', '.join(other)} than this run's "
+            f"({', '.join(f'{k}={getattr(args, k)}' for k in other)}); pass the same flags"
+        )
+    return source, got

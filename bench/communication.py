@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from _common import parse_seeds, print_table, spread, write_json
+from _common import parse_seeds, part_paths, print_table, read_part, spread, write_json
 from _sims import machine
 from aitbc.core.compression import build_codec
 from aitbc.core.compression.sparse import index_bits
@@ -567,12 +567,10 @@ def main() -> None:
     ap.add_argument("--combine", help="run nothing: merge these parts' JSON files (comma-separated) and report them")
     args = ap.parse_args()
     if args.combine is not None:
-        paths = [Path(p.strip()) for p in args.combine.split(",") if p.strip()]
-        if not paths:
-            ap.error("--combine: name the parts' JSON files, comma-separated (e.g. --combine a.json,b.json)")
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            ap.error(f"--combine: no such file {missing[0]!r}")
+        try:
+            paths = part_paths(args.combine)
+        except ValueError as e:
+            ap.error(str(e))
         if args.configs is not None:
             ap.error("--combine runs nothing: not with --configs")
         return combine(args, paths)
@@ -629,6 +627,14 @@ def report(
 SHAPE = ("max_factor", "quick")  # what combined parts must share
 
 
+def _keyed(part: dict[str, Any]) -> tuple[dict[tuple, dict[str, Any]], dict[tuple, dict[str, Any]], dict[str, Any]]:
+    """A part's rows by (task, seed, configuration), its robust rules' by (rule, attack, seed),
+    and its frontiers; KeyError or TypeError when a row lacks what this program writes."""
+    rows = {(r["task"], r["seed"], r["config"]): r for r in part["rows"]}
+    rules = {(r["rule"], r["attack"], r["seed"]): r for r in part.get("robust_rules", [])}
+    return rows, rules, dict(part["pareto"])
+
+
 def combine(args: argparse.Namespace, paths: list[Path]) -> None:
     """Merge parts written with ``--out`` (a later part's row for the same task, seed and
     configuration, or rule and attack, replaces an earlier one's), print and write them as one
@@ -638,29 +644,14 @@ def combine(args: argparse.Namespace, paths: list[Path]) -> None:
     fronts: dict[str, tuple[int, list[tuple[float, float]]]] = {}
     parts = []
     for path in paths:
-        try:
-            part = json.loads(path.read_text())
-            part_rows, part_args = part["rows"], part["args"]
-            part_rules, pareto = part.get("robust_rules", []), part["pareto"]
-            keys = [(r["task"], r["seed"], r["config"]) for r in part_rows]
-            keys += [(r["rule"], r["attack"], r["seed"]) for r in part_rules]
-        except (ValueError, KeyError, TypeError):
-            raise SystemExit(f"--combine: {path} is not a part written by this program with --out (no rows)") from None
-        other = [k for k in SHAPE if part_args.get(k) != getattr(args, k)]
-        if other:
-            raise SystemExit(
-                f"--combine: {path} ran with other {', '.join(other)} than this run's "
-                f"({', '.join(f'{k}={getattr(args, k)}' for k in other)}); pass the same flags"
-            )
-        first = min(r["seed"] for r in part_rows) if part_rows else 0
-        for r in part_rows:
-            rows[(r["task"], r["seed"], r["config"])] = r
-        for r in part_rules:
-            rules[(r["rule"], r["attack"], r["seed"])] = r
+        source, (part_rows, part_rules, pareto) = read_part(path, args, SHAPE, _keyed)
+        rows |= part_rows
+        rules |= part_rules
+        first = min((seed for _, seed, _ in part_rows), default=0)
         for task, front in pareto.items():  # the frontier of the lowest seed run
             if task not in fronts or first < fronts[task][0]:
                 fronts[task] = (first, [tuple(p) for p in front])
-        parts.append({"file": path.name, "args": part_args, "machine": part["machine"]})
+        parts.append(source)
     ordered = sorted(rows.values(), key=lambda r: r["seed"])  # stable: each part's own order within a seed
     seeds = sorted({r["seed"] for r in ordered})
     tasks = [t for t in TASKS if any(r["task"] == t for r in ordered)]

@@ -66,7 +66,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, SeedSpread, parse_seeds, print_table, spread, write_json
+from _common import RESULTS, SeedSpread, parse_seeds, part_paths, print_table, read_part, spread, write_json
 from _sims import machine, simulate
 from aitbc import run_defaults
 from aitbc.errors import UsageError
@@ -188,12 +188,10 @@ def parse_args() -> argparse.Namespace:
             ap.error(
                 "--combine runs nothing: not with --merge, --report, --quick, --scaled, --aggregators or --attacks"
             )
-        args.parts = [Path(p.strip()) for p in args.combine.split(",") if p.strip()]
-        if not args.parts:
-            ap.error("--combine: name the parts' JSON files, comma-separated (e.g. --combine a.json,b.json)")
-        missing = [str(p) for p in args.parts if not p.is_file()]
-        if missing:
-            ap.error(f"--combine: no such file {missing[0]!r}")
+        try:
+            args.parts = part_paths(args.combine)
+        except ValueError as e:
+            ap.error(str(e))
     if args.quick:
         args.rounds = 5
     return args
@@ -235,36 +233,27 @@ def run_matrix(args: argparse.Namespace, matrix: Matrix) -> None:
 SHAPE = ("rounds", "compression", "workers", "byzantine")  # what merged cells must share
 
 
+def _cells(part: dict[str, Any]) -> Matrix:
+    """A part's cells; TypeError when a rule's row is not an object of columns."""
+    cells: Matrix = part["by_seed"]
+    if not all(
+        isinstance(row, dict) for shards in cells.values() for rules in shards.values() for row in rules.values()
+    ):
+        raise TypeError("a cell row is not an object")
+    return cells
+
+
 def combine(args: argparse.Namespace) -> None:
     """Merge the parts' cells (later over earlier), print the tables and write the matrix."""
     matrix: Matrix = {}
     parts = []
     for path in args.parts:
-        try:
-            part = json.loads(path.read_text())
-            cells, part_args = part["by_seed"], part["args"]
-            if not all(
-                isinstance(row, dict)
-                for shards in cells.values()
-                for rules in shards.values()
-                for row in rules.values()
-            ):
-                raise TypeError("a cell row is not an object")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise SystemExit(
-                f"--combine: {path} is not a part written by this program with --out (no by_seed)"
-            ) from None
-        other = [k for k in SHAPE if part_args.get(k) != getattr(args, k)]
-        if other:
-            raise SystemExit(
-                f"--combine: {path} ran with other {', '.join(other)} than this run's "
-                f"({', '.join(f'{k}={getattr(args, k)}' for k in other)}); pass the same flags"
-            )
+        source, cells = read_part(path, args, SHAPE, _cells)
         for seed, shards in cells.items():
             for label, rules in shards.items():
                 for agg, row in rules.items():
                     matrix.setdefault(seed, {}).setdefault(label, {}).setdefault(agg, {}).update(row)
-        parts.append({"file": path.name, "args": part_args, "machine": part["machine"]})
+        parts.append(source)
     verdicts = report(matrix, args)
     payload = {
         "machine": parts[0]["machine"],
