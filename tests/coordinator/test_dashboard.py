@@ -144,6 +144,11 @@ def test_dashboard_json_is_the_allow_list_and_names_no_cid(api, new_coordinator)
         assert e.status == 422 and e.code == "update_rejected"
     settled = "SELECT settled_round FROM runs WHERE id = :r"
     wait_until(lambda: t.coord.rows(settled, r=t.run_id)[0]["settled_round"] >= 1, what="round 1 settled")
+    # A round's evaluation lands a moment after its close (off the close's path): wait for it too.
+    evaluated = "SELECT val_loss FROM rounds WHERE run_id = :r AND round = 1"
+    wait_until(
+        lambda: (t.coord.rows(evaluated, r=t.run_id) or [{}])[0].get("val_loss") is not None, what="round 1 evaluated"
+    )
     # The owner ends a job with a reason of its own words: text the page must show as text.
     t.owner.post(f"/jobs/{ja}/end", {"status": "released", "reason": MARKUP})
 
