@@ -139,9 +139,30 @@ GOLDEN = [
 ]
 
 
+# Codecs whose encoding runs a float factorization (PowerSGD's matmuls and orthogonalization):
+# the last bit of a factor follows the CPU's BLAS kernels (an Intel Xeon and an AMD EPYC
+# differ by one ulp in two of its values), so their factors are held to float32 rounding,
+# their header byte for byte.
+FACTORIZED = {"powersgd"}
+
+
+def _header_and_payload(blob: bytes) -> tuple[bytes, bytes]:
+    """A blob's magic, version and JSON header, and the payload after them."""
+    end = 4 + 1 + 4 + int.from_bytes(blob[5:9], "little")
+    return blob[:end], blob[end:]
+
+
 @pytest.mark.parametrize(("name", "options", "layout", "blob", "digest"), GOLDEN, ids=[g[0] for g in GOLDEN])
 def test_encoding_writes_the_golden_bytes(name, options, layout, blob, digest):
-    assert build_codec(name, options, layout=layout).encode(_update()).hex() == blob
+    got = build_codec(name, options, layout=layout).encode(_update())
+    if name not in FACTORIZED:
+        assert got.hex() == blob
+        return
+    (head, payload), (want_head, want_payload) = _header_and_payload(got), _header_and_payload(bytes.fromhex(blob))
+    assert head == want_head and len(payload) == len(want_payload)
+    values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
+    want = torch.frombuffer(bytearray(want_payload), dtype=torch.float32)
+    torch.testing.assert_close(values, want, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize(("name", "options", "layout", "blob", "digest"), GOLDEN, ids=[g[0] for g in GOLDEN])
