@@ -41,7 +41,7 @@ import torch
 from _common import print_table, write_json
 from _sims import machine
 from aitbc.coordinator.config import Settings
-from aitbc.coordinator.verification.scoring import SCORING, judge, kept_shares, score_batch
+from aitbc.coordinator.verification.scoring import SCORING, judge, kept_shares, mean_shares, score_batch
 from aitbc.core.compression import decode as decode_update
 from aitbc.core.scoring import reputation_update
 from aitbc.sim.config import SimConfig
@@ -149,6 +149,7 @@ def play(
                 kept_shares(sim.aggregator, U, w, r, sim.last_step),  # the trend the close compares with
                 samples=samples,
                 seed=seed * 1_000_003 + r,
+                shares=mean_shares(w),  # each update's weight in the round's mean, as the live close's
             )
             for i, sc in enumerate(judged):
                 tallies[i].add(sc.flags, sc.quality)
@@ -251,6 +252,7 @@ def scoring_cpu(budgets: list[int], repeats: int) -> list[dict[str, Any]]:
                     [1.0] * len(ids),
                     samples=samples,
                     seed=k,
+                    shares=[1.0 / len(ids)] * len(ids),
                 )
                 times.append(time.process_time() - t0)
             out.append(

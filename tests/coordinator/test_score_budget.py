@@ -105,18 +105,20 @@ def test_a_sequence_model_is_scored_on_its_terms_budget(monkeypatch, tmp_path):
     val = _seq(600, 64, 9)
     sizes = _measured_sizes(monkeypatch, _TinySeq(), shards, val, _settings(tmp_path))
     # one pass for the base (validation, then each update's own and others' batches), then
-    # one per update over its own three: every batch 8192 // 64 = 128 sequences
-    assert sizes == [5 * 128, 3 * 128, 3 * 128]
+    # per update one over its own three (the update alone) and one over validation and its own
+    # shard's (at its share of the mean): every batch 8192 // 64 = 128 sequences
+    assert sizes == [5 * 128, 3 * 128, 2 * 128, 3 * 128, 2 * 128]
     sizes = _measured_sizes(monkeypatch, _TinySeq(), shards, val, _settings(tmp_path, score_terms=16384))
-    assert sizes == [5 * 256, 3 * 256, 3 * 256]
+    assert sizes == [5 * 256, 3 * 256, 2 * 256, 3 * 256, 2 * 256]
 
 
 def test_images_keep_the_sample_cap(monkeypatch, tmp_path):
     shards = [_img(600, 1), _img(600, 2)]
     val = _img(600, 9)
-    assert _measured_sizes(monkeypatch, _TinyMlp(), shards, val, _settings(tmp_path)) == [5 * 512, 3 * 512, 3 * 512]
+    sizes = _measured_sizes(monkeypatch, _TinyMlp(), shards, val, _settings(tmp_path))
+    assert sizes == [5 * 512, 3 * 512, 2 * 512, 3 * 512, 2 * 512]
     small = _settings(tmp_path, score_samples=40)
-    assert _measured_sizes(monkeypatch, _TinyMlp(), shards, val, small) == [5 * 40, 3 * 40, 3 * 40]
+    assert _measured_sizes(monkeypatch, _TinyMlp(), shards, val, small) == [5 * 40, 3 * 40, 2 * 40, 3 * 40, 2 * 40]
 
 
 def test_a_bad_terms_budget_is_refused_in_one_line(monkeypatch, tmp_path):

@@ -97,3 +97,33 @@ def test_config_and_lengths_are_checked():
         ScoringConfig(full_credit=0)
     with pytest.raises(ValueError):
         score_round([0.1], [], [], [], [])
+
+
+def test_pay_judges_the_share_and_where_held_out_decides_also_the_assigned_shard():
+    # alone every update costs held-out and own-shard loss (a converged round's noise): unpaid
+    alone = score_round([-0.01] * 4, [-0.005] * 4, [-0.006] * 4, [1.0] * 4, [None] * 4)
+    assert [s.quality for s in alone] == [0.0] * 4
+    # at their shares all four help both: paid in full; the record keeps the gains alone
+    share = dict(share_gain_se=[0.0] * 4, share_own_se=[0.0] * 4)
+    paid = score_round(
+        [-0.01] * 4, [-0.005] * 4, [-0.006] * 4, [1.0] * 4, [None] * 4,
+        share_gains=[0.006, 0.005, 0.007, 0.006], share_own=[0.006, 0.007, 0.005, 0.006], **share,
+    )  # fmt: skip
+    assert [s.quality for s in paid] == [1.0] * 4 and all(s.gain == -0.01 for s in paid)
+    # one trained on a neighbour's shard: it helps held-out data as much, its own shard little
+    wrong = score_round(
+        [0.02] * 4, [0.02, 0.02, 0.02, 0.001], [0.02] * 4, [1.0] * 4, [None] * 4,
+        share_gains=[0.006] * 4, share_own=[0.006, 0.006, 0.006, 0.0003], **share,
+    )  # fmt: skip
+    assert [s.quality for s in wrong][:3] == [1.0] * 3
+    assert wrong[3].quality == pytest.approx(0.0003 / (0.25 * 0.006))  # its own-shard credit, the lesser
+    # without the share lists the held-out gains alone decide, as before
+    before = score_round([0.02] * 4, [0.02, 0.02, 0.02, 0.001], [0.02] * 4, [1.0] * 4, [None] * 4)
+    assert before[3].quality == 1.0
+
+
+def test_the_share_lists_come_all_or_none():
+    with pytest.raises(ValueError, match="share_"):
+        score_round([0.1], [0.1], [0.1], [1.0], [None], share_gains=[0.1])
+    with pytest.raises(ValueError, match="share_"):
+        score_round([0.1], [0.1], [0.1], [1.0], [None], share_gains=[], share_gain_se=[], share_own=[], share_own_se=[])

@@ -41,7 +41,10 @@ class ScoreView(Reply):
     contract_id: str
     status: ScoreStatus
     quality: float = Field(description="0..1: the share of the round's price this contract was paid for the round")
-    gain: float | None = Field(description="relative held-out loss reduction of its update alone")
+    gain: float | None = Field(
+        description="relative held-out loss reduction of its update alone (the flags judge this; pay judges its "
+        "share of the round's mean, which near convergence gains where the update alone does not)"
+    )
     own_gain: float | None = Field(description="the same on its own shard")
     other_gain: float | None = Field(description="the same on the other workers' data")
     kept: float | None = Field(description="the share of it the robust rule kept")

@@ -272,9 +272,18 @@ def _judge_decoded(
         kept,
         samples=score_batch(terms, ctx.settings.score_terms, ctx.settings.score_samples),
         seed=run.seed * 1_000_003 + r,
+        shares=mean_shares(w),
         starts=starts,
         rows=rt.eval_rows,
     )
+
+
+def mean_shares(w: Tensor) -> list[float]:
+    """Each update's weight in the round's mean: its samples ``w`` ``(n,)`` over the round's
+    (equal shares when no update counts a sample)."""
+    total = float(w.sum())
+    n = w.numel()
+    return [float(x) / total for x in w] if total > 0 and math.isfinite(total) else [1.0 / n] * n
 
 
 def score_batch(terms_per_sample: int, terms: int, cap: int) -> int:
@@ -319,12 +328,16 @@ def judge(
     samples: int,
     seed: int,
     cfg: ScoringConfig = SCORING,
+    shares: Sequence[float] | None = None,
     starts: Callable[[int], Tensor | None] | None = None,
     rows: int | None = None,
 ) -> list[UpdateScore]:
     """The signals for each update ``U[i]`` (trained on shard ``trained[i]``) applied
     alone to ``before`` ``(d,)``, each with the standard error measured from its own batch,
-    then :func:`score_round`. ``starts(i)``, when it gives one, is where update ``i`` began
+    then :func:`score_round`. ``shares``: each update's weight in the round's mean (its
+    samples over the round's); the update applied at that weight is measured again on the
+    validation batch and its own shard's, and pay is judged on that (None: at full weight,
+    the signals alone). ``starts(i)``, when it gives one, is where update ``i`` began
     if not at ``before`` (an eager start): its gains are then measured from ``before`` to
     that start less the update. ``samples``: batch size ``B`` of each measurement; ``rows``:
     samples a forward pass takes (the runtime's ``eval_rows``, within ``eval_memory_mb``;
@@ -336,7 +349,7 @@ def judge(
     # each base over the validation batch and the batches of every update trained from it,
     # then each update applied alone over the validation batch and its own two batches.
     base_of = [before[i] if isinstance(before, list) else before for i in range(len(trained))]  # (d,) each
-    m = _measure(model, base_of, U, batches, starts, rows)
+    m = _measure(model, base_of, U, batches, shares, starts, rows)
     return score_round(
         m.gains,
         m.own,
@@ -348,6 +361,10 @@ def judge(
         gain_se=m.gain_se,
         own_se=m.own_se,
         other_se=m.other_se,
+        share_gains=m.share_gains if shares is not None else None,
+        share_gain_se=m.share_gain_se if shares is not None else None,
+        share_own=m.share_own if shares is not None else None,
+        share_own_se=m.share_own_se if shares is not None else None,
     )
 
 
@@ -394,7 +411,9 @@ def _draw_batches(
 @dataclass(frozen=True, slots=True)
 class _Measured:
     """Per update, each relative gain and its standard error: held out (``gains``), on its
-    own shard (``own``) and on the others' data (``other``)."""
+    own shard (``own``) and on the others' data (``other``), each of the update alone; and
+    of the update at its share of the round's mean, held out and on its own shard
+    (``share_*``; empty when no shares were given)."""
 
     gains: list[float] = field(default_factory=list)
     gain_se: list[float] = field(default_factory=list)
@@ -402,6 +421,10 @@ class _Measured:
     own_se: list[float] = field(default_factory=list)
     other: list[float] = field(default_factory=list)
     other_se: list[float] = field(default_factory=list)
+    share_gains: list[float] = field(default_factory=list)
+    share_gain_se: list[float] = field(default_factory=list)
+    share_own: list[float] = field(default_factory=list)
+    share_own_se: list[float] = field(default_factory=list)
 
 
 def _measure(
@@ -409,11 +432,14 @@ def _measure(
     base_of: list[Tensor],
     U: Tensor | ColumnSource,
     batches: _Batches,
+    shares: Sequence[float] | None,
     starts: Callable[[int], Tensor | None] | None,
     rows: int | None,
 ) -> _Measured:
     """Each update ``U[i]`` applied alone to ``base_of[i]`` (or to its eager start), its
-    losses on its three batches against the base's."""
+    losses on its three batches against the base's; with ``shares``, also the point
+    ``shares[i]`` of the way from the base to there, on the validation batch and its own
+    shard's (one more forward pass an update, over two of its three batches)."""
     # the bases' losses: one pass per distinct base (updates of one model share it)
     groups: dict[int, list[int]] = {}
     for i, b in enumerate(base_of):
@@ -443,6 +469,24 @@ def _measure(
             (_gain(base_val[id(b)], val_after), m.gains, m.gain_se),
             (_gain(base_own[i], own_after), m.own, m.own_se),
             (_gain(base_other[i], other_after), m.other, m.other_se),
+        ):
+            means.append(mean)
+            ses.append(se)
+        if shares is None:
+            continue
+        if shares[i] >= 1:  # the round's only update: its share is the update alone
+            m.share_gains.append(m.gains[-1])
+            m.share_gain_se.append(m.gain_se[-1])
+            m.share_own.append(m.own[-1])
+            m.share_own_se.append(m.own_se[-1])
+            continue
+        at_share = torch.lerp(b, after, float(shares[i]))  # (d,) the update at its weight in the round's mean
+        del after
+        parts = [batches.val, batches.own[i]]
+        val_share, own_share = _split(_losses(model, at_share, *_joined(parts), rows=rows), parts)
+        for (mean, se), means, ses in (
+            (_gain(base_val[id(b)], val_share), m.share_gains, m.share_gain_se),
+            (_gain(base_own[i], own_share), m.share_own, m.share_own_se),
         ):
             means.append(mean)
             ses.append(se)
