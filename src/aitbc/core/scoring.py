@@ -253,29 +253,9 @@ def score_round(
     if any(x is not None for x in shared):
         if any(x is None or len(x) != n for x in shared):
             raise ValueError("score_round needs every share_* list, one value per update, or none")
-        paid, paid_se, paid_own, paid_own_se = (list(x or ()) for x in shared)
-        shares_given = True
+        credits, ratios = _pay(cfg, *(list(x or ()) for x in shared), own_also=True)
     else:
-        shares_given = False
-        paid, paid_se, paid_own, paid_own_se = gains, gain_se, own_gains, own_se
-    held_out = [g + cfg.credit_z * _finite_se(e) for g, e in zip(paid, paid_se)]  # gain up to its noise
-    own_credits = [o + cfg.credit_z * _finite_se(e) for o, e in zip(paid_own, paid_own_se)]
-    if all(g > 0 for g in paid):
-        # Every update visibly helps data no worker saw: pay on that, the stronger evidence.
-        # (Measured gains, not credits: in a converged round every gain can be negative and
-        # yet within its noise of 0, and an update whose noise happened to be small would be
-        # paid a sliver of a reference set by the noisier ones.)
-        credits, ratios = held_out, _ratios(held_out, paid, cfg)
-        if shares_given:
-            # At its share nearly every update helps held-out data, the copy of a neighbour's
-            # training as much as honest work; it must help the shard it was given as well.
-            credits = [min(h, o) for h, o in zip(held_out, own_credits)]
-            ratios = [min(a, b) for a, b in zip(ratios, _ratios(own_credits, paid_own, cfg))]
-    else:
-        # A converged round (held-out gains are noise around 0), non-IID shards (an update
-        # alone fits its own classes and may cost held-out loss) or a cheater in the round:
-        # each is paid on the gain on the shard it was given, which honest training reduces.
-        credits, ratios = own_credits, _ratios(own_credits, paid_own, cfg)
+        credits, ratios = _pay(cfg, gains, gain_se, own_gains, own_se, own_also=False)
     typical = sorted(gains)[n // 2] if n else 0.0  # the round's median held-out gain
     # ... and its spread (1.4826 x the median absolute deviation: a standard deviation that
     # one outlier cannot move): small shards of few classes spread widely, honestly
@@ -310,6 +290,38 @@ def score_round(
             )
         )
     return scores
+
+
+def _pay(
+    cfg: ScoringConfig,
+    paid: list[float],
+    paid_se: list[float],
+    paid_own: list[float],
+    paid_own_se: list[float],
+    *,
+    own_also: bool,
+) -> tuple[list[float], list[float]]:
+    """Each update's credit and its ratio to the round's reference (quality before flags),
+    from the gains pay judges: held out and on its own shard, with their standard errors
+    (at each update's share of the mean, or alone). ``own_also``: where held-out gains
+    decide, also judge the own shard and take the lesser (the share's rule)."""
+    held_out = [g + cfg.credit_z * _finite_se(e) for g, e in zip(paid, paid_se)]  # gain up to its noise
+    own_credits = [o + cfg.credit_z * _finite_se(e) for o, e in zip(paid_own, paid_own_se)]
+    if all(g > 0 for g in paid):
+        # Every update visibly helps data no worker saw: pay on that, the stronger evidence.
+        # (Measured gains, not credits: in a converged round every gain can be negative and
+        # yet within its noise of 0, and an update whose noise happened to be small would be
+        # paid a sliver of a reference set by the noisier ones.)
+        if not own_also:
+            return held_out, _ratios(held_out, paid, cfg)
+        # At its share nearly every update helps held-out data, the copy of a neighbour's
+        # training as much as honest work; it must help the shard it was given as well.
+        ratios = [min(a, b) for a, b in zip(_ratios(held_out, paid, cfg), _ratios(own_credits, paid_own, cfg))]
+        return [min(h, o) for h, o in zip(held_out, own_credits)], ratios
+    # A converged round (held-out gains are noise around 0), non-IID shards (an update
+    # alone fits its own classes and may cost held-out loss) or a cheater in the round:
+    # each is paid on the gain on the shard it was given, which honest training reduces.
+    return own_credits, _ratios(own_credits, paid_own, cfg)
 
 
 def _ratios(credits: list[float], measured: list[float], cfg: ScoringConfig) -> list[float]:
