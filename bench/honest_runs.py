@@ -252,7 +252,7 @@ def scoring_cpu(budgets: list[int], repeats: int) -> list[dict[str, Any]]:
                     [1.0] * len(ids),
                     samples=samples,
                     seed=k,
-                    shares=[1.0 / len(ids)] * len(ids),
+                    shares=mean_shares(sim.samples),
                 )
                 times.append(time.process_time() - t0)
             out.append(

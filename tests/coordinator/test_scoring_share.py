@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aitbc.coordinator.verification import scoring
 from aitbc.coordinator.verification.scoring import judge, mean_shares
 from aitbc.training.checkpoint import flat_params, set_flat_params
 
@@ -104,8 +105,6 @@ def test_mean_shares_are_the_samples_over_the_rounds_or_equal_when_none_count():
 
 
 def test_a_rounds_only_update_is_judged_alone_in_one_pass(monkeypatch):
-    from aitbc.coordinator.verification import scoring
-
     model, theta, U, shards, val = _round()
     passes = []
     real = scoring._losses

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from aitbc.core.compression import build_codec, decode
+from aitbc.core.compression import build_codec, decode, read_header
 
 
 def _update() -> torch.Tensor:
@@ -147,9 +147,9 @@ FACTORIZED = {"powersgd"}
 
 
 def _header_and_payload(blob: bytes) -> tuple[bytes, bytes]:
-    """A blob's magic, version and JSON header, and the payload after them."""
-    end = 4 + 1 + 4 + int.from_bytes(blob[5:9], "little")
-    return blob[:end], blob[end:]
+    """A blob's prefix and JSON header as written, and the payload after them."""
+    _, payload = read_header(blob)
+    return blob[: len(blob) - len(payload)], payload
 
 
 @pytest.mark.parametrize(("name", "options", "layout", "blob", "digest"), GOLDEN, ids=[g[0] for g in GOLDEN])

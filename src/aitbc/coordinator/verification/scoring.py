@@ -361,10 +361,7 @@ def judge(
         gain_se=m.gain_se,
         own_se=m.own_se,
         other_se=m.other_se,
-        share_gains=m.share_gains if shares is not None else None,
-        share_gain_se=m.share_gain_se if shares is not None else None,
-        share_own=m.share_own if shares is not None else None,
-        share_own_se=m.share_own_se if shares is not None else None,
+        **m.at_share(),
     )
 
 
@@ -425,6 +422,17 @@ class _Measured:
     share_gain_se: list[float] = field(default_factory=list)
     share_own: list[float] = field(default_factory=list)
     share_own_se: list[float] = field(default_factory=list)
+
+    def at_share(self) -> dict[str, list[float]]:
+        """The ``share_*`` lists as :func:`score_round` takes them (none when not measured)."""
+        if not self.share_gains:
+            return {}
+        return dict(
+            share_gains=self.share_gains,
+            share_gain_se=self.share_gain_se,
+            share_own=self.share_own,
+            share_own_se=self.share_own_se,
+        )
 
 
 def _measure(
